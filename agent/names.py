@@ -1,0 +1,75 @@
+"""Every exported metric name, in one place.
+
+Rules, dashboards, docs and the exposition import these constants, so a rename breaks a test rather
+than a dashboard in production. The agreed core is `shared/metric-contract.md`.
+"""
+
+from __future__ import annotations
+
+PREFIX = "rooflight_"
+
+# Health of each source (label: source, target; errors also reason).
+SOURCE_UP = "rooflight_source_up"
+SOURCE_LAST_SUCCESS = "rooflight_source_last_success_timestamp_seconds"
+SOURCE_SAMPLE_DURATION = "rooflight_source_sample_duration_seconds"
+SOURCE_ERRORS = "rooflight_source_errors_total"  # counter; exposed name carries _total
+
+# Engine state, normalized across engines (labels: target, engine, model, rank).
+REQUESTS_RUNNING = "rooflight_requests_running"
+REQUESTS_WAITING = "rooflight_requests_waiting"
+REQUESTS_WAITING_BY_REASON = "rooflight_requests_waiting_by_reason"
+BATCH_MAX_REQUESTS = "rooflight_batch_max_requests"
+BATCH_OCCUPANCY = "rooflight_batch_occupancy_ratio"
+KV_USAGE = "rooflight_kv_cache_usage_ratio"
+KV_CAPACITY_TOKENS = "rooflight_kv_cache_capacity_tokens"
+KV_LIVE_BYTES = "rooflight_kv_cache_live_bytes"
+PROMPT_TOKENS = "rooflight_prompt_tokens_total"
+GENERATION_TOKENS = "rooflight_generation_tokens_total"
+ENGINE_STEPS = "rooflight_engine_steps_total"
+PREEMPTIONS = "rooflight_preemptions_total"
+
+# Windowed, derived by the agent (label: window; plus phase / percentile where named).
+TOKENS_PER_SECOND = "rooflight_tokens_per_second"
+STEPS_PER_SECOND = "rooflight_steps_per_second"
+PREEMPTIONS_PER_SECOND = "rooflight_preemptions_per_second"
+MBU = "rooflight_mbu_ratio"
+MFU = "rooflight_mfu_ratio"
+DECODE_INTENSITY = "rooflight_decode_arithmetic_intensity_flops_per_byte"
+TTFT = "rooflight_ttft_seconds"
+ITL = "rooflight_itl_seconds"
+
+# Constants the derivations used, so PromQL can recompute them.
+GPU_INFO = "rooflight_gpu_info"
+GPU_PEAK_FLOPS = "rooflight_gpu_peak_flops"
+GPU_PEAK_BANDWIDTH = "rooflight_gpu_peak_memory_bandwidth_bytes_per_second"
+MODEL_INFO = "rooflight_model_info"
+MODEL_PARAMETERS = "rooflight_model_parameters"
+MODEL_WEIGHT_BYTES = "rooflight_model_weight_bytes"
+MODEL_KV_BYTES_PER_TOKEN = "rooflight_model_kv_cache_bytes_per_token"
+TENSOR_PARALLEL_SIZE = "rooflight_tensor_parallel_size"
+
+# GPU (NVML).
+GPU_MEMORY_USED = "rooflight_gpu_memory_used_bytes"
+GPU_MEMORY_TOTAL = "rooflight_gpu_memory_total_bytes"
+GPU_MEMORY_RESERVED = "rooflight_gpu_memory_reserved_bytes"
+GPU_KERNEL_RESIDENCY = "rooflight_gpu_kernel_residency_ratio"
+GPU_DRAM_BANDWIDTH_UTILIZATION = "rooflight_gpu_dram_bandwidth_utilization_ratio"
+
+# The agent itself.
+BUILD_INFO = "rooflight_build_info"
+
+# Alerts (names the rules must use).
+ALERTS = (
+    "RooflightHeadOfLineBlocking",
+    "RooflightBatchCapacityCapped",
+    "RooflightBatchAdmissionBound",
+    "RooflightTTFTBudgetBurn",
+    "RooflightITLBudgetBurn",
+    "RooflightLowDecodeMBU",
+    "RooflightEngineDown",
+    "RooflightGPUDown",
+)
+
+WINDOWS_DEFAULT = ("10s", "1m", "5m")
+PERCENTILES_DEFAULT = ("50", "90", "99")
+PHASES = ("prefill", "decode")

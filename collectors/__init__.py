@@ -1,0 +1,1 @@
+"""One adapter per source: each turns a source's native format into one normalized, immutable sample."""

@@ -1,0 +1,109 @@
+"""The normalized, immutable samples every collector produces.
+
+An adapter's whole job is to turn its source's native format into one of these. `None` always means
+"this source does not say", never zero: the agent exports nothing for a value it was not given.
+Counters are raw cumulative values as the source reported them; reset handling lives in the
+windows, not here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A cumulative histogram as Prometheus exposes it.
+
+    `buckets` holds (upper bound, cumulative count) pairs sorted by bound; the last bound is +Inf.
+    """
+
+    buckets: tuple[tuple[float, float], ...]
+    count: float
+    sum: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSeries:
+    """One model on one data-parallel rank of one engine endpoint."""
+
+    model: str
+    rank: str = "0"
+    running: float | None = None
+    waiting: float | None = None
+    waiting_by_reason: Mapping[str, float] = field(default_factory=dict)
+    batch_max_requests: float | None = None
+    kv_usage_ratio: float | None = None
+    kv_capacity_tokens: float | None = None
+    prompt_tokens_total: float | None = None  # computed prefill tokens (cache hits excluded where known)
+    generation_tokens_total: float | None = None
+    steps_total: float | None = None
+    preemptions_total: float | None = None
+    ttft: Histogram | None = None
+    itl: Histogram | None = None
+    # Engine-specific counters and gauges the physics may use (e.g. vLLM's estimated_flops_per_gpu).
+    extra: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What the exposition says about the engine's configuration (all optional)."""
+
+    kv_block_size_tokens: float | None = None
+    kv_cache_dtype: str | None = None
+    tensor_parallel_size: int | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSample:
+    """One scrape of one engine endpoint.
+
+    `timestamp` is unix seconds at the moment the engine answered (the midpoint of the request),
+    so rates use real times even when `/metrics` takes seconds under load.
+    """
+
+    target: str
+    engine: str
+    timestamp: float
+    duration: float
+    series: tuple[EngineSeries, ...]
+    info: EngineInfo = field(default_factory=EngineInfo)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    """One GPU (or MIG instance) as NVML reports it; None where the call is unsupported or failed."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    memory_reserved_bytes: float | None = None
+    kernel_residency_ratio: float | None = None
+    dram_bandwidth_utilization_ratio: float | None = None
+    # Further per-device readings by metric suffix (sm_active_ratio, power_watts, ...); the NVML
+    # collector documents each key. Keeps this type stable as the GPU side deepens.
+    extra: Mapping[str, float] = field(default_factory=dict)
+    info: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    timestamp: float
+    duration: float
+    devices: tuple[GpuDevice, ...]
+    driver_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """The engine's process tree, as psutil sees it."""
+
+    timestamp: float
+    pid: int
+    cpu_seconds_total: float
+    rss_bytes: float
+    num_threads: int
+    gpu_pids: tuple[int, ...] = ()
