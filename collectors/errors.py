@@ -1,0 +1,20 @@
+"""How a source says one sample failed, and why (the `reason` label of rooflight_source_errors_total)."""
+
+from __future__ import annotations
+
+REASONS = ("timeout", "refused", "http_status", "parse", "too_large", "nvml", "process", "other")
+
+
+class SourceError(Exception):
+    """One failed sample. `reason` is one of REASONS; the message is for logs."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        if reason not in REASONS:
+            raise ValueError(f"unknown reason {reason!r}")
+        super().__init__(message)
+        self.reason = reason
+
+
+class ParseError(SourceError):
+    def __init__(self, message: str) -> None:
+        super().__init__("parse", message)
