@@ -40,7 +40,7 @@ def test_every_profile_is_dense_and_sane() -> None:
         assert p.peak_flops["bf16"] == p.peak_flops["fp16"]
         if "fp8" in p.peak_flops:
             assert p.peak_flops["fp8"] == pytest.approx(2 * p.peak_flops["bf16"], rel=0.03)  # L40S: 733 vs 2x362
-        assert 20 < p.ridge_point < 400, p.key  # H20 is the low one (~37): export-capped compute
+        assert 20 < p.ridge_point < 500, p.key  # H20 ~37 (capped compute), L40S ~419 (GDDR6)
         assert p.source
 
 
