@@ -1,0 +1,185 @@
+"""Composite detectors evaluated at the agent's sampling resolution: what binds the batch, and why ITL stutters.
+
+Each detector turns a handful of windowed values into a verdict the exposition exports as a 0/1 gauge
+(names in agent/names.py). The definitions follow the seeds' diagnosis table:
+
+- head-of-line blocking (`HEAD_OF_LINE_BLOCKING`, with `ITL_INFLATION` = the factor itself):
+  p99 ITL over the short window inflates to at least `hol_inflation` x its own recent median (p50 over
+  the long window) while prefill work is in the batch (computed prompt tokens per step over the short
+  window at least `hol_min_prefill_tokens_per_step`). One long prompt run whole stalls every decode.
+- capacity-capped batch (`BATCH_CAPACITY_CAPPED`): KV occupancy pinned near 100% (its minimum over the
+  short window at least `capacity_kv_usage`), preemptions climbing (rate above
+  `capacity_min_preemptions_per_second`) and requests waiting. The memory wall, not the scheduler.
+- admission-bound batch (`BATCH_ADMISSION_BOUND`): requests waited through the whole short window
+  (minimum at least `admission_min_waiting`) while the batch sat below `admission_max_batch_fraction` of its
+  cap and KV had room (occupancy below `kv_room_usage`). Something upstream of the batch is binding.
+- batch at its configured maximum (`BATCH_AT_CONFIGURED_MAX`): running reached the cap while KV had room.
+  A config lever (max_num_seqs and friends), not the wall.
+
+Every verdict is three-valued: True, False, or None when the inputs cannot tell. Conditions combine with
+Kleene logic, so one input that rules a verdict out gives False even if another input is missing.
+Pure: no I/O, no clock; the sampler computes the inputs from its windows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DetectorThresholds:
+    """The knobs of every detector, with defaults taken from the seeds' worked numbers.
+
+    hol_inflation: p99/p50 ITL factor at which stutter counts as blocking. A long prompt run whole
+        stretches one step ~43x (260 ms against a 6 ms baseline); chunked prefill brings that to ~4x.
+    hol_min_prefill_tokens_per_step: computed prompt tokens per engine step (short-window average) that
+        count as prefill work in the batch. One 8,000-token prompt over 10 s of 6 ms steps averages ~5.
+    hol_min_itl_p99_seconds: an absolute floor under which inflation is not reported as blocking
+        (0 = no floor); set it to your ITL SLO threshold to ignore harmless jitter.
+    capacity_kv_usage: KV occupancy whose short-window minimum counts as pinned.
+    capacity_min_preemptions_per_second: preemption rate that must be exceeded (strictly).
+    capacity_min_waiting: queued requests needed for the batch to be capped rather than merely full.
+    admission_min_waiting: minimum queue over the short window: the queue persisted, not a blip.
+    admission_max_batch_fraction: running / cap below this is "well below its cap".
+    kv_room_usage: KV occupancy below this means KV has room (admission-bound, at-configured-max).
+    """
+
+    hol_inflation: float = 3.0
+    hol_min_prefill_tokens_per_step: float = 1.0
+    hol_min_itl_p99_seconds: float = 0.0
+    capacity_kv_usage: float = 0.95
+    capacity_min_preemptions_per_second: float = 0.0
+    capacity_min_waiting: float = 1.0
+    admission_min_waiting: float = 1.0
+    admission_max_batch_fraction: float = 0.5
+    kv_room_usage: float = 0.8
+
+    def __post_init__(self) -> None:
+        if not self.hol_inflation > 1.0:
+            raise ConfigError(f"hol_inflation must be above 1 (got {self.hol_inflation})")
+        for name in ("capacity_kv_usage", "admission_max_batch_fraction", "kv_room_usage"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ConfigError(f"{name} must be in (0, 1] (got {value})")
+        for name in (
+            "hol_min_prefill_tokens_per_step",
+            "hol_min_itl_p99_seconds",
+            "capacity_min_preemptions_per_second",
+            "capacity_min_waiting",
+            "admission_min_waiting",
+        ):
+            value = getattr(self, name)
+            if not value >= 0.0:
+                raise ConfigError(f"{name} must be >= 0 (got {value})")
+
+
+@dataclass(frozen=True)
+class DetectorInputs:
+    """Windowed values for one (target, model, rank); None where the source or window does not say."""
+
+    itl_p99_short: float | None  # p99 ITL over the short (10 s) window, seconds
+    itl_p50_long: float | None  # p50 ITL over the long (5 m) window: the recent median, seconds
+    prefill_tokens_per_step_short: float | None  # computed prompt tokens / engine steps over 10 s
+    kv_usage: float | None  # KV occupancy now, 0..1
+    kv_usage_min_short: float | None  # its minimum over the short window
+    preemptions_per_second_short: float | None
+    running: float | None
+    waiting: float | None
+    waiting_min_short: float | None  # minimum queue over the short window
+    batch_max: float | None  # configured batch cap (max_num_seqs etc.)
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """What the detectors concluded; None = cannot tell."""
+
+    head_of_line: bool | None
+    itl_inflation: float | None
+    capacity_capped: bool | None
+    admission_bound: bool | None
+    at_configured_max: bool | None
+
+
+def _all(*conditions: bool | None) -> bool | None:
+    """Kleene AND: False if any is False, else None if any is None, else True."""
+    if any(c is False for c in conditions):
+        return False
+    if any(c is None for c in conditions):
+        return None
+    return True
+
+
+def _at_least(value: float | None, bound: float) -> bool | None:
+    return None if value is None else value >= bound
+
+
+def _above(value: float | None, bound: float) -> bool | None:
+    return None if value is None else value > bound
+
+
+def _below(value: float | None, bound: float) -> bool | None:
+    return None if value is None else value < bound
+
+
+def itl_inflation(itl_p99_short: float | None, itl_p50_long: float | None) -> float | None:
+    """p99 ITL now over its own recent median; None when either is unknown or the median is not positive."""
+    if itl_p99_short is None or itl_p50_long is None or itl_p50_long <= 0.0:
+        return None
+    return itl_p99_short / itl_p50_long
+
+
+def head_of_line(inputs: DetectorInputs, t: DetectorThresholds) -> tuple[bool | None, float | None]:
+    """The ITL tail inflated against its median while prefill work shared the batch."""
+    factor = itl_inflation(inputs.itl_p99_short, inputs.itl_p50_long)
+    verdict = _all(
+        _at_least(factor, t.hol_inflation),
+        _at_least(inputs.itl_p99_short, t.hol_min_itl_p99_seconds),
+        _at_least(inputs.prefill_tokens_per_step_short, t.hol_min_prefill_tokens_per_step),
+    )
+    return verdict, factor
+
+
+def capacity_capped(inputs: DetectorInputs, t: DetectorThresholds) -> bool | None:
+    """KV pinned near full, preemptions climbing, requests waiting: the memory wall."""
+    return _all(
+        _at_least(inputs.kv_usage_min_short, t.capacity_kv_usage),
+        _above(inputs.preemptions_per_second_short, t.capacity_min_preemptions_per_second),
+        _at_least(inputs.waiting, t.capacity_min_waiting),
+    )
+
+
+def _batch_fraction(running: float | None, batch_max: float | None) -> float | None:
+    if running is None or batch_max is None or batch_max <= 0.0:
+        return None
+    return running / batch_max
+
+
+def admission_bound(inputs: DetectorInputs, t: DetectorThresholds) -> bool | None:
+    """A queue persisted while the batch was well below its cap and KV had room."""
+    return _all(
+        _at_least(inputs.waiting_min_short, t.admission_min_waiting),
+        _below(_batch_fraction(inputs.running, inputs.batch_max), t.admission_max_batch_fraction),
+        _below(inputs.kv_usage, t.kv_room_usage),
+    )
+
+
+def at_configured_max(inputs: DetectorInputs, t: DetectorThresholds) -> bool | None:
+    """The batch reached its configured cap while KV still had room: raise the cap, not the hardware."""
+    return _all(
+        _at_least(_batch_fraction(inputs.running, inputs.batch_max), 1.0),
+        _below(inputs.kv_usage, t.kv_room_usage),
+    )
+
+
+def evaluate(inputs: DetectorInputs, thresholds: DetectorThresholds) -> Verdicts:
+    """Every detector on one set of windowed inputs."""
+    hol, factor = head_of_line(inputs, thresholds)
+    return Verdicts(
+        head_of_line=hol,
+        itl_inflation=factor,
+        capacity_capped=capacity_capped(inputs, thresholds),
+        admission_bound=admission_bound(inputs, thresholds),
+        at_configured_max=at_configured_max(inputs, thresholds),
+    )
