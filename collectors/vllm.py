@@ -1,0 +1,261 @@
+"""The vLLM adapter: one V1 `/metrics` page in, one normalized EngineSample out.
+
+Reads the 0.32/0.33 names (shared/reference/engines.md section 2) and, where the new name is absent,
+the deprecated ones an older server still exports (`vllm:gpu_cache_usage_perc`,
+`vllm:gpu_prefix_cache_{hits,queries}_total`, `vllm:time_per_output_token_seconds`).
+
+Normalization:
+- One EngineSeries per (model, rank): model = `model_name` label, rank = `engine` label ("0" when
+  absent, as in pre-DP builds).
+- prompt_tokens_total = `prompt_tokens_by_source_total{source="local_compute"}` (the tokens actually
+  prefilled) when exported, else `prompt_tokens_total` (all prompt tokens, cache hits included).
+  Both raw counters stay in `extra` (see EXTRA_KEYS) so the physics can tell them apart.
+- steps_total = `iteration_tokens_total_count` (one observation per engine step);
+  extra["iteration_tokens_sum"] = its `_sum` (tokens scheduled over those steps).
+- kv_capacity_tokens comes from `cache_config_info`, which carries `engine` but no `model_name`:
+  it is joined on the rank. `kv_cache_size_tokens` when the label holds a number, else
+  num_gpu_blocks x block_size.
+- EngineInfo is read from the lowest rank's `cache_config_info`: block size, `cache_dtype` as
+  written ("auto" means "same as the model's dtype"; resolving it is the constants' job), and all its
+  labels except `engine`/`pid`.
+- Values that are NaN or +-Inf are dropped (None), as are negative values: nothing vLLM exports
+  can be negative, and a negative counter would poison every rate downstream.
+- Prometheus multiprocess mode (`--api-server-count > 1`): samples that differ only by a `pid` label
+  are one logical series split per API-server process. Counters and histograms are summed over pids
+  (each process counts its own requests). Gauges take the maximum over pids: vLLM registers them
+  as `multiprocess_mode="mostrecent"` (every process mirrors the same engine state at slightly
+  different times; a stray `pid` label means that mode was missing), so summing would multiply
+  running/waiting/KV usage by the number of API servers, and the text carries no recency.
+- Duplicate series (the same labels twice on one page): the last one wins. Labels other than
+  model_name, engine, pid and the family's own label (reason, source, le) are ignored, so series
+  that differ only by such a label also resolve to the last one.
+"""
+
+from __future__ import annotations
+
+import math
+from collectors import expfmt
+from collectors.errors import ParseError
+from collectors.samples import EngineInfo, EngineSample, EngineSeries
+
+ENGINE = "vllm"
+METRICS_PATH = "/metrics"
+
+_Key = tuple[str, str]  # (model, rank)
+
+_RUNNING = "vllm:num_requests_running"
+_WAITING = "vllm:num_requests_waiting"
+_WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+_PROMPT = "vllm:prompt_tokens_total"
+_PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+_GENERATION = "vllm:generation_tokens_total"
+_STEPS = "vllm:iteration_tokens_total_count"
+_PREEMPTIONS = "vllm:num_preemptions_total"
+_CACHE_CONFIG = "vllm:cache_config_info"
+_TTFT = "vllm:time_to_first_token_seconds"
+_ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+
+# extra key -> wire names, preferred first (the second is the deprecated spelling, same unit;
+# pre-0.9 V1 counted prefix-cache blocks, not tokens, so only the hit ratio is comparable there).
+EXTRA_KEYS: dict[str, tuple[str, ...]] = {
+    "estimated_flops_per_gpu_total": ("vllm:estimated_flops_per_gpu_total",),
+    "estimated_read_bytes_per_gpu_total": ("vllm:estimated_read_bytes_per_gpu_total",),
+    "estimated_write_bytes_per_gpu_total": ("vllm:estimated_write_bytes_per_gpu_total",),
+    "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "prefix_cache_queries_total": (
+        "vllm:prefix_cache_queries_total",
+        "vllm:gpu_prefix_cache_queries_total",
+    ),
+    "prompt_tokens_all_total": (_PROMPT,),
+    "prompt_tokens_cached_total": ("vllm:prompt_tokens_cached_total",),
+    "spec_decode_num_drafts_total": ("vllm:spec_decode_num_drafts_total",),
+    "spec_decode_num_draft_tokens_total": ("vllm:spec_decode_num_draft_tokens_total",),
+    "spec_decode_num_accepted_tokens_total": ("vllm:spec_decode_num_accepted_tokens_total",),
+    "iteration_tokens_sum": ("vllm:iteration_tokens_total_sum",),
+}
+# prompt_tokens_by_source_total{source=X} also lands in extra as "prompt_tokens_<X>_total".
+
+_HISTOGRAM_BASES = (_TTFT, *_ITL)
+NAMES: frozenset[str] = frozenset(
+    {
+        _RUNNING,
+        _WAITING,
+        _WAITING_BY_REASON,
+        *_KV_USAGE,
+        _PROMPT_BY_SOURCE,
+        _GENERATION,
+        _STEPS,
+        _PREEMPTIONS,
+        _CACHE_CONFIG,
+        *(name for names in EXTRA_KEYS.values() for name in names),
+        *(base + s for base in _HISTOGRAM_BASES for s in ("_bucket", "_count", "_sum")),
+    }
+)
+
+
+def recognises(text: str) -> bool:
+    """True when the page carries vLLM families (a `vllm:` sample or TYPE line)."""
+    return text.startswith("vllm:") or "\nvllm:" in text or "# TYPE vllm:" in text
+
+
+def parse(text: str, *, target: str, timestamp: float, duration: float) -> EngineSample:
+    """Normalize one vLLM exposition. Raises ParseError when it holds none of the vLLM families read."""
+    exp = expfmt.parse(text, prefixes=("vllm:",), names=NAMES)
+    if not exp.by_name:
+        raise ParseError("no vllm: metric families in the exposition")
+
+    running = _values(exp, _RUNNING, gauge=True)
+    waiting = _values(exp, _WAITING, gauge=True)
+    kv_usage = _first(*(_values(exp, n, gauge=True) for n in _KV_USAGE))
+    by_reason = _labelled(exp, _WAITING_BY_REASON, "reason", gauge=True)
+    by_source = _labelled(exp, _PROMPT_BY_SOURCE, "source", gauge=False)
+    generation = _values(exp, _GENERATION, gauge=False)
+    steps = _values(exp, _STEPS, gauge=False)
+    preemptions = _values(exp, _PREEMPTIONS, gauge=False)
+    extras = {
+        key: _first(*(_values(exp, n, gauge=False) for n in names)) for key, names in EXTRA_KEYS.items()
+    }
+    ttft = expfmt.histograms(exp, _TTFT, _hist_key)
+    itl = _first(*(expfmt.histograms(exp, base, _hist_key) for base in _ITL))
+    configs = _cache_configs(exp)
+
+    keys: set[_Key] = set()
+    for table in (running, waiting, kv_usage, by_reason, by_source, generation, steps, preemptions, ttft, itl):
+        keys.update(table)
+    for table in extras.values():
+        keys.update(table)
+
+    series = []
+    for key in sorted(keys):
+        model, rank = key
+        extra = {name: table[key] for name, table in extras.items() if key in table}
+        sources = by_source.get(key, {})
+        for source, value in sources.items():
+            extra[f"prompt_tokens_{source}_total"] = value
+        prompt = sources.get("local_compute", extra.get("prompt_tokens_all_total"))
+        config = configs.get(rank)
+        series.append(
+            EngineSeries(
+                model=model,
+                rank=rank,
+                running=running.get(key),
+                waiting=waiting.get(key),
+                waiting_by_reason=by_reason.get(key, {}),
+                kv_usage_ratio=kv_usage.get(key),
+                kv_capacity_tokens=kv_capacity_tokens(config) if config is not None else None,
+                prompt_tokens_total=prompt,
+                generation_tokens_total=generation.get(key),
+                steps_total=steps.get(key),
+                preemptions_total=preemptions.get(key),
+                ttft=ttft.get(key),
+                itl=itl.get(key),
+                extra=extra,
+            )
+        )
+    return EngineSample(
+        target=target,
+        engine=ENGINE,
+        timestamp=timestamp,
+        duration=duration,
+        series=tuple(series),
+        info=engine_info(configs[min(configs, key=_rank_order)]) if configs else EngineInfo(),
+    )
+
+
+def kv_capacity_tokens(config: dict[str, str]) -> float | None:
+    """KV capacity of one rank from its cache_config_info labels (tokens), or None if not stated."""
+    tokens = _number(config.get("kv_cache_size_tokens"))
+    if tokens is not None:
+        return tokens
+    blocks, block_size = _number(config.get("num_gpu_blocks")), _number(config.get("block_size"))
+    if blocks is None or block_size is None:
+        return None
+    return blocks * block_size
+
+
+def engine_info(config: dict[str, str]) -> EngineInfo:
+    """EngineInfo from one rank's cache_config_info labels."""
+    dtype = config.get("cache_dtype")
+    return EngineInfo(
+        kv_block_size_tokens=_number(config.get("block_size")),
+        kv_cache_dtype=dtype if dtype not in (None, "", "None") else None,
+        labels={k: v for k, v in config.items() if k not in ("engine", "pid")},
+    )
+
+
+def _hist_key(labels: dict[str, str]) -> _Key:
+    return labels.get("model_name", ""), labels.get("engine", "0")
+
+
+def _rank_order(rank: str) -> tuple[int, str]:
+    return (int(rank), rank) if rank.isdigit() else (1 << 30, rank)
+
+
+def _number(text: str | None) -> float | None:
+    """A finite, non-negative number from a label value ('None', '', junk -> None)."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 <= value < math.inf else None
+
+
+def _good(value: float) -> bool:
+    return 0.0 <= value < math.inf  # False for NaN, +-Inf and negatives
+
+
+def _combine(by_pid: dict[str | None, float], gauge: bool) -> float | None:
+    values = [v for v in by_pid.values() if _good(v)]
+    if not values:
+        return None
+    return max(values) if gauge else math.fsum(values)
+
+
+def _values(exp: expfmt.Exposition, name: str, *, gauge: bool) -> dict[_Key, float]:
+    """One value per (model, rank); see the module docstring for pid/duplicate rules."""
+    per: dict[_Key, dict[str | None, float]] = {}
+    for s in exp.get(name):
+        labels = s.labels
+        key = (labels.get("model_name", ""), labels.get("engine", "0"))
+        per.setdefault(key, {})[labels.get("pid")] = s.value
+    out: dict[_Key, float] = {}
+    for key, by_pid in per.items():
+        value = _combine(by_pid, gauge)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _labelled(exp: expfmt.Exposition, name: str, label: str, *, gauge: bool) -> dict[_Key, dict[str, float]]:
+    """Like _values, split further by one label (reason, source)."""
+    per: dict[_Key, dict[str, dict[str | None, float]]] = {}
+    for s in exp.get(name):
+        labels = s.labels
+        part = labels.get(label)
+        if part is None:
+            continue
+        key = (labels.get("model_name", ""), labels.get("engine", "0"))
+        per.setdefault(key, {}).setdefault(part, {})[labels.get("pid")] = s.value
+    out: dict[_Key, dict[str, float]] = {}
+    for key, parts in per.items():
+        values = {p: v for p, by_pid in parts.items() if (v := _combine(by_pid, gauge)) is not None}
+        if values:
+            out[key] = values
+    return out
+
+
+def _first(*tables: dict[_Key, object]) -> dict:
+    """Merge per-key tables, earlier tables (the preferred, newer names) winning."""
+    merged: dict = {}
+    for table in reversed(tables):
+        merged.update(table)
+    return merged
+
+
+def _cache_configs(exp: expfmt.Exposition) -> dict[str, dict[str, str]]:
+    """cache_config_info labels per rank (last wins)."""
+    return {s.labels.get("engine", "0"): s.labels for s in exp.get(_CACHE_CONFIG)}
+
