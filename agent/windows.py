@@ -1,0 +1,208 @@
+"""Sliding windows over the agent's own samples: reset-safe rates, time-weighted means, percentiles.
+
+Each appended sample becomes a `Point` holding *reset-corrected* cumulative values, so a window's rate is
+one subtraction between its first and last point, whatever the window's length; this keeps a 5 m
+window at 10 Hz as cheap as a 10 s one. Counter resets (an engine restart) are handled the way
+Prometheus' `rate()` handles them: a value below its predecessor counts from zero, so no rate is
+ever negative. Times are the samples' real (monotonic) timestamps, not the nominal interval.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+from collectors.samples import Histogram
+
+
+@dataclass(frozen=True, slots=True)
+class CorrectedHistogram:
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]  # reset-corrected cumulative bucket counts, one per bound
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    t: float
+    counters: Mapping[str, float]  # reset-corrected cumulative counters
+    integrals: Mapping[str, float]  # running integral of each gauge over time (value x seconds)
+    gauges: Mapping[str, float]  # the gauges as sampled
+    histograms: Mapping[str, CorrectedHistogram]
+
+
+def correct_counter(prev_raw: float | None, prev_corrected: float, raw: float) -> float:
+    """The next reset-corrected value: a drop means the source restarted and counted from zero."""
+    if prev_raw is None:
+        return prev_corrected
+    return prev_corrected + (raw - prev_raw if raw >= prev_raw else raw)
+
+
+class SeriesHistory:
+    """The bounded history of one engine series (one target, model and rank).
+
+    Owned by one sampler task; readers get immutable Points. Points older than `retention`
+    seconds before the newest are dropped, so memory stays bounded however long the agent runs.
+    """
+
+    def __init__(self, retention: float) -> None:
+        self.retention = retention
+        self._points: list[Point] = []
+        self._times: list[float] = []
+        self._raw_counters: dict[str, float] = {}
+        self._raw_histograms: dict[str, Histogram] = {}
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+    @property
+    def latest(self) -> Point | None:
+        return self._points[-1] if self._points else None
+
+    def append(
+        self,
+        t: float,
+        counters: Mapping[str, float | None],
+        gauges: Mapping[str, float | None],
+        histograms: Mapping[str, Histogram | None],
+    ) -> Point:
+        prev = self.latest
+        if prev is not None and t <= prev.t:
+            return prev  # a sample that is not newer adds nothing (and would divide by zero)
+        point = Point(
+            t=t,
+            counters=self._next_counters(prev, counters),
+            integrals=_next_integrals(prev, t),
+            gauges={k: v for k, v in gauges.items() if v is not None and math.isfinite(v)},
+            histograms=self._next_histograms(prev, histograms),
+        )
+        self._points.append(point)
+        self._times.append(t)
+        self._prune(t)
+        return point
+
+    def window(self, seconds: float) -> tuple[Point, Point] | None:
+        """First and last point inside the last `seconds`; None until the points span half of it."""
+        if len(self._points) < 2:
+            return None
+        last = self._points[-1]
+        i = bisect.bisect_left(self._times, last.t - seconds)
+        first = self._points[min(i, len(self._points) - 2)]
+        if last.t - first.t < seconds / 2:
+            return None
+        return first, last
+
+    def points_since(self, first: Point) -> Iterator[Point]:
+        i = bisect.bisect_left(self._times, first.t)
+        return iter(self._points[i:])
+
+    def _next_counters(self, prev: Point | None, counters: Mapping[str, float | None]) -> dict[str, float]:
+        out = dict(prev.counters) if prev else {}
+        for name, raw in counters.items():
+            if raw is None or not math.isfinite(raw) or raw < 0:
+                continue
+            out[name] = correct_counter(self._raw_counters.get(name), out.get(name, 0.0), raw)
+            self._raw_counters[name] = raw
+        return out
+
+    def _next_histograms(
+        self, prev: Point | None, histograms: Mapping[str, Histogram | None]
+    ) -> dict[str, CorrectedHistogram]:
+        out = dict(prev.histograms) if prev else {}
+        for name, hist in histograms.items():
+            if hist is None:
+                continue
+            bounds = tuple(b for b, _ in hist.buckets)
+            raw_prev = self._raw_histograms.get(name)
+            before = out.get(name)
+            if raw_prev is None or before is None or before.bounds != bounds:
+                counts = tuple(0.0 for _ in bounds)  # new layout: deltas start here
+            else:
+                counts = tuple(
+                    correct_counter(p, c, n)
+                    for (_, p), c, (_, n) in zip(raw_prev.buckets, before.counts, hist.buckets)
+                )
+            out[name] = CorrectedHistogram(bounds, counts)
+            self._raw_histograms[name] = hist
+        return out
+
+    def _prune(self, now: float) -> None:
+        cut = bisect.bisect_left(self._times, now - self.retention)
+        if cut > 0 and cut >= len(self._points) // 2:  # amortised: compact in bulk, not per point
+            del self._points[:cut]
+            del self._times[:cut]
+
+
+def _next_integrals(prev: Point | None, t: float) -> dict[str, float]:
+    """Left Riemann sum: each gauge holds its sampled value until the next sample."""
+    if prev is None:
+        return {}
+    out = dict(prev.integrals)
+    dt = t - prev.t
+    for name, value in prev.gauges.items():
+        out[name] = out.get(name, 0.0) + value * dt
+    return out
+
+
+def rate(first: Point, last: Point, name: str) -> float | None:
+    """Per-second increase of a counter between two points, reset-safe."""
+    if name not in last.counters or name not in first.counters or last.t <= first.t:
+        return None
+    return (last.counters[name] - first.counters[name]) / (last.t - first.t)
+
+
+def increase(first: Point, last: Point, name: str) -> float | None:
+    if name not in last.counters or name not in first.counters:
+        return None
+    return last.counters[name] - first.counters[name]
+
+
+def mean(first: Point, last: Point, name: str) -> float | None:
+    """Time-weighted mean of a gauge over [first, last]."""
+    if last.t <= first.t or name not in last.integrals:
+        return None
+    return (last.integrals[name] - first.integrals.get(name, 0.0)) / (last.t - first.t)
+
+
+def histogram_delta(first: Point, last: Point, name: str) -> CorrectedHistogram | None:
+    a, b = first.histograms.get(name), last.histograms.get(name)
+    if a is None or b is None or a.bounds != b.bounds:
+        return None
+    return CorrectedHistogram(b.bounds, tuple(y - x for x, y in zip(a.counts, b.counts)))
+
+
+def histogram_quantile(q: float, hist: CorrectedHistogram) -> float | None:
+    """The q-quantile of a cumulative histogram, interpolated as Prometheus' histogram_quantile does.
+
+    Linear interpolation inside the bucket that holds the rank, the first bucket starting at 0, and
+    the upper bound of the last finite bucket when the rank falls in +Inf. None where Prometheus
+    would return NaN (no observations, or no +Inf bucket).
+    """
+    bounds, counts = hist.bounds, _monotonic(hist.counts)
+    if len(bounds) < 2 or not math.isinf(bounds[-1]) or not 0.0 <= q <= 1.0:
+        return None
+    total = counts[-1]
+    if total <= 0:
+        return None
+    rank = q * total
+    b = next(i for i, c in enumerate(counts) if c >= rank)
+    if b == len(bounds) - 1:
+        return bounds[-2]
+    if b == 0 and bounds[0] <= 0:
+        return bounds[0]
+    start = 0.0 if b == 0 else bounds[b - 1]
+    below = 0.0 if b == 0 else counts[b - 1]
+    in_bucket = counts[b] - below
+    if in_bucket <= 0:
+        return bounds[b]
+    return start + (bounds[b] - start) * (rank - below) / in_bucket
+
+
+def _monotonic(counts: tuple[float, ...]) -> list[float]:
+    """Cumulative counts can dip by float error or a scrape race; Prometheus flattens such dips."""
+    out, top = [], 0.0
+    for c in counts:
+        top = max(top, c)
+        out.append(top)
+    return out
