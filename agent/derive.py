@@ -1,0 +1,165 @@
+"""From one series' history and its target's constants to the windowed numbers the agent exports.
+
+Pure: no I/O, no clock. Each window is computed from the first and last of the agent's own samples
+inside it (see windows.py), so every value is over the real time between two real samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from agent import physics
+from agent.constants import TargetConstants
+from agent.windows import Point, SeriesHistory, histogram_delta, histogram_quantile, increase, mean, rate
+from collectors.samples import EngineSeries, Histogram
+
+# Names inside a SeriesHistory.
+PROMPT, GENERATION, STEPS, PREEMPTIONS = "prompt_tokens", "generation_tokens", "steps", "preemptions"
+RUNNING, WAITING, KV_USAGE = "running", "waiting", "kv_usage"
+TTFT, ITL = "ttft", "itl"
+
+
+def history_inputs(
+    series: EngineSeries,
+) -> tuple[dict[str, float | None], dict[str, float | None], dict[str, Histogram | None]]:
+    """What of one engine series goes into its history: counters, gauges, histograms."""
+    counters = {
+        PROMPT: series.prompt_tokens_total,
+        GENERATION: series.generation_tokens_total,
+        STEPS: series.steps_total,
+        PREEMPTIONS: series.preemptions_total,
+    }
+    gauges = {RUNNING: series.running, WAITING: series.waiting, KV_USAGE: series.kv_usage_ratio}
+    return counters, gauges, {TTFT: series.ttft, ITL: series.itl}
+
+
+@dataclass(frozen=True, slots=True)
+class WindowValues:
+    """Everything derived over one window. Absent keys and None mean "cannot be derived here"."""
+
+    window: str
+    seconds: float
+    tokens_per_second: Mapping[str, float] = field(default_factory=dict)  # by phase
+    steps_per_second: float | None = None
+    preemptions_per_second: float | None = None
+    mbu: float | None = None
+    mfu: Mapping[str, float] = field(default_factory=dict)  # by phase
+    decode_intensity: float | None = None
+    ttft: Mapping[str, float] = field(default_factory=dict)  # by percentile
+    itl: Mapping[str, float] = field(default_factory=dict)  # by percentile
+    mean_running: float | None = None
+    mean_kv_usage: float | None = None
+    mean_live_kv_bytes: float | None = None
+    prefill_tokens_per_step: float | None = None
+
+
+def derive_window(
+    history: SeriesHistory,
+    window: str,
+    seconds: float,
+    constants: TargetConstants | None,
+    kv_capacity_tokens: float | None,
+    percentiles: tuple[str, ...],
+) -> WindowValues | None:
+    span = history.window(seconds)
+    if span is None:
+        return None
+    first, last = span
+    tokens = _phase_rates(first, last)
+    steps = rate(first, last, STEPS)
+    kv_usage = mean(first, last, KV_USAGE)
+    running = mean(first, last, RUNNING)
+    live_kv = live_kv_bytes(kv_usage, kv_capacity_tokens, constants)
+    prompt_increase, step_increase = increase(first, last, PROMPT), increase(first, last, STEPS)
+    return WindowValues(
+        window=window,
+        seconds=last.t - first.t,
+        tokens_per_second=tokens,
+        steps_per_second=steps,
+        preemptions_per_second=rate(first, last, PREEMPTIONS),
+        mbu=_mbu(constants, live_kv, steps),
+        mfu=_mfu(constants, tokens),
+        decode_intensity=_decode_intensity(constants, running, live_kv),
+        ttft=_percentiles(first, last, TTFT, percentiles),
+        itl=_percentiles(first, last, ITL, percentiles),
+        mean_running=running,
+        mean_kv_usage=kv_usage,
+        mean_live_kv_bytes=live_kv,
+        prefill_tokens_per_step=(
+            prompt_increase / step_increase if prompt_increase is not None and step_increase else None
+        ),
+    )
+
+
+def derive_target(
+    history: SeriesHistory,
+    windows: Mapping[str, float],
+    constants: TargetConstants | None,
+    kv_capacity_tokens: float | None,
+    percentiles: tuple[str, ...] = ("50", "90", "99"),
+) -> tuple[WindowValues, ...]:
+    """Every configured window that the history covers, shortest first."""
+    out = []
+    for name, seconds in sorted(windows.items(), key=lambda kv: kv[1]):
+        values = derive_window(history, name, seconds, constants, kv_capacity_tokens, percentiles)
+        if values is not None:
+            out.append(values)
+    return tuple(out)
+
+
+def minimum(history: SeriesHistory, first: Point, name: str) -> float | None:
+    values = [p.gauges[name] for p in history.points_since(first) if name in p.gauges]
+    return min(values) if values else None
+
+
+def live_kv_bytes(
+    kv_usage: float | None, capacity: float | None, constants: TargetConstants | None
+) -> float | None:
+    """Live KV bytes = occupancy x capacity in tokens x K+V bytes per token (all layers, all GPUs)."""
+    if kv_usage is None or capacity is None or constants is None or constants.model is None:
+        return None
+    return kv_usage * capacity * constants.model.kv_bytes_per_token
+
+
+def _phase_rates(first: Point, last: Point) -> dict[str, float]:
+    out = {}
+    for phase, name in (("prefill", PROMPT), ("decode", GENERATION)):
+        value = rate(first, last, name)
+        if value is not None:
+            out[phase] = value
+    return out
+
+
+def _mbu(constants: TargetConstants | None, live_kv: float | None, steps: float | None) -> float | None:
+    if constants is None or constants.model is None or live_kv is None or steps is None:
+        return None
+    return physics.mbu(constants.model.weight_bytes, live_kv, steps, constants.peak_bandwidth)
+
+
+def _mfu(constants: TargetConstants | None, tokens: Mapping[str, float]) -> dict[str, float]:
+    if constants is None or constants.model is None:
+        return {}
+    active = constants.model.params_active
+    return {phase: physics.mfu(tps, active, constants.peak_flops) for phase, tps in tokens.items()}
+
+
+def _decode_intensity(
+    constants: TargetConstants | None, running: float | None, live_kv: float | None
+) -> float | None:
+    if constants is None or constants.model is None or running is None or live_kv is None or running <= 0:
+        return None
+    model = constants.model
+    return physics.decode_intensity(running, model.params_active, model.weight_bytes, live_kv)
+
+
+def _percentiles(first: Point, last: Point, name: str, percentiles: tuple[str, ...]) -> dict[str, float]:
+    delta = histogram_delta(first, last, name)
+    if delta is None:
+        return {}
+    out = {}
+    for p in percentiles:
+        value = histogram_quantile(float(p) / 100.0, delta)
+        if value is not None:
+            out[p] = value
+    return out

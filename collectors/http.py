@@ -1,0 +1,79 @@
+"""Fetching an engine endpoint: bounded in time and in size, every failure named.
+
+The body is read in chunks up to a cap, so a 50 MB answer costs at most the cap in memory; the
+sample's timestamp is the midpoint between sending the request and the headers arriving, which is
+when the engine rendered its counters, not when the last byte crawled in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+import aiohttp
+
+from collectors.errors import SourceError
+
+_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    text: str
+    timestamp: float  # monotonic midpoint of request and response headers
+    duration: float  # whole request, seconds
+
+
+async def fetch_text(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    timeout: float,
+    max_bytes: int,
+    monotonic: Callable[[], float],
+) -> Fetched:
+    start = monotonic()
+    try:
+        async with asyncio.timeout(timeout):
+            async with session.get(url, allow_redirects=False) as response:
+                answered = monotonic()
+                if response.status != 200:
+                    raise SourceError("http_status", f"{url} answered HTTP {response.status}")
+                body = await _read_capped(response, max_bytes, url)
+    except SourceError:
+        raise
+    except TimeoutError:
+        raise SourceError("timeout", f"{url} did not answer within {timeout:g}s") from None
+    except aiohttp.ClientConnectorError as exc:
+        raise SourceError("refused", f"{url}: cannot connect ({exc.os_error or exc})") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise SourceError("other", f"{url}: {type(exc).__name__}: {exc}") from None
+    text = body.decode("utf-8", errors="replace")
+    return Fetched(text=text, timestamp=(start + answered) / 2, duration=monotonic() - start)
+
+
+async def fetch_json(
+    session: aiohttp.ClientSession, url: str, *, timeout: float, max_bytes: int = 1024 * 1024
+) -> object:
+    """A small JSON document (an engine's /v1/models, /server_info, /info, /props)."""
+    loop = asyncio.get_running_loop()
+    fetched = await fetch_text(session, url, timeout=timeout, max_bytes=max_bytes, monotonic=loop.time)
+    try:
+        return json.loads(fetched.text)
+    except ValueError:
+        raise SourceError("parse", f"{url}: not JSON") from None
+
+
+async def _read_capped(response: aiohttp.ClientResponse, max_bytes: int, url: str) -> bytes:
+    length = response.content_length
+    if length is not None and length > max_bytes:
+        raise SourceError("too_large", f"{url}: body of {length} bytes is over the {max_bytes}-byte cap")
+    chunks, size = [], 0
+    async for chunk in response.content.iter_chunked(_CHUNK):
+        size += len(chunk)
+        if size > max_bytes:
+            raise SourceError("too_large", f"{url}: body passed the {max_bytes}-byte cap; not read further")
+        chunks.append(chunk)
+    return b"".join(chunks)
