@@ -1,0 +1,127 @@
+"""What the seeds predict for the simulated engine's current state, for tests to hold the agent to.
+
+`History` keeps marks of the simulator's cumulative counters (one per tick), so rates over a window
+are computed the way the agent computes them from scrapes. `predicted_state` adds the seeds'
+closed-form numbers for the batch as it stands: decode step time (weights + live KV over the
+achieved bandwidth), decode tokens/s, MBU, effective decode intensity B x 2P / (W + B x kv_bytes).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from agent.demo import plant as costs
+from agent.demo.engine import Simulator
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    t: float
+    prompt_tokens: float
+    generation_tokens: float
+    steps: float
+    preemptions: float
+    read_bytes: float
+    flops: float
+    busy_seconds: float
+
+
+def mark(sim: Simulator) -> Mark:
+    tl = sim.tally
+    return Mark(sim.now, tl.prompt_tokens, tl.generation_tokens, tl.steps, tl.preemptions,
+                tl.estimated_read_bytes, tl.estimated_flops, tl.busy_seconds)
+
+
+class History:
+    """Marks over the last `keep` simulated seconds."""
+
+    def __init__(self, keep: float = 600.0) -> None:
+        self.keep = keep
+        self.marks: deque[Mark] = deque()
+
+    def add(self, m: Mark) -> None:
+        if self.marks and m.t <= self.marks[-1].t:
+            self.marks[-1] = m
+        else:
+            self.marks.append(m)
+        while self.marks and self.marks[0].t < m.t - self.keep:
+            self.marks.popleft()
+
+    def span(self, window: float) -> tuple[Mark, Mark] | None:
+        """The oldest mark within `window` of the newest, and the newest; None with fewer than two."""
+        if len(self.marks) < 2:
+            return None
+        last = self.marks[-1]
+        first = next((m for m in self.marks if m.t >= last.t - window), last)
+        if first is last:
+            first = self.marks[-2]
+        return first, last
+
+
+def rates(history: History, window: float) -> dict[str, float]:
+    """Per-second rates over the window, and the ratios the agent derives from them."""
+    span = history.span(window)
+    if span is None:
+        return {}
+    a, b = span
+    dt = b.t - a.t
+    if dt <= 0:
+        return {}
+    return {
+        "window_seconds": dt,
+        "prefill_tokens_per_second": (b.prompt_tokens - a.prompt_tokens) / dt,
+        "decode_tokens_per_second": (b.generation_tokens - a.generation_tokens) / dt,
+        "steps_per_second": (b.steps - a.steps) / dt,
+        "preemptions_per_second": (b.preemptions - a.preemptions) / dt,
+        "read_bytes_per_second": (b.read_bytes - a.read_bytes) / dt,
+        "flops_per_second": (b.flops - a.flops) / dt,
+        "busy_ratio": min(1.0, (b.busy_seconds - a.busy_seconds) / dt),
+    }
+
+
+def predicted_state(sim: Simulator, history: History, window: float = 10.0) -> dict[str, Any]:
+    p = sim.plant
+    decoding = [r for r in sim.running if r.decoding]
+    batch = len(decoding)
+    live_tokens = sum(r.computed for r in decoding)
+    live_bytes = live_tokens * p.kv_bytes_per_token
+    decode_step = costs.decode_seconds(p, live_tokens) if batch else 0.0
+    out: dict[str, Any] = {
+        "sim_time": sim.now,
+        "running": len(sim.running),
+        "waiting": len(sim.waiting),
+        "waiting_by_reason": {"capacity": float(len(sim.waiting)), "deferred": 0.0},
+        "max_num_seqs": sim.max_num_seqs,
+        "batch_occupancy_ratio": len(sim.running) / sim.max_num_seqs,
+        "decode_batch": batch,
+        "kv_usage_ratio": sim.kv_usage,
+        "kv_capacity_tokens": p.kv_capacity_tokens,
+        "num_gpu_blocks": p.num_gpu_blocks,
+        "kv_live_tokens": sim.live_kv_tokens,
+        "kv_live_bytes": sim.live_kv_tokens * p.kv_bytes_per_token,
+        "weight_bytes": p.weight_bytes,
+        "kv_bytes_per_token": p.kv_bytes_per_token,
+        "params_active": p.params_active,
+        "peak_bandwidth": p.peak_bandwidth,
+        "peak_flops": p.peak_flops,
+        "bandwidth_efficiency": p.bandwidth_efficiency,
+        "prefill_mfu": p.prefill_mfu,
+        # The seeds' closed forms for the decode batch as it stands now.
+        "decode_step_seconds": decode_step,
+        "expected_mbu": (p.weight_bytes + live_bytes) / decode_step / p.peak_bandwidth if batch else 0.0,
+        "expected_decode_tokens_per_second": batch / decode_step if batch else 0.0,
+        "decode_intensity": batch * 2 * p.params_active / (p.weight_bytes + live_bytes) if batch else 0.0,
+        "prefill_tokens_per_second_at_mfu": p.peak_flops * p.prefill_mfu / (2 * p.params_active),
+        "preemptions_total": sim.tally.preemptions,
+        "steps_total": sim.tally.steps,
+        "last_step_seconds": (sim.last_step.end - sim.last_step.start) if sim.last_step else 0.0,
+    }
+    r = rates(history, window)
+    out["window"] = r
+    if r:
+        out["mbu"] = r["read_bytes_per_second"] / p.peak_bandwidth
+        out["mfu_prefill"] = r["prefill_tokens_per_second"] * 2 * p.params_active / p.peak_flops
+        out["mfu_decode"] = r["decode_tokens_per_second"] * 2 * p.params_active / p.peak_flops
+    return out
