@@ -1,0 +1,59 @@
+"""Which metric names a dashboard may query, and how to find the names inside a PromQL string.
+
+Owns two things: the list of extra NVML gauges the GPU dashboard reads (`rooflight_gpu_<key>`, kept here
+in one place so the registry test can hold the exposition to it once the NVML collector exports them),
+and `metric_names()`, which pulls every metric name out of an expression so tests can check each one
+against agent/names.py and the recorded engine expositions.
+"""
+
+from __future__ import annotations
+
+import re
+
+from agent import names
+
+# Extra per-GPU gauges (labels: gpu, uuid) the GPU dashboard reads, by NVML key. The exposition names
+# them rooflight_gpu_<key>; until agent/names.py declares them they are "pending" (see pending_gpu_metrics).
+GPU_EXTRA_KEYS: tuple[str, ...] = (
+    "sm_active_ratio",  # GPM SM activity: share of SM cycles with a warp resident
+    "tensor_active_ratio",  # GPM tensor-core activity: the hardware cousin of MFU
+    "clock_sm_hertz",
+    "clock_memory_hertz",
+    "power_watts",
+    "power_limit_watts",
+    "clock_event_reasons",  # NVML clocksEventReasons bitmask; 0 = clocks free to run at max
+)
+
+GPU_EXTRA: dict[str, str] = {key: f"{names.PREFIX}gpu_{key}" for key in GPU_EXTRA_KEYS}
+
+# Series Prometheus itself creates for rule evaluation; not exported by anyone.
+PROMETHEUS_BUILTINS: frozenset[str] = frozenset({"ALERTS", "ALERTS_FOR_STATE"})
+
+# Engines whose native series a dashboard may read directly (engine label prefix, with the colon).
+ENGINE_PREFIXES: tuple[str, ...] = ("vllm:", "sglang:")
+
+_NAME = re.compile(
+    r"(?<![A-Za-z0-9_:\"'])"  # not inside another identifier or right after a quote
+    r"(rooflight_[a-z0-9_]+|vllm:[a-z0-9_:]+|sglang:[a-z0-9_:]+|ALERTS(?:_FOR_STATE)?)"
+    r"(?![A-Za-z0-9_:])"
+)
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
+
+
+def metric_names(expr: str) -> set[str]:
+    """Every metric name an expression selects (string literals, e.g. label values, are ignored)."""
+    return set(_NAME.findall(_STRING.sub('""', expr)))
+
+
+def declared_rooflight_metrics() -> set[str]:
+    """The `rooflight_*` names agent/names.py declares (counters as exposed, with `_total`)."""
+    return {
+        value
+        for key, value in vars(names).items()
+        if key.isupper() and isinstance(value, str) and value.startswith(names.PREFIX)
+    }
+
+
+def pending_gpu_metrics() -> set[str]:
+    """GPU_EXTRA names agent/names.py does not declare yet."""
+    return set(GPU_EXTRA.values()) - declared_rooflight_metrics()
