@@ -68,6 +68,9 @@ class ModelSpec:
     source: str
     mla_kv_lora_rank: int | None = None
     mla_rope_head_dim: int | None = None
+    n_experts: int = 0  # routed experts per MoE layer (0: dense)
+    n_experts_active: int = 0  # routed experts each token uses
+    expert_params: float = 0.0  # all routed-expert weights, all layers (inside params_total)
 
     @property
     def is_mla(self) -> bool:
@@ -81,6 +84,16 @@ class ModelSpec:
     def weight_bytes(self) -> float:
         """Bytes of weights one decode step streams, whole model: params_total x bytes(weight_dtype)."""
         return self.params_total * dtype_bytes(self.weight_dtype)
+
+    def weight_bytes_streamed(self, batch: float) -> float:
+        """Weight bytes one decode step of `batch` sequences reads. Dense: all of them. MoE: the
+        shared weights plus the routed experts the batch touches, expected share 1 - (1 - k/E)^B
+        under uniform routing (batch 1 reads only the active experts; large batches nearly all)."""
+        if not self.n_experts:
+            return self.weight_bytes
+        touched = 1.0 - (1.0 - self.n_experts_active / self.n_experts) ** max(batch, 0.0)
+        shared = self.params_total - self.expert_params
+        return (shared + self.expert_params * touched) * dtype_bytes(self.weight_dtype)
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -166,12 +179,15 @@ def _attention_params(cfg: Mapping[str, Any], h: int, n_heads: int, n_kv: int, h
     return q + kv + n_heads * v_hd * h, rank, rope
 
 
-def _mlp_params(cfg: Mapping[str, Any], h: int, layers: int, where: str) -> tuple[int, int]:
-    """(total, active) MLP weights over all layers: dense gated MLP, or routed (+ shared) experts."""
+def _mlp_params(cfg: Mapping[str, Any], h: int, layers: int,
+                where: str) -> tuple[int, int, int, int, int]:
+    """(total, active, routed-expert params, experts, experts per token) of the MLPs, all layers:
+    a dense gated MLP, or routed (+ shared) experts."""
     inter = cfg.get("intermediate_size")
     n_exp = _int(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0, where=where)
     if n_exp == 0:
-        return layers * 3 * h * _int(cfg, "intermediate_size", where=where), layers * 3 * h * (inter or 0)
+        dense = layers * 3 * h * _int(cfg, "intermediate_size", where=where)
+        return dense, dense, 0, 0, 0
     top_k = _int(cfg, "num_experts_per_tok", "num_experts_per_token", where=where)
     if not 0 < top_k <= n_exp:
         raise ConfigError(f"{where}: num_experts_per_tok={top_k} must be in 1..{n_exp}")
@@ -189,7 +205,7 @@ def _mlp_params(cfg: Mapping[str, Any], h: int, layers: int, where: str) -> tupl
     router = h * n_exp
     total = dense + moe_layers * (n_exp * expert + shared + router)
     active = dense + moe_layers * (top_k * expert + shared + router)
-    return total, active
+    return total, active, moe_layers * n_exp * expert, n_exp, top_k
 
 
 def from_hf_config(cfg: Mapping[str, Any], *, source: str, name: str | None = None,
@@ -220,7 +236,7 @@ def from_hf_config(cfg: Mapping[str, Any], *, source: str, name: str | None = No
     hd = _int(cfg, "head_dim", default=h // n_heads, where=where)
     vocab = _int(cfg, "vocab_size", where=where)
     attn, mla_rank, mla_rope = _attention_params(cfg, h, n_heads, n_kv, hd, where)
-    mlp_total, mlp_active = _mlp_params(cfg, h, layers, where)
+    mlp_total, mlp_active, experts, n_exp, top_k = _mlp_params(cfg, h, layers, where)
     embeddings = vocab * h * (1 if cfg.get("tie_word_embeddings", False) else 2)
     norms = layers * 2 * h + h
     base = embeddings + norms + layers * attn
@@ -230,7 +246,8 @@ def from_hf_config(cfg: Mapping[str, Any], *, source: str, name: str | None = No
         name=name or str(cfg.get("_name_or_path") or cfg.get("model_type") or "model"),
         n_layers=layers, hidden_size=h, n_heads=n_heads, n_kv_heads=n_kv, head_dim=hd,
         params_total=float(base + mlp_total), params_active=float(base + mlp_active),
-        weight_dtype=w, kv_dtype=k, source=source, mla_kv_lora_rank=mla_rank, mla_rope_head_dim=mla_rope)
+        weight_dtype=w, kv_dtype=k, source=source, mla_kv_lora_rank=mla_rank, mla_rope_head_dim=mla_rope,
+        n_experts=n_exp, n_experts_active=top_k, expert_params=float(experts))
 
 
 def load_config_json(path: str | Path, **kw: Any) -> ModelSpec:
