@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agent import physics
 from agent.gpus import get_profile
 from agent.models import preset
 
@@ -91,8 +92,6 @@ def make_plant(
 
 def decode_seconds(plant: Plant, live_kv_tokens: float) -> float:
     """One decode pass: weights + live KV bytes over the achieved bandwidth."""
-    from agent import physics
-
     return physics.decode_step_seconds(
         plant.weight_bytes, live_kv_tokens * plant.kv_bytes_per_token, plant.achieved_bandwidth
     )
@@ -100,8 +99,6 @@ def decode_seconds(plant: Plant, live_kv_tokens: float) -> float:
 
 def prefill_compute_seconds(plant: Plant, tokens: float) -> float:
     """Prefill FLOPs (2 x active params per token) over peak x prefill MFU."""
-    from agent import physics
-
     return physics.prefill_seconds(tokens, plant.params_active, plant.peak_flops, plant.prefill_mfu)
 
 
@@ -130,4 +127,4 @@ def step_read_bytes(plant: Plant, prefill_tokens: float, decode_seqs: int, live_
 
 def step_flops(plant: Plant, tokens: float) -> float:
     """2 x active params per token computed (prefill and decode alike; attention FLOPs not modelled)."""
-    return 2.0 * plant.params_active * tokens
+    return physics.prefill_flops(tokens, plant.params_active)

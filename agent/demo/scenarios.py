@@ -1,6 +1,7 @@
 """The demo's traffic: one workload per scenario, and a seeded arrival stream drawn from it.
 
-- steady: Poisson chat traffic (prompts lognormal, mean ~600 tokens; outputs mean ~250); the batch
+- steady: Poisson chat traffic (prompts lognormal, mean ~600 tokens, at most 2,048;
+  outputs mean ~250); the batch
   settles far below its cap and the KV pool far below full.
 - head-of-line: steady plus one 8,000-token prompt every 20 s (first at 10 s), prefilled whole: a
   ~260 ms step that every in-flight decode waits on (p99 ITL ~40x the ~6-8 ms baseline).
@@ -27,7 +28,8 @@ class Workload:
 
     arrival_rate: float
     prompt_mean: float = 600.0
-    prompt_sigma: float = 0.8
+    prompt_sigma: float = 0.6
+    prompt_max: int = 2048  # chat prompts; the long ones are the head-of-line events, not the tail
     output_mean: float = 250.0
     output_sigma: float = 0.7
     long_prompt_every: float | None = None
@@ -39,7 +41,7 @@ class Workload:
 WORKLOADS: dict[str, Workload] = {
     "steady": Workload(arrival_rate=10.0),
     "head-of-line": Workload(arrival_rate=10.0, long_prompt_every=20.0),
-    "kv-wall": Workload(arrival_rate=6.0, prompt_mean=1500.0, prompt_sigma=0.4,
+    "kv-wall": Workload(arrival_rate=6.0, prompt_mean=1500.0, prompt_sigma=0.4, prompt_max=4096,
                         output_mean=3500.0, output_sigma=0.3),
     "queue": Workload(arrival_rate=14.0, max_num_seqs=16),
     "idle": Workload(arrival_rate=0.0),
@@ -89,7 +91,8 @@ class ArrivalStream:
             return long_prompt(t, self._w.long_prompt_output)
         t = self._next_poisson
         self._next_poisson = self._draw_gap(t)
-        prompt = max(1, min(self._max_model_len - 1, round(_lognormal(self._rng, self._w.prompt_mean, self._w.prompt_sigma))))
+        drawn = round(_lognormal(self._rng, self._w.prompt_mean, self._w.prompt_sigma))
+        prompt = max(1, min(self._w.prompt_max, self._max_model_len - 1, drawn))
         output = max(1, round(_lognormal(self._rng, self._w.output_mean, self._w.output_sigma)))
         return Arrival(t, prompt, min(output, self._max_model_len - prompt))
 

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from agent import physics
 from agent.demo import plant as costs
 from agent.demo.engine import Simulator
 
@@ -112,7 +113,7 @@ def predicted_state(sim: Simulator, history: History, window: float = 10.0) -> d
         "decode_step_seconds": decode_step,
         "expected_mbu": (p.weight_bytes + live_bytes) / decode_step / p.peak_bandwidth if batch else 0.0,
         "expected_decode_tokens_per_second": batch / decode_step if batch else 0.0,
-        "decode_intensity": batch * 2 * p.params_active / (p.weight_bytes + live_bytes) if batch else 0.0,
+        "decode_intensity": physics.decode_intensity(batch, p.params_active, p.weight_bytes, live_bytes) if batch else 0.0,
         "prefill_tokens_per_second_at_mfu": p.peak_flops * p.prefill_mfu / (2 * p.params_active),
         "preemptions_total": sim.tally.preemptions,
         "steps_total": sim.tally.steps,
