@@ -158,10 +158,21 @@ def validate(config: AgentConfig) -> AgentConfig:
             f"interval {config.interval}s is too coarse for the {shortest:g}s window: a window needs at least"
             " two samples; lower --interval or lengthen --windows"
         )
+    _check_detectors(config.detectors)
     names = [t.name for t in config.targets]
     if len(set(names)) != len(names):
         raise ConfigError(f"two targets share a name: {names}; give each a distinct `name`")
     return config
+
+
+def _check_detectors(thresholds: Mapping[str, float]) -> None:
+    from agent.detectors import DetectorThresholds
+
+    known = set(DetectorThresholds.__dataclass_fields__)
+    unknown = set(thresholds) - known
+    if unknown:
+        raise ConfigError(f"unknown detector threshold(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+    DetectorThresholds(**thresholds)  # its own checks raise ConfigError with the reason
 
 
 def _targets(merged: Mapping[str, Any], shared: Mapping[str, Any]) -> tuple[TargetConfig, ...]:

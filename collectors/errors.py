@@ -4,6 +4,13 @@ from __future__ import annotations
 
 REASONS = ("timeout", "refused", "http_status", "parse", "too_large", "nvml", "process", "other")
 
+# The reasons each source can fail with; their error counters start at zero so rates work from the start.
+SOURCE_REASONS = {
+    "engine": ("timeout", "refused", "http_status", "parse", "too_large", "other"),
+    "nvml": ("nvml", "timeout", "other"),
+    "process": ("process", "other"),
+}
+
 
 class SourceError(Exception):
     """One failed sample. `reason` is one of REASONS; the message is for logs."""

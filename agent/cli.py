@@ -1,0 +1,203 @@
+"""`rooflight`: run the agent next to an engine, try it on the built-in demo, or do the serving math.
+
+Exit codes: 0 fine, 2 a bad flag, config file or model/GPU constant (the message says what to fix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import Any, Sequence
+
+from agent import __version__
+from agent import config as cfg
+from agent.errors import ConfigError
+
+log = logging.getLogger("rooflight")
+
+RUN_EPILOG = """\
+what you get on /metrics (every name starts with rooflight_):
+  decode is judged by MBU (bytes it must stream per second / HBM peak), prefill by MFU (FLOP/s / dense peak),
+  tokens/s per phase, TTFT and ITL percentiles over 10s/1m/5m windows, KV occupancy, preemptions, and
+  detectors for head-of-line blocking and capacity-capped or admission-bound batches. "GPU util" is exported
+  as rooflight_gpu_kernel_residency_ratio, named for what it measures.
+
+every flag has an environment twin: --engine-url -> ROOFLIGHT_ENGINE_URL (comma-separated), --gpu ->
+ROOFLIGHT_GPU, --interval -> ROOFLIGHT_INTERVAL, ...; a YAML --config file takes the same names (and a
+`targets:` list for per-engine settings). Flags win over the environment, which wins over the file.
+
+examples:
+  rooflight run --engine-url http://127.0.0.1:8000 --model llama-3-8b --gpu h100-sxm
+  rooflight run --engine-url http://127.0.0.1:8000 --model-config /models/llama/config.json --tp 2
+  rooflight demo --scenario head-of-line
+"""
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="YAML file with these settings (flags override it)")
+    p.add_argument("--engine-url", action="append", metavar="URL",
+                   help="engine API base, e.g. http://127.0.0.1:8000 (repeat for several engines)")
+    p.add_argument("--engine", metavar="NAME", help="engine kind; default auto (recognised from its /metrics)")
+    p.add_argument("--metrics-path", metavar="PATH", help="override the engine's metrics path")
+    model = p.add_mutually_exclusive_group()
+    model.add_argument("--model", metavar="PRESET", help="model preset (see `rooflight plan --list`)")
+    model.add_argument("--model-config", metavar="PATH", help="a Hugging Face config.json for the served model")
+    p.add_argument("--weight-dtype", metavar="DTYPE", help="bf16, fp16, fp8, int8 or int4 (default: from config)")
+    p.add_argument("--kv-dtype", metavar="DTYPE", help="KV-cache dtype; fp8 halves KV bytes (default: weights')")
+    p.add_argument("--gpu", metavar="PROFILE", help="GPU constants profile, e.g. h100-sxm (default: NVML name, else h100-sxm)")
+    p.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size: GPUs one model copy spans (default 1)")
+    p.add_argument("--batch-max", type=int, metavar="N", help="the engine's batch cap (vLLM max_num_seqs) where /metrics lacks it")
+    p.add_argument("--pid", type=int, help="the engine's PID, for its CPU and memory (default: found by the URL's port)")
+    p.add_argument("--listen", metavar="HOST:PORT", help=f"where to serve /metrics (default {cfg.DEFAULT_LISTEN})")
+    p.add_argument("--interval", metavar="SECONDS", help="sampling interval, 0.1s to 60s (default 1s)")
+    p.add_argument("--scrape-timeout", metavar="SECONDS", help="engine scrape timeout (default 5s; vLLM can take seconds under load)")
+    p.add_argument("--windows", metavar="LIST", help="window lengths (default 10s,1m,5m)")
+    p.add_argument("--percentiles", metavar="LIST", help="TTFT/ITL percentiles (default 50,90,99)")
+    p.add_argument("--no-nvml", dest="nvml", action="store_const", const=False, help="do not read NVML")
+    p.add_argument("--no-process", dest="process", action="store_const", const=False, help="do not read the engine process")
+    p.add_argument("--web-config", metavar="FILE", help="TLS and basic auth, exporter-toolkit web-config.yml format")
+    p.add_argument("--detector", action="append", metavar="KEY=VALUE", help="a detector threshold, e.g. hol_inflation=4")
+    p.add_argument("--check-only", action="store_true", help="validate the configuration and exit")
+    p.add_argument("--log-level", default=os.environ.get("ROOFLIGHT_LOG_LEVEL", "info"),
+                   choices=["debug", "info", "warning", "error"])
+
+
+def _flag_settings(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("engine", "metrics_path", "model", "model_config", "weight_dtype", "kv_dtype", "gpu", "tp",
+            "batch_max", "pid", "listen", "interval", "scrape_timeout", "windows", "percentiles", "nvml", "process",
+            "web_config")
+    out = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    if args.engine_url:
+        out["engine_url"] = args.engine_url
+    if args.detector:
+        out["detectors"] = _detector_flags(args.detector)
+    return out
+
+
+def _detector_flags(items: Sequence[str]) -> dict[str, float]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"--detector {item!r}: write KEY=NUMBER, e.g. hol_inflation=4") from None
+        if not sep:
+            raise ConfigError(f"--detector {item!r}: write KEY=NUMBER, e.g. hol_inflation=4")
+    return out
+
+
+def load_config(args: argparse.Namespace, environ: dict[str, str] | None = None) -> cfg.AgentConfig:
+    env = cfg.env_settings(os.environ if environ is None else environ)
+    path = args.config or env.pop("config", None)
+    file_settings = cfg.load_file(path) if path else {}
+    env.pop("log_level", None)
+    return cfg.build(file_settings, env, _flag_settings(args))
+
+
+def resolve_models(config: cfg.AgentConfig) -> dict[str, tuple[Any, str | None]]:
+    """Load every model given by preset or config.json now, so a bad one stops the start (exit 2)."""
+    from agent.gpus import get_profile
+    from agent.models import load_config_json, preset
+
+    out: dict[str, tuple[Any, str | None]] = {}
+    for t in config.targets:
+        if t.gpu:
+            get_profile(t.gpu)
+        if t.model_config:
+            spec = load_config_json(t.model_config, weight_dtype=t.weight_dtype, kv_dtype=t.kv_dtype)
+            out[t.name] = (spec, f"config.json:{t.model_config}")
+        elif t.model:
+            out[t.name] = (preset(t.model).with_dtypes(t.weight_dtype, t.kv_dtype), f"preset:{t.model}")
+        else:
+            out[t.name] = (None, None)
+    return out
+
+
+async def serve(agent: Any, host: str, port: int, *, ssl_context: Any = None) -> None:
+    """Serve the agent until SIGINT/SIGTERM."""
+    from aiohttp import web
+
+    from agent.server import build_app
+
+    runner = web.AppRunner(build_app(agent), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    await site.start()
+    scheme = "https" if ssl_context else "http"
+    shown = f"[{host}]" if ":" in host else host
+    print(f"rooflight {__version__}: serving {scheme}://{shown}:{port}/metrics", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from agent.sampler import Agent
+
+    config = load_config(args)
+    models = resolve_models(config)
+    if args.check_only:
+        print(f"configuration ok: {len(config.targets)} target(s), listen {config.listen}")
+        return 0
+    asyncio.run(serve(Agent(config, models=models), config.listen_host, config.listen_port))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rooflight",
+        description="Sidecar exporter that puts LLM serving on the roofline: live MBU for decode, MFU for prefill.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"rooflight {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser("run", help="watch one or more engines and serve /metrics", epilog=RUN_EPILOG,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_run_flags(run)
+    run.set_defaults(func=cmd_run)
+    from agent import demo_cli
+
+    demo_cli.register(sub)
+    for module in ("agent.plan", "rules.generate"):
+        _register_optional(sub, module)
+    return parser
+
+
+def _register_optional(sub: Any, module: str) -> None:
+    import importlib
+
+    try:
+        importlib.import_module(module).register(sub)
+    except ImportError as exc:  # a subcommand whose module is missing must not take the agent down
+        log.debug("subcommand from %s unavailable: %s", module, exc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(getattr(args, "log_level", "info")).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"rooflight: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

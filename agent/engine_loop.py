@@ -1,0 +1,248 @@
+"""One engine target: scrape, normalize, remember, derive; and say plainly when any of it failed."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import aiohttp
+
+from agent import derive
+from agent.clock import Clock
+from agent.config import AgentConfig, TargetConfig
+from agent.constants import TargetConstants
+from agent.detectors import DetectorInputs, DetectorThresholds, Verdicts, evaluate
+from agent.snapshot import Health, SeriesView, TargetView
+from agent.windows import SeriesHistory
+from collectors import engines
+from collectors.errors import REASONS, SOURCE_REASONS, ParseError, SourceError
+from collectors.http import fetch_json, fetch_text
+from collectors.samples import EngineSample, EngineSeries
+
+log = logging.getLogger("rooflight")
+
+DISCOVERY_EVERY_SECONDS = 30.0
+
+
+class SourceState:
+    """Up, last success, last duration and error counts of one source; mutable, owned by its loop."""
+
+    def __init__(self, source: str, target: str) -> None:
+        self.source, self.target = source, target
+        self.up = False
+        self.last_success: float | None = None
+        self.last_success_monotonic: float | None = None
+        self.duration: float | None = None
+        self.errors = dict.fromkeys(SOURCE_REASONS.get(source, REASONS), 0)
+        self.message: str | None = None
+
+    def ok(self, wall: float, duration: float, monotonic: float | None = None) -> None:
+        self.up, self.last_success, self.duration, self.message = True, wall, duration, None
+        self.last_success_monotonic = monotonic
+
+    def fail(self, reason: str, message: str, duration: float) -> None:
+        if not self.up and self.message == message:
+            pass  # the same failure again: counted, not logged again
+        else:
+            log.warning("%s source for %s failed (%s): %s", self.source, self.target, reason, message)
+        self.up, self.duration, self.message = False, duration, message
+        self.errors[reason] = self.errors.get(reason, 0) + 1
+
+    def view(self) -> Health:
+        return Health(
+            self.source, self.target, self.up, self.last_success, self.duration, dict(self.errors), self.message
+        )
+
+
+ConstantsFor = Callable[[TargetConfig, Any], TargetConstants]
+
+
+class EngineLoop:
+    def __init__(
+        self,
+        target: TargetConfig,
+        config: AgentConfig,
+        session: aiohttp.ClientSession,
+        clock: Clock,
+        model: Any,
+        model_source: str | None,
+        constants_for: ConstantsFor,
+    ) -> None:
+        self.target, self.config, self.session, self.clock = target, config, session, clock
+        self.model, self.model_source = model, model_source
+        self._constants_for = constants_for
+        self.state = SourceState("engine", target.name)
+        self.thresholds = DetectorThresholds(**config.detectors)
+        self._adapter: ModuleType | None = None if target.engine == "auto" else engines.adapter(target.engine)
+        self._histories: dict[tuple[str, str], SeriesHistory] = {}
+        self._next_discovery = 0.0
+        self.latest: EngineSample | None = None
+        self.view = TargetView(target.name, target.url, None, None, model_source)
+
+    @property
+    def stale_after(self) -> float:
+        return self.config.scrape_timeout + 2 * self.config.interval
+
+    async def sample_once(self) -> None:
+        start = self.clock.monotonic()
+        try:
+            sample, t = await self._scrape()
+        except SourceError as exc:
+            self.state.fail(exc.reason, str(exc), self.clock.monotonic() - start)
+            if isinstance(exc, ParseError) and self.target.engine == "auto":
+                self._adapter = None  # the engine may have been replaced: detect again
+            self._rebuild_view()
+            return
+        self.latest = sample
+        self._remember(sample, t)
+        self.state.ok(self.clock.time(), self.clock.monotonic() - start, self.clock.monotonic())
+        await self._discover_model()
+        self._rebuild_view()
+
+    async def _scrape(self) -> tuple[EngineSample, float]:
+        adapter = self._adapter
+        path = self.target.metrics_path or (adapter.METRICS_PATH if adapter else "/metrics")
+        fetched = await fetch_text(
+            self.session,
+            self.target.url + path,
+            timeout=self.config.scrape_timeout,
+            max_bytes=self.config.max_body_bytes,
+            monotonic=self.clock.monotonic,
+        )
+        if adapter is None:
+            adapter = self._adapter = engines.detect(fetched.text)
+            log.info("target %s: recognised %s", self.target.name, adapter.ENGINE)
+        wall = self.clock.time() - (self.clock.monotonic() - fetched.timestamp)
+        try:
+            sample = adapter.parse(fetched.text, target=self.target.name, timestamp=wall, duration=fetched.duration)
+        except SourceError:
+            raise
+        except Exception as exc:  # an adapter bug on odd input is a parse failure, not a crash
+            raise ParseError(f"{adapter.ENGINE} adapter could not read the exposition: {exc!r}") from exc
+        return sample, fetched.timestamp
+
+    def _remember(self, sample: EngineSample, t: float) -> None:
+        retention = max(self.config.windows.values()) + 2 * self.config.interval + self.config.scrape_timeout
+        seen = set()
+        for series in sample.series:
+            key = (series.model, series.rank)
+            seen.add(key)
+            history = self._histories.setdefault(key, SeriesHistory(retention))
+            history.append(t, *derive.history_inputs(series))
+        for key in set(self._histories) - seen:  # a model or rank that disappeared takes its state with it
+            del self._histories[key]
+
+    def _rebuild_view(self) -> None:
+        model = self._model_with_engine_dtypes()
+        constants = self._constants_for(self.target, model)
+        fresh = (
+            self.latest is not None
+            and self.state.last_success_monotonic is not None
+            and self.clock.monotonic() - self.state.last_success_monotonic <= self.stale_after
+        )
+        series = tuple(self._series_view(s, constants) for s in self.latest.series) if fresh and self.latest else ()
+        self.view = TargetView(
+            name=self.target.name,
+            url=self.target.url,
+            engine=self._adapter.ENGINE if self._adapter else None,
+            constants=constants,
+            model_source=self.model_source,
+            series=series,
+        )
+
+    def _series_view(self, series: EngineSeries, constants: TargetConstants) -> SeriesView:
+        history = self._histories.get((series.model, series.rank))
+        windows = (
+            derive.derive_target(
+                history, self.config.windows, constants, series.kv_capacity_tokens, self.config.percentiles
+            )
+            if history is not None
+            else ()
+        )
+        batch_max = float(self.target.batch_max) if self.target.batch_max else series.batch_max_requests
+        live = derive.live_kv_bytes(series.kv_usage_ratio, series.kv_capacity_tokens, constants)
+        verdicts = _verdicts(series, windows, history, batch_max, self.thresholds)
+        return SeriesView(series=series, windows=windows, verdicts=verdicts, batch_max=batch_max, live_kv_bytes=live)
+
+    def _model_with_engine_dtypes(self) -> Any:
+        """An fp8 KV cache the engine reports halves KV bytes per token, unless the user said otherwise."""
+        model, info = self.model, self.latest.info if self.latest else None
+        if model is None or info is None or self.target.kv_dtype or not info.kv_cache_dtype:
+            return model
+        if info.kv_cache_dtype.startswith("fp8") and model.kv_dtype != "fp8":
+            return model.with_dtypes(None, "fp8")
+        return model
+
+    async def _discover_model(self) -> None:
+        """Without --model/--model-config, ask the engine which model it serves (vLLM's /v1/models root)."""
+        now = self.clock.monotonic()
+        if self.model is not None or now < self._next_discovery:
+            return
+        self._next_discovery = now + DISCOVERY_EVERY_SECONDS
+        try:
+            listing = await fetch_json(self.session, self.target.url + "/v1/models", timeout=self.config.scrape_timeout)
+        except SourceError as exc:
+            log.info("target %s: model discovery via /v1/models failed: %s", self.target.name, exc)
+            return
+        found = _model_from_listing(listing, self.target)
+        if found is None:
+            log.warning("target %s: cannot tell the model's constants; pass --model or --model-config", self.target.name)
+            return
+        self.model, self.model_source = found
+        log.info("target %s: model constants from %s", self.target.name, self.model_source)
+
+
+def _model_from_listing(listing: Any, target: TargetConfig) -> tuple[Any, str] | None:
+    from agent.errors import ConfigError
+    from agent.models import load_config_json, preset_for_hf_id
+
+    entries = listing.get("data") if isinstance(listing, dict) else None
+    if not entries or not isinstance(entries[0], dict):
+        return None
+    root, ident = str(entries[0].get("root") or ""), str(entries[0].get("id") or "")
+    config_path = Path(root) / "config.json"
+    kw = {"weight_dtype": target.weight_dtype, "kv_dtype": target.kv_dtype}
+    try:
+        if root and config_path.is_file():
+            return load_config_json(config_path, **kw), f"config.json:{config_path}"
+    except (ConfigError, OSError) as exc:
+        log.warning("target %s: %s is not usable: %s", target.name, config_path, exc)
+    for candidate in (root, ident):
+        spec = preset_for_hf_id(candidate) if candidate else None
+        if spec is not None:
+            return spec.with_dtypes(target.weight_dtype, target.kv_dtype), f"discovered:{candidate}"
+    return None
+
+
+def _verdicts(
+    series: EngineSeries,
+    windows: tuple[derive.WindowValues, ...],
+    history: SeriesHistory | None,
+    batch_max: float | None,
+    thresholds: DetectorThresholds,
+) -> Verdicts | None:
+    """The detectors over the shortest window (the tail now) and the longest (the recent baseline)."""
+    if not windows or history is None:
+        return None
+    short, long = windows[0], windows[-1]
+    span = history.window(short.seconds)
+    first = span[0] if span else None
+    inputs = DetectorInputs(
+        itl_p99_short=short.itl.get("99") or _highest(short.itl),
+        itl_p50_long=long.itl.get("50"),
+        prefill_tokens_per_step_short=short.prefill_tokens_per_step,
+        kv_usage=series.kv_usage_ratio,
+        kv_usage_min_short=derive.minimum(history, first, derive.KV_USAGE) if first else None,
+        preemptions_per_second_short=short.preemptions_per_second,
+        running=series.running,
+        waiting=series.waiting,
+        waiting_min_short=derive.minimum(history, first, derive.WAITING) if first else None,
+        batch_max=batch_max,
+    )
+    return evaluate(inputs, thresholds)
+
+
+def _highest(percentiles: dict[str, float] | Any) -> float | None:
+    return percentiles[max(percentiles, key=float)] if percentiles else None
