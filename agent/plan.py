@@ -21,8 +21,8 @@ from typing import Any
 
 from agent import physics as ph
 from agent.errors import ConfigError
-from agent.gpus import DEFAULT_PROFILE_KEY, GpuProfile, get_profile
-from agent.models import ModelSpec, load_config_json, preset, preset_for_hf_id
+from agent.gpus import DEFAULT_PROFILE_KEY, PROFILES, GpuProfile, get_profile
+from agent.models import PRESETS, ModelSpec, load_config_json, preset, preset_for_hf_id
 
 NVLINK_ALLREDUCE_SECONDS = 5e-6  # fixed launch-plus-latency floor of one small all-reduce on NVLink
 
@@ -219,8 +219,26 @@ def resolve_model(model: str | None, model_config: str | None, weight_dtype: str
     return spec.with_dtypes(weight_dtype, kv_dtype)
 
 
+def format_catalog() -> str:
+    """The model presets and GPU profiles `--model` and `--gpu` accept."""
+    lines = ["Model presets (--model):"]
+    for key, m in PRESETS.items():
+        moe = f", {sig(m.params_active / 1e9)}B active" if m.is_moe else ""
+        lines.append(f"  {key:<16} {sig(m.params_total / 1e9)}B params{moe}, {m.weight_dtype}, "
+                     f"KV {m.kv_bytes_per_token:,.0f} B/token")
+    lines.append("GPU profiles (--gpu), dense per-GPU peaks:")
+    for key, g in PROFILES.items():
+        lines.append(f"  {key:<16} {sig(g.peak_flops['bf16'] / 1e12)} TFLOP/s bf16, "
+                     f"{sig(g.memory_bandwidth_bytes_per_second / 1e12)} TB/s, {sig(g.memory_bytes / 1e9)} GB,"
+                     f" ridge {sig(g.ridge_point)}")
+    return "\n".join(lines)
+
+
 def run_plan(args: argparse.Namespace) -> int:
     """Entry point of `rooflight plan`; prints text or JSON, returns the exit code."""
+    if getattr(args, "list", False):
+        print(format_catalog())
+        return 0
     model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
     plan = build_plan(model, get_profile(args.gpu), tp=args.tp, context_tokens=args.context,
                       batch=args.batch, prompt_tokens=args.prompt_tokens, prefill_mfu=args.prefill_mfu,
@@ -260,4 +278,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--reserved-gb", type=float, default=4.0, help="GB per GPU kept for runtime and "
                    "activations, not KV (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print every figure in base units as JSON")
+    p.add_argument("--list", action="store_true", help="list the model presets and GPU profiles")
     p.set_defaults(func=run_plan)

@@ -180,3 +180,9 @@ def test_plan_to_dict_is_json_and_complete() -> None:
                                  (16.0, "16"), (122_070, "122,000"), (1.0486, "1.05")])
 def test_sig(x: float, s: str) -> None:
     assert sig(x) == s
+
+
+def test_list_shows_presets_and_profiles(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys, "--list")
+    assert "llama-3-8b" in out and "deepseek-v3" in out and "37.6B active" in out
+    assert "h100-sxm         989 TFLOP/s bf16, 3.35 TB/s, 80 GB, ridge 295" in out
