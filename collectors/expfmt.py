@@ -21,7 +21,8 @@ Timestamps after the value are milliseconds on the wire and seconds here, as in 
 
 Family grouping follows prometheus_client: a `# HELP`/`# TYPE` line opens a family; a sample whose
 name is not one the family's type allows (`_bucket`/`_count`/`_sum` for histograms, `_count`/`_sum`
-and the bare name for summaries) becomes an untyped family of its own.
+and the bare name for summaries) becomes a family of its own; untyped families have type "unknown"
+(the OpenMetrics spelling prometheus_client uses).
 
 The returned label dicts are fresh per sample but callers should treat all results as read-only.
 """
@@ -128,7 +129,7 @@ def _labels_slow(line: str, start: int) -> tuple[dict[str, str], int]:
 def _parse_sample(line: str, brace: int) -> Sample:
     """One sample line (stripped, not a comment); `brace` = line.find("{"). ValueError if malformed."""
     space = line.find(" ")
-    if brace != -1 and (space == -1 or brace < space):
+    if brace != -1 and (space == -1 or brace < space or not line[space:brace].strip()):
         name = line[:brace].rstrip()
         end = line.find('"}', brace)
         body = line[brace + 1 : end + 1] if end != -1 else ""
@@ -141,6 +142,10 @@ def _parse_sample(line: str, brace: int) -> Sample:
                     fast = False
                     break
                 labels[key] = val if val[-1:] != '"' else val[:-1]
+            # Without escapes every quote is a delimiter: two per pair, or the '"}' found above
+            # was an opening quote (a value starting with '}') and the slow path must decide.
+            if fast and body.count('"') != 2 * len(labels):
+                fast = False
             rest = line[end + 2 :]
         if not fast:
             labels, after = _labels_slow(line, brace)
@@ -241,7 +246,7 @@ def parse(
                 if "\\" in doc:
                     doc = _HELP_ESCAPE_RE.sub(lambda m: _UNESCAPE[m.group(0)], doc)
                 if fam is None or fam.name != mname:
-                    fam = Family(mname, "untyped", doc)
+                    fam = Family(mname, "unknown", doc)
                     families.append(fam)
                     allowed = (mname,)
                 else:
@@ -250,7 +255,7 @@ def parse(
                 if len(parts) < 4:
                     bad += 1
                     continue
-                typ = parts[3]
+                typ = parts[3] if parts[3] != "untyped" else "unknown"  # as prometheus_client
                 if fam is None or fam.name != mname:
                     fam = Family(mname, typ, "")
                     families.append(fam)
@@ -284,7 +289,7 @@ def parse(
         if name in allowed and fam is not None:
             fam.samples.append(sample)
         else:
-            families.append(Family(name, "untyped", "", [sample]))
+            families.append(Family(name, "unknown", "", [sample]))
             fam, allowed = None, ()
         lst = by_name.get(name)
         if lst is None:
