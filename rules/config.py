@@ -1,0 +1,189 @@
+"""The one config the Prometheus rules are generated from, the way monitoring mixins keep `_config`.
+
+Selectors, SLO thresholds and objectives, burn-rate windows, detector-alert durations, the low-MBU
+threshold, the runbook base URL and the PrometheusRule's `release` label all live here, so a user's
+`rooflight rules --ttft-threshold 1 --agent-selector 'job="rooflight"'` and the checked-in YAML come
+from the same code. Histogram names and bucket edges are config too: SGLang and TRT-LLM users point the
+SLOs at their own histograms, and the generator refuses a threshold that is not a bucket edge.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from agent.errors import ConfigError
+
+# Default bucket edges of the engines' latency histograms (shared/reference/engines.md 2.3 and 3.2).
+VLLM_TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+VLLM_ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+SGLANG_TTFT_BUCKETS = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0,
+)  # fmt: skip
+SGLANG_ITL_BUCKETS = (
+    0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1, 0.2, 0.4,
+    0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0,
+)  # fmt: skip
+
+_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+_SEVERITIES = ("critical", "warning", "info")
+
+
+def check_duration(value: str, what: str) -> str:
+    """A Prometheus duration (`5m`, `1h30m`); ConfigError otherwise."""
+    if not _DURATION.match(value):
+        raise ConfigError(f"{what}: {value!r} is not a Prometheus duration like 5m or 1h")
+    return value
+
+
+def _check_severity(value: str, what: str) -> None:
+    if value not in _SEVERITIES:
+        raise ConfigError(f"{what}: severity must be one of {', '.join(_SEVERITIES)} (got {value!r})")
+
+
+@dataclass(frozen=True)
+class BurnWindow:
+    """One row of the SRE workbook's multi-window multi-burn-rate table."""
+
+    long: str
+    short: str
+    factor: float  # burn rate: error ratio / (1 - objective)
+    for_: str
+    severity: str  # critical pages, warning tickets
+
+    def __post_init__(self) -> None:
+        check_duration(self.long, "burn window")
+        check_duration(self.short, "burn window")
+        check_duration(self.for_, "burn window for")
+        _check_severity(self.severity, "burn window")
+        if not self.factor > 0:
+            raise ConfigError(f"burn factor must be positive (got {self.factor})")
+
+
+# 30-day budget: 2% spent in 1h or 5% in 6h pages; 10% in 1d or 3d tickets (sre.google/workbook/alerting-on-slos).
+SRE_WORKBOOK_WINDOWS = (
+    BurnWindow("1h", "5m", 14.4, "2m", "critical"),
+    BurnWindow("6h", "30m", 6.0, "15m", "critical"),
+    BurnWindow("1d", "2h", 3.0, "1h", "warning"),
+    BurnWindow("3d", "6h", 1.0, "3h", "warning"),
+)
+
+
+@dataclass(frozen=True)
+class LatencySLO:
+    """"`objective` of observations of `histogram` are at most `threshold_seconds`", from the engine's buckets."""
+
+    name: str  # short id used in rule names and the `slo` label: ttft, itl
+    alert: str
+    title: str  # human words for annotations
+    histogram: str  # base name; the rules read <histogram>_bucket and <histogram>_count
+    selector: str
+    threshold_seconds: float
+    objective: float
+    buckets: tuple[float, ...]  # the engine's known edges; () = unknown, the runtime guard still applies
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.objective < 1.0:
+            raise ConfigError(f"{self.name} objective must be in (0, 1) (got {self.objective})")
+        if not (self.threshold_seconds > 0 and math.isfinite(self.threshold_seconds)):
+            raise ConfigError(f"{self.name} threshold must be a positive number of seconds")
+        if self.buckets and not any(math.isclose(self.threshold_seconds, b) for b in self.buckets):
+            edges = ", ".join(f"{b:g}" for b in self.buckets)
+            raise ConfigError(
+                f"{self.name} threshold {self.threshold_seconds:g}s is not a bucket edge of {self.histogram} "
+                f"({edges}); a missing le never matches and the SLO alert would silently never fire. "
+                "Pick an edge, or add one to the engine (vLLM: --custom-histogram-buckets) and declare the "
+                "engine's edges here."
+            )
+
+    @property
+    def budget(self) -> float:
+        return 1.0 - self.objective
+
+
+@dataclass(frozen=True)
+class DetectorAlert:
+    """An alert over one of the agent's 0/1 detector gauges: true for `min_fraction` of `window`, for `for_`."""
+
+    window: str
+    min_fraction: float
+    for_: str
+    severity: str = "warning"
+
+    def __post_init__(self) -> None:
+        check_duration(self.window, "detector window")
+        check_duration(self.for_, "detector for")
+        _check_severity(self.severity, "detector alert")
+        if not 0.0 < self.min_fraction <= 1.0:
+            raise ConfigError(f"detector min_fraction must be in (0, 1] (got {self.min_fraction})")
+
+
+def vllm_ttft(threshold_seconds: float = 2.5, objective: float = 0.99, selector: str = "") -> LatencySLO:
+    return LatencySLO(
+        "ttft", "RooflightTTFTBudgetBurn", "time to first token", "vllm:time_to_first_token_seconds",
+        selector, threshold_seconds, objective, VLLM_TTFT_BUCKETS,
+    )  # fmt: skip
+
+
+def vllm_itl(threshold_seconds: float = 0.1, objective: float = 0.99, selector: str = "") -> LatencySLO:
+    return LatencySLO(
+        "itl", "RooflightITLBudgetBurn", "inter-token latency", "vllm:inter_token_latency_seconds",
+        selector, threshold_seconds, objective, VLLM_ITL_BUCKETS,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RulesConfig:
+    """Everything the generator needs. Defaults are what ships in rules/*.yaml."""
+
+    agent_selector: str = ""  # matchers for every rooflight_* series, e.g. 'job="rooflight"'
+    # Labels your scrape config adds that tell agents apart across a fleet (e.g. cluster, namespace);
+    # they are kept in every aggregation and join.
+    extra_labels: tuple[str, ...] = ()
+    slo_group_by: tuple[str, ...] = ("model_name",)
+    ttft: LatencySLO = field(default_factory=vllm_ttft)
+    itl: LatencySLO = field(default_factory=vllm_itl)
+    burn_windows: tuple[BurnWindow, ...] = SRE_WORKBOOK_WINDOWS
+    bucket_guard_for: str = "15m"
+    rate_window: str = "5m"  # for the recording rules (MBU, MFU, tokens/s)
+    head_of_line: DetectorAlert = DetectorAlert("10m", 0.25, "5m")
+    capacity_capped: DetectorAlert = DetectorAlert("10m", 0.5, "10m")
+    admission_bound: DetectorAlert = DetectorAlert("10m", 0.5, "10m")
+    low_mbu_threshold: float = 0.3  # a healthy decode streams 60-80% of peak bandwidth
+    low_mbu_for: str = "30m"
+    low_mbu_min_running: float = 1.0  # decode must have been busy the whole rate window
+    engine_down_for: str = "2m"
+    gpu_down_for: str = "5m"
+    runbook_base_url: str = "https://github.com/rooflight/rooflight/blob/main/docs/runbooks.md"
+    rule_name: str = "rooflight"  # PrometheusRule metadata.name and the group name prefix
+    release: str = ""  # kube-prometheus-stack selects rules by `release: <helm release>`
+
+    def __post_init__(self) -> None:
+        for duration, what in (
+            (self.bucket_guard_for, "bucket_guard_for"),
+            (self.rate_window, "rate_window"),
+            (self.low_mbu_for, "low_mbu_for"),
+            (self.engine_down_for, "engine_down_for"),
+            (self.gpu_down_for, "gpu_down_for"),
+        ):
+            check_duration(duration, what)
+        if not 0.0 < self.low_mbu_threshold < 1.0:
+            raise ConfigError(f"low_mbu_threshold must be in (0, 1) (got {self.low_mbu_threshold})")
+        if not self.slo_group_by:
+            raise ConfigError("slo_group_by needs at least one label (model_name for vLLM)")
+        if not self.burn_windows:
+            raise ConfigError("at least one burn window is needed")
+        for label in (*self.extra_labels, *self.slo_group_by):
+            if not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]*$", label):
+                raise ConfigError(f"{label!r} is not a Prometheus label name")
+        if not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", self.rule_name):
+            raise ConfigError(f"rule_name {self.rule_name!r} must be a Kubernetes name (lower case, dashes)")
+
+    def runbook_url(self, alert: str) -> str:
+        return f"{self.runbook_base_url}#{alert.lower()}"

@@ -1,0 +1,166 @@
+"""Write the checked-in rule files, check them for staleness, and the `rooflight rules` subcommand.
+
+    python -m rules.generate           # rewrite rules/rooflight.rules.yaml and rooflight.prometheusrule.yaml
+    python -m rules.generate --check   # exit 1 with a diff when the checked-in files differ from the code
+    rooflight rules --ttft-threshold 1 --agent-selector 'job="rooflight"' --format prometheusrule
+
+The checked-in files are rendered from the default RulesConfig; `rooflight rules` renders the same
+code with the user's thresholds and selectors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from agent.errors import ConfigError
+from rules import config as cfg
+from rules.render import render
+
+HERE = Path(__file__).resolve().parent
+OUTPUTS = {"yaml": HERE / "rooflight.rules.yaml", "prometheusrule": HERE / "rooflight.prometheusrule.yaml"}
+
+# Histogram names, default thresholds and bucket edges per engine (shared/reference/engines.md).
+ENGINE_PRESETS: dict[str, dict[str, Any]] = {
+    "vllm": {
+        "ttft": ("vllm:time_to_first_token_seconds", 2.5, cfg.VLLM_TTFT_BUCKETS),
+        "itl": ("vllm:inter_token_latency_seconds", 0.1, cfg.VLLM_ITL_BUCKETS),
+    },
+    "sglang": {
+        "ttft": ("sglang:time_to_first_token_seconds", 2.0, cfg.SGLANG_TTFT_BUCKETS),
+        "itl": ("sglang:inter_token_latency_seconds", 0.1, cfg.SGLANG_ITL_BUCKETS),
+    },
+}
+
+
+def check(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = None) -> int:
+    """0 when every checked-in file equals what the code renders; 1 with a unified diff otherwise."""
+    config = config or cfg.RulesConfig()
+    stale = 0
+    for fmt, path in outputs.items():
+        want = render(config, fmt)
+        have = path.read_text() if path.exists() else ""
+        if have != want:
+            stale = 1
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    have.splitlines(keepends=True), want.splitlines(keepends=True), str(path), f"{path} (generated)"
+                )
+            )
+    if stale:
+        print("rules are stale: run `python -m rules.generate`", file=sys.stderr)
+    return stale
+
+
+def write(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = None) -> None:
+    config = config or cfg.RulesConfig()
+    for fmt, path in outputs.items():
+        path.write_text(render(config, fmt))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rules.generate", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail with a diff if the checked-in files are stale")
+    args = parser.parse_args(argv)
+    if args.check:
+        return check()
+    write()
+    return 0
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise ConfigError(f"bucket edges must be comma-separated numbers ({text!r})") from exc
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def register(subparsers: Any) -> None:
+    """Add `rooflight rules` to the agent's CLI; the handler returns an exit code."""
+    p = subparsers.add_parser(
+        "rules",
+        help="print Prometheus rules and alerts for your thresholds and selectors",
+        description="Print Rooflight's recording rules, detector alerts and TTFT/ITL burn-rate SLO alerts.",
+    )
+    p.add_argument("--format", choices=("yaml", "prometheusrule"), default="yaml")
+    p.add_argument("--release", default="", help="label release=<this> on the PrometheusRule (kube-prometheus-stack)")
+    p.add_argument("--name", default="rooflight", help="PrometheusRule name and group-name prefix")
+    p.add_argument("--agent-selector", default="", help="matchers for rooflight_* series, e.g. 'job=\"rooflight\"'")
+    p.add_argument("--extra-labels", default="", help="comma list of labels that tell agents apart (cluster,...)")
+    p.add_argument("--engine", choices=sorted(ENGINE_PRESETS), default="vllm", help="histogram names and edges")
+    p.add_argument("--engine-selector", default="", help="matchers for the engine's TTFT/ITL histograms")
+    p.add_argument("--slo-group-by", default="model_name", help="comma list of labels each SLO is computed by")
+    for slo, title in (("ttft", "time to first token"), ("itl", "inter-token latency")):
+        p.add_argument(f"--{slo}-metric", help=f"{title} histogram base name (default: the engine's)")
+        p.add_argument(f"--{slo}-threshold", type=float, help=f"{title} SLO threshold in seconds (a bucket edge)")
+        p.add_argument(f"--{slo}-objective", type=float, default=0.99, help="share of observations within it")
+        p.add_argument(f"--{slo}-buckets", help="the histogram's bucket edges if customised ('' = unknown)")
+    p.add_argument("--low-mbu-threshold", type=float, default=cfg.RulesConfig.low_mbu_threshold)
+    p.add_argument("--low-mbu-for", default=cfg.RulesConfig.low_mbu_for)
+    p.add_argument("--hol-for", default=cfg.RulesConfig.head_of_line.for_)
+    p.add_argument("--capacity-capped-for", default=cfg.RulesConfig.capacity_capped.for_)
+    p.add_argument("--admission-bound-for", default=cfg.RulesConfig.admission_bound.for_)
+    p.add_argument("--runbook-base-url", default=cfg.RulesConfig.runbook_base_url)
+    p.add_argument("-o", "--output", help="write here instead of stdout")
+    p.set_defaults(func=run_rules)
+
+
+def _slo(args: argparse.Namespace, slo: str, alert: str, title: str) -> cfg.LatencySLO:
+    metric, threshold, buckets = ENGINE_PRESETS[args.engine][slo]
+    given = getattr(args, f"{slo}_buckets")
+    return cfg.LatencySLO(
+        name=slo,
+        alert=alert,
+        title=title,
+        histogram=getattr(args, f"{slo}_metric") or metric,
+        selector=args.engine_selector,
+        threshold_seconds=getattr(args, f"{slo}_threshold") or threshold,
+        objective=getattr(args, f"{slo}_objective"),
+        buckets=buckets if given is None else _floats(given),
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
+    """The RulesConfig a `rooflight rules` command line describes; ConfigError when it is inconsistent."""
+    base = cfg.RulesConfig()
+    return replace(
+        base,
+        agent_selector=args.agent_selector,
+        extra_labels=_names(args.extra_labels),
+        slo_group_by=_names(args.slo_group_by),
+        ttft=_slo(args, "ttft", "RooflightTTFTBudgetBurn", "time to first token"),
+        itl=_slo(args, "itl", "RooflightITLBudgetBurn", "inter-token latency"),
+        head_of_line=replace(base.head_of_line, for_=args.hol_for),
+        capacity_capped=replace(base.capacity_capped, for_=args.capacity_capped_for),
+        admission_bound=replace(base.admission_bound, for_=args.admission_bound_for),
+        low_mbu_threshold=args.low_mbu_threshold,
+        low_mbu_for=args.low_mbu_for,
+        runbook_base_url=args.runbook_base_url,
+        rule_name=args.name,
+        release=args.release,
+    )
+
+
+def run_rules(args: argparse.Namespace) -> int:
+    try:
+        text = render(config_from_args(args), args.format)
+    except ConfigError as exc:
+        print(f"rooflight rules: {exc}", file=sys.stderr)
+        return 2
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

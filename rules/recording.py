@@ -1,0 +1,119 @@
+"""Recording rules that recompute MBU, MFU and per-phase tokens/s in PromQL from the agent's counters.
+
+The agent exports its own windowed ratios, but a ratio cannot be averaged across agents. These rules
+rebuild numerator and denominator separately from the exported counters and constants, per rank, and
+aggregate each side by model, so a fleet's MBU is sum(bytes/s) / sum(peak bytes/s), never avg(ratio):
+
+    MBU        = (weight_bytes + avg kv_usage x capacity x kv_bytes_per_token) x rate(steps) / (bw x tp)
+    MFU{phase} = rate(tokens{phase}) x 2 x params{active} / (peak_flops x tp)
+
+Names follow level:metric:operations (prometheus.io/docs/practices/rules).
+"""
+
+from __future__ import annotations
+
+from agent import names
+from rules.config import RulesConfig
+from rules.promql import labels, record_name, series, window_suffix
+
+Rule = dict[str, object]
+
+AGENT_LABELS = ("target", "engine", "model", "rank")
+
+
+def rank_labels(config: RulesConfig) -> tuple[str, ...]:
+    """The labels one engine rank's series carry, plus the user's fleet labels."""
+    return (*config.extra_labels, *AGENT_LABELS)
+
+
+def _record(name: str, expr: str) -> Rule:
+    return {"record": name, "expr": expr}
+
+
+def recording_rules(config: RulesConfig) -> list[Rule]:
+    """Per-rank and per-model MBU, MFU and tokens/s, in dependency order."""
+    w = window_suffix(config.rate_window)
+    sel = config.agent_selector
+    rank = rank_labels(config)
+    by_rank = labels(rank)
+    on_model = labels((*config.extra_labels, "target", "model"))
+    on_target = labels((*config.extra_labels, "target"))
+    rank_phase = (*rank, "phase")
+
+    steps = record_name(rank, "rooflight_engine_steps", f"rate{w}")
+    tokens = record_name(rank_phase, "rooflight_tokens", f"rate{w}")
+    kv_live = record_name(rank, names.KV_LIVE_BYTES, f"avg_over_time{w}")
+    stream = record_name(rank, "rooflight_model_stream_bytes", f"rate{w}")
+    peak_bw = record_name(rank, names.GPU_PEAK_BANDWIDTH, "sum")
+    mbu = record_name(rank, "rooflight_mbu", f"ratio_rate{w}")
+    flops = record_name(rank_phase, "rooflight_model_flops", f"rate{w}")
+    peak_flops = record_name(rank, names.GPU_PEAK_FLOPS, "sum")
+    mfu = record_name(rank_phase, "rooflight_mfu", f"ratio_rate{w}")
+
+    def rate(metric: str) -> str:
+        return f"sum by ({by_rank}) (rate({series(metric, sel)}[{config.rate_window}]))"
+
+    def const(metric: str, on: str, *extra: str) -> str:
+        return f"max by ({on}) ({series(metric, sel, *extra)})"
+
+    # One series per rank with value 1, to hang the per-GPU constants on.
+    ranks = f"group by ({by_rank}) ({series(names.ENGINE_STEPS, sel)})"
+    tp = const(names.TENSOR_PARALLEL_SIZE, on_model)
+    active_params = const(names.MODEL_PARAMETERS, on_model, 'kind="active"')
+
+    return [
+        _record(steps, rate(names.ENGINE_STEPS)),
+        _record(
+            tokens,
+            f'label_replace({rate(names.PROMPT_TOKENS)}, "phase", "prefill", "", "")\n'
+            "or\n"
+            f'label_replace({rate(names.GENERATION_TOKENS)}, "phase", "decode", "", "")',
+        ),
+        _record(
+            kv_live,
+            f"max by ({by_rank}) (avg_over_time({series(names.KV_USAGE, sel)}[{config.rate_window}]))\n"
+            f"* on ({by_rank}) max by ({by_rank}) ({series(names.KV_CAPACITY_TOKENS, sel)})\n"
+            f"* on ({on_model}) group_left {const(names.MODEL_KV_BYTES_PER_TOKEN, on_model)}",
+        ),
+        # Bytes a decode step streams (all weights once, plus every live KV byte), times steps per second.
+        _record(
+            stream,
+            f"(\n  {kv_live}\n  + on ({on_model}) group_left {const(names.MODEL_WEIGHT_BYTES, on_model)}\n)\n"
+            f"* on ({by_rank}) {steps}",
+        ),
+        # Peak bandwidth of the GPUs one model copy spans: per-GPU peak x tensor-parallel size.
+        _record(
+            peak_bw,
+            f"{ranks}\n"
+            f"* on ({on_target}) group_left {const(names.GPU_PEAK_BANDWIDTH, on_target)}\n"
+            f"* on ({on_model}) group_left {tp}",
+        ),
+        _record(mbu, f"{stream}\n/ on ({by_rank}) {peak_bw}"),
+        _record(
+            flops,
+            f"2 * {tokens}\n"
+            f"* on ({on_model}) group_left {active_params}",
+        ),
+        _record(
+            peak_flops,
+            f"{ranks}\n"
+            f"* on ({on_target}) group_left {const(names.GPU_PEAK_FLOPS, on_target)}\n"
+            f"* on ({on_model}) group_left {tp}",
+        ),
+        _record(mfu, f"{flops}\n/ on ({by_rank}) group_left {peak_flops}"),
+        # Fleet level: numerators and denominators summed separately, then divided.
+        _record(f"model_phase:rooflight_tokens:rate{w}", f"sum by (model, phase) ({tokens})"),
+        _record(
+            f"model:rooflight_mbu:ratio_rate{w}",
+            f"sum by (model) ({stream})\n/ on (model) sum by (model) ({peak_bw})",
+        ),
+        _record(
+            f"model_phase:rooflight_mfu:ratio_rate{w}",
+            f"sum by (model, phase) ({flops})\n/ on (model) group_left sum by (model) ({peak_flops})",
+        ),
+    ]
+
+
+def mbu_record(config: RulesConfig) -> str:
+    """The per-rank MBU series the low-MBU alert reads."""
+    return record_name(rank_labels(config), "rooflight_mbu", f"ratio_rate{window_suffix(config.rate_window)}")
