@@ -45,6 +45,8 @@ def stop(proc: subprocess.Popen[str], child: int) -> None:
         except psutil.NoSuchProcess:
             pass
     proc.wait(5)
+    if proc.stdout:
+        proc.stdout.close()
 
 
 @pytest.fixture
