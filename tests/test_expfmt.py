@@ -255,3 +255,15 @@ def test_round_trips_whatever_prometheus_client_renders(families: list) -> None:
     assert full.bad_lines == 0
     picked = set(sorted(full.by_name)[::2])
     assert expfmt.parse(text, names=picked).by_name == {n: full.by_name[n] for n in picked}
+
+
+def test_seen_series_cache_is_invisible_to_callers() -> None:
+    text = 'c_total{a="1",b="x"} 5\nc_total{a="1",b="x"} 6 1500\n'
+    first = expfmt.parse(text)
+    first.get("c_total")[0].labels["a"] = "mutated"
+    second = expfmt.parse(text)
+    assert [(s.labels, s.value, s.timestamp) for s in second.get("c_total")] == [
+        ({"a": "1", "b": "x"}, 5.0, None),
+        ({"a": "1", "b": "x"}, 6.0, 1.5),
+    ]
+    assert second.get("c_total")[0].labels is not second.get("c_total")[1].labels
