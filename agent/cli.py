@@ -197,6 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rooflight: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `rooflight plan | head`: the reader left, nothing is wrong
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def derive_window(
         tokens_per_second=tokens,
         steps_per_second=steps,
         preemptions_per_second=rate(first, last, PREEMPTIONS),
-        mbu=_mbu(constants, live_kv, steps),
+        mbu=_mbu(constants, live_kv, steps, running),
         mfu=_mfu(constants, tokens),
         decode_intensity=_decode_intensity(constants, running, live_kv),
         ttft=_percentiles(first, last, TTFT, percentiles),
@@ -116,10 +116,15 @@ def minimum(history: SeriesHistory, first: Point, name: str) -> float | None:
 def live_kv_bytes(
     kv_usage: float | None, capacity: float | None, constants: TargetConstants | None
 ) -> float | None:
-    """Live KV bytes = occupancy x capacity in tokens x K+V bytes per token (all layers, all GPUs)."""
+    """Live KV bytes = occupancy x capacity in tokens x K+V bytes per token, summed over the TP GPUs.
+
+    Heads shard across GPUs, so the sum is the model's per-token bytes; where every GPU holds all of it
+    (an MLA latent, or fewer KV heads than GPUs) each GPU streams its own copy.
+    """
     if kv_usage is None or capacity is None or constants is None or constants.model is None:
         return None
-    return kv_usage * capacity * constants.model.kv_bytes_per_token
+    tp = constants.tensor_parallel_size
+    return kv_usage * capacity * constants.model.kv_bytes_per_token_per_gpu(tp) * tp
 
 
 def _phase_rates(first: Point, last: Point) -> dict[str, float]:
@@ -131,10 +136,13 @@ def _phase_rates(first: Point, last: Point) -> dict[str, float]:
     return out
 
 
-def _mbu(constants: TargetConstants | None, live_kv: float | None, steps: float | None) -> float | None:
+def _mbu(
+    constants: TargetConstants | None, live_kv: float | None, steps: float | None, running: float | None
+) -> float | None:
     if constants is None or constants.model is None or live_kv is None or steps is None:
         return None
-    return physics.mbu(constants.model.weight_bytes, live_kv, steps, constants.peak_bandwidth)
+    weights = constants.model.weight_bytes_streamed(running or 1.0)  # MoE: the experts the batch touches
+    return physics.mbu(weights, live_kv, steps, constants.peak_bandwidth)
 
 
 def _mfu(constants: TargetConstants | None, tokens: Mapping[str, float]) -> dict[str, float]:
@@ -150,7 +158,7 @@ def _decode_intensity(
     if constants is None or constants.model is None or running is None or live_kv is None or running <= 0:
         return None
     model = constants.model
-    return physics.decode_intensity(running, model.params_active, model.weight_bytes, live_kv)
+    return physics.decode_intensity(running, model.params_active, model.weight_bytes_streamed(running), live_kv)
 
 
 def _percentiles(first: Point, last: Point, name: str, percentiles: tuple[str, ...]) -> dict[str, float]:

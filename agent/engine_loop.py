@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
@@ -12,10 +13,11 @@ import aiohttp
 from agent import derive
 from agent.clock import Clock
 from agent.config import AgentConfig, TargetConfig
+from agent.baseline import TailBaseline
 from agent.constants import TargetConstants
 from agent.detectors import DetectorInputs, DetectorThresholds, Verdicts, evaluate
 from agent.snapshot import Health, SeriesView, TargetView
-from agent.windows import SeriesHistory
+from agent.windows import SeriesHistory, histogram_delta, worst_bound
 from collectors import engines
 from collectors.errors import REASONS, SOURCE_REASONS, ParseError, SourceError
 from collectors.http import fetch_json, fetch_text
@@ -24,6 +26,8 @@ from collectors.samples import EngineSample, EngineSeries
 log = logging.getLogger("rooflight")
 
 DISCOVERY_EVERY_SECONDS = 30.0
+# A stall lasts one step; the flag stays up this long after it, so a 15-30 s Prometheus scrape sees it.
+HEAD_OF_LINE_HOLD_SECONDS = 30.0
 
 
 class SourceState:
@@ -77,6 +81,8 @@ class EngineLoop:
         self.thresholds = DetectorThresholds(**config.detectors)
         self._adapter: ModuleType | None = None if target.engine == "auto" else engines.adapter(target.engine)
         self._histories: dict[tuple[str, str], SeriesHistory] = {}
+        self._tails: dict[tuple[str, str], TailBaseline] = {}
+        self._last_stall: dict[tuple[str, str], float] = {}
         self._next_discovery = 0.0
         self.latest: EngineSample | None = None
         self.view = TargetView(target.name, target.url, None, None, model_source)
@@ -133,6 +139,8 @@ class EngineLoop:
             history.append(t, *derive.history_inputs(series))
         for key in set(self._histories) - seen:  # a model or rank that disappeared takes its state with it
             del self._histories[key]
+            self._tails.pop(key, None)
+            self._last_stall.pop(key, None)
 
     def _rebuild_view(self) -> None:
         model = self._model_with_engine_dtypes()
@@ -163,8 +171,39 @@ class EngineLoop:
         )
         batch_max = float(self.target.batch_max) if self.target.batch_max else series.batch_max_requests
         live = derive.live_kv_bytes(series.kv_usage_ratio, series.kv_capacity_tokens, constants)
-        verdicts = _verdicts(series, windows, history, batch_max, self.thresholds)
+        worst, baseline = self._itl_tail(series, history)
+        verdicts = _verdicts(series, windows, history, batch_max, worst, baseline, self.thresholds)
+        verdicts = self._hold_head_of_line((series.model, series.rank), verdicts)
         return SeriesView(series=series, windows=windows, verdicts=verdicts, batch_max=batch_max, live_kv_bytes=live)
+
+    def _hold_head_of_line(self, key: tuple[str, str], verdicts: Verdicts | None) -> Verdicts | None:
+        now = self.clock.monotonic()
+        if verdicts is not None and verdicts.head_of_line:
+            self._last_stall[key] = now
+        last = self._last_stall.get(key)
+        if verdicts is None or last is None or now - last > HEAD_OF_LINE_HOLD_SECONDS:
+            return verdicts
+        return replace(verdicts, head_of_line=True)
+
+    def _itl_tail(self, series: EngineSeries, history: SeriesHistory | None) -> tuple[float | None, float | None]:
+        """The worst ITL since the previous sample, and the median of that worst over the recent past.
+
+        At the agent's resolution (1 s) one stalled step is a visible share of the tokens, where in a
+        10 s or 1 m window its few observations vanish below p99.
+        """
+        if history is None:
+            return None, None
+        span = history.window(1.5 * self.config.interval)
+        delta = histogram_delta(*span, derive.ITL) if span else None
+        worst = worst_bound(delta) if delta else None
+        key = (series.model, series.rank)
+        shortest = min(self.config.windows.values())
+        tail = self._tails.setdefault(
+            key, TailBaseline(keep_seconds=max(self.config.windows.values()), min_span=3 * shortest)
+        )
+        baseline = tail.median()  # before this value joins: the baseline is the recent past
+        tail.add(self.clock.monotonic(), worst)
+        return worst, baseline
 
     def _model_with_engine_dtypes(self) -> Any:
         """An fp8 KV cache the engine reports halves KV bytes per token, unless the user said otherwise."""
@@ -221,17 +260,19 @@ def _verdicts(
     windows: tuple[derive.WindowValues, ...],
     history: SeriesHistory | None,
     batch_max: float | None,
+    itl_worst: float | None,
+    itl_tail_baseline: float | None,
     thresholds: DetectorThresholds,
 ) -> Verdicts | None:
-    """The detectors over the shortest window (the tail now) and the longest (the recent baseline)."""
+    """The detectors over the shortest window, against the ITL tail's own recent median."""
     if not windows or history is None:
         return None
-    short, long = windows[0], windows[-1]
+    short = windows[0]
     span = history.window(short.seconds)
     first = span[0] if span else None
     inputs = DetectorInputs(
-        itl_p99_short=short.itl.get("99") or _highest(short.itl),
-        itl_p50_long=long.itl.get("50"),
+        itl_p99_short=itl_worst,
+        itl_p50_long=itl_tail_baseline,
         prefill_tokens_per_step_short=short.prefill_tokens_per_step,
         kv_usage=series.kv_usage_ratio,
         kv_usage_min_short=derive.minimum(history, first, derive.KV_USAGE) if first else None,
@@ -243,6 +284,3 @@ def _verdicts(
     )
     return evaluate(inputs, thresholds)
 
-
-def _highest(percentiles: dict[str, float] | Any) -> float | None:
-    return percentiles[max(percentiles, key=float)] if percentiles else None

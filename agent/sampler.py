@@ -143,23 +143,24 @@ class Agent:
             out[device.index] = profile.key if profile else "unknown"
         return out
 
+    async def sample_gpus_once(self, collector: Any) -> None:
+        """One NVML sample through `collector`, then publish: what the NVML loop does per tick."""
+        start = self.clock.monotonic()
+        try:
+            self._gpu = await collector.sample()
+        except SourceError as exc:
+            self._gpu = None
+            self._nvml_state.fail(exc.reason, str(exc), self.clock.monotonic() - start)
+        else:
+            self._nvml_state.ok(self.clock.time(), self.clock.monotonic() - start)
+        self.publish()
+
     async def _nvml_loop(self) -> None:
         from collectors.nvml import NvmlCollector
 
-        collector = NvmlCollector(lib=self._nvml_lib)
-
-        async def step() -> None:
-            start = self.clock.monotonic()
-            try:
-                self._gpu = await collector.sample()
-            except SourceError as exc:
-                self._gpu = None
-                self._nvml_state.fail(exc.reason, str(exc), self.clock.monotonic() - start)
-                return
-            self._nvml_state.ok(self.clock.time(), self.clock.monotonic() - start)
-
+        collector = NvmlCollector(lib=self._nvml_lib, clock=self.clock.monotonic)
         try:
-            await self._every(self.config.nvml_interval, step)
+            await self._every(self.config.nvml_interval, lambda: self.sample_gpus_once(collector))
         finally:
             collector.close()
 

@@ -206,3 +206,21 @@ def _monotonic(counts: tuple[float, ...]) -> list[float]:
         top = max(top, c)
         out.append(top)
     return out
+
+
+def worst_bound(hist: CorrectedHistogram) -> float | None:
+    """The upper bound of the highest bucket that gained observations: the worst value, to bucket resolution.
+
+    An observation beyond the last finite bound reports that bound (the worst is at least that much).
+    """
+    counts = _monotonic(hist.counts)
+    below = 0.0
+    worst = None
+    for bound, count in zip(hist.bounds, counts):
+        if count > below:
+            worst = bound
+        below = count
+    if worst is not None and math.isinf(worst):
+        finite = [b for b in hist.bounds if not math.isinf(b)]
+        return finite[-1] if finite else None
+    return worst

@@ -9,7 +9,7 @@ import pytest
 
 from agent.config import build
 from agent.sampler import Agent
-from conftest import FakeEngine, sample_text
+from support import FakeEngine, sample_text
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client import generate_latest
 from agent.exposition import registry_for
@@ -89,7 +89,7 @@ async def test_failing_engine_is_down_counted_and_metrics_still_answer(
 
 
 async def test_refused_connection_is_reported_as_refused() -> None:
-    from conftest import free_port
+    from support import free_port
 
     agent = _agent(f"http://127.0.0.1:{free_port()}")
     await agent.start(loops=False)
@@ -149,7 +149,7 @@ async def test_loops_run_on_their_own_and_metrics_answer_while_engine_hangs(fake
     from aiohttp import ClientSession, web
 
     from agent.server import build_app
-    from conftest import free_port
+    from support import free_port
 
     agent = _agent(fake_engine.url)
     port = free_port()

@@ -1,0 +1,105 @@
+"""Golden exposition: what the agent serves for recorded engine output and fake GPUs, byte for byte.
+
+Regenerate after an intended change with ROOFLIGHT_UPDATE_GOLDEN=1 and read the diff. Every golden
+file must also pass `promtool check metrics` (Debian's prometheus package; CI installs it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from agent.clock import FakeClock
+from agent.cli import resolve_models
+from agent.config import build
+from agent.exposition import registry_for
+from agent.sampler import Agent
+from collectors.nvml_fake import a100_like, h100_like
+from support import FakeEngine, sample_text
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _check(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("ROOFLIGHT_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}; run with ROOFLIGHT_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"exposition differs from {path}"
+
+
+def _promtool_clean(text: str) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: install Debian's prometheus package (CI does)"
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+async def _two_samples(engine: FakeEngine, clock: FakeClock, nvml: object = None, **flags: object) -> Agent:
+    settings = {"engine_url": [engine.url], "nvml": nvml is not None, "process": False, "interval": "1s",
+                "windows": "10s,1m", "model": "llama-3-8b", **flags}
+    config = build({}, {}, settings)
+    agent = Agent(config, models=resolve_models(config), clock=clock, nvml_lib=nvml)
+    await agent.start(loops=False)
+    engine.body = sample_text("vllm-cpu-rest-fresh.prom")
+    await agent.sample_engines_once()
+    clock.advance(10.0)
+    engine.body = sample_text("vllm-cpu-load-c16.prom")
+    await agent.sample_engines_once()
+    return agent
+
+
+def _render(agent: Agent) -> str:
+    text = generate_latest(registry_for(lambda: agent.snapshot)).decode()
+    port = agent.config.targets[0].name
+    return text.replace(port, "ENGINE")  # the fake engine's port changes per run
+
+
+async def test_golden_vllm_two_samples(fake_engine: FakeEngine) -> None:
+    agent = await _two_samples(fake_engine, FakeClock(), gpu="h100-sxm")
+    try:
+        text = _render(agent)
+    finally:
+        await agent.stop()
+    _promtool_clean(text)
+    _check("vllm-two-samples.prom", text)
+
+
+async def test_golden_engine_down(fake_engine: FakeEngine) -> None:
+    clock = FakeClock()
+    agent = await _two_samples(fake_engine, clock, gpu="h100-sxm", scrape_timeout="1s")
+    try:
+        fake_engine.status = 503
+        clock.advance(10.0)  # past staleness: the engine's numbers go, its health stays
+        await agent.sample_engines_once()
+        text = _render(agent)
+    finally:
+        await agent.stop()
+    _promtool_clean(text)
+    _check("vllm-engine-down.prom", text)
+    assert "rooflight_requests_running" not in text
+
+
+@pytest.mark.parametrize(("name", "make"), [("gpu-h100-gpm.prom", h100_like), ("gpu-a100-no-gpm.prom", a100_like)])
+async def test_golden_gpus(fake_engine: FakeEngine, name: str, make: object) -> None:
+    from collectors.nvml import NvmlCollector
+
+    clock = FakeClock()
+    nvml = make()  # type: ignore[operator]
+    agent = await _two_samples(fake_engine, clock)
+    collector = NvmlCollector(lib=nvml, clock=clock.monotonic)
+    try:
+        await agent.sample_gpus_once(collector)
+        clock.advance(1.0)
+        await agent.sample_gpus_once(collector)  # GPM needs two samples more than 100 ms apart
+        text = _render(agent)
+    finally:
+        collector.close()
+        await agent.stop()
+    _promtool_clean(text)
+    _check(name, text)
