@@ -40,6 +40,17 @@ def _validator(name: str, definition: str | None = None) -> jsonschema.Draft7Val
     return jsonschema.Draft7Validator(schema)
 
 
+def _describe(where: str, error: jsonschema.ValidationError) -> list[str]:
+    """An anyOf/oneOf failure (panel or row?) is reported by the branch that came closest to matching."""
+    errors = [error]
+    if error.context:
+        branches: dict[object, list[jsonschema.ValidationError]] = {}
+        for sub in error.context:
+            branches.setdefault(sub.relative_schema_path[0], []).append(sub)
+        errors = min(branches.values(), key=len)
+    return [f"{where} {list(e.absolute_path)}: {e.message[:300]}" for e in errors]
+
+
 def panel_types() -> set[str]:
     """Panel types we hold a schema for (anything else is reported as an error)."""
     return {p.name.split(".")[0] for p in SCHEMA_DIR.glob("*.jsonschema.json")} - {"dashboard"}
@@ -47,7 +58,7 @@ def panel_types() -> set[str]:
 
 def schema_errors(dashboard: dict[str, Any]) -> list[str]:
     """Human-readable schema violations; empty when the dashboard is valid."""
-    errors = [f"dashboard {list(e.absolute_path)}: {e.message[:300]}" for e in _validator("dashboard").iter_errors(dashboard)]
+    errors = [line for e in _validator("dashboard").iter_errors(dashboard) for line in _describe("dashboard", e)]
     for panel in dashboard.get("panels", []):
         kind = panel.get("type")
         if kind == "row":
