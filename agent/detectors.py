@@ -4,9 +4,13 @@ Each detector turns a handful of windowed values into a verdict the exposition e
 (names in agent/names.py). The definitions follow the seeds' diagnosis table:
 
 - head-of-line blocking (`HEAD_OF_LINE_BLOCKING`, with `ITL_INFLATION` = the factor itself):
-  p99 ITL over the short window inflates to at least `hol_inflation` x its own recent median (p50 over
-  the long window) while prefill work is in the batch (computed prompt tokens per step over the short
-  window at least `hol_min_prefill_tokens_per_step`). One long prompt run whole stalls every decode.
+  the worst ITL since the previous sample (the ITL histogram's highest bucket that gained
+  observations) inflates to at least `hol_inflation` x its own recent median (the median of that worst
+  over the longest window) while prefill work is in the batch (computed prompt tokens per step over the
+  short window at least `hol_min_prefill_tokens_per_step`). One long prompt run whole stalls every
+  decode for one step; at the agent's 1 s resolution that step is visible, where its few observations
+  vanish below p99 in a 10 s or 1 m window. The sampler holds the flag up `hol_hold_seconds` after the
+  stall so a 15-30 s Prometheus scrape sees it.
 - capacity-capped batch (`BATCH_CAPACITY_CAPPED`): KV occupancy pinned near 100% (its minimum over the
   short window at least `capacity_kv_usage`), preemptions climbing (rate above
   `capacity_min_preemptions_per_second`) and requests waiting. The memory wall, not the scheduler.
@@ -32,11 +36,12 @@ from agent.errors import ConfigError
 class DetectorThresholds:
     """The knobs of every detector, with defaults taken from the seeds' worked numbers.
 
-    hol_inflation: p99/p50 ITL factor at which stutter counts as blocking. A long prompt run whole
-        stretches one step ~43x (260 ms against a 6 ms baseline); chunked prefill brings that to ~4x.
+    hol_inflation: worst-ITL / its recent median at which stutter counts as blocking. A long prompt run
+        whole stretches one step ~43x (260 ms against a 6 ms baseline); chunked prefill brings that to ~4x.
+    hol_hold_seconds: how long the flag stays up after the last stall (a stall lasts one step).
     hol_min_prefill_tokens_per_step: computed prompt tokens per engine step (short-window average) that
         count as prefill work in the batch. One 8,000-token prompt over 10 s of 6 ms steps averages ~5.
-    hol_min_itl_p99_seconds: an absolute floor under which inflation is not reported as blocking
+    hol_min_itl_seconds: an absolute floor under which inflation is not reported as blocking
         (0 = no floor); set it to your ITL SLO threshold to ignore harmless jitter.
     capacity_kv_usage: KV occupancy whose short-window minimum counts as pinned.
     capacity_min_preemptions_per_second: preemption rate that must be exceeded (strictly).
@@ -47,8 +52,9 @@ class DetectorThresholds:
     """
 
     hol_inflation: float = 3.0
+    hol_hold_seconds: float = 30.0
     hol_min_prefill_tokens_per_step: float = 1.0
-    hol_min_itl_p99_seconds: float = 0.0
+    hol_min_itl_seconds: float = 0.0
     capacity_kv_usage: float = 0.95
     capacity_min_preemptions_per_second: float = 0.0
     capacity_min_waiting: float = 1.0
@@ -65,7 +71,8 @@ class DetectorThresholds:
                 raise ConfigError(f"{name} must be in (0, 1] (got {value})")
         for name in (
             "hol_min_prefill_tokens_per_step",
-            "hol_min_itl_p99_seconds",
+            "hol_min_itl_seconds",
+            "hol_hold_seconds",
             "capacity_min_preemptions_per_second",
             "capacity_min_waiting",
             "admission_min_waiting",
@@ -79,8 +86,8 @@ class DetectorThresholds:
 class DetectorInputs:
     """Windowed values for one (target, model, rank); None where the source or window does not say."""
 
-    itl_p99_short: float | None  # p99 ITL over the short (10 s) window, seconds
-    itl_p50_long: float | None  # p50 ITL over the long (5 m) window: the recent median, seconds
+    itl_worst_recent: float | None  # worst ITL since the previous sample (bucket upper bound), seconds
+    itl_worst_baseline: float | None  # median of that worst over the longest window, seconds
     prefill_tokens_per_step_short: float | None  # computed prompt tokens / engine steps over 10 s
     kv_usage: float | None  # KV occupancy now, 0..1
     kv_usage_min_short: float | None  # its minimum over the short window
@@ -123,19 +130,19 @@ def _below(value: float | None, bound: float) -> bool | None:
     return None if value is None else value < bound
 
 
-def itl_inflation(itl_p99_short: float | None, itl_p50_long: float | None) -> float | None:
-    """p99 ITL now over its own recent median; None when either is unknown or the median is not positive."""
-    if itl_p99_short is None or itl_p50_long is None or itl_p50_long <= 0.0:
+def itl_inflation(itl_worst_recent: float | None, itl_worst_baseline: float | None) -> float | None:
+    """Worst ITL now over its own recent median; None when either is unknown or the median is not positive."""
+    if itl_worst_recent is None or itl_worst_baseline is None or itl_worst_baseline <= 0.0:
         return None
-    return itl_p99_short / itl_p50_long
+    return itl_worst_recent / itl_worst_baseline
 
 
 def head_of_line(inputs: DetectorInputs, t: DetectorThresholds) -> tuple[bool | None, float | None]:
     """The ITL tail inflated against its median while prefill work shared the batch."""
-    factor = itl_inflation(inputs.itl_p99_short, inputs.itl_p50_long)
+    factor = itl_inflation(inputs.itl_worst_recent, inputs.itl_worst_baseline)
     verdict = _all(
         _at_least(factor, t.hol_inflation),
-        _at_least(inputs.itl_p99_short, t.hol_min_itl_p99_seconds),
+        _at_least(inputs.itl_worst_recent, t.hol_min_itl_seconds),
         _at_least(inputs.prefill_tokens_per_step_short, t.hol_min_prefill_tokens_per_step),
     )
     return verdict, factor

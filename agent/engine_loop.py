@@ -26,8 +26,6 @@ from collectors.samples import EngineSample, EngineSeries
 log = logging.getLogger("rooflight")
 
 DISCOVERY_EVERY_SECONDS = 30.0
-# A stall lasts one step; the flag stays up this long after it, so a 15-30 s Prometheus scrape sees it.
-HEAD_OF_LINE_HOLD_SECONDS = 30.0
 
 
 class SourceState:
@@ -181,7 +179,7 @@ class EngineLoop:
         if verdicts is not None and verdicts.head_of_line:
             self._last_stall[key] = now
         last = self._last_stall.get(key)
-        if verdicts is None or last is None or now - last > HEAD_OF_LINE_HOLD_SECONDS:
+        if verdicts is None or last is None or now - last > self.thresholds.hol_hold_seconds:
             return verdicts
         return replace(verdicts, head_of_line=True)
 
@@ -271,8 +269,8 @@ def _verdicts(
     span = history.window(short.seconds)
     first = span[0] if span else None
     inputs = DetectorInputs(
-        itl_p99_short=itl_worst,
-        itl_p50_long=itl_tail_baseline,
+        itl_worst_recent=itl_worst,
+        itl_worst_baseline=itl_tail_baseline,
         prefill_tokens_per_step_short=short.prefill_tokens_per_step,
         kv_usage=series.kv_usage_ratio,
         kv_usage_min_short=derive.minimum(history, first, derive.KV_USAGE) if first else None,

@@ -71,7 +71,7 @@ def detector_alerts(config: RulesConfig) -> list[Rule]:
             hol.for_,
             hol.severity,
             "Prefill work is stalling the decode batch (head-of-line blocking).",
-            f"{WHERE}: p99 inter-token latency reached {{{{ $value | printf \"%.1f\" }}}}x its recent median "
+            f"{WHERE}: the worst inter-token latency reached {{{{ $value | printf \"%.1f\" }}}}x its recent median "
             f"while prefill work shared the batch, during {_share(hol)}.",
         ),
         alert(

@@ -13,8 +13,8 @@ T = DetectorThresholds()
 
 # A healthy batch: smooth ITL (6 ms steps, the seeds' baseline), some prefill, KV half full, no queue.
 HEALTHY = DetectorInputs(
-    itl_p99_short=0.008,
-    itl_p50_long=0.006,
+    itl_worst_recent=0.008,
+    itl_worst_baseline=0.006,
     prefill_tokens_per_step_short=5.0,
     kv_usage=0.5,
     kv_usage_min_short=0.45,
@@ -52,39 +52,39 @@ def test_nothing_known_means_cannot_tell() -> None:
 
 def test_long_prompt_run_whole_is_head_of_line_blocking() -> None:
     # The seeds' 8,000-token prompt: every decode stalls ~260 ms against a 6 ms baseline (~43x).
-    v = evaluate(with_(itl_p99_short=0.260, prefill_tokens_per_step_short=5.0), T)
+    v = evaluate(with_(itl_worst_recent=0.260, prefill_tokens_per_step_short=5.0), T)
     assert v.head_of_line is True
     assert v.itl_inflation == pytest.approx(0.260 / 0.006)
 
 
 def test_inflation_exactly_at_threshold_fires_and_just_below_does_not() -> None:
     median = 2.0**-7  # exact in binary, so the factor is exactly 3.0
-    assert evaluate(with_(itl_p50_long=median, itl_p99_short=3 * median), T).head_of_line is True
-    assert evaluate(with_(itl_p50_long=median, itl_p99_short=2.99 * median), T).head_of_line is False
+    assert evaluate(with_(itl_worst_baseline=median, itl_worst_recent=3 * median), T).head_of_line is True
+    assert evaluate(with_(itl_worst_baseline=median, itl_worst_recent=2.99 * median), T).head_of_line is False
 
 
 def test_inflated_tail_without_prefill_work_is_not_head_of_line() -> None:
-    v = evaluate(with_(itl_p99_short=0.260, prefill_tokens_per_step_short=0.0), T)
+    v = evaluate(with_(itl_worst_recent=0.260, prefill_tokens_per_step_short=0.0), T)
     assert v.head_of_line is False
     assert v.itl_inflation == pytest.approx(43.33, rel=1e-3)  # the factor is still exported
 
 
 def test_prefill_unknown_with_inflated_tail_cannot_tell_but_with_smooth_tail_can() -> None:
-    assert evaluate(with_(itl_p99_short=0.260, prefill_tokens_per_step_short=None), T).head_of_line is None
+    assert evaluate(with_(itl_worst_recent=0.260, prefill_tokens_per_step_short=None), T).head_of_line is None
     assert evaluate(with_(prefill_tokens_per_step_short=None), T).head_of_line is False
 
 
 def test_zero_median_gives_no_inflation_factor() -> None:
     assert itl_inflation(0.01, 0.0) is None
     assert itl_inflation(None, 0.006) is None
-    assert evaluate(with_(itl_p50_long=0.0), T).head_of_line is None
+    assert evaluate(with_(itl_worst_baseline=0.0), T).head_of_line is None
 
 
 def test_absolute_floor_ignores_harmless_jitter() -> None:
-    floor = DetectorThresholds(hol_min_itl_p99_seconds=0.05)
-    assert evaluate(with_(itl_p99_short=0.023), T).head_of_line is True  # chunked prefill: ~4x of 6 ms
-    assert evaluate(with_(itl_p99_short=0.023), floor).head_of_line is False
-    assert evaluate(with_(itl_p99_short=0.260), floor).head_of_line is True
+    floor = DetectorThresholds(hol_min_itl_seconds=0.05)
+    assert evaluate(with_(itl_worst_recent=0.023), T).head_of_line is True  # chunked prefill: ~4x of 6 ms
+    assert evaluate(with_(itl_worst_recent=0.023), floor).head_of_line is False
+    assert evaluate(with_(itl_worst_recent=0.260), floor).head_of_line is True
 
 
 # Capacity-capped batch ------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def test_at_configured_max_near_misses() -> None:
 
 def test_thresholds_are_configurable() -> None:
     strict = DetectorThresholds(hol_inflation=50.0, capacity_kv_usage=0.99)
-    assert evaluate(with_(itl_p99_short=0.260), strict).head_of_line is False
+    assert evaluate(with_(itl_worst_recent=0.260), strict).head_of_line is False
     assert evaluate(with_(**CAPPED), strict).capacity_capped is False
 
 
