@@ -179,7 +179,6 @@ def _query_var(name: str, label: str, expr: str, description: str) -> dashboard.
         .label(label)
         .description(description)
         .query(expr)
-        .definition(expr)
         .datasource(DS)
         .multi(True)
         .include_all(True)
@@ -250,4 +249,9 @@ def build(uid: str, title: str, description: str, variables: list[Any], grid: Gr
     model.schema_version = SCHEMA_VERSION
     # Panels are placed by Grid (ids and gridPos fixed), so add them after the SDK's own layout code.
     model.panels = [p.build() for p in grid.placed]
-    return json.loads(JSONEncoder().encode(model))
+    out: dict[str, Any] = json.loads(JSONEncoder().encode(model))
+    for var in out["templating"]["list"]:
+        if var["type"] != "interval":  # the SDK writes interval-only fields on every variable
+            for key in ("auto", "auto_count", "auto_min"):
+                var.pop(key, None)
+    return out
