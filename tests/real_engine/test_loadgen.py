@@ -1,0 +1,76 @@
+"""bench/loadgen.py against a scripted SSE server on 127.0.0.1: usage counting, TTFT/ITL, bounds.
+
+The server streams a role-only chunk, then tokens in chunks of 1 and 2 (continuous usage), then
+the usage-only chunk, with fixed sleeps, so the client's numbers are known in advance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiohttp import web
+
+from bench.loadgen import LoadSpec, percentile, run_load
+
+pytestmark = pytest.mark.real_engine
+
+GAP_S = 0.05
+
+
+async def _stream(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    if body.get("max_tokens") == 999:
+        await asyncio.sleep(4)  # a hung server: the total timeout must end the run
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+
+    async def send(obj: str) -> None:
+        await resp.write(f"data: {obj}\n\n".encode())
+
+    usage = '"usage": {{"prompt_tokens": 7, "completion_tokens": {}}}'
+    await send('{"choices": [{"delta": {"role": "assistant"}}], ' + usage.format(0) + "}")
+    await asyncio.sleep(GAP_S)
+    await send('{"choices": [{"text": "a"}], ' + usage.format(1) + "}")
+    await asyncio.sleep(GAP_S)
+    await send('{"choices": [{"text": "bc"}], ' + usage.format(3) + "}")
+    await send('{"choices": [], ' + usage.format(3) + "}")
+    await send("[DONE]")
+    return resp
+
+
+@pytest.fixture
+async def server():
+    app = web.Application()
+    app.router.add_post("/v1/completions", _stream)
+    app.router.add_post("/v1/chat/completions", _stream)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+async def test_counts_usage_and_latencies(server):
+    report = await run_load(LoadSpec(url=server, requests=6, concurrency=3, max_tokens=3, chat_every=2))
+    assert len(report.ok) == 6
+    assert report.prompt_tokens == 42 and report.completion_tokens == 18
+    for r in report.ok:
+        assert r.ttft_s == pytest.approx(GAP_S, abs=0.04)
+        assert len(r.itl_s) == 2  # n - 1 gaps; the 2-token chunk's gap is split over its tokens
+        assert r.itl_s[0] == pytest.approx(r.itl_s[1]) and r.itl_s[0] == pytest.approx(GAP_S / 2, abs=0.02)
+
+
+async def test_stops_by_itself_on_a_hung_server(server):
+    report = await run_load(LoadSpec(url=server, requests=2, concurrency=2, max_tokens=999,
+                                     total_timeout_s=1.0))
+    assert report.ended - report.started < 3
+    assert report.ok == [] and len(report.results) == 2
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.9) == 4.0
+    assert percentile([], 0.5) is None
