@@ -32,6 +32,11 @@ def register(sub: Any) -> None:
     p.add_argument("--interval", default="1s", help="the agent's sampling interval")
     p.add_argument("--duration", type=float, default=None, metavar="SECONDS", help="stop after this long")
     p.add_argument("--seed", type=int, default=0, help="random seed of the simulated traffic")
+    p.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
+                   help="the simulated engine's batch cap (default 256; 16 in the queue scenario)")
+    p.add_argument("--chunked-prefill", action="store_true", help="split long prompts into chunks (smooths ITL)")
+    p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
+                   help="simulated seconds per real second (rates then read in simulated time / X)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_demo)
 
@@ -44,7 +49,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         raise ConfigError(f"--scenario {args.scenario!r}: choose one of {', '.join(SCENARIOS)}")
     host, port = cfg.split_listen(args.engine_listen)
-    config = DemoConfig(scenario=args.scenario, seed=args.seed)
+    config = DemoConfig(scenario=args.scenario, seed=args.seed, max_num_seqs=args.max_num_seqs,
+                        chunked_prefill=args.chunked_prefill, time_scale=args.time_scale)
     asyncio.run(_demo(config, host, port, args))
     return 0
 
@@ -56,7 +62,10 @@ async def _demo(demo_config: Any, engine_host: str, engine_port: int, args: argp
 
     engine = await start_demo_engine(demo_config, engine_host, engine_port)
     try:
-        config = cfg.build({}, {}, {"engine_url": [engine.url], "listen": args.listen, "interval": args.interval})
+        # the user of an engine knows its max_num_seqs (vLLM does not export it): pass it, as --batch-max would
+        settings = {"engine_url": [engine.url], "listen": args.listen, "interval": args.interval,
+                    "batch_max": engine.sim.max_num_seqs}
+        config = cfg.build({}, {}, settings)
         agent = Agent(config, nvml_lib=engine.nvml, process_pids={config.targets[0].name: os.getpid()})
         host, port = config.listen_host, config.listen_port
         print(f"rooflight demo: simulated vLLM ({demo_config.scenario}) at {engine.url}/metrics", flush=True)

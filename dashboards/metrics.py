@@ -1,7 +1,7 @@
 """Which metric names a dashboard may query, and how to find the names inside a PromQL string.
 
 Owns two things: the list of extra NVML gauges the GPU dashboard reads (`rooflight_gpu_<key>`, kept here
-in one place so the registry test can hold the exposition to it once the NVML collector exports them),
+in one place so the registry test can hold the exposition to it),
 and `metric_names()`, which pulls every metric name out of an expression so tests can check each one
 against agent/names.py and the recorded engine expositions.
 """
@@ -13,7 +13,7 @@ import re
 from agent import names
 
 # Extra per-GPU gauges (labels: gpu, uuid) the GPU dashboard reads, by NVML key. The exposition names
-# them rooflight_gpu_<key>; until agent/names.py declares them they are "pending" (see pending_gpu_metrics).
+# them rooflight_gpu_<key>; collectors/nvml.py declares them (GPU_EXTRA_METRICS); see pending_gpu_metrics.
 GPU_EXTRA_KEYS: tuple[str, ...] = (
     "sm_active_ratio",  # GPM SM activity: share of SM cycles with a warp resident
     "tensor_active_ratio",  # GPM tensor-core activity: the hardware cousin of MFU
@@ -46,14 +46,12 @@ def metric_names(expr: str) -> set[str]:
 
 
 def declared_rooflight_metrics() -> set[str]:
-    """The `rooflight_*` names agent/names.py declares (counters as exposed, with `_total`)."""
-    return {
-        value
-        for key, value in vars(names).items()
-        if key.isupper() and isinstance(value, str) and value.startswith(names.PREFIX)
-    }
+    """Every `rooflight_*` name the agent can export: its catalog plus the NVML collector's extra gauges."""
+    from agent.catalog import all_defs
+
+    return {d.name for d in all_defs()}
 
 
 def pending_gpu_metrics() -> set[str]:
-    """GPU_EXTRA names agent/names.py does not declare yet."""
+    """GPU_EXTRA names the agent does not export."""
     return set(GPU_EXTRA.values()) - declared_rooflight_metrics()
