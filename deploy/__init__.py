@@ -1,0 +1,1 @@
+"""Deployment assets (container, Kubernetes, Helm, compose, systemd) and their generator/validator."""
