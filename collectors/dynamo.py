@@ -1,0 +1,173 @@
+"""The NVIDIA Dynamo adapter: a frontend's or a worker's `/metrics` page in, one EngineSample out.
+
+Dynamo has two kinds of pages (shared/reference/engines.md section 7):
+- a **worker** (system port, `DYN_SYSTEM_PORT`): `dynamo_component_*` plus the engine's own registry
+  passed through (`vllm:*`, `sglang:*`, `trtllm_*`). The engine's adapter reads its families; this
+  module adds what only Dynamo says, where the engine said nothing:
+  running <- `dynamo_component_inflight_requests{model}`; kv_usage_ratio <-
+  `dynamo_component_kvstats_gpu_cache_usage_percent` (a 0..1 ratio despite its name), only while
+  `kvstats_total_blocks` > 0 (before the worker publishes KV stats both read 0, which is not an
+  occupancy). EngineInfo.labels gets `backend` (the passed-through engine) and `dynamo_component`.
+- a **frontend** (`python -m dynamo.frontend`): `dynamo_frontend_*` per `model`, one EngineSeries
+  per model (rank "0"): running = `inflight_requests`, waiting = `queued_requests`, batch_max =
+  `model_max_num_seqs`, kv_capacity_tokens = `model_total_kv_blocks` x `model_kv_cache_block_size`,
+  prompt_tokens_total = `input_sequence_tokens_sum` (all prompt tokens, cache hits included,
+  observed per request), generation_tokens_total = `output_tokens_total` (updated in real time),
+  ttft / itl = the frontend's histograms (measured at the HTTP edge, so they include routing and
+  transport). Not at the frontend, left None: KV occupancy, steps, preemptions. The frontend
+  lower-cases `model` on request series but not on the `model_*` gauges: they are joined
+  case-insensitively and the gauges' spelling is kept.
+A worker page without a known engine's families is read as a frontend page would be (every
+engine field None but what Dynamo says), so a bare worker still shows up.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from collectors import expfmt, sglang, trtllm, vllm
+from collectors.errors import ParseError
+from collectors.samples import EngineInfo, EngineSample, EngineSeries
+
+ENGINE = "dynamo"
+METRICS_PATH = "/metrics"
+
+PASSED_THROUGH = (vllm, sglang, trtllm)  # detection order inside a worker page
+
+_F = "dynamo_frontend_"
+_C = "dynamo_component_"
+INFLIGHT = _C + "inflight_requests"
+KV_USAGE = _C + "kvstats_gpu_cache_usage_percent"
+KV_TOTAL_BLOCKS = _C + "kvstats_total_blocks"
+F_RUNNING = _F + "inflight_requests"
+F_WAITING = _F + "queued_requests"
+F_BATCH_MAX = _F + "model_max_num_seqs"
+F_KV_BLOCKS = _F + "model_total_kv_blocks"
+F_BLOCK_SIZE = _F + "model_kv_cache_block_size"
+F_CONTEXT = _F + "model_context_length"
+F_PROMPT = _F + "input_sequence_tokens_sum"
+F_GENERATION = _F + "output_tokens_total"
+F_REQUESTS = _F + "requests_total"
+F_TTFT = _F + "time_to_first_token_seconds"
+F_ITL = _F + "inter_token_latency_seconds"
+
+NAMES: frozenset[str] = frozenset(
+    {
+        INFLIGHT,
+        KV_USAGE,
+        KV_TOTAL_BLOCKS,
+        F_RUNNING,
+        F_WAITING,
+        F_BATCH_MAX,
+        F_KV_BLOCKS,
+        F_BLOCK_SIZE,
+        F_CONTEXT,
+        F_PROMPT,
+        F_GENERATION,
+        F_REQUESTS,
+        *(b + s for b in (F_TTFT, F_ITL) for s in ("_bucket", "_count", "_sum")),
+    }
+)
+
+
+def recognises(text: str) -> bool:
+    """True when the page carries Dynamo's own families (frontend or worker)."""
+    return any(text.startswith(p) or "\n" + p in text for p in (_F, _C))
+
+
+def parse(text: str, *, target: str, timestamp: float, duration: float) -> EngineSample:
+    """Normalize one Dynamo page. ParseError when it holds no Dynamo family read here."""
+    exp = expfmt.parse(text, prefixes=("dynamo_",), names=NAMES)
+    if not exp.by_name:
+        raise ParseError("no dynamo_frontend_ or dynamo_component_ metric families in the exposition")
+    inner = next((m for m in PASSED_THROUGH if m.recognises(text)), None)
+    if inner is not None:
+        return _worker(exp, inner.parse(text, target=target, timestamp=timestamp, duration=duration), inner.ENGINE)
+    if not any(k.startswith(_F) for k in exp.by_name):  # a worker whose engine exports nothing here
+        models = sorted({s.labels.get("model", "") for s in exp.get(INFLIGHT)})
+        bare = EngineSample(target, ENGINE, timestamp, duration, tuple(EngineSeries(model=m) for m in models))
+        return _worker(exp, bare, "unknown")
+    return EngineSample(
+        target=target, engine=ENGINE, timestamp=timestamp, duration=duration, series=_frontend(exp),
+        info=EngineInfo(labels={"role": "frontend"}),
+    )
+
+
+def _good(value: float) -> bool:
+    return 0.0 <= value < math.inf
+
+
+def _worker(exp: expfmt.Exposition, sample: EngineSample, backend: str) -> EngineSample:
+    inflight: dict[str, float] = {}
+    for s in exp.get(INFLIGHT):
+        if _good(s.value):
+            m = s.labels.get("model", "")
+            inflight[m.lower()] = inflight.get(m.lower(), 0.0) + s.value  # summed over endpoints
+    total = _last(exp, KV_TOTAL_BLOCKS)
+    usage = _last(exp, KV_USAGE) if total else None
+    series = []
+    for s in sample.series:
+        series.append(
+            replace(
+                s,
+                running=s.running if s.running is not None else inflight.get(s.model.lower()),
+                kv_usage_ratio=s.kv_usage_ratio if s.kv_usage_ratio is not None else usage,
+            )
+        )
+    component = next((s.labels["dynamo_component"] for s in exp.get(INFLIGHT) if "dynamo_component" in s.labels), None)
+    labels = {**sample.info.labels, "role": "worker", "backend": backend}
+    if component:
+        labels["dynamo_component"] = component
+    return replace(sample, engine=ENGINE, series=tuple(series), info=replace(sample.info, labels=labels))
+
+
+def _last(exp: expfmt.Exposition, name: str) -> float | None:
+    values = [s.value for s in exp.get(name)]
+    return values[-1] if values and _good(values[-1]) else None
+
+
+def _by_model(exp: expfmt.Exposition, name: str, spelling: dict[str, str]) -> dict[str, float]:
+    """lower-cased model -> value summed over other labels; remembers the first spelling seen."""
+    out: dict[str, float] = {}
+    for s in exp.get(name):
+        if not _good(s.value):
+            continue
+        model = s.labels.get("model", "")
+        spelling.setdefault(model.lower(), model)
+        out[model.lower()] = out.get(model.lower(), 0.0) + s.value
+    return out
+
+
+def _frontend(exp: expfmt.Exposition) -> tuple[EngineSeries, ...]:
+    spelling: dict[str, str] = {}
+    # The model_* gauges first: their spelling (original case) is the one kept.
+    gauges = {n: _by_model(exp, n, spelling) for n in (F_BATCH_MAX, F_KV_BLOCKS, F_BLOCK_SIZE, F_CONTEXT)}
+    running, waiting = _by_model(exp, F_RUNNING, spelling), _by_model(exp, F_WAITING, spelling)
+    prompt, generation = _by_model(exp, F_PROMPT, spelling), _by_model(exp, F_GENERATION, spelling)
+    requests = _by_model(exp, F_REQUESTS, spelling)
+    key = lambda labels: labels.get("model", "").lower()  # noqa: E731
+    ttft, itl = expfmt.histograms(exp, F_TTFT, key), expfmt.histograms(exp, F_ITL, key)
+    for m in (*ttft, *itl):
+        spelling.setdefault(m, m)
+    series = []
+    for m in sorted(spelling):
+        blocks, size = gauges[F_KV_BLOCKS].get(m), gauges[F_BLOCK_SIZE].get(m)
+        extra = {"requests_total": requests[m]} if m in requests else {}
+        if m in gauges[F_CONTEXT]:
+            extra["context_length_tokens"] = gauges[F_CONTEXT][m]
+        series.append(
+            EngineSeries(
+                model=spelling[m],
+                running=running.get(m),
+                waiting=waiting.get(m),
+                batch_max_requests=gauges[F_BATCH_MAX].get(m),
+                kv_capacity_tokens=blocks * size if blocks and size else None,
+                prompt_tokens_total=prompt.get(m),
+                generation_tokens_total=generation.get(m),
+                ttft=ttft.get(m),
+                itl=itl.get(m),
+                extra=extra,
+            )
+        )
+    return tuple(series)

@@ -1,0 +1,95 @@
+"""The llama.cpp adapter: one `llama-server --metrics` page in, one normalized EngineSample out.
+
+llama-server writes its exposition by hand (shared/reference/engines.md section 6): `llamacpp:`
+counters and gauges, no labels (only `position` on a per-position spec-decode counter), no
+histograms, and no model name. One page is one model (in router mode the agent must scrape
+`/metrics?model=<id>` per model), so there is one EngineSeries, model "" and rank "0"; the model's
+name comes from `/props` (collectors/info.py), not from here.
+
+Normalization, true counters only:
+- running = `requests_processing` (busy slots), waiting = `requests_deferred`;
+- prompt_tokens_total = `prompt_tokens_total` (prompt tokens processed, cache hits excluded: the
+  computed prefill tokens); generation_tokens_total = `tokens_predicted_total`; both step when a
+  prompt / a request finishes, not per decode step, so short windows see them in jumps;
+- steps_total = `n_decode_total` (llama_decode() calls);
+- never read: `prompt_tokens_seconds` and `predicted_tokens_seconds`. They are averages since the
+  previous `/metrics` call of *anyone* (the handler resets its bucket on every scrape), so another
+  scraper changes what this one sees; rates come from the counters instead.
+- not supported, left None: KV occupancy and capacity (removed upstream in 2025, PR #13660),
+  preemptions (llama.cpp does not preempt), batch cap (`/props` total_slots), TTFT and ITL (no
+  histograms at all).
+- extra: the busy-time counters `prompt_seconds_total` / `tokens_predicted_seconds_total`
+  (slot-seconds), `prompt_tokens_cached_total`, the spec-decode counters under the names the vLLM
+  adapter uses, `n_tokens_max` (older builds: `n_past_max`, a high-water mark, not a rate), and
+  `n_busy_slots_per_decode` (mean busy slots per decode call).
+Values that are NaN, infinite or negative are dropped (None).
+"""
+
+from __future__ import annotations
+
+import math
+
+from collectors import expfmt
+from collectors.errors import ParseError
+from collectors.samples import EngineSample, EngineSeries
+
+ENGINE = "llamacpp"
+METRICS_PATH = "/metrics"
+
+_P = "llamacpp:"
+RUNNING = _P + "requests_processing"
+WAITING = _P + "requests_deferred"
+PROMPT = _P + "prompt_tokens_total"
+GENERATION = _P + "tokens_predicted_total"
+STEPS = _P + "n_decode_total"
+# Read nowhere, on purpose (reset by every scrape): see the module docstring.
+SCRAPE_RESET_GAUGES = (_P + "prompt_tokens_seconds", _P + "predicted_tokens_seconds")
+
+# extra key -> wire names, preferred first.
+EXTRA_KEYS: dict[str, tuple[str, ...]] = {
+    "prompt_seconds_total": (_P + "prompt_seconds_total",),
+    "generation_seconds_total": (_P + "tokens_predicted_seconds_total",),
+    "prompt_tokens_cached_total": (_P + "prompt_tokens_cached_total",),
+    "spec_decode_num_drafts_total": (_P + "spec_decode_num_drafts_total",),
+    "spec_decode_num_draft_tokens_total": (_P + "spec_decode_num_draft_tokens_total",),
+    "spec_decode_num_accepted_tokens_total": (_P + "spec_decode_num_accepted_tokens_total",),
+    "n_tokens_max": (_P + "n_tokens_max", _P + "n_past_max"),
+    "busy_slots_per_decode": (_P + "n_busy_slots_per_decode",),
+}
+
+NAMES: frozenset[str] = frozenset(
+    {RUNNING, WAITING, PROMPT, GENERATION, STEPS, *(n for names in EXTRA_KEYS.values() for n in names)}
+)
+
+
+def recognises(text: str) -> bool:
+    """True when the page carries llama-server's `llamacpp:` families."""
+    return text.startswith(_P) or "\n" + _P in text or "# TYPE " + _P in text
+
+
+def parse(text: str, *, target: str, timestamp: float, duration: float) -> EngineSample:
+    """Normalize one llama-server exposition. ParseError when it holds no `llamacpp:` family read here."""
+    exp = expfmt.parse(text, prefixes=(_P,), names=NAMES)
+    if not exp.by_name:
+        raise ParseError("no llamacpp: metric families in the exposition")
+    extra = {key: v for key, names in EXTRA_KEYS.items() if (v := _first(exp, *names)) is not None}
+    series = EngineSeries(
+        model="",
+        running=_first(exp, RUNNING),
+        waiting=_first(exp, WAITING),
+        prompt_tokens_total=_first(exp, PROMPT),
+        generation_tokens_total=_first(exp, GENERATION),
+        steps_total=_first(exp, STEPS),
+        extra=extra,
+    )
+    return EngineSample(target=target, engine=ENGINE, timestamp=timestamp, duration=duration, series=(series,))
+
+
+def _first(exp: expfmt.Exposition, *names: str) -> float | None:
+    """The value of the first name present (the last sample of it: a repeated line wins), if sane."""
+    for name in names:
+        samples = [s for s in exp.get(name) if not s.labels]
+        if samples:
+            value = samples[-1].value
+            return value if 0.0 <= value < math.inf else None
+    return None

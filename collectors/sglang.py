@@ -1,0 +1,211 @@
+"""The SGLang adapter (0.5.x, and the late-2024 names): one `/metrics` page in, one EngineSample out.
+
+SGLang runs prometheus_client in multiprocess mode (shared/reference/engines.md section 3): no
+`_created`, and gauges registered without `multiprocess_mode` carry a `pid` label. Scheduler
+series carry `model_name` (2024: `name`), `engine_type`, `tp_rank`, `pp_rank`, `moe_ep_rank` and,
+with data parallelism, `dp_rank`; tokenizer-side series (TTFT, ITL, finish-time token counters)
+carry `model_name` and `is_streaming` only.
+
+Normalization:
+- One EngineSeries per (model, rank); rank = `dp_rank` ("0" when absent).
+- Tensor/pipeline ranks are replicas of one logical scheduler: by default only rank 0 reports, with
+  `--enable-metrics-for-all-schedulers` every rank reports the same batch. The lowest
+  (pp_rank, tp_rank, attn_cp_rank, moe_ep_rank) series is read and the others ignored, never
+  summed. When several `tp_rank` values are seen, EngineInfo.tensor_parallel_size = max + 1;
+  with one, TP is not knowable from the page (None).
+- `pid` splits: gauges take the max over pids, counters the sum (as the vLLM adapter).
+- running = `num_running_reqs`, waiting = `num_queue_reqs` (grammar and PD queues stay in extra);
+- kv_usage_ratio = `token_usage` (the max over the full/SWA/mamba pools); kv_capacity_tokens =
+  `max_total_num_tokens`; EngineInfo.kv_block_size_tokens = `page_size`;
+- prompt_tokens_total = `realtime_tokens_total{mode="prefill_compute"}`, generation_tokens_total =
+  `realtime_tokens_total{mode="decode"}`: updated per prefill batch and per decode log interval.
+  Only where the page has no realtime counter (SGLang before 2025) the finish-time counters
+  `prompt_tokens_total` / `generation_tokens_total` stand in; they step when a request ends, and
+  the prompt one counts cache hits too. extra["token_counters"] says which: 1 = realtime,
+  0 = finish-time.
+- steps_total = sum over `mode` of `cuda_graph_passes_total` (every forward pass, CUDA graph or
+  not); absent in old versions (None).
+- preemptions_total = `num_retracted_requests_total` (SGLang says "retraction"); None where only
+  the per-batch gauge exists.
+- ttft = `time_to_first_token_seconds`, itl = `inter_token_latency_seconds` (2024:
+  `time_per_output_token_seconds`, the same per-token quantity), summed over `is_streaming`. These
+  come from the one tokenizer process for the whole server: with DP they are attached to rank "0"
+  and cover every rank.
+- batch cap: not exported (`max_running_requests` is in `/server_info`, collectors/info.py).
+- extra: realtime prefill cache tokens, finish-time counters, retracted tokens, spec-decode gauges
+  (last batch only: no counters to rate), context length.
+Values that are NaN, infinite or negative are dropped (None).
+"""
+
+from __future__ import annotations
+
+import math
+
+from collectors import expfmt
+from collectors.errors import ParseError
+from collectors.samples import EngineInfo, EngineSample, EngineSeries, Histogram
+
+ENGINE = "sglang"
+METRICS_PATH = "/metrics"
+
+_Key = tuple[str, str]  # (model, rank)
+_REPLICA_LABELS = ("pp_rank", "tp_rank", "attn_cp_rank", "moe_ep_rank")
+
+_P = "sglang:"
+RUNNING = _P + "num_running_reqs"
+WAITING = _P + "num_queue_reqs"
+KV_USAGE = _P + "token_usage"
+KV_CAPACITY = _P + "max_total_num_tokens"
+PAGE_SIZE = _P + "page_size"
+REALTIME = _P + "realtime_tokens_total"
+PROMPT_FINISHED = _P + "prompt_tokens_total"
+GENERATION_FINISHED = _P + "generation_tokens_total"
+PASSES = _P + "cuda_graph_passes_total"
+RETRACTED = _P + "num_retracted_requests_total"
+TTFT = _P + "time_to_first_token_seconds"
+ITL = (_P + "inter_token_latency_seconds", _P + "time_per_output_token_seconds")
+
+EXTRA_GAUGES: dict[str, str] = {
+    "grammar_queue_requests": _P + "num_grammar_queue_reqs",
+    "spec_accept_rate": _P + "spec_accept_rate",
+    "spec_accept_length": _P + "spec_accept_length",
+    "context_length_tokens": _P + "context_len",
+    "kv_used_tokens": _P + "num_used_tokens",
+}
+EXTRA_COUNTERS: dict[str, str] = {
+    "prompt_tokens_finished_total": PROMPT_FINISHED,
+    "generation_tokens_finished_total": GENERATION_FINISHED,
+    "retracted_input_tokens_total": _P + "num_retracted_input_tokens_total",
+    "retracted_output_tokens_total": _P + "num_retracted_output_tokens_total",
+    "spec_verify_calls_total": _P + "spec_verify_calls_total",
+}
+
+NAMES: frozenset[str] = frozenset(
+    {
+        RUNNING,
+        WAITING,
+        KV_USAGE,
+        KV_CAPACITY,
+        PAGE_SIZE,
+        REALTIME,
+        PASSES,
+        RETRACTED,
+        *EXTRA_GAUGES.values(),
+        *EXTRA_COUNTERS.values(),
+        *(b + s for b in (TTFT, *ITL) for s in ("_bucket", "_count", "_sum")),
+    }
+)
+
+
+def recognises(text: str) -> bool:
+    """True when the page carries SGLang's `sglang:` families."""
+    return text.startswith(_P) or "\n" + _P in text or "# TYPE " + _P in text
+
+
+def parse(text: str, *, target: str, timestamp: float, duration: float) -> EngineSample:
+    """Normalize one SGLang exposition. ParseError when it holds no `sglang:` family read here."""
+    exp = expfmt.parse(text, prefixes=(_P,), names=NAMES)
+    if not exp.by_name:
+        raise ParseError("no sglang: metric families in the exposition")
+    gauges = {n: _read(exp, n, gauge=True) for n in (RUNNING, WAITING, KV_USAGE, KV_CAPACITY, PAGE_SIZE)}
+    realtime = _read(exp, REALTIME, gauge=False, split="mode")
+    passes = _read(exp, PASSES, gauge=False, split="mode")
+    retracted = _read(exp, RETRACTED, gauge=False)
+    extras = {k: _read(exp, n, gauge=True) for k, n in EXTRA_GAUGES.items()}
+    extras.update({k: _read(exp, n, gauge=False) for k, n in EXTRA_COUNTERS.items()})
+    ttft = _histograms(exp, TTFT)
+    itl = _histograms(exp, ITL[0]) or _histograms(exp, ITL[1])
+
+    keys: set[_Key] = set()
+    for table in (*gauges.values(), realtime, passes, retracted, *extras.values()):
+        keys.update(table)
+    keys.update((model, "0") for model in (*ttft, *itl))
+
+    series = []
+    for key in sorted(keys):
+        model, rank = key
+        modes = {m: v for m, v in realtime.get(key, {}).items() if m is not None}
+        extra = {k: table[key][None] for k, table in extras.items() if None in table.get(key, {})}
+        if "prefill_cache" in modes:
+            extra["prompt_tokens_cached_total"] = modes["prefill_cache"]
+        if modes:
+            prompt, generation = modes.get("prefill_compute"), modes.get("decode")
+            extra["token_counters"] = 1.0
+        else:
+            prompt = extra.get("prompt_tokens_finished_total")
+            generation = extra.get("generation_tokens_finished_total")
+            if prompt is not None or generation is not None:
+                extra["token_counters"] = 0.0
+        steps = passes.get(key, {})
+        tokenizer_side = rank == "0"
+        series.append(
+            EngineSeries(
+                model=model,
+                rank=rank,
+                running=_one(gauges[RUNNING], key),
+                waiting=_one(gauges[WAITING], key),
+                kv_usage_ratio=_one(gauges[KV_USAGE], key),
+                kv_capacity_tokens=_one(gauges[KV_CAPACITY], key),
+                prompt_tokens_total=prompt,
+                generation_tokens_total=generation,
+                steps_total=math.fsum(steps.values()) if steps else None,
+                preemptions_total=_one(retracted, key),
+                ttft=ttft.get(model) if tokenizer_side else None,
+                itl=itl.get(model) if tokenizer_side else None,
+                extra=extra,
+            )
+        )
+    page = [v for t in gauges[PAGE_SIZE].values() for v in t.values()]
+    tp_ranks = {s.labels["tp_rank"] for s in exp.get(RUNNING) if "tp_rank" in s.labels}
+    tp = max(int(r) for r in tp_ranks if r.isdigit()) + 1 if len(tp_ranks) > 1 else None
+    return EngineSample(
+        target=target,
+        engine=ENGINE,
+        timestamp=timestamp,
+        duration=duration,
+        series=tuple(series),
+        info=EngineInfo(kv_block_size_tokens=page[0] if page else None, tensor_parallel_size=tp),
+    )
+
+
+def _good(value: float) -> bool:
+    return 0.0 <= value < math.inf  # False for NaN, +-Inf and negatives
+
+
+def _model(labels: dict[str, str]) -> str:
+    return labels.get("model_name", labels.get("name", ""))
+
+
+def _replica(labels: dict[str, str]) -> tuple[int, ...]:
+    return tuple(int(v) if (v := labels.get(n, "0")).isdigit() else 1 << 30 for n in _REPLICA_LABELS)
+
+
+def _read(
+    exp: expfmt.Exposition, name: str, *, gauge: bool, split: str | None = None
+) -> dict[_Key, dict[str | None, float]]:
+    """Per (model, rank) and per value of `split` (None without): the lowest replica's value,
+    combined over pids (max for gauges, sum for counters). See the module docstring."""
+    per: dict[_Key, dict[str | None, dict[tuple[int, ...], dict[str | None, float]]]] = {}
+    for s in exp.get(name):
+        labels = s.labels
+        key = (_model(labels), labels.get("dp_rank", "0"))
+        part = labels.get(split) if split else None
+        if split and part is None:
+            continue
+        per.setdefault(key, {}).setdefault(part, {}).setdefault(_replica(labels), {})[labels.get("pid")] = s.value
+    out: dict[_Key, dict[str | None, float]] = {}
+    for key, parts in per.items():
+        for part, replicas in parts.items():
+            values = [v for v in replicas[min(replicas)].values() if _good(v)]
+            if values:
+                out.setdefault(key, {})[part] = max(values) if gauge else math.fsum(values)
+    return out
+
+
+def _one(table: dict[_Key, dict[str | None, float]], key: _Key) -> float | None:
+    return table.get(key, {}).get(None)
+
+
+def _histograms(exp: expfmt.Exposition, base: str) -> dict[str, Histogram]:
+    """Tokenizer-side histograms by model, summed over `is_streaming` (and pids)."""
+    return expfmt.histograms(exp, base, _model)

@@ -1,0 +1,132 @@
+"""The Hugging Face TGI adapter (3.x router + v2/v3 backends): one `/metrics` page in, one EngineSample out.
+
+TGI renders its metrics with Rust's metrics-exporter-prometheus 0.15 (shared/reference/engines.md
+section 4): counters keep their registered names, without `_total` (`tgi_batch_inference_count`);
+histograms with configured buckets are histograms, the others are *summaries* (quantile lines
+over a rolling window); no label names the model or a replica, so one page is one model (series
+model "" and rank "0"; the model id comes from `/info`, collectors/info.py).
+
+Normalization, true counters only:
+- running = `tgi_batch_current_size`, waiting = `tgi_queue_size`;
+- kv_capacity_tokens = `tgi_batch_max_total_tokens` (max_batch_total_tokens, the token budget the
+  KV cache holds); kv_usage_ratio stays None: TGI exports no occupancy (`current_max_tokens` is the
+  running batch's *budget*, kept in extra as `batch_current_max_tokens`, not a used-blocks count);
+- prompt_tokens_total = `tgi_request_input_length_sum`, generation_tokens_total =
+  `tgi_request_generated_tokens_sum`: cumulative sums of per-request observations (the `_sum` of a
+  histogram or summary is a true counter; its quantiles are not). Input lengths are observed when
+  a request is validated, generated lengths when it finishes, so both step per request. TGI has no
+  prefix-cache accounting, so prompt tokens include any a cache served;
+- steps_total = sum over `method` of `tgi_batch_inference_count` (one per prefill or decode step);
+- not supported, left None: preemptions (none), batch cap (`--max-batch-size` is a launcher flag
+  on neither /metrics nor /info), TTFT (TGI has none) and ITL: `tgi_request_mean_time_per_token_duration`
+  is a per-request mean that includes the prefill, not an inter-token latency, and where a family
+  is a summary its quantiles cover a rolling window of requests that cannot be cut into the
+  agent's windows. A summary is never turned into a histogram.
+- extra: `tgi_request_count/success/failure` (requests_*_total), prefill and decode steps apart,
+  the per-phase forward time sums (GPU busy seconds by phase, the best busy-time signal of any
+  engine) and the batch token budget.
+Every counter is also accepted with a `_total` suffix, in case a newer exporter adds it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from collectors import expfmt
+from collectors.errors import ParseError
+from collectors.samples import EngineSample, EngineSeries
+
+ENGINE = "tgi"
+METRICS_PATH = "/metrics"
+
+RUNNING = "tgi_batch_current_size"
+WAITING = "tgi_queue_size"
+KV_CAPACITY = "tgi_batch_max_total_tokens"
+PROMPT = "tgi_request_input_length_sum"
+GENERATION = "tgi_request_generated_tokens_sum"
+STEPS = "tgi_batch_inference_count"
+FORWARD_SUM = "tgi_batch_forward_duration_sum"
+
+# extra key -> counter base name (label-free); read as `name` or `name_total`.
+EXTRA_COUNTERS: dict[str, str] = {
+    "requests_total": "tgi_request_count",
+    "requests_success_total": "tgi_request_success",
+    "requests_failure_total": "tgi_request_failure",
+}
+EXTRA_GAUGES: dict[str, str] = {"batch_current_max_tokens": "tgi_batch_current_max_tokens"}
+
+NAMES: frozenset[str] = frozenset(
+    {
+        RUNNING,
+        WAITING,
+        KV_CAPACITY,
+        PROMPT,
+        GENERATION,
+        STEPS,
+        STEPS + "_total",
+        FORWARD_SUM,
+        *EXTRA_GAUGES.values(),
+        *EXTRA_COUNTERS.values(),
+        *(n + "_total" for n in EXTRA_COUNTERS.values()),
+    }
+)
+
+
+def recognises(text: str) -> bool:
+    """True when the page carries TGI's `tgi_` families."""
+    return text.startswith("tgi_") or "\ntgi_" in text or "# TYPE tgi_" in text
+
+
+def parse(text: str, *, target: str, timestamp: float, duration: float) -> EngineSample:
+    """Normalize one TGI exposition. ParseError when it holds no `tgi_` family read here."""
+    exp = expfmt.parse(text, prefixes=("tgi_",), names=NAMES)
+    if not exp.by_name:
+        raise ParseError("no tgi_ metric families in the exposition")
+    steps = _by_label(exp, STEPS, "method") or _by_label(exp, STEPS + "_total", "method")
+    forward = _by_label(exp, FORWARD_SUM, "method")
+    extra: dict[str, float] = {}
+    for key, name in EXTRA_COUNTERS.items():
+        value = _sum(exp, name)
+        value = value if value is not None else _sum(exp, name + "_total")
+        if value is not None:
+            extra[key] = value
+    for key, name in EXTRA_GAUGES.items():
+        if (value := _sum(exp, name)) is not None:
+            extra[key] = value
+    for method, value in steps.items():
+        extra[f"{method}_steps_total"] = value
+    for method, value in forward.items():
+        extra[f"{method}_forward_seconds_total"] = value
+    series = EngineSeries(
+        model="",
+        running=_sum(exp, RUNNING),
+        waiting=_sum(exp, WAITING),
+        kv_capacity_tokens=_sum(exp, KV_CAPACITY),
+        prompt_tokens_total=_sum(exp, PROMPT),
+        generation_tokens_total=_sum(exp, GENERATION),
+        steps_total=math.fsum(steps.values()) if steps else None,
+        extra=extra,
+    )
+    return EngineSample(target=target, engine=ENGINE, timestamp=timestamp, duration=duration, series=(series,))
+
+
+def _good(value: float) -> bool:
+    return 0.0 <= value < math.inf  # False for NaN, +-Inf and negatives
+
+
+def _sum(exp: expfmt.Exposition, name: str) -> float | None:
+    """The sum over label sets of one name (TGI's families here have none, or only `err`)."""
+    per = {tuple(sorted(s.labels.items())): s.value for s in exp.get(name)}  # a repeated line: last wins
+    values = list(per.values())
+    if not values or not all(_good(v) for v in values):
+        return None
+    return math.fsum(values)
+
+
+def _by_label(exp: expfmt.Exposition, name: str, label: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for s in exp.get(name):
+        part = s.labels.get(label)
+        if part is not None and _good(s.value):
+            out[part] = s.value
+    return out
