@@ -381,8 +381,13 @@ async def test_cli_serves_tls_and_basic_auth(tmp_path: Path, certs: dict[str, Pa
     )
     try:
         assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 20)
-        assert f"https://127.0.0.1:{port}/metrics" in line.decode()
+        async def serving_line() -> str:
+            while True:  # log lines (the engine at :9 refuses) come before or after it
+                line = (await proc.stdout.readline()).decode()  # type: ignore[union-attr]
+                if "serving" in line or not line:
+                    return line
+
+        assert f"https://127.0.0.1:{port}/metrics" in await asyncio.wait_for(serving_line(), 20)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
             url = f"https://127.0.0.1:{port}/metrics"
             async with s.get(url, ssl=_client_ctx(certs)) as r:
