@@ -1,0 +1,109 @@
+"""Golden agent /metrics per engine: a FakeEngine serves one engine's page, the agent (auto-detecting,
+FakeClock) samples it twice 10 s apart, and what it serves is compared byte for byte.
+
+Regenerate after an intended change with ROOFLIGHT_UPDATE_GOLDEN=1 and read the diff. Each file
+must also pass `promtool check metrics`. Also here: one agent watching two engines at once (a
+vLLM and an SGLang with two DP ranks), each with its own (target, rank) series.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from agent.clock import FakeClock
+from agent.cli import resolve_models
+from agent.config import build
+from agent.exposition import registry_for
+from agent.sampler import Agent
+from support import FakeEngine, sample_text
+from test_engines_adapters import DYNAMO_FRONTEND_PAGE, SGLANG_DP_PAGE, TGI_PAGE, TRTLLM_PAGE
+
+GOLDEN = Path(__file__).parent / "golden" / "engines"
+
+PAGES = {
+    "sglang": sample_text("sglang-docs-llama31-8b-under-load.prom"),
+    "tgi": TGI_PAGE,
+    "trtllm": TRTLLM_PAGE,
+    "triton": sample_text("triton-trtllm-backend-ifb-readme.prom"),
+    "llamacpp": sample_text("llamacpp-server-cpu-load-c8.prom"),
+    "dynamo": sample_text("dynamo-sglang-worker-1req.prom"),
+    "dynamo-frontend": DYNAMO_FRONTEND_PAGE,
+}
+
+
+def _check(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("ROOFLIGHT_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}; run with ROOFLIGHT_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"exposition differs from {path}"
+
+
+def _promtool_clean(text: str) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: install Debian's prometheus package (CI does)"
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+async def _agent(urls: list[str], clock: FakeClock) -> Agent:
+    # metrics_path: trtllm-serve's real path is /prometheus/metrics; the FakeEngine serves /metrics.
+    settings = {"engine_url": urls, "nvml": False, "process": False, "interval": "1s", "windows": "10s,1m",
+                "model": "llama-3-8b", "gpu": "h100-sxm", "metrics_path": "/metrics"}
+    config = build({}, {}, settings)
+    agent = Agent(config, models=resolve_models(config), clock=clock, nvml_lib=None)
+    await agent.start(loops=False)
+    return agent
+
+
+def _render(agent: Agent) -> str:
+    text = generate_latest(registry_for(lambda: agent.snapshot)).decode()
+    for i, target in enumerate(agent.config.targets):
+        text = text.replace(target.name, f"ENGINE{i}")  # the fake engines' ports change per run
+    return text
+
+
+@pytest.mark.parametrize("engine", sorted(PAGES))
+async def test_golden_engine(fake_engine: FakeEngine, engine: str) -> None:
+    clock = FakeClock()
+    fake_engine.body = PAGES[engine]
+    agent = await _agent([fake_engine.url], clock)
+    try:
+        await agent.sample_engines_once()
+        clock.advance(10.0)
+        await agent.sample_engines_once()
+        text = _render(agent)
+    finally:
+        await agent.stop()
+    _promtool_clean(text)
+    _check(f"{engine}.prom", text)
+    expected = "dynamo" if engine.startswith("dynamo") else engine
+    assert f'engine="{expected}"' in text
+    assert 'rooflight_source_up{source="engine",target="ENGINE0"} 1.0' in text
+
+
+async def test_one_agent_two_engines_and_dp_ranks(fake_engine: FakeEngine) -> None:
+    second = FakeEngine(body=SGLANG_DP_PAGE)
+    await second.start()
+    clock = FakeClock()
+    agent = await _agent([fake_engine.url, second.url], clock)
+    try:
+        await agent.sample_engines_once()
+        clock.advance(10.0)
+        await agent.sample_engines_once()
+        text = _render(agent)
+    finally:
+        await agent.stop()
+        await second.stop()
+    _promtool_clean(text)
+    _check("two-targets-vllm-sglang-dp.prom", text)
+    assert 'rooflight_requests_running{engine="vllm",model="tiny-llama",rank="0",target="ENGINE0"} 16.0' in text
+    assert 'rooflight_requests_running{engine="sglang",model="m",rank="0",target="ENGINE1"} 10.0' in text
+    assert 'rooflight_requests_running{engine="sglang",model="m",rank="1",target="ENGINE1"} 4.0' in text
