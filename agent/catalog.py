@@ -58,6 +58,7 @@ CATALOG: tuple[MetricDef, ...] = (
     _g(n.PREEMPTIONS_PER_SECOND, WINDOWED, "preemptions/s", "Preemptions per second over the window."),
     _g(n.MBU, WINDOWED, "ratio", "Model bandwidth utilization: (weight bytes + mean live KV bytes) x steps/s / (HBM peak x TP). Judge decode by it."),
     _g(n.MFU, WINDOWED + ("phase",), "ratio", "Model FLOPs utilization: tokens/s x 2 x active params / (dense peak FLOP/s x TP). Judge prefill by it."),
+    _g(n.MBU_TO_DRAM, WINDOWED, "ratio", "Derived MBU / measured GPM DRAM bandwidth utilization of the target's GPUs over the window: 1 = the model explains the traffic; below 1 = traffic the model does not explain; above 1 = constants overstate bytes."),
     _g(n.DECODE_INTENSITY, WINDOWED, "FLOP/byte", "Decode arithmetic intensity at the mean batch B: B x 2P / (weight bytes + live KV bytes); compare with the ridge point."),
     _g(n.TTFT, WINDOWED + ("percentile",), "seconds", "Time-to-first-token percentile over the window, from the engine histogram's deltas, interpolated as histogram_quantile does."),
     _g(n.ITL, WINDOWED + ("percentile",), "seconds", "Inter-token-latency percentile over the window, from the engine histogram's deltas, interpolated as histogram_quantile does."),
@@ -105,3 +106,16 @@ def gpu_extra_defs() -> tuple[MetricDef, ...]:
 
 def all_defs() -> tuple[MetricDef, ...]:
     return CATALOG + gpu_extra_defs()
+
+
+def markdown_table() -> str:
+    """The reference table in docs/metrics.md (generated: `python -m agent.catalog`)."""
+    rows = ["| name | type | labels | unit | meaning |", "|---|---|---|---|---|"]
+    for d in all_defs():
+        labels = ", ".join(f"`{label}`" for label in d.labels)
+        rows.append(f"| `{d.name}` | {d.type} | {labels} | {d.unit or '-'} | {d.help} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

@@ -52,6 +52,20 @@ class WindowValues:
     mean_kv_usage: float | None = None
     mean_live_kv_bytes: float | None = None
     prefill_tokens_per_step: float | None = None
+    dram_utilization: float | None = None  # measured on the target's GPUs (GPM), same window
+
+    @property
+    def mbu_to_dram(self) -> float | None:
+        """Derived MBU over measured DRAM bandwidth utilization: 1 = the model accounts for the traffic.
+
+        A ratio, not a difference, so it reads the same at 20% and at 80% utilization. Below 1: bytes the
+        model does not explain (another tenant, activations, a KV term the constants miss). Above 1: the
+        constants claim bytes the GPU did not move (wrong dtype, a sliding window, cache hits). Not given
+        under 1% measured utilization, where the ratio is noise.
+        """
+        if self.mbu is None or self.dram_utilization is None or self.dram_utilization < 0.01:
+            return None
+        return self.mbu / self.dram_utilization
 
 
 def derive_window(

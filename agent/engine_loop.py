@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import aiohttp
 
-from agent import derive
+from agent import derive, nvtx_marks
 from agent.clock import Clock
 from agent.config import AgentConfig, TargetConfig
 from agent.baseline import TailBaseline
@@ -26,6 +26,13 @@ from collectors.samples import EngineSample, EngineSeries
 log = logging.getLogger("rooflight")
 
 DISCOVERY_EVERY_SECONDS = 30.0
+
+
+_MARKED = (
+    ("head_of_line", "head-of-line stall"),
+    ("capacity_capped", "capacity-capped batch"),
+    ("admission_bound", "admission-bound batch"),
+)
 
 
 class SourceState:
@@ -71,10 +78,13 @@ class EngineLoop:
         model: Any,
         model_source: str | None,
         constants_for: ConstantsFor,
+        dram_for: Callable[[TargetConfig, float], float | None] | None = None,
     ) -> None:
         self.target, self.config, self.session, self.clock = target, config, session, clock
         self.model, self.model_source = model, model_source
         self._constants_for = constants_for
+        self._dram_for = dram_for
+        self._raised: dict[tuple[str, str], Verdicts] = {}
         self.state = SourceState("engine", target.name)
         self.thresholds = DetectorThresholds(**config.detectors)
         self._adapter: ModuleType | None = None if target.engine == "auto" else engines.adapter(target.engine)
@@ -167,12 +177,25 @@ class EngineLoop:
             if history is not None
             else ()
         )
+        if self._dram_for is not None:
+            windows = tuple(replace(w, dram_utilization=self._dram_for(self.target, w.seconds)) for w in windows)
         batch_max = float(self.target.batch_max) if self.target.batch_max else series.batch_max_requests
         live = derive.live_kv_bytes(series.kv_usage_ratio, series.kv_capacity_tokens, constants)
         worst, baseline = self._itl_tail(series, history)
         verdicts = _verdicts(series, windows, history, batch_max, worst, baseline, self.thresholds)
         verdicts = self._hold_head_of_line((series.model, series.rank), verdicts)
+        self._mark_rising_edges((series.model, series.rank), verdicts)
         return SeriesView(series=series, windows=windows, verdicts=verdicts, batch_max=batch_max, live_kv_bytes=live)
+
+    def _mark_rising_edges(self, key: tuple[str, str], verdicts: Verdicts | None) -> None:
+        """An NVTX mark when a detector turns on, so an Nsight Systems capture lines it up with the kernels."""
+        if verdicts is None:
+            return
+        before = self._raised.get(key)
+        self._raised[key] = verdicts
+        for attr, what in _MARKED:
+            if getattr(verdicts, attr) and not (before is not None and getattr(before, attr)):
+                nvtx_marks.mark(f"rooflight {what}: {self.target.name} {key[0]} rank {key[1]}")
 
     def _hold_head_of_line(self, key: tuple[str, str], verdicts: Verdicts | None) -> Verdicts | None:
         now = self.clock.monotonic()

@@ -82,6 +82,7 @@ def render_series(f: _Families, target: TargetView, view: SeriesView) -> None:
         f.add(n.STEPS_PER_SECOND, wk, _nonneg(w.steps_per_second))
         f.add(n.PREEMPTIONS_PER_SECOND, wk, _nonneg(w.preemptions_per_second))
         f.add(n.MBU, wk, _nonneg(w.mbu))
+        f.add(n.MBU_TO_DRAM, wk, _nonneg(w.mbu_to_dram))
         for phase, value in sorted(w.mfu.items()):
             f.add(n.MFU, (*wk, phase), _nonneg(value))
         f.add(n.DECODE_INTENSITY, wk, _nonneg(w.decode_intensity))

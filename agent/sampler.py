@@ -18,6 +18,8 @@ from agent.engine_loop import EngineLoop, SourceState
 from agent.gpus import DEFAULT_PROFILE_KEY, GpuProfile, get_profile, profile_for_nvml_name
 from agent.models import ModelSpec
 from agent.snapshot import EMPTY, Snapshot
+from agent.windows import SeriesHistory, mean
+from collectors.gpu_map import GpuAssignment, assign_gpus
 from collectors.errors import SourceError
 from collectors.samples import GpuSample, ProcessSample
 
@@ -49,6 +51,10 @@ class Agent:
         self._process_states: dict[str, SourceState] = {}
         self._processes: dict[str, ProcessSample] = {}
         self._warned_default_gpu = False
+        self._gpu_history: dict[str, SeriesHistory] = {}  # by UUID: measured DRAM bandwidth over time
+        self._nvml_collector: Any = None
+        self._process_collectors: dict[str, Any] = {}
+        self._target_gpus: dict[str, GpuAssignment] = {}
         self.engines: list[EngineLoop] = []
 
     @property
@@ -63,7 +69,9 @@ class Agent:
         )
         for target in self.config.targets:
             model, source = self._models.get(target.name, (None, None))
-            loop = EngineLoop(target, self.config, self._session, self.clock, model, source, self._constants_for)
+            loop = EngineLoop(
+                target, self.config, self._session, self.clock, model, source, self._constants_for, self.dram_utilization
+            )
             self.engines.append(loop)
             if loops:
                 self._tasks.append(asyncio.create_task(self._every(self.config.interval, loop.sample_once)))
@@ -122,12 +130,29 @@ class Agent:
 
     def _constants_for(self, target: TargetConfig, model: ModelSpec | None) -> TargetConstants:
         profile, source = self._profile_for(target)
-        return TargetConstants(model=model, gpu=profile, gpu_source=source, tensor_parallel_size=target.tp or 1)
+        return TargetConstants(model=model, gpu=profile, gpu_source=source, tensor_parallel_size=self._tp_for(target))
+
+    def _own_devices(self, target: TargetConfig) -> list[Any]:
+        """The NVML devices serving this target: matched by process, else every GPU when it is the only target."""
+        devices = list(self._gpu.devices) if self._gpu else []
+        assignment = self._target_gpus.get(target.name)
+        if assignment is not None and (assignment.source != "all_visible" or len(self.config.targets) == 1):
+            return [d for d in devices if d.uuid in assignment.uuids]
+        return devices if len(self.config.targets) == 1 else devices[:1]
+
+    def _tp_for(self, target: TargetConfig) -> int:
+        """--tp wins; else the number of GPUs NVML shows the engine's own processes on; else 1."""
+        if target.tp:
+            return target.tp
+        assignment = self._target_gpus.get(target.name)
+        if assignment is not None and assignment.source == "nvml_pids" and assignment.uuids:
+            return len(assignment.uuids)
+        return 1
 
     def _profile_for(self, target: TargetConfig) -> tuple[GpuProfile, str]:
         if target.gpu:
             return get_profile(target.gpu), "flag"
-        for device in self._gpu.devices if self._gpu else ():
+        for device in self._own_devices(target):
             profile = profile_for_nvml_name(device.name, device.memory_total_bytes)
             if profile is not None:
                 return profile, "nvml"
@@ -135,6 +160,17 @@ class Agent:
             log.warning("no GPU detected and no --gpu given: using the %s profile's peaks", DEFAULT_PROFILE_KEY)
             self._warned_default_gpu = True
         return get_profile(DEFAULT_PROFILE_KEY), "default"
+
+    def dram_utilization(self, target: TargetConfig, seconds: float) -> float | None:
+        """Measured DRAM bandwidth utilization of the target's GPUs, time-averaged over the window."""
+        means = []
+        for device in self._own_devices(target):
+            history = self._gpu_history.get(device.uuid)
+            span = history.window(seconds) if history else None
+            value = mean(*span, "dram") if span else None
+            if value is not None:
+                means.append(value)
+        return sum(means) / len(means) if means else None
 
     def _gpu_profiles(self) -> dict[int, str]:
         out = {}
@@ -153,16 +189,36 @@ class Agent:
             self._nvml_state.fail(exc.reason, str(exc), self.clock.monotonic() - start)
         else:
             self._nvml_state.ok(self.clock.time(), self.clock.monotonic() - start)
+            self._remember_gpus(self._gpu)
         self.publish()
+
+    def _remember_gpus(self, sample: GpuSample) -> None:
+        retention = max(self.config.windows.values()) + 2 * self.config.nvml_interval
+        t = self.clock.monotonic()
+        for device in sample.devices:
+            history = self._gpu_history.setdefault(device.uuid, SeriesHistory(retention))
+            history.append(t, {}, {"dram": device.dram_bandwidth_utilization_ratio}, {})
+        for uuid in set(self._gpu_history) - {d.uuid for d in sample.devices}:
+            del self._gpu_history[uuid]
 
     async def _nvml_loop(self) -> None:
         from collectors.nvml import NvmlCollector
 
-        collector = NvmlCollector(lib=self._nvml_lib, clock=self.clock.monotonic)
+        collector = self._nvml_collector = NvmlCollector(lib=self._nvml_lib, clock=self.clock.monotonic)
         try:
             await self._every(self.config.nvml_interval, lambda: self.sample_gpus_once(collector))
         finally:
             collector.close()
+
+    def _gpu_pids(self) -> set[int]:
+        processes = self._nvml_collector.processes if self._nvml_collector is not None else {}
+        return {pid for procs in processes.values() for pid, _ in procs}
+
+    def _assign_gpus(self, target: TargetConfig, tree_pids: tuple[int, ...]) -> None:
+        if self._gpu is None or self._nvml_collector is None:
+            return
+        order = [d.uuid for d in self._gpu.devices]
+        self._target_gpus[target.name] = assign_gpus(tree_pids, self._nvml_collector.processes, order)
 
     async def _process_loop(self, target: TargetConfig) -> None:
         from urllib.parse import urlsplit
@@ -171,7 +227,7 @@ class Agent:
 
         pid = target.pid or self._process_pids.get(target.name)
         port = None if pid else urlsplit(target.url).port
-        collector = ProcessCollector(pid=pid, port=port)
+        collector = ProcessCollector(pid=pid, port=port, gpu_pids_of=self._gpu_pids)
         state = self._process_states.setdefault(target.name, SourceState("process", target.name))
 
         async def step() -> None:
@@ -183,5 +239,6 @@ class Agent:
                 state.fail(exc.reason, str(exc), self.clock.monotonic() - start)
                 return
             state.ok(self.clock.time(), self.clock.monotonic() - start)
+            self._assign_gpus(target, collector.tree_pids)
 
         await self._every(max(self.config.interval, 1.0), step)

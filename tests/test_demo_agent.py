@@ -68,6 +68,9 @@ async def test_steady_agrees_with_the_seeds(cleanup: list) -> None:
     # the measured DRAM bandwidth of the simulated GPU agrees with the derived MBU
     gpu = agent.snapshot.gpu.devices[0]
     assert gpu.dram_bandwidth_utilization_ratio == pytest.approx(short.mbu, rel=0.15)
+    # ... and the cross-check gauge says so over the same window
+    assert short.dram_utilization is not None
+    assert short.mbu_to_dram == pytest.approx(1.0, abs=0.15)
     # nvidia-smi's number reads ~100% while decode uses a fraction of the chip's arithmetic
     assert gpu.kernel_residency_ratio > 0.9 and short.mfu["decode"] < 0.1
 
