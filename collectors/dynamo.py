@@ -33,6 +33,24 @@ from collectors.samples import EngineInfo, EngineSample, EngineSeries
 ENGINE = "dynamo"
 METRICS_PATH = "/metrics"
 
+# Worker pages: the passed-through engine's column, plus the two overlays in the docstring.
+# This is the frontend's column (docs/engines.md is generated from it by collectors/coverage.py;
+# tests/test_engines_coverage.py checks it against the parser).
+COVERAGE: dict[str, str] = {
+    "running": "`dynamo_frontend_inflight_requests` (worker: the engine's, else `dynamo_component_inflight_requests`)",
+    "waiting": "`dynamo_frontend_queued_requests`",
+    "batch_max_requests": "`dynamo_frontend_model_max_num_seqs`",
+    "kv_usage_ratio": "none at the frontend (worker: the engine's, else `dynamo_component_kvstats_gpu_cache_usage_percent`)",
+    "kv_capacity_tokens": "`dynamo_frontend_model_total_kv_blocks` x `dynamo_frontend_model_kv_cache_block_size`",
+    "prompt_tokens_total": "`dynamo_frontend_input_sequence_tokens_sum` (cache hits included)",
+    "generation_tokens_total": "`dynamo_frontend_output_tokens_total`",
+    "steps_total": "none at the frontend (worker: the engine's)",
+    "preemptions_total": "none at the frontend (worker: the engine's)",
+    "ttft": "`dynamo_frontend_time_to_first_token_seconds` (at the HTTP edge)",
+    "itl": "`dynamo_frontend_inter_token_latency_seconds`",
+    "tensor_parallel_size": "none at the frontend (worker: the engine's)",
+}
+
 PASSED_THROUGH = (vllm, sglang, trtllm)  # detection order inside a worker page
 
 _F = "dynamo_frontend_"

@@ -36,6 +36,23 @@ from collectors.samples import EngineSample, EngineSeries
 ENGINE = "llamacpp"
 METRICS_PATH = "/metrics"
 
+# What each normalized field is read from, or why it is missing (docs/engines.md is generated from
+# this by collectors/coverage.py; tests/test_engines_coverage.py checks it against the parser).
+COVERAGE: dict[str, str] = {
+    "running": "`llamacpp:requests_processing`",
+    "waiting": "`llamacpp:requests_deferred`",
+    "batch_max_requests": "none: not on /metrics (`/props` total_slots)",
+    "kv_usage_ratio": "none: removed upstream in 2025 (PR #13660)",
+    "kv_capacity_tokens": "none: not exported (`/props` n_ctx is per slot)",
+    "prompt_tokens_total": "`llamacpp:prompt_tokens_total` (cache hits excluded; per finished prompt)",
+    "generation_tokens_total": "`llamacpp:tokens_predicted_total` (at request end)",
+    "steps_total": "`llamacpp:n_decode_total`",
+    "preemptions_total": "none: llama.cpp does not preempt",
+    "ttft": "none: no histograms at all",
+    "itl": "none: no histograms at all",
+    "tensor_parallel_size": "none: not exported",
+}
+
 _P = "llamacpp:"
 RUNNING = _P + "requests_processing"
 WAITING = _P + "requests_deferred"

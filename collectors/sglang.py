@@ -48,6 +48,23 @@ from collectors.samples import EngineInfo, EngineSample, EngineSeries, Histogram
 ENGINE = "sglang"
 METRICS_PATH = "/metrics"
 
+# What each normalized field is read from, or why it is missing (docs/engines.md is generated from
+# this by collectors/coverage.py; tests/test_engines_coverage.py checks it against the parser).
+COVERAGE: dict[str, str] = {
+    "running": "`sglang:num_running_reqs`",
+    "waiting": "`sglang:num_queue_reqs`",
+    "batch_max_requests": "none: not on /metrics (`/server_info` max_running_requests)",
+    "kv_usage_ratio": "`sglang:token_usage`",
+    "kv_capacity_tokens": "`sglang:max_total_num_tokens`",
+    "prompt_tokens_total": "`sglang:realtime_tokens_total{mode=\"prefill_compute\"}` (before 2025: `prompt_tokens_total`, at request end)",
+    "generation_tokens_total": "`sglang:realtime_tokens_total{mode=\"decode\"}` (before 2025: `generation_tokens_total`)",
+    "steps_total": "sum of `sglang:cuda_graph_passes_total` over `mode`",
+    "preemptions_total": "`sglang:num_retracted_requests_total`",
+    "ttft": "`sglang:time_to_first_token_seconds`",
+    "itl": "`sglang:inter_token_latency_seconds` (2024: `time_per_output_token_seconds`)",
+    "tensor_parallel_size": "max `tp_rank` + 1 when every scheduler reports (else `/server_info` tp_size)",
+}
+
 _Key = tuple[str, str]  # (model, rank)
 _REPLICA_LABELS = ("pp_rank", "tp_rank", "attn_cp_rank", "moe_ep_rank")
 

@@ -39,6 +39,23 @@ from collectors.samples import EngineSample, EngineSeries
 ENGINE = "tgi"
 METRICS_PATH = "/metrics"
 
+# What each normalized field is read from, or why it is missing (docs/engines.md is generated from
+# this by collectors/coverage.py; tests/test_engines_coverage.py checks it against the parser).
+COVERAGE: dict[str, str] = {
+    "running": "`tgi_batch_current_size`",
+    "waiting": "`tgi_queue_size`",
+    "batch_max_requests": "none: `--max-batch-size` is on neither /metrics nor /info",
+    "kv_usage_ratio": "none: TGI exports no KV occupancy",
+    "kv_capacity_tokens": "`tgi_batch_max_total_tokens`",
+    "prompt_tokens_total": "`tgi_request_input_length_sum` (per request, cache hits included)",
+    "generation_tokens_total": "`tgi_request_generated_tokens_sum` (at request end)",
+    "steps_total": "sum of `tgi_batch_inference_count` over `method`",
+    "preemptions_total": "none: TGI does not report preemption",
+    "ttft": "none: TGI has no TTFT metric",
+    "itl": "none: only a per-request mean incl. prefill (and summaries cannot be windowed)",
+    "tensor_parallel_size": "none: shards are a launcher flag",
+}
+
 RUNNING = "tgi_batch_current_size"
 WAITING = "tgi_queue_size"
 KV_CAPACITY = "tgi_batch_max_total_tokens"

@@ -36,6 +36,23 @@ from collectors.samples import EngineInfo, EngineSample, EngineSeries
 ENGINE = "triton"
 METRICS_PATH = "/metrics"
 
+# What each normalized field is read from, or why it is missing (docs/engines.md is generated from
+# this by collectors/coverage.py; tests/test_engines_coverage.py checks it against the parser).
+COVERAGE: dict[str, str] = {
+    "running": "`nv_trt_llm_request_metrics{request_type=\"active\"}`",
+    "waiting": "`nv_trt_llm_request_metrics{request_type=\"waiting\"}`",
+    "batch_max_requests": "`nv_trt_llm_request_metrics{request_type=\"max\"}`",
+    "kv_usage_ratio": "`nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"fraction\"}`",
+    "kv_capacity_tokens": "`…{kv_cache_block_type=\"max\"}` x `…{kv_cache_block_type=\"tokens_per\"}`",
+    "prompt_tokens_total": "`nv_llm_input_token_len_sum` (newer backends, at request end)",
+    "generation_tokens_total": "`nv_llm_output_token_len_sum` (newer backends, at request end)",
+    "steps_total": "`nv_trt_llm_general_metrics{general_type=\"iteration_counter\"}`",
+    "preemptions_total": "none: `paused_requests` is a gauge",
+    "ttft": "none: the backend has no latency histograms",
+    "itl": "none: the backend has no latency histograms",
+    "tensor_parallel_size": "none: not exported",
+}
+
 REQUESTS = "nv_trt_llm_request_metrics"
 KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
 GENERAL = "nv_trt_llm_general_metrics"

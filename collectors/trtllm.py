@@ -39,6 +39,23 @@ from collectors.samples import EngineInfo, EngineSample, EngineSeries
 ENGINE = "trtllm"
 METRICS_PATH = "/prometheus/metrics"
 
+# What each normalized field is read from, or why it is missing (docs/engines.md is generated from
+# this by collectors/coverage.py; tests/test_engines_coverage.py checks it against the parser).
+COVERAGE: dict[str, str] = {
+    "running": "`trtllm_num_requests_running`",
+    "waiting": "`trtllm_num_requests_waiting`",
+    "batch_max_requests": "`trtllm_max_num_active_requests`",
+    "kv_usage_ratio": "`trtllm_kv_cache_utilization`",
+    "kv_capacity_tokens": "`trtllm_kv_cache_max_blocks` x `trtllm_kv_cache_tokens_per_block`",
+    "prompt_tokens_total": "`trtllm_prompt_tokens_total` - `trtllm_prompt_cached_tokens_total` (at request end)",
+    "generation_tokens_total": "`trtllm_generation_tokens_total` (at request end)",
+    "steps_total": "none: only the last iteration's latency (a gauge)",
+    "preemptions_total": "none: `trtllm_num_paused_requests` is a gauge",
+    "ttft": "`trtllm_time_to_first_token_seconds`",
+    "itl": "none: `time_per_output_token_seconds` is per request, not per token",
+    "tensor_parallel_size": "`trtllm_parallel_config_info{tensor_parallel_size}`",
+}
+
 _P = "trtllm_"
 RUNNING = _P + "num_requests_running"
 WAITING = _P + "num_requests_waiting"
