@@ -46,9 +46,11 @@ class SourceState:
         self.duration: float | None = None
         self.errors = dict.fromkeys(SOURCE_REASONS.get(source, REASONS), 0)
         self.message: str | None = None
+        self.sampled = False  # whether a sample was attempted at all
 
     def ok(self, wall: float, duration: float, monotonic: float | None = None) -> None:
         self.up, self.last_success, self.duration, self.message = True, wall, duration, None
+        self.sampled = True
         self.last_success_monotonic = monotonic
 
     def fail(self, reason: str, message: str, duration: float) -> None:
@@ -56,7 +58,7 @@ class SourceState:
             pass  # the same failure again: counted, not logged again
         else:
             log.warning("%s source for %s failed (%s): %s", self.source, self.target, reason, message)
-        self.up, self.duration, self.message = False, duration, message
+        self.up, self.duration, self.message, self.sampled = False, duration, message, True
         self.errors[reason] = self.errors.get(reason, 0) + 1
 
     def view(self) -> Health:

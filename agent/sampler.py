@@ -156,6 +156,8 @@ class Agent:
             profile = profile_for_nvml_name(device.name, device.memory_total_bytes)
             if profile is not None:
                 return profile, "nvml"
+        if self.config.nvml and not self._nvml_state.sampled:
+            return get_profile(DEFAULT_PROFILE_KEY), "default"  # NVML has not answered yet: no verdict
         if not self._warned_default_gpu:
             log.warning("no GPU detected and no --gpu given: using the %s profile's peaks", DEFAULT_PROFILE_KEY)
             self._warned_default_gpu = True

@@ -91,6 +91,7 @@ async def test_golden_gpus(fake_engine: FakeEngine, name: str, make: object) -> 
 
     clock = FakeClock()
     nvml = make()  # type: ignore[operator]
+    nvml.gpus[0].xid_events.append(13)  # an XID (graphics engine exception) shows as a counter and last code
     agent = await _two_samples(fake_engine, clock)
     collector = NvmlCollector(lib=nvml, clock=clock.monotonic)
     try:
