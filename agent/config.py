@@ -6,6 +6,7 @@ CLI turns that into exit code 2. What the rest of the agent sees is frozen.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
@@ -106,19 +107,33 @@ def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def env_settings(environ: Mapping[str, str]) -> dict[str, Any]:
-    """ROOFLIGHT_ENGINE_URL (comma-separated), ROOFLIGHT_MODEL, ROOFLIGHT_INTERVAL, ..."""
+    """ROOFLIGHT_ENGINE_URL (comma-separated), ROOFLIGHT_MODEL, ROOFLIGHT_INTERVAL, ...
+
+    Other ROOFLIGHT_* variables are not settings: Kubernetes injects ROOFLIGHT_PORT,
+    ROOFLIGHT_SERVICE_HOST, ... into every pod of a namespace with a Service named `rooflight`. They are
+    left alone, and a name that looks like a misspelt setting is logged, not fatal.
+    """
     out: dict[str, Any] = {}
     for key, value in environ.items():
-        if key.startswith(ENV_PREFIX) and value != "":
-            out[key[len(ENV_PREFIX) :].lower()] = value
+        if not key.startswith(ENV_PREFIX) or value == "":
+            continue
+        name = key[len(ENV_PREFIX) :].lower()
+        if name in ENV_KEYS:
+            out[name] = value
+        elif not _SERVICE_LINK.match(name):
+            logging.getLogger("rooflight").warning("ignoring %s: not a setting (see `rooflight run --help`)", key)
     if "engine_url" in out:
         out["engine_url"] = [u.strip() for u in out["engine_url"].split(",") if u.strip()]
     return out
 
 
 _TARGET_KEYS = {f.name for f in fields(TargetConfig)}
+_SERVICE_LINK = re.compile(r"^(?:.*_)?(?:service_host|service_port.*|port|port_\d+_.*)$")
 _AGENT_KEYS = {"listen", "interval", "scrape_timeout", "max_body_bytes", "windows", "percentiles", "nvml",
                "nvml_interval", "process", "web_config", "detectors"}
+
+
+ENV_KEYS = (_AGENT_KEYS | _TARGET_KEYS | {"engine_url", "config", "log_level"}) - {"url", "name", "detectors"}
 
 
 def build(file_settings: Mapping[str, Any], env: Mapping[str, Any], flags: Mapping[str, Any]) -> AgentConfig:

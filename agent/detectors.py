@@ -11,8 +11,8 @@ Each detector turns a handful of windowed values into a verdict the exposition e
   decode for one step; at the agent's 1 s resolution that step is visible, where its few observations
   vanish below p99 in a 10 s or 1 m window. The sampler holds the flag up `hol_hold_seconds` after the
   stall so a 15-30 s Prometheus scrape sees it.
-- capacity-capped batch (`BATCH_CAPACITY_CAPPED`): KV occupancy pinned near 100% (its minimum over the
-  short window at least `capacity_kv_usage`), preemptions climbing (rate above
+- capacity-capped batch (`BATCH_CAPACITY_CAPPED`): KV occupancy pinned near 100% (its time-weighted mean
+  over the short window at least `capacity_kv_usage`), preemptions climbing (rate above
   `capacity_min_preemptions_per_second`) and requests waiting. The memory wall, not the scheduler.
 - admission-bound batch (`BATCH_ADMISSION_BOUND`): requests waited through the whole short window
   (minimum at least `admission_min_waiting`) while the batch sat below `admission_max_batch_fraction` of its
@@ -43,7 +43,9 @@ class DetectorThresholds:
         count as prefill work in the batch. One 8,000-token prompt over 10 s of 6 ms steps averages ~5.
     hol_min_itl_seconds: an absolute floor under which inflation is not reported as blocking
         (0 = no floor); set it to your ITL SLO threshold to ignore harmless jitter.
-    capacity_kv_usage: KV occupancy whose short-window minimum counts as pinned.
+    capacity_kv_usage: KV occupancy whose short-window mean counts as pinned. A mean, not a minimum: on a
+        small pool (a real vLLM with 10 blocks moves in 10% steps) a preemption frees blocks for a moment
+        while the batch stays at the wall.
     capacity_min_preemptions_per_second: preemption rate that must be exceeded (strictly).
     capacity_min_waiting: queued requests needed for the batch to be capped rather than merely full.
     admission_min_waiting: minimum queue over the short window: the queue persisted, not a blip.
@@ -55,7 +57,7 @@ class DetectorThresholds:
     hol_hold_seconds: float = 30.0
     hol_min_prefill_tokens_per_step: float = 1.0
     hol_min_itl_seconds: float = 0.0
-    capacity_kv_usage: float = 0.95
+    capacity_kv_usage: float = 0.9
     capacity_min_preemptions_per_second: float = 0.0
     capacity_min_waiting: float = 1.0
     admission_min_waiting: float = 1.0
@@ -90,7 +92,7 @@ class DetectorInputs:
     itl_worst_baseline: float | None  # median of that worst over the longest window, seconds
     prefill_tokens_per_step_short: float | None  # computed prompt tokens / engine steps over 10 s
     kv_usage: float | None  # KV occupancy now, 0..1
-    kv_usage_min_short: float | None  # its minimum over the short window
+    kv_usage_mean_short: float | None  # its time-weighted mean over the short window
     preemptions_per_second_short: float | None
     running: float | None
     waiting: float | None
@@ -151,7 +153,7 @@ def head_of_line(inputs: DetectorInputs, t: DetectorThresholds) -> tuple[bool | 
 def capacity_capped(inputs: DetectorInputs, t: DetectorThresholds) -> bool | None:
     """KV pinned near full, preemptions climbing, requests waiting: the memory wall."""
     return _all(
-        _at_least(inputs.kv_usage_min_short, t.capacity_kv_usage),
+        _at_least(inputs.kv_usage_mean_short, t.capacity_kv_usage),
         _above(inputs.preemptions_per_second_short, t.capacity_min_preemptions_per_second),
         _at_least(inputs.waiting, t.capacity_min_waiting),
     )

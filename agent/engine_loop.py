@@ -14,6 +14,7 @@ from agent import derive, nvtx_marks
 from agent.clock import Clock
 from agent.config import AgentConfig, TargetConfig
 from agent.baseline import TailBaseline
+from agent.discovery import model_from_id
 from agent.constants import TargetConstants
 from agent.detectors import DetectorInputs, DetectorThresholds, Verdicts, evaluate
 from agent.snapshot import Health, SeriesView, TargetView
@@ -21,11 +22,13 @@ from agent.windows import SeriesHistory, histogram_delta, worst_bound
 from collectors import engines
 from collectors.errors import REASONS, SOURCE_REASONS, ParseError, SourceError
 from collectors.http import fetch_json, fetch_text
+from collectors.info import INFO_PATHS, EngineInfoHints, parse_info
 from collectors.samples import EngineSample, EngineSeries
 
 log = logging.getLogger("rooflight")
 
-DISCOVERY_EVERY_SECONDS = 30.0
+DISCOVERY_EVERY_SECONDS = 30.0  # while the model is unknown
+INFO_EVERY_SECONDS = 300.0  # batch cap and TP change only with a restart; a restart is a counter reset
 
 
 _MARKED = (
@@ -67,7 +70,7 @@ class SourceState:
         )
 
 
-ConstantsFor = Callable[[TargetConfig, Any], TargetConstants]
+ConstantsFor = Callable[[TargetConfig, Any, Any], TargetConstants]
 
 
 class EngineLoop:
@@ -93,7 +96,8 @@ class EngineLoop:
         self._histories: dict[tuple[str, str], SeriesHistory] = {}
         self._tails: dict[tuple[str, str], TailBaseline] = {}
         self._last_stall: dict[tuple[str, str], float] = {}
-        self._next_discovery = 0.0
+        self._next_info = 0.0
+        self.hints = EngineInfoHints()
         self.latest: EngineSample | None = None
         self.view = TargetView(target.name, target.url, None, None, model_source)
 
@@ -114,7 +118,7 @@ class EngineLoop:
         self.latest = sample
         self._remember(sample, t)
         self.state.ok(self.clock.time(), self.clock.monotonic() - start, self.clock.monotonic())
-        await self._discover_model()
+        await self._refresh_info()
         self._rebuild_view()
 
     async def _scrape(self) -> tuple[EngineSample, float]:
@@ -154,7 +158,8 @@ class EngineLoop:
 
     def _rebuild_view(self) -> None:
         model = self._model_with_engine_dtypes()
-        constants = self._constants_for(self.target, model)
+        info_tp = self.latest.info.tensor_parallel_size if self.latest else None
+        constants = self._constants_for(self.target, model, _first(self.hints.tensor_parallel_size, info_tp))
         fresh = (
             self.latest is not None
             and self.state.last_success_monotonic is not None
@@ -181,7 +186,7 @@ class EngineLoop:
         )
         if self._dram_for is not None:
             windows = tuple(replace(w, dram_utilization=self._dram_for(self.target, w.seconds)) for w in windows)
-        batch_max = float(self.target.batch_max) if self.target.batch_max else series.batch_max_requests
+        batch_max = _first(self.target.batch_max, series.batch_max_requests, self.hints.batch_max_requests)
         live = derive.live_kv_bytes(series.kv_usage_ratio, series.kv_capacity_tokens, constants)
         worst, baseline = self._itl_tail(series, history)
         verdicts = _verdicts(series, windows, history, batch_max, worst, baseline, self.thresholds)
@@ -237,45 +242,36 @@ class EngineLoop:
             return model.with_dtypes(None, "fp8")
         return model
 
-    async def _discover_model(self) -> None:
-        """Without --model/--model-config, ask the engine which model it serves (vLLM's /v1/models root)."""
+    async def _refresh_info(self) -> None:
+        """Read the engine's info endpoint: its batch cap, model and TP where /metrics does not say.
+
+        Every INFO_EVERY_SECONDS, and every DISCOVERY_EVERY_SECONDS while the model is still unknown.
+        """
         now = self.clock.monotonic()
-        if self.model is not None or now < self._next_discovery:
+        path = INFO_PATHS.get(self._adapter.ENGINE) if self._adapter else None
+        if path is None or now < self._next_info:
             return
-        self._next_discovery = now + DISCOVERY_EVERY_SECONDS
+        self._next_info = now + (INFO_EVERY_SECONDS if self.model is not None else DISCOVERY_EVERY_SECONDS)
         try:
-            listing = await fetch_json(self.session, self.target.url + "/v1/models", timeout=self.config.scrape_timeout)
+            data = await fetch_json(self.session, self.target.url + path, timeout=self.config.scrape_timeout)
         except SourceError as exc:
-            log.info("target %s: model discovery via /v1/models failed: %s", self.target.name, exc)
+            log.info("target %s: info endpoint %s not readable: %s", self.target.name, path, exc)
             return
-        found = _model_from_listing(listing, self.target)
+        self.hints = parse_info(self._adapter.ENGINE, data)
+        if self.model is not None:
+            return
+        found = model_from_id(self.hints.model_id, self.target)
         if found is None:
-            log.warning("target %s: cannot tell the model's constants; pass --model or --model-config", self.target.name)
+            log.warning("target %s: cannot tell the model's constants from %r; pass --model or --model-config",
+                        self.target.name, self.hints.model_id)
             return
         self.model, self.model_source = found
         log.info("target %s: model constants from %s", self.target.name, self.model_source)
 
 
-def _model_from_listing(listing: Any, target: TargetConfig) -> tuple[Any, str] | None:
-    from agent.errors import ConfigError
-    from agent.models import load_config_json, preset_for_hf_id
-
-    entries = listing.get("data") if isinstance(listing, dict) else None
-    if not entries or not isinstance(entries[0], dict):
-        return None
-    root, ident = str(entries[0].get("root") or ""), str(entries[0].get("id") or "")
-    config_path = Path(root) / "config.json"
-    kw = {"weight_dtype": target.weight_dtype, "kv_dtype": target.kv_dtype}
-    try:
-        if root and config_path.is_file():
-            return load_config_json(config_path, **kw), f"config.json:{config_path}"
-    except (ConfigError, OSError) as exc:
-        log.warning("target %s: %s is not usable: %s", target.name, config_path, exc)
-    for candidate in (root, ident):
-        spec = preset_for_hf_id(candidate) if candidate else None
-        if spec is not None:
-            return spec.with_dtypes(target.weight_dtype, target.kv_dtype), f"discovered:{candidate}"
-    return None
+def _first(*values: float | int | None) -> float | None:
+    """The first value given: a flag, then what the engine's metrics say, then its info endpoint."""
+    return next((float(v) for v in values if v is not None), None)
 
 
 def _verdicts(
@@ -298,7 +294,7 @@ def _verdicts(
         itl_worst_baseline=itl_tail_baseline,
         prefill_tokens_per_step_short=short.prefill_tokens_per_step,
         kv_usage=series.kv_usage_ratio,
-        kv_usage_min_short=derive.minimum(history, first, derive.KV_USAGE) if first else None,
+        kv_usage_mean_short=short.mean_kv_usage,
         preemptions_per_second_short=short.preemptions_per_second,
         running=series.running,
         waiting=series.waiting,

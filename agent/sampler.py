@@ -128,9 +128,10 @@ class Agent:
             due = max(due + interval, loop.time())
             await asyncio.sleep(due - loop.time())
 
-    def _constants_for(self, target: TargetConfig, model: ModelSpec | None) -> TargetConstants:
+    def _constants_for(self, target: TargetConfig, model: ModelSpec | None, engine_tp: float | None) -> TargetConstants:
         profile, source = self._profile_for(target)
-        return TargetConstants(model=model, gpu=profile, gpu_source=source, tensor_parallel_size=self._tp_for(target))
+        tp = self._tp_for(target, engine_tp)
+        return TargetConstants(model=model, gpu=profile, gpu_source=source, tensor_parallel_size=tp)
 
     def _own_devices(self, target: TargetConfig) -> list[Any]:
         """The NVML devices serving this target: matched by process, else every GPU when it is the only target."""
@@ -140,10 +141,13 @@ class Agent:
             return [d for d in devices if d.uuid in assignment.uuids]
         return devices if len(self.config.targets) == 1 else devices[:1]
 
-    def _tp_for(self, target: TargetConfig) -> int:
-        """--tp wins; else the number of GPUs NVML shows the engine's own processes on; else 1."""
+    def _tp_for(self, target: TargetConfig, engine_tp: float | None) -> int:
+        """--tp; else what the engine says (TRT-LLM metrics, SGLang /server_info); else the number of GPUs
+        NVML shows the engine's own processes on; else 1."""
         if target.tp:
             return target.tp
+        if engine_tp:
+            return int(engine_tp)
         assignment = self._target_gpus.get(target.name)
         if assignment is not None and assignment.source == "nvml_pids" and assignment.uuids:
             return len(assignment.uuids)

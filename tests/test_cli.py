@@ -39,7 +39,7 @@ def rooflight(*args: str, env: dict[str, str] | None = None, timeout: float = 60
         (["run", "--engine-url", "http://127.0.0.1:1", "--listen", "nowhere"], {}, "HOST:PORT"),
         (["run", "--engine-url", "http://127.0.0.1:1", "--detector", "hol_inflation=0.5"], {}, "hol_inflation"),
         (["run", "--engine-url", "http://127.0.0.1:1", "--detector", "nonsense=1"], {}, "unknown detector"),
-        (["run"], {"ROOFLIGHT_ENGINE_URL": "http://127.0.0.1:1", "ROOFLIGHT_TYPO": "1"}, "unknown setting"),
+        (["run"], {"ROOFLIGHT_ENGINE_URL": "http://127.0.0.1:1", "ROOFLIGHT_INTERVAL": "soon"}, "not a duration"),
         (["demo", "--scenario", "nope"], {}, "head-of-line"),
     ],
 )
@@ -71,6 +71,14 @@ def test_check_only_accepts_a_good_config_and_flags_win(tmp_path: Path) -> None:
                        env={"ROOFLIGHT_LISTEN": "0.0.0.0:1"})
     assert result.returncode == 0, result.stderr
     assert "2 target(s), listen 127.0.0.1:9999" in result.stdout
+
+
+def test_kubernetes_service_links_are_not_settings_and_typos_are_named() -> None:
+    env = {"ROOFLIGHT_ENGINE_URL": "http://127.0.0.1:1", "ROOFLIGHT_PORT": "tcp://10.0.0.1:9746",
+           "ROOFLIGHT_SERVICE_HOST": "10.0.0.1", "ROOFLIGHT_PORT_9746_TCP_ADDR": "10.0.0.1", "ROOFLIGHT_INTERVALL": "2s"}
+    result = rooflight("run", "--check-only", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "ROOFLIGHT_INTERVALL" in result.stderr and "ROOFLIGHT_SERVICE_HOST" not in result.stderr
 
 
 def test_help_teaches_what_the_numbers_mean() -> None:
