@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     args.add_argument("--file", type=Path, default=DEFAULT_PAGE)
     args.add_argument("--cycles", type=int, default=400)
     args.add_argument("--number", type=int, default=50, help="calls per timing run for (a) and (b)")
+    args.add_argument("--memory-minutes", type=float, default=6.0,
+                      help="minutes of `rooflight run` on the demo at 1 Hz and at 10 Hz (0 skips; the 5m window"
+                           " fills in the first 5)")
     opts = args.parse_args(argv)
     print("$ python bench/bench_sampling.py " + " ".join(sys.argv[1:] if argv is None else argv))
     text = opts.file.read_text()
@@ -188,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         consts = "with" if deriver.constants is not None else "without"
         print(f"    {opts.cycles} cycles after {warmup} warm-up, fake 1 s clock, windows {list(WINDOWS)}, {consts} model constants,"
               f" {deriver.results} window results derived")
+    if opts.memory_minutes > 0:
+        sys.path.insert(0, str(Path(__file__).parent))
+        import bench_memory
+
+        bench_memory.report(opts.memory_minutes)
     return 0
 
 
