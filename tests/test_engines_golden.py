@@ -21,6 +21,7 @@ from agent.cli import resolve_models
 from agent.config import build
 from agent.exposition import registry_for
 from agent.sampler import Agent
+from collectors import coverage
 from support import FakeEngine, sample_text
 from test_engines_adapters import DYNAMO_FRONTEND_PAGE, SGLANG_DP_PAGE, TGI_PAGE, TRTLLM_PAGE
 
@@ -87,6 +88,10 @@ async def test_golden_engine(fake_engine: FakeEngine, engine: str) -> None:
     expected = "dynamo" if engine.startswith("dynamo") else engine
     assert f'engine="{expected}"' in text
     assert 'rooflight_source_up{source="engine",target="ENGINE0"} 1.0' in text
+    if engine in coverage.ENGINE_MODULES and engine != "dynamo":  # dynamo's column is the frontend's
+        for field, cell in coverage.coverage(engine).items():
+            if coverage.is_missing(cell) and field != "tensor_parallel_size":  # TP is also a flag (--tp)
+                assert coverage.FIELDS[field] + "{" not in text, f"{engine} cannot say {field}, yet it is exported"
 
 
 async def test_one_agent_two_engines_and_dp_ranks(fake_engine: FakeEngine) -> None:
