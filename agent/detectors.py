@@ -10,7 +10,10 @@ Each detector turns a handful of windowed values into a verdict the exposition e
   short window at least `hol_min_prefill_tokens_per_step`). One long prompt run whole stalls every
   decode for one step; at the agent's 1 s resolution that step is visible, where its few observations
   vanish below p99 in a 10 s or 1 m window. The sampler holds the flag up `hol_hold_seconds` after the
-  stall so a 15-30 s Prometheus scrape sees it.
+  stall so a 15-30 s Prometheus scrape sees it. Not while the engine preempts (short-window rate above
+  `hol_max_preemptions_per_second`): a preempted sequence's next token comes seconds later and its
+  recompute is prefill, so the tail inflates at the KV wall too; that is the capacity-capped verdict's
+  to name, not head-of-line's. An unknown preemption rate does not rule head-of-line out.
 - capacity-capped batch (`BATCH_CAPACITY_CAPPED`): KV occupancy pinned near 100% (its time-weighted mean
   over the short window at least `capacity_kv_usage`), preemptions climbing (rate above
   `capacity_min_preemptions_per_second`) and requests waiting. The memory wall, not the scheduler.
@@ -43,6 +46,7 @@ class DetectorThresholds:
         count as prefill work in the batch. One 8,000-token prompt over 10 s of 6 ms steps averages ~5.
     hol_min_itl_seconds: an absolute floor under which inflation is not reported as blocking
         (0 = no floor); set it to your ITL SLO threshold to ignore harmless jitter.
+    hol_max_preemptions_per_second: preemption rate above which an inflated tail is the KV wall's doing.
     capacity_kv_usage: KV occupancy whose short-window mean counts as pinned. A mean, not a minimum: on a
         small pool (a real vLLM with 10 blocks moves in 10% steps) a preemption frees blocks for a moment
         while the batch stays at the wall.
@@ -57,6 +61,7 @@ class DetectorThresholds:
     hol_hold_seconds: float = 30.0
     hol_min_prefill_tokens_per_step: float = 1.0
     hol_min_itl_seconds: float = 0.0
+    hol_max_preemptions_per_second: float = 0.0
     capacity_kv_usage: float = 0.9
     capacity_min_preemptions_per_second: float = 0.0
     capacity_min_waiting: float = 1.0
@@ -74,6 +79,7 @@ class DetectorThresholds:
         for name in (
             "hol_min_prefill_tokens_per_step",
             "hol_min_itl_seconds",
+            "hol_max_preemptions_per_second",
             "hol_hold_seconds",
             "capacity_min_preemptions_per_second",
             "capacity_min_waiting",
@@ -132,6 +138,10 @@ def _below(value: float | None, bound: float) -> bool | None:
     return None if value is None else value < bound
 
 
+# Bucket edges are decimal: 0.3 / 0.1 is 2.9999999999999996 in binary, and must count as 3x.
+_RATIO_SLACK = 1e-9
+
+
 def itl_inflation(itl_worst_recent: float | None, itl_worst_baseline: float | None) -> float | None:
     """Worst ITL now over its own recent median; None when either is unknown or the median is not positive."""
     if itl_worst_recent is None or itl_worst_baseline is None or itl_worst_baseline <= 0.0:
@@ -142,10 +152,12 @@ def itl_inflation(itl_worst_recent: float | None, itl_worst_baseline: float | No
 def head_of_line(inputs: DetectorInputs, t: DetectorThresholds) -> tuple[bool | None, float | None]:
     """The ITL tail inflated against its median while prefill work shared the batch."""
     factor = itl_inflation(inputs.itl_worst_recent, inputs.itl_worst_baseline)
+    preemptions = inputs.preemptions_per_second_short
     verdict = _all(
-        _at_least(factor, t.hol_inflation),
+        _at_least(factor, t.hol_inflation * (1.0 - _RATIO_SLACK)),
         _at_least(inputs.itl_worst_recent, t.hol_min_itl_seconds),
         _at_least(inputs.prefill_tokens_per_step_short, t.hol_min_prefill_tokens_per_step),
+        True if preemptions is None else preemptions <= t.hol_max_preemptions_per_second,
     )
     return verdict, factor
 

@@ -63,6 +63,20 @@ def test_inflation_exactly_at_threshold_fires_and_just_below_does_not() -> None:
     assert evaluate(with_(itl_worst_baseline=median, itl_worst_recent=2.99 * median), T).head_of_line is False
 
 
+def test_decimal_bucket_edges_at_exactly_the_threshold_fire() -> None:
+    # worst ITL in the 0.3 s bucket against a 0.1 s median: 0.3 / 0.1 == 2.9999999999999996 in binary
+    assert evaluate(with_(itl_worst_baseline=0.1, itl_worst_recent=0.3), T).head_of_line is True
+
+
+def test_inflated_tail_while_preempting_is_the_kv_wall_not_head_of_line() -> None:
+    # a preempted sequence's next token comes seconds later: the tail inflates at the KV wall too
+    stalled = with_(itl_worst_recent=4.0, prefill_tokens_per_step_short=50.0, preemptions_per_second_short=0.5)
+    assert evaluate(stalled, T).head_of_line is False
+    assert evaluate(with_(itl_worst_recent=0.260, preemptions_per_second_short=None), T).head_of_line is True
+    lenient = DetectorThresholds(hol_max_preemptions_per_second=1.0)
+    assert evaluate(stalled, lenient).head_of_line is True
+
+
 def test_inflated_tail_without_prefill_work_is_not_head_of_line() -> None:
     v = evaluate(with_(itl_worst_recent=0.260, prefill_tokens_per_step_short=0.0), T)
     assert v.head_of_line is False
