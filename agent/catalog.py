@@ -38,6 +38,7 @@ CATALOG: tuple[MetricDef, ...] = (
     _g(n.SOURCE_LAST_SUCCESS, HEALTH, "seconds", "Unix time of the last good sample of this source."),
     _g(n.SOURCE_SAMPLE_DURATION, HEALTH, "seconds", "How long the last sample of this source took."),
     _c(n.SOURCE_ERRORS, HEALTH + ("reason",), "", "Failed samples by reason (timeout, refused, http_status, parse, too_large, nvml, process, other)."),
+    _g(n.SOURCE_SERIES_DROPPED, HEALTH, "series", "Engine series (model, rank) over the per-target cap (max_series) in the last sample, not tracked."),
     _g(n.BUILD_INFO, ("version", "python"), "", "1; the agent's version."),
     # Engine state.
     _g(n.REQUESTS_RUNNING, SERIES, "requests", "Sequences in the running batch, as the engine reports."),

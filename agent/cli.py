@@ -118,16 +118,27 @@ def resolve_models(config: cfg.AgentConfig) -> dict[str, tuple[Any, str | None]]
     return out
 
 
-async def serve(agent: Any, host: str, port: int, *, ssl_context: Any = None) -> None:
-    """Serve the agent until SIGINT/SIGTERM."""
+# Request limits on the agent's own endpoints: nothing it serves needs a long URL or many headers.
+MAX_LINE_SIZE = 4096
+MAX_FIELD_SIZE = 4096
+MAX_HEADERS = 64
+
+
+async def serve(agent: Any, host: str, port: int, *, security: Any = None) -> None:
+    """Serve the agent until SIGINT/SIGTERM; `security` (agent.webconfig.WebSecurity) adds TLS and auth."""
     from aiohttp import web
 
     from agent.server import build_app
 
-    runner = web.AppRunner(build_app(agent), access_log=None, handle_signals=False)
+    middlewares = [security.middleware] if security is not None else []
+    ssl_context = security.ssl_context if security is not None else None
+    runner = web.AppRunner(build_app(agent, middlewares=middlewares), access_log=None, handle_signals=False,
+                           max_line_size=MAX_LINE_SIZE, max_field_size=MAX_FIELD_SIZE, max_headers=MAX_HEADERS)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
+    if security is not None:
+        security.install_sighup(asyncio.get_running_loop())
     scheme = "https" if ssl_context else "http"
     shown = f"[{host}]" if ":" in host else host
     print(f"rooflight {__version__}: serving {scheme}://{shown}:{port}/metrics", flush=True)
@@ -146,10 +157,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = load_config(args)
     models = resolve_models(config)
+    security = None
+    if config.web_config:
+        from agent.webconfig import WebSecurity
+
+        security = WebSecurity(config.web_config)  # a bad file stops the start here: exit 2
     if args.check_only:
         print(f"configuration ok: {len(config.targets)} target(s), listen {config.listen}")
         return 0
-    asyncio.run(serve(Agent(config, models=models), config.listen_host, config.listen_port))
+    asyncio.run(serve(Agent(config, models=models), config.listen_host, config.listen_port, security=security))
     return 0
 
 

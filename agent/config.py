@@ -49,6 +49,7 @@ class AgentConfig:
     interval: float = 1.0
     scrape_timeout: float = 5.0
     max_body_bytes: int = 16 * 1024 * 1024
+    max_series: int = 128  # (model, rank) series kept per target; more are dropped and counted
     windows: Mapping[str, float] = field(default_factory=lambda: {"10s": 10.0, "1m": 60.0, "5m": 300.0})
     percentiles: tuple[str, ...] = ("50", "90", "99")
     nvml: bool = True
@@ -88,8 +89,10 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 
 def target_name(url: str) -> str:
+    """host:port of an engine URL, never its user:password (the name is a label and appears in logs)."""
     parts = urlsplit(url)
-    return parts.netloc or url
+    netloc = parts.netloc.rpartition("@")[2]
+    return netloc or url
 
 
 def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -129,7 +132,7 @@ def env_settings(environ: Mapping[str, str]) -> dict[str, Any]:
 
 _TARGET_KEYS = {f.name for f in fields(TargetConfig)}
 _SERVICE_LINK = re.compile(r"^(?:.*_)?(?:service_host|service_port.*|port|port_\d+_.*)$")
-_AGENT_KEYS = {"listen", "interval", "scrape_timeout", "max_body_bytes", "windows", "percentiles", "nvml",
+_AGENT_KEYS = {"listen", "interval", "scrape_timeout", "max_body_bytes", "max_series", "windows", "percentiles", "nvml",
                "nvml_interval", "process", "web_config", "detectors"}
 
 
@@ -152,6 +155,7 @@ def build(file_settings: Mapping[str, Any], env: Mapping[str, Any], flags: Mappi
         interval=parse_duration(merged.get("interval", 1.0), "interval"),
         scrape_timeout=parse_duration(merged.get("scrape_timeout", 5.0), "scrape_timeout"),
         max_body_bytes=_positive_int(merged.get("max_body_bytes", 16 * 1024 * 1024), "max_body_bytes"),
+        max_series=_positive_int(merged.get("max_series", 128), "max_series"),
         windows=_windows(merged.get("windows", ["10s", "1m", "5m"])),
         percentiles=_percentiles(merged.get("percentiles", ["50", "90", "99"])),
         nvml=_bool(merged.get("nvml", True), "nvml"),
@@ -192,11 +196,16 @@ def _check_detectors(thresholds: Mapping[str, float]) -> None:
 
 def _targets(merged: Mapping[str, Any], shared: Mapping[str, Any]) -> tuple[TargetConfig, ...]:
     entries: list[Mapping[str, Any]] = []
-    for entry in merged.get("targets") or []:
+    listed = merged.get("targets") or []
+    if not isinstance(listed, (list, tuple)):
+        raise ConfigError("`targets` must be a list of mappings, each with a `url`")
+    for entry in listed:
         if not isinstance(entry, Mapping) or "url" not in entry:
             raise ConfigError(f"each entry of `targets` needs a `url`, got {entry!r}")
         entries.append(entry)
     urls = merged.get("engine_url") or []
+    if not isinstance(urls, (str, list, tuple)) or not all(isinstance(u, str) for u in ([urls] if isinstance(urls, str) else urls)):
+        raise ConfigError("engine_url: write a URL or a list of URLs, e.g. http://127.0.0.1:8000")
     entries += [{"url": u} for u in ([urls] if isinstance(urls, str) else urls)]
     if not entries:
         raise ConfigError("no engine to watch: pass --engine-url URL (or try `rooflight demo`)")
@@ -245,8 +254,17 @@ def _bool(value: Any, what: str) -> bool:
     raise ConfigError(f"{what}: {value!r} is not true or false")
 
 
+def _items(value: Any, what: str) -> list[Any]:
+    """A comma-separated string or a list, as the flags and the YAML file spell lists."""
+    if isinstance(value, str):
+        return value.split(",")
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise ConfigError(f"{what}: write a comma-separated list or a YAML list, got {value!r}")
+
+
 def _windows(value: Any) -> dict[str, float]:
-    items = value.split(",") if isinstance(value, str) else list(value)
+    items = _items(value, "windows")
     windows = {str(w).strip(): parse_duration(str(w).strip(), "windows") for w in items if str(w).strip()}
     if not windows:
         raise ConfigError("windows: give at least one, e.g. 10s,1m,5m")
@@ -254,7 +272,7 @@ def _windows(value: Any) -> dict[str, float]:
 
 
 def _percentiles(value: Any) -> tuple[str, ...]:
-    items = value.split(",") if isinstance(value, str) else list(value)
+    items = _items(value, "percentiles")
     out = []
     for item in items:
         text = str(item).strip()

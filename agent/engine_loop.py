@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +31,9 @@ log = logging.getLogger("rooflight")
 DISCOVERY_EVERY_SECONDS = 30.0  # while the model is unknown
 INFO_EVERY_SECONDS = 300.0  # batch cap and TP change only with a restart; a restart is a counter reset
 
+# A page larger than this is parsed in a worker thread: a 16 MB page takes ~1 s of pure Python, and on
+# the event loop that second would be a second in which /metrics cannot answer.
+PARSE_IN_THREAD_CHARS = 512 * 1024
 
 _MARKED = (
     ("head_of_line", "head-of-line stall"),
@@ -50,6 +54,7 @@ class SourceState:
         self.errors = dict.fromkeys(SOURCE_REASONS.get(source, REASONS), 0)
         self.message: str | None = None
         self.sampled = False  # whether a sample was attempted at all
+        self.series_dropped: int | None = 0 if source == "engine" else None
 
     def ok(self, wall: float, duration: float, monotonic: float | None = None) -> None:
         self.up, self.last_success, self.duration, self.message = True, wall, duration, None
@@ -66,7 +71,8 @@ class SourceState:
 
     def view(self) -> Health:
         return Health(
-            self.source, self.target, self.up, self.last_success, self.duration, dict(self.errors), self.message
+            self.source, self.target, self.up, self.last_success, self.duration, dict(self.errors), self.message,
+            self.series_dropped,
         )
 
 
@@ -115,6 +121,7 @@ class EngineLoop:
                 self._adapter = None  # the engine may have been replaced: detect again
             self._rebuild_view()
             return
+        sample = self._cap_series(sample)
         self.latest = sample
         self._remember(sample, t)
         self.state.ok(self.clock.time(), self.clock.monotonic() - start, self.clock.monotonic())
@@ -136,12 +143,35 @@ class EngineLoop:
             log.info("target %s: recognised %s", self.target.name, adapter.ENGINE)
         wall = self.clock.time() - (self.clock.monotonic() - fetched.timestamp)
         try:
-            sample = adapter.parse(fetched.text, target=self.target.name, timestamp=wall, duration=fetched.duration)
+            if len(fetched.text) > PARSE_IN_THREAD_CHARS:
+                sample = await asyncio.to_thread(
+                    adapter.parse, fetched.text, target=self.target.name, timestamp=wall, duration=fetched.duration
+                )
+            else:
+                sample = adapter.parse(fetched.text, target=self.target.name, timestamp=wall, duration=fetched.duration)
         except SourceError:
             raise
         except Exception as exc:  # an adapter bug on odd input is a parse failure, not a crash
             raise ParseError(f"{adapter.ENGINE} adapter could not read the exposition: {exc!r}") from exc
         return sample, fetched.timestamp
+
+    def _cap_series(self, sample: EngineSample) -> EngineSample:
+        """At most config.max_series (model, rank) series: those already tracked first, then in page order.
+
+        Thousands of models or LoRA adapters on one page would otherwise mean thousands of histories
+        and tens of thousands of exported series; the rest are dropped and their number exported.
+        """
+        cap = self.config.max_series
+        dropped = max(0, len(sample.series) - cap)
+        if dropped and self.state.series_dropped == 0:
+            log.warning("target %s: %d series, over the cap of %d; %d dropped (raise max_series to keep them)",
+                        self.target.name, len(sample.series), cap, dropped)
+        self.state.series_dropped = dropped
+        if not dropped:
+            return sample
+        known = [s for s in sample.series if (s.model, s.rank) in self._histories]
+        new = [s for s in sample.series if (s.model, s.rank) not in self._histories]
+        return replace(sample, series=tuple((known + new)[:cap]))
 
     def _remember(self, sample: EngineSample, t: float) -> None:
         retention = max(self.config.windows.values()) + 2 * self.config.interval + self.config.scrape_timeout

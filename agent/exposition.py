@@ -56,6 +56,8 @@ def render_health(f: _Families, snap: Snapshot) -> None:
         f.add(n.SOURCE_SAMPLE_DURATION, key, h.duration)
         for reason, count in sorted(h.errors.items()):
             f.add(n.SOURCE_ERRORS, (*key, reason), float(count))
+        if h.series_dropped is not None:
+            f.add(n.SOURCE_SERIES_DROPPED, key, float(h.series_dropped))
 
 
 def render_series(f: _Families, target: TargetView, view: SeriesView) -> None:

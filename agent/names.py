@@ -13,6 +13,7 @@ SOURCE_UP = "rooflight_source_up"
 SOURCE_LAST_SUCCESS = "rooflight_source_last_success_timestamp_seconds"
 SOURCE_SAMPLE_DURATION = "rooflight_source_sample_duration_seconds"
 SOURCE_ERRORS = "rooflight_source_errors_total"  # counter; exposed name carries _total
+SOURCE_SERIES_DROPPED = "rooflight_source_series_dropped"
 
 # Engine state, normalized across engines (labels: target, engine, model, rank).
 REQUESTS_RUNNING = "rooflight_requests_running"

@@ -44,6 +44,7 @@ class Health:
     duration: float | None
     errors: Mapping[str, int]
     message: str | None = None
+    series_dropped: int | None = None  # engine sources: series over the per-target cap in the last sample
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,13 @@ one subtraction between its first and last point, whatever the window's length; 
 window at 10 Hz as cheap as a 10 s one. Counter resets (an engine restart) are handled the way
 Prometheus' `rate()` handles them: a value below its predecessor counts from zero, so no rate is
 ever negative. Times are the samples' real (monotonic) timestamps, not the nominal interval.
+
+A counter that jumps faster than MAX_PLAUSIBLE_RATE per second (a corrupted page, a counter
+that overflowed or was set by a bug) is re-baselined: the jump is not counted, the next increase
+is. The bound is 1e9/s for every counter we window (tokens, steps, preemptions, histogram
+observations): ~10x what a node of eight B200s (8 x 4.5 PFLOP/s dense FP8) could prefill of a
+100M-parameter model (2e8 FLOP per token), so no real engine is ever clipped, while one absurd
+value cannot turn every window it sits in into a nonsense throughput or MBU.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from collectors.samples import Histogram
+
+MAX_PLAUSIBLE_RATE = 1e9  # per second, for any counter (see the module docstring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +41,20 @@ class Point:
     histograms: Mapping[str, CorrectedHistogram]
 
 
-def correct_counter(prev_raw: float | None, prev_corrected: float, raw: float) -> float:
-    """The next reset-corrected value: a drop means the source restarted and counted from zero."""
+def correct_counter(
+    prev_raw: float | None, prev_corrected: float, raw: float, dt: float | None = None
+) -> float:
+    """The next reset-corrected value: a drop means the source restarted and counted from zero.
+
+    With `dt` (seconds since the previous value), an increase beyond MAX_PLAUSIBLE_RATE x dt is not
+    counted: the counter is re-baselined at `raw`.
+    """
     if prev_raw is None:
         return prev_corrected
-    return prev_corrected + (raw - prev_raw if raw >= prev_raw else raw)
+    step = raw - prev_raw if raw >= prev_raw else raw
+    if dt is not None and step > MAX_PLAUSIBLE_RATE * dt:
+        return prev_corrected
+    return prev_corrected + step
 
 
 class SeriesHistory:
@@ -72,10 +90,10 @@ class SeriesHistory:
             return prev  # a sample that is not newer adds nothing (and would divide by zero)
         point = Point(
             t=t,
-            counters=self._next_counters(prev, counters),
+            counters=self._next_counters(prev, counters, t - prev.t if prev else None),
             integrals=_next_integrals(prev, t),
             gauges={k: v for k, v in gauges.items() if v is not None and math.isfinite(v)},
-            histograms=self._next_histograms(prev, histograms),
+            histograms=self._next_histograms(prev, histograms, t - prev.t if prev else None),
         )
         self._points.append(point)
         self._times.append(t)
@@ -97,17 +115,19 @@ class SeriesHistory:
         i = bisect.bisect_left(self._times, first.t)
         return iter(self._points[i:])
 
-    def _next_counters(self, prev: Point | None, counters: Mapping[str, float | None]) -> dict[str, float]:
+    def _next_counters(
+        self, prev: Point | None, counters: Mapping[str, float | None], dt: float | None
+    ) -> dict[str, float]:
         out = dict(prev.counters) if prev else {}
         for name, raw in counters.items():
             if raw is None or not math.isfinite(raw) or raw < 0:
                 continue
-            out[name] = correct_counter(self._raw_counters.get(name), out.get(name, 0.0), raw)
+            out[name] = correct_counter(self._raw_counters.get(name), out.get(name, 0.0), raw, dt)
             self._raw_counters[name] = raw
         return out
 
     def _next_histograms(
-        self, prev: Point | None, histograms: Mapping[str, Histogram | None]
+        self, prev: Point | None, histograms: Mapping[str, Histogram | None], dt: float | None
     ) -> dict[str, CorrectedHistogram]:
         out = dict(prev.histograms) if prev else {}
         for name, hist in histograms.items():
@@ -120,7 +140,7 @@ class SeriesHistory:
                 counts = tuple(0.0 for _ in bounds)  # new layout: deltas start here
             else:
                 counts = tuple(
-                    correct_counter(p, c, n)
+                    correct_counter(p, c, n, dt)
                     for (_, p), c, (_, n) in zip(raw_prev.buckets, before.counts, hist.buckets)
                 )
             out[name] = CorrectedHistogram(bounds, counts)

@@ -172,10 +172,11 @@ def _parse_sample(line: str, brace: int) -> Sample:
         if not name:
             name = labels.pop("__name__", "")
     else:
+        tab = line.find("\t")
+        if tab != -1 and (space == -1 or tab < space):  # `name<TAB>value 123`: the tab ends the name
+            space = tab
         if space == -1:
-            space = line.find("\t")
-            if space == -1:
-                raise ValueError("no value")
+            raise ValueError("no value")
         name = line[:space]
         labels = {}
         rest = line[space:]

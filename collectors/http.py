@@ -35,21 +35,22 @@ async def fetch_text(
     monotonic: Callable[[], float],
 ) -> Fetched:
     start = monotonic()
+    shown = _public(url)
     try:
         async with asyncio.timeout(timeout):
             async with session.get(url, allow_redirects=False) as response:
                 answered = monotonic()
                 if response.status != 200:
-                    raise SourceError("http_status", f"{url} answered HTTP {response.status}")
-                body = await _read_capped(response, max_bytes, url)
+                    raise SourceError("http_status", f"{shown} answered HTTP {response.status}")
+                body = await _read_capped(response, max_bytes, shown)
     except SourceError:
         raise
     except TimeoutError:
-        raise SourceError("timeout", f"{url} did not answer within {timeout:g}s") from None
+        raise SourceError("timeout", f"{shown} did not answer within {timeout:g}s") from None
     except aiohttp.ClientConnectorError as exc:
-        raise SourceError("refused", f"{url}: cannot connect ({exc.os_error or exc})") from None
+        raise SourceError("refused", f"{shown}: cannot connect ({exc.os_error or exc})") from None
     except (aiohttp.ClientError, OSError) as exc:
-        raise SourceError("other", f"{url}: {type(exc).__name__}: {exc}") from None
+        raise SourceError("other", f"{shown}: {type(exc).__name__}: {_scrub(str(exc), url)}") from None
     text = body.decode("utf-8", errors="replace")
     return Fetched(text=text, timestamp=(start + answered) / 2, duration=monotonic() - start)
 
@@ -63,7 +64,20 @@ async def fetch_json(
     try:
         return json.loads(fetched.text)
     except ValueError:
-        raise SourceError("parse", f"{url}: not JSON") from None
+        raise SourceError("parse", f"{_public(url)}: not JSON") from None
+
+
+def _public(url: str) -> str:
+    """The URL as messages show it: without user:password."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    return f"{scheme}{sep}{netloc.rpartition('@')[2]}{slash}{path}" if sep else url
+
+
+def _scrub(text: str, url: str) -> str:
+    """A library's error text with the URL's user:password, if any, masked."""
+    userinfo = url.partition("://")[2].partition("/")[0].rpartition("@")[0]
+    return text.replace(userinfo, "***") if userinfo else text
 
 
 async def _read_capped(response: aiohttp.ClientResponse, max_bytes: int, url: str) -> bytes:
