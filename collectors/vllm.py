@@ -26,6 +26,11 @@ Normalization:
   as `multiprocess_mode="mostrecent"` (every process mirrors the same engine state at slightly
   different times; a stray `pid` label means that mode was missing), so summing would multiply
   running/waiting/KV usage by the number of API servers, and the text carries no recency.
+- LoRA: `vllm:lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters}` is an
+  info gauge whose *value* is the unix time of its last update, one series per adapter-set string
+  (and per pid in multiprocess mode). The series with the largest value is the current state; it
+  carries no model_name/engine, so it lands in every series' extra as `lora_max_adapters`,
+  `lora_running_adapters`, `lora_waiting_adapters` (counts of the comma-separated names).
 - Duplicate series (the same labels twice on one page): the last one wins. Labels other than
   model_name, engine, pid and the family's own label (reason, source, le) are ignored, so series
   that differ only by such a label also resolve to the last one.
@@ -53,6 +58,7 @@ _GENERATION = "vllm:generation_tokens_total"
 _STEPS = "vllm:iteration_tokens_total_count"
 _PREEMPTIONS = "vllm:num_preemptions_total"
 _CACHE_CONFIG = "vllm:cache_config_info"
+_LORA = "vllm:lora_requests_info"
 _TTFT = "vllm:time_to_first_token_seconds"
 _ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 
@@ -88,6 +94,7 @@ NAMES: frozenset[str] = frozenset(
         _STEPS,
         _PREEMPTIONS,
         _CACHE_CONFIG,
+        _LORA,
         *(name for names in EXTRA_KEYS.values() for name in names),
         *(base + s for base in _HISTOGRAM_BASES for s in ("_bucket", "_count", "_sum")),
     }
@@ -119,6 +126,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     ttft = expfmt.histograms(exp, _TTFT, _hist_key)
     itl = _first(*(expfmt.histograms(exp, base, _hist_key) for base in _ITL))
     configs = _cache_configs(exp)
+    lora = lora_extra(exp)
 
     keys: set[_Key] = set()
     for table in (running, waiting, kv_usage, by_reason, by_source, generation, steps, preemptions, ttft, itl):
@@ -130,6 +138,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     for key in sorted(keys):
         model, rank = key
         extra = {name: table[key] for name, table in extras.items() if key in table}
+        extra.update(lora)
         sources = by_source.get(key, {})
         for source, value in sources.items():
             extra[f"prompt_tokens_{source}_total"] = value
@@ -253,6 +262,22 @@ def _first(*tables: dict[_Key, object]) -> dict:
     for table in reversed(tables):
         merged.update(table)
     return merged
+
+
+def lora_extra(exp: expfmt.Exposition) -> dict[str, float]:
+    """The latest `lora_requests_info` series (largest timestamp value) as adapter counts; {} without LoRA."""
+    latest = max((s for s in exp.get(_LORA) if _good(s.value)), key=lambda s: s.value, default=None)
+    if latest is None:
+        return {}
+
+    def count(label: str) -> float:
+        return float(len([n for n in latest.labels.get(label, "").split(",") if n.strip()]))
+
+    out = {"lora_running_adapters": count("running_lora_adapters"), "lora_waiting_adapters": count("waiting_lora_adapters")}
+    max_lora = _number(latest.labels.get("max_lora"))
+    if max_lora is not None:
+        out["lora_max_adapters"] = max_lora
+    return out
 
 
 def _cache_configs(exp: expfmt.Exposition) -> dict[str, dict[str, str]]:

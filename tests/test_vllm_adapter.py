@@ -260,3 +260,13 @@ def test_capacity_from_blocks_when_size_tokens_is_not_a_number() -> None:
     assert vllm.kv_capacity_tokens({"kv_cache_size_tokens": "None", "num_gpu_blocks": "10", "block_size": "128"}) == 1280.0
     assert vllm.kv_capacity_tokens({"num_gpu_blocks": "None", "block_size": "128"}) is None
     assert vllm.kv_capacity_tokens({"kv_cache_size_tokens": "2048"}) == 2048.0
+
+
+def test_lora_info_latest_series_becomes_adapter_counts() -> None:
+    s = page(
+        f"vllm:num_requests_running{L()} 2",
+        'vllm:lora_requests_info{max_lora="4",running_lora_adapters="sql,chat",waiting_lora_adapters=""} 1700000100.0',
+        'vllm:lora_requests_info{max_lora="4",running_lora_adapters="sql",waiting_lora_adapters="chat"} 1700000050.0',
+    ).series[0]
+    assert (s.extra["lora_max_adapters"], s.extra["lora_running_adapters"], s.extra["lora_waiting_adapters"]) == (4.0, 2.0, 0.0)
+    assert "lora_max_adapters" not in page(f"vllm:num_requests_running{L()} 2").series[0].extra
