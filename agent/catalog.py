@@ -60,6 +60,7 @@ CATALOG: tuple[MetricDef, ...] = (
     _g(n.MBU, WINDOWED, "ratio", "Model bandwidth utilization: (weight bytes + mean live KV bytes) x steps/s / (HBM peak x TP). Judge decode by it."),
     _g(n.MFU, WINDOWED + ("phase",), "ratio", "Model FLOPs utilization: tokens/s x 2 x active params / (dense peak FLOP/s x TP). Judge prefill by it."),
     _g(n.MBU_TO_DRAM, WINDOWED, "ratio", "Derived MBU / measured GPM DRAM bandwidth utilization of the target's GPUs over the window: 1 = the model explains the traffic; below 1 = traffic the model does not explain; above 1 = constants overstate bytes."),
+    _g(n.SPEC_DECODE_ACCEPTANCE, WINDOWED, "ratio", "Speculative decoding: accepted / proposed draft tokens over the window (vLLM, TRT-LLM, llama.cpp). Under spec decode ITL counts per output event, which can carry several tokens."),
     _g(n.DECODE_INTENSITY, WINDOWED, "FLOP/byte", "Decode arithmetic intensity at the mean batch B: B x 2P / (weight bytes + live KV bytes); compare with the ridge point."),
     _g(n.TTFT, WINDOWED + ("percentile",), "seconds", "Time-to-first-token percentile over the window, from the engine histogram's deltas, interpolated as histogram_quantile does."),
     _g(n.ITL, WINDOWED + ("percentile",), "seconds", "Inter-token-latency percentile over the window, from the engine histogram's deltas, interpolated as histogram_quantile does."),

@@ -227,10 +227,18 @@ def _target(entry: Mapping[str, Any], shared: Mapping[str, Any]) -> TargetConfig
     for key in ("engine", "metrics_path", "model", "model_config", "weight_dtype", "kv_dtype", "gpu"):
         if values.get(key) is not None:
             target = replace(target, **{key: str(values[key])})
+    _check_engine(target)
     for key in ("tp", "batch_max", "pid"):
         if values.get(key) is not None:
             target = replace(target, **{key: _positive_int(values[key], key)})
     return target
+
+
+def _check_engine(target: TargetConfig) -> None:
+    from collectors.engines import names
+
+    if target.engine != "auto" and target.engine not in names():
+        raise ConfigError(f"target {target.url}: engine {target.engine!r} is not one of auto, {', '.join(names())}")
 
 
 def _positive_int(value: Any, what: str) -> int:

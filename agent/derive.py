@@ -17,6 +17,7 @@ from collectors.samples import EngineSeries, Histogram
 # Names inside a SeriesHistory.
 PROMPT, GENERATION, STEPS, PREEMPTIONS = "prompt_tokens", "generation_tokens", "steps", "preemptions"
 RUNNING, WAITING, KV_USAGE = "running", "waiting", "kv_usage"
+DRAFT, ACCEPTED = "spec_draft_tokens", "spec_accepted_tokens"
 TTFT, ITL = "ttft", "itl"
 
 
@@ -29,6 +30,8 @@ def history_inputs(
         GENERATION: series.generation_tokens_total,
         STEPS: series.steps_total,
         PREEMPTIONS: series.preemptions_total,
+        DRAFT: series.extra.get("spec_decode_num_draft_tokens_total"),
+        ACCEPTED: series.extra.get("spec_decode_num_accepted_tokens_total"),
     }
     gauges = {RUNNING: series.running, WAITING: series.waiting, KV_USAGE: series.kv_usage_ratio}
     return counters, gauges, {TTFT: series.ttft, ITL: series.itl}
@@ -53,6 +56,7 @@ class WindowValues:
     mean_live_kv_bytes: float | None = None
     prefill_tokens_per_step: float | None = None
     dram_utilization: float | None = None  # measured on the target's GPUs (GPM), same window
+    spec_decode_acceptance: float | None = None  # accepted / proposed draft tokens
 
     @property
     def mbu_to_dram(self) -> float | None:
@@ -103,7 +107,12 @@ def derive_window(
         prefill_tokens_per_step=(
             prompt_increase / step_increase if prompt_increase is not None and step_increase else None
         ),
+        spec_decode_acceptance=_ratio(increase(first, last, ACCEPTED), increase(first, last, DRAFT)),
     )
+
+
+def _ratio(part: float | None, whole: float | None) -> float | None:
+    return part / whole if part is not None and whole else None
 
 
 def derive_target(
@@ -125,6 +134,11 @@ def derive_target(
 def minimum(history: SeriesHistory, first: Point, name: str) -> float | None:
     values = [p.gauges[name] for p in history.points_since(first) if name in p.gauges]
     return min(values) if values else None
+
+
+def maximum(history: SeriesHistory, first: Point, name: str) -> float | None:
+    values = [p.gauges[name] for p in history.points_since(first) if name in p.gauges]
+    return max(values) if values else None
 
 
 def live_kv_bytes(

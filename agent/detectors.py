@@ -14,8 +14,8 @@ Each detector turns a handful of windowed values into a verdict the exposition e
   `hol_max_preemptions_per_second`): a preempted sequence's next token comes seconds later and its
   recompute is prefill, so the tail inflates at the KV wall too; that is the capacity-capped verdict's
   to name, not head-of-line's. An unknown preemption rate does not rule head-of-line out.
-- capacity-capped batch (`BATCH_CAPACITY_CAPPED`): KV occupancy pinned near 100% (its time-weighted mean
-  over the short window at least `capacity_kv_usage`), preemptions climbing (rate above
+- capacity-capped batch (`BATCH_CAPACITY_CAPPED`): KV occupancy at the wall (its peak over the short
+  window at least `capacity_kv_usage`), preemptions climbing (rate above
   `capacity_min_preemptions_per_second`) and requests waiting. The memory wall, not the scheduler.
 - admission-bound batch (`BATCH_ADMISSION_BOUND`): requests waited through the whole short window
   (minimum at least `admission_min_waiting`) while the batch sat below `admission_max_batch_fraction` of its
@@ -47,9 +47,9 @@ class DetectorThresholds:
     hol_min_itl_seconds: an absolute floor under which inflation is not reported as blocking
         (0 = no floor); set it to your ITL SLO threshold to ignore harmless jitter.
     hol_max_preemptions_per_second: preemption rate above which an inflated tail is the KV wall's doing.
-    capacity_kv_usage: KV occupancy whose short-window mean counts as pinned. A mean, not a minimum: on a
-        small pool (a real vLLM with 10 blocks moves in 10% steps) a preemption frees blocks for a moment
-        while the batch stays at the wall.
+    capacity_kv_usage: KV occupancy whose short-window peak counts as the wall. A peak, not a mean or a
+        minimum: a small pool thrashes (a real vLLM with 10 blocks swings between 0 and 100% as whole
+        batches are preempted and recomputed), and with preemptions climbing the wall was hit in any case.
     capacity_min_preemptions_per_second: preemption rate that must be exceeded (strictly).
     capacity_min_waiting: queued requests needed for the batch to be capped rather than merely full.
     admission_min_waiting: minimum queue over the short window: the queue persisted, not a blip.
@@ -62,7 +62,7 @@ class DetectorThresholds:
     hol_min_prefill_tokens_per_step: float = 1.0
     hol_min_itl_seconds: float = 0.0
     hol_max_preemptions_per_second: float = 0.0
-    capacity_kv_usage: float = 0.9
+    capacity_kv_usage: float = 0.95
     capacity_min_preemptions_per_second: float = 0.0
     capacity_min_waiting: float = 1.0
     admission_min_waiting: float = 1.0
@@ -98,7 +98,7 @@ class DetectorInputs:
     itl_worst_baseline: float | None  # median of that worst over the longest window, seconds
     prefill_tokens_per_step_short: float | None  # computed prompt tokens / engine steps over 10 s
     kv_usage: float | None  # KV occupancy now, 0..1
-    kv_usage_mean_short: float | None  # its time-weighted mean over the short window
+    kv_usage_peak_short: float | None  # its peak over the short window
     preemptions_per_second_short: float | None
     running: float | None
     waiting: float | None
@@ -165,7 +165,7 @@ def head_of_line(inputs: DetectorInputs, t: DetectorThresholds) -> tuple[bool | 
 def capacity_capped(inputs: DetectorInputs, t: DetectorThresholds) -> bool | None:
     """KV pinned near full, preemptions climbing, requests waiting: the memory wall."""
     return _all(
-        _at_least(inputs.kv_usage_mean_short, t.capacity_kv_usage),
+        _at_least(inputs.kv_usage_peak_short, t.capacity_kv_usage),
         _above(inputs.preemptions_per_second_short, t.capacity_min_preemptions_per_second),
         _at_least(inputs.waiting, t.capacity_min_waiting),
     )

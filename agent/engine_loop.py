@@ -22,7 +22,7 @@ from agent.snapshot import Health, SeriesView, TargetView
 from agent.windows import SeriesHistory, histogram_delta, worst_bound
 from collectors import engines
 from collectors.errors import REASONS, SOURCE_REASONS, ParseError, SourceError
-from collectors.http import fetch_json, fetch_text
+from collectors.http import Fetched, fetch_json, fetch_text
 from collectors.info import INFO_PATHS, EngineInfoHints, parse_info
 from collectors.samples import EngineSample, EngineSeries
 
@@ -34,6 +34,7 @@ INFO_EVERY_SECONDS = 300.0  # batch cap and TP change only with a restart; a res
 # A page larger than this is parsed in a worker thread: a 16 MB page takes ~1 s of pure Python, and on
 # the event loop that second would be a second in which /metrics cannot answer.
 PARSE_IN_THREAD_CHARS = 512 * 1024
+TRTLLM_PROMETHEUS_PATH = "/prometheus/metrics"
 
 _MARKED = (
     ("head_of_line", "head-of-line stall"),
@@ -128,16 +129,21 @@ class EngineLoop:
         await self._refresh_info()
         self._rebuild_view()
 
-    async def _scrape(self) -> tuple[EngineSample, float]:
-        adapter = self._adapter
-        path = self.target.metrics_path or (adapter.METRICS_PATH if adapter else "/metrics")
-        fetched = await fetch_text(
+    async def _fetch(self, path: str) -> Fetched:
+        return await fetch_text(
             self.session,
             self.target.url + path,
             timeout=self.config.scrape_timeout,
             max_bytes=self.config.max_body_bytes,
             monotonic=self.clock.monotonic,
         )
+
+    async def _scrape(self) -> tuple[EngineSample, float]:
+        adapter = self._adapter
+        fetched = await self._fetch(self.target.metrics_path or (adapter.METRICS_PATH if adapter else "/metrics"))
+        if adapter is None and not self.target.metrics_path and fetched.text.lstrip().startswith(("{", "[")):
+            # trtllm-serve answers /metrics with JSON iteration stats; its Prometheus page is elsewhere
+            fetched = await self._fetch(TRTLLM_PROMETHEUS_PATH)
         if adapter is None:
             adapter = self._adapter = engines.detect(fetched.text)
             log.info("target %s: recognised %s", self.target.name, adapter.ENGINE)
@@ -324,7 +330,7 @@ def _verdicts(
         itl_worst_baseline=itl_tail_baseline,
         prefill_tokens_per_step_short=short.prefill_tokens_per_step,
         kv_usage=series.kv_usage_ratio,
-        kv_usage_mean_short=short.mean_kv_usage,
+        kv_usage_peak_short=derive.maximum(history, first, derive.KV_USAGE) if first else None,
         preemptions_per_second_short=short.preemptions_per_second,
         running=series.running,
         waiting=series.waiting,

@@ -88,6 +88,7 @@ def render_series(f: _Families, target: TargetView, view: SeriesView) -> None:
         for phase, value in sorted(w.mfu.items()):
             f.add(n.MFU, (*wk, phase), _nonneg(value))
         f.add(n.DECODE_INTENSITY, wk, _nonneg(w.decode_intensity))
+        f.add(n.SPEC_DECODE_ACCEPTANCE, wk, _nonneg(w.spec_decode_acceptance))
         for p, value in w.ttft.items():
             f.add(n.TTFT, (*wk, p), _nonneg(value))
         for p, value in w.itl.items():

@@ -36,6 +36,7 @@ PREEMPTIONS_PER_SECOND = "rooflight_preemptions_per_second"
 MBU = "rooflight_mbu_ratio"
 MFU = "rooflight_mfu_ratio"
 MBU_TO_DRAM = "rooflight_mbu_to_dram_bandwidth_ratio"  # derived MBU / measured DRAM bandwidth utilization
+SPEC_DECODE_ACCEPTANCE = "rooflight_spec_decode_acceptance_ratio"
 DECODE_INTENSITY = "rooflight_decode_arithmetic_intensity_flops_per_byte"
 TTFT = "rooflight_ttft_seconds"
 ITL = "rooflight_itl_seconds"

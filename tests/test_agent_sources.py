@@ -171,3 +171,36 @@ async def test_loops_run_on_their_own_and_metrics_answer_while_engine_hangs(fake
         assert agent.snapshot.health[0].up is False
     finally:
         await runner.cleanup()
+
+
+async def test_auto_detection_finds_trtllm_serve_behind_its_json_metrics() -> None:
+    """trtllm-serve answers /metrics with JSON; its Prometheus page is /prometheus/metrics."""
+    from aiohttp import web
+
+    page = "# TYPE trtllm_num_requests_running gauge\ntrtllm_num_requests_running{model_name=\"m\"} 3\n"
+
+    async def json_stats(request: web.Request) -> web.Response:
+        return web.json_response([{"iter": 1}])
+
+    async def prometheus(request: web.Request) -> web.Response:
+        return web.Response(text=page, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", json_stats)
+    app.router.add_get("/prometheus/metrics", prometheus)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    from support import free_port
+
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    agent = _agent(f"http://127.0.0.1:{port}")
+    await agent.start(loops=False)
+    try:
+        await agent.sample_engines_once()
+        (target,) = agent.snapshot.targets
+        assert target.engine == "trtllm"
+        assert target.series[0].series.running == 3
+    finally:
+        await agent.stop()
+        await runner.cleanup()

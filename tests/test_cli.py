@@ -41,6 +41,7 @@ def rooflight(*args: str, env: dict[str, str] | None = None, timeout: float = 60
         (["run", "--engine-url", "http://127.0.0.1:1", "--detector", "nonsense=1"], {}, "unknown detector"),
         (["run"], {"ROOFLIGHT_ENGINE_URL": "http://127.0.0.1:1", "ROOFLIGHT_INTERVAL": "soon"}, "not a duration"),
         (["demo", "--scenario", "nope"], {}, "head-of-line"),
+        (["run", "--engine-url", "http://127.0.0.1:1", "--engine", "ollama"], {}, "sglang"),
     ],
 )
 def test_bad_input_exits_2_with_what_to_fix(args: list[str], env: dict[str, str], says: str) -> None:

@@ -17,7 +17,7 @@ HEALTHY = DetectorInputs(
     itl_worst_baseline=0.006,
     prefill_tokens_per_step_short=5.0,
     kv_usage=0.5,
-    kv_usage_mean_short=0.45,
+    kv_usage_peak_short=0.45,
     preemptions_per_second_short=0.0,
     running=40.0,
     waiting=0.0,
@@ -103,7 +103,7 @@ def test_absolute_floor_ignores_harmless_jitter() -> None:
 
 # Capacity-capped batch ------------------------------------------------------------------------------
 
-CAPPED = dict(kv_usage=1.0, kv_usage_mean_short=0.97, preemptions_per_second_short=0.8, waiting=4.0, running=3.0)
+CAPPED = dict(kv_usage=1.0, kv_usage_peak_short=0.97, preemptions_per_second_short=0.8, waiting=4.0, running=3.0)
 
 
 def test_kv_pinned_preempting_with_queue_is_capacity_capped() -> None:
@@ -116,7 +116,7 @@ def test_kv_pinned_preempting_with_queue_is_capacity_capped() -> None:
 @pytest.mark.parametrize(
     "miss",
     [
-        {"kv_usage_mean_short": 0.89},  # not pinned on average over the window
+        {"kv_usage_peak_short": 0.94},  # never reached the wall during the window
         {"preemptions_per_second_short": 0.0},  # full but not preempting: a well-packed batch
         {"waiting": 0.0},  # nobody is being held back
     ],

@@ -104,3 +104,33 @@ async def test_golden_gpus(fake_engine: FakeEngine, name: str, make: object) -> 
         await agent.stop()
     _promtool_clean(text)
     _check(name, text)
+
+
+SPEC = (
+    '# TYPE vllm:spec_decode_num_draft_tokens_total counter\n'
+    'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="tiny-llama"}} {draft}\n'
+    '# TYPE vllm:spec_decode_num_accepted_tokens_total counter\n'
+    'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="tiny-llama"}} {accepted}\n'
+)
+
+
+async def test_golden_vllm_spec_decode_acceptance(fake_engine: FakeEngine) -> None:
+    clock = FakeClock()
+    config = build({}, {}, {"engine_url": [fake_engine.url], "nvml": False, "process": False, "interval": "1s",
+                            "windows": "10s", "model": "llama-3-8b", "gpu": "h100-sxm"})
+    agent = Agent(config, models=resolve_models(config), clock=clock)
+    await agent.start(loops=False)
+    try:
+        page = sample_text("vllm-cpu-load-c16.prom")
+        fake_engine.body = page + SPEC.format(draft=400, accepted=100)
+        await agent.sample_engines_once()
+        clock.advance(10.0)
+        fake_engine.body = page + SPEC.format(draft=1400, accepted=800)  # 700 of 1,000 proposed accepted
+        await agent.sample_engines_once()
+        (window,) = agent.snapshot.targets[0].series[0].windows
+        assert window.spec_decode_acceptance == 0.7
+        text = _render(agent)
+    finally:
+        await agent.stop()
+    _promtool_clean(text)
+    _check("vllm-spec-decode.prom", text)

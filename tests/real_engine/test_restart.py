@@ -14,7 +14,7 @@ import pytest
 
 from bench.loadgen import LoadSpec, run_load
 from procs import agent_process, free_port, vllm_process
-from scrape import Poller, select
+from scrape import Poller, parse, select
 from setups import VLLM_READY_TIMEOUT_S, wait_engine_up
 
 pytestmark = pytest.mark.real_engine
@@ -27,6 +27,14 @@ RATE_PREFIXES = ("rooflight_tokens_per_second", "rooflight_steps_per_second",
 
 def _engine_up(page) -> list[float]:
     return [v for (n, ls), v in page.items() if n == "rooflight_source_up" and ("source", "engine") in ls]
+
+
+def _decode_recovered(poll: Poller) -> bool:
+    texts = [text for _, text in list(poll.pages) if text]
+    if not texts:
+        return False
+    decode = select(parse(texts[-1]), "rooflight_tokens_per_second", phase="decode", window="10s")
+    return bool(decode) and decode[0] > 0
 
 
 def test_vllm_restart_mid_run(vllm_python, tiny_model, run_dir, started):
@@ -52,7 +60,10 @@ def test_vllm_restart_mid_run(vllm_python, tiny_model, run_dir, started):
         second.wait_http(f"http://127.0.0.1:{port}/health", VLLM_READY_TIMEOUT_S)
         t_up = time.time()
         assert len(asyncio.run(run_load(spec)).ok) == spec.requests
-        time.sleep(3)
+        # the 10 s window is reported once the new engine's samples span half of it: wait for that
+        deadline = time.time() + 20
+        while time.time() < deadline and not _decode_recovered(poll):
+            time.sleep(0.5)
     finally:
         pages = poll.stop()
     assert agent.alive(), agent.log_tail()
