@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
-from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 

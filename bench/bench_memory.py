@@ -10,7 +10,6 @@ Prometheus would. RSS is read with psutil every 10 s.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import socket
 import subprocess
 import sys

@@ -28,12 +28,15 @@ from collectors.nvml import NvmlCollector  # noqa: E402
 from collectors.samples import GpuDevice  # noqa: E402
 
 # Dense BF16 peak and HBM peak by NVML name (reference gpu.md §4.1), for this script's printout only.
-PEAKS = {
-    "NVIDIA H100 80GB HBM3": (3.35e12, 989e12), "NVIDIA H200": (4.8e12, 989e12),
-    "NVIDIA H100 PCIe": (2.0e12, 756e12), "NVIDIA A100-SXM4-80GB": (2.039e12, 312e12),
-    "NVIDIA A100-SXM4-40GB": (1.555e12, 312e12), "NVIDIA L40S": (0.864e12, 362e12),
-    "NVIDIA B200": (8.0e12, 2250e12),
-}
+
+def peaks_for(name: str, memory_total: float | None) -> tuple[float | None, float | None]:
+    """The agent's own profile for this NVML name: the same constants the agent's MBU/MFU use."""
+    from agent.gpus import profile_for_nvml_name
+
+    profile = profile_for_nvml_name(name, memory_total)
+    if profile is None:
+        return None, None
+    return profile.memory_bandwidth_bytes_per_second, profile.peak_flops_for("bf16")
 
 
 def bench_nvtx(n: int = 200_000) -> dict[str, float]:
@@ -130,7 +133,7 @@ async def run(args: argparse.Namespace) -> int:
         print("no GPU: NVML works but sees no device; nothing was checked.")
         return 0
     dev = next(d for d in first.devices if d.index == args.device and "mig" not in d.info)
-    peak_bw, peak_flops = PEAKS.get(dev.name, (None, None))
+    peak_bw, peak_flops = peaks_for(dev.name, dev.memory_total_bytes)
     peak_bw, peak_flops = args.peak_bw or peak_bw, args.peak_flops or peak_flops
     print(f"GPU {dev.index}: {dev.name} {dev.uuid}, driver {first.driver_version}, "
           f"peaks used: {peak_bw} B/s, {peak_flops} FLOP/s")
@@ -153,7 +156,7 @@ async def run(args: argparse.Namespace) -> int:
     with Load(copy, torch.cuda.synchronize) as load:
         seen = await watch(c, args.device, args.seconds)
     summarize("copy loop", seen, f"{load.rate / 1e9:.0f} GB/s of DRAM traffic", peak_bw, peak_flops, load.rate, "bytes")
-    del src, dst
+    src = dst = None  # free the 4 GiB before the matmul phase
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

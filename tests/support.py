@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator
 
 from aiohttp import web
 
@@ -69,3 +68,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+def check_golden(path: Path, text: str) -> None:
+    """`text` must equal the golden file; ROOFLIGHT_UPDATE_GOLDEN=1 rewrites it (then read the diff)."""
+    import os
+
+    if os.environ.get("ROOFLIGHT_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}; run with ROOFLIGHT_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"exposition differs from {path}"
+
+
+def promtool_clean(text: str) -> None:
+    """`promtool check metrics` passes on `text` (Debian's prometheus package; CI installs it)."""
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: install Debian's prometheus package (CI does)"
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rules.config import DetectorAlert, RulesConfig
+from rules.config import RulesConfig
 from rules.promql import record_name
 from rules.recording import rank_labels
 from rules.render import render

@@ -8,9 +8,6 @@ vLLM and an SGLang with two DP ranks), each with its own (target, rank) series.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,7 +19,7 @@ from agent.config import build
 from agent.exposition import registry_for
 from agent.sampler import Agent
 from collectors import coverage
-from support import FakeEngine, sample_text
+from support import FakeEngine, check_golden, promtool_clean, sample_text
 from test_engines_adapters import DYNAMO_FRONTEND_PAGE, SGLANG_DP_PAGE, TGI_PAGE, TRTLLM_PAGE
 
 GOLDEN = Path(__file__).parent / "golden" / "engines"
@@ -38,20 +35,8 @@ PAGES = {
 }
 
 
-def _check(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("ROOFLIGHT_UPDATE_GOLDEN") == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"no golden file {path}; run with ROOFLIGHT_UPDATE_GOLDEN=1"
-    assert text == path.read_text(), f"exposition differs from {path}"
 
 
-def _promtool_clean(text: str) -> None:
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool not found: install Debian's prometheus package (CI does)"
-    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 async def _agent(urls: list[str], clock: FakeClock) -> Agent:
@@ -83,8 +68,8 @@ async def test_golden_engine(fake_engine: FakeEngine, engine: str) -> None:
         text = _render(agent)
     finally:
         await agent.stop()
-    _promtool_clean(text)
-    _check(f"{engine}.prom", text)
+    promtool_clean(text)
+    check_golden(GOLDEN / f"{engine}.prom", text)
     expected = "dynamo" if engine.startswith("dynamo") else engine
     assert f'engine="{expected}"' in text
     assert 'rooflight_source_up{source="engine",target="ENGINE0"} 1.0' in text
@@ -107,8 +92,8 @@ async def test_one_agent_two_engines_and_dp_ranks(fake_engine: FakeEngine) -> No
     finally:
         await agent.stop()
         await second.stop()
-    _promtool_clean(text)
-    _check("two-targets-vllm-sglang-dp.prom", text)
+    promtool_clean(text)
+    check_golden(GOLDEN / "two-targets-vllm-sglang-dp.prom", text)
     assert 'rooflight_requests_running{engine="vllm",model="tiny-llama",rank="0",target="ENGINE0"} 16.0' in text
     assert 'rooflight_requests_running{engine="sglang",model="m",rank="0",target="ENGINE1"} 10.0' in text
     assert 'rooflight_requests_running{engine="sglang",model="m",rank="1",target="ENGINE1"} 4.0' in text

@@ -6,9 +6,6 @@ file must also pass `promtool check metrics` (Debian's prometheus package; CI in
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,24 +17,13 @@ from agent.config import build
 from agent.exposition import registry_for
 from agent.sampler import Agent
 from collectors.nvml_fake import a100_like, h100_like
-from support import FakeEngine, sample_text
+from support import FakeEngine, check_golden, promtool_clean, sample_text
 
 GOLDEN = Path(__file__).parent / "golden"
 
 
-def _check(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("ROOFLIGHT_UPDATE_GOLDEN") == "1":
-        path.write_text(text)
-    assert path.exists(), f"no golden file {path}; run with ROOFLIGHT_UPDATE_GOLDEN=1"
-    assert text == path.read_text(), f"exposition differs from {path}"
 
 
-def _promtool_clean(text: str) -> None:
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool not found: install Debian's prometheus package (CI does)"
-    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 async def _two_samples(engine: FakeEngine, clock: FakeClock, nvml: object = None, **flags: object) -> Agent:
@@ -66,8 +52,8 @@ async def test_golden_vllm_two_samples(fake_engine: FakeEngine) -> None:
         text = _render(agent)
     finally:
         await agent.stop()
-    _promtool_clean(text)
-    _check("vllm-two-samples.prom", text)
+    promtool_clean(text)
+    check_golden(GOLDEN / "vllm-two-samples.prom", text)
 
 
 async def test_golden_engine_down(fake_engine: FakeEngine) -> None:
@@ -80,8 +66,8 @@ async def test_golden_engine_down(fake_engine: FakeEngine) -> None:
         text = _render(agent)
     finally:
         await agent.stop()
-    _promtool_clean(text)
-    _check("vllm-engine-down.prom", text)
+    promtool_clean(text)
+    check_golden(GOLDEN / "vllm-engine-down.prom", text)
     assert "rooflight_requests_running" not in text
 
 
@@ -102,8 +88,8 @@ async def test_golden_gpus(fake_engine: FakeEngine, name: str, make: object) -> 
     finally:
         collector.close()
         await agent.stop()
-    _promtool_clean(text)
-    _check(name, text)
+    promtool_clean(text)
+    check_golden(GOLDEN / name, text)
 
 
 SPEC = (
@@ -132,5 +118,5 @@ async def test_golden_vllm_spec_decode_acceptance(fake_engine: FakeEngine) -> No
         text = _render(agent)
     finally:
         await agent.stop()
-    _promtool_clean(text)
-    _check("vllm-spec-decode.prom", text)
+    promtool_clean(text)
+    check_golden(GOLDEN / "vllm-spec-decode.prom", text)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from scrape import bucket_delta, bucket_index, buckets, one, total
+from scrape import bucket_index, buckets, one, total
 from bench.loadgen import percentile
 
 pytestmark = pytest.mark.real_engine
