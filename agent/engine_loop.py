@@ -17,10 +17,11 @@ from agent.baseline import TailBaseline
 from agent.discovery import model_from_id
 from agent.constants import TargetConstants
 from agent.detectors import DetectorInputs, DetectorThresholds, Verdicts, evaluate
-from agent.snapshot import Health, SeriesView, TargetView
+from agent.health import SourceState
+from agent.snapshot import SeriesView, TargetView
 from agent.windows import SeriesHistory, histogram_delta, worst_bound
 from collectors import engines
-from collectors.errors import REASONS, SOURCE_REASONS, ParseError, SourceError
+from collectors.errors import ParseError, SourceError
 from collectors.http import Fetched, fetch_json, fetch_text
 from collectors.info import INFO_PATHS, EngineInfoHints, parse_info
 from collectors.samples import EngineSample, EngineSeries
@@ -40,40 +41,6 @@ _MARKED = (
     ("capacity_capped", "capacity-capped batch"),
     ("admission_bound", "admission-bound batch"),
 )
-
-
-class SourceState:
-    """Up, last success, last duration and error counts of one source; mutable, owned by its loop."""
-
-    def __init__(self, source: str, target: str) -> None:
-        self.source, self.target = source, target
-        self.up = False
-        self.last_success: float | None = None
-        self.last_success_monotonic: float | None = None
-        self.duration: float | None = None
-        self.errors = dict.fromkeys(SOURCE_REASONS.get(source, REASONS), 0)
-        self.message: str | None = None
-        self.sampled = False  # whether a sample was attempted at all
-        self.series_dropped: int | None = 0 if source == "engine" else None
-
-    def ok(self, wall: float, duration: float, monotonic: float | None = None) -> None:
-        self.up, self.last_success, self.duration, self.message = True, wall, duration, None
-        self.sampled = True
-        self.last_success_monotonic = monotonic
-
-    def fail(self, reason: str, message: str, duration: float) -> None:
-        if not self.up and self.message == message:
-            pass  # the same failure again: counted, not logged again
-        else:
-            log.warning("%s source for %s failed (%s): %s", self.source, self.target, reason, message)
-        self.up, self.duration, self.message, self.sampled = False, duration, message, True
-        self.errors[reason] = self.errors.get(reason, 0) + 1
-
-    def view(self) -> Health:
-        return Health(
-            self.source, self.target, self.up, self.last_success, self.duration, dict(self.errors), self.message,
-            self.series_dropped,
-        )
 
 
 ConstantsFor = Callable[[TargetConfig, Any, Any], TargetConstants]

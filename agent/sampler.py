@@ -14,7 +14,8 @@ import aiohttp
 from agent.clock import Clock, SystemClock
 from agent.config import AgentConfig, TargetConfig
 from agent.constants import TargetConstants
-from agent.engine_loop import EngineLoop, SourceState
+from agent.engine_loop import EngineLoop
+from agent.health import SourceState
 from agent.gpus import DEFAULT_PROFILE_KEY, GpuProfile, get_profile, profile_for_nvml_name
 from agent.models import ModelSpec
 from agent.snapshot import EMPTY, Snapshot

@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-import queue
-import threading
 import time
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from collectors.daemon_executor import DaemonThreadExecutor
 from collectors.errors import SourceError
 from collectors.samples import GpuDevice, GpuSample
 
@@ -75,34 +74,6 @@ _GPU_IS_LOST = 15
 
 class _GpuLost(Exception):
     pass
-
-
-class DaemonThreadExecutor(Executor):
-    """One daemon worker thread: a hung NVML call cannot block interpreter exit."""
-
-    def __init__(self, name: str = "rooflight-nvml") -> None:
-        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            fut, fn = job
-            if fut.set_running_or_notify_cancel():
-                try:
-                    fut.set_result(fn())
-                except BaseException as exc:  # handed to the caller through the future
-                    fut.set_exception(exc)
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        fut: Future[Any] = Future()
-        self._jobs.put((fut, lambda: fn(*args, **kwargs)))
-        return fut
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        self._jobs.put(None)
-        if wait:
-            self._thread.join()
 
 
 @dataclass
