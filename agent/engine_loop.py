@@ -151,7 +151,8 @@ class EngineLoop:
         for series in sample.series:
             key = (series.model, series.rank)
             seen.add(key)
-            history = self._histories.setdefault(key, SeriesHistory(retention))
+            dense = min(self.config.windows.values()) + 2 * self.config.interval + self.config.scrape_timeout
+            history = self._histories.setdefault(key, SeriesHistory(retention, dense=dense))
             history.append(t, *derive.history_inputs(series))
         for key in set(self._histories) - seen:  # a model or rank that disappeared takes its state with it
             del self._histories[key]

@@ -5,6 +5,8 @@ one subtraction between its first and last point, whatever the window's length; 
 window at 10 Hz as cheap as a 10 s one. Counter resets (an engine restart) are handled the way
 Prometheus' `rate()` handles them: a value below its predecessor counts from zero, so no rate is
 ever negative. Times are the samples' real (monotonic) timestamps, not the nominal interval.
+Histogram counts are kept as packed doubles and bucket bounds shared between points: at 10 Hz a 5 m
+window holds 3,000 points per series, and boxed floats would triple their memory.
 
 A counter that jumps faster than MAX_PLAUSIBLE_RATE per second (a corrupted page, a counter
 that overflowed or was set by a bug) is re-baselined: the jump is not counted, the next increase
@@ -19,7 +21,8 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from array import array
+from typing import Iterator, Mapping, Sequence
 
 from collectors.samples import Histogram
 
@@ -28,8 +31,8 @@ MAX_PLAUSIBLE_RATE = 1e9  # per second, for any counter (see the module docstrin
 
 @dataclass(frozen=True, slots=True)
 class CorrectedHistogram:
-    bounds: tuple[float, ...]
-    counts: tuple[float, ...]  # reset-corrected cumulative bucket counts, one per bound
+    bounds: tuple[float, ...]  # shared by every point while the layout holds
+    counts: Sequence[float]  # reset-corrected cumulative bucket counts, one per bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +67,18 @@ class SeriesHistory:
     seconds before the newest are dropped, so memory stays bounded however long the agent runs.
     """
 
-    def __init__(self, retention: float) -> None:
+    def __init__(self, retention: float, *, dense: float | None = None, coarse_step: float = 1.0) -> None:
+        """Points younger than `dense` seconds are all kept; older ones at most one per `coarse_step`.
+
+        A long window needs no sub-second resolution (at 1 s its start moves by under 1% of a minute),
+        so sampling at 10 Hz costs the short window ten times the points, not every window.
+        """
         self.retention = retention
+        self.dense = retention if dense is None else dense
+        self.coarse_step = coarse_step
         self._points: list[Point] = []
         self._times: list[float] = []
+        self._settled = 0  # points before this index are already thinned to coarse_step
         self._raw_counters: dict[str, float] = {}
         self._raw_histograms: dict[str, Histogram] = {}
 
@@ -98,6 +109,7 @@ class SeriesHistory:
         self._points.append(point)
         self._times.append(t)
         self._prune(t)
+        self._thin(t)
         return point
 
     def window(self, seconds: float) -> tuple[Point, Point] | None:
@@ -137,15 +149,29 @@ class SeriesHistory:
             raw_prev = self._raw_histograms.get(name)
             before = out.get(name)
             if raw_prev is None or before is None or before.bounds != bounds:
-                counts = tuple(0.0 for _ in bounds)  # new layout: deltas start here
+                counts = array("d", bytes(8 * len(bounds)))  # new layout: deltas start here
             else:
-                counts = tuple(
+                bounds = before.bounds
+                counts = array("d", (
                     correct_counter(p, c, n, dt)
                     for (_, p), c, (_, n) in zip(raw_prev.buckets, before.counts, hist.buckets)
-                )
+                ))
             out[name] = CorrectedHistogram(bounds, counts)
             self._raw_histograms[name] = hist
         return out
+
+    def _thin(self, now: float) -> None:
+        """Thin the points that just left the dense span, keeping one per coarse_step."""
+        aged = bisect.bisect_left(self._times, now - self.dense)
+        i = max(self._settled, 1)
+        while i < aged:
+            if self._times[i] - self._times[i - 1] < self.coarse_step:
+                del self._points[i]
+                del self._times[i]
+                aged -= 1
+            else:
+                i += 1
+        self._settled = max(i, 1) if self._points else 0
 
     def _prune(self, now: float) -> None:
         # Every append: moving a few thousand pointers costs microseconds, and memory stays at the
@@ -154,6 +180,7 @@ class SeriesHistory:
         if cut > 0:
             del self._points[:cut]
             del self._times[:cut]
+            self._settled = max(0, self._settled - cut)
 
 
 def _next_integrals(prev: Point | None, t: float) -> dict[str, float]:
@@ -221,7 +248,7 @@ def histogram_quantile(q: float, hist: CorrectedHistogram) -> float | None:
     return start + (bounds[b] - start) * (rank - below) / in_bucket
 
 
-def _monotonic(counts: tuple[float, ...]) -> list[float]:
+def _monotonic(counts: Sequence[float]) -> list[float]:
     """Cumulative counts can dip by float error or a scrape race; Prometheus flattens such dips."""
     out, top = [], 0.0
     for c in counts:

@@ -134,3 +134,18 @@ def test_quantile_is_none_without_observations_or_inf_bucket() -> None:
 def test_quantile_flattens_non_monotonic_buckets_like_prometheus() -> None:
     hist = CorrectedHistogram((0.1, 0.2, INF), (10.0, 9.0, 10.0))
     assert histogram_quantile(0.5, hist) == pytest.approx(0.05)
+
+
+def test_old_points_thin_to_the_coarse_step_and_rates_stay_exact() -> None:
+    h = SeriesHistory(retention=300, dense=15, coarse_step=1.0)
+    for i in range(3001):  # 10 Hz for 300 s, a counter rising 7 per sample
+        h.append(i * 0.1, {"c": 7.0 * i}, {"g": float(i % 10)}, {})
+    assert len(h) <= 150 + 285 + 2  # 15 s at 10 Hz, then one a second
+    first, last = h.window(300.0)
+    assert rate(first, last, "c") == pytest.approx(70.0)
+    first, last = h.window(10.0)
+    assert last.t - first.t == pytest.approx(10.0)  # the short window keeps every sample
+    assert rate(first, last, "c") == pytest.approx(70.0)
+    first, last = h.window(60.0)
+    assert abs((last.t - first.t) - 60.0) <= 1.0  # a long window's start moves by under a step
+    assert mean(first, last, "g") == pytest.approx(4.5, abs=0.1)
