@@ -56,18 +56,22 @@ def _render(agent: Agent) -> str:
     return text
 
 
-@pytest.mark.parametrize("engine", sorted(PAGES))
-async def test_golden_engine(fake_engine: FakeEngine, engine: str) -> None:
-    clock = FakeClock()
-    fake_engine.body = PAGES[engine]
-    agent = await _agent([fake_engine.url], clock)
+async def _observe(agent: Agent, clock: FakeClock) -> str:
+    """Two samples 10 s apart, then the agent's page; the agent is stopped either way."""
     try:
         await agent.sample_engines_once()
         clock.advance(10.0)
         await agent.sample_engines_once()
-        text = _render(agent)
+        return _render(agent)
     finally:
         await agent.stop()
+
+
+@pytest.mark.parametrize("engine", sorted(PAGES))
+async def test_golden_engine(fake_engine: FakeEngine, engine: str) -> None:
+    clock = FakeClock()
+    fake_engine.body = PAGES[engine]
+    text = await _observe(await _agent([fake_engine.url], clock), clock)
     promtool_clean(text)
     check_golden(GOLDEN / f"{engine}.prom", text)
     expected = "dynamo" if engine.startswith("dynamo") else engine
@@ -83,14 +87,9 @@ async def test_one_agent_two_engines_and_dp_ranks(fake_engine: FakeEngine) -> No
     second = FakeEngine(body=SGLANG_DP_PAGE)
     await second.start()
     clock = FakeClock()
-    agent = await _agent([fake_engine.url, second.url], clock)
     try:
-        await agent.sample_engines_once()
-        clock.advance(10.0)
-        await agent.sample_engines_once()
-        text = _render(agent)
+        text = await _observe(await _agent([fake_engine.url, second.url], clock), clock)
     finally:
-        await agent.stop()
         await second.stop()
     promtool_clean(text)
     check_golden(GOLDEN / "two-targets-vllm-sglang-dp.prom", text)
