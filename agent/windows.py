@@ -68,7 +68,7 @@ class SeriesHistory:
     """
 
     def __init__(self, retention: float, *, dense: float | None = None, coarse_step: float = 1.0) -> None:
-        """Points younger than `dense` seconds are all kept; older ones at most one per `coarse_step`.
+        """Points younger than `dense` seconds are all kept; older ones one per whole `coarse_step`.
 
         A long window needs no sub-second resolution (at 1 s its start moves by under 1% of a minute),
         so sampling at 10 Hz costs the short window ten times the points, not every window.
@@ -164,8 +164,9 @@ class SeriesHistory:
         """Thin the points that just left the dense span, keeping one per coarse_step."""
         aged = bisect.bisect_left(self._times, now - self.dense)
         i = max(self._settled, 1)
+        step = self.coarse_step
         while i < aged:
-            if self._times[i] - self._times[i - 1] < self.coarse_step:
+            if self._times[i] // step == self._times[i - 1] // step:  # same whole step: one is enough
                 del self._points[i]
                 del self._times[i]
                 aged -= 1

@@ -149,3 +149,10 @@ def test_old_points_thin_to_the_coarse_step_and_rates_stay_exact() -> None:
     first, last = h.window(60.0)
     assert abs((last.t - first.t) - 60.0) <= 1.0  # a long window's start moves by under a step
     assert mean(first, last, "g") == pytest.approx(4.5, abs=0.1)
+
+
+def test_sampling_at_the_coarse_step_keeps_every_point() -> None:
+    h = SeriesHistory(retention=120, dense=15, coarse_step=1.0)
+    for i in range(121):  # 1 Hz with jitter: each sample in its own second
+        h.append(i + 0.3 * ((i * 7) % 3) / 3, {"c": float(i)}, {}, {})
+    assert len(h) >= 118
