@@ -6,6 +6,7 @@ checked to name only what it (or a supported engine) exports.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from agent import names as n
@@ -94,12 +95,11 @@ CATALOG: tuple[MetricDef, ...] = (
 BY_NAME = {m.name: m for m in CATALOG}
 
 
+@functools.cache
 def gpu_extra_defs() -> tuple[MetricDef, ...]:
-    """The deeper NVML readings, as the NVML collector declares them."""
-    try:
-        from collectors.nvml import GPU_EXTRA_METRICS
-    except ImportError:
-        return ()
+    """The deeper NVML readings, as the NVML collector declares them (built once: every scrape asks)."""
+    from collectors.nvml import GPU_EXTRA_METRICS
+
     return tuple(
         MetricDef(f"rooflight_gpu_{key}", kind, ("gpu", "uuid"), "", help_)
         for key, (kind, help_) in sorted(GPU_EXTRA_METRICS.items())

@@ -250,13 +250,6 @@ def test_promstack_scrapes_and_stops_cleanly(tmp_path: Path) -> None:
         server.wait(timeout=10)
 
 
-def _demo_available() -> bool:
-    exe = shutil.which("rooflight")
-    if exe is None:
-        return False
-    return subprocess.run([exe, "demo", "--help"], capture_output=True, timeout=30).returncode == 0
-
-
 # Metrics allowed to be absent on the steady demo, each with the reason (None = "source does not say").
 ABSENT_ON_STEADY_DEMO = {
     "ALERTS": "no rules are loaded here, and no Rooflight alert would fire on the steady scenario",
@@ -265,7 +258,6 @@ ABSENT_ON_STEADY_DEMO = {
 
 @pytest.mark.prometheus
 @needs_prometheus
-@pytest.mark.skipif(not _demo_available(), reason="`rooflight demo` is not implemented yet")
 def test_every_query_returns_data_from_the_demo() -> None:
     agent_port, engine_port = promstack.free_port(), promstack.free_port()
     demo = subprocess.Popen(
