@@ -1,3 +1,13 @@
-"""Rooflight: the sidecar that puts LLM serving on the roofline (MBU for decode, MFU for prefill)."""
+"""The sidecar agent, in layers that import downwards only (tests/agent/test_layers.py holds them to it):
+
+    cli        `rooflight` and its subcommands
+    demo       the built-in simulated engine and GPU, and `rooflight demo`
+    serve      the HTTP server and its web config (TLS, basic auth)
+    sampling   configuration, sampler loops, source health, discovery
+    metrics    names, catalog, the immutable Snapshot and its exposition
+    signals    windows, derivations (MBU, MFU, rates, percentiles), detectors
+    roofline   the physics: formulas, GPU profiles, model constants, the serving plan
+    errors     ConfigError, the one exception a user sees (exit 2)
+"""
 
 __version__ = "0.1.0"

@@ -9,13 +9,12 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 from typing import Any, Sequence
 
-from agent import __version__
-from agent import config as cfg
-from agent.errors import ConfigError
+from rooflight.agent import __version__
+from rooflight.agent.sampling import config as cfg
+from rooflight.agent.errors import ConfigError
 
 log = logging.getLogger("rooflight")
 
@@ -101,8 +100,8 @@ def load_config(args: argparse.Namespace, environ: dict[str, str] | None = None)
 
 def resolve_models(config: cfg.AgentConfig) -> dict[str, tuple[Any, str | None]]:
     """Load every model given by preset or config.json now, so a bad one stops the start (exit 2)."""
-    from agent.gpus import get_profile
-    from agent.models import load_config_json, preset
+    from rooflight.agent.roofline.gpus import get_profile
+    from rooflight.agent.roofline.models import load_config_json, preset
 
     out: dict[str, tuple[Any, str | None]] = {}
     for t in config.targets:
@@ -118,53 +117,21 @@ def resolve_models(config: cfg.AgentConfig) -> dict[str, tuple[Any, str | None]]
     return out
 
 
-# Request limits on the agent's own endpoints: nothing it serves needs a long URL or many headers.
-MAX_LINE_SIZE = 4096
-MAX_FIELD_SIZE = 4096
-MAX_HEADERS = 64
-
-
-async def serve(agent: Any, host: str, port: int, *, security: Any = None) -> None:
-    """Serve the agent until SIGINT/SIGTERM; `security` (agent.webconfig.WebSecurity) adds TLS and auth."""
-    from aiohttp import web
-
-    from agent.server import build_app
-
-    middlewares = [security.middleware] if security is not None else []
-    ssl_context = security.ssl_context if security is not None else None
-    runner = web.AppRunner(build_app(agent, middlewares=middlewares), access_log=None, handle_signals=False,
-                           max_line_size=MAX_LINE_SIZE, max_field_size=MAX_FIELD_SIZE, max_headers=MAX_HEADERS)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
-    await site.start()
-    if security is not None:
-        security.install_sighup(asyncio.get_running_loop())
-    scheme = "https" if ssl_context else "http"
-    shown = f"[{host}]" if ":" in host else host
-    print(f"rooflight {__version__}: serving {scheme}://{shown}:{port}/metrics", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from agent.sampler import Agent
+    from rooflight.agent.sampling.sampler import Agent
 
     config = load_config(args)
     models = resolve_models(config)
     security = None
     if config.web_config:
-        from agent.webconfig import WebSecurity
+        from rooflight.agent.serve.webconfig import WebSecurity
 
         security = WebSecurity(config.web_config)  # a bad file stops the start here: exit 2
     if args.check_only:
         print(f"configuration ok: {len(config.targets)} target(s), listen {config.listen}")
         return 0
+    from rooflight.agent.serve.server import serve
+
     asyncio.run(serve(Agent(config, models=models), config.listen_host, config.listen_port, security=security))
     return 0
 
@@ -181,10 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_run_flags(run)
     run.set_defaults(func=cmd_run)
-    from agent import demo_cli
+    from rooflight.agent.demo import cli as demo_cli
 
     demo_cli.register(sub)
-    for module in ("agent.plan", "rules.generate"):
+    for module in ("rooflight.agent.roofline.plan", "rooflight.rules.generate"):
         _register_optional(sub, module)
     return parser
 

@@ -20,7 +20,7 @@ import psutil
 
 ENGINE = """
 import asyncio, sys
-from agent.demo import DemoConfig, start_demo_engine
+from rooflight.agent.demo import DemoConfig, start_demo_engine
 async def main():
     engine = await start_demo_engine(DemoConfig(scenario="steady"), "127.0.0.1", int(sys.argv[1]))
     await asyncio.Event().wait()
@@ -48,7 +48,7 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
 def measure(engine_url: str, hz: float, minutes: float) -> list[tuple[float, float]]:
     port = free_port()
     agent = subprocess.Popen(
-        [sys.executable, "-m", "agent", "run", "--engine-url", engine_url, "--model", "llama-3-8b", "--gpu", "h100-sxm",
+        [sys.executable, "-m", "rooflight", "run", "--engine-url", engine_url, "--model", "llama-3-8b", "--gpu", "h100-sxm",
          "--interval", f"{1 / hz:g}", "--listen", f"127.0.0.1:{port}", "--log-level", "error"],
         stdout=subprocess.DEVNULL,
     )

@@ -3,11 +3,11 @@
 Sampling must be cheap enough to run at 10 Hz next to a busy engine. On one recorded vLLM page
 (default ../shared/engine-samples/vllm-cpu-load-c16.prom) this prints, per call:
   (a) prometheus_client.parser.text_string_to_metric_families alone (the yardstick);
-  (b) our parse + normalize (collectors.vllm.parse), and b/a (target <= 0.10);
+  (b) our parse + normalize (rooflight.collectors.vllm.parse), and b/a (target <= 0.10);
   (c) a full cycle: HTTP GET over loopback with aiohttp from a server in another process (as the
       engine would be), parse + normalize, append to the series history and
-      agent.derive.derive_target over the 10s/1m/5m windows, and c/a (target <= 0.25).
-      If agent.derive cannot be used, (c) is reported as partial.
+      rooflight.agent.signals.derive.derive_target over the 10s/1m/5m windows, and c/a (target <= 0.25).
+      If rooflight.agent.signals.derive cannot be used, (c) is reported as partial.
 Wall time is the headline; (c) also prints the CPU time this process spent per cycle.
 Timing is printed, never asserted: tests must not depend on the machine's speed.
 
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from collectors import vllm  # noqa: E402
+from rooflight.collectors import vllm  # noqa: E402
 
 DEFAULT_PAGE = Path(__file__).resolve().parents[2] / "shared" / "engine-samples" / "vllm-cpu-load-c16.prom"
 WINDOWS = {"10s": 10.0, "1m": 60.0, "5m": 300.0}
@@ -64,13 +64,14 @@ def _serve(body: bytes, port_out: Any) -> None:
 
 
 class Deriver:
-    """agent.derive.derive_target fed from one history per series, if the agent side is importable."""
+    """rooflight.agent.signals.derive.derive_target fed from one history per series, if the agent side is importable."""
 
     def __init__(self) -> None:
         self.error: str | None = None
         self.results = 0  # window results derived so far (proof the derivations ran)
         try:
-            from agent import derive, windows
+            from rooflight.agent.signals import derive
+            from rooflight.agent.signals import windows
 
             self._derive, self._windows = derive, windows
         except Exception as exc:  # noqa: BLE001 - any import failure means "not available yet"
@@ -103,9 +104,9 @@ class Deriver:
 def _constants() -> Any:
     """An 8B-class model on the default GPU profile, so MBU/MFU are computed too; None if unavailable."""
     try:
-        from agent.constants import TargetConstants
-        from agent.gpus import DEFAULT_PROFILE_KEY, get_profile
-        from agent.models import PRESETS
+        from rooflight.agent.roofline.constants import TargetConstants
+        from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY, get_profile
+        from rooflight.agent.roofline.models import PRESETS
 
         model = next(iter(PRESETS.values()))
         return TargetConstants(model=model, gpu=get_profile(DEFAULT_PROFILE_KEY), gpu_source="default")

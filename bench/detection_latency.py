@@ -2,7 +2,7 @@
 
     python bench/detection_latency.py [--rules short|production] [--warmup S] [--timeout S]
 
-One run, in one process: two simulated vLLM engines (agent.demo, scenario steady, different seeds),
+One run, in one process: two simulated vLLM engines (rooflight.agent.demo, scenario steady, different seeds),
 one Agent sampling both every 1 s and serving /metrics on 127.0.0.1, and Debian's Prometheus
 (tests/promstack.py: scrape and rule evaluation every 1 s) scraping the agent and both engines with
 our rules loaded. After `--warmup` seconds (the agent's ITL baseline needs ~30 s) the bench injects at
@@ -34,12 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiohttp import web  # noqa: E402
 
-from agent.config import build  # noqa: E402
-from agent.demo import DemoConfig, start_demo_engine  # noqa: E402
-from agent.sampler import Agent  # noqa: E402
-from agent.server import build_app  # noqa: E402
-from rules.config import RulesConfig  # noqa: E402
-from rules.render import render  # noqa: E402
+from rooflight.agent.sampling.config import build  # noqa: E402
+from rooflight.agent.demo import DemoConfig, start_demo_engine  # noqa: E402
+from rooflight.agent.sampling.sampler import Agent  # noqa: E402
+from rooflight.agent.serve.server import build_app  # noqa: E402
+from rooflight.rules.config import RulesConfig  # noqa: E402
+from rooflight.rules.render import render  # noqa: E402
 from tests import promstack  # noqa: E402
 
 POLL_AGENT = 0.05
@@ -51,7 +51,7 @@ class Event:
     """One injection on one engine, the verdict it should flip and the alert it should raise."""
 
     name: str  # the demo event: long-prompt, kv-wall
-    verdict: str  # attribute of agent.detectors.Verdicts
+    verdict: str  # attribute of rooflight.agent.signals.detectors.Verdicts
     alert: str
     rule: str  # the RulesConfig field holding the alert's DetectorAlert
     target: str = ""

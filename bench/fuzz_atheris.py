@@ -24,11 +24,12 @@ import atheris  # noqa: E402
 with atheris.instrument_imports():
     import yaml
 
-    from agent import webconfig
-    from agent.config import build
-    from agent.errors import ConfigError
-    from collectors import expfmt, vllm
-    from collectors.errors import ParseError, SourceError
+    from rooflight.agent.serve import webconfig
+    from rooflight.agent.sampling.config import build
+    from rooflight.agent.errors import ConfigError
+    from rooflight.collectors import expfmt
+    from rooflight.collectors import vllm
+    from rooflight.collectors.errors import ParseError, SourceError
 
 
 def fuzz_expfmt(data: bytes) -> None:

@@ -5,7 +5,7 @@ idle, a device-to-device copy loop (memory-bound: bytes/s = 2 x bytes copied / t
 matmul loop (compute-bound: FLOP/s = 2 n^3 / time), sampling the collector once a second, and
 prints what NVML/GPM reported next to what the load should produce. About a minute in all;
 `--seconds` sets each loaded phase. Without a GPU it says so and exits 0, having checked nothing.
-`--nvtx-bench` also prints the cost of agent.nvtx_marks calls.
+`--nvtx-bench` also prints the cost of rooflight.agent.sampling.nvtx_marks calls.
 
     python bench/gpu_check.py [--device 0] [--seconds 20] [--peak-bw BYTES_PER_S] [--peak-flops FLOP_PER_S]
 """
@@ -23,15 +23,15 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collectors.errors import SourceError  # noqa: E402
-from collectors.nvml import NvmlCollector  # noqa: E402
-from collectors.samples import GpuDevice  # noqa: E402
+from rooflight.collectors.errors import SourceError  # noqa: E402
+from rooflight.collectors.nvml import NvmlCollector  # noqa: E402
+from rooflight.collectors.samples import GpuDevice  # noqa: E402
 
 # Dense BF16 peak and HBM peak by NVML name (reference gpu.md §4.1), for this script's printout only.
 
 def peaks_for(name: str, memory_total: float | None) -> tuple[float | None, float | None]:
     """The agent's own profile for this NVML name: the same constants the agent's MBU/MFU use."""
-    from agent.gpus import profile_for_nvml_name
+    from rooflight.agent.roofline.gpus import profile_for_nvml_name
 
     profile = profile_for_nvml_name(name, memory_total)
     if profile is None:
@@ -41,7 +41,7 @@ def peaks_for(name: str, memory_total: float | None) -> tuple[float | None, floa
 
 def bench_nvtx(n: int = 200_000) -> dict[str, float]:
     """ns per call of nvtx_marks.mark, off (no profiler) and on (package called, no tool attached)."""
-    from agent import nvtx_marks
+    from rooflight.agent.sampling import nvtx_marks
     out = {}
     for label, state in (("off", False), ("on_no_tool", True)):
         nvtx_marks.set_enabled(state)

@@ -29,10 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from agent.cli import resolve_models  # noqa: E402
-from agent.config import build  # noqa: E402
-from agent.sampler import Agent  # noqa: E402
-from agent.server import build_app  # noqa: E402
+from rooflight.agent.cli import resolve_models  # noqa: E402
+from rooflight.agent.sampling.config import build  # noqa: E402
+from rooflight.agent.sampling.sampler import Agent  # noqa: E402
+from rooflight.agent.serve.server import build_app  # noqa: E402
 from support import free_port, sample_text  # noqa: E402
 
 

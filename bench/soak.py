@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.cli import resolve_models  # noqa: E402
-from agent.config import build  # noqa: E402
-from agent.demo import DemoConfig, start_demo_engine  # noqa: E402
-from agent.sampler import Agent  # noqa: E402
+from rooflight.agent.cli import resolve_models  # noqa: E402
+from rooflight.agent.sampling.config import build  # noqa: E402
+from rooflight.agent.demo import DemoConfig, start_demo_engine  # noqa: E402
+from rooflight.agent.sampling.sampler import Agent  # noqa: E402
 
 
 def rss_mib() -> float:

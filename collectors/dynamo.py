@@ -26,9 +26,12 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from collectors import expfmt, sglang, trtllm, vllm
-from collectors.errors import ParseError
-from collectors.samples import EngineInfo, EngineSample, EngineSeries
+from rooflight.collectors import expfmt
+from rooflight.collectors import sglang
+from rooflight.collectors import trtllm
+from rooflight.collectors import vllm
+from rooflight.collectors.errors import ParseError
+from rooflight.collectors.samples import EngineInfo, EngineSample, EngineSeries
 
 ENGINE = "dynamo"
 METRICS_PATH = "/metrics"

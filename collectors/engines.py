@@ -11,19 +11,19 @@ import importlib
 import re
 from types import ModuleType
 
-from collectors.errors import ParseError
+from rooflight.collectors.errors import ParseError
 
 # Order matters for detection: a Dynamo worker passes an engine's metrics through, so it goes first.
 # The others own disjoint prefixes (vllm:, sglang:, trtllm_, nv_trt_llm_/nv_inference_, tgi_,
 # llamacpp:), so their order only decides odd pages that mix engines.
 ADAPTER_MODULES: dict[str, str] = {
-    "dynamo": "collectors.dynamo",
-    "vllm": "collectors.vllm",
-    "sglang": "collectors.sglang",
-    "trtllm": "collectors.trtllm",
-    "triton": "collectors.triton_trtllm",
-    "tgi": "collectors.tgi",
-    "llamacpp": "collectors.llamacpp",
+    "dynamo": "rooflight.collectors.dynamo",
+    "vllm": "rooflight.collectors.vllm",
+    "sglang": "rooflight.collectors.sglang",
+    "trtllm": "rooflight.collectors.trtllm",
+    "triton": "rooflight.collectors.triton_trtllm",
+    "tgi": "rooflight.collectors.tgi",
+    "llamacpp": "rooflight.collectors.llamacpp",
 }
 
 _FAMILY = re.compile(r"^# (?:TYPE|HELP) ([a-zA-Z_:][a-zA-Z0-9_:]*)", re.MULTILINE)

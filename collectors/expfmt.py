@@ -37,8 +37,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Hashable, Iterable, Mapping, NamedTuple, TypeVar
 
-from collectors.errors import ParseError
-from collectors.samples import Histogram
+from rooflight.collectors.errors import ParseError
+from rooflight.collectors.samples import Histogram
 
 __all__ = ["Sample", "Family", "Exposition", "parse", "histograms"]
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 import aiohttp
 
-from collectors.errors import SourceError
+from rooflight.collectors.errors import SourceError
 
 _CHUNK = 64 * 1024
 

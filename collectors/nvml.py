@@ -1,7 +1,7 @@
 """The NVML collector: every visible GPU (and MIG device) as one GpuSample.
 
 The backend seam is pynvml's own function surface: `lib` is the `pynvml` module in production and
-a `collectors.nvml_fake.FakeNvml` in tests, so depth only ever adds calls.
+a `rooflight.collectors.nvml_fake.FakeNvml` in tests, so depth only ever adds calls.
 
 Failure policy (reference gpu.md §1.1):
 - NVML unusable (library missing, driver not loaded, init or enumeration failed) raises
@@ -32,9 +32,9 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from collectors.daemon_executor import DaemonThreadExecutor
-from collectors.errors import SourceError
-from collectors.samples import GpuDevice, GpuSample
+from rooflight.collectors.daemon_executor import DaemonThreadExecutor
+from rooflight.collectors.errors import SourceError
+from rooflight.collectors.samples import GpuDevice, GpuSample
 
 GPU_EXTRA_METRICS: Mapping[str, tuple[str, str]] = {
     "up": ("gauge", "1 if NVML answered for this GPU, 0 once it is lost (NVML_ERROR_GPU_IS_LOST)"),

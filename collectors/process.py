@@ -18,8 +18,8 @@ from typing import Callable, Collection
 
 import psutil
 
-from collectors.errors import SourceError
-from collectors.samples import ProcessSample
+from rooflight.collectors.errors import SourceError
+from rooflight.collectors.samples import ProcessSample
 
 
 def find_listener(port: int) -> int | None:

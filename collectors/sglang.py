@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import math
 
-from collectors import expfmt
-from collectors.errors import ParseError
-from collectors.samples import EngineInfo, EngineSample, EngineSeries, Histogram
+from rooflight.collectors import expfmt
+from rooflight.collectors.errors import ParseError
+from rooflight.collectors.samples import EngineInfo, EngineSample, EngineSeries, Histogram
 
 ENGINE = "sglang"
 METRICS_PATH = "/metrics"

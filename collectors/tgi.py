@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import math
 
-from collectors import expfmt
-from collectors.errors import ParseError
-from collectors.samples import EngineSample, EngineSeries
+from rooflight.collectors import expfmt
+from rooflight.collectors.errors import ParseError
+from rooflight.collectors.samples import EngineSample, EngineSeries
 
 ENGINE = "tgi"
 METRICS_PATH = "/metrics"

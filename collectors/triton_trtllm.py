@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import math
 
-from collectors import expfmt
-from collectors.errors import ParseError
-from collectors.samples import EngineInfo, EngineSample, EngineSeries
+from rooflight.collectors import expfmt
+from rooflight.collectors.errors import ParseError
+from rooflight.collectors.samples import EngineInfo, EngineSample, EngineSeries
 
 ENGINE = "triton"
 METRICS_PATH = "/metrics"

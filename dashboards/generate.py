@@ -1,7 +1,7 @@
 """Render every dashboard to dashboards/json/, or (--check) fail when the checked-in JSON is stale.
 
-    python -m dashboards.generate          # rewrite dashboards/json/*.json
-    python -m dashboards.generate --check  # exit 1 and name the stale files; writes nothing
+    python -m rooflight.dashboards.generate          # rewrite dashboards/json/*.json
+    python -m rooflight.dashboards.generate --check  # exit 1 and name the stale files; writes nothing
 """
 
 from __future__ import annotations
@@ -49,14 +49,14 @@ def write_all(json_dir: Path = JSON_DIR) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dashboards.generate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rooflight.dashboards.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if dashboards/json/ differs from the code")
     parser.add_argument("--out", type=Path, default=JSON_DIR, help="directory of the JSON files")
     args = parser.parse_args(argv)
     if args.check:
         bad = stale(args.out)
         if bad:
-            print(f"stale dashboards in {args.out}: {', '.join(bad)}; run python -m dashboards.generate",
+            print(f"stale dashboards in {args.out}: {', '.join(bad)}; run python -m rooflight.dashboards.generate",
                   file=sys.stderr)
             return 1
         print(f"{len(DASHBOARDS)} dashboards up to date")

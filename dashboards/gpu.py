@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent import names as n
+from rooflight.agent.metrics import names as n
 
 from .metrics import GPU_EXTRA
 from .panels import GPU, TARGET, WINDOWED, Grid, build, engine_variables, gpu_variable, query, sel, ts

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent import names as n
+from rooflight.agent.metrics import names as n
 
 from .panels import ENGINE, WINDOWED, Grid, build, engine_variables, query, sel, ts
 

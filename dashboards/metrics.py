@@ -3,14 +3,14 @@
 Owns two things: the list of extra NVML gauges the GPU dashboard reads (`rooflight_gpu_<key>`, kept here
 in one place so the registry test can hold the exposition to it),
 and `metric_names()`, which pulls every metric name out of an expression so tests can check each one
-against agent/names.py and the recorded engine expositions.
+against agent/metrics/names.py and the recorded engine expositions.
 """
 
 from __future__ import annotations
 
 import re
 
-from agent import names
+from rooflight.agent.metrics import names
 
 # Extra per-GPU gauges (labels: gpu, uuid) the GPU dashboard reads, by NVML key. The exposition names
 # them rooflight_gpu_<key>; collectors/nvml.py declares them (GPU_EXTRA_METRICS); see pending_gpu_metrics.
@@ -47,7 +47,7 @@ def metric_names(expr: str) -> set[str]:
 
 def declared_rooflight_metrics() -> set[str]:
     """Every `rooflight_*` name the agent can export: its catalog plus the NVML collector's extra gauges."""
-    from agent.catalog import all_defs
+    from rooflight.agent.metrics.catalog import all_defs
 
     return {d.name for d in all_defs()}
 

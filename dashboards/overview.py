@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent import names as n
+from rooflight.agent.metrics import names as n
 
 from .panels import ENGINE, VLLM, WINDOWED, Grid, build, custom_variable, engine_variables, query, sel, single, ts
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from grafana_foundation_sdk.models import xychart as xym
 
-from agent import names as n
+from rooflight.agent.metrics import names as n
 
 from .panels import ENGINE, TARGET, WINDOWED, Grid, build, dtype_variable, engine_variables, query, sel, ts
 from .xy import series, xy_panel

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import yaml
 
-from rules.config import RulesConfig
-from rules.render import _Dumper, groups, render
+from rooflight.rules.config import RulesConfig
+from rooflight.rules.render import _Dumper, groups, render
 
 DEPLOY = Path(__file__).resolve().parent
 REPO = DEPLOY.parent

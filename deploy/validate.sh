@@ -51,7 +51,7 @@ helm="$cache/bin/helm"; kubectl="$cache/bin/kubectl"; vpy="$cache/venv/bin/pytho
 # --- generated content is fresh ---------------------------------------------------------------------
 cd "$repo"
 "$PY" -m deploy.generate --check
-"$PY" -m rules.generate --check
+"$PY" -m rooflight.rules.generate --check
 
 # --- render -----------------------------------------------------------------------------------------
 out="$(mktemp -d)"; trap 'rm -rf "$out" ${tmp:-}' EXIT
@@ -86,7 +86,7 @@ mkdir -p "$out/prom/rules" && cp deploy/compose/prometheus/prometheus.yml "$out/
   && cp rules/rooflight.rules.yaml "$out/prom/rules/"
 promtool check config "$out/prom/prometheus.yml"
 "$cache/venv/bin/hadolint" deploy/Dockerfile && say "hadolint: deploy/Dockerfile clean"
-"$PY" -c 'import sys; from agent import config as c; t = c.build(c.load_file(sys.argv[1]), {}, {}); print(f"systemd example config: {len(t.targets)} target(s), listen {t.listen}")' deploy/systemd/rooflight.yaml
+"$PY" -c 'import sys; from rooflight.agent.sampling import config as c; t = c.build(c.load_file(sys.argv[1]), {}, {}); print(f"systemd example config: {len(t.targets)} target(s), listen {t.listen}")' deploy/systemd/rooflight.yaml
 if command -v systemd-analyze >/dev/null; then
   sed "s|^ExecStart=/usr/local/bin/rooflight|ExecStart=$(command -v rooflight)|" deploy/systemd/rooflight.service > "$out/rooflight.service"
   systemd-analyze verify "$out/rooflight.service"

@@ -34,8 +34,8 @@ def load(path: Path) -> list[dict[str, Any]]:
 
 def expected_rules(rules_args: str) -> dict[str, Any]:
     """The PrometheusRule spec `rooflight rules` prints for these flags (the rules/ code, not a copy)."""
-    from rules.generate import config_from_args, register
-    from rules.render import prometheus_rule
+    from rooflight.rules.generate import config_from_args, register
+    from rooflight.rules.render import prometheus_rule
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())

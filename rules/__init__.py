@@ -1,4 +1,4 @@
 """Prometheus recording rules, alerts and SLO burn-rate rules, generated from rules/config.py.
 
-`python -m rules.generate` writes the checked-in YAML; `rules.generate.register` adds `rooflight rules`.
+`python -m rooflight.rules.generate` writes the checked-in YAML; `rooflight.rules.generate.register` adds `rooflight rules`.
 """

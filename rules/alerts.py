@@ -8,10 +8,10 @@ Every alert carries `severity` and the annotations `summary`, `description`, `ru
 
 from __future__ import annotations
 
-from agent import names
-from rules.config import DetectorAlert, RulesConfig
-from rules.promql import labels, number, series
-from rules.recording import Rule, mbu_record, rank_labels
+from rooflight.agent.metrics import names
+from rooflight.rules.config import DetectorAlert, RulesConfig
+from rooflight.rules.promql import labels, number, series
+from rooflight.rules.recording import Rule, mbu_record, rank_labels
 
 WHERE = "{{ $labels.target }} ({{ $labels.model }}, rank {{ $labels.rank }})"
 

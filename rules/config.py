@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from agent.errors import ConfigError
+from rooflight.agent.errors import ConfigError
 
 # Default bucket edges of the engines' latency histograms (shared/reference/engines.md 2.3 and 3.2).
 VLLM_TTFT_BUCKETS = (

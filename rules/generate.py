@@ -1,7 +1,7 @@
 """Write the checked-in rule files, check them for staleness, and the `rooflight rules` subcommand.
 
-    python -m rules.generate           # rewrite rules/rooflight.rules.yaml and rooflight.prometheusrule.yaml
-    python -m rules.generate --check   # exit 1 with a diff when the checked-in files differ from the code
+    python -m rooflight.rules.generate           # rewrite rules/rooflight.rules.yaml and rooflight.prometheusrule.yaml
+    python -m rooflight.rules.generate --check   # exit 1 with a diff when the checked-in files differ from the code
     rooflight rules --ttft-threshold 1 --agent-selector 'job="rooflight"' --format prometheusrule
 
 The checked-in files are rendered from the default RulesConfig; `rooflight rules` renders the same
@@ -17,9 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from agent.errors import ConfigError
-from rules import config as cfg
-from rules.render import render
+from rooflight.agent.errors import ConfigError
+from rooflight.rules import config as cfg
+from rooflight.rules.render import render
 
 HERE = Path(__file__).resolve().parent
 OUTPUTS = {"yaml": HERE / "rooflight.rules.yaml", "prometheusrule": HERE / "rooflight.prometheusrule.yaml"}
@@ -52,7 +52,7 @@ def check(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = N
                 )
             )
     if stale:
-        print("rules are stale: run `python -m rules.generate`", file=sys.stderr)
+        print("rules are stale: run `python -m rooflight.rules.generate`", file=sys.stderr)
     return stale
 
 
@@ -63,7 +63,7 @@ def write(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = N
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rules.generate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rooflight.rules.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail with a diff if the checked-in files are stale")
     args = parser.parse_args(argv)
     if args.check:

@@ -12,9 +12,9 @@ Names follow level:metric:operations (prometheus.io/docs/practices/rules).
 
 from __future__ import annotations
 
-from agent import names
-from rules.config import RulesConfig
-from rules.promql import labels, record_name, series, window_suffix
+from rooflight.agent.metrics import names
+from rooflight.rules.config import RulesConfig
+from rooflight.rules.promql import labels, record_name, series, window_suffix
 
 Rule = dict[str, object]
 

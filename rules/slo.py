@@ -13,10 +13,10 @@ histogram, Prometheus 3 rewriting `le`).
 
 from __future__ import annotations
 
-from rules.alerts import alert
-from rules.config import LatencySLO, RulesConfig
-from rules.promql import labels, le_matcher, number, record_name, series, window_suffix
-from rules.recording import Rule
+from rooflight.rules.alerts import alert
+from rooflight.rules.config import LatencySLO, RulesConfig
+from rooflight.rules.promql import labels, le_matcher, number, record_name, series, window_suffix
+from rooflight.rules.recording import Rule
 
 GUARD_ALERT = "RooflightSLOBucketMissing"
 

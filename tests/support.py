@@ -8,8 +8,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLES = ROOT.parent / "shared" / "engine-samples"
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+TESTS = ROOT / "tests"
+SAMPLES = TESTS / "fixtures" / "engine-samples"  # recorded real pages; provenance in its README.md
+MODEL_CONFIGS = TESTS / "fixtures" / "model-configs"
 
 
 def sample_text(name: str) -> str:
@@ -70,7 +72,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = TESTS / "golden"
 
 
 def check_golden(path: Path, text: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.errors import ConfigError
+from rooflight.agent.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ class DemoConfig:
     tick_seconds: float = 0.05
 
     def __post_init__(self) -> None:
-        from agent.demo.scenarios import SCENARIOS
+        from rooflight.agent.demo.scenarios import SCENARIOS
 
         if self.scenario not in SCENARIOS:
             raise ConfigError(f"unknown demo scenario {self.scenario!r}; choose one of {', '.join(SCENARIOS)}")

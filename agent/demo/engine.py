@@ -17,11 +17,11 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from agent.demo import plant as costs
-from agent.demo.config import DemoConfig
-from agent.demo.plant import Plant
-from agent.demo.scenarios import Arrival, ArrivalStream, Workload
-from agent.demo.tally import Tally
+from rooflight.agent.demo import plant as costs
+from rooflight.agent.demo.config import DemoConfig
+from rooflight.agent.demo.plant import Plant
+from rooflight.agent.demo.scenarios import Arrival, ArrivalStream, Workload
+from rooflight.agent.demo.tally import Tally
 
 
 @dataclass(slots=True, eq=False)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from agent.demo.config import DemoConfig
-from agent.demo.engine import Simulator
-from agent.demo.tally import FINISH_REASONS
+from rooflight.agent.demo.config import DemoConfig
+from rooflight.agent.demo.engine import Simulator
+from rooflight.agent.demo.tally import FINISH_REASONS
 
 _HELP = {
     "estimated_flops_per_gpu": "Estimated number of floating point operations per GPU (for Model Flops Utilization calculations).",

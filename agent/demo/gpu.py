@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.demo.plant import Plant
-from agent.demo.state import History, rates
+from rooflight.agent.demo.plant import Plant
+from rooflight.agent.demo.state import History, rates
 
 MIB = 1024 * 1024
 NON_TORCH_BYTES = 512 * MIB  # CUDA context and NCCL buffers outside vLLM's budget
@@ -51,9 +51,9 @@ def apply_reading(gpu: object, reading: GpuReading) -> None:
     gpu.power_mw = reading.power_mw  # type: ignore[attr-defined]
 
 
-def make_fake_nvml(plant: Plant):  # -> collectors.nvml_fake.FakeNvml
+def make_fake_nvml(plant: Plant):  # -> rooflight.collectors.nvml_fake.FakeNvml
     """One simulated H100 SXM with GPM support, idle until the engine runs."""
-    from collectors.nvml_fake import FakeGpu, FakeNvml
+    from rooflight.collectors.nvml_fake import FakeGpu, FakeNvml
 
     gpu = FakeGpu(name="NVIDIA H100 80GB HBM3", uuid="GPU-d3m0d3m0-0000-4000-8000-000000000000", gpm=True,
                   dram_bw_util_percent=0.0, sm_util_percent=0.0, tensor_util_percent=0.0,

@@ -1,6 +1,6 @@
 """The simulated engine's hardware and model constants, and what one engine step costs.
 
-This is the only place the demo turns work into time, and it does so through `agent.physics`, so the
+This is the only place the demo turns work into time, and it does so through `rooflight.agent.roofline.physics`, so the
 demo and the agent share one physics: a decode step streams the weights plus every running
 sequence's live KV bytes at the achieved bandwidth (peak x efficiency); a prefill costs 2 x active
 params FLOPs per token at the peak dense FLOP/s x prefill MFU.
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent import physics
-from agent.gpus import get_profile
-from agent.models import preset
+from rooflight.agent.roofline import physics
+from rooflight.agent.roofline.gpus import get_profile
+from rooflight.agent.roofline.models import preset
 
 # Bytes the runtime (CUDA context, activations, CUDA graphs) keeps out of the KV pool; vLLM's
 # profiling run measures this, the demo fixes it.

@@ -2,7 +2,7 @@
 
 An asyncio task wakes every tick (~50 ms), converts elapsed wall time into simulated time
 (x time_scale) and runs every engine step that fits, then refreshes the simulated GPU. It never
-sleeps per step. Time comes from an injected clock (agent.clock), so tests drive `tick()` with a
+sleeps per step. Time comes from an injected clock (rooflight.agent.sampling.clock), so tests drive `tick()` with a
 FakeClock and no wall time. Routes: /metrics (vLLM text format), /v1/models, /health, /version.
 """
 
@@ -14,14 +14,14 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.clock import Clock, SystemClock
-from agent.demo import exposition, scenarios
-from agent.demo.config import DemoConfig
-from agent.demo.engine import Simulator
-from agent.demo.gpu import apply_reading, gpu_reading, make_fake_nvml
-from agent.demo.plant import make_plant
-from agent.demo.state import History, mark, predicted_state
-from agent.errors import ConfigError
+from rooflight.agent.sampling.clock import Clock, SystemClock
+from rooflight.agent.demo import exposition, scenarios
+from rooflight.agent.demo.config import DemoConfig
+from rooflight.agent.demo.engine import Simulator
+from rooflight.agent.demo.gpu import apply_reading, gpu_reading, make_fake_nvml
+from rooflight.agent.demo.plant import make_plant
+from rooflight.agent.demo.state import History, mark, predicted_state
+from rooflight.agent.errors import ConfigError
 
 VLLM_VERSION = "0.33.0"
 EVENTS = ("long-prompt", "kv-wall", "clear")
@@ -85,7 +85,7 @@ class DemoEngine:
         return now
 
     def state(self, window: float = 10.0) -> dict[str, Any]:
-        """What the seeds predict for the current state (see agent.demo.state)."""
+        """What the seeds predict for the current state (see rooflight.agent.demo.state)."""
         out = predicted_state(self.sim, self.history, window)
         out["scenario"] = self.config.scenario
         return out

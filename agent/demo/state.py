@@ -13,9 +13,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from agent import physics
-from agent.demo import plant as costs
-from agent.demo.engine import Simulator
+from rooflight.agent.roofline import physics
+from rooflight.agent.demo import plant as costs
+from rooflight.agent.demo.engine import Simulator
 
 
 @dataclass(frozen=True, slots=True)

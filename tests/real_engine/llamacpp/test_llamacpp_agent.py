@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors import expfmt
+from rooflight.collectors import expfmt
 from procs import ManagedProcess, free_port, http_text
 
 HERE = Path(__file__).resolve().parent

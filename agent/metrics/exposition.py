@@ -1,0 +1,192 @@
+"""Renders the current Snapshot as Prometheus metrics at scrape time.
+
+`collect()` only reads a frozen Snapshot and formats numbers: no I/O, no NVML, no math beyond a
+division, so a scrape costs the same whatever the sources are doing. Series for a GPU, model or
+target that vanished simply stop appearing. A value that is missing, negative or not finite is not
+exported: absent means "cannot be derived here", never a made-up zero.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+from typing import Callable, Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from rooflight.agent import __version__
+from rooflight.agent.metrics import names as n
+from rooflight.agent.metrics.catalog import BY_NAME, gpu_extra_defs
+from rooflight.agent.metrics.snapshot import SeriesView, Snapshot, TargetView
+from rooflight.collectors.samples import GpuSample
+
+
+class _Families:
+    """Lazily created metric families, in catalog order, with the catalog's help and labels."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Metric] = {}
+        self._defs = dict(BY_NAME)
+        self._defs.update({d.name: d for d in gpu_extra_defs()})
+
+    def add(self, name: str, labels: Iterable[str], value: float | None) -> None:
+        if value is None or not math.isfinite(value):
+            return
+        family = self._families.get(name)
+        if family is None:
+            d = self._defs[name]
+            cls = CounterMetricFamily if d.type == "counter" else GaugeMetricFamily
+            family = self._families[name] = cls(name, d.help, labels=d.labels)
+        family.add_metric(list(labels), value)
+
+    def __iter__(self) -> Iterator[Metric]:
+        return iter(self._families.values())
+
+
+def _nonneg(value: float | None) -> float | None:
+    return value if value is not None and value >= 0 else None
+
+
+def render_health(f: _Families, snap: Snapshot) -> None:
+    for h in snap.health:
+        key = (h.source, h.target)
+        f.add(n.SOURCE_UP, key, 1.0 if h.up else 0.0)
+        f.add(n.SOURCE_LAST_SUCCESS, key, h.last_success)
+        f.add(n.SOURCE_SAMPLE_DURATION, key, h.duration)
+        for reason, count in sorted(h.errors.items()):
+            f.add(n.SOURCE_ERRORS, (*key, reason), float(count))
+        if h.series_dropped is not None:
+            f.add(n.SOURCE_SERIES_DROPPED, key, float(h.series_dropped))
+
+
+def render_series(f: _Families, target: TargetView, view: SeriesView) -> None:
+    s = view.series
+    key = (target.name, target.engine or "unknown", s.model, s.rank)
+    f.add(n.REQUESTS_RUNNING, key, _nonneg(s.running))
+    f.add(n.REQUESTS_WAITING, key, _nonneg(s.waiting))
+    for reason, value in sorted(s.waiting_by_reason.items()):
+        f.add(n.REQUESTS_WAITING_BY_REASON, (*key, reason), _nonneg(value))
+    f.add(n.BATCH_MAX_REQUESTS, key, _nonneg(view.batch_max))
+    if view.batch_max and s.running is not None:
+        f.add(n.BATCH_OCCUPANCY, key, _nonneg(s.running / view.batch_max))
+    f.add(n.KV_USAGE, key, _nonneg(s.kv_usage_ratio))
+    f.add(n.KV_CAPACITY_TOKENS, key, _nonneg(s.kv_capacity_tokens))
+    f.add(n.KV_LIVE_BYTES, key, _nonneg(view.live_kv_bytes))
+    f.add(n.PROMPT_TOKENS, key, _nonneg(s.prompt_tokens_total))
+    f.add(n.GENERATION_TOKENS, key, _nonneg(s.generation_tokens_total))
+    f.add(n.ENGINE_STEPS, key, _nonneg(s.steps_total))
+    f.add(n.PREEMPTIONS, key, _nonneg(s.preemptions_total))
+    for w in view.windows:
+        wk = (*key, w.window)
+        for phase, value in sorted(w.tokens_per_second.items()):
+            f.add(n.TOKENS_PER_SECOND, (*wk, phase), _nonneg(value))
+        f.add(n.STEPS_PER_SECOND, wk, _nonneg(w.steps_per_second))
+        f.add(n.PREEMPTIONS_PER_SECOND, wk, _nonneg(w.preemptions_per_second))
+        f.add(n.MBU, wk, _nonneg(w.mbu))
+        f.add(n.MBU_TO_DRAM, wk, _nonneg(w.mbu_to_dram))
+        for phase, value in sorted(w.mfu.items()):
+            f.add(n.MFU, (*wk, phase), _nonneg(value))
+        f.add(n.DECODE_INTENSITY, wk, _nonneg(w.decode_intensity))
+        f.add(n.SPEC_DECODE_ACCEPTANCE, wk, _nonneg(w.spec_decode_acceptance))
+        for p, value in w.ttft.items():
+            f.add(n.TTFT, (*wk, p), _nonneg(value))
+        for p, value in w.itl.items():
+            f.add(n.ITL, (*wk, p), _nonneg(value))
+    render_verdicts(f, key, view.verdicts)
+
+
+def render_verdicts(f: _Families, key: tuple[str, ...], verdicts: object) -> None:
+    if verdicts is None:
+        return
+    flags = (
+        (n.HEAD_OF_LINE_BLOCKING, "head_of_line"),
+        (n.BATCH_CAPACITY_CAPPED, "capacity_capped"),
+        (n.BATCH_ADMISSION_BOUND, "admission_bound"),
+        (n.BATCH_AT_CONFIGURED_MAX, "at_configured_max"),
+    )
+    for name, attr in flags:
+        value = getattr(verdicts, attr, None)
+        f.add(name, key, None if value is None else float(value))
+    f.add(n.ITL_INFLATION, key, _nonneg(getattr(verdicts, "itl_inflation", None)))
+
+
+def render_constants(f: _Families, target: TargetView) -> None:
+    c = target.constants
+    if c is None:
+        return
+    f.add(n.GPU_PEAK_FLOPS, (target.name, c.compute_dtype), c.peak_flops_per_gpu)
+    f.add(n.GPU_PEAK_BANDWIDTH, (target.name,), c.gpu.memory_bandwidth_bytes_per_second)
+    if c.model is None:
+        return
+    m = c.model
+    for model in sorted({v.series.model for v in target.series}):
+        key = (target.name, model)
+        f.add(n.MODEL_INFO, (*key, m.name, target.model_source or m.source, m.weight_dtype, m.kv_dtype), 1.0)
+        f.add(n.MODEL_PARAMETERS, (*key, "total"), m.params_total)
+        f.add(n.MODEL_PARAMETERS, (*key, "active"), m.params_active)
+        f.add(n.MODEL_WEIGHT_BYTES, key, m.weight_bytes)
+        f.add(n.MODEL_KV_BYTES_PER_TOKEN, key, m.kv_bytes_per_token)
+        f.add(n.TENSOR_PARALLEL_SIZE, key, float(c.tensor_parallel_size))
+
+
+def render_gpus(f: _Families, snap: Snapshot) -> None:
+    gpu: GpuSample | None = snap.gpu
+    if gpu is None or not gpu.devices:
+        for target in snap.targets[:1]:  # say which constants stand in when nothing was detected
+            if target.constants is not None:
+                c = target.constants
+                f.add(n.GPU_INFO, ("none", "", "not detected", c.gpu.key, c.gpu_source), 1.0)
+        return
+    extra_names = {d.name for d in gpu_extra_defs()}
+    for d in gpu.devices:
+        key = (str(d.index), d.uuid)
+        profile = snap.gpu_profiles.get(d.index, "unknown")
+        f.add(n.GPU_INFO, (str(d.index), d.uuid, d.name, profile, "nvml"), 1.0)
+        f.add(n.GPU_MEMORY_USED, key, _nonneg(d.memory_used_bytes))
+        f.add(n.GPU_MEMORY_TOTAL, key, _nonneg(d.memory_total_bytes))
+        f.add(n.GPU_MEMORY_RESERVED, key, _nonneg(d.memory_reserved_bytes))
+        f.add(n.GPU_KERNEL_RESIDENCY, key, _nonneg(d.kernel_residency_ratio))
+        f.add(n.GPU_DRAM_BANDWIDTH_UTILIZATION, key, _nonneg(d.dram_bandwidth_utilization_ratio))
+        for extra, value in sorted(d.extra.items()):
+            if f"rooflight_gpu_{extra}" in extra_names:
+                f.add(f"rooflight_gpu_{extra}", key, value)
+
+
+def render_processes(f: _Families, snap: Snapshot) -> None:
+    for target, p in sorted(snap.processes.items()):
+        f.add("rooflight_engine_process_cpu_seconds_total", (target,), p.cpu_seconds_total)
+        f.add("rooflight_engine_process_resident_memory_bytes", (target,), p.rss_bytes)
+        f.add("rooflight_engine_process_threads", (target,), float(p.num_threads))
+
+
+def render(snap: Snapshot) -> list[Metric]:
+    f = _Families()
+    f.add(n.BUILD_INFO, (__version__, platform.python_version()), 1.0)
+    render_health(f, snap)
+    for target in snap.targets:
+        for view in target.series:
+            render_series(f, target, view)
+        render_constants(f, target)
+    render_gpus(f, snap)
+    render_processes(f, snap)
+    return list(f)
+
+
+class SnapshotCollector(Collector):
+    """A prometheus-client Collector over whatever Snapshot `current()` returns."""
+
+    def __init__(self, current: Callable[[], Snapshot]) -> None:
+        self._current = current
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(render(self._current()))
+
+    def describe(self) -> list[Metric]:
+        return []  # families depend on the snapshot; nothing to pre-register
+
+
+def registry_for(current: Callable[[], Snapshot]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(current))
+    return registry

@@ -1,0 +1,60 @@
+"""The one piece of shared state: a frozen Snapshot, swapped in whole after every sample.
+
+Sampler tasks build it; the exposition Collector, the JSON endpoint and the landing page only read
+whichever Snapshot is current, so a scrape never waits on a source and never sees half an update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from rooflight.agent.roofline.constants import TargetConstants
+from rooflight.agent.signals.derive import WindowValues
+from rooflight.collectors.samples import EngineSeries, GpuSample, ProcessSample
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesView:
+    """One (model, rank) of one target: the engine's latest values and what the agent derived."""
+
+    series: EngineSeries
+    windows: tuple[WindowValues, ...] = ()
+    verdicts: Any = None  # rooflight.agent.signals.detectors.Verdicts when the detectors ran
+    batch_max: float | None = None
+    live_kv_bytes: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TargetView:
+    name: str
+    url: str
+    engine: str | None
+    constants: TargetConstants | None
+    model_source: str | None
+    series: tuple[SeriesView, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    source: str  # engine, nvml, process
+    target: str
+    up: bool
+    last_success: float | None  # unix seconds
+    duration: float | None
+    errors: Mapping[str, int]
+    message: str | None = None
+    series_dropped: int | None = None  # engine sources: series over the per-target cap in the last sample
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    created: float
+    targets: tuple[TargetView, ...] = ()
+    health: tuple[Health, ...] = ()
+    gpu: GpuSample | None = None
+    gpu_profiles: Mapping[int, str] = field(default_factory=dict)  # NVML index -> profile key
+    processes: Mapping[str, ProcessSample] = field(default_factory=dict)  # by target name
+
+
+EMPTY = Snapshot(created=0.0)

@@ -1,0 +1,197 @@
+"""GPU constants: per-GPU dense peaks, HBM bandwidth and capacity, and how to pick a profile.
+
+Owns the numbers every MBU/MFU/roofline figure divides by. All values are per GPU, dense (no 2:4
+sparsity: NVIDIA datasheets quote Hopper/Ada/Blackwell tensor peaks *with* sparsity, and those are
+halved here), in base units: FLOP/s, bytes/s, bytes. Bandwidth and memory are decimal (3.35 TB/s =
+3.35e12 B/s, 80 GB = 80e9 B), as the datasheets and the seeds write them. Sources are in
+`shared/reference/gpu.md` section 4 and repeated per profile in `source`.
+
+A profile is chosen by key (`--gpu h100-sxm`) or from the NVML device name (plus total memory where
+the name does not say which memory variant it is). When nothing is detected the caller falls back to
+DEFAULT_PROFILE_KEY. Peaks are per GPU: for a model spread over `tp` GPUs the caller multiplies.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from rooflight.agent.errors import ConfigError
+
+DEFAULT_PROFILE_KEY = "h100-sxm"
+
+# Weight dtypes whose GEMMs do not run natively at that width: weight-only 4-bit schemes (AWQ, GPTQ,
+# MXFP4/NVFP4 on pre-Blackwell kernels) dequantize into 16-bit tensor-core math, so the 16-bit peak
+# is the honest denominator for their MFU. fp32 runs as TF32 where the GPU has it.
+_FALLBACK: Mapping[str, tuple[str, ...]] = {
+    "int4": ("bf16",),
+    "fp4": ("bf16",),
+    "fp8": ("fp8", "bf16"),  # no FP8 tensor cores (Ampere): vLLM runs FP8 weight-only, 16-bit math
+    "int8": ("int8", "bf16"),
+    "fp32": ("tf32", "bf16"),
+    "tf32": ("tf32", "bf16"),
+    "fp16": ("fp16", "bf16"),
+    "bf16": ("bf16", "fp16"),
+}
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """Constants of one GPU model. `peak_flops` keys: bf16, fp16, fp8, int8, tf32 where it has them."""
+
+    key: str
+    name: str
+    peak_flops: Mapping[str, float]
+    memory_bandwidth_bytes_per_second: float
+    memory_bytes: float
+    source: str
+    nvml_names: tuple[str, ...] = field(default=())
+
+    def peak_flops_for(self, dtype: str) -> float:
+        """Dense peak FLOP/s (or OP/s) for GEMMs whose weights are in `dtype`.
+
+        int4/fp4 fall back to the 16-bit peak (weight-only quantization computes in 16 bit); fp8 and
+        int8 fall back to 16 bit on GPUs without those tensor cores; fp32 uses TF32, else 16 bit.
+        """
+        d = dtype.lower()
+        for candidate in _FALLBACK.get(d, (d,)):
+            if candidate in self.peak_flops:
+                return self.peak_flops[candidate]
+        raise ConfigError(f"GPU profile {self.key} has no peak for dtype {dtype!r}")
+
+    @property
+    def ridge_point(self) -> float:
+        """bf16 FLOPs per byte at which this GPU turns from memory-bound to compute-bound."""
+        return self.peak_flops_for("bf16") / self.memory_bandwidth_bytes_per_second
+
+
+def _peaks(bf16: float, fp8: float | None, int8: float | None, tf32: float | None) -> Mapping[str, float]:
+    """TFLOPS/TOPS (dense) -> FLOP/s mapping; fp16 tensor peak equals bf16 on every GPU listed."""
+    out = {"bf16": bf16 * 1e12, "fp16": bf16 * 1e12}
+    for key, value in (("fp8", fp8), ("int8", int8), ("tf32", tf32)):
+        if value is not None:
+            out[key] = value * 1e12
+    return MappingProxyType(out)
+
+
+def _p(key: str, name: str, *, bf16: float, fp8: float | None, int8: float | None, tf32: float | None,
+       bw_tb: float, mem_gb: float, source: str, nvml: tuple[str, ...]) -> GpuProfile:
+    return GpuProfile(key=key, name=name, peak_flops=_peaks(bf16, fp8, int8, tf32),
+                      memory_bandwidth_bytes_per_second=bw_tb * 1e12, memory_bytes=mem_gb * 1e9,
+                      source=source, nvml_names=nvml)
+
+
+_DS = "NVIDIA datasheet (sparse figures halved); see shared/reference/gpu.md section 4"
+
+_ALL = (
+    _p("a100-sxm-40gb", "NVIDIA A100 SXM4 40GB", bf16=312, fp8=None, int8=624, tf32=156,
+       bw_tb=1.555, mem_gb=40, source="A100 datasheet", nvml=("NVIDIA A100-SXM4-40GB",)),
+    _p("a100-sxm-80gb", "NVIDIA A100 SXM4 80GB", bf16=312, fp8=None, int8=624, tf32=156,
+       bw_tb=2.039, mem_gb=80, source="A100 datasheet", nvml=("NVIDIA A100-SXM4-80GB",)),
+    _p("a100-pcie-40gb", "NVIDIA A100 PCIe 40GB", bf16=312, fp8=None, int8=624, tf32=156,
+       bw_tb=1.555, mem_gb=40, source="A100 datasheet", nvml=("NVIDIA A100-PCIE-40GB",)),
+    _p("a100-pcie-80gb", "NVIDIA A100 PCIe 80GB", bf16=312, fp8=None, int8=624, tf32=156,
+       bw_tb=1.935, mem_gb=80, source="A100 datasheet", nvml=("NVIDIA A100 80GB PCIe",)),
+    _p("h100-sxm", "NVIDIA H100 SXM5 80GB", bf16=989, fp8=1979, int8=1979, tf32=494.5,
+       bw_tb=3.35, mem_gb=80, source="H100 datasheet/whitepaper, " + _DS,
+       nvml=("NVIDIA H100 80GB HBM3",)),
+    _p("h100-pcie", "NVIDIA H100 PCIe 80GB", bf16=756, fp8=1513, int8=1513, tf32=378,
+       bw_tb=2.0, mem_gb=80, source="H100 datasheet/whitepaper, " + _DS, nvml=("NVIDIA H100 PCIe",)),
+    _p("h100-nvl", "NVIDIA H100 NVL 94GB", bf16=835, fp8=1670, int8=1670, tf32=417.5,
+       bw_tb=3.9, mem_gb=94, source="H100 datasheet, " + _DS, nvml=("NVIDIA H100 NVL",)),
+    _p("h200", "NVIDIA H200 SXM 141GB", bf16=989, fp8=1979, int8=1979, tf32=494.5,
+       bw_tb=4.8, mem_gb=141, source="H200 datasheet, " + _DS, nvml=("NVIDIA H200",)),
+    _p("h200-nvl", "NVIDIA H200 NVL 141GB", bf16=835, fp8=1670, int8=1670, tf32=None,
+       bw_tb=4.8, mem_gb=141, source="H200 datasheet, " + _DS, nvml=("NVIDIA H200 NVL",)),
+    _p("h20", "NVIDIA H20 96GB", bf16=148, fp8=296, int8=296, tf32=None,
+       bw_tb=4.0, mem_gb=96, source="uncertain: no public NVIDIA datasheet; widely reported figures",
+       nvml=("NVIDIA H20",)),
+    _p("gh200", "NVIDIA GH200 (GPU, 96GB HBM3)", bf16=989, fp8=1979, int8=1979, tf32=494.5,
+       bw_tb=4.0, mem_gb=96, source="GH200 datasheet, " + _DS,
+       nvml=("NVIDIA GH200 480GB", "NVIDIA GH200 120GB")),
+    _p("gh200-144gb", "NVIDIA GH200 (GPU, 144GB HBM3e)", bf16=989, fp8=1979, int8=1979, tf32=494.5,
+       bw_tb=4.9, mem_gb=144, source="GH200 datasheet, " + _DS, nvml=("NVIDIA GH200 144G HBM3e",)),
+    _p("b200", "NVIDIA B200 (HGX, 180GB)", bf16=2250, fp8=4500, int8=4500, tf32=None,
+       bw_tb=8.0, mem_gb=180, source="DGX B200 datasheet, " + _DS, nvml=("NVIDIA B200",)),
+    _p("gb200", "NVIDIA GB200 (per Blackwell GPU)", bf16=2500, fp8=5000, int8=5000, tf32=None,
+       bw_tb=8.0, mem_gb=186, source="GB200 NVL72 datasheet, per GPU, " + _DS, nvml=("NVIDIA GB200",)),
+    _p("l40s", "NVIDIA L40S 48GB", bf16=362, fp8=733, int8=733, tf32=183,
+       bw_tb=0.864, mem_gb=48, source="L40S datasheet, " + _DS, nvml=("NVIDIA L40S",)),
+    _p("l40", "NVIDIA L40 48GB", bf16=181, fp8=362, int8=362, tf32=None,
+       bw_tb=0.864, mem_gb=48, source="L40 datasheet, " + _DS, nvml=("NVIDIA L40",)),
+    _p("l4", "NVIDIA L4 24GB", bf16=121, fp8=242.5, int8=242.5, tf32=60,
+       bw_tb=0.300, mem_gb=24, source="L4 datasheet, " + _DS, nvml=("NVIDIA L4",)),
+    _p("a10", "NVIDIA A10 24GB", bf16=125, fp8=None, int8=250, tf32=62.5,
+       bw_tb=0.600, mem_gb=24, source="A10 datasheet, " + _DS, nvml=("NVIDIA A10",)),
+)
+
+PROFILES: Mapping[str, GpuProfile] = MappingProxyType({p.key: p for p in _ALL})
+
+# Short spellings people type; each resolves to one profile key.
+ALIASES: Mapping[str, str] = MappingProxyType({
+    "h100": "h100-sxm", "h100-sxm5": "h100-sxm", "h200-sxm": "h200", "a100": "a100-sxm-80gb",
+    "a100-80gb": "a100-sxm-80gb", "a100-40gb": "a100-sxm-40gb", "a100-sxm": "a100-sxm-80gb",
+    "a100-pcie": "a100-pcie-80gb",
+})
+
+
+def get_profile(key: str) -> GpuProfile:
+    """The profile for `key` (or an alias such as `h100`); ConfigError listing valid keys otherwise."""
+    k = key.strip().lower()
+    k = ALIASES.get(k, k)
+    if k not in PROFILES:
+        raise ConfigError(f"unknown GPU profile {key!r}; valid: {', '.join(sorted(PROFILES))}")
+    return PROFILES[k]
+
+
+def _norm(name: str) -> str:
+    """'NVIDIA A100-SXM4-80GB' -> 'A100 SXM4 80GB' (older drivers omit the 'NVIDIA ' prefix)."""
+    s = re.sub(r"[-_\s]+", " ", name.strip().upper())
+    return re.sub(r"^(NVIDIA|TESLA) ", "", s).strip()
+
+
+def _has(s: str, token: str) -> bool:
+    return re.search(rf"(^| ){re.escape(token)}( |$)", s) is not None
+
+
+def profile_for_nvml_name(name: str, memory_total_bytes: float | None = None) -> GpuProfile | None:
+    """The profile for an NVML device name, or None when the GPU is not one we have constants for.
+
+    `memory_total_bytes` (NVML's total, e.g. 81,559 MiB on an H100 80GB) disambiguates names that do
+    not carry the memory size. Unsure variants (H20-3e, A10G, B300) return None rather than a guess.
+    """
+    s = _norm(name)
+    big = memory_total_bytes is not None and memory_total_bytes > 60e9
+    if "GH200" in s:
+        return PROFILES["gh200-144gb" if ("144G" in s or "HBM3E" in s) else "gh200"]
+    if "GB200" in s:
+        return PROFILES["gb200"]
+    if _has(s, "B200"):
+        return PROFILES["b200"]
+    if _has(s, "H200"):
+        return PROFILES["h200-nvl" if _has(s, "NVL") else "h200"]
+    if _has(s, "H20"):
+        return None if "H20 3E" in s else PROFILES["h20"]
+    if _has(s, "H100"):
+        if _has(s, "NVL"):
+            return PROFILES["h100-nvl"]
+        if _has(s, "PCIE"):
+            return PROFILES["h100-pcie"]
+        if memory_total_bytes is not None and memory_total_bytes > 90e9:
+            return PROFILES["h100-nvl"]
+        return PROFILES["h100-sxm"]
+    if _has(s, "A100"):
+        form = "pcie" if _has(s, "PCIE") else "sxm"
+        if "80GB" in s:
+            size = "80gb"
+        elif "40GB" in s:
+            size = "40gb"
+        else:
+            size = "80gb" if big or memory_total_bytes is None else "40gb"
+        return PROFILES[f"a100-{form}-{size}"]
+    for token, key in (("L40S", "l40s"), ("L40", "l40"), ("L4", "l4"), ("A10", "a10")):
+        if _has(s, token):
+            return PROFILES[key]
+    return None

@@ -1,0 +1,116 @@
+"""Serving physics: the roofline, decode and prefill cost, MBU/MFU and KV-cache capacity.
+
+Pure functions of numbers in base units (FLOP, FLOP/s, bytes, bytes/s, seconds, tokens); no I/O and
+no knowledge of where the numbers came from. Every formula is the one the seeds derive, and every
+function has a worked example from them as a test (tests/test_physics.py).
+
+Peaks are whatever the caller passes. For a model spread over `tp` GPUs, "the peak of the model's
+GPUs" is tp x the per-GPU peak (agent/roofline/gpus.py holds per-GPU values): the caller multiplies, and
+passes whole-model bytes (weights + KV of all GPUs) against it. Dividing both sides by tp gives the
+same ratio, so per-GPU bytes against a per-GPU peak is equally right.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+FLOPS_PER_PARAM_PER_TOKEN = 2.0  # one multiply and one add per weight
+
+
+def ridge_point(peak_flops: float, peak_bandwidth: float) -> float:
+    """FLOPs per byte where the memory roof meets the compute roof (H100 SXM: 989e12/3.35e12 = 295)."""
+    return peak_flops / peak_bandwidth
+
+
+def attainable_flops(intensity: float, peak_flops: float, peak_bandwidth: float) -> float:
+    """The roofline: min(peak compute, intensity x bandwidth)."""
+    return min(peak_flops, intensity * peak_bandwidth)
+
+
+def decode_intensity(batch: float, params_active: float, weight_bytes: float,
+                     live_kv_bytes: float) -> float:
+    """Effective decode FLOPs per byte = B x 2P / (weight_bytes + live KV bytes of the whole batch).
+
+    Weights are shared by the batch; each sequence's cache is its own and is streamed every step.
+    """
+    return batch * FLOPS_PER_PARAM_PER_TOKEN * params_active / (weight_bytes + live_kv_bytes)
+
+
+def decode_step_seconds(weight_bytes: float, live_kv_bytes: float, peak_bandwidth: float) -> float:
+    """Memory-roof time of one decode step: (weights + live KV) / bandwidth. A lower bound."""
+    return (weight_bytes + live_kv_bytes) / peak_bandwidth
+
+
+def decode_tokens_per_second(batch: float, step_seconds: float) -> float:
+    """Aggregate decode throughput: every sequence in the batch gets one token per step."""
+    return batch / step_seconds
+
+
+def compute_seconds(flops: float, peak_flops: float, mfu: float = 1.0) -> float:
+    """Time to do `flops` at a fraction `mfu` of peak (1.0 = on the compute roof)."""
+    return flops / (peak_flops * mfu)
+
+
+def prefill_flops(tokens: float, params_active: float) -> float:
+    """Forward-pass FLOPs for `tokens` prompt tokens: 2 x params x tokens (attention not modelled)."""
+    return FLOPS_PER_PARAM_PER_TOKEN * params_active * tokens
+
+
+def prefill_seconds(tokens: float, params_active: float, peak_flops: float, mfu: float) -> float:
+    """Compute-roof time of a prefill at MFU `mfu` (0.4-0.6 is a strong prefill)."""
+    return compute_seconds(prefill_flops(tokens, params_active), peak_flops, mfu)
+
+
+def mbu(weight_bytes: float, mean_live_kv_bytes: float, steps_per_second: float,
+        peak_bandwidth: float) -> float:
+    """Model bandwidth utilization: bytes decode must stream per step x steps/s / peak bandwidth."""
+    return (weight_bytes + mean_live_kv_bytes) * steps_per_second / peak_bandwidth
+
+
+def mfu(tokens_per_second: float, params_active: float, peak_flops: float) -> float:
+    """Model FLOPs utilization: tokens/s x 2 x active params / peak dense FLOP/s."""
+    return tokens_per_second * FLOPS_PER_PARAM_PER_TOKEN * params_active / peak_flops
+
+
+def kv_bytes_per_sequence(kv_bytes_per_token: float, context_tokens: float) -> float:
+    """KV bytes one sequence holds at `context_tokens` (linear in context)."""
+    return kv_bytes_per_token * context_tokens
+
+
+def max_concurrent_sequences(free_kv_bytes: float, kv_bytes_per_sequence: float) -> float:
+    """Whole sequences of that size that fit in the free KV memory (floor; 0 when none fit)."""
+    if free_kv_bytes <= 0:
+        return 0.0
+    return float(math.floor(free_kv_bytes / kv_bytes_per_sequence))
+
+
+def kv_weight_crossover_tokens(weight_bytes: float, kv_bytes_per_token: float) -> float:
+    """Context at which one sequence's cache streams as many bytes as the whole model."""
+    return weight_bytes / kv_bytes_per_token
+
+
+def tensor_parallel_allreduce_seconds(n_layers: int, tp: int, latency_seconds: float) -> float:
+    """Per-token TP communication: two all-reduces per layer, each a fixed latency (~5 µs NVLink,
+    ~25 µs PCIe); payload bytes are negligible. Zero without tensor parallelism."""
+    return 0.0 if tp <= 1 else 2 * n_layers * latency_seconds
+
+
+def pipeline_bubble_fraction(stages: int, microbatches: int) -> float:
+    """Idle share of a pipeline: (p - 1) / (m + p - 1)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def speculative_tokens_per_pass(acceptance: float, draft_tokens: int) -> float:
+    """Expected tokens per verify pass: 1 + a + a^2 + ... + a^k."""
+    return sum(acceptance ** i for i in range(draft_tokens + 1))
+
+
+def static_batch_utilization(output_lengths: Sequence[float]) -> float:
+    """Useful slot-steps / slot-steps when a static batch runs until its longest output finishes."""
+    return sum(output_lengths) / (len(output_lengths) * max(output_lengths))
+
+
+def cost_per_million_tokens(gpu_dollars_per_hour: float, tokens_per_second: float) -> float:
+    """$ per 1M tokens = $/hour / (tokens/s x 3600 / 1e6)."""
+    return gpu_dollars_per_hour / (tokens_per_second * 3600 / 1e6)

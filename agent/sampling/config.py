@@ -1,0 +1,294 @@
+"""The agent's configuration: flags over environment variables over a YAML file over defaults.
+
+Everything is validated here, once, at start: a bad value raises ConfigError with what to fix, and the
+CLI turns that into exit code 2. What the rest of the agent sees is frozen.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+import yaml
+
+from rooflight.agent.errors import ConfigError
+
+DEFAULT_LISTEN = "127.0.0.1:9746"
+ENV_PREFIX = "ROOFLIGHT_"
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+@dataclass(frozen=True, slots=True)
+class TargetConfig:
+    """One engine endpoint and what the agent must know about the model behind it."""
+
+    url: str
+    name: str = ""
+    engine: str = "auto"
+    metrics_path: str | None = None
+    model: str | None = None  # a preset name
+    model_config: str | None = None  # path to a Hugging Face config.json
+    weight_dtype: str | None = None
+    kv_dtype: str | None = None
+    gpu: str | None = None  # a GPU profile key; None = from NVML, else h100-sxm
+    tp: int | None = None
+    batch_max: int | None = None  # the engine's batch cap where its /metrics does not say
+    pid: int | None = None  # the engine's process, for CPU/RSS (else found by the URL's port)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    targets: tuple[TargetConfig, ...]
+    listen: str = DEFAULT_LISTEN
+    interval: float = 1.0
+    scrape_timeout: float = 5.0
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_series: int = 128  # (model, rank) series kept per target; more are dropped and counted
+    windows: Mapping[str, float] = field(default_factory=lambda: {"10s": 10.0, "1m": 60.0, "5m": 300.0})
+    percentiles: tuple[str, ...] = ("50", "90", "99")
+    nvml: bool = True
+    nvml_interval: float = 1.0
+    process: bool = True
+    web_config: str | None = None
+    detectors: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def listen_host(self) -> str:
+        return split_listen(self.listen)[0]
+
+    @property
+    def listen_port(self) -> int:
+        return split_listen(self.listen)[1]
+
+
+def parse_duration(value: Any, what: str) -> float:
+    """'10s', '1m', '250ms' or a number of seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value).strip())
+        if not match:
+            raise ConfigError(f"{what}: {value!r} is not a duration; write e.g. 1s, 250ms, 1m or 0.5")
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds <= 0:
+        raise ConfigError(f"{what}: must be more than zero, got {value!r}")
+    return seconds
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"listen address {listen!r}: write HOST:PORT, e.g. {DEFAULT_LISTEN} or 0.0.0.0:9746")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def target_name(url: str) -> str:
+    """host:port of an engine URL, never its user:password (the name is a label and appears in logs)."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    return netloc or url
+
+
+def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: no such file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: the top level must be a mapping of settings")
+    return data
+
+
+def env_settings(environ: Mapping[str, str]) -> dict[str, Any]:
+    """ROOFLIGHT_ENGINE_URL (comma-separated), ROOFLIGHT_MODEL, ROOFLIGHT_INTERVAL, ...
+
+    Other ROOFLIGHT_* variables are not settings: Kubernetes injects ROOFLIGHT_PORT,
+    ROOFLIGHT_SERVICE_HOST, ... into every pod of a namespace with a Service named `rooflight`. They are
+    left alone, and a name that looks like a misspelt setting is logged, not fatal.
+    """
+    out: dict[str, Any] = {}
+    for key, value in environ.items():
+        if not key.startswith(ENV_PREFIX) or value == "":
+            continue
+        name = key[len(ENV_PREFIX) :].lower()
+        if name in ENV_KEYS:
+            out[name] = value
+        elif not _SERVICE_LINK.match(name):
+            logging.getLogger("rooflight").warning("ignoring %s: not a setting (see `rooflight run --help`)", key)
+    if "engine_url" in out:
+        out["engine_url"] = [u.strip() for u in out["engine_url"].split(",") if u.strip()]
+    return out
+
+
+_TARGET_KEYS = {f.name for f in fields(TargetConfig)}
+_SERVICE_LINK = re.compile(r"^(?:.*_)?(?:service_host|service_port.*|port|port_\d+_.*)$")
+_AGENT_KEYS = {"listen", "interval", "scrape_timeout", "max_body_bytes", "max_series", "windows", "percentiles", "nvml",
+               "nvml_interval", "process", "web_config", "detectors"}
+
+
+ENV_KEYS = (_AGENT_KEYS | _TARGET_KEYS | {"engine_url", "config", "log_level"}) - {"url", "name", "detectors"}
+
+
+def build(file_settings: Mapping[str, Any], env: Mapping[str, Any], flags: Mapping[str, Any]) -> AgentConfig:
+    """Merge the three layers (flags win) and validate."""
+    merged: dict[str, Any] = {}
+    for layer in (file_settings, env, flags):
+        merged.update({k: v for k, v in layer.items() if v is not None})
+    unknown = set(merged) - _AGENT_KEYS - _TARGET_KEYS - {"targets", "engine_url", "config"}
+    if unknown:
+        raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}; see `rooflight run --help`")
+    shared = {k: merged[k] for k in _TARGET_KEYS - {"url", "name"} if k in merged}
+    targets = _targets(merged, shared)
+    config = AgentConfig(
+        targets=targets,
+        listen=str(merged.get("listen", DEFAULT_LISTEN)),
+        interval=parse_duration(merged.get("interval", 1.0), "interval"),
+        scrape_timeout=parse_duration(merged.get("scrape_timeout", 5.0), "scrape_timeout"),
+        max_body_bytes=_positive_int(merged.get("max_body_bytes", 16 * 1024 * 1024), "max_body_bytes"),
+        max_series=_positive_int(merged.get("max_series", 128), "max_series"),
+        windows=_windows(merged.get("windows", ["10s", "1m", "5m"])),
+        percentiles=_percentiles(merged.get("percentiles", ["50", "90", "99"])),
+        nvml=_bool(merged.get("nvml", True), "nvml"),
+        nvml_interval=parse_duration(merged.get("nvml_interval", 1.0), "nvml_interval"),
+        process=_bool(merged.get("process", True), "process"),
+        web_config=merged.get("web_config"),
+        detectors=dict(merged.get("detectors") or {}),
+    )
+    return validate(config)
+
+
+def validate(config: AgentConfig) -> AgentConfig:
+    split_listen(config.listen)
+    if not 0.1 <= config.interval <= 60:
+        raise ConfigError(f"interval {config.interval}s: choose between 0.1s and 60s")
+    shortest = min(config.windows.values())
+    if config.interval > shortest / 2:
+        raise ConfigError(
+            f"interval {config.interval}s is too coarse for the {shortest:g}s window: a window needs at least"
+            " two samples; lower --interval or lengthen --windows"
+        )
+    _check_detectors(config.detectors)
+    names = [t.name for t in config.targets]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"two targets share a name: {names}; give each a distinct `name`")
+    return config
+
+
+def _check_detectors(thresholds: Mapping[str, float]) -> None:
+    from rooflight.agent.signals.detectors import DetectorThresholds
+
+    known = set(DetectorThresholds.__dataclass_fields__)
+    unknown = set(thresholds) - known
+    if unknown:
+        raise ConfigError(f"unknown detector threshold(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+    DetectorThresholds(**thresholds)  # its own checks raise ConfigError with the reason
+
+
+def _targets(merged: Mapping[str, Any], shared: Mapping[str, Any]) -> tuple[TargetConfig, ...]:
+    entries: list[Mapping[str, Any]] = []
+    listed = merged.get("targets") or []
+    if not isinstance(listed, (list, tuple)):
+        raise ConfigError("`targets` must be a list of mappings, each with a `url`")
+    for entry in listed:
+        if not isinstance(entry, Mapping) or "url" not in entry:
+            raise ConfigError(f"each entry of `targets` needs a `url`, got {entry!r}")
+        entries.append(entry)
+    urls = merged.get("engine_url") or []
+    if not isinstance(urls, (str, list, tuple)) or not all(isinstance(u, str) for u in ([urls] if isinstance(urls, str) else urls)):
+        raise ConfigError("engine_url: write a URL or a list of URLs, e.g. http://127.0.0.1:8000")
+    entries += [{"url": u} for u in ([urls] if isinstance(urls, str) else urls)]
+    if not entries:
+        raise ConfigError("no engine to watch: pass --engine-url URL (or try `rooflight demo`)")
+    return tuple(_target(entry, shared) for entry in entries)
+
+
+def _target(entry: Mapping[str, Any], shared: Mapping[str, Any]) -> TargetConfig:
+    unknown = set(entry) - _TARGET_KEYS
+    if unknown:
+        raise ConfigError(f"target {entry.get('url')}: unknown key(s) {', '.join(sorted(unknown))}")
+    values = {**shared, **entry}
+    url = str(values["url"]).rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"engine URL {url!r}: write it as http://HOST:PORT (the engine's API base)")
+    if values.get("model") and values.get("model_config"):
+        raise ConfigError(f"target {url}: give --model or --model-config, not both")
+    target = TargetConfig(url=url, name=str(values.get("name") or target_name(url)))
+    for key in ("engine", "metrics_path", "model", "model_config", "weight_dtype", "kv_dtype", "gpu"):
+        if values.get(key) is not None:
+            target = replace(target, **{key: str(values[key])})
+    _check_engine(target)
+    for key in ("tp", "batch_max", "pid"):
+        if values.get(key) is not None:
+            target = replace(target, **{key: _positive_int(values[key], key)})
+    return target
+
+
+def _check_engine(target: TargetConfig) -> None:
+    from rooflight.collectors.engines import names
+
+    if target.engine != "auto" and target.engine not in names():
+        raise ConfigError(f"target {target.url}: engine {target.engine!r} is not one of auto, {', '.join(names())}")
+
+
+def _positive_int(value: Any, what: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}: {value!r} is not a whole number") from None
+    if number < 1:
+        raise ConfigError(f"{what}: must be at least 1, got {number}")
+    return number
+
+
+def _bool(value: Any, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{what}: {value!r} is not true or false")
+
+
+def _items(value: Any, what: str) -> list[Any]:
+    """A comma-separated string or a list, as the flags and the YAML file spell lists."""
+    if isinstance(value, str):
+        return value.split(",")
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise ConfigError(f"{what}: write a comma-separated list or a YAML list, got {value!r}")
+
+
+def _windows(value: Any) -> dict[str, float]:
+    items = _items(value, "windows")
+    windows = {str(w).strip(): parse_duration(str(w).strip(), "windows") for w in items if str(w).strip()}
+    if not windows:
+        raise ConfigError("windows: give at least one, e.g. 10s,1m,5m")
+    return windows
+
+
+def _percentiles(value: Any) -> tuple[str, ...]:
+    items = _items(value, "percentiles")
+    out = []
+    for item in items:
+        text = str(item).strip()
+        try:
+            number = float(text)
+        except ValueError:
+            raise ConfigError(f"percentiles: {text!r} is not a number between 0 and 100") from None
+        if not 0 < number < 100:
+            raise ConfigError(f"percentiles: {text} must be between 0 and 100 (exclusive)")
+        out.append(f"{number:g}")
+    return tuple(out)

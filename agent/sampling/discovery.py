@@ -1,0 +1,36 @@
+"""What an engine's info endpoint says (collectors/info.py), turned into the model constants the agent lacks.
+
+Without --model or --model-config, the model comes from the engine itself: its `config.json` when the
+path it reports (vLLM's /v1/models `root`, SGLang's `model_path`, llama.cpp's `model_path`) is readable
+from the sidecar (the model volume mounted read-only), else a preset matching the Hugging Face id.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from rooflight.agent.sampling.config import TargetConfig
+from rooflight.agent.errors import ConfigError
+from rooflight.agent.roofline.models import ModelSpec, load_config_json, preset_for_hf_id
+
+log = logging.getLogger("rooflight")
+
+
+def model_from_id(model_id: str | None, target: TargetConfig) -> tuple[ModelSpec, str] | None:
+    """(constants, where they came from) for the model an engine reports, or None if unknown."""
+    if not model_id:
+        return None
+    path = Path(model_id)
+    config_path = path if path.name == "config.json" else path / "config.json"
+    kw: dict[str, Any] = {"weight_dtype": target.weight_dtype, "kv_dtype": target.kv_dtype}
+    try:
+        if config_path.is_file():
+            return load_config_json(config_path, **kw), f"config.json:{config_path}"
+    except (ConfigError, OSError) as exc:
+        log.warning("target %s: %s is not usable: %s", target.name, config_path, exc)
+    spec = preset_for_hf_id(model_id)
+    if spec is not None:
+        return spec.with_dtypes(target.weight_dtype, target.kv_dtype), f"discovered:{model_id}"
+    return None

@@ -1,0 +1,309 @@
+"""One engine target: scrape, normalize, remember, derive; and say plainly when any of it failed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+from types import ModuleType
+from typing import Any, Callable
+
+import aiohttp
+
+from rooflight.agent.signals import derive
+from rooflight.agent.sampling import nvtx_marks
+from rooflight.agent.sampling.clock import Clock
+from rooflight.agent.sampling.config import AgentConfig, TargetConfig
+from rooflight.agent.signals.baseline import TailBaseline
+from rooflight.agent.sampling.discovery import model_from_id
+from rooflight.agent.roofline.constants import TargetConstants
+from rooflight.agent.signals.detectors import DetectorInputs, DetectorThresholds, Verdicts, evaluate
+from rooflight.agent.sampling.health import SourceState
+from rooflight.agent.metrics.snapshot import SeriesView, TargetView
+from rooflight.agent.signals.windows import SeriesHistory, histogram_delta, worst_bound
+from rooflight.collectors import engines
+from rooflight.collectors.errors import ParseError, SourceError
+from rooflight.collectors.http import Fetched, fetch_json, fetch_text
+from rooflight.collectors.info import INFO_PATHS, EngineInfoHints, parse_info
+from rooflight.collectors.samples import EngineSample, EngineSeries
+
+log = logging.getLogger("rooflight")
+
+DISCOVERY_EVERY_SECONDS = 30.0  # while the model is unknown
+INFO_EVERY_SECONDS = 300.0  # batch cap and TP change only with a restart; a restart is a counter reset
+
+# A page larger than this is parsed in a worker thread: a 16 MB page takes ~1 s of pure Python, and on
+# the event loop that second would be a second in which /metrics cannot answer.
+PARSE_IN_THREAD_CHARS = 512 * 1024
+TRTLLM_PROMETHEUS_PATH = "/prometheus/metrics"
+
+_MARKED = (
+    ("head_of_line", "head-of-line stall"),
+    ("capacity_capped", "capacity-capped batch"),
+    ("admission_bound", "admission-bound batch"),
+)
+
+
+ConstantsFor = Callable[[TargetConfig, Any, Any], TargetConstants]
+
+
+class EngineLoop:
+    def __init__(
+        self,
+        target: TargetConfig,
+        config: AgentConfig,
+        session: aiohttp.ClientSession,
+        clock: Clock,
+        model: Any,
+        model_source: str | None,
+        constants_for: ConstantsFor,
+        dram_for: Callable[[TargetConfig, float], float | None] | None = None,
+    ) -> None:
+        self.target, self.config, self.session, self.clock = target, config, session, clock
+        self.model, self.model_source = model, model_source
+        self._constants_for = constants_for
+        self._dram_for = dram_for
+        self._raised: dict[tuple[str, str], Verdicts] = {}
+        self.state = SourceState("engine", target.name)
+        self.thresholds = DetectorThresholds(**config.detectors)
+        self._adapter: ModuleType | None = None if target.engine == "auto" else engines.adapter(target.engine)
+        self._histories: dict[tuple[str, str], SeriesHistory] = {}
+        self._tails: dict[tuple[str, str], TailBaseline] = {}
+        self._last_stall: dict[tuple[str, str], float] = {}
+        self._next_info = 0.0
+        self.hints = EngineInfoHints()
+        self.latest: EngineSample | None = None
+        self.view = TargetView(target.name, target.url, None, None, model_source)
+
+    @property
+    def stale_after(self) -> float:
+        return self.config.scrape_timeout + 2 * self.config.interval
+
+    async def sample_once(self) -> None:
+        start = self.clock.monotonic()
+        try:
+            sample, t = await self._scrape()
+        except SourceError as exc:
+            self.state.fail(exc.reason, str(exc), self.clock.monotonic() - start)
+            if isinstance(exc, ParseError) and self.target.engine == "auto":
+                self._adapter = None  # the engine may have been replaced: detect again
+            self._rebuild_view()
+            return
+        sample = self._cap_series(sample)
+        self.latest = sample
+        self._remember(sample, t)
+        self.state.ok(self.clock.time(), self.clock.monotonic() - start, self.clock.monotonic())
+        await self._refresh_info()
+        self._rebuild_view()
+
+    async def _fetch(self, path: str) -> Fetched:
+        return await fetch_text(
+            self.session,
+            self.target.url + path,
+            timeout=self.config.scrape_timeout,
+            max_bytes=self.config.max_body_bytes,
+            monotonic=self.clock.monotonic,
+        )
+
+    async def _scrape(self) -> tuple[EngineSample, float]:
+        adapter = self._adapter
+        fetched = await self._fetch(self.target.metrics_path or (adapter.METRICS_PATH if adapter else "/metrics"))
+        if adapter is None and not self.target.metrics_path and fetched.text.lstrip().startswith(("{", "[")):
+            # trtllm-serve answers /metrics with JSON iteration stats; its Prometheus page is elsewhere
+            fetched = await self._fetch(TRTLLM_PROMETHEUS_PATH)
+        if adapter is None:
+            adapter = self._adapter = engines.detect(fetched.text)
+            log.info("target %s: recognised %s", self.target.name, adapter.ENGINE)
+        wall = self.clock.time() - (self.clock.monotonic() - fetched.timestamp)
+        try:
+            if len(fetched.text) > PARSE_IN_THREAD_CHARS:
+                sample = await asyncio.to_thread(
+                    adapter.parse, fetched.text, target=self.target.name, timestamp=wall, duration=fetched.duration
+                )
+            else:
+                sample = adapter.parse(fetched.text, target=self.target.name, timestamp=wall, duration=fetched.duration)
+        except SourceError:
+            raise
+        except Exception as exc:  # an adapter bug on odd input is a parse failure, not a crash
+            raise ParseError(f"{adapter.ENGINE} adapter could not read the exposition: {exc!r}") from exc
+        return sample, fetched.timestamp
+
+    def _cap_series(self, sample: EngineSample) -> EngineSample:
+        """At most config.max_series (model, rank) series: those already tracked first, then in page order.
+
+        Thousands of models or LoRA adapters on one page would otherwise mean thousands of histories
+        and tens of thousands of exported series; the rest are dropped and their number exported.
+        """
+        cap = self.config.max_series
+        dropped = max(0, len(sample.series) - cap)
+        if dropped and self.state.series_dropped == 0:
+            log.warning("target %s: %d series, over the cap of %d; %d dropped (raise max_series to keep them)",
+                        self.target.name, len(sample.series), cap, dropped)
+        self.state.series_dropped = dropped
+        if not dropped:
+            return sample
+        known = [s for s in sample.series if (s.model, s.rank) in self._histories]
+        new = [s for s in sample.series if (s.model, s.rank) not in self._histories]
+        return replace(sample, series=tuple((known + new)[:cap]))
+
+    def _remember(self, sample: EngineSample, t: float) -> None:
+        retention = max(self.config.windows.values()) + 2 * self.config.interval + self.config.scrape_timeout
+        seen = set()
+        for series in sample.series:
+            key = (series.model, series.rank)
+            seen.add(key)
+            dense = min(self.config.windows.values()) + 2 * self.config.interval + self.config.scrape_timeout
+            history = self._histories.setdefault(key, SeriesHistory(retention, dense=dense))
+            history.append(t, *derive.history_inputs(series))
+        for key in set(self._histories) - seen:  # a model or rank that disappeared takes its state with it
+            del self._histories[key]
+            self._tails.pop(key, None)
+            self._last_stall.pop(key, None)
+
+    def _rebuild_view(self) -> None:
+        model = self._model_with_engine_dtypes()
+        info_tp = self.latest.info.tensor_parallel_size if self.latest else None
+        constants = self._constants_for(self.target, model, _first(self.hints.tensor_parallel_size, info_tp))
+        fresh = (
+            self.latest is not None
+            and self.state.last_success_monotonic is not None
+            and self.clock.monotonic() - self.state.last_success_monotonic <= self.stale_after
+        )
+        series = tuple(self._series_view(s, constants) for s in self.latest.series) if fresh and self.latest else ()
+        self.view = TargetView(
+            name=self.target.name,
+            url=self.target.url,
+            engine=self._adapter.ENGINE if self._adapter else None,
+            constants=constants,
+            model_source=self.model_source,
+            series=series,
+        )
+
+    def _series_view(self, series: EngineSeries, constants: TargetConstants) -> SeriesView:
+        history = self._histories.get((series.model, series.rank))
+        windows = (
+            derive.derive_target(
+                history, self.config.windows, constants, series.kv_capacity_tokens, self.config.percentiles
+            )
+            if history is not None
+            else ()
+        )
+        if self._dram_for is not None:
+            windows = tuple(replace(w, dram_utilization=self._dram_for(self.target, w.seconds)) for w in windows)
+        batch_max = _first(self.target.batch_max, series.batch_max_requests, self.hints.batch_max_requests)
+        live = derive.live_kv_bytes(series.kv_usage_ratio, series.kv_capacity_tokens, constants)
+        worst, baseline = self._itl_tail(series, history)
+        verdicts = _verdicts(series, windows, history, batch_max, worst, baseline, self.thresholds)
+        verdicts = self._hold_head_of_line((series.model, series.rank), verdicts)
+        self._mark_rising_edges((series.model, series.rank), verdicts)
+        return SeriesView(series=series, windows=windows, verdicts=verdicts, batch_max=batch_max, live_kv_bytes=live)
+
+    def _mark_rising_edges(self, key: tuple[str, str], verdicts: Verdicts | None) -> None:
+        """An NVTX mark when a detector turns on, so an Nsight Systems capture lines it up with the kernels."""
+        if verdicts is None:
+            return
+        before = self._raised.get(key)
+        self._raised[key] = verdicts
+        for attr, what in _MARKED:
+            if getattr(verdicts, attr) and not (before is not None and getattr(before, attr)):
+                nvtx_marks.mark(f"rooflight {what}: {self.target.name} {key[0]} rank {key[1]}")
+
+    def _hold_head_of_line(self, key: tuple[str, str], verdicts: Verdicts | None) -> Verdicts | None:
+        now = self.clock.monotonic()
+        if verdicts is not None and verdicts.head_of_line:
+            self._last_stall[key] = now
+        last = self._last_stall.get(key)
+        if verdicts is None or last is None or now - last > self.thresholds.hol_hold_seconds:
+            return verdicts
+        return replace(verdicts, head_of_line=True)
+
+    def _itl_tail(self, series: EngineSeries, history: SeriesHistory | None) -> tuple[float | None, float | None]:
+        """The worst ITL since the previous sample, and the median of that worst over the recent past.
+
+        At the agent's resolution (1 s) one stalled step is a visible share of the tokens, where in a
+        10 s or 1 m window its few observations vanish below p99.
+        """
+        if history is None:
+            return None, None
+        span = history.window(1.5 * self.config.interval)
+        delta = histogram_delta(*span, derive.ITL) if span else None
+        worst = worst_bound(delta) if delta else None
+        key = (series.model, series.rank)
+        shortest = min(self.config.windows.values())
+        tail = self._tails.setdefault(
+            key, TailBaseline(keep_seconds=max(self.config.windows.values()), min_span=3 * shortest)
+        )
+        baseline = tail.median()  # before this value joins: the baseline is the recent past
+        tail.add(self.clock.monotonic(), worst)
+        return worst, baseline
+
+    def _model_with_engine_dtypes(self) -> Any:
+        """An fp8 KV cache the engine reports halves KV bytes per token, unless the user said otherwise."""
+        model, info = self.model, self.latest.info if self.latest else None
+        if model is None or info is None or self.target.kv_dtype or not info.kv_cache_dtype:
+            return model
+        if info.kv_cache_dtype.startswith("fp8") and model.kv_dtype != "fp8":
+            return model.with_dtypes(None, "fp8")
+        return model
+
+    async def _refresh_info(self) -> None:
+        """Read the engine's info endpoint: its batch cap, model and TP where /metrics does not say.
+
+        Every INFO_EVERY_SECONDS, and every DISCOVERY_EVERY_SECONDS while the model is still unknown.
+        """
+        now = self.clock.monotonic()
+        path = INFO_PATHS.get(self._adapter.ENGINE) if self._adapter else None
+        if path is None or now < self._next_info:
+            return
+        self._next_info = now + (INFO_EVERY_SECONDS if self.model is not None else DISCOVERY_EVERY_SECONDS)
+        try:
+            data = await fetch_json(self.session, self.target.url + path, timeout=self.config.scrape_timeout)
+        except SourceError as exc:
+            log.info("target %s: info endpoint %s not readable: %s", self.target.name, path, exc)
+            return
+        self.hints = parse_info(self._adapter.ENGINE, data)
+        if self.model is not None:
+            return
+        found = model_from_id(self.hints.model_id, self.target)
+        if found is None:
+            log.warning("target %s: cannot tell the model's constants from %r; pass --model or --model-config",
+                        self.target.name, self.hints.model_id)
+            return
+        self.model, self.model_source = found
+        log.info("target %s: model constants from %s", self.target.name, self.model_source)
+
+
+def _first(*values: float | int | None) -> float | None:
+    """The first value given: a flag, then what the engine's metrics say, then its info endpoint."""
+    return next((float(v) for v in values if v is not None), None)
+
+
+def _verdicts(
+    series: EngineSeries,
+    windows: tuple[derive.WindowValues, ...],
+    history: SeriesHistory | None,
+    batch_max: float | None,
+    itl_worst: float | None,
+    itl_tail_baseline: float | None,
+    thresholds: DetectorThresholds,
+) -> Verdicts | None:
+    """The detectors over the shortest window, against the ITL tail's own recent median."""
+    if not windows or history is None:
+        return None
+    short = windows[0]
+    span = history.window(short.seconds)
+    first = span[0] if span else None
+    inputs = DetectorInputs(
+        itl_worst_recent=itl_worst,
+        itl_worst_baseline=itl_tail_baseline,
+        prefill_tokens_per_step_short=short.prefill_tokens_per_step,
+        kv_usage=series.kv_usage_ratio,
+        kv_usage_peak_short=derive.maximum(history, first, derive.KV_USAGE) if first else None,
+        preemptions_per_second_short=short.preemptions_per_second,
+        running=series.running,
+        waiting=series.waiting,
+        waiting_min_short=derive.minimum(history, first, derive.WAITING) if first else None,
+        batch_max=batch_max,
+    )
+    return evaluate(inputs, thresholds)
+

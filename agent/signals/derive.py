@@ -1,0 +1,201 @@
+"""From one series' history and its target's constants to the windowed numbers the agent exports.
+
+Pure: no I/O, no clock. Each window is computed from the first and last of the agent's own samples
+inside it (see windows.py), so every value is over the real time between two real samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from rooflight.agent.roofline import physics
+from rooflight.agent.roofline.constants import TargetConstants
+from rooflight.agent.signals.windows import Point, SeriesHistory, histogram_delta, histogram_quantile, increase, mean, rate
+from rooflight.collectors.samples import EngineSeries, Histogram
+
+# Names inside a SeriesHistory.
+PROMPT, GENERATION, STEPS, PREEMPTIONS = "prompt_tokens", "generation_tokens", "steps", "preemptions"
+RUNNING, WAITING, KV_USAGE = "running", "waiting", "kv_usage"
+DRAFT, ACCEPTED = "spec_draft_tokens", "spec_accepted_tokens"
+TTFT, ITL = "ttft", "itl"
+
+
+def history_inputs(
+    series: EngineSeries,
+) -> tuple[dict[str, float | None], dict[str, float | None], dict[str, Histogram | None]]:
+    """What of one engine series goes into its history: counters, gauges, histograms."""
+    counters = {
+        PROMPT: series.prompt_tokens_total,
+        GENERATION: series.generation_tokens_total,
+        STEPS: series.steps_total,
+        PREEMPTIONS: series.preemptions_total,
+        DRAFT: series.extra.get("spec_decode_num_draft_tokens_total"),
+        ACCEPTED: series.extra.get("spec_decode_num_accepted_tokens_total"),
+    }
+    gauges = {RUNNING: series.running, WAITING: series.waiting, KV_USAGE: series.kv_usage_ratio}
+    return counters, gauges, {TTFT: series.ttft, ITL: series.itl}
+
+
+@dataclass(frozen=True, slots=True)
+class WindowValues:
+    """Everything derived over one window. Absent keys and None mean "cannot be derived here"."""
+
+    window: str
+    seconds: float
+    tokens_per_second: Mapping[str, float] = field(default_factory=dict)  # by phase
+    steps_per_second: float | None = None
+    preemptions_per_second: float | None = None
+    mbu: float | None = None
+    mfu: Mapping[str, float] = field(default_factory=dict)  # by phase
+    decode_intensity: float | None = None
+    ttft: Mapping[str, float] = field(default_factory=dict)  # by percentile
+    itl: Mapping[str, float] = field(default_factory=dict)  # by percentile
+    mean_running: float | None = None
+    mean_kv_usage: float | None = None
+    mean_live_kv_bytes: float | None = None
+    prefill_tokens_per_step: float | None = None
+    dram_utilization: float | None = None  # measured on the target's GPUs (GPM), same window
+    spec_decode_acceptance: float | None = None  # accepted / proposed draft tokens
+
+    @property
+    def mbu_to_dram(self) -> float | None:
+        """Derived MBU over measured DRAM bandwidth utilization: 1 = the model accounts for the traffic.
+
+        A ratio, not a difference, so it reads the same at 20% and at 80% utilization. Below 1: bytes the
+        model does not explain (another tenant, activations, a KV term the constants miss). Above 1: the
+        constants claim bytes the GPU did not move (wrong dtype, a sliding window, cache hits). Not given
+        under 1% measured utilization, where the ratio is noise.
+        """
+        if self.mbu is None or self.dram_utilization is None or self.dram_utilization < 0.01:
+            return None
+        return self.mbu / self.dram_utilization
+
+
+def derive_window(
+    history: SeriesHistory,
+    window: str,
+    seconds: float,
+    constants: TargetConstants | None,
+    kv_capacity_tokens: float | None,
+    percentiles: tuple[str, ...],
+) -> WindowValues | None:
+    span = history.window(seconds)
+    if span is None:
+        return None
+    first, last = span
+    tokens = _phase_rates(first, last)
+    steps = rate(first, last, STEPS)
+    kv_usage = mean(first, last, KV_USAGE)
+    running = mean(first, last, RUNNING)
+    live_kv = live_kv_bytes(kv_usage, kv_capacity_tokens, constants)
+    prompt_increase, step_increase = increase(first, last, PROMPT), increase(first, last, STEPS)
+    return WindowValues(
+        window=window,
+        seconds=last.t - first.t,
+        tokens_per_second=tokens,
+        steps_per_second=steps,
+        preemptions_per_second=rate(first, last, PREEMPTIONS),
+        mbu=_mbu(constants, live_kv, steps, running),
+        mfu=_mfu(constants, tokens),
+        decode_intensity=_decode_intensity(constants, running, live_kv),
+        ttft=_percentiles(first, last, TTFT, percentiles),
+        itl=_percentiles(first, last, ITL, percentiles),
+        mean_running=running,
+        mean_kv_usage=kv_usage,
+        mean_live_kv_bytes=live_kv,
+        prefill_tokens_per_step=(
+            prompt_increase / step_increase if prompt_increase is not None and step_increase else None
+        ),
+        spec_decode_acceptance=_ratio(increase(first, last, ACCEPTED), increase(first, last, DRAFT)),
+    )
+
+
+def _ratio(part: float | None, whole: float | None) -> float | None:
+    return part / whole if part is not None and whole else None
+
+
+def derive_target(
+    history: SeriesHistory,
+    windows: Mapping[str, float],
+    constants: TargetConstants | None,
+    kv_capacity_tokens: float | None,
+    percentiles: tuple[str, ...] = ("50", "90", "99"),
+) -> tuple[WindowValues, ...]:
+    """Every configured window that the history covers, shortest first."""
+    out = []
+    for name, seconds in sorted(windows.items(), key=lambda kv: kv[1]):
+        values = derive_window(history, name, seconds, constants, kv_capacity_tokens, percentiles)
+        if values is not None:
+            out.append(values)
+    return tuple(out)
+
+
+def minimum(history: SeriesHistory, first: Point, name: str) -> float | None:
+    values = [p.gauges[name] for p in history.points_since(first) if name in p.gauges]
+    return min(values) if values else None
+
+
+def maximum(history: SeriesHistory, first: Point, name: str) -> float | None:
+    values = [p.gauges[name] for p in history.points_since(first) if name in p.gauges]
+    return max(values) if values else None
+
+
+def live_kv_bytes(
+    kv_usage: float | None, capacity: float | None, constants: TargetConstants | None
+) -> float | None:
+    """Live KV bytes = occupancy x capacity in tokens x K+V bytes per token, summed over the TP GPUs.
+
+    Heads shard across GPUs, so the sum is the model's per-token bytes; where every GPU holds all of it
+    (an MLA latent, or fewer KV heads than GPUs) each GPU streams its own copy.
+    """
+    if kv_usage is None or capacity is None or constants is None or constants.model is None:
+        return None
+    tp = constants.tensor_parallel_size
+    return kv_usage * capacity * constants.model.kv_bytes_per_token_per_gpu(tp) * tp
+
+
+def _phase_rates(first: Point, last: Point) -> dict[str, float]:
+    out = {}
+    for phase, name in (("prefill", PROMPT), ("decode", GENERATION)):
+        value = rate(first, last, name)
+        if value is not None:
+            out[phase] = value
+    return out
+
+
+def _mbu(
+    constants: TargetConstants | None, live_kv: float | None, steps: float | None, running: float | None
+) -> float | None:
+    if constants is None or constants.model is None or live_kv is None or steps is None:
+        return None
+    weights = constants.model.weight_bytes_streamed(running or 1.0)  # MoE: the experts the batch touches
+    return physics.mbu(weights, live_kv, steps, constants.peak_bandwidth)
+
+
+def _mfu(constants: TargetConstants | None, tokens: Mapping[str, float]) -> dict[str, float]:
+    if constants is None or constants.model is None:
+        return {}
+    active = constants.model.params_active
+    return {phase: physics.mfu(tps, active, constants.peak_flops) for phase, tps in tokens.items()}
+
+
+def _decode_intensity(
+    constants: TargetConstants | None, running: float | None, live_kv: float | None
+) -> float | None:
+    if constants is None or constants.model is None or running is None or live_kv is None or running <= 0:
+        return None
+    model = constants.model
+    return physics.decode_intensity(running, model.params_active, model.weight_bytes_streamed(running), live_kv)
+
+
+def _percentiles(first: Point, last: Point, name: str, percentiles: tuple[str, ...]) -> dict[str, float]:
+    delta = histogram_delta(first, last, name)
+    if delta is None:
+        return {}
+    out = {}
+    for p in percentiles:
+        value = histogram_quantile(float(p) / 100.0, delta)
+        if value is not None:
+            out[p] = value
+    return out

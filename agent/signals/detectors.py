@@ -1,0 +1,206 @@
+"""Composite detectors evaluated at the agent's sampling resolution: what binds the batch, and why ITL stutters.
+
+Each detector turns a handful of windowed values into a verdict the exposition exports as a 0/1 gauge
+(names in agent/metrics/names.py). The definitions follow the seeds' diagnosis table:
+
+- head-of-line blocking (`HEAD_OF_LINE_BLOCKING`, with `ITL_INFLATION` = the factor itself):
+  the worst ITL since the previous sample (the ITL histogram's highest bucket that gained
+  observations) inflates to at least `hol_inflation` x its own recent median (the median of that worst
+  over the longest window) while prefill work is in the batch (computed prompt tokens per step over the
+  short window at least `hol_min_prefill_tokens_per_step`). One long prompt run whole stalls every
+  decode for one step; at the agent's 1 s resolution that step is visible, where its few observations
+  vanish below p99 in a 10 s or 1 m window. The sampler holds the flag up `hol_hold_seconds` after the
+  stall so a 15-30 s Prometheus scrape sees it. Not while the engine preempts (short-window rate above
+  `hol_max_preemptions_per_second`): a preempted sequence's next token comes seconds later and its
+  recompute is prefill, so the tail inflates at the KV wall too; that is the capacity-capped verdict's
+  to name, not head-of-line's. An unknown preemption rate does not rule head-of-line out.
+- capacity-capped batch (`BATCH_CAPACITY_CAPPED`): KV occupancy at the wall (its peak over the short
+  window at least `capacity_kv_usage`), preemptions climbing (rate above
+  `capacity_min_preemptions_per_second`) and requests waiting. The memory wall, not the scheduler.
+- admission-bound batch (`BATCH_ADMISSION_BOUND`): requests waited through the whole short window
+  (minimum at least `admission_min_waiting`) while the batch sat below `admission_max_batch_fraction` of its
+  cap and KV had room (occupancy below `kv_room_usage`). Something upstream of the batch is binding.
+- batch at its configured maximum (`BATCH_AT_CONFIGURED_MAX`): running reached the cap while KV had room.
+  A config lever (max_num_seqs and friends), not the wall.
+
+Every verdict is three-valued: True, False, or None when the inputs cannot tell. Conditions combine with
+Kleene logic, so one input that rules a verdict out gives False even if another input is missing.
+Pure: no I/O, no clock; the sampler computes the inputs from its windows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rooflight.agent.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DetectorThresholds:
+    """The knobs of every detector, with defaults taken from the seeds' worked numbers.
+
+    hol_inflation: worst-ITL / its recent median at which stutter counts as blocking. A long prompt run
+        whole stretches one step ~43x (260 ms against a 6 ms baseline); chunked prefill brings that to ~4x.
+    hol_hold_seconds: how long the flag stays up after the last stall (a stall lasts one step).
+    hol_min_prefill_tokens_per_step: computed prompt tokens per engine step (short-window average) that
+        count as prefill work in the batch. One 8,000-token prompt over 10 s of 6 ms steps averages ~5.
+    hol_min_itl_seconds: an absolute floor under which inflation is not reported as blocking
+        (0 = no floor); set it to your ITL SLO threshold to ignore harmless jitter.
+    hol_max_preemptions_per_second: preemption rate above which an inflated tail is the KV wall's doing.
+    capacity_kv_usage: KV occupancy whose short-window peak counts as the wall. A peak, not a mean or a
+        minimum: a small pool thrashes (a real vLLM with 10 blocks swings between 0 and 100% as whole
+        batches are preempted and recomputed), and with preemptions climbing the wall was hit in any case.
+    capacity_min_preemptions_per_second: preemption rate that must be exceeded (strictly).
+    capacity_min_waiting: queued requests needed for the batch to be capped rather than merely full.
+    admission_min_waiting: minimum queue over the short window: the queue persisted, not a blip.
+    admission_max_batch_fraction: running / cap below this is "well below its cap".
+    kv_room_usage: KV occupancy below this means KV has room (admission-bound, at-configured-max).
+    """
+
+    hol_inflation: float = 3.0
+    hol_hold_seconds: float = 30.0
+    hol_min_prefill_tokens_per_step: float = 1.0
+    hol_min_itl_seconds: float = 0.0
+    hol_max_preemptions_per_second: float = 0.0
+    capacity_kv_usage: float = 0.95
+    capacity_min_preemptions_per_second: float = 0.0
+    capacity_min_waiting: float = 1.0
+    admission_min_waiting: float = 1.0
+    admission_max_batch_fraction: float = 0.5
+    kv_room_usage: float = 0.8
+
+    def __post_init__(self) -> None:
+        if not self.hol_inflation > 1.0:
+            raise ConfigError(f"hol_inflation must be above 1 (got {self.hol_inflation})")
+        for name in ("capacity_kv_usage", "admission_max_batch_fraction", "kv_room_usage"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ConfigError(f"{name} must be in (0, 1] (got {value})")
+        for name in (
+            "hol_min_prefill_tokens_per_step",
+            "hol_min_itl_seconds",
+            "hol_max_preemptions_per_second",
+            "hol_hold_seconds",
+            "capacity_min_preemptions_per_second",
+            "capacity_min_waiting",
+            "admission_min_waiting",
+        ):
+            value = getattr(self, name)
+            if not value >= 0.0:
+                raise ConfigError(f"{name} must be >= 0 (got {value})")
+
+
+@dataclass(frozen=True)
+class DetectorInputs:
+    """Windowed values for one (target, model, rank); None where the source or window does not say."""
+
+    itl_worst_recent: float | None  # worst ITL since the previous sample (bucket upper bound), seconds
+    itl_worst_baseline: float | None  # median of that worst over the longest window, seconds
+    prefill_tokens_per_step_short: float | None  # computed prompt tokens / engine steps over 10 s
+    kv_usage: float | None  # KV occupancy now, 0..1
+    kv_usage_peak_short: float | None  # its peak over the short window
+    preemptions_per_second_short: float | None
+    running: float | None
+    waiting: float | None
+    waiting_min_short: float | None  # minimum queue over the short window
+    batch_max: float | None  # configured batch cap (max_num_seqs etc.)
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """What the detectors concluded; None = cannot tell."""
+
+    head_of_line: bool | None
+    itl_inflation: float | None
+    capacity_capped: bool | None
+    admission_bound: bool | None
+    at_configured_max: bool | None
+
+
+def _all(*conditions: bool | None) -> bool | None:
+    """Kleene AND: False if any is False, else None if any is None, else True."""
+    if any(c is False for c in conditions):
+        return False
+    if any(c is None for c in conditions):
+        return None
+    return True
+
+
+def _at_least(value: float | None, bound: float) -> bool | None:
+    return None if value is None else value >= bound
+
+
+def _above(value: float | None, bound: float) -> bool | None:
+    return None if value is None else value > bound
+
+
+def _below(value: float | None, bound: float) -> bool | None:
+    return None if value is None else value < bound
+
+
+# Bucket edges are decimal: 0.3 / 0.1 is 2.9999999999999996 in binary, and must count as 3x.
+_RATIO_SLACK = 1e-9
+
+
+def itl_inflation(itl_worst_recent: float | None, itl_worst_baseline: float | None) -> float | None:
+    """Worst ITL now over its own recent median; None when either is unknown or the median is not positive."""
+    if itl_worst_recent is None or itl_worst_baseline is None or itl_worst_baseline <= 0.0:
+        return None
+    return itl_worst_recent / itl_worst_baseline
+
+
+def head_of_line(inputs: DetectorInputs, t: DetectorThresholds) -> tuple[bool | None, float | None]:
+    """The ITL tail inflated against its median while prefill work shared the batch."""
+    factor = itl_inflation(inputs.itl_worst_recent, inputs.itl_worst_baseline)
+    preemptions = inputs.preemptions_per_second_short
+    verdict = _all(
+        _at_least(factor, t.hol_inflation * (1.0 - _RATIO_SLACK)),
+        _at_least(inputs.itl_worst_recent, t.hol_min_itl_seconds),
+        _at_least(inputs.prefill_tokens_per_step_short, t.hol_min_prefill_tokens_per_step),
+        True if preemptions is None else preemptions <= t.hol_max_preemptions_per_second,
+    )
+    return verdict, factor
+
+
+def capacity_capped(inputs: DetectorInputs, t: DetectorThresholds) -> bool | None:
+    """KV pinned near full, preemptions climbing, requests waiting: the memory wall."""
+    return _all(
+        _at_least(inputs.kv_usage_peak_short, t.capacity_kv_usage),
+        _above(inputs.preemptions_per_second_short, t.capacity_min_preemptions_per_second),
+        _at_least(inputs.waiting, t.capacity_min_waiting),
+    )
+
+
+def _batch_fraction(running: float | None, batch_max: float | None) -> float | None:
+    if running is None or batch_max is None or batch_max <= 0.0:
+        return None
+    return running / batch_max
+
+
+def admission_bound(inputs: DetectorInputs, t: DetectorThresholds) -> bool | None:
+    """A queue persisted while the batch was well below its cap and KV had room."""
+    return _all(
+        _at_least(inputs.waiting_min_short, t.admission_min_waiting),
+        _below(_batch_fraction(inputs.running, inputs.batch_max), t.admission_max_batch_fraction),
+        _below(inputs.kv_usage, t.kv_room_usage),
+    )
+
+
+def at_configured_max(inputs: DetectorInputs, t: DetectorThresholds) -> bool | None:
+    """The batch reached its configured cap while KV still had room: raise the cap, not the hardware."""
+    return _all(
+        _at_least(_batch_fraction(inputs.running, inputs.batch_max), 1.0),
+        _below(inputs.kv_usage, t.kv_room_usage),
+    )
+
+
+def evaluate(inputs: DetectorInputs, thresholds: DetectorThresholds) -> Verdicts:
+    """Every detector on one set of windowed inputs."""
+    hol, factor = head_of_line(inputs, thresholds)
+    return Verdicts(
+        head_of_line=hol,
+        itl_inflation=factor,
+        capacity_capped=capacity_capped(inputs, thresholds),
+        admission_bound=admission_bound(inputs, thresholds),
+        at_configured_max=at_configured_max(inputs, thresholds),
+    )

@@ -1,0 +1,276 @@
+"""Sliding windows over the agent's own samples: reset-safe rates, time-weighted means, percentiles.
+
+Each appended sample becomes a `Point` holding *reset-corrected* cumulative values, so a window's rate is
+one subtraction between its first and last point, whatever the window's length; this keeps a 5 m
+window at 10 Hz as cheap as a 10 s one. Counter resets (an engine restart) are handled the way
+Prometheus' `rate()` handles them: a value below its predecessor counts from zero, so no rate is
+ever negative. Times are the samples' real (monotonic) timestamps, not the nominal interval.
+Histogram counts are kept as packed doubles and bucket bounds shared between points: at 10 Hz a 5 m
+window holds 3,000 points per series, and boxed floats would triple their memory.
+
+A counter that jumps faster than MAX_PLAUSIBLE_RATE per second (a corrupted page, a counter
+that overflowed or was set by a bug) is re-baselined: the jump is not counted, the next increase
+is. The bound is 1e9/s for every counter we window (tokens, steps, preemptions, histogram
+observations): ~10x what a node of eight B200s (8 x 4.5 PFLOP/s dense FP8) could prefill of a
+100M-parameter model (2e8 FLOP per token), so no real engine is ever clipped, while one absurd
+value cannot turn every window it sits in into a nonsense throughput or MBU.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from array import array
+from typing import Iterator, Mapping, Sequence
+
+from rooflight.collectors.samples import Histogram
+
+MAX_PLAUSIBLE_RATE = 1e9  # per second, for any counter (see the module docstring)
+
+
+@dataclass(frozen=True, slots=True)
+class CorrectedHistogram:
+    bounds: tuple[float, ...]  # shared by every point while the layout holds
+    counts: Sequence[float]  # reset-corrected cumulative bucket counts, one per bound
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    t: float
+    counters: Mapping[str, float]  # reset-corrected cumulative counters
+    integrals: Mapping[str, float]  # running integral of each gauge over time (value x seconds)
+    gauges: Mapping[str, float]  # the gauges as sampled
+    histograms: Mapping[str, CorrectedHistogram]
+
+
+def correct_counter(
+    prev_raw: float | None, prev_corrected: float, raw: float, dt: float | None = None
+) -> float:
+    """The next reset-corrected value: a drop means the source restarted and counted from zero.
+
+    With `dt` (seconds since the previous value), an increase beyond MAX_PLAUSIBLE_RATE x dt is not
+    counted: the counter is re-baselined at `raw`.
+    """
+    if prev_raw is None:
+        return prev_corrected
+    step = raw - prev_raw if raw >= prev_raw else raw
+    if dt is not None and step > MAX_PLAUSIBLE_RATE * dt:
+        return prev_corrected
+    return prev_corrected + step
+
+
+class SeriesHistory:
+    """The bounded history of one engine series (one target, model and rank).
+
+    Owned by one sampler task; readers get immutable Points. Points older than `retention`
+    seconds before the newest are dropped, so memory stays bounded however long the agent runs.
+    """
+
+    def __init__(self, retention: float, *, dense: float | None = None, coarse_step: float = 1.0) -> None:
+        """Points younger than `dense` seconds are all kept; older ones one per whole `coarse_step`.
+
+        A long window needs no sub-second resolution (at 1 s its start moves by under 1% of a minute),
+        so sampling at 10 Hz costs the short window ten times the points, not every window.
+        """
+        self.retention = retention
+        self.dense = retention if dense is None else dense
+        self.coarse_step = coarse_step
+        self._points: list[Point] = []
+        self._times: list[float] = []
+        self._settled = 0  # points before this index are already thinned to coarse_step
+        self._raw_counters: dict[str, float] = {}
+        self._raw_histograms: dict[str, Histogram] = {}
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+    @property
+    def latest(self) -> Point | None:
+        return self._points[-1] if self._points else None
+
+    def append(
+        self,
+        t: float,
+        counters: Mapping[str, float | None],
+        gauges: Mapping[str, float | None],
+        histograms: Mapping[str, Histogram | None],
+    ) -> Point:
+        prev = self.latest
+        if prev is not None and t <= prev.t:
+            return prev  # a sample that is not newer adds nothing (and would divide by zero)
+        point = Point(
+            t=t,
+            counters=self._next_counters(prev, counters, t - prev.t if prev else None),
+            integrals=_next_integrals(prev, t),
+            gauges={k: v for k, v in gauges.items() if v is not None and math.isfinite(v)},
+            histograms=self._next_histograms(prev, histograms, t - prev.t if prev else None),
+        )
+        self._points.append(point)
+        self._times.append(t)
+        self._prune(t)
+        self._thin(t)
+        return point
+
+    def window(self, seconds: float) -> tuple[Point, Point] | None:
+        """First and last point inside the last `seconds`; None until the points span half of it."""
+        if len(self._points) < 2:
+            return None
+        last = self._points[-1]
+        i = bisect.bisect_left(self._times, last.t - seconds)
+        first = self._points[min(i, len(self._points) - 2)]
+        if last.t - first.t < seconds / 2:
+            return None
+        return first, last
+
+    def points_since(self, first: Point) -> Iterator[Point]:
+        i = bisect.bisect_left(self._times, first.t)
+        return iter(self._points[i:])
+
+    def _next_counters(
+        self, prev: Point | None, counters: Mapping[str, float | None], dt: float | None
+    ) -> dict[str, float]:
+        out = dict(prev.counters) if prev else {}
+        for name, raw in counters.items():
+            if raw is None or not math.isfinite(raw) or raw < 0:
+                continue
+            out[name] = correct_counter(self._raw_counters.get(name), out.get(name, 0.0), raw, dt)
+            self._raw_counters[name] = raw
+        return out
+
+    def _next_histograms(
+        self, prev: Point | None, histograms: Mapping[str, Histogram | None], dt: float | None
+    ) -> dict[str, CorrectedHistogram]:
+        out = dict(prev.histograms) if prev else {}
+        for name, hist in histograms.items():
+            if hist is None:
+                continue
+            bounds = tuple(b for b, _ in hist.buckets)
+            raw_prev = self._raw_histograms.get(name)
+            before = out.get(name)
+            if raw_prev is None or before is None or before.bounds != bounds:
+                counts = array("d", bytes(8 * len(bounds)))  # new layout: deltas start here
+            else:
+                bounds = before.bounds
+                counts = array("d", (
+                    correct_counter(p, c, n, dt)
+                    for (_, p), c, (_, n) in zip(raw_prev.buckets, before.counts, hist.buckets)
+                ))
+            out[name] = CorrectedHistogram(bounds, counts)
+            self._raw_histograms[name] = hist
+        return out
+
+    def _thin(self, now: float) -> None:
+        """Thin the points that just left the dense span, keeping one per coarse_step."""
+        aged = bisect.bisect_left(self._times, now - self.dense)
+        i = max(self._settled, 1)
+        step = self.coarse_step
+        while i < aged:
+            if self._times[i] // step == self._times[i - 1] // step:  # same whole step: one is enough
+                del self._points[i]
+                del self._times[i]
+                aged -= 1
+            else:
+                i += 1
+        self._settled = max(i, 1) if self._points else 0
+
+    def _prune(self, now: float) -> None:
+        # Every append: moving a few thousand pointers costs microseconds, and memory stays at the
+        # retention, not twice it.
+        cut = bisect.bisect_left(self._times, now - self.retention)
+        if cut > 0:
+            del self._points[:cut]
+            del self._times[:cut]
+            self._settled = max(0, self._settled - cut)
+
+
+def _next_integrals(prev: Point | None, t: float) -> dict[str, float]:
+    """Left Riemann sum: each gauge holds its sampled value until the next sample."""
+    if prev is None:
+        return {}
+    out = dict(prev.integrals)
+    dt = t - prev.t
+    for name, value in prev.gauges.items():
+        out[name] = out.get(name, 0.0) + value * dt
+    return out
+
+
+def rate(first: Point, last: Point, name: str) -> float | None:
+    """Per-second increase of a counter between two points, reset-safe."""
+    if name not in last.counters or name not in first.counters or last.t <= first.t:
+        return None
+    return (last.counters[name] - first.counters[name]) / (last.t - first.t)
+
+
+def increase(first: Point, last: Point, name: str) -> float | None:
+    if name not in last.counters or name not in first.counters:
+        return None
+    return last.counters[name] - first.counters[name]
+
+
+def mean(first: Point, last: Point, name: str) -> float | None:
+    """Time-weighted mean of a gauge over [first, last]."""
+    if last.t <= first.t or name not in last.integrals:
+        return None
+    return (last.integrals[name] - first.integrals.get(name, 0.0)) / (last.t - first.t)
+
+
+def histogram_delta(first: Point, last: Point, name: str) -> CorrectedHistogram | None:
+    a, b = first.histograms.get(name), last.histograms.get(name)
+    if a is None or b is None or a.bounds != b.bounds:
+        return None
+    return CorrectedHistogram(b.bounds, tuple(y - x for x, y in zip(a.counts, b.counts)))
+
+
+def histogram_quantile(q: float, hist: CorrectedHistogram) -> float | None:
+    """The q-quantile of a cumulative histogram, interpolated as Prometheus' histogram_quantile does.
+
+    Linear interpolation inside the bucket that holds the rank, the first bucket starting at 0, and
+    the upper bound of the last finite bucket when the rank falls in +Inf. None where Prometheus
+    would return NaN (no observations, or no +Inf bucket).
+    """
+    bounds, counts = hist.bounds, _monotonic(hist.counts)
+    if len(bounds) < 2 or not math.isinf(bounds[-1]) or not 0.0 <= q <= 1.0:
+        return None
+    total = counts[-1]
+    if total <= 0:
+        return None
+    rank = q * total
+    b = next(i for i, c in enumerate(counts) if c >= rank)
+    if b == len(bounds) - 1:
+        return bounds[-2]
+    if b == 0 and bounds[0] <= 0:
+        return bounds[0]
+    start = 0.0 if b == 0 else bounds[b - 1]
+    below = 0.0 if b == 0 else counts[b - 1]
+    in_bucket = counts[b] - below
+    if in_bucket <= 0:
+        return bounds[b]
+    return start + (bounds[b] - start) * (rank - below) / in_bucket
+
+
+def _monotonic(counts: Sequence[float]) -> list[float]:
+    """Cumulative counts can dip by float error or a scrape race; Prometheus flattens such dips."""
+    out, top = [], 0.0
+    for c in counts:
+        top = max(top, c)
+        out.append(top)
+    return out
+
+
+def worst_bound(hist: CorrectedHistogram) -> float | None:
+    """The upper bound of the highest bucket that gained observations: the worst value, to bucket resolution.
+
+    An observation beyond the last finite bound reports that bound (the worst is at least that much).
+    """
+    counts = _monotonic(hist.counts)
+    below = 0.0
+    worst = None
+    for bound, count in zip(hist.bounds, counts):
+        if count > below:
+            worst = bound
+        below = count
+    if worst is not None and math.isinf(worst):
+        finite = [b for b in hist.bounds if not math.isinf(b)]
+        return finite[-1] if finite else None
+    return worst

@@ -1,0 +1,121 @@
+"""Golden exposition: what the agent serves for recorded engine output and fake GPUs, byte for byte.
+
+Regenerate after an intended change with ROOFLIGHT_UPDATE_GOLDEN=1 and read the diff. Every golden
+file must also pass `promtool check metrics` (Debian's prometheus package; CI installs it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from rooflight.agent.sampling.clock import FakeClock
+from rooflight.agent.cli import resolve_models
+from rooflight.agent.sampling.config import build
+from rooflight.agent.metrics.exposition import registry_for
+from rooflight.agent.sampling.sampler import Agent
+from rooflight.collectors.nvml_fake import a100_like, h100_like
+from support import GOLDEN, FakeEngine, check_golden, promtool_clean, sample_text
+
+
+
+
+
+
+
+async def _two_samples(engine: FakeEngine, clock: FakeClock, nvml: object = None, **flags: object) -> Agent:
+    settings = {"engine_url": [engine.url], "nvml": nvml is not None, "process": False, "interval": "1s",
+                "windows": "10s,1m", "model": "llama-3-8b", **flags}
+    config = build({}, {}, settings)
+    agent = Agent(config, models=resolve_models(config), clock=clock, nvml_lib=nvml)
+    await agent.start(loops=False)
+    engine.body = sample_text("vllm-cpu-rest-fresh.prom")
+    await agent.sample_engines_once()
+    clock.advance(10.0)
+    engine.body = sample_text("vllm-cpu-load-c16.prom")
+    await agent.sample_engines_once()
+    return agent
+
+
+def _render(agent: Agent) -> str:
+    text = generate_latest(registry_for(lambda: agent.snapshot)).decode()
+    port = agent.config.targets[0].name
+    return text.replace(port, "ENGINE")  # the fake engine's port changes per run
+
+
+async def test_golden_vllm_two_samples(fake_engine: FakeEngine) -> None:
+    agent = await _two_samples(fake_engine, FakeClock(), gpu="h100-sxm")
+    try:
+        text = _render(agent)
+    finally:
+        await agent.stop()
+    promtool_clean(text)
+    check_golden(GOLDEN / "vllm-two-samples.prom", text)
+
+
+async def test_golden_engine_down(fake_engine: FakeEngine) -> None:
+    clock = FakeClock()
+    agent = await _two_samples(fake_engine, clock, gpu="h100-sxm", scrape_timeout="1s")
+    try:
+        fake_engine.status = 503
+        clock.advance(10.0)  # past staleness: the engine's numbers go, its health stays
+        await agent.sample_engines_once()
+        text = _render(agent)
+    finally:
+        await agent.stop()
+    promtool_clean(text)
+    check_golden(GOLDEN / "vllm-engine-down.prom", text)
+    assert "rooflight_requests_running" not in text
+
+
+@pytest.mark.parametrize(("name", "make"), [("gpu-h100-gpm.prom", h100_like), ("gpu-a100-no-gpm.prom", a100_like)])
+async def test_golden_gpus(fake_engine: FakeEngine, name: str, make: object) -> None:
+    from rooflight.collectors.nvml import NvmlCollector
+
+    clock = FakeClock()
+    nvml = make()  # type: ignore[operator]
+    nvml.gpus[0].xid_events.append(13)  # an XID (graphics engine exception) shows as a counter and last code
+    agent = await _two_samples(fake_engine, clock)
+    collector = NvmlCollector(lib=nvml, clock=clock.monotonic)
+    try:
+        await agent.sample_gpus_once(collector)
+        clock.advance(1.0)
+        await agent.sample_gpus_once(collector)  # GPM needs two samples more than 100 ms apart
+        text = _render(agent)
+    finally:
+        collector.close()
+        await agent.stop()
+    promtool_clean(text)
+    check_golden(GOLDEN / name, text)
+
+
+SPEC = (
+    '# TYPE vllm:spec_decode_num_draft_tokens_total counter\n'
+    'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="tiny-llama"}} {draft}\n'
+    '# TYPE vllm:spec_decode_num_accepted_tokens_total counter\n'
+    'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="tiny-llama"}} {accepted}\n'
+)
+
+
+async def test_golden_vllm_spec_decode_acceptance(fake_engine: FakeEngine) -> None:
+    clock = FakeClock()
+    config = build({}, {}, {"engine_url": [fake_engine.url], "nvml": False, "process": False, "interval": "1s",
+                            "windows": "10s", "model": "llama-3-8b", "gpu": "h100-sxm"})
+    agent = Agent(config, models=resolve_models(config), clock=clock)
+    await agent.start(loops=False)
+    try:
+        page = sample_text("vllm-cpu-load-c16.prom")
+        fake_engine.body = page + SPEC.format(draft=400, accepted=100)
+        await agent.sample_engines_once()
+        clock.advance(10.0)
+        fake_engine.body = page + SPEC.format(draft=1400, accepted=800)  # 700 of 1,000 proposed accepted
+        await agent.sample_engines_once()
+        (window,) = agent.snapshot.targets[0].series[0].windows
+        assert window.spec_decode_acceptance == 0.7
+        text = _render(agent)
+    finally:
+        await agent.stop()
+    promtool_clean(text)
+    check_golden(GOLDEN / "vllm-spec-decode.prom", text)

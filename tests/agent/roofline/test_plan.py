@@ -1,0 +1,189 @@
+"""`rooflight plan` reproduces the seeds' worked numbers, in-process, as text and as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from rooflight.agent.errors import ConfigError
+from rooflight.agent.roofline.gpus import get_profile
+from rooflight.agent.roofline.models import load_config_json, preset
+from rooflight.agent.roofline.plan import build_plan, format_plan, plan_to_dict, register, sig
+from support import MODEL_CONFIGS
+
+FIX = MODEL_CONFIGS
+H100 = get_profile("h100-sxm")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rooflight")
+    register(ap.add_subparsers(dest="command"))
+    return ap
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    args = _parser().parse_args(["plan", *argv])
+    assert args.func(args) == 0
+    return capsys.readouterr().out
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    return json.loads(run(capsys, *argv, "--json"))
+
+
+def test_default_plan_is_the_seeds_8b_on_one_h100(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys)
+    assert (d["model"], d["gpu"], d["tp"], d["context_tokens"]) == ("ref-8b", "h100-sxm", 1, 8000)
+    assert d["weight_bytes"] == 16e9
+    assert d["kv_bytes_per_token"] == 131_072
+    assert round(d["kv_bytes_per_sequence"] / 1e9, 2) == 1.05
+    assert d["kv_bytes_free_per_gpu"] == 60e9
+    assert d["max_concurrent_sequences"] == 57
+    assert round(d["ridge_point"]) == 295
+    assert round(d["decode_step_seconds_weights_only"] * 1e3, 1) == 4.8
+    assert round(d["decode_tokens_per_second_weights_only"]) == 209
+    assert round(d["prefill_flops"] / 1e12) == 33
+    assert round(d["prefill_seconds_at_roof"] * 1e3) == 33
+    assert round(d["prefill_seconds"] * 1e3) == 66
+    assert round(d["kv_weight_crossover_tokens"], -3) == 122_000
+    assert d["fits"] is True and d["prefill_memory_bound"] is False
+
+
+def test_text_carries_the_same_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys)
+    for s in ("16 GB total", "131,072 B (128 KiB)", "1.05 GB at 8,000 tokens", "60 GB per GPU",
+              "57 at 8,000 tokens", "295 FLOP/byte", "4.78 ms/token, 209 tok/s", "122,000 tokens",
+              "32.8 TFLOP", "33.1 ms at the compute roof, 66.3 ms at 50% MFU"):
+        assert s in out, s
+
+
+@pytest.mark.parametrize("context,intensity", [(600, 49), (8000, 12)])
+def test_decode_intensity_at_batch_64(capsys: pytest.CaptureFixture[str], context: int,
+                                      intensity: int) -> None:
+    d = run_json(capsys, "--batch", "64", "--context", str(context))
+    assert round(d["decode_intensity_at_batch"]) == intensity
+
+
+@pytest.mark.parametrize("context,tok_s", [(1_000, 208), (100_000, 115)])
+def test_decode_ceiling_with_kv(capsys: pytest.CaptureFixture[str], context: int, tok_s: int) -> None:
+    assert round(run_json(capsys, "--context", str(context))["decode_tokens_per_second_at_context"]) == tok_s
+
+
+def test_70b_at_tp4(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--model", "ref-70b", "--tp", "4")
+    assert d["weight_bytes"] == 140e9 and d["weight_bytes_per_gpu"] == 35e9
+    assert d["kv_bytes_per_token"] == 327_680
+    assert round(d["kv_bytes_per_sequence"] / 1e9, 2) == 2.62
+    assert d["kv_bytes_free_per_gpu"] == 41e9 and d["kv_bytes_free_total"] == 164e9
+    assert d["max_concurrent_sequences"] == 62
+    assert round(d["decode_step_seconds_weights_only"] * 1e3, 1) == 10.4
+    step = d["decode_step_seconds_weights_only"] + d["tp_allreduce_seconds_per_token"]
+    assert round(step * 1e3, 1) == 11.2 and round(1 / step, -1) == 90
+
+
+def test_70b_on_one_h100_does_not_fit_and_is_42_ms(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--model", "ref-70b", "--prompt-tokens", "4096", "--prefill-mfu", "1")
+    assert d["fits"] is False and d["max_concurrent_sequences"] == 0
+    assert round(d["decode_step_seconds_weights_only"] * 1e3) == 42
+    assert round(d["prefill_seconds"], 2) == 0.58
+    assert "DOES NOT FIT" in run(capsys, "--model", "ref-70b")
+
+
+def test_int8_weights_and_fp8_kv(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--weight-dtype", "int8")
+    assert d["weight_bytes"] == 8e9
+    assert round(d["decode_step_seconds_weights_only"] * 1e3, 2) == 2.39
+    assert round(d["decode_tokens_per_second_weights_only"]) == 419
+    assert run_json(capsys, "--kv-dtype", "fp8")["kv_bytes_per_token"] == 65_536
+
+
+def test_head_of_line_prefill(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--prompt-tokens", "8000")
+    assert d["prefill_flops"] == 128e12 and round(d["prefill_seconds"] * 1e3) == 259
+    assert run_json(capsys, "--prompt-tokens", "200")["prefill_memory_bound"] is True
+
+
+def test_paged_batch_of_760(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--context", "600", "--batch", "760")
+    assert round(d["decode_step_seconds_at_batch"] * 1e3, 1) == 22.6
+    assert round(d["decode_tokens_per_second_at_batch"], -2) == 33_600
+    assert round(d["max_concurrent_sequences"], -1) == 760
+    naive = run_json(capsys, "--context", "600", "--batch", "57")
+    assert round(naive["decode_step_seconds_at_batch"] * 1e3, 1) == 6.1
+
+
+@pytest.mark.parametrize("gpu,ridge", [("h200", 206), ("a100-sxm-80gb", 153), ("a100-pcie-80gb", 161)])
+def test_other_gpus_ridges(capsys: pytest.CaptureFixture[str], gpu: str, ridge: int) -> None:
+    # The seed's "A100 ~156" rounds 2,039 GB/s to 2.0 TB/s; the profile keeps the datasheet figure.
+    assert round(run_json(capsys, "--gpu", gpu)["ridge_point"]) == ridge
+
+
+def test_405b_needs_more_than_tp8(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--model", "llama-3-405b", "--tp", "8")
+    assert round(d["weight_bytes_per_gpu"] / 1e9) == 101 and d["fits"] is False
+
+
+def test_model_config_and_hf_id(capsys: pytest.CaptureFixture[str]) -> None:
+    a = run_json(capsys, "--model-config", str(FIX / "llama-3-8b.json"))
+    b = run_json(capsys, "--model", "meta-llama/Meta-Llama-3-8B-Instruct")
+    assert a["params_total"] == b["params_total"] == 8_030_261_248
+    assert a["model_source"].startswith("config.json:") and b["model_source"] == "preset:llama-3-8b"
+    assert round(a["decode_tokens_per_second_weights_only"]) == 209  # the real 8.03B still reads 209
+
+
+def test_moe_streams_only_touched_experts() -> None:
+    m = preset("mixtral-8x7b")
+    one = build_plan(m, H100, tp=2, context_tokens=1000, batch=1, prompt_tokens=100)
+    many = build_plan(m, H100, tp=2, context_tokens=1000, batch=256, prompt_tokens=100)
+    assert one.weight_bytes_streamed_per_step == pytest.approx(2 * m.params_active)
+    assert many.weight_bytes_streamed_per_step == pytest.approx(m.weight_bytes)
+    assert "MoE weights streamed" in format_plan(one)
+
+
+def test_mla_kv_is_held_whole_on_every_tp_rank() -> None:
+    m = load_config_json(FIX / "deepseek-v3-mla.json")
+    p = build_plan(m, get_profile("h200"), tp=8, context_tokens=10_000, batch=1, prompt_tokens=10)
+    assert p.kv_bytes_per_sequence == 61 * 576 * 2 * 10_000
+    per_gpu_free = 141e9 - m.weight_bytes / 8 - 4e9
+    assert p.max_concurrent_sequences == per_gpu_free // p.kv_bytes_per_sequence
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"tp": 0}, "at least 1"), ({"batch": 0}, "at least 1"), ({"prefill_mfu": 1.5}, "prefill-mfu"),
+    ({"tp": 3}, "cannot be split"),
+])
+def test_bad_inputs_are_config_errors(kw: dict, match: str) -> None:
+    args = {"tp": 1, "context_tokens": 8000, "batch": 1, "prompt_tokens": 2048, **kw}
+    with pytest.raises(ConfigError, match=match):
+        build_plan(preset("ref-8b"), H100, **args)
+
+
+def test_unknown_model_and_gpu_are_config_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ConfigError, match="llama-3-8b"):
+        run(capsys, "--model", "no-such-model")
+    with pytest.raises(ConfigError, match="h100-sxm"):
+        run(capsys, "--gpu", "tpu-v5")
+    with pytest.raises(ConfigError, match="not a multiple"):
+        run(capsys, "--model-config", str(FIX / "broken-heads.json"))
+
+
+def test_plan_to_dict_is_json_and_complete() -> None:
+    p = build_plan(preset("ref-8b"), H100, tp=1, context_tokens=8000, batch=1, prompt_tokens=2048)
+    d = plan_to_dict(p)
+    assert json.loads(json.dumps(d)) == d
+    assert set(d) == set(p.__dataclass_fields__)
+
+
+@pytest.mark.parametrize("x,s", [(4.776, "4.78"), (33_628, "33,600"), (0.5798, "0.58"), (295.2, "295"),
+                                 (16.0, "16"), (122_070, "122,000"), (1.0486, "1.05")])
+def test_sig(x: float, s: str) -> None:
+    assert sig(x) == s
+
+
+def test_list_shows_presets_and_profiles(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys, "--list")
+    assert "llama-3-8b" in out and "deepseek-v3" in out and "37.6B active" in out
+    assert "h100-sxm         989 TFLOP/s bf16, 3.35 TB/s, 80 GB, ridge 295" in out

@@ -1,0 +1,408 @@
+"""The fault matrix: the running agent (its own loops, its own HTTP server) against an engine that
+misbehaves at the socket, HTTP and exposition level, over real TCP on 127.0.0.1.
+
+Every case checks the same four things: /metrics answers within its own deadline while the fault
+lasts; the engine source's up/errors gauges say what happened; no negative or non-finite value is
+exported; and the agent recovers on its own once the engine heals. (test_agent_sources.py covers the
+single-sample versions of 500s, garbage text, hangs past the timeout and refused connections.)
+
+Needs patches: absurd-jump -> /tmp/patch9_windows.diff; label-explosion -> /tmp/patch9_engine_loop.diff
+(series cap and rooflight_source_series_dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from rooflight.agent.cli import resolve_models
+from rooflight.agent.sampling.config import build
+from rooflight.agent.sampling.sampler import Agent
+from rooflight.agent.serve.server import build_app
+from rooflight.agent.metrics.snapshot import Health
+from support import free_port, sample_text
+
+PAGE = sample_text("vllm-cpu-load-c16.prom")
+METRICS_DEADLINE = 0.5  # seconds: what a /metrics request may take while the engine misbehaves
+FAULT_WAIT = 4.0  # seconds to see the fault, then the recovery, reported
+MB = 1024 * 1024
+
+
+@dataclass
+class RawEngine:
+    """A TCP server that speaks HTTP/1.1 (or not) exactly as its `mode` says; one request per connection."""
+
+    mode: str = "ok"
+    body: str = PAGE
+    delay: float = 0.0
+    port: int = 0
+    requests: int = 0
+    inflight: int = 0
+    max_inflight: int = 0
+    sent: int = 0  # body bytes written in the last "huge" answer
+    _server: asyncio.base_events.Server | None = None
+    _tasks: set = field(default_factory=set)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        self.requests += 1
+        self.inflight += 1
+        self.max_inflight = max(self.max_inflight, self.inflight)
+        try:
+            if self.mode != "silent":
+                await reader.readuntil(b"\r\n\r\n")
+            await getattr(self, "_" + self.mode.replace("-", "_"))(writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.inflight -= 1
+            self._tasks.discard(task)
+            writer.close()
+
+    @staticmethod
+    def _head(status: str, length: int | None) -> bytes:
+        size = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
+        return f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n{size}\r\nConnection: close\r\n\r\n".encode()
+
+    async def _ok(self, w: asyncio.StreamWriter) -> None:
+        data = self.body.encode()
+        w.write(self._head("200 OK", len(data)) + data)
+        await w.drain()
+
+    async def _slow(self, w: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(self.delay)
+        await self._ok(w)
+
+    async def _silent(self, w: asyncio.StreamWriter) -> None:  # accepts, reads nothing, says nothing
+        await asyncio.sleep(3600)
+
+    async def _status_500(self, w: asyncio.StreamWriter) -> None:
+        w.write(self._head("500 Internal Server Error", 5) + b"oops\n")
+        await w.drain()
+
+    async def _cut(self, w: asyncio.StreamWriter) -> None:  # promises the page, sends half, hangs up
+        data = self.body.encode()
+        half = data[: len(data) // 2]
+        assert not half.endswith(b"\n")
+        w.write(self._head("200 OK", len(data)) + half)
+        await w.drain()
+
+    async def _garbage(self, w: asyncio.StreamWriter) -> None:
+        w.write(os.urandom(4096))
+        await w.drain()
+
+    async def _huge(self, w: asyncio.StreamWriter) -> None:  # 50 MB, chunked: no length to refuse it by
+        line = b'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 1.0\n' * 1000
+        chunk = f"{len(line):x}\r\n".encode() + line + b"\r\n"
+        self.sent = 0
+        w.write(self._head("200 OK", None))
+        while self.sent < 50 * MB:
+            w.write(chunk)
+            self.sent += len(line)
+            await w.drain()
+        w.write(b"0\r\n\r\n")
+        await w.drain()
+
+    async def _huge_declared(self, w: asyncio.StreamWriter) -> None:
+        w.write(self._head("200 OK", 50 * MB) + b"vllm:num_requests_running 1\n")
+        await w.drain()
+        await asyncio.sleep(3600)
+
+
+# -- the harness ---------------------------------------------------------------------------------------
+def _health(agent: Agent) -> Health:
+    return next(h for h in agent.snapshot.health if h.source == "engine")
+
+
+async def _until(what: Callable[[], bool], seconds: float = FAULT_WAIT) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not what():
+        assert asyncio.get_running_loop().time() < deadline, "not reached in time"
+        await asyncio.sleep(0.02)
+
+
+def _scrape_blocking(url: str) -> tuple[int, str, float]:
+    """One scrape from a thread of its own: a stalled event loop shows in the time, as it would to Prometheus."""
+    import time
+    import urllib.request
+
+    started = time.monotonic()
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+        status = r.status
+    took = time.monotonic() - started
+    if os.environ.get("FAULTS_DEBUG"):
+        print(f"scrape {took:.3f}s")
+    return status, text, took
+
+
+async def _scrape(session: aiohttp.ClientSession, url: str) -> dict[tuple[str, tuple], float]:
+    status, text, took = await asyncio.to_thread(_scrape_blocking, url)
+    assert status == 200
+    assert took < METRICS_DEADLINE, f"/metrics took {took:.3f}s"
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _sane(metrics: dict[tuple[str, tuple], float]) -> None:
+    bad = {k: v for k, v in metrics.items() if not (math.isfinite(v) and v >= 0)}
+    assert not bad, f"negative or non-finite values exported: {bad}"
+
+
+def _values(metrics: dict, name: str) -> list[float]:
+    return [v for (n, _), v in metrics.items() if n == name]
+
+
+class Harness:
+    def __init__(self, engine: RawEngine, agent: Agent, base: str, session: aiohttp.ClientSession) -> None:
+        self.engine, self.agent, self.base, self.session = engine, agent, base, session
+
+    async def metrics(self) -> dict[tuple[str, tuple], float]:
+        m = await _scrape(self.session, self.base + "/metrics")
+        _sane(m)
+        return m
+
+    async def hold(self, seconds: float) -> dict:
+        """Scrape repeatedly for `seconds`: every answer in time and sane; returns the last."""
+        end = asyncio.get_running_loop().time() + seconds
+        m = await self.metrics()
+        while asyncio.get_running_loop().time() < end:
+            await asyncio.sleep(0.05)
+            m = await self.metrics()
+        return m
+
+
+async def _with_agent(engine: RawEngine, body: Callable[[Harness], Awaitable[None]], **flags: object) -> None:
+    settings = {"engine_url": [engine.url], "nvml": False, "process": False, "interval": "0.1",
+                "windows": "1s,2s", "scrape_timeout": "0.3", "model": "llama-3-8b", **flags}
+    config = build({}, {}, settings)
+    agent = Agent(config, models=resolve_models(config))
+    runner = web.AppRunner(build_app(agent), shutdown_timeout=0.1)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            h = Harness(engine, agent, f"http://127.0.0.1:{port}", session)
+            await _until(lambda: _health(agent).up)
+            await body(h)
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def engine() -> RawEngine:
+    e = RawEngine()
+    await e.start()
+    yield e
+    await e.stop()
+
+
+async def _fault_then_heal(h: Harness, mode: str, reason: str, **setup: object) -> None:
+    before = _health(h.agent).errors.get(reason, 0)
+    h.engine.mode = mode
+    for key, value in setup.items():
+        setattr(h.engine, key, value)
+    await _until(lambda: _health(h.agent).errors.get(reason, 0) > before and not _health(h.agent).up)
+    m = await h.hold(0.5)
+    assert _values(m, "rooflight_source_up") == [0.0]
+    errors = {dict(k[1])["reason"]: v for k, v in m.items() if k[0] == "rooflight_source_errors_total"}
+    assert errors[reason] > before
+    # the last good state is kept until stale_after (scrape timeout + 2 intervals), then dropped
+    await _until(lambda: not h.agent.snapshot.targets[0].series, h.agent.engines[0].stale_after + 1.0)
+    assert not _values(await h.metrics(), "rooflight_requests_running"), "a down engine's state is not current"
+    h.engine.mode = "ok"
+    await _until(lambda: _health(h.agent).up)
+    m = await h.metrics()
+    assert _values(m, "rooflight_source_up") == [1.0] and _values(m, "rooflight_requests_running") == [16.0]
+
+
+# -- socket and HTTP faults ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("mode", "reason", "flags"),
+    [
+        ("silent", "timeout", {}),  # accepts the connection, never reads or answers
+        ("status-500", "http_status", {}),
+        ("cut", "other", {}),  # Content-Length promised, body cut mid-line, connection closed
+        ("garbage", "other", {}),  # random bytes where an HTTP response should be
+        ("huge-declared", "too_large", {}),  # Content-Length: 50 MB, refused before reading
+        ("huge", "too_large", {"scrape_timeout": "3"}),  # 50 MB chunked: read up to the 16 MiB cap only
+    ],
+)
+async def test_fault_is_reported_metrics_stay_fast_and_it_heals(
+    engine: RawEngine, mode: str, reason: str, flags: dict
+) -> None:
+    async def body(h: Harness) -> None:
+        await _fault_then_heal(h, mode, reason)
+        if mode == "huge":
+            assert 16 * MB <= engine.sent < 40 * MB, f"the agent read {engine.sent} bytes of a 50 MB body"
+
+    await _with_agent(engine, body, **flags)
+
+
+async def test_refused_then_the_engine_comes_back_on_the_same_port(engine: RawEngine) -> None:
+    async def body(h: Harness) -> None:
+        await engine.stop()
+        await _until(lambda: _health(h.agent).errors["refused"] > 0)
+        m = await h.hold(0.3)
+        assert _values(m, "rooflight_source_up") == [0.0]
+        await engine.start()  # same port
+        await _until(lambda: _health(h.agent).up)
+        assert _values(await h.metrics(), "rooflight_requests_running") == [16.0]
+
+    await _with_agent(engine, body)
+
+
+async def test_slower_than_the_interval_stays_up_and_never_overlaps(engine: RawEngine) -> None:
+    async def body(h: Harness) -> None:
+        engine.mode, engine.delay = "slow", 0.25  # interval 0.1 s, timeout 0.3 s
+        start = engine.requests
+        m = await h.hold(1.5)
+        assert _values(m, "rooflight_source_up") == [1.0]
+        assert engine.max_inflight == 1, "a slow sample must delay the next one, not overlap it"
+        assert 3 <= engine.requests - start <= 8  # one sample per ~0.25 s, not one per 0.1 s
+        assert _health(h.agent).errors["timeout"] == 0
+
+    await _with_agent(engine, body)
+
+
+# -- exposition-level faults -----------------------------------------------------------------------------
+def _set(page: str, name: str, value: str) -> str:
+    """The page with one vLLM sample's value replaced (the tiny-llama, engine 0 series)."""
+    pattern = re.compile(rf'^({re.escape(name)}\{{engine="0",model_name="tiny-llama"\}}) \S+$', re.M)
+    assert pattern.search(page), name
+    return pattern.sub(lambda m: f"{m.group(1)} {value}", page)
+
+
+async def test_duplicate_and_conflicting_series(engine: RawEngine) -> None:
+    async def body(h: Harness) -> None:
+        dup = 'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 7.0\n'
+        conflicting = "# TYPE vllm:num_requests_running counter\n" + dup.replace("7.0", "-3.0")
+        engine.body = PAGE + dup
+        await _until(lambda: _values_now(h) == 7.0)  # the last duplicate wins, as the adapter documents
+        engine.body = PAGE + conflicting + "# TYPE vllm:generation_tokens_total gauge\n"
+        m = await h.hold(0.5)  # a negative 'running' from a re-declared family is dropped, not exported
+        assert _values(m, "rooflight_source_up") == [1.0]
+        engine.body = PAGE
+        await _until(lambda: _values_now(h) == 16.0)
+
+    await _with_agent(engine, body)
+
+
+def _values_now(h: Harness) -> float | None:
+    targets = h.agent.snapshot.targets
+    return targets[0].series[0].series.running if targets and targets[0].series else None
+
+
+async def test_nan_and_inf_values_are_dropped_not_exported(engine: RawEngine) -> None:
+    async def body(h: Harness) -> None:
+        page = _set(PAGE, "vllm:num_requests_running", "NaN")
+        page = _set(page, "vllm:kv_cache_usage_perc", "+Inf")
+        page = _set(page, "vllm:generation_tokens_total", "+Inf")
+        page = _set(page, "vllm:iteration_tokens_total_count", "-Inf")
+        engine.body = page
+        await _until(lambda: _values_now(h) is None)
+        m = await h.hold(0.6)
+        assert _values(m, "rooflight_source_up") == [1.0]
+        assert not _values(m, "rooflight_requests_running") and not _values(m, "rooflight_generation_tokens_total")
+        engine.body = PAGE
+        await _until(lambda: _values_now(h) == 16.0)
+
+    await _with_agent(engine, body)
+
+
+async def _counter_walk(h: Harness, values: list[float], step: float = 0.15) -> dict:
+    for v in values:
+        h.engine.body = _set(PAGE, "vllm:generation_tokens_total", f"{v:.1f}")
+        await asyncio.sleep(step)
+        await h.metrics()
+    return await h.metrics()
+
+
+async def test_counters_going_backwards_are_a_restart(engine: RawEngine) -> None:
+    async def body(h: Harness) -> None:
+        # 100 tokens per step, a restart to 50, then 100 per step again: never a negative rate
+        m = await _counter_walk(h, [1000, 1100, 1200, 50, 150, 250, 350])
+        decode = [v for (n, lbl), v in m.items() if n == "rooflight_tokens_per_second" and ("phase", "decode") in lbl]
+        assert decode and all(0 <= v < 2000 for v in decode)
+
+    await _with_agent(engine, body)
+
+
+async def test_an_absurd_counter_jump_is_not_a_throughput(engine: RawEngine) -> None:
+    """Needs /tmp/patch9_windows.diff: an increase beyond 1e9/s re-baselines the counter."""
+    async def body(h: Harness) -> None:
+        m = await _counter_walk(h, [1000, 1100, 1e18, 1e18 + 4096, 1e18 + 8192, 1e18 + 12288])
+        for name in ("rooflight_tokens_per_second", "rooflight_mbu_ratio", "rooflight_mfu_ratio"):
+            values = _values(m, name)
+            assert values and max(values) < 1e6, (name, values)
+
+    await _with_agent(engine, body)
+
+
+def _exploded(models: int) -> str:
+    lines = [l for l in PAGE.splitlines() if l.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{",
+                                                           "vllm:generation_tokens_total{", "vllm:kv_cache_usage_perc{"))]
+    return "\n".join(l.replace('model_name="tiny-llama"', f'model_name="lora-{i}"') for i in range(models) for l in lines) + "\n"
+
+
+async def test_label_explosion_is_capped_and_reported(engine: RawEngine) -> None:
+    """Needs /tmp/patch9_engine_loop.diff (+ config, snapshot, exposition, catalog, names)."""
+    async def body(h: Harness) -> None:
+        engine.body = _exploded(5000)
+        await _until(lambda: (_health(h.agent).series_dropped or 0) > 0)
+        m = await h.hold(0.5)
+        assert len(_values(m, "rooflight_requests_running")) == 128  # the default max_series
+        assert _values(m, "rooflight_source_series_dropped") == [5000 - 128]
+        engine.body = PAGE
+        await _until(lambda: _health(h.agent).series_dropped == 0)
+        m = await h.metrics()
+        assert _values(m, "rooflight_requests_running") == [16.0]
+
+    await _with_agent(engine, body)
+
+
+async def test_a_big_valid_page_does_not_stall_metrics(engine: RawEngine) -> None:
+    """~14 MB of real vLLM series (450 models, every family), under the 16 MiB cap: parsing takes ~1 s of CPU.
+
+    Measured worst scrape here: 0.27 s with parsing on the event loop, 0.14 s with
+    /tmp/patch9_engine_loop.diff (pages over 512 KiB parsed in a worker thread).
+    """
+    full = [l for l in PAGE.splitlines() if l.startswith("vllm:") and 'model_name="tiny-llama"' in l]
+    engine.body = "\n".join(l.replace("tiny-llama", f"m-{i}") for i in range(450) for l in full) + "\n"
+
+    async def body(h: Harness) -> None:
+        m = await h.hold(2.0)  # every scrape within METRICS_DEADLINE while big pages are parsed
+        assert _values(m, "rooflight_source_up") == [1.0]
+
+    await _with_agent(engine, body, scrape_timeout="3", interval="0.5", windows="2s,4s")

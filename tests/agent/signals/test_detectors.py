@@ -1,0 +1,200 @@
+"""Detector verdicts on hand-built inputs: each fires on its signature and stays quiet on the near misses."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rooflight.agent.signals.detectors import DetectorInputs, DetectorThresholds, Verdicts, evaluate, itl_inflation
+from rooflight.agent.errors import ConfigError
+
+T = DetectorThresholds()
+
+# A healthy batch: smooth ITL (6 ms steps, the seeds' baseline), some prefill, KV half full, no queue.
+HEALTHY = DetectorInputs(
+    itl_worst_recent=0.008,
+    itl_worst_baseline=0.006,
+    prefill_tokens_per_step_short=5.0,
+    kv_usage=0.5,
+    kv_usage_peak_short=0.45,
+    preemptions_per_second_short=0.0,
+    running=40.0,
+    waiting=0.0,
+    waiting_min_short=0.0,
+    batch_max=256.0,
+)
+
+UNKNOWN = DetectorInputs(*([None] * len(dataclasses.fields(DetectorInputs))))
+
+
+def with_(**changes: float | None) -> DetectorInputs:
+    return dataclasses.replace(HEALTHY, **changes)
+
+
+def test_healthy_batch_raises_nothing() -> None:
+    v = evaluate(HEALTHY, T)
+    assert v == Verdicts(
+        head_of_line=False,
+        itl_inflation=pytest.approx(0.008 / 0.006),
+        capacity_capped=False,
+        admission_bound=False,
+        at_configured_max=False,
+    )
+
+
+def test_nothing_known_means_cannot_tell() -> None:
+    assert evaluate(UNKNOWN, T) == Verdicts(None, None, None, None, None)
+
+
+# Head-of-line blocking ------------------------------------------------------------------------------
+
+
+def test_long_prompt_run_whole_is_head_of_line_blocking() -> None:
+    # The seeds' 8,000-token prompt: every decode stalls ~260 ms against a 6 ms baseline (~43x).
+    v = evaluate(with_(itl_worst_recent=0.260, prefill_tokens_per_step_short=5.0), T)
+    assert v.head_of_line is True
+    assert v.itl_inflation == pytest.approx(0.260 / 0.006)
+
+
+def test_inflation_exactly_at_threshold_fires_and_just_below_does_not() -> None:
+    median = 2.0**-7  # exact in binary, so the factor is exactly 3.0
+    assert evaluate(with_(itl_worst_baseline=median, itl_worst_recent=3 * median), T).head_of_line is True
+    assert evaluate(with_(itl_worst_baseline=median, itl_worst_recent=2.99 * median), T).head_of_line is False
+
+
+def test_decimal_bucket_edges_at_exactly_the_threshold_fire() -> None:
+    # worst ITL in the 0.3 s bucket against a 0.1 s median: 0.3 / 0.1 == 2.9999999999999996 in binary
+    assert evaluate(with_(itl_worst_baseline=0.1, itl_worst_recent=0.3), T).head_of_line is True
+
+
+def test_inflated_tail_while_preempting_is_the_kv_wall_not_head_of_line() -> None:
+    # a preempted sequence's next token comes seconds later: the tail inflates at the KV wall too
+    stalled = with_(itl_worst_recent=4.0, prefill_tokens_per_step_short=50.0, preemptions_per_second_short=0.5)
+    assert evaluate(stalled, T).head_of_line is False
+    assert evaluate(with_(itl_worst_recent=0.260, preemptions_per_second_short=None), T).head_of_line is True
+    lenient = DetectorThresholds(hol_max_preemptions_per_second=1.0)
+    assert evaluate(stalled, lenient).head_of_line is True
+
+
+def test_inflated_tail_without_prefill_work_is_not_head_of_line() -> None:
+    v = evaluate(with_(itl_worst_recent=0.260, prefill_tokens_per_step_short=0.0), T)
+    assert v.head_of_line is False
+    assert v.itl_inflation == pytest.approx(43.33, rel=1e-3)  # the factor is still exported
+
+
+def test_prefill_unknown_with_inflated_tail_cannot_tell_but_with_smooth_tail_can() -> None:
+    assert evaluate(with_(itl_worst_recent=0.260, prefill_tokens_per_step_short=None), T).head_of_line is None
+    assert evaluate(with_(prefill_tokens_per_step_short=None), T).head_of_line is False
+
+
+def test_zero_median_gives_no_inflation_factor() -> None:
+    assert itl_inflation(0.01, 0.0) is None
+    assert itl_inflation(None, 0.006) is None
+    assert evaluate(with_(itl_worst_baseline=0.0), T).head_of_line is None
+
+
+def test_absolute_floor_ignores_harmless_jitter() -> None:
+    floor = DetectorThresholds(hol_min_itl_seconds=0.05)
+    assert evaluate(with_(itl_worst_recent=0.023), T).head_of_line is True  # chunked prefill: ~4x of 6 ms
+    assert evaluate(with_(itl_worst_recent=0.023), floor).head_of_line is False
+    assert evaluate(with_(itl_worst_recent=0.260), floor).head_of_line is True
+
+
+# Capacity-capped batch ------------------------------------------------------------------------------
+
+CAPPED = dict(kv_usage=1.0, kv_usage_peak_short=0.97, preemptions_per_second_short=0.8, waiting=4.0, running=3.0)
+
+
+def test_kv_pinned_preempting_with_queue_is_capacity_capped() -> None:
+    v = evaluate(with_(**CAPPED), T)
+    assert v.capacity_capped is True
+    assert v.admission_bound is False  # KV has no room
+    assert v.at_configured_max is False
+
+
+@pytest.mark.parametrize(
+    "miss",
+    [
+        {"kv_usage_peak_short": 0.94},  # never reached the wall during the window
+        {"preemptions_per_second_short": 0.0},  # full but not preempting: a well-packed batch
+        {"waiting": 0.0},  # nobody is being held back
+    ],
+)
+def test_capacity_capped_near_misses(miss: dict[str, float]) -> None:
+    assert evaluate(with_(**{**CAPPED, **miss}), T).capacity_capped is False
+
+
+def test_capacity_capped_without_preemption_counter_cannot_tell() -> None:
+    assert evaluate(with_(**{**CAPPED, "preemptions_per_second_short": None}), T).capacity_capped is None
+
+
+# Admission-bound batch ------------------------------------------------------------------------------
+
+ADMISSION = dict(waiting=12.0, waiting_min_short=8.0, running=20.0, batch_max=256.0, kv_usage=0.3)
+
+
+def test_queue_with_room_everywhere_is_admission_bound() -> None:
+    v = evaluate(with_(**ADMISSION), T)
+    assert v.admission_bound is True
+    assert v.capacity_capped is False
+    assert v.at_configured_max is False
+
+
+@pytest.mark.parametrize(
+    "miss",
+    [
+        {"waiting_min_short": 0.0},  # the queue drained during the window: a blip
+        {"running": 128.0},  # exactly half the cap is not "well below"
+        {"kv_usage": 0.8},  # KV has no room left by the definition
+    ],
+)
+def test_admission_bound_near_misses(miss: dict[str, float]) -> None:
+    assert evaluate(with_(**{**ADMISSION, **miss}), T).admission_bound is False
+
+
+def test_admission_bound_without_a_known_cap_cannot_tell() -> None:
+    # vLLM does not expose max_num_seqs: without it "well below the cap" is unknowable.
+    assert evaluate(with_(**{**ADMISSION, "batch_max": None}), T).admission_bound is None
+    assert evaluate(with_(**{**ADMISSION, "batch_max": 0.0}), T).admission_bound is None
+
+
+# Batch at its configured maximum --------------------------------------------------------------------
+
+
+def test_running_at_cap_with_kv_room_is_a_config_lever() -> None:
+    v = evaluate(with_(running=256.0, batch_max=256.0, kv_usage=0.4, waiting=30.0, waiting_min_short=25.0), T)
+    assert v.at_configured_max is True
+    assert v.admission_bound is False
+    assert v.capacity_capped is False
+
+
+def test_at_configured_max_near_misses() -> None:
+    assert evaluate(with_(running=255.0, batch_max=256.0, kv_usage=0.4), T).at_configured_max is False
+    assert evaluate(with_(running=256.0, batch_max=256.0, kv_usage=0.85), T).at_configured_max is False
+    assert evaluate(with_(running=256.0, batch_max=None, kv_usage=0.4), T).at_configured_max is None
+
+
+# Thresholds ------------------------------------------------------------------------------------------
+
+
+def test_thresholds_are_configurable() -> None:
+    strict = DetectorThresholds(hol_inflation=50.0, capacity_kv_usage=0.99)
+    assert evaluate(with_(itl_worst_recent=0.260), strict).head_of_line is False
+    assert evaluate(with_(**CAPPED), strict).capacity_capped is False
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"hol_inflation": 1.0},
+        {"capacity_kv_usage": 0.0},
+        {"kv_room_usage": 1.5},
+        {"admission_max_batch_fraction": -0.1},
+        {"capacity_min_waiting": -1.0},
+        {"hol_min_prefill_tokens_per_step": float("nan")},
+    ],
+)
+def test_nonsense_thresholds_are_config_errors(bad: dict[str, float]) -> None:
+    with pytest.raises(ConfigError):
+        DetectorThresholds(**bad)

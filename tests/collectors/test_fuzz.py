@@ -1,0 +1,198 @@
+"""Fuzzing the parts that read untrusted input: the exposition reader, the vLLM adapter, the agent's
+config and the web config. Bounded for CI (a few seconds each); ROOFLIGHT_FUZZ_EXAMPLES raises the count,
+and bench/fuzz_atheris.py is the long coverage-guided run.
+
+Properties:
+- whatever the text, expfmt.parse raises nothing but ParseError, the vLLM adapter nothing but
+  SourceError, and nothing the adapter returns is negative or non-finite;
+- differential against prometheus_client on hand-spelled lines (odd spacing, escapes, exponents,
+  special values, timestamps): where prometheus_client accepts a page, expfmt gives the same
+  samples; where it refuses, expfmt refuses or counts bad lines (tolerance, never different numbers);
+- config: any mapping of settings gives an AgentConfig or ConfigError, never another exception;
+  any YAML gives a WebConfig or ConfigError.
+(test_expfmt.py already round-trips what prometheus_client renders; this covers what it does not.)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from rooflight.agent.serve import webconfig
+from rooflight.agent.sampling.config import build, load_file
+from rooflight.agent.errors import ConfigError
+from rooflight.collectors import expfmt
+from rooflight.collectors import vllm
+from rooflight.collectors.errors import ParseError, SourceError
+from support import sample_text
+
+EXAMPLES = int(os.environ.get("ROOFLIGHT_FUZZ_EXAMPLES", "150"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PAGE_LINES = sample_text("vllm-cpu-load-c16.prom").splitlines()
+
+
+# -- arbitrary and mutated text -----------------------------------------------------------------------
+@st.composite
+def _mutated_page(draw: st.DrawFn) -> str:
+    """Real vLLM lines, some cut, duplicated, with characters inserted or values swapped."""
+    picks = draw(st.lists(st.sampled_from(PAGE_LINES), min_size=1, max_size=40))
+    out = []
+    for line in picks:
+        op = draw(st.sampled_from(["keep", "cut", "insert", "value", "dup"]))
+        if op == "cut" and line:
+            line = line[: draw(st.integers(0, len(line)))]
+        elif op == "insert":
+            at = draw(st.integers(0, len(line)))
+            line = line[:at] + draw(st.text(st.characters(codec="utf-8"), max_size=6)) + line[at:]
+        elif op == "value" and " " in line and not line.startswith("#"):
+            value = draw(st.sampled_from(["NaN", "+Inf", "-Inf", "-1", "1e308", "-0", "0x10", "1_0", "", "1e-320"]))
+            line = line.rsplit(" ", 1)[0] + " " + value
+        elif op == "dup":
+            out.append(line)
+        out.append(line)
+    return "\n".join(out)
+
+
+def _vllm_is_safe(text: str) -> None:
+    try:
+        sample = vllm.parse(text, target="t", timestamp=0.0, duration=0.0)
+    except SourceError:
+        return
+    for series in sample.series:
+        for name in ("running", "waiting", "kv_usage_ratio", "prompt_tokens_total", "generation_tokens_total",
+                     "steps_total", "preemptions_total", "kv_capacity_tokens"):
+            value = getattr(series, name)
+            assert value is None or (math.isfinite(value) and value >= 0), (name, value)
+
+
+@FUZZ
+@given(st.text(max_size=400))
+def test_any_text_parses_or_is_a_parse_error(text: str) -> None:
+    try:
+        expfmt.parse(text)
+    except ParseError:
+        pass
+    _vllm_is_safe(text)
+
+
+@FUZZ
+@given(_mutated_page())
+def test_mutated_vllm_pages_never_crash_or_go_negative(text: str) -> None:
+    try:
+        expfmt.parse(text, prefixes=("vllm:",), names=vllm.NAMES)
+    except ParseError:
+        pass
+    _vllm_is_safe(text)
+
+
+# -- differential against prometheus_client ------------------------------------------------------------
+_NAME = st.from_regex(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,12}", fullmatch=True)
+_LABEL = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,8}", fullmatch=True).filter(lambda s: s != "__name__")
+_VALUE_CHARS = st.text(st.sampled_from('ab c,}{="\\n\\\\é'), max_size=8)
+_NUMBER = st.one_of(
+    st.sampled_from(["NaN", "+Inf", "-Inf", "Inf", "1e3", "-2.5E-3", "0", "-0.0", "17", ".5", "5."]),
+    st.floats(allow_nan=False).map(repr),
+)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+@st.composite
+def _spelled_line(draw: st.DrawFn) -> str:
+    name = draw(_NAME)
+    labels = draw(st.dictionaries(_LABEL, _VALUE_CHARS, max_size=3))
+    sp = draw(st.sampled_from(["", " "]))
+    body = ",".join(f'{sp}{k}{sp}={sp}"{_escape(v)}"' for k, v in labels.items())
+    trailing = draw(st.sampled_from(["", ","])) if labels else ""
+    head = f"{name}{{{body}{trailing}}}" if labels or draw(st.booleans()) else name
+    ts = draw(st.sampled_from(["", " 1700000000000", " -5"]))
+    return f"{head}{draw(st.sampled_from([' ', '  ', chr(9)]))}{draw(_NUMBER)}{ts}"
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+@FUZZ
+@given(st.lists(_spelled_line(), min_size=1, max_size=8))
+def test_hand_spelled_lines_agree_with_prometheus_client(lines: list[str]) -> None:
+    text = "\n".join(lines) + "\n"
+    try:
+        theirs = [(s.name, s.labels, s.value, s.timestamp) for f in text_string_to_metric_families(text)
+                  for s in f.samples]
+    except Exception:  # prometheus_client refuses: we may refuse, or skip the lines it choked on
+        try:
+            ours = expfmt.parse(text)
+        except ParseError:
+            return
+        assert ours.bad_lines > 0 or len(ours) <= len(lines)
+        return
+    ours_exp = expfmt.parse(text)
+    ours = [(s.name, s.labels, s.value, s.timestamp) for f in ours_exp.families for s in f.samples]
+    assert ours_exp.bad_lines == 0
+    assert len(ours) == len(theirs)
+    for (n1, l1, v1, t1), (n2, l2, v2, t2) in zip(ours, theirs):
+        assert (n1, l1) == (n2, l2)
+        assert _same(v1, float(v2))
+        assert (t1 is None and t2 is None) or float(t1) == pytest.approx(float(t2))
+
+
+# -- configuration ---------------------------------------------------------------------------------------
+_SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True),
+                    st.text(max_size=12), st.sampled_from(["1s", "250ms", "0", "-1s", "10s,1m", "http://x:1", "h100-sxm"]))
+_KEYS = st.sampled_from(["engine_url", "interval", "scrape_timeout", "windows", "percentiles", "listen", "nvml",
+                         "model", "gpu", "tp", "batch_max", "max_body_bytes", "detectors", "targets", "engine",
+                         "bogus", "process", "nvml_interval"])
+_SETTINGS = st.dictionaries(_KEYS, st.one_of(_SCALAR, st.lists(_SCALAR, max_size=3),
+                                             st.dictionaries(st.text(max_size=6), _SCALAR, max_size=2)), max_size=6)
+
+
+@FUZZ
+@given(_SETTINGS, _SETTINGS)
+def test_any_settings_give_a_config_or_a_config_error(file_settings: dict, flags: dict) -> None:
+    try:
+        build(file_settings, {}, flags)
+    except ConfigError:
+        pass
+
+
+_YAML = st.recursive(_SCALAR, lambda inner: st.one_of(
+    st.lists(inner, max_size=3),
+    st.dictionaries(st.one_of(st.sampled_from(["tls_server_config", "basic_auth_users", "http_server_config",
+                                               "cert_file", "key_file", "headers", "min_version",
+                                               "client_auth_type", "client_ca_file"]), st.text(max_size=5)),
+                    inner, max_size=3)), max_leaves=8)
+
+
+@FUZZ
+@given(_YAML)
+def test_any_web_config_gives_a_config_or_a_config_error(data: object) -> None:
+    try:
+        webconfig.parse(data, base=Path("/nonexistent"))
+    except ConfigError:
+        pass
+
+
+@FUZZ
+@given(st.text(max_size=200))
+def test_any_config_file_text_loads_or_is_a_config_error(tmp_path_factory: pytest.TempPathFactory, text: str) -> None:
+    path = tmp_path_factory.getbasetemp() / "fuzz-config.yml"
+    path.write_text(text)
+    for load in (load_file, webconfig.load):
+        try:
+            load(path)
+        except ConfigError:
+            pass
+    try:
+        yaml.safe_load(text)
+    except yaml.YAMLError:
+        pass

@@ -1,0 +1,119 @@
+"""deploy/: generated content is fresh, the Helm rule template keeps Prometheus's own templates, the
+chart's schema guards the SLO bucket edges, and the image's HEALTHCHECK command works against a real agent.
+
+The heavy checks (helm/kustomize rendering, Kubernetes/operator/compose schemas, promtool, hadolint)
+need pinned tools and run in deploy/validate.sh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from rooflight.agent.sampling import config as agent_config
+from deploy import generate
+from rooflight.rules.config import VLLM_ITL_BUCKETS, VLLM_TTFT_BUCKETS, RulesConfig
+from rooflight.rules.render import render
+from support import ROOT, free_port
+
+REPO = ROOT
+DEPLOY = REPO / "deploy"
+
+
+def test_generated_files_are_fresh() -> None:
+    assert generate.stale() == []
+
+
+def test_kustomize_base_rule_is_rules_output_and_dashboards_are_labelled() -> None:
+    assert (DEPLOY / "k8s/base/prometheusrule.yaml").read_text() == render(RulesConfig(), "prometheusrule")
+    maps = list(yaml.safe_load_all((DEPLOY / "k8s/base/dashboards.yaml").read_text()))
+    names = sorted(n for m in maps for n in m["data"])
+    assert names == sorted(p.name for p in (REPO / "dashboards/json").glob("*.json"))
+    for m in maps:
+        assert m["metadata"]["labels"]["grafana_dashboard"] == "1"
+        name, text = next(iter(m["data"].items()))
+        assert text == (REPO / "dashboards/json" / name).read_text()
+
+
+def test_helm_rule_template_escapes_prometheus_templates_and_has_no_sentinels() -> None:
+    text = (DEPLOY / "helm/rooflight/templates/prometheusrule.yaml").read_text()
+    assert "{{`{{`}} $labels.target {{`}}`}}" in text
+    assert not re.search(r"(?<!`)\{\{ \$labels", text)  # an unescaped Prometheus template would break helm
+    for sentinel in ("4001.25", "4002.25", "0.9137", "4003m", "4006m"):
+        assert sentinel not in text
+    for key in ("ttft.thresholdSeconds", "itl.thresholdSeconds", "lowMbu.threshold", "lowMbu.for", "headOfLine.for"):
+        assert f".Values.prometheusRule.{key}" in text
+
+
+def test_sentinel_collision_is_refused(monkeypatch) -> None:
+    monkeypatch.setattr(generate, "REPLACEMENTS", [*generate.REPLACEMENTS, ("for: 5m", "x")])
+    try:
+        generate.helm_rule_groups()
+    except RuntimeError as exc:
+        assert "collides" in str(exc)
+    else:
+        raise AssertionError("a sentinel that is also a real value was accepted")
+
+
+def test_chart_schema_allows_only_vllm_bucket_edges() -> None:
+    schema = json.loads((DEPLOY / "helm/rooflight/values.schema.json").read_text())
+    rule = schema["properties"]["prometheusRule"]["properties"]
+    assert rule["ttft"]["properties"]["thresholdSeconds"]["enum"] == list(VLLM_TTFT_BUCKETS)
+    assert rule["itl"]["properties"]["thresholdSeconds"]["enum"] == list(VLLM_ITL_BUCKETS)
+    values = yaml.safe_load((DEPLOY / "helm/rooflight/values.yaml").read_text())
+    assert values["prometheusRule"]["ttft"]["thresholdSeconds"] == RulesConfig().ttft.threshold_seconds
+    assert values["prometheusRule"]["itl"]["thresholdSeconds"] == RulesConfig().itl.threshold_seconds
+    assert values["agent"]["listen"] == "0.0.0.0:9746"
+
+
+def test_dockerfile_pins_the_package_version_and_runs_unprivileged() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert f"ARG ROOFLIGHT_VERSION={version}" in text
+    assert re.search(r"^USER 65532:65532$", text, re.M)
+    assert text.count("FROM ") == 2  # build tools stay in the first stage
+
+
+def _healthcheck_command() -> list[str]:
+    line = next(l for l in (DEPLOY / "Dockerfile").read_text().splitlines() if l.strip().startswith("CMD [\"python\""))
+    return json.loads(line.strip()[len("CMD "):])
+
+
+def test_image_healthcheck_command_against_a_real_agent() -> None:
+    port = free_port()
+    cmd = [sys.executable if c == "python" else c for c in _healthcheck_command()]
+    env = {**os.environ, "ROOFLIGHT_LISTEN": f"0.0.0.0:{port}"}
+    demo = subprocess.Popen([sys.executable, "-m", "rooflight", "demo", "--listen", f"127.0.0.1:{port}",
+                             "--engine-listen", "127.0.0.1:0", "--duration", "30"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/-/healthy", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.2)
+        assert subprocess.run(cmd, env=env, timeout=10).returncode == 0
+    finally:
+        demo.terminate()
+        demo.wait(timeout=10)
+    assert subprocess.run(cmd, env=env, timeout=10, stderr=subprocess.DEVNULL).returncode != 0
+
+
+def test_systemd_example_config_is_a_valid_agent_config() -> None:
+    config = agent_config.build(agent_config.load_file(DEPLOY / "systemd/rooflight.yaml"), {}, {})
+    assert config.listen == "0.0.0.0:9746"
+    assert config.targets[0].model_config and config.targets[0].url == "http://127.0.0.1:8000"
+    unit = (DEPLOY / "systemd/rooflight.service").read_text()
+    for option in ("DynamicUser=yes", "ProtectSystem=strict", "NoNewPrivileges=yes", "CapabilityBoundingSet="):
+        assert option in unit

@@ -1,0 +1,228 @@
+"""Our rules on a real Prometheus, scraping `rooflight demo` as a user runs it: the right alerts, only them.
+
+Two demos run at once (head-of-line and kv-wall), each as its own `rooflight demo` process; one
+Prometheus (Debian's, via tests/promstack.py, scrape and evaluation every 1 s) scrapes both agents and
+both simulated engines (the SLO rules read the engines' vllm:* histograms) and evaluates the rules
+rendered from rooflight.rules.config with short windows and `for` durations (SHORT below). Through the HTTP API
+the test checks, over the whole run (range queries on ALERTS, not a lucky poll):
+
+- RooflightHeadOfLineBlocking goes pending then firing for the head-of-line agent's target, and never
+  for the kv-wall target; RooflightBatchCapacityCapped the other way round;
+- RooflightEngineDown, RooflightGPUDown, RooflightBatchAdmissionBound and RooflightSLOBucketMissing
+  never go pending for either, and RooflightLowDecodeMBU not once the rate window is full (see
+  LATE_ONLY);
+- the recording rules (rate window 1m) agree with the agent's own 1m-window rooflight_mbu_ratio,
+  rooflight_mfu_ratio and rooflight_tokens_per_second, both averaged over the same 20 s, within
+  TOLERANCE.
+
+SHORT is the production config with only durations changed; the first (fast) test proves it by
+rendering both and comparing them with every duration masked.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rooflight.rules.config import RulesConfig
+from rooflight.rules.promql import record_name
+from rooflight.rules.recording import rank_labels
+from rooflight.rules.render import render
+import promstack
+from support import ROOT
+
+# The production config with every duration shortened so a two-minute run can exercise each alert.
+# Burn-rate rows are the SRE workbook's divided by 60 (1h -> 1m); detector windows 10m -> 20s; the
+# recording rules' rate window is the agent's 1m window so the two can be compared directly.
+_PROD = RulesConfig()
+SHORT = replace(
+    _PROD,
+    burn_windows=(
+        replace(_PROD.burn_windows[0], long="1m", short="5s", for_="2s"),
+        replace(_PROD.burn_windows[1], long="6m", short="30s", for_="15s"),
+        replace(_PROD.burn_windows[2], long="24m", short="2m", for_="1m"),
+        replace(_PROD.burn_windows[3], long="72m", short="6m", for_="3m"),
+    ),
+    bucket_guard_for="15s",
+    rate_window="1m",
+    head_of_line=replace(_PROD.head_of_line, window="20s", for_="5s"),
+    capacity_capped=replace(_PROD.capacity_capped, window="20s", for_="5s"),
+    admission_bound=replace(_PROD.admission_bound, window="20s", for_="5s"),
+    low_mbu_for="1m",
+    engine_down_for="10s",
+    gpu_down_for="10s",
+)
+
+# Recording rule vs agent, same nominal 1m window, computed from different samples: the agent's value
+# comes from its own 1 s samples up to ~2 s before Prometheus scraped it, and rate() extrapolates 1 s
+# scrapes to the window's edges, so the two windows are offset by up to ~3 s of 60. Where the rate is
+# smooth that is <1% (measured 0.01-1%); kv-wall's prefill arrives in lumps (a preempted sequence's
+# recompute is thousands of tokens at once), and one instant measured 8% apart. So both sides are
+# averaged over SMOOTH of evaluations (after the 1m window is full on both), which divides that noise,
+# and must agree within 10%. A real disagreement (a wrong constant, TP, a phase swap, fp8 KV bytes
+# counted twice) is 2x or a steady offset well past that.
+TOLERANCE = 0.10
+SMOOTH = "20s"
+
+SCENARIOS = ("head-of-line", "kv-wall")
+EXPECTED = {"head-of-line": "RooflightHeadOfLineBlocking", "kv-wall": "RooflightBatchCapacityCapped"}
+NEVER = ("RooflightEngineDown", "RooflightGPUDown", "RooflightBatchAdmissionBound", "RooflightSLOBucketMissing")
+# rate() divides a partial window's increase by the whole range, so for one rate window after scraping
+# starts the recorded MBU ramps up from 0 and the low-MBU condition holds (pending, never firing: its
+# `for` is at least the rate window). Checked only once the window is full.
+LATE_ONLY = ("RooflightLowDecodeMBU",)
+RATE_WINDOW_SECONDS = 60.0
+MIN_SCRAPED_SECONDS = 90.0  # a full 1m window on both sides, then SMOOTH and a margin
+DEADLINE_SECONDS = 170.0
+
+_DURATION = re.compile(r"(?<![0-9.])[0-9]+(ms|s|m|h|d|w|y)\b")
+
+
+def _mask_durations(doc: Any) -> Any:
+    """The parsed rules with every Prometheus duration (and a rule name's duration suffix) masked."""
+    if isinstance(doc, dict):
+        return {_mask_durations(k): _mask_durations(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_mask_durations(v) for v in doc]
+    return _DURATION.sub("<D>", doc) if isinstance(doc, str) else doc
+
+
+def test_short_rules_are_the_production_rules_with_only_durations_changed() -> None:
+    for fmt in ("yaml", "prometheusrule"):
+        prod, short = render(_PROD, fmt), render(SHORT, fmt)
+        assert prod != short
+        assert _mask_durations(yaml.safe_load(prod)) == _mask_durations(yaml.safe_load(short))
+        assert len(_DURATION.findall(prod)) == len(_DURATION.findall(short)) > 20
+    # and the checked-in production file is the default render, untouched by this test
+    assert (ROOT / "rules" / "rooflight.rules.yaml").read_text() == render(_PROD)
+
+
+# -- the real run ------------------------------------------------------------------------------------
+
+def _rooflight() -> list[str]:
+    exe = shutil.which("rooflight")
+    return [exe] if exe else [sys.executable, "-m", "rooflight"]
+
+
+def _start_demo(scenario: str, agent_port: int, engine_port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*_rooflight(), "demo", "--scenario", scenario, "--listen", f"127.0.0.1:{agent_port}",
+         "--engine-listen", f"127.0.0.1:{engine_port}", "--interval", "1s", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> str:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if proc.stderr:
+        proc.stderr.close()
+    return err
+
+
+def _alerts_seen(prom: promstack.PromStack, seconds: float) -> set[tuple[str, str, str]]:
+    """(alertname, alertstate, target) of every ALERTS series present at any evaluation in the last `seconds`."""
+    rows = prom.query(f"last_over_time(ALERTS[{int(seconds) + 1}s])")
+    return {(r["metric"]["alertname"], r["metric"]["alertstate"], r["metric"].get("target", "")) for r in rows}
+
+
+def _by_target(rows: list[dict[str, Any]], *keys: str) -> dict[tuple[str, ...], float]:
+    return {tuple(r["metric"].get(k, "") for k in ("target", *keys)): float(r["value"][1]) for r in rows}
+
+
+def _compare(prom: promstack.PromStack, at: float, agent_expr: str, rule: str, *keys: str) -> list[str]:
+    """Each (target, keys) series of the agent's metric against the recording rule, both averaged over
+    SMOOTH; the mismatches."""
+    agent = _by_target(prom.query(f"avg_over_time({agent_expr}[{SMOOTH}])", at), *keys)
+    recorded = _by_target(prom.query(f"avg_over_time({rule}[{SMOOTH}])", at), *keys)
+    if not agent or set(agent) != set(recorded):
+        return [f"{agent_expr} vs {rule}: series {sorted(agent)} != {sorted(recorded)}"]
+    bad = []
+    for key, value in sorted(agent.items()):
+        got = recorded[key]
+        ok = value > 0 and abs(got - value) <= TOLERANCE * value
+        print(f"{rule} {key}: recorded {got:.6g}, agent {value:.6g}, diff {got / value - 1 if value else 0:+.2%}")
+        if not ok:
+            bad.append(f"{key}: {rule} = {got:.6g}, agent {agent_expr} = {value:.6g}")
+    return bad
+
+
+needs_prometheus = pytest.mark.skipif(not promstack.available(), reason="Debian's prometheus is not installed")
+
+
+@pytest.mark.prometheus
+@needs_prometheus
+def test_alerts_and_recording_rules_on_the_demo(tmp_path: Path) -> None:
+    rules = tmp_path / "rooflight-short.rules.yaml"
+    rules.write_text(render(SHORT))
+    ports = {s: (promstack.free_port(), promstack.free_port()) for s in SCENARIOS}
+    target = {s: f"127.0.0.1:{ports[s][1]}" for s in SCENARIOS}  # the agent names a target host:port
+    demos = {s: _start_demo(s, *ports[s]) for s in SCENARIOS}
+    try:
+        scrape = [f"127.0.0.1:{p}" for s in SCENARIOS for p in ports[s]]
+        with promstack.PromStack(scrape, [rules]) as prom:
+            begin = time.monotonic()
+            prom.wait_for('count(rooflight_mbu_ratio{window="10s"}) == 2', timeout=60)
+            scraping_since = time.monotonic()
+            want = {(EXPECTED[s], "firing", target[s]) for s in SCENARIOS}
+            seen: set[tuple[str, str, str]] = set()
+            while time.monotonic() - begin < DEADLINE_SECONDS:
+                for s, proc in demos.items():
+                    assert proc.poll() is None, f"rooflight demo {s} exited: {_stop(proc)[-2000:]}"
+                seen = _alerts_seen(prom, time.monotonic() - begin)
+                if want <= seen and time.monotonic() - scraping_since >= MIN_SCRAPED_SECONDS:
+                    break
+                time.sleep(1.0)
+            ran = time.monotonic() - begin
+            seen = _alerts_seen(prom, ran)
+            print(f"after {ran:.0f} s: {sorted(seen)}")
+
+            problems: list[str] = []
+            for s in SCENARIOS:
+                other = next(o for o in SCENARIOS if o != s)
+                for state in ("pending", "firing"):
+                    if (EXPECTED[s], state, target[s]) not in seen:
+                        problems.append(f"{EXPECTED[s]} never {state} on the {s} demo")
+                wrong = sorted(a for a in seen if a[0] == EXPECTED[other] and a[2] == target[s])
+                if wrong:
+                    problems.append(f"{EXPECTED[other]} on the {s} demo: {wrong}")
+            never = sorted(a for a in seen if a[0] in NEVER)
+            late = _alerts_seen(prom, time.monotonic() - scraping_since - RATE_WINDOW_SECONDS)
+            never += sorted(a for a in late if a[0] in LATE_ONLY)
+            if never:
+                problems.append(f"alerts that must not go pending: {never}")
+
+            # the SLO rules evaluate over the engines' histograms (a missing `le` would leave them empty)
+            for slo in ("ttft", "itl"):
+                if not prom.query(f"model_name:rooflight_{slo}_slo_errors:ratio_rate1m"):
+                    problems.append(f"the {slo} SLO error-ratio rule is empty")
+
+            at = time.time()
+            rank = rank_labels(SHORT)
+            problems += _compare(prom, at, 'rooflight_mbu_ratio{window="1m"}',
+                                 record_name(rank, "rooflight_mbu", "ratio_rate1m"))
+            problems += _compare(prom, at, 'rooflight_mfu_ratio{window="1m"}',
+                                 record_name((*rank, "phase"), "rooflight_mfu", "ratio_rate1m"), "phase")
+            problems += _compare(prom, at, 'rooflight_tokens_per_second{window="1m"}',
+                                 record_name((*rank, "phase"), "rooflight_tokens", "rate1m"), "phase")
+            assert not problems, "\n".join(problems)
+    finally:
+        for proc in demos.values():
+            _stop(proc)
+    assert all(proc.returncode is not None for proc in demos.values())
