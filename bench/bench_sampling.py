@@ -1,7 +1,7 @@
 """How much one engine sample costs, against prometheus_client's parser as the yardstick.
 
 Sampling must be cheap enough to run at 10 Hz next to a busy engine. On one recorded vLLM page
-(default ../shared/engine-samples/vllm-cpu-load-c16.prom) this prints, per call:
+(default tests/fixtures/engine-samples/vllm-cpu-load-c16.prom) this prints, per call:
   (a) prometheus_client.parser.text_string_to_metric_families alone (the yardstick);
   (b) our parse + normalize (rooflight.collectors.vllm.parse), and b/a (target <= 0.10);
   (c) a full cycle: HTTP GET over loopback with aiohttp from a server in another process (as the
@@ -34,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from rooflight.collectors import vllm  # noqa: E402
 
-DEFAULT_PAGE = Path(__file__).resolve().parents[2] / "shared" / "engine-samples" / "vllm-cpu-load-c16.prom"
+DEFAULT_PAGE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "engine-samples" / "vllm-cpu-load-c16.prom"
 WINDOWS = {"10s": 10.0, "1m": 60.0, "5m": 300.0}
 
 

@@ -2,7 +2,7 @@
 
     python bench/detection_latency.py [--rules short|production] [--warmup S] [--timeout S]
 
-One run, in one process: two simulated vLLM engines (rooflight.agent.demo, scenario steady, different seeds),
+One run, in one process: two simulated vLLM engines (rooflight.agent.demo, scenario steady, seeded differently),
 one Agent sampling both every 1 s and serving /metrics on 127.0.0.1, and Debian's Prometheus
 (tests/promstack.py: scrape and rule evaluation every 1 s) scraping the agent and both engines with
 our rules loaded. After `--warmup` seconds (the agent's ITL baseline needs ~30 s) the bench injects at

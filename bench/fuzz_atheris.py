@@ -1,5 +1,5 @@
 """Coverage-guided fuzzing (atheris, libFuzzer) of what reads untrusted input: the exposition reader
-plus the vLLM adapter, the agent's config, and the web config. The long run to tests/test_fuzz.py's
+plus the vLLM adapter, the agent's config, and the web config. The long run to tests/collectors/test_fuzz.py's
 bounded hypothesis run. atheris is optional (bench only): `pip install atheris` (CPython 3.11 wheels).
 
     python bench/fuzz_atheris.py expfmt -atheris_runs=2000000      # or -max_total_time=3600

@@ -27,7 +27,8 @@ from rooflight.collectors.errors import SourceError  # noqa: E402
 from rooflight.collectors.nvml import NvmlCollector  # noqa: E402
 from rooflight.collectors.samples import GpuDevice  # noqa: E402
 
-# Dense BF16 peak and HBM peak by NVML name (reference gpu.md §4.1), for this script's printout only.
+# Dense BF16 peak and HBM peak by NVML name (docs/physics.md, section GPU constants), for this
+# script's printout only.
 
 def peaks_for(name: str, memory_total: float | None) -> tuple[float | None, float | None]:
     """The agent's own profile for this NVML name: the same constants the agent's MBU/MFU use."""

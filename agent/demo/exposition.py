@@ -2,7 +2,7 @@
 
 Names, HELP/TYPE lines, label sets (`engine`, `model_name`; `cache_config_info` without
 `model_name`; `admission_rejections` without `engine`), histogram bucket edges and `_created`
-samples follow the captured vLLM expositions in shared/engine-samples. The estimated FLOP/byte
+samples follow the recorded vLLM pages in tests/fixtures/engine-samples/. The estimated FLOP/byte
 counters count as vLLM's --enable-mfu-metrics would. Labels are sorted, as prometheus_client writes
 them. Pure: state in, text out.
 """

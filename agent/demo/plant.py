@@ -6,10 +6,10 @@ sequence's live KV bytes at the achieved bandwidth (peak x efficiency); a prefil
 params FLOPs per token at the peak dense FLOP/s x prefill MFU.
 
 A step that mixes phases (a prefill admitted while other sequences decode) costs decode time PLUS
-prefill time, not the max of the two. That is the seeds' own arithmetic for a mixed iteration
-("iteration = decode 6.1 ms + chunk ~16.6 ms ~= 23 ms"): on one set of SMs the prefill's compute
-and the decode's memory stream run one after the other in practice, and with it the head-of-line
-stall is "every in-flight decode stalls ~260 ms" on top of its own ~6 ms step. A prefill-only step
+prefill time, not the max of the two. That is the arithmetic of docs/physics.md (section Prefill
+time) for a mixed iteration (decode 6.1 ms + a 512-token chunk 16.6 ms ~= 23 ms): on one set of SMs
+the prefill's compute and the decode's memory stream run one after the other in practice, and with
+it the head-of-line stall is every in-flight decode stalling ~260 ms on top of its own ~6 ms step. A prefill-only step
 still has to stream the weights once, so it costs max(weight read, prefill compute): a prompt
 shorter than the ridge (~295 tokens) is memory-bound.
 """

@@ -85,7 +85,7 @@ class DemoEngine:
         return now
 
     def state(self, window: float = 10.0) -> dict[str, Any]:
-        """What the seeds predict for the current state (see rooflight.agent.demo.state)."""
+        """What docs/physics.md predicts for the current state (see rooflight.agent.demo.state)."""
         out = predicted_state(self.sim, self.history, window)
         out["scenario"] = self.config.scenario
         return out

@@ -1,8 +1,8 @@
-"""What the seeds predict for the simulated engine's current state, for tests to hold the agent to.
+"""What docs/physics.md predicts for the simulated engine's current state, for tests to hold the agent to.
 
 `History` keeps marks of the simulator's cumulative counters (one per tick), so rates over a window
-are computed the way the agent computes them from scrapes. `predicted_state` adds the seeds'
-closed-form numbers for the batch as it stands: decode step time (weights + live KV over the
+are computed the way the agent computes them from scrapes. `predicted_state` adds the closed-form
+numbers of docs/physics.md for the batch as it stands: decode step time (weights + live KV over the
 achieved bandwidth), decode tokens/s, MBU, effective decode intensity B x 2P / (W + B x kv_bytes).
 """
 
@@ -112,7 +112,7 @@ def predicted_state(sim: Simulator, history: History, window: float = 10.0) -> d
         "peak_flops": p.peak_flops,
         "bandwidth_efficiency": p.bandwidth_efficiency,
         "prefill_mfu": p.prefill_mfu,
-        # The seeds' closed forms for the decode batch as it stands now.
+        # The closed forms (docs/physics.md, sections Decode step time and MBU) for the batch as it stands.
         "decode_step_seconds": decode_step,
         "expected_mbu": (p.weight_bytes + live_bytes) / decode_step / p.peak_bandwidth if batch else 0.0,
         "expected_decode_tokens_per_second": batch / decode_step if batch else 0.0,

@@ -10,7 +10,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-# vllm/v1/metrics/buckets.py defaults (shared/reference/engines.md section 2.3).
+# vLLM's defaults (vllm/v1/metrics/buckets.py upstream), the edges the recorded pages in
+# tests/fixtures/engine-samples/vllm-cpu-*.prom carry.
 REQUEST_LATENCY = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 TIME_TO_FIRST_TOKEN = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,

@@ -1,7 +1,7 @@
 """Every exported metric name, in one place.
 
 Rules, dashboards, docs and the exposition import these constants, so a rename breaks a test rather
-than a dashboard in production. The agreed core is `shared/metric-contract.md`.
+than a dashboard in production. The agreed core is docs/metric-contract.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Composite detectors evaluated at the agent's sampling resolution: what binds the batch, and why ITL stutters.
 
 Each detector turns a handful of windowed values into a verdict the exposition exports as a 0/1 gauge
-(names in agent/metrics/names.py). The definitions follow the seeds' diagnosis table:
+(names in agent/metrics/names.py). The definitions are in docs/physics.md (sections Head-of-line
+blocking and Batch verdicts); what to do about each is in docs/runbooks.md:
 
 - head-of-line blocking (`HEAD_OF_LINE_BLOCKING`, with `ITL_INFLATION` = the factor itself):
   the worst ITL since the previous sample (the ITL histogram's highest bucket that gained
@@ -37,7 +38,7 @@ from rooflight.agent.errors import ConfigError
 
 @dataclass(frozen=True)
 class DetectorThresholds:
-    """The knobs of every detector, with defaults taken from the seeds' worked numbers.
+    """The knobs of every detector, with defaults taken from the worked numbers of docs/physics.md.
 
     hol_inflation: worst-ITL / its recent median at which stutter counts as blocking. A long prompt run
         whole stretches one step ~43x (260 ms against a 6 ms baseline); chunked prefill brings that to ~4x.
