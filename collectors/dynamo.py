@@ -1,6 +1,6 @@
 """The NVIDIA Dynamo adapter: a frontend's or a worker's `/metrics` page in, one EngineSample out.
 
-Dynamo has two kinds of pages (shared/reference/engines.md section 7):
+Dynamo has two kinds of pages (docs/engines.md "Dynamo"):
 - a **worker** (system port, `DYN_SYSTEM_PORT`): `dynamo_component_*` plus the engine's own registry
   passed through (`vllm:*`, `sglang:*`, `trtllm_*`). The engine's adapter reads its families; this
   module adds what only Dynamo says, where the engine said nothing:
@@ -19,26 +19,30 @@ Dynamo has two kinds of pages (shared/reference/engines.md section 7):
   case-insensitively and the gauges' spelling is kept.
 A worker page without a known engine's families is read as a frontend page would be (every
 engine field None but what Dynamo says), so a bare worker still shows up.
+
+Info endpoint: the frontend's OpenAI `/v1/models` (`data[0].id`); its /metrics carry the rest.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from rooflight.collectors import expfmt
 from rooflight.collectors import sglang
 from rooflight.collectors import trtllm
 from rooflight.collectors import vllm
-from rooflight.collectors.errors import ParseError
+from rooflight.collectors.common import good, has_samples, histogram_names, openai_models_info, read_page
+from rooflight.collectors.engines import EngineAdapter
 from rooflight.collectors.samples import EngineInfo, EngineSample, EngineSeries
 
 ENGINE = "dynamo"
-METRICS_PATH = "/metrics"
+METRICS_PATHS = ("/metrics",)  # the frontend's port, or the worker's DYN_SYSTEM_PORT
+DEFAULT_PATH_NOTE = None
+INFO_PATH = "/v1/models"
+parse_info = openai_models_info  # data[0].id
 
 # Worker pages: the passed-through engine's column, plus the two overlays in the docstring.
-# This is the frontend's column (docs/engines.md is generated from it by collectors/coverage.py;
-# tests/test_engines_coverage.py checks it against the parser).
+# This is the frontend's column (EngineAdapter.COVERAGE).
 COVERAGE: dict[str, str] = {
     "running": "`dynamo_frontend_inflight_requests` (worker: the engine's, else `dynamo_component_inflight_requests`)",
     "waiting": "`dynamo_frontend_queued_requests`",
@@ -54,7 +58,7 @@ COVERAGE: dict[str, str] = {
     "tensor_parallel_size": "none at the frontend (worker: the engine's)",
 }
 
-PASSED_THROUGH = (vllm, sglang, trtllm)  # detection order inside a worker page
+PASSED_THROUGH: tuple[EngineAdapter, ...] = (vllm, sglang, trtllm)  # detection order inside a worker page
 
 _F = "dynamo_frontend_"
 _C = "dynamo_component_"
@@ -87,21 +91,19 @@ NAMES: frozenset[str] = frozenset(
         F_PROMPT,
         F_GENERATION,
         F_REQUESTS,
-        *(b + s for b in (F_TTFT, F_ITL) for s in ("_bucket", "_count", "_sum")),
+        *histogram_names(F_TTFT, F_ITL),
     }
 )
 
 
 def recognises(text: str) -> bool:
     """True when the page carries Dynamo's own families (frontend or worker)."""
-    return any(text.startswith(p) or "\n" + p in text for p in (_F, _C))
+    return has_samples(text, _F, _C)
 
 
 def parse(text: str, *, target: str, timestamp: float, duration: float) -> EngineSample:
     """Normalize one Dynamo page. ParseError when it holds no Dynamo family read here."""
-    exp = expfmt.parse(text, prefixes=("dynamo_",), names=NAMES)
-    if not exp.by_name:
-        raise ParseError("no dynamo_frontend_ or dynamo_component_ metric families in the exposition")
+    exp = read_page(text, ("dynamo_",), NAMES, what="dynamo_frontend_ or dynamo_component_")
     inner = next((m for m in PASSED_THROUGH if m.recognises(text)), None)
     if inner is not None:
         return _worker(exp, inner.parse(text, target=target, timestamp=timestamp, duration=duration), inner.ENGINE)
@@ -115,14 +117,10 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     )
 
 
-def _good(value: float) -> bool:
-    return 0.0 <= value < math.inf
-
-
 def _worker(exp: expfmt.Exposition, sample: EngineSample, backend: str) -> EngineSample:
     inflight: dict[str, float] = {}
     for s in exp.get(INFLIGHT):
-        if _good(s.value):
+        if good(s.value):
             m = s.labels.get("model", "")
             inflight[m.lower()] = inflight.get(m.lower(), 0.0) + s.value  # summed over endpoints
     total = _last(exp, KV_TOTAL_BLOCKS)
@@ -145,14 +143,14 @@ def _worker(exp: expfmt.Exposition, sample: EngineSample, backend: str) -> Engin
 
 def _last(exp: expfmt.Exposition, name: str) -> float | None:
     values = [s.value for s in exp.get(name)]
-    return values[-1] if values and _good(values[-1]) else None
+    return values[-1] if values and good(values[-1]) else None
 
 
 def _by_model(exp: expfmt.Exposition, name: str, spelling: dict[str, str]) -> dict[str, float]:
     """lower-cased model -> value summed over other labels; remembers the first spelling seen."""
     out: dict[str, float] = {}
     for s in exp.get(name):
-        if not _good(s.value):
+        if not good(s.value):
             continue
         model = s.labels.get("model", "")
         spelling.setdefault(model.lower(), model)

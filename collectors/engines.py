@@ -1,21 +1,72 @@
-"""The engine adapters the agent knows, and auto-detection from the exposition itself.
+"""The engine adapters the agent knows, the protocol each one satisfies, and auto-detection.
 
-Every adapter module has the same surface: ENGINE, METRICS_PATH, recognises(text) and
-parse(text, *, target, timestamp, duration) -> EngineSample. Adding an engine is adding its module
-name here.
+An adapter is a module of collectors/ that satisfies `EngineAdapter` with module-level names: it
+owns every fact about its engine (where the page is, what each normalized field is read from, the
+JSON info endpoint and its parser). Nothing outside the module knows them: the engine loop, the
+detection below and the coverage table of docs/engines.md read them through the protocol. Adding an
+engine is one new module and one line in ADAPTER_MODULES (docs/engines.md "Adding an engine").
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
-from types import ModuleType
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 from rooflight.collectors.errors import ParseError
+from rooflight.collectors.samples import EngineInfoHints, EngineSample
 
-# Order matters for detection: a Dynamo worker passes an engine's metrics through, so it goes first.
-# The others own disjoint prefixes (vllm:, sglang:, trtllm_, nv_trt_llm_/nv_inference_, tgi_,
-# llamacpp:), so their order only decides odd pages that mix engines.
+DEFAULT_METRICS_PATH = "/metrics"  # the Prometheus convention, where `--engine auto` looks first
+
+
+@runtime_checkable
+class EngineAdapter(Protocol):
+    """What the agent needs from an engine's adapter; an adapter module satisfies it with module-level
+    names (the facts are read-only, hence properties here and plain constants there)."""
+
+    @property
+    def ENGINE(self) -> str:  # noqa: N802 - a module constant in the adapter
+        """The `--engine` name and the `engine` label value."""
+        ...
+
+    @property
+    def METRICS_PATHS(self) -> tuple[str, ...]:  # noqa: N802
+        """Where the engine serves its Prometheus text page, preferred first."""
+        ...
+
+    @property
+    def DEFAULT_PATH_NOTE(self) -> str | None:  # noqa: N802
+        """What to tell a user whose /metrics answered JSON, when this engine does that (trtllm-serve)."""
+        ...
+
+    @property
+    def INFO_PATH(self) -> str | None:  # noqa: N802
+        """The JSON route that states what /metrics does not (batch cap, model, context, TP), if any."""
+        ...
+
+    @property
+    def COVERAGE(self) -> Mapping[str, str]:  # noqa: N802
+        """Normalized field -> the wire metric it is read from, or "none: <why>" (docs/engines.md's table)."""
+        ...
+
+    def recognises(self, text: str) -> bool:
+        """True when the page carries this engine's families (cheap: a prefix check, no parse)."""
+        ...
+
+    def parse(self, text: str, *, target: str, timestamp: float, duration: float) -> EngineSample:
+        """The page normalized; ParseError when it holds none of the families read."""
+        ...
+
+    def parse_info(self, data: Any) -> EngineInfoHints:
+        """Hints from the decoded JSON of INFO_PATH; any odd document gives empty hints, never an error."""
+        ...
+
+
+# The registry: engine name -> its module, one line per engine. Order matters for detection: a Dynamo
+# worker passes an engine's metrics through, so it goes first. The others own disjoint prefixes
+# (vllm:, sglang:, trtllm_, nv_trt_llm_/nv_inference_, tgi_, llamacpp:), so their order only decides
+# odd pages that mix engines. The coverage table's columns follow it too.
 ADAPTER_MODULES: dict[str, str] = {
     "dynamo": "rooflight.collectors.dynamo",
     "vllm": "rooflight.collectors.vllm",
@@ -31,35 +82,67 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", re.MULTILINE)
 
 
 def names() -> tuple[str, ...]:
+    """Every known engine name, in detection order (no adapter is imported)."""
     return tuple(ADAPTER_MODULES)
 
 
-def adapter(engine: str) -> ModuleType:
-    """The adapter module for an engine name (`vllm`, `sglang`, ...)."""
+@functools.cache
+def adapter(engine: str) -> EngineAdapter:
+    """The adapter for an engine name (`vllm`, `sglang`, ...); TypeError if its module breaks the protocol."""
     try:
-        return importlib.import_module(ADAPTER_MODULES[engine])
+        module = importlib.import_module(ADAPTER_MODULES[engine])
     except KeyError:
         raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ADAPTER_MODULES)}, auto") from None
+    if not isinstance(module, EngineAdapter) or module.ENGINE != engine:
+        raise TypeError(f"{module.__name__} is not an EngineAdapter for {engine!r}")
+    return module
 
 
-def detect(text: str) -> ModuleType:
+def adapters() -> tuple[EngineAdapter, ...]:
+    """Every adapter, in detection order."""
+    return tuple(adapter(engine) for engine in ADAPTER_MODULES)
+
+
+def detect(text: str) -> EngineAdapter:
     """The adapter whose engine produced this exposition, or ParseError naming what was found."""
-    for engine in ADAPTER_MODULES:
-        module = adapter(engine)
-        if module.recognises(text):
-            return module
+    for candidate in adapters():
+        if candidate.recognises(text):
+            return candidate
     raise ParseError(f"not a known engine's /metrics: {describe(text)}")
+
+
+def probe_paths() -> tuple[str, ...]:
+    """Where `--engine auto` looks for a page: /metrics, then, while the answer is JSON, every other
+    path an adapter declares (trtllm-serve answers JSON at /metrics)."""
+    paths = [DEFAULT_METRICS_PATH]
+    for a in adapters():
+        paths.extend(p for p in a.METRICS_PATHS if p not in paths)
+    return tuple(paths)
+
+
+def is_json(text: str) -> bool:
+    """True when an answer is JSON rather than the Prometheus text format."""
+    return text.lstrip()[:1] in ("{", "[")
+
+
+def info_paths() -> dict[str, str]:
+    """Engine -> its JSON info route, for the engines that have one."""
+    return {a.ENGINE: a.INFO_PATH for a in adapters() if a.INFO_PATH}
+
+
+def parse_info(engine: str, data: Any) -> EngineInfoHints:
+    """Hints from the decoded JSON of an engine's info route. Unknown engine or odd JSON: empty hints."""
+    if engine not in ADAPTER_MODULES or not isinstance(data, (dict, list)):
+        return EngineInfoHints()
+    return adapter(engine).parse_info(data)
 
 
 def describe(text: str) -> str:
     """What an unrecognised page holds, in a few words, for the error a user reads."""
-    head = text.lstrip()[:1]
-    if head in ("{", "["):
-        return (
-            "found JSON, not the Prometheus text format (trtllm-serve answers JSON iteration stats "
-            "at /metrics; its Prometheus metrics are at /prometheus/metrics: pass --metrics-path)"
-        )
-    if head == "<":
+    if is_json(text):
+        notes = [a.DEFAULT_PATH_NOTE for a in adapters() if a.DEFAULT_PATH_NOTE]
+        return "found JSON, not the Prometheus text format" + (f" ({'; '.join(notes)})" if notes else "")
+    if text.lstrip()[:1] == "<":
         return "found HTML or XML, not the Prometheus text format"
     found = sorted({_prefix(m.group(1)) for regex in (_FAMILY, _SAMPLE) for m in regex.finditer(text)})
     if not found:

@@ -11,9 +11,10 @@ families by name before touching their labels. Measured on the same page and mac
 unfiltered, 0.6-1.2 ms with the vLLM adapter's filter; `bench/bench_sampling.py` prints the
 current numbers and ratios.
 
-It gives the same samples as prometheus_client's parser on every file in `shared/engine-samples/`
-and on expositions rendered by prometheus_client (tests/test_expfmt.py), with these documented
-differences, all in the direction of tolerance:
+It gives the same samples as prometheus_client's parser on every page in
+`tests/fixtures/engine-samples/` and on expositions rendered by prometheus_client
+(tests/collectors/test_expfmt.py), with these documented differences, all in the direction of
+tolerance:
 - a line that does not parse is counted in `bad_lines` and skipped (prometheus_client raises);
   `parse` raises ParseError only when lines were bad and not one sample parsed;
 - an exemplar (` # {...} v`) after the value is dropped; `# EOF` and other comments are ignored;

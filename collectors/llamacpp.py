@@ -1,10 +1,10 @@
 """The llama.cpp adapter: one `llama-server --metrics` page in, one normalized EngineSample out.
 
-llama-server writes its exposition by hand (shared/reference/engines.md section 6): `llamacpp:`
-counters and gauges, no labels (only `position` on a per-position spec-decode counter), no
-histograms, and no model name. One page is one model (in router mode the agent must scrape
-`/metrics?model=<id>` per model), so there is one EngineSeries, model "" and rank "0"; the model's
-name comes from `/props` (collectors/info.py), not from here.
+llama-server writes its exposition by hand (docs/engines.md "llama.cpp"): `llamacpp:` counters and
+gauges, no labels (only `position` on a per-position spec-decode counter), no histograms, and no
+model name. One page is one model (in router mode the agent must scrape `/metrics?model=<id>` per
+model), so there is one EngineSeries, model "" and rank "0"; the model's name comes from `/props`
+(parse_info), not from here.
 
 Normalization, true counters only:
 - running = `requests_processing` (busy slots), waiting = `requests_deferred`;
@@ -23,21 +23,25 @@ Normalization, true counters only:
   adapter uses, `n_tokens_max` (older builds: `n_past_max`, a high-water mark, not a rate), and
   `n_busy_slots_per_decode` (mean busy slots per decode call).
 Values that are NaN, infinite or negative are dropped (None).
+
+Info endpoint: `/props`, `total_slots` (= `--parallel`, the batch cap), `model_path` (else
+`model_alias`) and `default_generation_settings.n_ctx` (the context per slot).
 """
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
 from rooflight.collectors import expfmt
-from rooflight.collectors.errors import ParseError
-from rooflight.collectors.samples import EngineSample, EngineSeries
+from rooflight.collectors.common import as_dict, count, good, has_families, nonblank, read_page
+from rooflight.collectors.samples import EngineInfoHints, EngineSample, EngineSeries
 
 ENGINE = "llamacpp"
-METRICS_PATH = "/metrics"
+METRICS_PATHS = ("/metrics",)
+DEFAULT_PATH_NOTE = None
+INFO_PATH = "/props"
 
-# What each normalized field is read from, or why it is missing (docs/engines.md is generated from
-# this by collectors/coverage.py; tests/test_engines_coverage.py checks it against the parser).
+# What each normalized field is read from, or why it is missing (EngineAdapter.COVERAGE).
 COVERAGE: dict[str, str] = {
     "running": "`llamacpp:requests_processing`",
     "waiting": "`llamacpp:requests_deferred`",
@@ -81,14 +85,12 @@ NAMES: frozenset[str] = frozenset(
 
 def recognises(text: str) -> bool:
     """True when the page carries llama-server's `llamacpp:` families."""
-    return text.startswith(_P) or "\n" + _P in text or "# TYPE " + _P in text
+    return has_families(text, _P)
 
 
 def parse(text: str, *, target: str, timestamp: float, duration: float) -> EngineSample:
     """Normalize one llama-server exposition. ParseError when it holds no `llamacpp:` family read here."""
-    exp = expfmt.parse(text, prefixes=(_P,), names=NAMES)
-    if not exp.by_name:
-        raise ParseError("no llamacpp: metric families in the exposition")
+    exp = read_page(text, (_P,), NAMES)
     extra = {key: v for key, names in EXTRA_KEYS.items() if (v := _first(exp, *names)) is not None}
     series = EngineSeries(
         model="",
@@ -108,5 +110,16 @@ def _first(exp: expfmt.Exposition, *names: str) -> float | None:
         samples = [s for s in exp.get(name) if not s.labels]
         if samples:
             value = samples[-1].value
-            return value if 0.0 <= value < math.inf else None
+            return value if good(value) else None
     return None
+
+
+def parse_info(data: Any) -> EngineInfoHints:
+    """Batch cap, model and per-slot context from `/props`; see the module docstring."""
+    top = as_dict(data)
+    settings = as_dict(top.get("default_generation_settings"))
+    return EngineInfoHints(
+        batch_max_requests=count(top.get("total_slots")),
+        model_id=nonblank(top.get("model_path")) or nonblank(top.get("model_alias")),
+        max_model_len=count(settings.get("n_ctx")),
+    )

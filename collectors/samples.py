@@ -56,6 +56,21 @@ class EngineInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineInfoHints:
+    """What an engine's JSON info endpoint says (batch cap, model, context, TP); None for whatever it does not.
+
+    No engine but TRT-LLM and Dynamo exports its batch cap or model on /metrics, so the agent reads
+    the adapter's INFO_PATH once at start and every few minutes (docs/engines.md "Model and batch
+    cap: info endpoints").
+    """
+
+    batch_max_requests: int | None = None
+    model_id: str | None = None
+    max_model_len: int | None = None
+    tensor_parallel_size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class EngineSample:
     """One scrape of one engine endpoint.
 

@@ -1,10 +1,10 @@
 """The SGLang adapter (0.5.x, and the late-2024 names): one `/metrics` page in, one EngineSample out.
 
-SGLang runs prometheus_client in multiprocess mode (shared/reference/engines.md section 3): no
-`_created`, and gauges registered without `multiprocess_mode` carry a `pid` label. Scheduler
-series carry `model_name` (2024: `name`), `engine_type`, `tp_rank`, `pp_rank`, `moe_ep_rank` and,
-with data parallelism, `dp_rank`; tokenizer-side series (TTFT, ITL, finish-time token counters)
-carry `model_name` and `is_streaming` only.
+SGLang runs prometheus_client in multiprocess mode (docs/engines.md "SGLang"): no `_created`,
+and gauges registered without `multiprocess_mode` carry a `pid` label. Scheduler series carry
+`model_name` (2024: `name`), `engine_type`, `tp_rank`, `pp_rank`, `moe_ep_rank` and, with data
+parallelism, `dp_rank`; tokenizer-side series (TTFT, ITL, finish-time token counters) carry
+`model_name` and `is_streaming` only.
 
 Normalization:
 - One EngineSeries per (model, rank); rank = `dp_rank` ("0" when absent).
@@ -31,25 +31,41 @@ Normalization:
   `time_per_output_token_seconds`, the same per-token quantity), summed over `is_streaming`. These
   come from the one tokenizer process for the whole server: with DP they are attached to rank "0"
   and cover every rank.
-- batch cap: not exported (`max_running_requests` is in `/server_info`, collectors/info.py).
+- batch cap: not exported (`max_running_requests` is in `/server_info`, read by parse_info).
 - extra: realtime prefill cache tokens, finish-time counters, retracted tokens, spec-decode gauges
   (last batch only: no counters to rate), context length.
 Values that are NaN, infinite or negative are dropped (None).
+
+Info endpoint: `/server_info` (older: `/get_server_info`), the server args flattened: `model_path`,
+`tp_size`, `context_length`, `max_running_requests`. The last two are null when left to SGLang to
+choose; the effective values are then read from `internal_states[0]`
+(`effective_max_running_requests_per_dp`, `max_running_requests`, `context_length`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from rooflight.collectors import expfmt
-from rooflight.collectors.errors import ParseError
-from rooflight.collectors.samples import EngineInfo, EngineSample, EngineSeries, Histogram
+from rooflight.collectors.common import (
+    as_dict,
+    combine_each,
+    count,
+    first_of,
+    has_families,
+    histogram_names,
+    nonblank,
+    read_page,
+)
+from rooflight.collectors.samples import EngineInfo, EngineInfoHints, EngineSample, EngineSeries, Histogram
 
 ENGINE = "sglang"
-METRICS_PATH = "/metrics"
+METRICS_PATHS = ("/metrics",)
+DEFAULT_PATH_NOTE = None
+INFO_PATH = "/server_info"
 
-# What each normalized field is read from, or why it is missing (docs/engines.md is generated from
-# this by collectors/coverage.py; tests/test_engines_coverage.py checks it against the parser).
+# What each normalized field is read from, or why it is missing (EngineAdapter.COVERAGE).
 COVERAGE: dict[str, str] = {
     "running": "`sglang:num_running_reqs`",
     "waiting": "`sglang:num_queue_reqs`",
@@ -109,21 +125,19 @@ NAMES: frozenset[str] = frozenset(
         RETRACTED,
         *EXTRA_GAUGES.values(),
         *EXTRA_COUNTERS.values(),
-        *(b + s for b in (TTFT, *ITL) for s in ("_bucket", "_count", "_sum")),
+        *histogram_names(TTFT, *ITL),
     }
 )
 
 
 def recognises(text: str) -> bool:
     """True when the page carries SGLang's `sglang:` families."""
-    return text.startswith(_P) or "\n" + _P in text or "# TYPE " + _P in text
+    return has_families(text, _P)
 
 
 def parse(text: str, *, target: str, timestamp: float, duration: float) -> EngineSample:
     """Normalize one SGLang exposition. ParseError when it holds no `sglang:` family read here."""
-    exp = expfmt.parse(text, prefixes=(_P,), names=NAMES)
-    if not exp.by_name:
-        raise ParseError("no sglang: metric families in the exposition")
+    exp = read_page(text, (_P,), NAMES)
     gauges = {n: _read(exp, n, gauge=True) for n in (RUNNING, WAITING, KV_USAGE, KV_CAPACITY, PAGE_SIZE)}
     realtime = _read(exp, REALTIME, gauge=False, split="mode")
     passes = _read(exp, PASSES, gauge=False, split="mode")
@@ -185,10 +199,6 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     )
 
 
-def _good(value: float) -> bool:
-    return 0.0 <= value < math.inf  # False for NaN, +-Inf and negatives
-
-
 def _model(labels: dict[str, str]) -> str:
     return labels.get("model_name", labels.get("name", ""))
 
@@ -212,10 +222,9 @@ def _read(
         per.setdefault(key, {}).setdefault(part, {}).setdefault(_replica(labels), {})[labels.get("pid")] = s.value
     out: dict[_Key, dict[str | None, float]] = {}
     for key, parts in per.items():
-        for part, replicas in parts.items():
-            values = [v for v in replicas[min(replicas)].values() if _good(v)]
-            if values:
-                out.setdefault(key, {})[part] = max(values) if gauge else math.fsum(values)
+        lowest = {part: replicas[min(replicas)] for part, replicas in parts.items()}
+        if values := combine_each(lowest, gauge=gauge):
+            out[key] = values
     return out
 
 
@@ -226,3 +235,18 @@ def _one(table: dict[_Key, dict[str | None, float]], key: _Key) -> float | None:
 def _histograms(exp: expfmt.Exposition, base: str) -> dict[str, Histogram]:
     """Tokenizer-side histograms by model, summed over `is_streaming` (and pids)."""
     return expfmt.histograms(exp, base, _model)
+
+
+def parse_info(data: Any) -> EngineInfoHints:
+    """Batch cap, model, context and TP from `/server_info`; see the module docstring."""
+    top = as_dict(data)
+    state = first_of(top.get("internal_states"))
+    batch = count(top.get("max_running_requests"))
+    for key in ("effective_max_running_requests_per_dp", "max_running_requests"):
+        batch = batch or count(state.get(key))
+    return EngineInfoHints(
+        batch_max_requests=batch,
+        model_id=nonblank(top.get("model_path")) or nonblank(state.get("model_path")),
+        max_model_len=count(top.get("context_length")) or count(state.get("context_length")),
+        tensor_parallel_size=count(top.get("tp_size")),
+    )

@@ -1,10 +1,10 @@
 """The Hugging Face TGI adapter (3.x router + v2/v3 backends): one `/metrics` page in, one EngineSample out.
 
-TGI renders its metrics with Rust's metrics-exporter-prometheus 0.15 (shared/reference/engines.md
-section 4): counters keep their registered names, without `_total` (`tgi_batch_inference_count`);
-histograms with configured buckets are histograms, the others are *summaries* (quantile lines
-over a rolling window); no label names the model or a replica, so one page is one model (series
-model "" and rank "0"; the model id comes from `/info`, collectors/info.py).
+TGI renders its metrics with Rust's metrics-exporter-prometheus 0.15 (docs/engines.md "TGI"):
+counters keep their registered names, without `_total` (`tgi_batch_inference_count`); histograms
+with configured buckets are histograms, the others are *summaries* (quantile lines over a rolling
+window); no label names the model or a replica, so one page is one model (series model "" and
+rank "0"; the model id comes from `/info`, read by parse_info).
 
 Normalization, true counters only:
 - running = `tgi_batch_current_size`, waiting = `tgi_queue_size`;
@@ -26,21 +26,27 @@ Normalization, true counters only:
   the per-phase forward time sums (GPU busy seconds by phase, the best busy-time signal of any
   engine) and the batch token budget.
 Every counter is also accepted with a `_total` suffix, in case a newer exporter adds it.
+
+Info endpoint: `/info`, `model_id` and `max_total_tokens` (the per-request context).
+`max_concurrent_requests` there is the router's admission limit, not the batch cap
+(`--max-batch-size` is on neither endpoint), so batch_max_requests stays None.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from rooflight.collectors import expfmt
-from rooflight.collectors.errors import ParseError
-from rooflight.collectors.samples import EngineSample, EngineSeries
+from rooflight.collectors.common import as_dict, count, good, has_families, nonblank, read_page
+from rooflight.collectors.samples import EngineInfoHints, EngineSample, EngineSeries
 
 ENGINE = "tgi"
-METRICS_PATH = "/metrics"
+METRICS_PATHS = ("/metrics",)
+DEFAULT_PATH_NOTE = None
+INFO_PATH = "/info"
 
-# What each normalized field is read from, or why it is missing (docs/engines.md is generated from
-# this by collectors/coverage.py; tests/test_engines_coverage.py checks it against the parser).
+# What each normalized field is read from, or why it is missing (EngineAdapter.COVERAGE).
 COVERAGE: dict[str, str] = {
     "running": "`tgi_batch_current_size`",
     "waiting": "`tgi_queue_size`",
@@ -91,14 +97,12 @@ NAMES: frozenset[str] = frozenset(
 
 def recognises(text: str) -> bool:
     """True when the page carries TGI's `tgi_` families."""
-    return text.startswith("tgi_") or "\ntgi_" in text or "# TYPE tgi_" in text
+    return has_families(text, "tgi_")
 
 
 def parse(text: str, *, target: str, timestamp: float, duration: float) -> EngineSample:
     """Normalize one TGI exposition. ParseError when it holds no `tgi_` family read here."""
-    exp = expfmt.parse(text, prefixes=("tgi_",), names=NAMES)
-    if not exp.by_name:
-        raise ParseError("no tgi_ metric families in the exposition")
+    exp = read_page(text, ("tgi_",), NAMES)
     steps = _by_label(exp, STEPS, "method") or _by_label(exp, STEPS + "_total", "method")
     forward = _by_label(exp, FORWARD_SUM, "method")
     extra: dict[str, float] = {}
@@ -127,15 +131,11 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     return EngineSample(target=target, engine=ENGINE, timestamp=timestamp, duration=duration, series=(series,))
 
 
-def _good(value: float) -> bool:
-    return 0.0 <= value < math.inf  # False for NaN, +-Inf and negatives
-
-
 def _sum(exp: expfmt.Exposition, name: str) -> float | None:
     """The sum over label sets of one name (TGI's families here have none, or only `err`)."""
     per = {tuple(sorted(s.labels.items())): s.value for s in exp.get(name)}  # a repeated line: last wins
     values = list(per.values())
-    if not values or not all(_good(v) for v in values):
+    if not values or not all(good(v) for v in values):
         return None
     return math.fsum(values)
 
@@ -144,6 +144,12 @@ def _by_label(exp: expfmt.Exposition, name: str, label: str) -> dict[str, float]
     out: dict[str, float] = {}
     for s in exp.get(name):
         part = s.labels.get(label)
-        if part is not None and _good(s.value):
+        if part is not None and good(s.value):
             out[part] = s.value
     return out
+
+
+def parse_info(data: Any) -> EngineInfoHints:
+    """Model and context from `/info`; see the module docstring."""
+    top = as_dict(data)
+    return EngineInfoHints(model_id=nonblank(top.get("model_id")), max_model_len=count(top.get("max_total_tokens")))

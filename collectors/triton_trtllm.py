@@ -1,9 +1,9 @@
 """The Triton Inference Server adapter (TensorRT-LLM backend): one Triton `/metrics` page in.
 
 Triton serves its metrics on their own port (default 8002). The TRT-LLM backend adds `nv_trt_llm_*`
-gauges, one family per category with the category as a label (shared/reference/engines.md
-section 5.2), next to Triton core's per-model `nv_inference_*` counters. Labels: `model` (the
-Triton model name, e.g. `tensorrt_llm`), `version`, and the category label.
+gauges, one family per category with the category as a label (docs/engines.md "Triton"), next to
+Triton core's per-model `nv_inference_*` counters. Labels: `model` (the Triton model name, e.g.
+`tensorrt_llm`), `version`, and the category label.
 
 Normalization (one EngineSeries per Triton model that has `nv_trt_llm_*` series; rank "0"):
 - running = `nv_trt_llm_request_metrics{request_type="active"}` (requests in the in-flight batch;
@@ -23,21 +23,24 @@ Normalization (one EngineSeries per Triton model that has `nv_trt_llm_*` series;
   every engine field None: Triton core knows nothing of batches, tokens or KV.
 Values that are NaN, infinite or negative are dropped (None). Several `version` labels of one
 model: the highest version wins.
+
+Info endpoint: none. Triton's model configuration is not an LLM info document; the page carries
+the batch cap.
 """
 
 from __future__ import annotations
 
-import math
-
 from rooflight.collectors import expfmt
-from rooflight.collectors.errors import ParseError
+from rooflight.collectors.common import good, has_samples, no_info, product, read_page
 from rooflight.collectors.samples import EngineInfo, EngineSample, EngineSeries
 
 ENGINE = "triton"
-METRICS_PATH = "/metrics"
+METRICS_PATHS = ("/metrics",)  # Triton's own metrics port, 8002 by default
+DEFAULT_PATH_NOTE = None
+INFO_PATH = None
+parse_info = no_info
 
-# What each normalized field is read from, or why it is missing (docs/engines.md is generated from
-# this by collectors/coverage.py; tests/test_engines_coverage.py checks it against the parser).
+# What each normalized field is read from, or why it is missing (EngineAdapter.COVERAGE).
 COVERAGE: dict[str, str] = {
     "running": "`nv_trt_llm_request_metrics{request_type=\"active\"}`",
     "waiting": "`nv_trt_llm_request_metrics{request_type=\"waiting\"}`",
@@ -87,14 +90,12 @@ NAMES: frozenset[str] = frozenset(
 
 def recognises(text: str) -> bool:
     """True for a Triton page: TRT-LLM backend families, or Triton core's `nv_inference_` ones."""
-    return any(text.startswith(p) or "\n" + p in text for p in ("nv_trt_llm_", "nv_inference_"))
+    return has_samples(text, "nv_trt_llm_", "nv_inference_")
 
 
 def parse(text: str, *, target: str, timestamp: float, duration: float) -> EngineSample:
     """Normalize one Triton exposition. ParseError when it holds no family read here."""
-    exp = expfmt.parse(text, prefixes=("nv_",), names=NAMES)
-    if not exp.by_name:
-        raise ParseError("no nv_trt_llm_ or nv_inference_ metric families in the exposition")
+    exp = read_page(text, ("nv_",), NAMES, what="nv_trt_llm_ or nv_inference_")
     cats = {fam: _by_category(exp, fam, label) for fam, label in _CATEGORIES.items()}
     trt_models = {m for table in cats.values() for m in table}
     core = {k: _by_model(exp, n) for k, n in (*CORE_COUNTERS.items(), *CORE_GAUGES.items())}
@@ -117,7 +118,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
                 waiting=req.get("waiting"),
                 batch_max_requests=req.get("max"),
                 kv_usage_ratio=kv.get("fraction"),
-                kv_capacity_tokens=blocks * per_block if blocks is not None and per_block is not None else None,
+                kv_capacity_tokens=product(blocks, per_block),
                 prompt_tokens_total=tokens_in.get(model),
                 generation_tokens_total=tokens_out.get(model),
                 steps_total=cats[GENERAL].get(model, {}).get("iteration_counter"),
@@ -129,10 +130,6 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
         target=target, engine=ENGINE, timestamp=timestamp, duration=duration, series=tuple(series),
         info=EngineInfo(kv_block_size_tokens=per_block[0] if per_block else None),
     )
-
-
-def _good(value: float) -> bool:
-    return 0.0 <= value < math.inf  # False for NaN, +-Inf and negatives
 
 
 def _version(labels: dict[str, str]) -> int:
@@ -153,7 +150,7 @@ def _by_category(exp: expfmt.Exposition, name: str, label: str) -> dict[str, dic
             best[key] = (v, s.value)
     out: dict[str, dict[str, float]] = {}
     for (model, part), (_, value) in best.items():
-        if _good(value):
+        if good(value):
             out.setdefault(model, {})[part] = value
     return out
 
@@ -165,4 +162,4 @@ def _by_model(exp: expfmt.Exposition, name: str) -> dict[str, float]:
         versions = per.setdefault(s.labels.get("model", ""), {})
         v = _version(s.labels)
         versions[v] = versions.get(v, 0.0) + s.value
-    return {m: vs[max(vs)] for m, vs in per.items() if _good(vs[max(vs)])}
+    return {m: vs[max(vs)] for m, vs in per.items() if good(vs[max(vs)])}

@@ -1,7 +1,7 @@
 """The TensorRT-LLM `trtllm-serve` adapter: one `/prometheus/metrics` page in, one EngineSample out.
 
-trtllm-serve has two "metrics" routes (shared/reference/engines.md section 5.1): `/metrics` answers
-JSON iteration stats, the Prometheus text is at `/prometheus/metrics` (only with
+trtllm-serve has two "metrics" routes (docs/engines.md "trtllm-serve"): `/metrics` answers JSON
+iteration stats, the Prometheus text is at `/prometheus/metrics` (only with
 `return_perf_metrics: true`; the iteration gauges also need `enable_iter_perf_stats: true`). The
 same `trtllm_*` families appear inside a Dynamo TRT-LLM worker's page. Every family is optional:
 the 2026 in-tree collector has dozens, a Dynamo worker of January 2026 has five.
@@ -26,21 +26,34 @@ Normalization:
   `kv_cache_config_info` / `kv_cache_tokens_per_block`, labels = `model_config_info` and
   `parallel_config_info` labels (model, dtype, quantization, max_model_len, gpu_type, ...).
 Values that are NaN, infinite or negative are dropped (None).
+
+Info endpoint: OpenAI `/v1/models` (`data[0].id`); the page itself carries the batch cap and TP.
 """
 
 from __future__ import annotations
 
-import math
-
 from rooflight.collectors import expfmt
-from rooflight.collectors.errors import ParseError
+from rooflight.collectors.common import (
+    combine_each,
+    has_families,
+    histogram_names,
+    number,
+    openai_models_info,
+    product,
+    read_page,
+)
 from rooflight.collectors.samples import EngineInfo, EngineSample, EngineSeries
 
 ENGINE = "trtllm"
-METRICS_PATH = "/prometheus/metrics"
+METRICS_PATHS = ("/prometheus/metrics",)
+DEFAULT_PATH_NOTE = (
+    "trtllm-serve answers JSON iteration stats at /metrics; "
+    "its Prometheus metrics are at /prometheus/metrics: pass --metrics-path"
+)
+INFO_PATH = "/v1/models"
+parse_info = openai_models_info  # data[0].id
 
-# What each normalized field is read from, or why it is missing (docs/engines.md is generated from
-# this by collectors/coverage.py; tests/test_engines_coverage.py checks it against the parser).
+# What each normalized field is read from, or why it is missing (EngineAdapter.COVERAGE).
 COVERAGE: dict[str, str] = {
     "running": "`trtllm_num_requests_running`",
     "waiting": "`trtllm_num_requests_waiting`",
@@ -99,21 +112,19 @@ NAMES: frozenset[str] = frozenset(
         *_INFOS,
         *EXTRA_GAUGES.values(),
         *EXTRA_COUNTERS.values(),
-        *(TTFT + s for s in ("_bucket", "_count", "_sum")),
+        *histogram_names(TTFT),
     }
 )
 
 
 def recognises(text: str) -> bool:
     """True when the page carries `trtllm_` families (trtllm-serve, or passed through by Dynamo)."""
-    return text.startswith(_P) or "\n" + _P in text or "# TYPE " + _P in text
+    return has_families(text, _P)
 
 
 def parse(text: str, *, target: str, timestamp: float, duration: float) -> EngineSample:
     """Normalize one trtllm-serve exposition. ParseError when it holds no `trtllm_` family read here."""
-    exp = expfmt.parse(text, prefixes=(_P,), names=NAMES)
-    if not exp.by_name:
-        raise ParseError("no trtllm_ metric families in the exposition")
+    exp = read_page(text, (_P,), NAMES)
     g = {n: _values(exp, n, gauge=True) for n in (RUNNING, WAITING, *BATCH_MAX, KV_USAGE, KV_BLOCKS, KV_TOKENS_PER_BLOCK)}
     generation = _values(exp, GENERATION, gauge=False)
     extras = {k: _values(exp, n, gauge=True) for k, n in EXTRA_GAUGES.items()}
@@ -139,7 +150,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
                 waiting=g[WAITING].get(model),
                 batch_max_requests=batch_max,
                 kv_usage_ratio=g[KV_USAGE].get(model),
-                kv_capacity_tokens=blocks * per_block if blocks is not None and per_block is not None else None,
+                kv_capacity_tokens=product(blocks, per_block),
                 prompt_tokens_total=prompt,
                 generation_tokens_total=generation.get(model),
                 ttft=ttft.get(model),
@@ -163,23 +174,11 @@ def engine_info(exp: expfmt.Exposition, tokens_per_block: float | None) -> Engin
     kv_labels = kv[0].labels if kv else {}
     dtype = kv_labels.get("cache_dtype")
     return EngineInfo(
-        kv_block_size_tokens=tokens_per_block if tokens_per_block is not None else _number(kv_labels.get("page_size")),
+        kv_block_size_tokens=tokens_per_block if tokens_per_block is not None else number(kv_labels.get("page_size")),
         kv_cache_dtype=dtype if dtype not in (None, "", "None", "auto") else None,
-        tensor_parallel_size=int(tp) if (tp := _number(labels.get("tensor_parallel_size"))) else None,
+        tensor_parallel_size=int(tp) if (tp := number(labels.get("tensor_parallel_size"))) else None,
         labels=labels,
     )
-
-
-def _good(value: float) -> bool:
-    return 0.0 <= value < math.inf  # False for NaN, +-Inf and negatives
-
-
-def _number(text: str | None) -> float | None:
-    try:
-        value = float(text) if text is not None else None
-    except ValueError:
-        return None
-    return value if value is not None and _good(value) else None
 
 
 def _values(exp: expfmt.Exposition, name: str, *, gauge: bool) -> dict[str, float]:
@@ -189,9 +188,4 @@ def _values(exp: expfmt.Exposition, name: str, *, gauge: bool) -> dict[str, floa
     for s in exp.get(name):
         rest = tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine_type")))
         per.setdefault(s.labels.get("model_name", ""), {})[rest] = s.value
-    out: dict[str, float] = {}
-    for model, parts in per.items():
-        values = [v for v in parts.values() if _good(v)]
-        if values:
-            out[model] = max(values) if gauge else math.fsum(values)
-    return out
+    return combine_each(per, gauge=gauge)

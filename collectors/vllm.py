@@ -1,7 +1,7 @@
 """The vLLM adapter: one V1 `/metrics` page in, one normalized EngineSample out.
 
-Reads the 0.32/0.33 names (shared/reference/engines.md section 2) and, where the new name is absent,
-the deprecated ones an older server still exports (`vllm:gpu_cache_usage_perc`,
+Reads the 0.32/0.33 names (docs/engines.md "vLLM") and, where the new name is absent, the
+deprecated ones an older server still exports (`vllm:gpu_cache_usage_perc`,
 `vllm:gpu_prefix_cache_{hits,queries}_total`, `vllm:time_per_output_token_seconds`).
 
 Normalization:
@@ -34,17 +34,46 @@ Normalization:
 - Duplicate series (the same labels twice on one page): the last one wins. Labels other than
   model_name, engine, pid and the family's own label (reason, source, le) are ignored, so series
   that differ only by such a label also resolve to the last one.
+
+Info endpoint: OpenAI `/v1/models`, `data[0].root` (the model path or HF id; `id`, the served name,
+when `root` is absent) and `data[0].max_model_len`. No batch cap (max_num_seqs) or TP there.
 """
 
 from __future__ import annotations
 
-import math
 from rooflight.collectors import expfmt
-from rooflight.collectors.errors import ParseError
+from rooflight.collectors.common import (
+    combine_each,
+    good,
+    has_families,
+    histogram_names,
+    number,
+    openai_models_info,
+    read_page,
+)
 from rooflight.collectors.samples import EngineInfo, EngineSample, EngineSeries
 
 ENGINE = "vllm"
-METRICS_PATH = "/metrics"
+METRICS_PATHS = ("/metrics",)
+DEFAULT_PATH_NOTE = None
+INFO_PATH = "/v1/models"
+parse_info = openai_models_info  # data[0].root (else id), data[0].max_model_len
+
+# What each normalized field is read from, or why it is missing (EngineAdapter.COVERAGE).
+COVERAGE: dict[str, str] = {
+    "running": "`vllm:num_requests_running`",
+    "waiting": "`vllm:num_requests_waiting` (+ `_by_reason`)",
+    "batch_max_requests": "none: max_num_seqs is on neither /metrics nor /v1/models (`--batch-max`)",
+    "kv_usage_ratio": "`vllm:kv_cache_usage_perc` (old: `gpu_cache_usage_perc`)",
+    "kv_capacity_tokens": "`vllm:cache_config_info` `kv_cache_size_tokens`, else `num_gpu_blocks` x `block_size`",
+    "prompt_tokens_total": "`vllm:prompt_tokens_by_source_total{source=\"local_compute\"}`, else `prompt_tokens_total`",
+    "generation_tokens_total": "`vllm:generation_tokens_total` (per step)",
+    "steps_total": "`vllm:iteration_tokens_total_count`",
+    "preemptions_total": "`vllm:num_preemptions_total`",
+    "ttft": "`vllm:time_to_first_token_seconds`",
+    "itl": "`vllm:inter_token_latency_seconds` (old: `time_per_output_token_seconds`); per output event",
+    "tensor_parallel_size": "none: not exported (`--tp`)",
+}
 
 _Key = tuple[str, str]  # (model, rank)
 
@@ -96,21 +125,19 @@ NAMES: frozenset[str] = frozenset(
         _CACHE_CONFIG,
         _LORA,
         *(name for names in EXTRA_KEYS.values() for name in names),
-        *(base + s for base in _HISTOGRAM_BASES for s in ("_bucket", "_count", "_sum")),
+        *histogram_names(*_HISTOGRAM_BASES),
     }
 )
 
 
 def recognises(text: str) -> bool:
     """True when the page carries vLLM families (a `vllm:` sample or TYPE line)."""
-    return text.startswith("vllm:") or "\nvllm:" in text or "# TYPE vllm:" in text
+    return has_families(text, "vllm:")
 
 
 def parse(text: str, *, target: str, timestamp: float, duration: float) -> EngineSample:
     """Normalize one vLLM exposition. Raises ParseError when it holds none of the vLLM families read."""
-    exp = expfmt.parse(text, prefixes=("vllm:",), names=NAMES)
-    if not exp.by_name:
-        raise ParseError("no vllm: metric families in the exposition")
+    exp = read_page(text, ("vllm:",), NAMES)
 
     running = _values(exp, _RUNNING, gauge=True)
     waiting = _values(exp, _WAITING, gauge=True)
@@ -174,10 +201,10 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
 
 def kv_capacity_tokens(config: dict[str, str]) -> float | None:
     """KV capacity of one rank from its cache_config_info labels (tokens), or None if not stated."""
-    tokens = _number(config.get("kv_cache_size_tokens"))
+    tokens = number(config.get("kv_cache_size_tokens"))
     if tokens is not None:
         return tokens
-    blocks, block_size = _number(config.get("num_gpu_blocks")), _number(config.get("block_size"))
+    blocks, block_size = number(config.get("num_gpu_blocks")), number(config.get("block_size"))
     if blocks is None or block_size is None:
         return None
     return blocks * block_size
@@ -187,7 +214,7 @@ def engine_info(config: dict[str, str]) -> EngineInfo:
     """EngineInfo from one rank's cache_config_info labels."""
     dtype = config.get("cache_dtype")
     return EngineInfo(
-        kv_block_size_tokens=_number(config.get("block_size")),
+        kv_block_size_tokens=number(config.get("block_size")),
         kv_cache_dtype=dtype if dtype not in (None, "", "None") else None,
         labels={k: v for k, v in config.items() if k not in ("engine", "pid")},
     )
@@ -201,28 +228,6 @@ def _rank_order(rank: str) -> tuple[int, str]:
     return (int(rank), rank) if rank.isdigit() else (1 << 30, rank)
 
 
-def _number(text: str | None) -> float | None:
-    """A finite, non-negative number from a label value ('None', '', junk -> None)."""
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if 0.0 <= value < math.inf else None
-
-
-def _good(value: float) -> bool:
-    return 0.0 <= value < math.inf  # False for NaN, +-Inf and negatives
-
-
-def _combine(by_pid: dict[str | None, float], gauge: bool) -> float | None:
-    values = [v for v in by_pid.values() if _good(v)]
-    if not values:
-        return None
-    return max(values) if gauge else math.fsum(values)
-
-
 def _values(exp: expfmt.Exposition, name: str, *, gauge: bool) -> dict[_Key, float]:
     """One value per (model, rank); see the module docstring for pid/duplicate rules."""
     per: dict[_Key, dict[str | None, float]] = {}
@@ -230,12 +235,7 @@ def _values(exp: expfmt.Exposition, name: str, *, gauge: bool) -> dict[_Key, flo
         labels = s.labels
         key = (labels.get("model_name", ""), labels.get("engine", "0"))
         per.setdefault(key, {})[labels.get("pid")] = s.value
-    out: dict[_Key, float] = {}
-    for key, by_pid in per.items():
-        value = _combine(by_pid, gauge)
-        if value is not None:
-            out[key] = value
-    return out
+    return combine_each(per, gauge=gauge)
 
 
 def _labelled(exp: expfmt.Exposition, name: str, label: str, *, gauge: bool) -> dict[_Key, dict[str, float]]:
@@ -250,7 +250,7 @@ def _labelled(exp: expfmt.Exposition, name: str, label: str, *, gauge: bool) -> 
         per.setdefault(key, {}).setdefault(part, {})[labels.get("pid")] = s.value
     out: dict[_Key, dict[str, float]] = {}
     for key, parts in per.items():
-        values = {p: v for p, by_pid in parts.items() if (v := _combine(by_pid, gauge)) is not None}
+        values = combine_each(parts, gauge=gauge)
         if values:
             out[key] = values
     return out
@@ -266,7 +266,7 @@ def _first(*tables: dict[_Key, object]) -> dict:
 
 def lora_extra(exp: expfmt.Exposition) -> dict[str, float]:
     """The latest `lora_requests_info` series (largest timestamp value) as adapter counts; {} without LoRA."""
-    latest = max((s for s in exp.get(_LORA) if _good(s.value)), key=lambda s: s.value, default=None)
+    latest = max((s for s in exp.get(_LORA) if good(s.value)), key=lambda s: s.value, default=None)
     if latest is None:
         return {}
 
@@ -274,7 +274,7 @@ def lora_extra(exp: expfmt.Exposition) -> dict[str, float]:
         return float(len([n for n in latest.labels.get(label, "").split(",") if n.strip()]))
 
     out = {"lora_running_adapters": count("running_lora_adapters"), "lora_waiting_adapters": count("waiting_lora_adapters")}
-    max_lora = _number(latest.labels.get("max_lora"))
+    max_lora = number(latest.labels.get("max_lora"))
     if max_lora is not None:
         out["lora_max_adapters"] = max_lora
     return out

@@ -95,3 +95,9 @@ def promtool_clean(text: str) -> None:
     assert promtool, "promtool not found: install Debian's prometheus package (CI does)"
     result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def synthetic_page(name: str) -> str:
+    """A synthetic /metrics page from `engine-samples/synthetic/<name>.prom` (provenance in its README),
+    without its first `# source:` line: for what no recording shows (TGI, a full trtllm-serve page, ...)."""
+    return sample_text(f"synthetic/{name}.prom")

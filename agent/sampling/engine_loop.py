@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
-from types import ModuleType
 from typing import Any, Callable
 
 import aiohttp
@@ -22,10 +21,10 @@ from rooflight.agent.sampling.health import SourceState
 from rooflight.agent.metrics.snapshot import SeriesView, TargetView
 from rooflight.agent.signals.windows import SeriesHistory, histogram_delta, worst_bound
 from rooflight.collectors import engines
+from rooflight.collectors.engines import EngineAdapter
 from rooflight.collectors.errors import ParseError, SourceError
 from rooflight.collectors.http import Fetched, fetch_json, fetch_text
-from rooflight.collectors.info import INFO_PATHS, EngineInfoHints, parse_info
-from rooflight.collectors.samples import EngineSample, EngineSeries
+from rooflight.collectors.samples import EngineInfoHints, EngineSample, EngineSeries
 
 log = logging.getLogger("rooflight")
 
@@ -35,7 +34,6 @@ INFO_EVERY_SECONDS = 300.0  # batch cap and TP change only with a restart; a res
 # A page larger than this is parsed in a worker thread: a 16 MB page takes ~1 s of pure Python, and on
 # the event loop that second would be a second in which /metrics cannot answer.
 PARSE_IN_THREAD_CHARS = 512 * 1024
-TRTLLM_PROMETHEUS_PATH = "/prometheus/metrics"
 
 _MARKED = (
     ("head_of_line", "head-of-line stall"),
@@ -66,7 +64,7 @@ class EngineLoop:
         self._raised: dict[tuple[str, str], Verdicts] = {}
         self.state = SourceState("engine", target.name)
         self.thresholds = DetectorThresholds(**config.detectors)
-        self._adapter: ModuleType | None = None if target.engine == "auto" else engines.adapter(target.engine)
+        self._adapter: EngineAdapter | None = None if target.engine == "auto" else engines.adapter(target.engine)
         self._histories: dict[tuple[str, str], SeriesHistory] = {}
         self._tails: dict[tuple[str, str], TailBaseline] = {}
         self._last_stall: dict[tuple[str, str], float] = {}
@@ -105,12 +103,20 @@ class EngineLoop:
             monotonic=self.clock.monotonic,
         )
 
+    def _metrics_paths(self, adapter: EngineAdapter | None) -> tuple[str, ...]:
+        """The user's path; else the adapter's; else, to detect the engine, every path an adapter declares."""
+        if self.target.metrics_path:
+            return (self.target.metrics_path,)
+        return adapter.METRICS_PATHS if adapter is not None else engines.probe_paths()
+
     async def _scrape(self) -> tuple[EngineSample, float]:
         adapter = self._adapter
-        fetched = await self._fetch(self.target.metrics_path or (adapter.METRICS_PATH if adapter else "/metrics"))
-        if adapter is None and not self.target.metrics_path and fetched.text.lstrip().startswith(("{", "[")):
-            # trtllm-serve answers /metrics with JSON iteration stats; its Prometheus page is elsewhere
-            fetched = await self._fetch(TRTLLM_PROMETHEUS_PATH)
+        first, *rest = self._metrics_paths(adapter)
+        fetched = await self._fetch(first)
+        for path in rest:  # JSON where a page was expected: the engine serves its page at another path
+            if not engines.is_json(fetched.text):
+                break
+            fetched = await self._fetch(path)
         if adapter is None:
             adapter = self._adapter = engines.detect(fetched.text)
             log.info("target %s: recognised %s", self.target.name, adapter.ENGINE)
@@ -252,8 +258,9 @@ class EngineLoop:
         Every INFO_EVERY_SECONDS, and every DISCOVERY_EVERY_SECONDS while the model is still unknown.
         """
         now = self.clock.monotonic()
-        path = INFO_PATHS.get(self._adapter.ENGINE) if self._adapter else None
-        if path is None or now < self._next_info:
+        adapter = self._adapter
+        path = adapter.INFO_PATH if adapter is not None else None
+        if adapter is None or path is None or now < self._next_info:
             return
         self._next_info = now + (INFO_EVERY_SECONDS if self.model is not None else DISCOVERY_EVERY_SECONDS)
         try:
@@ -261,7 +268,7 @@ class EngineLoop:
         except SourceError as exc:
             log.info("target %s: info endpoint %s not readable: %s", self.target.name, path, exc)
             return
-        self.hints = parse_info(self._adapter.ENGINE, data)
+        self.hints = adapter.parse_info(data)
         if self.model is not None:
             return
         found = model_from_id(self.hints.model_id, self.target)

@@ -2,8 +2,8 @@
 against synthetic pages for what no recording shows: TGI (no public capture exists), a full 2026
 trtllm-serve page, a Dynamo frontend, SGLang with DP/TP ranks and pids.
 
-The synthetic pages follow each engine's documented exposition (shared/reference/engines.md) and
-are also served to the agent by test_engines_golden.py.
+The synthetic pages (tests/fixtures/engine-samples/synthetic/) follow each engine's documented
+exposition (docs/engines.md) and are also served to the agent by tests/e2e/test_engines_golden.py.
 """
 
 from __future__ import annotations
@@ -16,206 +16,19 @@ from rooflight.collectors import sglang
 from rooflight.collectors import tgi
 from rooflight.collectors import trtllm
 from rooflight.collectors import triton_trtllm
+from rooflight.collectors.engines import EngineAdapter
 from rooflight.collectors.errors import ParseError
 from rooflight.collectors.samples import EngineSample, EngineSeries
-from support import sample_text
+from support import sample_text, synthetic_page
 
-# TGI 3.x as metrics-exporter-prometheus 0.15 renders it: counters without _total, a summary for a
-# histogram with no configured buckets, no HELP for tgi_batch_max_total_tokens.
-TGI_PAGE = """\
-# HELP tgi_request_count Total number of requests
-# TYPE tgi_request_count counter
-tgi_request_count 25
-
-# TYPE tgi_request_success counter
-tgi_request_success 20
-
-# TYPE tgi_request_failure counter
-tgi_request_failure{err="validation"} 2
-tgi_request_failure{err="overloaded"} 1
-
-# TYPE tgi_batch_current_size gauge
-tgi_batch_current_size 6
-
-# TYPE tgi_queue_size gauge
-tgi_queue_size 3
-
-# TYPE tgi_batch_current_max_tokens gauge
-tgi_batch_current_max_tokens 9000
-
-# TYPE tgi_batch_max_total_tokens gauge
-tgi_batch_max_total_tokens 163840
-
-# TYPE tgi_batch_inference_count counter
-tgi_batch_inference_count{method="prefill"} 21
-tgi_batch_inference_count{method="decode"} 3004
-
-# TYPE tgi_request_input_length histogram
-tgi_request_input_length_bucket{le="40.96"} 10
-tgi_request_input_length_bucket{le="4096"} 22
-tgi_request_input_length_bucket{le="+Inf"} 22
-tgi_request_input_length_sum 4100
-tgi_request_input_length_count 22
-
-# TYPE tgi_request_generated_tokens histogram
-tgi_request_generated_tokens_bucket{le="81.92"} 5
-tgi_request_generated_tokens_bucket{le="8192"} 20
-tgi_request_generated_tokens_bucket{le="+Inf"} 20
-tgi_request_generated_tokens_sum 5000
-tgi_request_generated_tokens_count 20
-
-# TYPE tgi_request_skipped_tokens summary
-tgi_request_skipped_tokens{quantile="0"} 0
-tgi_request_skipped_tokens{quantile="0.5"} 0
-tgi_request_skipped_tokens{quantile="1"} 0
-tgi_request_skipped_tokens_sum 0
-tgi_request_skipped_tokens_count 0
-
-# TYPE tgi_request_mean_time_per_token_duration histogram
-tgi_request_mean_time_per_token_duration_bucket{le="0.0225"} 18
-tgi_request_mean_time_per_token_duration_bucket{le="+Inf"} 20
-tgi_request_mean_time_per_token_duration_sum 0.41
-tgi_request_mean_time_per_token_duration_count 20
-
-# TYPE tgi_batch_forward_duration histogram
-tgi_batch_forward_duration_bucket{method="prefill",le="0.05"} 21
-tgi_batch_forward_duration_bucket{method="prefill",le="+Inf"} 21
-tgi_batch_forward_duration_sum{method="prefill"} 0.84
-tgi_batch_forward_duration_count{method="prefill"} 21
-tgi_batch_forward_duration_bucket{method="decode",le="0.05"} 3004
-tgi_batch_forward_duration_bucket{method="decode",le="+Inf"} 3004
-tgi_batch_forward_duration_sum{method="decode"} 45.06
-tgi_batch_forward_duration_count{method="decode"} 3004
-"""
-
-# trtllm-serve 2026 (tensorrt_llm/metrics/collector.py), prometheus_client multiprocess mode.
-TRTLLM_PAGE = """\
-# HELP trtllm_num_requests_running Number of requests running
-# TYPE trtllm_num_requests_running gauge
-trtllm_num_requests_running{engine_type="pytorch",model_name="llama-3-8b"} 12.0
-# TYPE trtllm_num_requests_waiting gauge
-trtllm_num_requests_waiting{engine_type="pytorch",model_name="llama-3-8b"} 5.0
-# TYPE trtllm_max_num_active_requests gauge
-trtllm_max_num_active_requests{engine_type="pytorch",model_name="llama-3-8b"} 64.0
-# TYPE trtllm_max_batch_size_runtime gauge
-trtllm_max_batch_size_runtime{engine_type="pytorch",model_name="llama-3-8b"} 256.0
-# TYPE trtllm_kv_cache_utilization gauge
-trtllm_kv_cache_utilization{engine_type="pytorch",model_name="llama-3-8b"} 0.625
-# TYPE trtllm_kv_cache_max_blocks gauge
-trtllm_kv_cache_max_blocks{engine_type="pytorch",model_name="llama-3-8b"} 4096.0
-# TYPE trtllm_kv_cache_tokens_per_block gauge
-trtllm_kv_cache_tokens_per_block{engine_type="pytorch",model_name="llama-3-8b"} 32.0
-# TYPE trtllm_iteration_latency_seconds gauge
-trtllm_iteration_latency_seconds{engine_type="pytorch",model_name="llama-3-8b"} 0.021
-# TYPE trtllm_num_paused_requests gauge
-trtllm_num_paused_requests{engine_type="pytorch",model_name="llama-3-8b"} 1.0
-# TYPE trtllm_prompt_tokens_total counter
-trtllm_prompt_tokens_total{engine_type="pytorch",model_name="llama-3-8b"} 52000.0
-# TYPE trtllm_prompt_cached_tokens_total counter
-trtllm_prompt_cached_tokens_total{engine_type="pytorch",model_name="llama-3-8b"} 12000.0
-# TYPE trtllm_generation_tokens_total counter
-trtllm_generation_tokens_total{engine_type="pytorch",model_name="llama-3-8b"} 81000.0
-# TYPE trtllm_request_success_total counter
-trtllm_request_success_total{engine_type="pytorch",finished_reason="stop",model_name="llama-3-8b"} 300.0
-trtllm_request_success_total{engine_type="pytorch",finished_reason="length",model_name="llama-3-8b"} 20.0
-# TYPE trtllm_spec_decode_num_draft_tokens_total counter
-trtllm_spec_decode_num_draft_tokens_total{engine_type="pytorch",model_name="llama-3-8b"} 4000.0
-# TYPE trtllm_spec_decode_num_accepted_tokens_total counter
-trtllm_spec_decode_num_accepted_tokens_total{engine_type="pytorch",model_name="llama-3-8b"} 2600.0
-# TYPE trtllm_time_to_first_token_seconds histogram
-trtllm_time_to_first_token_seconds_bucket{engine_type="pytorch",le="0.1",model_name="llama-3-8b"} 200.0
-trtllm_time_to_first_token_seconds_bucket{engine_type="pytorch",le="0.5",model_name="llama-3-8b"} 310.0
-trtllm_time_to_first_token_seconds_bucket{engine_type="pytorch",le="+Inf",model_name="llama-3-8b"} 320.0
-trtllm_time_to_first_token_seconds_count{engine_type="pytorch",model_name="llama-3-8b"} 320.0
-trtllm_time_to_first_token_seconds_sum{engine_type="pytorch",model_name="llama-3-8b"} 41.5
-# TYPE trtllm_time_per_output_token_seconds histogram
-trtllm_time_per_output_token_seconds_bucket{engine_type="pytorch",le="0.025",model_name="llama-3-8b"} 320.0
-trtllm_time_per_output_token_seconds_bucket{engine_type="pytorch",le="+Inf",model_name="llama-3-8b"} 320.0
-trtllm_time_per_output_token_seconds_count{engine_type="pytorch",model_name="llama-3-8b"} 320.0
-trtllm_time_per_output_token_seconds_sum{engine_type="pytorch",model_name="llama-3-8b"} 6.4
-# TYPE trtllm_model_config_info gauge
-trtllm_model_config_info{dtype="bfloat16",engine_type="pytorch",gpu_type="NVIDIA H100 80GB HBM3",max_model_len="8192",model="meta-llama/Meta-Llama-3-8B-Instruct",model_name="llama-3-8b",quantization="none",served_model_name="llama-3-8b"} 1.0
-# TYPE trtllm_parallel_config_info gauge
-trtllm_parallel_config_info{context_parallel_size="1",engine_type="pytorch",gpu_count="2",model_name="llama-3-8b",pipeline_parallel_size="1",tensor_parallel_size="2"} 1.0
-# TYPE trtllm_kv_cache_config_info gauge
-trtllm_kv_cache_config_info{cache_dtype="fp8",enable_block_reuse="True",engine_type="pytorch",free_gpu_memory_fraction="0.9",model_name="llama-3-8b",page_size="32"} 1.0
-"""
-
-# A Dynamo frontend (dynamo_frontend_*): `model` lower-cased on request series, not on model_* gauges.
-DYNAMO_FRONTEND_PAGE = """\
-# TYPE dynamo_frontend_inflight_requests gauge
-dynamo_frontend_inflight_requests{model="qwen/qwen3-0.6b"} 7
-# TYPE dynamo_frontend_queued_requests gauge
-dynamo_frontend_queued_requests{model="qwen/qwen3-0.6b"} 2
-# TYPE dynamo_frontend_model_max_num_seqs gauge
-dynamo_frontend_model_max_num_seqs{model="Qwen/Qwen3-0.6B"} 256
-# TYPE dynamo_frontend_model_total_kv_blocks gauge
-dynamo_frontend_model_total_kv_blocks{model="Qwen/Qwen3-0.6B"} 92962
-# TYPE dynamo_frontend_model_kv_cache_block_size gauge
-dynamo_frontend_model_kv_cache_block_size{model="Qwen/Qwen3-0.6B"} 1
-# TYPE dynamo_frontend_model_context_length gauge
-dynamo_frontend_model_context_length{model="Qwen/Qwen3-0.6B"} 40960
-# TYPE dynamo_frontend_requests_total counter
-dynamo_frontend_requests_total{endpoint="chat_completions",model="qwen/qwen3-0.6b",request_type="stream",status="success"} 9
-dynamo_frontend_requests_total{endpoint="completions",model="qwen/qwen3-0.6b",request_type="unary",status="error"} 1
-# TYPE dynamo_frontend_output_tokens_total counter
-dynamo_frontend_output_tokens_total{model="qwen/qwen3-0.6b"} 2700
-# TYPE dynamo_frontend_input_sequence_tokens histogram
-dynamo_frontend_input_sequence_tokens_bucket{model="qwen/qwen3-0.6b",le="100"} 10
-dynamo_frontend_input_sequence_tokens_bucket{model="qwen/qwen3-0.6b",le="+Inf"} 10
-dynamo_frontend_input_sequence_tokens_sum{model="qwen/qwen3-0.6b"} 330
-dynamo_frontend_input_sequence_tokens_count{model="qwen/qwen3-0.6b"} 10
-# TYPE dynamo_frontend_time_to_first_token_seconds histogram
-dynamo_frontend_time_to_first_token_seconds_bucket{model="qwen/qwen3-0.6b",le="0.047"} 3
-dynamo_frontend_time_to_first_token_seconds_bucket{model="qwen/qwen3-0.6b",le="0.1"} 9
-dynamo_frontend_time_to_first_token_seconds_bucket{model="qwen/qwen3-0.6b",le="+Inf"} 10
-dynamo_frontend_time_to_first_token_seconds_sum{model="qwen/qwen3-0.6b"} 0.9
-dynamo_frontend_time_to_first_token_seconds_count{model="qwen/qwen3-0.6b"} 10
-# TYPE dynamo_frontend_inter_token_latency_seconds histogram
-dynamo_frontend_inter_token_latency_seconds_bucket{model="qwen/qwen3-0.6b",le="0.0067"} 2500
-dynamo_frontend_inter_token_latency_seconds_bucket{model="qwen/qwen3-0.6b",le="+Inf"} 2690
-dynamo_frontend_inter_token_latency_seconds_sum{model="qwen/qwen3-0.6b"} 16.1
-dynamo_frontend_inter_token_latency_seconds_count{model="qwen/qwen3-0.6b"} 2690
-"""
-
-# SGLang 0.5.x, two DP ranks, every scheduler reporting (--enable-metrics-for-all-schedulers, TP 2),
-# a pid-labelled gauge from two processes, tokenizer-side TTFT split by is_streaming.
-_S = 'engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0"'
-SGLANG_DP_PAGE = f"""\
-# TYPE sglang:num_running_reqs gauge
-sglang:num_running_reqs{{dp_rank="0",{_S},tp_rank="0"}} 10.0
-sglang:num_running_reqs{{dp_rank="0",{_S},tp_rank="1"}} 10.0
-sglang:num_running_reqs{{dp_rank="1",{_S},tp_rank="0"}} 4.0
-sglang:num_running_reqs{{dp_rank="1",{_S},tp_rank="1"}} 4.0
-# TYPE sglang:num_queue_reqs gauge
-sglang:num_queue_reqs{{dp_rank="0",{_S},pid="11",tp_rank="0"}} 1.0
-sglang:num_queue_reqs{{dp_rank="0",{_S},pid="12",tp_rank="0"}} 3.0
-# TYPE sglang:realtime_tokens_total counter
-sglang:realtime_tokens_total{{dp_rank="0",{_S},mode="prefill_compute",tp_rank="0"}} 900.0
-sglang:realtime_tokens_total{{dp_rank="0",{_S},mode="prefill_compute",tp_rank="1"}} 900.0
-sglang:realtime_tokens_total{{dp_rank="0",{_S},mode="decode",tp_rank="0"}} 5000.0
-sglang:realtime_tokens_total{{dp_rank="1",{_S},mode="decode",tp_rank="0"}} 2000.0
-# TYPE sglang:cuda_graph_passes_total counter
-sglang:cuda_graph_passes_total{{dp_rank="0",{_S},mode="decode_cuda_graph",tp_rank="0"}} 700.0
-sglang:cuda_graph_passes_total{{dp_rank="0",{_S},mode="prefill_none",tp_rank="0"}} 30.0
-# TYPE sglang:num_retracted_requests_total counter
-sglang:num_retracted_requests_total{{dp_rank="1",{_S},tp_rank="0"}} 6.0
-# TYPE sglang:page_size gauge
-sglang:page_size{{dp_rank="0",{_S},tp_rank="0"}} 16.0
-# TYPE sglang:time_to_first_token_seconds histogram
-sglang:time_to_first_token_seconds_bucket{{is_streaming="true",le="0.1",model_name="m"}} 3.0
-sglang:time_to_first_token_seconds_bucket{{is_streaming="true",le="+Inf",model_name="m"}} 4.0
-sglang:time_to_first_token_seconds_sum{{is_streaming="true",model_name="m"}} 0.5
-sglang:time_to_first_token_seconds_count{{is_streaming="true",model_name="m"}} 4.0
-sglang:time_to_first_token_seconds_bucket{{is_streaming="false",le="0.1",model_name="m"}} 1.0
-sglang:time_to_first_token_seconds_bucket{{is_streaming="false",le="+Inf",model_name="m"}} 1.0
-sglang:time_to_first_token_seconds_sum{{is_streaming="false",model_name="m"}} 0.05
-sglang:time_to_first_token_seconds_count{{is_streaming="false",model_name="m"}} 1.0
-"""
+TGI_PAGE = synthetic_page("tgi-3x")
+TRTLLM_PAGE = synthetic_page("trtllm-serve-2026")
+DYNAMO_FRONTEND_PAGE = synthetic_page("dynamo-frontend")
+SGLANG_DP_PAGE = synthetic_page("sglang-dp2-tp2-pids")
 
 
-def _parse(module: object, text: str) -> EngineSample:
-    return module.parse(text, target="t", timestamp=100.0, duration=0.01)  # type: ignore[attr-defined]
+def _parse(adapter: EngineAdapter, text: str) -> EngineSample:
+    return adapter.parse(text, target="t", timestamp=100.0, duration=0.01)
 
 
 def _only(sample: EngineSample) -> EngineSeries:
@@ -364,6 +177,6 @@ def test_dynamo_worker_kvstats_used_once_blocks_are_published() -> None:
 
 
 @pytest.mark.parametrize("module", [sglang, tgi, trtllm, triton_trtllm, llamacpp, dynamo])
-def test_a_page_of_another_engine_is_a_parse_error(module: object) -> None:
+def test_a_page_of_another_engine_is_a_parse_error(module: EngineAdapter) -> None:
     with pytest.raises(ParseError):
         _parse(module, "# TYPE foo_bar gauge\nfoo_bar 1\n")

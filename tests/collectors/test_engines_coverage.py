@@ -13,30 +13,22 @@ import pytest
 from rooflight.agent.metrics import names
 from rooflight.collectors import coverage
 from rooflight.collectors import engines
-from support import ROOT, sample_text
-from test_engines_adapters import DYNAMO_FRONTEND_PAGE, SGLANG_DP_PAGE, TGI_PAGE, TRTLLM_PAGE
+from support import ROOT, sample_text, synthetic_page
 
 DOC = ROOT / "docs" / "engines.md"
 
-TRITON_TOKENS = """\
-# TYPE nv_llm_input_token_len histogram
-nv_llm_input_token_len_bucket{model="tensorrt_llm",response_metric_type="total_input_tokens",version="1",le="10"} 2
-nv_llm_input_token_len_bucket{model="tensorrt_llm",response_metric_type="total_input_tokens",version="1",le="+Inf"} 3
-nv_llm_input_token_len_count{model="tensorrt_llm",response_metric_type="total_input_tokens",version="1"} 3
-nv_llm_input_token_len_sum{model="tensorrt_llm",response_metric_type="total_input_tokens",version="1"} 40
-# TYPE nv_llm_output_token_len histogram
-nv_llm_output_token_len_count{model="tensorrt_llm",response_metric_type="total_output_tokens",version="1"} 3
-nv_llm_output_token_len_sum{model="tensorrt_llm",response_metric_type="total_output_tokens",version="1"} 300
-"""
-
 PAGES: dict[str, list[str]] = {
     "vllm": [sample_text(n) for n in ("vllm-cpu-rest-fresh.prom", "vllm-cpu-load-c16.prom", "vllm-cpu-preempt-during.prom")],
-    "sglang": [sample_text("sglang-docs-llama31-8b-under-load.prom"), sample_text("dynamo-sglang-worker-1req.prom"), SGLANG_DP_PAGE],
-    "tgi": [TGI_PAGE],
-    "trtllm": [TRTLLM_PAGE],
-    "triton": [sample_text("triton-trtllm-backend-ifb-readme.prom") + TRITON_TOKENS],
+    "sglang": [
+        sample_text("sglang-docs-llama31-8b-under-load.prom"),
+        sample_text("dynamo-sglang-worker-1req.prom"),
+        synthetic_page("sglang-dp2-tp2-pids"),
+    ],
+    "tgi": [synthetic_page("tgi-3x")],
+    "trtllm": [synthetic_page("trtllm-serve-2026")],
+    "triton": [sample_text("triton-trtllm-backend-ifb-readme.prom") + synthetic_page("triton-token-length-histograms")],
     "llamacpp": [sample_text("llamacpp-server-cpu-load-c8.prom")],
-    "dynamo": [DYNAMO_FRONTEND_PAGE],  # the declared column is the frontend's
+    "dynamo": [synthetic_page("dynamo-frontend")],  # the declared column is the frontend's
 }
 
 

@@ -1,4 +1,5 @@
-"""Auto-detection from the exposition itself, its error for what it cannot place, and the info parsers."""
+"""Auto-detection from the exposition itself, its error for what it cannot place, the info parsers,
+and the adapter protocol every registered engine module satisfies."""
 
 from __future__ import annotations
 
@@ -6,9 +7,13 @@ import pytest
 
 from rooflight.collectors import engines
 from rooflight.collectors.errors import ParseError
-from rooflight.collectors.info import INFO_PATHS, EngineInfoHints, parse_info
-from support import SAMPLES, sample_text
-from test_engines_adapters import DYNAMO_FRONTEND_PAGE, SGLANG_DP_PAGE, TGI_PAGE, TRTLLM_PAGE
+from rooflight.collectors.engines import info_paths, parse_info
+from rooflight.collectors.samples import EngineInfoHints
+from support import SAMPLES, sample_text, synthetic_page
+
+TGI_PAGE, TRTLLM_PAGE = synthetic_page("tgi-3x"), synthetic_page("trtllm-serve-2026")
+DYNAMO_FRONTEND_PAGE, SGLANG_DP_PAGE = synthetic_page("dynamo-frontend"), synthetic_page("sglang-dp2-tp2-pids")
+INFO_PATHS = info_paths()
 
 EXPECTED = {
     "dynamo-sglang-worker-1req.prom": "dynamo",
@@ -112,3 +117,27 @@ def test_parse_info_odd_documents_give_no_hints(doc: object) -> None:
 def test_every_engine_with_a_side_channel_has_an_info_path() -> None:
     assert set(INFO_PATHS) == set(engines.names()) - {"triton"}  # Triton's model config is not an LLM info doc
     assert all(path.startswith("/") for path in INFO_PATHS.values())
+
+
+# --- the adapter protocol and the registry ---
+
+
+@pytest.mark.parametrize("engine", engines.names())
+def test_every_registered_module_is_an_engine_adapter(engine: str) -> None:
+    adapter = engines.adapter(engine)
+    assert isinstance(adapter, engines.EngineAdapter) and adapter.ENGINE == engine
+    assert adapter.METRICS_PATHS and all(p.startswith("/") for p in adapter.METRICS_PATHS)
+    assert adapter.parse_info({"unexpected": ["shape"]}) == EngineInfoHints()
+
+
+def test_a_module_that_breaks_the_protocol_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(engines.ADAPTER_MODULES, "bogus", "rooflight.collectors.common")
+    with pytest.raises(TypeError, match="not an EngineAdapter"):
+        engines.adapter("bogus")
+
+
+def test_auto_probes_metrics_first_then_the_paths_adapters_declare() -> None:
+    paths = engines.probe_paths()
+    assert paths[0] == "/metrics" and len(set(paths)) == len(paths)
+    assert set(paths) == {p for a in engines.adapters() for p in a.METRICS_PATHS} | {"/metrics"}
+    assert engines.adapter("trtllm").METRICS_PATHS == ("/prometheus/metrics",)  # its /metrics is JSON

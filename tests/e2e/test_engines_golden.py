@@ -19,8 +19,10 @@ from rooflight.agent.sampling.config import build
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.collectors import coverage
-from support import GOLDEN, FakeEngine, check_golden, promtool_clean, sample_text
-from test_engines_adapters import DYNAMO_FRONTEND_PAGE, SGLANG_DP_PAGE, TGI_PAGE, TRTLLM_PAGE
+from support import GOLDEN, FakeEngine, check_golden, promtool_clean, sample_text, synthetic_page
+
+TGI_PAGE, TRTLLM_PAGE = synthetic_page("tgi-3x"), synthetic_page("trtllm-serve-2026")
+DYNAMO_FRONTEND_PAGE, SGLANG_DP_PAGE = synthetic_page("dynamo-frontend"), synthetic_page("sglang-dp2-tp2-pids")
 
 GOLDEN = GOLDEN / "engines"
 

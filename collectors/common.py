@@ -1,0 +1,134 @@
+"""The few helpers every engine adapter needs, written once.
+
+- Values: nothing an engine exports (counts, tokens, seconds, ratios) can be negative, NaN or
+  infinite; such a value is no value (None), so it never poisons a rate downstream.
+- Recognising a page: an engine is known by the prefix of its families.
+- Combining the series one logical value is split into (one per process in prometheus_client's
+  multiprocess mode, one per label the adapter does not key on): gauges mirror one engine state,
+  so they take the maximum; counters count apart, so they are summed.
+- Info endpoints: the decoded JSON is read defensively; a field that is absent, null, zero,
+  negative or not a number is no value (docs/engines.md "Model and batch cap: info endpoints").
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Collection, Hashable, Iterable, Mapping, TypeVar
+
+from rooflight.collectors import expfmt
+from rooflight.collectors.errors import ParseError
+from rooflight.collectors.samples import EngineInfoHints
+
+HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
+K = TypeVar("K", bound=Hashable)
+
+
+def read_page(text: str, prefixes: tuple[str, ...], names: Collection[str], *, what: str = "") -> expfmt.Exposition:
+    """The families an adapter reads (`names`, all starting with one of `prefixes`) from a page;
+    ParseError naming `what` (default: the prefixes) when the page holds none of them."""
+    exp = expfmt.parse(text, prefixes=prefixes, names=names)
+    if not exp.by_name:
+        raise ParseError(f"no {what or ' or '.join(prefixes)} metric families in the exposition")
+    return exp
+
+
+def good(value: float) -> bool:
+    """True for a finite, non-negative value (False for NaN, +-Inf and negatives)."""
+    return 0.0 <= value < math.inf
+
+
+def number(text: str | None) -> float | None:
+    """A finite, non-negative number from a label value ('None', '', junk -> None)."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if good(value) else None
+
+
+def combine(values: Iterable[float], *, gauge: bool) -> float | None:
+    """One value from the parts of a split series: max for a gauge, sum for a counter; bad parts dropped."""
+    kept = [v for v in values if good(v)]
+    if not kept:
+        return None
+    return max(kept) if gauge else math.fsum(kept)
+
+
+def combine_each(groups: Mapping[K, Mapping[Any, float]], *, gauge: bool) -> dict[K, float]:
+    """combine() over the parts of each group (e.g. per (model, rank), its values per pid); a group
+    without one good part is left out."""
+    out: dict[K, float] = {}
+    for key, parts in groups.items():
+        value = combine(parts.values(), gauge=gauge)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def product(a: float | None, b: float | None) -> float | None:
+    """a x b where both are stated (blocks x tokens per block), else None."""
+    return a * b if a is not None and b is not None else None
+
+
+def histogram_names(*bases: str) -> set[str]:
+    """The wire names of histograms: `<base>_bucket`, `_count`, `_sum` for each base."""
+    return {base + suffix for base in bases for suffix in HISTOGRAM_SUFFIXES}
+
+
+def has_samples(text: str, *prefixes: str) -> bool:
+    """True when a sample line starts with one of the prefixes."""
+    return any(text.startswith(p) or "\n" + p in text for p in prefixes)
+
+
+def has_families(text: str, *prefixes: str) -> bool:
+    """True when a sample line or a `# TYPE` line names a family with one of the prefixes."""
+    return has_samples(text, *prefixes) or any("# TYPE " + p in text for p in prefixes)
+
+
+# --- info endpoints ---------------------------------------------------------------------------------
+
+
+def count(value: Any) -> int | None:
+    """A positive whole number (JSON int, or a float/str holding one), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def nonblank(value: Any) -> str | None:
+    """A non-blank string, else None."""
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def as_dict(value: Any) -> dict:
+    """The value if it is a JSON object, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def first_of(value: Any) -> dict:
+    """The first element of a JSON list when it is an object, else an empty one."""
+    return as_dict(value[0]) if isinstance(value, list) and value else {}
+
+
+def openai_models_info(data: Any) -> EngineInfoHints:
+    """OpenAI `/v1/models`: `data[0].root` (the model path; `id`, the served name, without it) and
+    `data[0].max_model_len` where the server adds it (vLLM). Nothing about the batch there."""
+    entry = first_of(as_dict(data).get("data"))
+    return EngineInfoHints(
+        model_id=nonblank(entry.get("root")) or nonblank(entry.get("id")),
+        max_model_len=count(entry.get("max_model_len")),
+    )
+
+
+def no_info(data: Any) -> EngineInfoHints:
+    """For an engine without an info endpoint: no hints."""
+    return EngineInfoHints()
