@@ -6,8 +6,8 @@ Inputs are plain values the collectors already produce: the engine's process-tre
 each target's MBU/MFU use the peaks of its own GPUs, and gives the GPU count behind its tensor
 parallel size without a flag.
 
-PID namespaces: NVML may report host PIDs while psutil in a sidecar sees the pod's (reference
-gpu.md §1.10), in which case no PID matches; the fallback then is CUDA_VISIBLE_DEVICES read from the
+PID namespaces: NVML may report host PIDs while psutil in a sidecar sees the pod's (docs/nvml.md,
+section PID namespaces), in which case no PID matches; the fallback then is CUDA_VISIBLE_DEVICES read from the
 engine's environment, then "all visible GPUs", and `source` says which rule decided.
 """
 

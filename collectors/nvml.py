@@ -3,7 +3,7 @@
 The backend seam is pynvml's own function surface: `lib` is the `pynvml` module in production and
 a `rooflight.collectors.nvml_fake.FakeNvml` in tests, so depth only ever adds calls.
 
-Failure policy (reference gpu.md §1.1):
+Failure policy (docs/nvml.md, section Failure policy):
 - NVML unusable (library missing, driver not loaded, init or enumeration failed) raises
   SourceError("nvml", ...): a normal state, exported as rooflight_source_up{source="nvml"} 0.
   Init is retried at most every `init_retry_s`.

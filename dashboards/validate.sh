@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Type-check every dashboard in dashboards/json/ against Grafana's own TypeScript types (@grafana/schema),
 # pinned, with tsc --noEmit: the dashboard model, variables, gridPos, targets, field config. Panel plugin
-# options are untyped there; tests/test_dashboards.py checks them against the pinned JSON schemas.
+# options are untyped there; tests/dashboards/test_dashboards.py checks them against the pinned JSON schemas.
 #
 #   dashboards/validate.sh [CACHE_DIR]     # default: $ROOFLIGHT_CACHE/grafana-schema or .cache/grafana-schema
 #

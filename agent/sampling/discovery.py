@@ -1,4 +1,4 @@
-"""What an engine's info endpoint says (collectors/info.py), turned into the model constants the agent lacks.
+"""What an engine's info endpoint says (each engine adapter's parse_info), turned into the model constants the agent lacks.
 
 Without --model or --model-config, the model comes from the engine itself: its `config.json` when the
 path it reports (vLLM's /v1/models `root`, SGLang's `model_path`, llama.cpp's `model_path`) is readable

@@ -1,6 +1,6 @@
 """collectors/expfmt must read exactly what prometheus_client's parser reads, only faster and tolerant.
 
-Equality is checked on every recorded engine page in shared/engine-samples/ and on random
+Equality is checked on every recorded engine page in tests/fixtures/engine-samples/ and on random
 expositions rendered by prometheus_client itself (hypothesis); the tolerance cases are unit tests.
 """
 

@@ -145,7 +145,7 @@ def test_agent_reads_a_real_llama_server(llamacpp_dir: Path, tiny_gguf: Path, tm
                    "rooflight_itl_seconds", "rooflight_preemptions_total"):
         assert not _values(text, absent, target), f"{absent} exported for llama.cpp, which cannot say it"
     assert f'rooflight_source_up{{source="engine",target="{target}"}} 1.0' in text
-    # /metrics has no batch cap; /props total_slots (collectors/info.py) supplies it.
+    # /metrics has no batch cap; /props total_slots (the llama.cpp adapter's parse_info) supplies it.
     assert _values(text, "rooflight_batch_max_requests", target) == [float(SLOTS)]
 
     agent.stop()
