@@ -3,6 +3,7 @@
     cli        `rooflight` and its subcommands
     demo       the built-in simulated engine and GPU, and `rooflight demo`
     serve      the HTTP server and its web config (TLS, basic auth)
+    proxy      `rooflight proxy`: the client's view (TTFT, ITL, goodput) from the bytes it relays
     sampling   configuration, sampler loops, source health, discovery
     metrics    names, catalog, the immutable Snapshot and its exposition
     signals    windows, derivations (MBU, MFU, rates, percentiles), detectors

@@ -151,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rooflight.agent.demo import cli as demo_cli
 
     demo_cli.register(sub)
+    from rooflight.agent.proxy import cli as proxy_cli
+
+    proxy_cli.register(sub)
     for module in ("rooflight.agent.roofline.plan", "rooflight.rules.generate"):
         _register_optional(sub, module)
     return parser

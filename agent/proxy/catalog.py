@@ -1,0 +1,124 @@
+"""Every `rooflight_client_*` metric the proxy exports: name, type, labels, unit and meaning.
+
+The exposition renders from these definitions, the tests hold what the proxy serves to them, and
+`python -m rooflight.agent.proxy.catalog` prints the reference table for docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "rooflight_client_"
+
+REQUESTS = "rooflight_client_requests_total"
+IN_FLIGHT = "rooflight_client_requests_in_flight"
+PROMPT_TOKENS = "rooflight_client_prompt_tokens_total"
+OUTPUT_TOKENS = "rooflight_client_output_tokens_total"
+TTFT_HISTOGRAM = "rooflight_client_time_to_first_token_seconds"
+ITL_HISTOGRAM = "rooflight_client_inter_token_latency_seconds"
+TPOT_HISTOGRAM = "rooflight_client_time_per_output_token_seconds"
+E2E_HISTOGRAM = "rooflight_client_e2e_request_latency_seconds"
+TTFT = "rooflight_client_ttft_seconds"
+ITL = "rooflight_client_itl_seconds"
+TPOT = "rooflight_client_tpot_seconds"
+E2E = "rooflight_client_e2e_seconds"
+SLO_REQUESTS = "rooflight_client_slo_requests_total"
+SLO_GOOD = "rooflight_client_slo_good_requests_total"
+GOODPUT_RATIO = "rooflight_client_goodput_ratio"
+GOODPUT_RATE = "rooflight_client_goodput_requests_per_second"
+SLO_TARGET = "rooflight_client_slo_target_seconds"
+UPSTREAM_ERRORS = "rooflight_client_upstream_errors_total"
+ACCOUNTING_ERRORS = "rooflight_client_accounting_errors_total"
+
+# Histogram key (as --buckets spells it) -> exported name, and the SLO key whose targets become edges.
+HISTOGRAMS = {"ttft": TTFT_HISTOGRAM, "itl": ITL_HISTOGRAM, "tpot": TPOT_HISTOGRAM, "e2e": E2E_HISTOGRAM}
+
+# Bucket edges for LLM serving (seconds). TTFT spans a cached short prompt (10 ms) to a queued long one
+# (a minute); ITL and TPOT resolve the 5-50 ms range where decode lives, finely enough that a 2x stall
+# is two buckets away (vLLM's 25/50/75 ms edges make a 4 -> 60 ms stall look like 2-3x); e2e spans a
+# short answer to a 10-minute generation. Every SLO target is added as an edge of its histogram.
+DEFAULT_BUCKETS: dict[str, tuple[float, ...]] = {
+    "ttft": (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5,
+             3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0),
+    "itl": (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03, 0.035,
+            0.04, 0.05, 0.06, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0),
+    "tpot": (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03, 0.035,
+             0.04, 0.05, 0.06, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0),
+    "e2e": (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0,
+            180.0, 300.0, 600.0),
+}
+
+TARGET = ("target",)
+REQUEST_LABELS = ("target", "route", "stream", "status", "finish_reason", "tenant")
+TOKEN_LABELS = ("target", "tenant", "counted_by")
+HISTOGRAM_LABELS = ("target", "route")
+WINDOWED = ("target", "window", "percentile")
+SLO_LABELS = ("target", "slo", "tenant")
+GOODPUT_LABELS = ("target", "slo", "window")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricDef:
+    name: str  # as exposed (counters include _total; histograms without _bucket/_sum/_count)
+    type: str  # counter, gauge or histogram
+    labels: tuple[str, ...]
+    unit: str
+    help: str
+
+
+def _c(name: str, labels: tuple[str, ...], unit: str, help_: str) -> MetricDef:
+    return MetricDef(name, "counter", labels, unit, help_)
+
+
+def _g(name: str, labels: tuple[str, ...], unit: str, help_: str) -> MetricDef:
+    return MetricDef(name, "gauge", labels, unit, help_)
+
+
+def _h(name: str, help_: str) -> MetricDef:
+    return MetricDef(name, "histogram", HISTOGRAM_LABELS, "seconds", help_)
+
+
+CATALOG: tuple[MetricDef, ...] = (
+    _c(REQUESTS, REQUEST_LABELS, "requests", "Requests through the proxy. route: chat, completions or other (passed through); "
+       "status: the HTTP status the client got (502/504 when the proxy could not reach the upstream), none if no response "
+       "was started; finish_reason: the response's (stop, length, tool_calls, content_filter, function_call, abort, other, "
+       "unknown) or what ended it instead (client_disconnected, upstream_error), none for errors and other routes."),
+    _g(IN_FLIGHT, TARGET, "requests", "Requests the proxy is relaying now."),
+    _c(PROMPT_TOKENS, TOKEN_LABELS, "tokens", "Prompt tokens of finished inference requests, from the response's usage "
+       "(counted_by=usage; the proxy has no tokenizer)."),
+    _c(OUTPUT_TOKENS, TOKEN_LABELS, "tokens", "Output tokens of inference requests: from usage (counted_by=usage), else one "
+       "per output-bearing choice in the stream's chunks (counted_by=chunks)."),
+    _h(TTFT_HISTOGRAM, "Time from the request reaching the proxy to the first output-bearing chunk reaching it (streams)."),
+    _h(ITL_HISTOGRAM, "Every gap between consecutive output-bearing chunks of a stream, as the proxy received them."),
+    _h(TPOT_HISTOGRAM, "Per finished stream with 2+ output tokens: (e2e - TTFT) / (output tokens - 1)."),
+    _h(E2E_HISTOGRAM, "Request to last byte, for inference requests that finished with a 2xx status."),
+    _g(TTFT, WINDOWED, "seconds", "Exact TTFT percentile over the window, from the requests that finished in it."),
+    _g(ITL, WINDOWED, "seconds", "Inter-token gap percentile over the window, within 0.5% (logarithmic bins of every gap)."),
+    _g(TPOT, WINDOWED, "seconds", "Exact TPOT percentile over the window, from the streams that finished in it."),
+    _g(E2E, WINDOWED, "seconds", "Exact end-to-end latency percentile over the window (2xx inference requests)."),
+    _c(SLO_REQUESTS, SLO_LABELS, "requests", "Requests judged against the SLO: streamed inference requests that finished "
+       "or failed, not those the client abandoned nor 4xx other than 429."),
+    _c(SLO_GOOD, SLO_LABELS, "requests", "Judged requests that met every target of the SLO (DistServe goodput)."),
+    _g(GOODPUT_RATIO, GOODPUT_LABELS, "ratio", "Good / judged requests that finished in the window."),
+    _g(GOODPUT_RATE, GOODPUT_LABELS, "requests/s", "Good requests per second over the window (goodput)."),
+    _g(SLO_TARGET, ("target", "slo", "metric"), "seconds", "Each target of each configured SLO (metric: ttft, tpot, e2e)."),
+    _c(UPSTREAM_ERRORS, ("target", "reason"), "", "Requests the upstream failed: connect (unreachable: the client got 502), "
+       "timeout (connect timeout: 504), disconnected (broke off mid-response)."),
+    _c(ACCOUNTING_ERRORS, TARGET, "", "Failures of the proxy's own accounting; the traffic still flowed, the request "
+       "went uncounted or partly counted."),
+)
+
+BY_NAME = {d.name: d for d in CATALOG}
+
+
+def markdown_table() -> str:
+    """The reference table for the client-side section of docs/metrics.md."""
+    rows = ["| name | type | labels | unit | meaning |", "|---|---|---|---|---|"]
+    for d in CATALOG:
+        labels = ", ".join(f"`{label}`" for label in d.labels)
+        rows.append(f"| `{d.name}` | {d.type} | {labels} | {d.unit or '-'} | {d.help} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

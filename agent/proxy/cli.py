@@ -1,0 +1,110 @@
+"""`rooflight proxy`: the subcommand, registered by agent/cli.py with `register(sub)`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from typing import Any, Sequence
+
+from rooflight.agent.errors import ConfigError
+from rooflight.agent.proxy import config as pc
+
+EPILOG = f"""\
+the proxy relays every request to --upstream unchanged (streams chunk by chunk) and serves, on
+--metrics-listen, rooflight_client_* metrics: TTFT, every inter-token gap, TPOT and end-to-end latency as
+histograms and exact 10s/1m/5m percentiles, tokens, requests by status and finish reason, and goodput:
+the share of streamed requests meeting every target of an SLO (DistServe). See docs/proxy.md.
+
+examples:
+  rooflight proxy --upstream http://127.0.0.1:8000 --listen 0.0.0.0:8100 --slo ttft=0.5,tpot=0.05
+  rooflight proxy --upstream http://127.0.0.1:8000 --slo ttft=0.25,tpot=0.03 --slo ttft=2,tpot=0.1 \\
+      --tenant-header X-Tenant-Id --tenant-top 20
+
+defaults: --listen {pc.DEFAULT_LISTEN}, --metrics-listen {pc.DEFAULT_METRICS_LISTEN}.
+"""
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--upstream", metavar="URL", help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000 (required)")
+    p.add_argument("--listen", metavar="HOST:PORT", help=f"where clients connect (default {pc.DEFAULT_LISTEN})")
+    p.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help=f"where to serve /metrics, a port of its own (default {pc.DEFAULT_METRICS_LISTEN})")
+    p.add_argument("--slo", action="append", metavar="KEY=SECONDS,...",
+                   help="a joint SLO for goodput, keys ttft, tpot, e2e, e.g. ttft=0.5,tpot=0.05 (repeatable)")
+    p.add_argument("--tenant-header", metavar="NAME", help="attribute requests to tenants by this header (hashed)")
+    p.add_argument("--tenant-top", metavar="N", help="tenants named in labels; the rest are `other` (default 10)")
+    p.add_argument("--buckets", action="append", metavar="NAME=EDGE,...",
+                   help="histogram edges in seconds for ttft, itl, tpot or e2e (repeatable); SLO targets are added")
+    p.add_argument("--windows", metavar="LIST", help=f"percentile and goodput windows (default {pc.DEFAULT_WINDOWS})")
+    p.add_argument("--percentiles", metavar="LIST", help=f"exported percentiles (default {pc.DEFAULT_PERCENTILES})")
+    p.add_argument("--connect-timeout", metavar="SECONDS", help="upstream connect timeout (default 10s); no read timeout")
+    p.add_argument("--check-only", action="store_true", help="validate the flags and exit")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def config_from_args(args: argparse.Namespace) -> pc.ProxyConfig:
+    """The flags as parsed -> a validated ProxyConfig (ConfigError on a bad one)."""
+    return pc.build(
+        args.upstream, listen=args.listen, metrics_listen=args.metrics_listen, slos=args.slo,
+        tenant_header=args.tenant_header, tenant_top=args.tenant_top, buckets=args.buckets,
+        windows=args.windows, percentiles=args.percentiles, connect_timeout=args.connect_timeout,
+    )
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    if args.check_only:
+        slos = ", ".join(s.name for s in config.slos) or "none"
+        print(f"configuration ok: {config.listen} -> {config.upstream}, metrics on {config.metrics_listen}, SLOs: {slos}")
+        return 0
+    asyncio.run(run(config))
+    return 0
+
+
+async def run(config: pc.ProxyConfig) -> None:
+    """Serve until SIGINT or SIGTERM."""
+    from rooflight.agent.proxy.server import ProxyServer
+
+    server = ProxyServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def register(sub: Any) -> argparse.ArgumentParser:
+    """Add `proxy` to the CLI's subparsers."""
+    p = sub.add_parser("proxy", help="a reverse proxy in front of an OpenAI-compatible server: client-side TTFT/ITL and goodput",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_flags(p)
+    p.set_defaults(func=cmd_proxy)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m rooflight.agent.proxy.cli ...`: the subcommand on its own, with the CLI's exit codes."""
+    parser = argparse.ArgumentParser(prog="rooflight proxy", epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_flags(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return cmd_proxy(args)
+    except ConfigError as exc:
+        print(f"rooflight: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

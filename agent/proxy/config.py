@@ -1,0 +1,153 @@
+"""The proxy's settings, validated once at start: a bad one raises ConfigError saying what to fix (exit 2)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+from urllib.parse import urlsplit
+
+from rooflight.agent.errors import ConfigError
+from rooflight.agent.proxy.catalog import DEFAULT_BUCKETS, HISTOGRAMS
+from rooflight.agent.proxy.slo import SLO, parse_slos
+from rooflight.agent.sampling.config import parse_duration, split_listen, target_name
+
+DEFAULT_LISTEN = "127.0.0.1:8100"  # where clients connect (not 8000, the engines' default, nor 8080, llama.cpp's)
+DEFAULT_METRICS_LISTEN = "127.0.0.1:9748"  # next to the agent's 9746
+DEFAULT_WINDOWS = "10s,1m,5m"
+DEFAULT_PERCENTILES = "50,90,99"
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    upstream: str  # the OpenAI-compatible server's base URL, without a trailing slash
+    listen: str = DEFAULT_LISTEN
+    metrics_listen: str = DEFAULT_METRICS_LISTEN
+    slos: tuple[SLO, ...] = ()
+    tenant_header: str | None = None
+    tenant_top: int = 10
+    buckets: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: dict(DEFAULT_BUCKETS))
+    windows: Mapping[str, float] = field(default_factory=lambda: {"10s": 10.0, "1m": 60.0, "5m": 300.0})
+    percentiles: tuple[str, ...] = ("50", "90", "99")
+    connect_timeout: float = 10.0
+    max_buffered_body: int = 16 * 1024 * 1024  # request bodies up to this are read whole, larger ones streamed
+    refresh: float = 1.0  # seconds between snapshots of the exports
+
+    @property
+    def target(self) -> str:
+        """The `target` label: the upstream's host:port, as the engine side names an engine."""
+        return target_name(self.upstream)
+
+
+def build(
+    upstream: str | None,
+    *,
+    listen: str | None = None,
+    metrics_listen: str | None = None,
+    slos: Sequence[str] | None = None,
+    tenant_header: str | None = None,
+    tenant_top: Any = None,
+    buckets: Sequence[str] | None = None,
+    windows: str | None = None,
+    percentiles: str | None = None,
+    connect_timeout: Any = None,
+) -> ProxyConfig:
+    """Flags (strings as typed) -> a validated ProxyConfig."""
+    listen = listen or DEFAULT_LISTEN
+    metrics_listen = metrics_listen or DEFAULT_METRICS_LISTEN
+    if split_listen(listen) == split_listen(metrics_listen) and split_listen(listen)[1] != 0:
+        raise ConfigError(f"--listen and --metrics-listen are both {listen}: the proxy passes every path through, "
+                          "so /metrics needs its own port")
+    return ProxyConfig(
+        upstream=parse_upstream(upstream),
+        listen=listen,
+        metrics_listen=metrics_listen,
+        slos=parse_slos(list(slos or ())),
+        tenant_header=_header_name(tenant_header),
+        tenant_top=_count(tenant_top, "--tenant-top", 10),
+        buckets=parse_buckets(buckets),
+        windows=parse_windows(windows or DEFAULT_WINDOWS),
+        percentiles=parse_percentiles(percentiles or DEFAULT_PERCENTILES),
+        connect_timeout=parse_duration(connect_timeout if connect_timeout is not None else "10s", "--connect-timeout"),
+    )
+
+
+def parse_upstream(url: str | None) -> str:
+    if not url:
+        raise ConfigError("--upstream is required: the OpenAI-compatible server's URL, e.g. http://127.0.0.1:8000")
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"--upstream {url!r}: write http://HOST:PORT (or https://), e.g. http://127.0.0.1:8000")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"--upstream {url!r}: give the base URL only, without ?query or #fragment")
+    try:
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError:
+        raise ConfigError(f"--upstream {url!r}: the port is not a number between 0 and 65535") from None
+    return url.strip().rstrip("/")
+
+
+def parse_buckets(items: Sequence[str] | None) -> dict[str, tuple[float, ...]]:
+    """`--buckets itl=0.005,0.01,0.02` (repeatable): replaces that histogram's edges."""
+    out = dict(DEFAULT_BUCKETS)
+    seen: set[str] = set()
+    for item in items or ():
+        key, sep, values = str(item).partition("=")
+        key = key.strip().lower()
+        if not sep or key not in HISTOGRAMS:
+            raise ConfigError(f"--buckets {item!r}: write NAME=EDGE,EDGE,... with NAME one of {', '.join(HISTOGRAMS)}, "
+                              "e.g. --buckets itl=0.005,0.01,0.02,0.05")
+        if key in seen:
+            raise ConfigError(f"--buckets {key} is given twice")
+        seen.add(key)
+        edges = sorted({parse_duration(v.strip(), f"--buckets {key}") for v in values.split(",") if v.strip()})
+        if not edges or not all(math.isfinite(e) for e in edges):
+            raise ConfigError(f"--buckets {item!r}: give at least one finite edge (+Inf is always added)")
+        out[key] = tuple(edges)
+    return out
+
+
+def parse_windows(text: str) -> dict[str, float]:
+    windows = {w.strip(): parse_duration(w.strip(), "--windows") for w in str(text).split(",") if w.strip()}
+    if not windows:
+        raise ConfigError("--windows: give at least one, e.g. 10s,1m,5m")
+    return windows
+
+
+def parse_percentiles(text: str) -> tuple[str, ...]:
+    out = []
+    for item in str(text).split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            number = float(item)
+        except ValueError:
+            raise ConfigError(f"--percentiles: {item!r} is not a number between 0 and 100") from None
+        if not 0 < number < 100:
+            raise ConfigError(f"--percentiles: {item} must be between 0 and 100 (exclusive)")
+        out.append(f"{number:g}")
+    if not out:
+        raise ConfigError("--percentiles: give at least one, e.g. 50,90,99")
+    return tuple(dict.fromkeys(out))
+
+
+def _header_name(name: str | None) -> str | None:
+    if name is None:
+        return None
+    name = name.strip()
+    if not name or any(ch in name for ch in " :\t\r\n"):
+        raise ConfigError(f"--tenant-header {name!r}: give a header name, e.g. X-Tenant-Id")
+    return name
+
+
+def _count(value: Any, what: str, default: int) -> int:
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}: {value!r} is not a whole number") from None
+    if number < 0 or number > 1000:
+        raise ConfigError(f"{what}: {number} must be between 0 and 1000 (each is a label value on several series)")
+    return number

@@ -1,0 +1,317 @@
+"""The reverse proxy: every request relayed byte for byte, each timed on the side.
+
+Traffic first: the request's method, path, query, headers and body go to the upstream unchanged (only
+hop-by-hop headers, Host and Expect are left to the connection), and the response's status, reason, headers and
+body come back unchanged, each read from the upstream written to the client at once (`readany`, never
+buffered). When the client goes away the handler is cancelled and the upstream connection closed, which
+is how an OpenAI-compatible server learns to abort the request. When the upstream cannot be reached the
+client gets 502 (504 on a connect timeout); when it breaks off mid-response the client's connection is
+cut too, so it sees the same truncated response it would have seen directly.
+
+Accounting second: a `RequestTracker` sees each piece just before it is written to the client (its time is
+when it reached the proxy); every call into it, and the record it makes at the end, is guarded, so an
+accounting failure costs the request its metrics (counted in `rooflight_client_accounting_errors_total`),
+never its bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator, Mapping
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from yarl import URL
+
+from rooflight.agent.proxy import tracker as tr
+from rooflight.agent.proxy.config import ProxyConfig
+from rooflight.agent.proxy.exposition import ClientCollector, registry_for
+from rooflight.agent.proxy.stats import EMPTY, ClientSnapshot, ClientStats, StatsConfig
+from rooflight.agent.proxy.tenants import tenant_key
+from rooflight.agent.sampling.clock import Clock, SystemClock
+from rooflight.agent.sampling.config import split_listen
+
+log = logging.getLogger("rooflight.proxy")
+
+# RFC 9110 7.6.1: meaningful for one connection only, never forwarded; Host is the upstream's own.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+                        "te", "trailer", "transfer-encoding", "upgrade", "host",
+                        "expect"})  # Expect: 100-continue was answered by the proxy's own server
+# aiohttp adds these to a request that lacks them; a relayed request must not gain headers.
+SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+
+
+def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    """The headers minus hop-by-hop ones (and those the Connection header names), order and repeats kept."""
+    items = list(headers.items())
+    named = {h.strip().lower() for k, v in items if k.lower() == "connection" for h in v.split(",")}
+    out: CIMultiDict[str] = CIMultiDict()
+    for k, v in items:
+        low = k.lower()
+        if low not in HOP_BY_HOP and low not in named:
+            out.add(k, v)
+    return out
+
+
+class ProxyServer:
+    """The proxy app, its metrics app, and the stats they share (one event loop, no locks)."""
+
+    def __init__(self, config: ProxyConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self._now = self.clock.monotonic
+        self.stats = ClientStats(
+            StatsConfig(target=config.target, buckets=config.buckets, windows=config.windows,
+                        percentiles=config.percentiles, slos=config.slos, tenant_top=config.tenant_top),
+            started=self._now(),
+        )
+        self.snapshot: ClientSnapshot = EMPTY
+        self.registry = registry_for(lambda: self.snapshot)
+        self._session: aiohttp.ClientSession | None = None
+        self._runners: list[web.AppRunner] = []
+        self._refresher: asyncio.Task[None] | None = None
+        self.proxy_url = ""
+        self.metrics_url = ""
+
+    def collector(self) -> ClientCollector:
+        """For an agent that serves these metrics on its own /metrics (`rooflight run` with a proxy)."""
+        return ClientCollector(lambda: self.snapshot)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self, *, refresh_loop: bool = True) -> None:
+        self._session = aiohttp.ClientSession(
+            # keepalive under uvicorn's 5 s (vLLM, SGLang): the proxy drops an idle connection before the
+            # upstream does, so a request never goes out on one the upstream is closing.
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, keepalive_timeout=4.0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout),
+            auto_decompress=False,
+            skip_auto_headers=SKIP_AUTO_HEADERS,
+            cookie_jar=aiohttp.DummyCookieJar(),  # cookies are the clients', never shared between them
+        )
+        self.proxy_url = await self._serve(self.proxy_app(), self.config.listen)
+        self.metrics_url = await self._serve(self.metrics_app(), self.config.metrics_listen)
+        self.refresh_now()
+        if refresh_loop:
+            self._refresher = asyncio.create_task(self._refresh_loop())
+        log.info("proxy on %s -> %s; metrics on %s/metrics", self.proxy_url, self.config.upstream, self.metrics_url)
+
+    async def stop(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _serve(self, app: web.Application, listen: str) -> str:
+        host, port = split_listen(listen)
+        # handler_cancellation: a client that disconnects cancels its handler, which closes the upstream request.
+        # auto_decompress=False: a compressed request body is relayed as it came.
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
+                               auto_decompress=False, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        self._runners.append(runner)
+        sock = site._server.sockets[0]  # type: ignore[union-attr]
+        bound = sock.getsockname()
+        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+        return f"http://{shown}:{bound[1]}"
+
+    def refresh_now(self) -> ClientSnapshot:
+        try:
+            self.snapshot = self.stats.snapshot(self._now())
+        except Exception:  # accounting must never take the proxy down
+            log.exception("proxy metrics snapshot failed")
+            self.stats.accounting_error()
+        return self.snapshot
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.refresh)
+            self.refresh_now()
+
+    # -- apps ------------------------------------------------------------------------------------
+
+    def proxy_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_buffered_body + 1)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    def metrics_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/-/healthy", self._healthy)
+        return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthy(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    # -- the relay -------------------------------------------------------------------------------
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        start = self._now()
+        tracker = self._safe_tracker(request, start)
+        self.stats.in_flight += 1
+        outcome, reason = tr.COMPLETE, None
+        try:
+            return await self._relay(request, tracker)
+        except asyncio.CancelledError:  # the client disconnected (handler_cancellation)
+            outcome = tr.CLIENT_DISCONNECTED
+            raise
+        except _ClientGone as exc:
+            outcome = tr.CLIENT_DISCONNECTED
+            return exc.response
+        except _UpstreamFailed as exc:
+            outcome, reason = tr.UPSTREAM_ERROR, exc.reason
+            if tracker is not None:
+                tracker = self._guard(tracker, tracker.on_response, exc.status, "text/plain")
+            return web.Response(status=exc.status, text=f"rooflight proxy: upstream {exc.reason} error: {exc.detail}\n")
+        except _UpstreamBroke as exc:
+            outcome, reason = tr.UPSTREAM_ERROR, exc.reason
+            if request.transport is not None:
+                request.transport.close()  # flush what was relayed, then close: no terminating chunk
+            return exc.response
+        finally:
+            self.stats.in_flight -= 1
+            self._record(tracker, outcome, reason)
+
+    async def _relay(self, request: web.Request, tracker: tr.RequestTracker | None) -> web.StreamResponse:
+        assert self._session is not None, "ProxyServer.start() was not awaited"
+        url = URL(self.config.upstream + request.raw_path, encoded=True)
+        try:
+            upstream = await self._session.request(
+                request.method, url, headers=forward_headers(request.headers), data=await self._body(request),
+                allow_redirects=False,
+            )
+        except asyncio.TimeoutError as exc:
+            raise _UpstreamFailed(504, "timeout", exc) from None
+        except aiohttp.ClientError as exc:
+            raise _UpstreamFailed(502, "connect", exc) from None
+        try:
+            response = await self._respond(request, upstream, tracker)
+        except BaseException:
+            upstream.close()  # an unfinished response closes its connection: the upstream sees the client leave
+            raise
+        upstream.release()  # read to the end: the connection goes back to the pool
+        return response
+
+    async def _respond(self, request: web.Request, upstream: aiohttp.ClientResponse,
+                       tracker: tr.RequestTracker | None) -> web.StreamResponse:
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                                      headers=forward_headers(upstream.headers))
+        if tracker is not None:
+            tracker = self._guard(tracker, tracker.on_response, upstream.status, upstream.headers.get("Content-Type", ""))
+        try:
+            await response.prepare(request)
+        except (ConnectionError, RuntimeError):
+            raise _ClientGone(response) from None
+        readany, write, now = upstream.content.readany, response.write, self._now
+        while True:
+            try:
+                data = await readany()
+            except asyncio.TimeoutError:
+                raise _UpstreamBroke(response, "timeout") from None
+            except aiohttp.ClientError:
+                raise _UpstreamBroke(response, "disconnected") from None
+            if not data:
+                break
+            if tracker is not None:
+                try:
+                    tracker.on_bytes(now(), data)
+                except Exception:
+                    tracker = self._drop(tracker)
+            try:
+                await write(data)
+            except (ConnectionError, RuntimeError):
+                raise _ClientGone(response) from None
+        try:
+            await response.write_eof()
+        except (ConnectionError, RuntimeError):
+            raise _ClientGone(response) from None
+        return response
+
+    async def _body(self, request: web.Request) -> bytes | AsyncIterator[bytes] | None:
+        if not request.body_exists:
+            return None
+        size = request.content_length
+        if size is not None and size <= self.config.max_buffered_body:
+            return await request.read()
+        return _stream(request.content)
+
+    # -- accounting, guarded ---------------------------------------------------------------------
+
+    def _safe_tracker(self, request: web.Request, start: float) -> tr.RequestTracker | None:
+        try:
+            header = self.config.tenant_header
+            tenant = tenant_key(request.headers.get(header)) if header else None
+            return tr.RequestTracker(start, tr.classify_route(request.method, request.path), tenant)
+        except Exception:
+            log.debug("proxy accounting failed at request start", exc_info=True)
+            self.stats.accounting_error()
+            return None
+
+    def _guard(self, tracker: tr.RequestTracker, method: object, *args: object) -> tr.RequestTracker | None:
+        """Call into the tracker; on any failure drop it for the rest of this request."""
+        try:
+            method(*args)  # type: ignore[operator]
+            return tracker
+        except Exception:
+            return self._drop(tracker)
+
+    def _drop(self, tracker: tr.RequestTracker) -> None:
+        """The tracker failed: count it, and relay the rest of this request unaccounted."""
+        log.debug("proxy accounting failed mid-request", exc_info=True)
+        self.stats.accounting_error()
+        return None
+
+    def _record(self, tracker: tr.RequestTracker | None, outcome: str, reason: str | None) -> None:
+        if tracker is None:
+            return
+        try:
+            self.stats.observe(tracker.finish(self._now(), outcome, reason))
+        except Exception:
+            log.debug("proxy accounting failed at request end", exc_info=True)
+            self.stats.accounting_error()
+
+
+async def _stream(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    while True:
+        data = await content.readany()
+        if not data:
+            return
+        yield data
+
+
+class _UpstreamFailed(Exception):
+    """No response from the upstream: the client gets 502, or 504 on a timeout."""
+
+    def __init__(self, status: int, reason: str, exc: BaseException) -> None:
+        super().__init__(reason)
+        self.status, self.reason, self.detail = status, reason, str(exc) or type(exc).__name__
+
+
+class _ClientGone(Exception):
+    """The client stopped reading: nothing more can be sent."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        super().__init__("client gone")
+        self.response = response
+
+
+class _UpstreamBroke(Exception):
+    """The upstream broke off mid-response: the client's connection is cut so it sees the same truncation."""
+
+    def __init__(self, response: web.StreamResponse, reason: str) -> None:
+        super().__init__(reason)
+        self.response, self.reason = response, reason

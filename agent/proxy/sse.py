@@ -1,0 +1,185 @@
+"""Server-sent events and OpenAI completion chunks, parsed incrementally and without side effects.
+
+The proxy sees a stream as whatever the socket delivers: an event may arrive in pieces, a line may be
+cut between two reads (even between the CR and LF of one line ending), and several events may come in
+one read. `SSEParser.feed` keeps the unfinished tail and returns only complete events, following the
+WHATWG event-stream rules (CRLF, LF or CR line endings; `data:` lines joined with LF; comments and
+unknown fields ignored; an event with no data is not dispatched).
+
+`interpret_chunk` reads one OpenAI chunk (`/v1/chat/completions` or `/v1/completions`, vLLM's and
+SGLang's extensions included) for what the accounting needs: does it carry output, how many choices
+carry it, a finish reason, and `usage`. `interpret_body` does the same for a non-streamed JSON response.
+Both are total: anything unexpected reads as "no output here", never as an exception.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple
+
+MAX_LINE_BYTES = 4 * 1024 * 1024  # one SSE line longer than this is not a completion chunk
+DONE = b"[DONE]"
+
+
+class SSEError(ValueError):
+    """The byte stream is not an event stream the parser can follow (a runaway line)."""
+
+
+class SSEEvent(NamedTuple):  # a tuple, not a dataclass: one is made per token, so its cost counts
+    data: bytes  # the joined data lines, without the final LF
+    event: bytes = b""  # the `event:` field; empty means "message"
+
+
+class SSEParser:
+    """Feed it bytes as they arrive; it returns the events completed by them, in order."""
+
+    __slots__ = ("_tail", "_skip_lf", "_data", "_event", "_max_line")
+
+    def __init__(self, max_line: int = MAX_LINE_BYTES) -> None:
+        self._tail = b""  # an unfinished line
+        self._skip_lf = False  # the last read ended in CR: an LF opening the next one ends the same line
+        self._data: list[bytes] = []
+        self._event = b""
+        self._max_line = max_line
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        if (not self._tail and not self._data and not self._skip_lf and chunk[:6] == b"data: "
+                and chunk.endswith(b"\n\n") and chunk.count(b"\n") == 2 and b"\r" not in chunk):
+            return [SSEEvent(chunk[6:-2])]  # the common read: exactly one single-line data event
+        if self._skip_lf and chunk[:1] == b"\n":
+            chunk = chunk[1:]
+        self._skip_lf = False
+        if not chunk:
+            return []
+        buf = self._tail + chunk if self._tail else chunk
+        if b"\r" in buf:
+            self._skip_lf = buf.endswith(b"\r")
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buf.split(b"\n")
+        self._tail = lines.pop()
+        if len(self._tail) > self._max_line:
+            self._tail = b""
+            raise SSEError(f"an event-stream line longer than {self._max_line} bytes")
+        out: list[SSEEvent] = []
+        for line in lines:
+            event = self._line(line)
+            if event is not None:
+                out.append(event)
+        return out
+
+    def _line(self, line: bytes) -> SSEEvent | None:
+        if not line:
+            return self._dispatch()
+        if line[:1] == b":":
+            return None  # a comment (keep-alive)
+        name, sep, value = line.partition(b":")
+        if sep and value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":
+            self._data.append(value)
+        elif name == b"event":
+            self._event = value
+        return None  # id, retry and unknown fields do not matter here
+
+    def _dispatch(self) -> SSEEvent | None:
+        data, event = self._data, self._event
+        self._data, self._event = [], b""
+        if not data:
+            return None
+        return SSEEvent(data[0] if len(data) == 1 else b"\n".join(data), event)
+
+
+class ChunkInfo(NamedTuple):
+    """What one chunk (or a whole non-streamed body) tells the accounting."""
+
+    outputs: int = 0  # choices in it that carry output (text, content, reasoning or tool calls)
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None  # from `usage`
+    completion_tokens: int | None = None  # from `usage`
+    error: bool = False  # an `{"error": ...}` object: the engine failed mid-stream
+    done: bool = False  # the `[DONE]` sentinel
+
+
+NOTHING = ChunkInfo()
+DONE_INFO = ChunkInfo(done=True)
+ERROR_INFO = ChunkInfo(error=True)
+OUTPUT_INFO = tuple(ChunkInfo(n) for n in range(4))  # the common chunks, made once
+_OUTPUT_KEYS = ("content", "reasoning_content", "reasoning", "text")
+_decode = json.JSONDecoder().decode  # json.loads minus its per-call encoding sniffing
+
+
+def interpret_event(event: SSEEvent) -> ChunkInfo:
+    """One SSE event of an OpenAI stream."""
+    data = event.data
+    if data[:1] != b"{":
+        data = data.strip()
+        if data == DONE:
+            return DONE_INFO
+        if data[:1] != b"{":
+            return NOTHING
+    try:
+        obj = _decode(data.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError included
+        return NOTHING
+    return interpret_chunk(obj)
+
+
+def interpret_chunk(obj: Any) -> ChunkInfo:
+    """A decoded chunk object: its output-bearing choices, last finish reason and usage."""
+    if type(obj) is not dict:
+        return NOTHING
+    choices = obj.get("choices")
+    if choices is None and obj.get("error") is not None:
+        return ERROR_INFO
+    outputs, finish = 0, None
+    if type(choices) is list:
+        for choice in choices:
+            if type(choice) is not dict:
+                continue
+            if _has_output(choice):
+                outputs += 1
+            reason = choice.get("finish_reason")
+            if reason and type(reason) is str:
+                finish = reason
+    usage = obj.get("usage")
+    if usage is None:
+        if finish is None:
+            return OUTPUT_INFO[outputs] if outputs < len(OUTPUT_INFO) else ChunkInfo(outputs)
+        return ChunkInfo(outputs, finish)
+    prompt, completion = _usage(usage)
+    return ChunkInfo(outputs, finish, prompt, completion)
+
+
+def interpret_body(body: bytes) -> ChunkInfo:
+    """A non-streamed completion: the same reading over the whole JSON document."""
+    try:
+        obj = json.loads(body)
+    except ValueError:  # UnicodeDecodeError included
+        return NOTHING
+    return interpret_chunk(obj)
+
+
+def _has_output(choice: dict[str, Any]) -> bool:
+    delta = choice.get("delta")
+    if type(delta) is not dict:
+        delta = choice.get("message")
+        if type(delta) is not dict:
+            delta = choice
+    for key in _OUTPUT_KEYS:
+        value = delta.get(key)
+        if value and type(value) is str:
+            return True
+    calls = delta.get("tool_calls")
+    return type(calls) is list and len(calls) > 0
+
+
+def _usage(usage: Any) -> tuple[int | None, int | None]:
+    if not isinstance(usage, dict):
+        return None, None
+    return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value

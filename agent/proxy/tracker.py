@@ -1,0 +1,192 @@
+"""One request's timings, from the bytes the proxy relays: pure, so it is tested without a network.
+
+Times are the proxy's monotonic clock. The request starts when the proxy has read its headers; a token
+"arrives" when the upstream bytes holding it reach the proxy, so TTFT includes queueing in front of and
+inside the engine, and gaps are what the client's socket sees (tokens delivered in one read are 0 s
+apart). TPOT follows the benchmark tools' definition (vLLM's benchmark_serving): (end-to-end - TTFT) /
+(output tokens - 1), undefined for one token or none.
+
+Output tokens come from the response's `usage` when it has one (`counted_by="usage"`), else from the
+output-bearing chunks (`counted_by="chunks"`: one per choice that carries text, which undercounts where an
+engine sends several tokens per chunk, e.g. under speculative decoding). Prompt tokens only come from
+`usage`: the proxy has no tokenizer.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+
+from rooflight.agent.proxy import sse
+
+# Routes the proxy times; anything else passes through and is only counted.
+INFERENCE_ROUTES = {"/chat/completions": "chat", "/completions": "completions"}
+KNOWN_FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call", "abort"})
+MAX_BODY_COPY = 8 * 1024 * 1024  # a non-streamed body larger than this is relayed but not read
+
+# Outcomes of a request, as the proxy saw it end.
+COMPLETE = "complete"
+CLIENT_DISCONNECTED = "client_disconnected"
+UPSTREAM_ERROR = "upstream_error"  # unreachable, timed out, or broke off mid-response
+
+
+def classify_route(method: str, path: str) -> str:
+    """chat, completions (the OpenAI inference routes, POST) or other (passed through, only counted)."""
+    if method != "POST":
+        return "other"
+    trimmed = path.rstrip("/")
+    for suffix, route in INFERENCE_ROUTES.items():
+        if trimmed.endswith(suffix) and not (route == "completions" and trimmed.endswith("/chat/completions")):
+            return route
+    return "other"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """A finished request: everything the exports need, nothing the traffic needs."""
+
+    route: str
+    tenant: str | None  # the hashed tenant key, None when the header is absent or not configured
+    start: float
+    end: float
+    status: int | None  # the status the client got; None when no response was started
+    outcome: str  # complete, client_disconnected, upstream_error
+    stream: bool
+    finish_reason: str  # normalised label value (see finish_label)
+    ttft: float | None = None
+    itl: array = field(default_factory=lambda: array("d"))  # every gap between output-bearing chunks
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    counted_by: str | None = None  # usage or chunks; None when the output was not counted
+    upstream_error: str | None = None  # connect, timeout or disconnected (see server.py)
+
+    @property
+    def e2e(self) -> float:
+        return self.end - self.start
+
+    @property
+    def tpot(self) -> float | None:
+        """(e2e - TTFT) / (output tokens - 1); None for a single token, none, or no first token."""
+        if self.ttft is None or self.output_tokens is None or self.output_tokens < 2:
+            return None
+        return max(0.0, self.e2e - self.ttft) / (self.output_tokens - 1)
+
+    @property
+    def inference(self) -> bool:
+        return self.route != "other"
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300 and self.outcome == COMPLETE
+
+
+def finish_label(reason: str | None, outcome: str, status: int | None, inference: bool, error: bool) -> str:
+    """A bounded finish_reason label: the response's own, or what ended the request instead."""
+    if outcome != COMPLETE:
+        return outcome
+    if not inference or status is None or not 200 <= status < 300:
+        return "none"
+    if error:
+        return UPSTREAM_ERROR
+    if reason is None:
+        return "unknown"
+    return reason if reason in KNOWN_FINISH else "other"
+
+
+class RequestTracker:
+    """Accumulates one request as its response bytes go by; `finish` turns it into a RequestRecord."""
+
+    __slots__ = ("route", "tenant", "start", "status", "stream", "_parser", "_body", "_body_size",
+                 "_first", "_last", "_itl", "_chunks", "_finish", "_prompt", "_completion", "_error")
+
+    def __init__(self, start: float, route: str, tenant: str | None = None) -> None:
+        self.route = route
+        self.tenant = tenant
+        self.start = start
+        self.status: int | None = None
+        self.stream = False
+        self._parser: sse.SSEParser | None = None
+        self._body: list[bytes] | None = None
+        self._body_size = 0
+        self._first: float | None = None
+        self._last: float | None = None
+        self._itl = array("d")
+        self._chunks = 0
+        self._finish: str | None = None
+        self._prompt: int | None = None
+        self._completion: int | None = None
+        self._error = False
+
+    def on_response(self, status: int, content_type: str) -> None:
+        """Headers arrived: an event stream is timed per chunk, a JSON body read at the end."""
+        self.status = status
+        if self.route == "other" or not 200 <= status < 300:
+            return
+        if content_type.split(";", 1)[0].strip().lower() == "text/event-stream":
+            self.stream = True
+            self._parser = sse.SSEParser()
+        else:
+            self._body = []
+
+    def on_bytes(self, t: float, data: bytes) -> None:
+        """Response bytes as they reached the proxy at time t."""
+        if self._parser is not None:
+            interpret = sse.interpret_event
+            for event in self._parser.feed(data):
+                info = interpret(event)
+                if info.outputs:
+                    self._output(t, info.outputs)
+                if info.finish_reason is not None or info.prompt_tokens is not None or \
+                        info.completion_tokens is not None or info.error:
+                    self._apply(info)
+        elif self._body is not None:
+            self._body_size += len(data)
+            if self._body_size > MAX_BODY_COPY:
+                self._body = None  # too large to read: relayed, not counted
+            else:
+                self._body.append(data)
+
+    def _output(self, t: float, outputs: int) -> None:
+        if self._first is None:
+            self._first = t
+        else:
+            self._itl.append(t - self._last)  # type: ignore[operator]
+        self._last = t
+        self._chunks += outputs
+
+    def _apply(self, info: sse.ChunkInfo) -> None:
+        if info.finish_reason is not None:
+            self._finish = info.finish_reason
+        if info.prompt_tokens is not None:
+            self._prompt = info.prompt_tokens
+        if info.completion_tokens is not None:
+            self._completion = info.completion_tokens
+        if info.error:
+            self._error = True
+
+    def finish(self, t: float, outcome: str = COMPLETE, upstream_error: str | None = None) -> RequestRecord:
+        if self._body is not None and outcome == COMPLETE:
+            self._apply(sse.interpret_body(b"".join(self._body)))  # no first token before the end: no TTFT
+        if self._completion is not None:
+            output, counted_by = self._completion, "usage"
+        elif self.stream:
+            output, counted_by = self._chunks, "chunks"
+        else:
+            output, counted_by = None, None
+        inference = self.route != "other"
+        return RequestRecord(
+            route=self.route,
+            tenant=self.tenant,
+            start=self.start,
+            end=t,
+            status=self.status,
+            outcome=outcome,
+            stream=self.stream,
+            finish_reason=finish_label(self._finish, outcome, self.status, inference, self._error),
+            ttft=None if self._first is None else self._first - self.start,
+            itl=self._itl,
+            prompt_tokens=self._prompt,
+            output_tokens=output if inference else None,
+            counted_by=counted_by if inference else None,
+            upstream_error=upstream_error,
+        )

@@ -1,0 +1,119 @@
+"""The SSE and OpenAI chunk parser: incremental, tolerant of any split, total on odd input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rooflight.agent.proxy import sse
+
+EVENTS = [
+    b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}',
+    b'data: {"choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}]}',
+    b": keep-alive comment",
+    b'event: message\ndata: {"choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop"}]}',
+    b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}',
+    b"data: [DONE]",
+]
+
+
+def _stream(newline: bytes) -> bytes:
+    return b"".join(e.replace(b"\n", newline) + newline + newline for e in EVENTS)
+
+
+def _feed_all(parser: sse.SSEParser, pieces: list[bytes]) -> list[sse.SSEEvent]:
+    out: list[sse.SSEEvent] = []
+    for piece in pieces:
+        out.extend(parser.feed(piece))
+    return out
+
+
+def test_whole_stream_gives_each_data_event_once() -> None:
+    events = sse.SSEParser().feed(_stream(b"\n"))
+    assert [e.data for e in events] == [e.split(b"data: ", 1)[1] for e in EVENTS if b"data: " in e]
+    assert events[2].event == b"message" and events[0].event == b""
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n", b"\r"])
+def test_every_two_piece_split_gives_the_same_events(newline: bytes) -> None:
+    data = _stream(newline)
+    whole = sse.SSEParser().feed(data)
+    for cut in range(len(data) + 1):
+        assert _feed_all(sse.SSEParser(), [data[:cut], data[cut:]]) == whole, cut
+
+
+@settings(max_examples=60, deadline=None)
+@given(newline=st.sampled_from([b"\n", b"\r\n", b"\r"]), cuts=st.lists(st.integers(0, 600), max_size=12))
+def test_any_split_gives_the_same_events(newline: bytes, cuts: list[int]) -> None:
+    data = _stream(newline)
+    bounds = sorted({min(c, len(data)) for c in cuts})
+    pieces = [data[a:b] for a, b in zip([0, *bounds], [*bounds, len(data)])]
+    assert _feed_all(sse.SSEParser(), pieces) == sse.SSEParser().feed(data)
+
+
+def test_crlf_cut_between_cr_and_lf_ends_one_line_only() -> None:
+    p = sse.SSEParser()
+    assert p.feed(b"data: a\r") == []
+    assert p.feed(b"\n\r") == [sse.SSEEvent(b"a")]  # the LF belongs to the CR before it; "\r" is the blank line
+    assert p.feed(b"\ndata: b\n\n") == [sse.SSEEvent(b"b")]
+
+
+def test_multi_line_data_is_joined_and_empty_events_are_not_dispatched() -> None:
+    p = sse.SSEParser()
+    assert p.feed(b"data: one\ndata:two\n\n") == [sse.SSEEvent(b"one\ntwo")]
+    assert p.feed(b"event: ping\n\nid: 4\nretry: 10\n\n") == []
+
+
+def test_a_runaway_line_raises_instead_of_growing() -> None:
+    p = sse.SSEParser(max_line=64)
+    with pytest.raises(sse.SSEError):
+        p.feed(b"data: " + b"x" * 100)
+    assert p.feed(b"data: ok\n\n")[-1] == sse.SSEEvent(b"ok")  # the parser is usable afterwards
+
+
+def _info(obj: object) -> sse.ChunkInfo:
+    return sse.interpret_event(sse.SSEEvent(json.dumps(obj).encode()))
+
+
+@pytest.mark.parametrize("delta, outputs", [
+    ({"role": "assistant", "content": ""}, 0),
+    ({"content": "x"}, 1),
+    ({"reasoning_content": "think"}, 1),
+    ({"reasoning": "think"}, 1),
+    ({"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}, 1),
+    ({"tool_calls": []}, 0),
+    ({"content": None}, 0),
+])
+def test_chat_deltas_with_output(delta: dict, outputs: int) -> None:
+    assert _info({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}).outputs == outputs
+
+
+def test_completions_text_finish_reason_and_usage() -> None:
+    info = _info({"choices": [{"index": 0, "text": "a", "finish_reason": "length"},
+                              {"index": 1, "text": "b", "finish_reason": None}],
+                  "usage": {"prompt_tokens": 11, "completion_tokens": 4}})
+    assert (info.outputs, info.finish_reason, info.prompt_tokens, info.completion_tokens) == (2, "length", 11, 4)
+
+
+@pytest.mark.parametrize("data", [b"not json", b"[1,2]", b'"text"', b"\xff\xfe", b'{"choices": "x", "usage": 3}',
+                                  b'{"usage": {"prompt_tokens": true, "completion_tokens": -1}}'])
+def test_odd_chunks_read_as_nothing(data: bytes) -> None:
+    info = sse.interpret_event(sse.SSEEvent(data))
+    assert (info.outputs, info.finish_reason, info.prompt_tokens, info.completion_tokens, info.error) == \
+        (0, None, None, None, False)
+
+
+def test_done_and_error_events() -> None:
+    assert sse.interpret_event(sse.SSEEvent(b"[DONE]")).done
+    assert _info({"error": {"message": "engine died", "code": 500}}).error
+
+
+def test_non_streamed_bodies() -> None:
+    chat = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 2}}
+    info = sse.interpret_body(json.dumps(chat).encode())
+    assert (info.outputs, info.finish_reason, info.prompt_tokens, info.completion_tokens) == (1, "stop", 9, 2)
+    assert sse.interpret_body(b"<html>oops</html>") == sse.NOTHING

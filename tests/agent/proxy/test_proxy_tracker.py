@@ -1,0 +1,116 @@
+"""One request's timings from the bytes, with the times given by the test (no clock, no network)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rooflight.agent.proxy import tracker as tr
+
+
+def chunk(content: str | None = None, finish: str | None = None, role: bool = False) -> bytes:
+    delta: dict = {"role": "assistant", "content": ""} if role else {"content": content}
+    return b"data: " + json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).encode() + b"\n\n"
+
+
+def usage(prompt: int, completion: int) -> bytes:
+    body = {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def stream(times_and_bytes: list[tuple[float, bytes]], end: float, start: float = 10.0,
+           outcome: str = tr.COMPLETE) -> tr.RequestRecord:
+    t = tr.RequestTracker(start, "chat", None)
+    t.on_response(200, "text/event-stream; charset=utf-8")
+    for at, data in times_and_bytes:
+        t.on_bytes(at, data)
+    return t.finish(end, outcome)
+
+
+@pytest.mark.parametrize("method, path, route", [
+    ("POST", "/v1/chat/completions", "chat"), ("POST", "/v1/completions", "completions"),
+    ("POST", "/openai/v1/chat/completions/", "chat"), ("GET", "/v1/chat/completions", "other"),
+    ("POST", "/v1/embeddings", "other"), ("GET", "/metrics", "other"), ("POST", "/v1/completionsx", "other"),
+])
+def test_routes(method: str, path: str, route: str) -> None:
+    assert tr.classify_route(method, path) == route
+
+
+def test_ttft_is_the_first_content_not_the_role_chunk_and_gaps_are_exact() -> None:
+    r = stream([(10.1, chunk(role=True)), (10.25, chunk("a")), (10.30, chunk("b")),
+                (10.42, chunk("c", finish="stop") + usage(5, 3)), (10.43, b"data: [DONE]\n\n")], end=10.5)
+    assert r.ttft == pytest.approx(0.25)
+    assert list(r.itl) == pytest.approx([0.05, 0.12])
+    assert (r.output_tokens, r.counted_by, r.prompt_tokens, r.finish_reason) == (3, "usage", 5, "stop")
+    assert r.e2e == pytest.approx(0.5)
+    assert r.tpot == pytest.approx((0.5 - 0.25) / 2)
+
+
+def test_without_usage_the_chunks_are_counted_and_say_so() -> None:
+    r = stream([(10.2, chunk("a") + chunk("b")), (10.3, chunk("c", finish="length"))], end=10.3)
+    assert (r.output_tokens, r.counted_by, r.prompt_tokens, r.finish_reason) == (3, "chunks", None, "length")
+    assert list(r.itl) == pytest.approx([0.0, 0.1])  # two tokens in one read reached the proxy together
+
+
+def test_usage_wins_over_the_chunk_count() -> None:
+    r = stream([(10.2, chunk("ab")), (10.3, chunk("cd", finish="stop")), (10.31, usage(1, 4))], end=10.4)
+    assert (r.output_tokens, r.counted_by) == (4, "usage")
+
+
+def test_one_token_has_no_tpot_and_no_gaps() -> None:
+    r = stream([(10.2, chunk("a", finish="stop"))], end=10.25)
+    assert r.tpot is None and len(r.itl) == 0 and r.ttft == pytest.approx(0.2)
+
+
+def test_a_split_line_is_timed_when_it_completes() -> None:
+    data = chunk("a")
+    r = stream([(10.1, data[:9]), (10.2, data[9:]), (10.3, chunk("b", finish="stop"))], end=10.3)
+    assert r.ttft == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("finish, label", [("stop", "stop"), ("tool_calls", "tool_calls"), ("eos_weird", "other"),
+                                           (None, "unknown")])
+def test_finish_reason_labels_are_bounded(finish: str | None, label: str) -> None:
+    assert stream([(10.1, chunk("a", finish=finish))], end=10.2).finish_reason == label
+
+
+def test_outcomes_override_the_finish_reason() -> None:
+    assert stream([(10.1, chunk("a"))], end=10.2, outcome=tr.CLIENT_DISCONNECTED).finish_reason == "client_disconnected"
+    err = b'data: {"error": {"message": "boom"}}\n\n'
+    r = stream([(10.1, chunk("a")), (10.2, err)], end=10.2)
+    assert (r.finish_reason, r.ok) == ("upstream_error", True)
+
+
+def test_non_streamed_json_counts_usage_and_has_no_ttft() -> None:
+    t = tr.RequestTracker(1.0, "chat", "k")
+    t.on_response(200, "application/json")
+    body = json.dumps({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 8, "completion_tokens": 2}}).encode()
+    t.on_bytes(1.5, body[:10])
+    t.on_bytes(1.6, body[10:])
+    r = t.finish(1.7)
+    assert (r.stream, r.ttft, r.output_tokens, r.counted_by, r.prompt_tokens, r.finish_reason, r.tenant) == \
+        (False, None, 2, "usage", 8, "stop", "k")
+    assert r.e2e == pytest.approx(0.7)
+
+
+def test_a_body_too_large_to_read_is_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tr, "MAX_BODY_COPY", 16)
+    t = tr.RequestTracker(1.0, "completions")
+    t.on_response(200, "application/json")
+    t.on_bytes(1.1, b'{"usage": {"prompt_tokens": 1, "completion_tokens": 1}}')
+    assert t.finish(1.2).output_tokens is None
+
+
+def test_errors_and_other_routes_are_not_parsed() -> None:
+    t = tr.RequestTracker(1.0, "chat")
+    t.on_response(503, "text/event-stream")
+    t.on_bytes(1.1, chunk("a"))
+    r = t.finish(1.2)
+    assert (r.status, r.finish_reason, r.ttft, r.ok, r.stream) == (503, "none", None, False, False)
+    other = tr.RequestTracker(1.0, "other")
+    other.on_response(200, "text/event-stream")
+    other.on_bytes(1.1, chunk("a"))
+    r = other.finish(1.2)
+    assert (r.finish_reason, r.ttft, r.output_tokens) == ("none", None, None)
