@@ -4,6 +4,10 @@ Detector alerts read the agent's 0/1 gauges (evaluated every second by the agent
 scrape) as the fraction of a window they were true, so one flicker neither fires nor resets them. Each
 alert's value is the number on-call needs first (peak ITL inflation, KV occupancy, queue length, MBU).
 Every alert carries `severity` and the annotations `summary`, `description`, `runbook_url`.
+
+Joins are `on` the agent's labels plus the scrape's topology labels, so an alert fires for the replica
+whose detector is true, not for every pod that exports the same target; its labels carry the pod and
+instance, and its description names the replica (its `pod`, else its `instance`).
 """
 
 from __future__ import annotations
@@ -11,9 +15,19 @@ from __future__ import annotations
 from rooflight.agent.metrics import names
 from rooflight.rules.config import DetectorAlert, RulesConfig
 from rooflight.rules.promql import labels, number, series
-from rooflight.rules.recording import Rule, mbu_record, rank_labels
+from rooflight.rules.recording import Rule, keep, mbu_record, rank_labels
 
-WHERE = "{{ $labels.target }} ({{ $labels.model }}, rank {{ $labels.rank }})"
+
+def _replica(before: str, after: str) -> str:
+    """A Prometheus template naming the replica: `pod` on Kubernetes, else `instance`, else nothing."""
+    return (
+        f"{{{{ if $labels.pod }}}}{before}pod {{{{ $labels.pod }}}}{after}"
+        f"{{{{ else if $labels.instance }}}}{before}instance {{{{ $labels.instance }}}}{after}{{{{ end }}}}"
+    )
+
+
+WHERE = "{{ $labels.target }} ({{ $labels.model }}, rank {{ $labels.rank }}" + _replica(", ", "") + ")"
+SOURCE_WHERE = "{{ $labels.target }}" + _replica(" (", ")")
 
 
 def alert(
@@ -47,7 +61,7 @@ def _share(d: DetectorAlert) -> str:
 def _detector(config: RulesConfig, flag: str, value: str, d: DetectorAlert) -> str:
     """`value` over the window, kept only where the detector was true for enough of it."""
     sel = config.agent_selector
-    on = labels(rank_labels(config))
+    on = labels(keep(config, *rank_labels(config)))
     return (
         f"{value}\n"
         f"and on ({on})\n"
@@ -109,7 +123,7 @@ def detector_alerts(config: RulesConfig) -> list[Rule]:
 
 def mbu_alert(config: RulesConfig) -> Rule:
     """Decode busy the whole window, yet streaming a small share of the GPUs' bandwidth."""
-    on = labels(rank_labels(config))
+    on = labels(keep(config, *rank_labels(config)))
     running = series(names.REQUESTS_RUNNING, config.agent_selector)
     expr = (
         f"{mbu_record(config)} < {number(config.low_mbu_threshold)}\n"
@@ -139,7 +153,7 @@ def source_alerts(config: RulesConfig) -> list[Rule]:
             config.engine_down_for,
             "critical",
             "Rooflight cannot scrape the inference engine.",
-            "{{ $labels.target }}: the engine's /metrics endpoint has failed every sample for "
+            f"{SOURCE_WHERE}: the engine's /metrics endpoint has failed every sample for "
             f"{config.engine_down_for}; the engine is down, hung, or unreachable from the agent.",
         ),
         alert(
@@ -149,7 +163,7 @@ def source_alerts(config: RulesConfig) -> list[Rule]:
             config.gpu_down_for,
             "warning",
             "Rooflight cannot read the GPUs through NVML.",
-            f"{{{{ $labels.target }}}}: NVML has failed every sample for {config.gpu_down_for}; GPU metrics, "
+            f"{SOURCE_WHERE}: NVML has failed every sample for {config.gpu_down_for}; GPU metrics, "
             "MBU and MFU are missing for this node.",
         ),
     ]

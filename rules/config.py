@@ -1,6 +1,7 @@
 """The one config the Prometheus rules are generated from, the way monitoring mixins keep `_config`.
 
-Selectors, SLO thresholds and objectives, burn-rate windows, detector-alert durations, the low-MBU
+Selectors, the topology labels every rule keeps (cluster, namespace, pod, instance, job by default),
+SLO thresholds and objectives, burn-rate windows, detector-alert durations, the low-MBU
 threshold, the runbook base URL and the PrometheusRule's `release` label all live here, so a user's
 `rooflight rules --ttft-threshold 1 --agent-selector 'job="rooflight"'` and the checked-in YAML come
 from the same code. Histogram names and bucket edges are config too: SGLang and TRT-LLM users point the
@@ -15,7 +16,9 @@ from dataclasses import dataclass, field
 
 from rooflight.agent.errors import ConfigError
 
-# Default bucket edges of the engines' latency histograms (shared/reference/engines.md 2.3 and 3.2).
+# Default bucket edges of the engines' latency histograms: vLLM's vllm/v1/metrics/buckets.py and SGLang's
+# metrics collector upstream, as the recorded pages in tests/fixtures/engine-samples/ carry them
+# (vllm-cpu-*.prom, dynamo-sglang-worker-1req.prom).
 VLLM_TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0, 160.0, 640.0, 2560.0,
@@ -30,6 +33,13 @@ SGLANG_ITL_BUCKETS = (
     0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1, 0.2, 0.4,
     0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0,
 )  # fmt: skip
+
+# What Prometheus attaches to every scrape on Kubernetes (PodMonitor/ServiceMonitor: namespace, pod,
+# instance, job) plus `cluster`, the label Thanos, Mimir and kube-prometheus-stack use across clusters.
+TOPOLOGY_LABELS = ("cluster", "namespace", "pod", "instance", "job")
+REPLICA_LABELS = ("pod", "instance")
+# The agent's own series labels: never a topology label (they are kept anyway, named in the rules).
+RESERVED_LABELS = ("target", "engine", "model", "rank", "phase")
 
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 _SEVERITIES = ("critical", "warning", "info")
@@ -143,8 +153,16 @@ class RulesConfig:
     """Everything the generator needs. Defaults are what ships in rules/*.yaml."""
 
     agent_selector: str = ""  # matchers for every rooflight_* series, e.g. 'job="rooflight"'
-    # Labels your scrape config adds that tell agents apart across a fleet (e.g. cluster, namespace);
-    # they are kept in every aggregation and join.
+    # Labels Prometheus attaches to a scrape (service discovery, relabelling, a Thanos/Mimir tenant's
+    # external labels). Two replicas' agents can export the same `target` and `model` (each sidecar
+    # watches its own 127.0.0.1:8000), so only these tell them apart: every per-target aggregation and
+    # join keeps them, as kubernetes-mixin keeps its clusterLabel. A label a series lacks is an empty
+    # value in PromQL, so the defaults are harmless where there is no `cluster` or `pod`.
+    topology_labels: tuple[str, ...] = TOPOLOGY_LABELS
+    # The topology labels that tell replicas of one service apart. SLOs are the service's: they sum
+    # over its replicas on purpose (aggregating these away) and keep the rest (cluster, namespace, job).
+    replica_labels: tuple[str, ...] = REPLICA_LABELS
+    # More labels your relabelling adds (region, tenant, ...); kept like the topology labels.
     extra_labels: tuple[str, ...] = ()
     slo_group_by: tuple[str, ...] = ("model_name",)
     ttft: LatencySLO = field(default_factory=vllm_ttft)
@@ -179,11 +197,27 @@ class RulesConfig:
             raise ConfigError("slo_group_by needs at least one label (model_name for vLLM)")
         if not self.burn_windows:
             raise ConfigError("at least one burn window is needed")
-        for label in (*self.extra_labels, *self.slo_group_by):
+        for label in (*self.topology_labels, *self.replica_labels, *self.extra_labels, *self.slo_group_by):
             if not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]*$", label):
                 raise ConfigError(f"{label!r} is not a Prometheus label name")
+        clash = set(self.kept_labels) & set(RESERVED_LABELS)
+        if clash:
+            raise ConfigError(
+                f"{', '.join(sorted(clash))}: the agent's own label(s), not a scrape's; "
+                "they are always kept, list only the labels Prometheus adds"
+            )
         if not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", self.rule_name):
             raise ConfigError(f"rule_name {self.rule_name!r} must be a Kubernetes name (lower case, dashes)")
+
+    @property
+    def kept_labels(self) -> tuple[str, ...]:
+        """Topology and extra labels, in order, without repeats: kept by every per-target rule."""
+        return tuple(dict.fromkeys((*self.topology_labels, *self.extra_labels)))
+
+    @property
+    def service_labels(self) -> tuple[str, ...]:
+        """The kept labels minus the replica ones: where a service runs, kept by its SLOs."""
+        return tuple(label for label in self.kept_labels if label not in self.replica_labels)
 
     def runbook_url(self, alert: str) -> str:
         return f"{self.runbook_base_url}#{alert.lower()}"

@@ -3,6 +3,7 @@
     python -m rooflight.rules.generate           # rewrite rules/rooflight.rules.yaml and rooflight.prometheusrule.yaml
     python -m rooflight.rules.generate --check   # exit 1 with a diff when the checked-in files differ from the code
     rooflight rules --ttft-threshold 1 --agent-selector 'job="rooflight"' --format prometheusrule
+    rooflight rules --topology-labels cluster,namespace,pod,instance,job --extra-labels region
 
 The checked-in files are rendered from the default RulesConfig; `rooflight rules` renders the same
 code with the user's thresholds and selectors.
@@ -24,7 +25,8 @@ from rooflight.rules.render import render
 HERE = Path(__file__).resolve().parent
 OUTPUTS = {"yaml": HERE / "rooflight.rules.yaml", "prometheusrule": HERE / "rooflight.prometheusrule.yaml"}
 
-# Histogram names, default thresholds and bucket edges per engine (shared/reference/engines.md).
+# Histogram names, default thresholds and bucket edges per engine (docs/engines.md, section ITL and
+# TPOT per engine; edges in rules/config.py).
 ENGINE_PRESETS: dict[str, dict[str, Any]] = {
     "vllm": {
         "ttft": ("vllm:time_to_first_token_seconds", 2.5, cfg.VLLM_TTFT_BUCKETS),
@@ -94,7 +96,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--release", default="", help="label release=<this> on the PrometheusRule (kube-prometheus-stack)")
     p.add_argument("--name", default="rooflight", help="PrometheusRule name and group-name prefix")
     p.add_argument("--agent-selector", default="", help="matchers for rooflight_* series, e.g. 'job=\"rooflight\"'")
-    p.add_argument("--extra-labels", default="", help="comma list of labels that tell agents apart (cluster,...)")
+    p.add_argument("--topology-labels", default=",".join(cfg.TOPOLOGY_LABELS),
+                   help="comma list of the labels Prometheus attaches to a scrape, kept by every rule "
+                        "('' = none; default %(default)s)")
+    p.add_argument("--replica-labels", default=",".join(cfg.REPLICA_LABELS),
+                   help="the topology labels that tell replicas apart; SLOs sum over them (default %(default)s)")
+    p.add_argument("--extra-labels", default="", help="comma list of more labels to keep (region,...)")
     p.add_argument("--engine", choices=sorted(ENGINE_PRESETS), default="vllm", help="histogram names and edges")
     p.add_argument("--engine-selector", default="", help="matchers for the engine's TTFT/ITL histograms")
     p.add_argument("--slo-group-by", default="model_name", help="comma list of labels each SLO is computed by")
@@ -134,6 +141,8 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
     return replace(
         base,
         agent_selector=args.agent_selector,
+        topology_labels=_names(args.topology_labels),
+        replica_labels=_names(args.replica_labels),
         extra_labels=_names(args.extra_labels),
         slo_group_by=_names(args.slo_group_by),
         ttft=_slo(args, "ttft", "RooflightTTFTBudgetBurn", "time to first token"),

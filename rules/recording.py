@@ -7,7 +7,15 @@ aggregate each side by model, so a fleet's MBU is sum(bytes/s) / sum(peak bytes/
     MBU        = (weight_bytes + avg kv_usage x capacity x kv_bytes_per_token) x rate(steps) / (bw x tp)
     MFU{phase} = rate(tokens{phase}) x 2 x params{active} / (peak_flops x tp)
 
-Names follow level:metric:operations (prometheus.io/docs/practices/rules).
+Every per-rank aggregation and join also keeps the scrape's topology labels (RulesConfig.kept_labels:
+cluster, namespace, pod, instance, job by default). Two replicas' sidecars both export
+target="127.0.0.1:8000" and the same model; without those labels their steps, bytes and peaks would be
+summed into one series, reading twice the MBU. Only the fleet rules aggregate them away, by model, on
+purpose.
+
+Names follow level:metric:operations (prometheus.io/docs/practices/rules). The level names the agent's
+labels only; the topology labels ride along unnamed (as kubernetes-mixin's `cluster` does), so a name
+does not change with a deployment's label config and dashboards and runbooks can rely on it.
 """
 
 from __future__ import annotations
@@ -22,8 +30,13 @@ AGENT_LABELS = ("target", "engine", "model", "rank")
 
 
 def rank_labels(config: RulesConfig) -> tuple[str, ...]:
-    """The labels one engine rank's series carry, plus the user's fleet labels."""
-    return (*config.extra_labels, *AGENT_LABELS)
+    """The labels that name the per-rank level in a rule's name (the agent's own, not the scrape's)."""
+    return AGENT_LABELS
+
+
+def keep(config: RulesConfig, *names: str) -> tuple[str, ...]:
+    """`names` with the scrape's topology labels in front: the labels a by()/on() clause must list."""
+    return (*config.kept_labels, *names)
 
 
 def _record(name: str, expr: str) -> Rule:
@@ -35,9 +48,9 @@ def recording_rules(config: RulesConfig) -> list[Rule]:
     w = window_suffix(config.rate_window)
     sel = config.agent_selector
     rank = rank_labels(config)
-    by_rank = labels(rank)
-    on_model = labels((*config.extra_labels, "target", "model"))
-    on_target = labels((*config.extra_labels, "target"))
+    by_rank = labels(keep(config, *rank))
+    on_model = labels(keep(config, "target", "model"))
+    on_target = labels(keep(config, "target"))
     rank_phase = (*rank, "phase")
 
     steps = record_name(rank, "rooflight_engine_steps", f"rate{w}")
@@ -101,7 +114,8 @@ def recording_rules(config: RulesConfig) -> list[Rule]:
             f"* on ({on_model}) group_left {tp}",
         ),
         _record(mfu, f"{flops}\n/ on ({by_rank}) group_left {peak_flops}"),
-        # Fleet level: numerators and denominators summed separately, then divided.
+        # Fleet level: numerators and denominators summed separately, then divided. By model only, on
+        # purpose: every replica, cluster and namespace serving the model counts.
         _record(f"model_phase:rooflight_tokens:rate{w}", f"sum by (model, phase) ({tokens})"),
         _record(
             f"model:rooflight_mbu:ratio_rate{w}",

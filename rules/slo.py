@@ -9,6 +9,11 @@ The pitfall this module guards: when T is not a bucket edge, `bucket{le=T}` matc
 ratio is an empty vector and the burn alerts silently never fire. The config refuses unknown edges at
 build time; `RooflightSLOBucketMissing` catches the rest at run time (custom buckets, a renamed
 histogram, Prometheus 3 rewriting `le`).
+
+An SLO is the service's, so its ratios sum over the service's replicas on purpose (the replica labels,
+pod and instance, are aggregated away) and keep where the service runs (the other topology labels:
+cluster, namespace, job), so two deployments of one model in two namespaces or clusters never share a
+budget. The record names the `slo_group_by` level only.
 """
 
 from __future__ import annotations
@@ -32,6 +37,11 @@ def error_record(config: RulesConfig, slo: LatencySLO, window: str) -> str:
     return record_name(config.slo_group_by, f"rooflight_{slo.name}_slo_errors", f"ratio_rate{window_suffix(window)}")
 
 
+def slo_by(config: RulesConfig) -> str:
+    """The SLO's by()/on() labels: where the service runs, then `slo_group_by` (model_name for vLLM)."""
+    return labels(tuple(dict.fromkeys((*config.service_labels, *config.slo_group_by))))
+
+
 def slo_windows(config: RulesConfig) -> list[str]:
     """Every window any burn row needs, shortest first."""
     windows = {w for row in config.burn_windows for w in (row.long, row.short)}
@@ -39,7 +49,7 @@ def slo_windows(config: RulesConfig) -> list[str]:
 
 
 def error_ratio_rules(config: RulesConfig, slo: LatencySLO) -> list[Rule]:
-    by = labels(config.slo_group_by)
+    by = slo_by(config)
     count = series(f"{slo.histogram}_count", slo.selector)
     good = series(f"{slo.histogram}_bucket", slo.selector, le_matcher(slo.threshold_seconds))
     rules: list[Rule] = []
@@ -83,7 +93,7 @@ def burn_alerts(config: RulesConfig, slo: LatencySLO) -> list[Rule]:
 
 def bucket_guard(config: RulesConfig, slo: LatencySLO) -> Rule:
     """Fires where the histogram exists but has no bucket at the SLO threshold."""
-    by = labels(config.slo_group_by)
+    by = slo_by(config)
     count = series(f"{slo.histogram}_count", slo.selector)
     edge = series(f"{slo.histogram}_bucket", slo.selector, le_matcher(slo.threshold_seconds))
     return alert(

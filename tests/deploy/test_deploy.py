@@ -117,3 +117,61 @@ def test_systemd_example_config_is_a_valid_agent_config() -> None:
     unit = (DEPLOY / "systemd/rooflight.service").read_text()
     for option in ("DynamicUser=yes", "ProtectSystem=strict", "NoNewPrivileges=yes", "CapabilityBoundingSet="):
         assert option in unit
+
+
+# Replicas: the target label names the pod, the rules keep the scrape's topology labels ----------------
+
+POD = "llm-7d9f8c-a"
+
+
+def _agent_env(deployment: dict) -> list[dict]:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    return next(c for c in containers if c["name"] == "rooflight")["env"]
+
+
+def _resolve(env: list[dict], pod: str) -> dict[str, str]:
+    """The environment Kubernetes gives the container, with the downward API's metadata.name = `pod`."""
+    out = {}
+    for item in env:
+        if "value" in item:
+            out[item["name"]] = str(item["value"])
+        elif item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
+            out[item["name"]] = pod
+    return out
+
+
+def test_kustomize_sidecar_names_its_target_after_the_pod() -> None:
+    env = _agent_env(yaml.safe_load((DEPLOY / "k8s/base/deployment.yaml").read_text()))
+    named = [e for e in env if e["name"] == "ROOFLIGHT_TARGET_NAME"]
+    assert named == [{"name": "ROOFLIGHT_TARGET_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+
+
+def test_helm_sidecar_names_its_target_after_the_pod_unless_told() -> None:
+    text = (DEPLOY / "helm/rooflight/templates/deployment.yaml").read_text()
+    block = text[text.index("{{- if .Values.agent.targetName }}"):]
+    block = block[: block.index("{{- end }}")]
+    assert "ROOFLIGHT_TARGET_NAME, value: {{ .Values.agent.targetName | quote }}" in block
+    assert "- name: ROOFLIGHT_TARGET_NAME" in block and "fieldPath: metadata.name" in block
+    assert yaml.safe_load((DEPLOY / "helm/rooflight/values.yaml").read_text())["agent"]["targetName"] == ""
+
+
+def test_the_agent_takes_the_pod_name_as_its_target_label() -> None:
+    # The manifests' environment, as the agent's own config code reads it: target = the pod, not 127.0.0.1:8000.
+    env = _resolve(_agent_env(yaml.safe_load((DEPLOY / "k8s/base/deployment.yaml").read_text())), POD)
+    config = agent_config.build({}, agent_config.env_settings(env), {})
+    assert [t.name for t in config.targets] == [POD]
+    assert config.targets[0].url == "http://127.0.0.1:8000"
+
+
+def test_helm_rule_labels_default_to_the_rules_config() -> None:
+    values = yaml.safe_load((DEPLOY / "helm/rooflight/values.yaml").read_text())
+    assert tuple(values["prometheusRule"]["topologyLabels"]) == RulesConfig().topology_labels
+    assert tuple(values["prometheusRule"]["replicaLabels"]) == RulesConfig().replica_labels
+    assert values["extraLabels"] == {}
+    text = (DEPLOY / "helm/rooflight/templates/prometheusrule.yaml").read_text()
+    assert "rooflight_sentinel" not in text
+    assert "by ({{ $keep }}target, engine, model, rank)" in text
+    assert "by ({{ $service }}model_name)" in text
+    assert text.count("$keep") > 20
+    for monitor in ("podmonitor.yaml", "servicemonitor.yaml"):
+        assert (DEPLOY / "helm/rooflight/templates" / monitor).read_text().count("rooflight.extraLabelRelabelings") == 2

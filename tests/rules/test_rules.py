@@ -224,8 +224,9 @@ def test_rooflight_rules_applies_selectors_thresholds_and_format(capsys: pytest.
     assert 'vllm:time_to_first_token_seconds_bucket{namespace="llm", le=~"1(\\\\.0)?"}' in exprs
     assert 'vllm:inter_token_latency_seconds_bucket{namespace="llm", le="0.05"}' in exprs
     assert "model_name:rooflight_ttft_slo_errors:ratio_rate1h > 0.072" in exprs  # 14.4 x 0.005
-    assert "cluster_target_engine_model_rank:rooflight_mbu:ratio_rate5m < 0.4" in exprs
-    assert "on (cluster, target, model) group_left" in exprs
+    # Topology labels are kept in every join but never named in the rule: names stay what dashboards read.
+    assert "target_engine_model_rank:rooflight_mbu:ratio_rate5m < 0.4" in exprs
+    assert "on (cluster, namespace, pod, instance, job, target, model) group_left" in exprs
 
 
 def test_rooflight_rules_for_sglang_uses_its_histograms(capsys: pytest.CaptureFixture[str]) -> None:
@@ -257,6 +258,9 @@ def test_declared_custom_buckets_allow_the_threshold(tmp_path: Path) -> None:
         {"low_mbu_threshold": 1.5},
         {"slo_group_by": ()},
         {"extra_labels": ("not-a-label",)},
+        {"topology_labels": ("cluster", "pod-name")},
+        {"extra_labels": ("model",)},  # the agent's own label: a scrape label must not shadow it
+        {"topology_labels": ("target",)},
         {"rule_name": "Rooflight_Rules"},
         {"burn_windows": ()},
     ],
@@ -273,3 +277,89 @@ def test_inconsistent_alert_parts_are_config_errors() -> None:
         cfg.BurnWindow("1h", "5m", 14.4, "2m", "page")  # severity is critical/warning/info
     with pytest.raises(ConfigError):
         cfg.vllm_itl(objective=1.0)
+
+
+# Topology labels: replicas, namespaces and clusters never mix -----------------------------------------
+
+CLAUSE = re.compile(r"\b(by|on) \(([^)]*)\)")
+FLEET = ("model:", "model_phase:")
+
+
+def clauses(expr: str) -> list[tuple[str, tuple[str, ...]]]:
+    """Every by()/on() clause of a PromQL expression, as (keyword, labels)."""
+    return [(kw, tuple(x.strip() for x in inner.split(",") if x.strip())) for kw, inner in CLAUSE.findall(expr)]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        cfg.RulesConfig(),
+        cfg.RulesConfig(topology_labels=("tenant", "pod"), replica_labels=("pod",), extra_labels=("region",)),
+    ],
+    ids=["default", "custom"],
+)
+def test_every_per_target_clause_keeps_the_topology_labels(config: cfg.RulesConfig) -> None:
+    kept = config.kept_labels
+    checked = 0
+    for group in groups(config):
+        for rule in group["rules"]:
+            name = rule.get("record") or rule["alert"]
+            for kw, names_ in clauses(rule["expr"]):
+                checked += 1
+                if name.startswith(FLEET):
+                    # Fleet level on purpose: by model (and phase), nothing else.
+                    assert names_ in (("model",), ("model", "phase")), (name, kw, names_)
+                elif "-slo." in group["name"]:
+                    # An SLO sums over the replicas and keeps where the service runs.
+                    assert names_ == (*config.service_labels, *config.slo_group_by), (name, kw, names_)
+                else:
+                    assert names_[: len(kept)] == kept, (name, kw, names_)
+    assert checked > 40
+
+
+def test_slo_labels_leave_out_only_the_replicas() -> None:
+    default = cfg.RulesConfig()
+    assert default.kept_labels == ("cluster", "namespace", "pod", "instance", "job")
+    assert default.service_labels == ("cluster", "namespace", "job")
+    custom = cfg.RulesConfig(topology_labels=("cluster", "instance"), replica_labels=("instance",),
+                             extra_labels=("region", "cluster"))
+    assert custom.kept_labels == ("cluster", "instance", "region")  # in order, without repeats
+    assert custom.service_labels == ("cluster", "region")
+
+
+def test_rule_names_do_not_change_with_the_topology_labels() -> None:
+    def names_of(config: cfg.RulesConfig) -> list[str]:
+        return [r.get("record") or r["alert"] for g in groups(config) for r in g["rules"]]
+
+    bare = cfg.RulesConfig(topology_labels=(), replica_labels=())
+    assert names_of(cfg.RulesConfig()) == names_of(bare) == names_of(cfg.RulesConfig(extra_labels=("region",)))
+    assert "by (target, engine, model, rank)" in render(bare)
+    assert "cluster" not in render(bare)
+
+
+def test_rooflight_rules_topology_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    args = rooflight_rules(["--topology-labels", "namespace,pod", "--replica-labels", "pod", "--extra-labels", "region"])
+    assert run_rules(args) == 0
+    text = capsys.readouterr().out
+    assert "sum by (namespace, pod, region, target, engine, model, rank)" in text
+    assert "sum by (namespace, region, model_name)" in text
+    assert "cluster" not in text
+    args = rooflight_rules(["--topology-labels", ""])
+    assert run_rules(args) == 0
+    assert "sum by (target, engine, model, rank)" in capsys.readouterr().out
+
+
+def test_rooflight_rules_refuses_a_bad_topology_label(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_rules(rooflight_rules(["--topology-labels", "cluster,k8s-pod"])) == 2
+    assert "'k8s-pod' is not a Prometheus label name" in capsys.readouterr().err
+    assert run_rules(rooflight_rules(["--extra-labels", "rank"])) == 2
+    assert "the agent's own label" in capsys.readouterr().err
+
+
+def test_per_target_alert_descriptions_name_the_replica() -> None:
+    doc = yaml.safe_load(OUTPUTS["yaml"].read_text())
+    alerts = [r for g in doc["groups"] if g["name"] == "rooflight.alerts" for r in g["rules"]]
+    assert len(alerts) == 6
+    for rule in alerts:
+        description = rule["annotations"]["description"]
+        assert "{{ if $labels.pod }}" in description and "{{ else if $labels.instance }}" in description, rule["alert"]

@@ -42,3 +42,29 @@ le=~"{{ int64 $t }}(\\.0)?"
 le="{{ $t }}"
 {{- end -}}
 {{- end }}
+
+{{/*
+The topology labels the rules keep, each followed by ", ", in the order `rooflight rules` prints them:
+prometheusRule.topologyLabels, then the keys of extraLabels (sorted), without repeats. With
+"service" true, the replica labels (prometheusRule.replicaLabels) are left out: an SLO sums over them.
+Called with (dict "root" $ "service" BOOL).
+*/}}
+{{- define "rooflight.ruleLabels" -}}
+{{- $topology := default list .root.Values.prometheusRule.topologyLabels -}}
+{{- $replicas := default list .root.Values.prometheusRule.replicaLabels -}}
+{{- $kept := list -}}
+{{- range concat $topology (keys (default dict .root.Values.extraLabels) | sortAlpha) -}}
+{{- if and (not (has . $kept)) (not (and $.service (has . $replicas))) -}}
+{{- $kept = append $kept . -}}
+{{- end -}}
+{{- end -}}
+{{- range $kept }}{{ . }}, {{ end -}}
+{{- end }}
+
+{{/* extraLabels as a monitor endpoint's relabelings: each name set to its value on every scraped series. */}}
+{{- define "rooflight.extraLabelRelabelings" -}}
+relabelings:
+{{- range $name, $value := .Values.extraLabels }}
+  - {action: replace, targetLabel: {{ $name }}, replacement: {{ $value | quote }}}
+{{- end }}
+{{- end }}
