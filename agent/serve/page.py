@@ -1,0 +1,67 @@
+"""The status page at `/`, the roofline at `/roofline.svg` and the page's data at `/api/v1/status`.
+
+The page is static HTML, CSS and a small script shipped in the package (agent/serve/static/): no CDN,
+no build step, nothing fetched from elsewhere, so it works on an air-gapped host. The script polls
+`api/v1/status` and `roofline.svg` about once a second while the tab is visible. Everything is computed
+per request from the current Snapshot; nothing runs on the sampling path. The routes sit in the same
+app as /metrics, so the web config's TLS and basic auth cover them like every other endpoint.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+
+from aiohttp import web
+
+from rooflight.agent.sampling.sampler import Agent
+from rooflight.agent.serve.roofline_svg import render_roofline
+from rooflight.agent.serve.status import History, find_target, status_dict
+
+STATUS_AGENT_KEY = web.AppKey("status_agent", Agent)
+STATUS_HISTORY_KEY = web.AppKey("status_history", History)
+MAX_TARGET_NAME = 256  # a target name in ?target=; longer is no name the agent has
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+def add_status_routes(app: web.Application, agent: Agent) -> None:
+    """Register `/` (the status page), `/roofline.svg` and `/api/v1/status` on `app`, for `agent`."""
+    app[STATUS_AGENT_KEY] = agent
+    app[STATUS_HISTORY_KEY] = History()
+    app.router.add_get("/", status_page)
+    app.router.add_get("/roofline.svg", roofline_svg)
+    app.router.add_get("/api/v1/status", status_json)
+
+
+@lru_cache(maxsize=1)
+def page_html() -> str:
+    """The page with its stylesheet and script inlined: one response, no further asset requests."""
+    static = resources.files("rooflight.agent.serve") / "static"
+    html = (static / "status.html").read_text(encoding="utf-8")
+    css = (static / "status.css").read_text(encoding="utf-8")
+    js = (static / "status.js").read_text(encoding="utf-8")
+    return html.replace("/*STATUS_CSS*/", css).replace("/*STATUS_JS*/", js)
+
+
+async def status_page(request: web.Request) -> web.Response:
+    return web.Response(text=page_html(), content_type="text/html", charset="utf-8")
+
+
+def _status(request: web.Request) -> dict:
+    return status_dict(request.app[STATUS_AGENT_KEY].snapshot, request.app[STATUS_HISTORY_KEY])
+
+
+async def status_json(request: web.Request) -> web.Response:
+    return web.json_response(_status(request), headers=NO_STORE)
+
+
+async def roofline_svg(request: web.Request) -> web.Response:
+    """The chart of `?target=NAME` (default: the first target); 404 for a name the agent does not have."""
+    name = request.query.get("target")
+    if name is not None and len(name) > MAX_TARGET_NAME:
+        raise web.HTTPNotFound(text="no such target\n")
+    target = find_target(_status(request), name)
+    if target is None and name is not None:
+        raise web.HTTPNotFound(text="no such target\n")
+    return web.Response(text=render_roofline(target), content_type="image/svg+xml", charset="utf-8",
+                        headers=NO_STORE)

@@ -1,0 +1,372 @@
+"""What the status page shows, as plain data: `/api/v1/status`, built from one Snapshot on request.
+
+`/api/v1/snapshot` is what `/metrics` shows; this adds what the page draws: each target's roofline
+(peaks, ridge point), the live operating points of decode and prefill on it, the ceilings `rooflight plan`
+gives for the current batch, the detectors with one sentence each and their runbook link, each source's
+last error reason, and short sparkline histories. Nothing here runs on the sampling path: every figure
+is computed when a client asks, from the frozen Snapshot the agent already published. Like
+/api/v1/snapshot it shows no URL and no error message (docs/security.md): everything it shows is a
+number /metrics exports or arithmetic on them and on the agent's constants.
+
+Operating points (shortest window, the livest one):
+- decode: intensity = the agent's decode arithmetic intensity (running x 2P / (weights + live KV bytes)),
+  attained FLOP/s = decode tokens/s x 2P = MFU(decode) x peak FLOP/s.
+- prefill: intensity = computed prompt tokens per engine step x 2P / weight bytes per step (the prompt
+  tokens' FLOPs over the weights every step streams, averaged over all steps, so a lower bound on one
+  prefill step's intensity), attained FLOP/s = MFU(prefill) x peak FLOP/s.
+Each point's FLOP/s over its FLOP/byte is the bytes/s its steps stream: steps/s x (weights + live KV)
+for decode, steps/s x weights for prefill. With a small KV both sit on one line parallel to the memory
+roof, below it by the MBU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Deque, Iterable, Mapping
+
+from rooflight.agent import __version__
+from rooflight.agent.errors import ConfigError
+from rooflight.agent.metrics import names
+from rooflight.agent.metrics.snapshot import Health, SeriesView, Snapshot, TargetView
+from rooflight.agent.roofline import physics
+from rooflight.agent.roofline.constants import TargetConstants
+from rooflight.agent.roofline.plan import build_plan
+from rooflight.agent.signals.derive import WindowValues
+
+# The rules' default runbook_url base (rules/config.py; tests hold the two equal). The agent sits below
+# the rules package, so it keeps its own copy rather than importing upwards.
+RUNBOOK_BASE_URL = "https://github.com/rooflight/rooflight/blob/main/docs/runbooks.md"
+
+HISTORY_POINTS = 300  # per series: five minutes at the default 1 s interval
+HISTORY_FIELDS = ("mbu", "mfu_prefill", "mfu_decode", "tokens_prefill", "tokens_decode", "ttft_p99", "itl_p99",
+                  "kv_usage", "running", "waiting", "preemptions_per_second")
+
+
+@dataclass(frozen=True, slots=True)
+class Detector:
+    """One detector as the page explains it: the Verdicts attribute, its title, its meaning and its alert."""
+
+    key: str
+    title: str
+    sentence: str
+    alert: str
+    metric: str
+
+
+DETECTORS: tuple[Detector, ...] = (
+    Detector("head_of_line", "Head-of-line blocking",
+             "A long prompt prefilled whole stalls every in-flight decode: the worst ITL inflated against its "
+             "recent median while prompts shared the batch.",
+             "RooflightHeadOfLineBlocking", names.HEAD_OF_LINE_BLOCKING),
+    Detector("capacity_capped", "Batch capacity-capped (KV wall)",
+             "The KV cache is at the wall: occupancy near full, preemptions climbing, requests waiting; "
+             "memory, not the scheduler, binds the batch.",
+             "RooflightBatchCapacityCapped", names.BATCH_CAPACITY_CAPPED),
+    Detector("admission_bound", "Batch admission-bound",
+             "Requests wait while the batch sits well below its cap and KV has room: something upstream "
+             "of the batch binds it.",
+             "RooflightBatchAdmissionBound", names.BATCH_ADMISSION_BOUND),
+    Detector("at_configured_max", "Batch at its configured maximum",
+             "The batch reached its configured cap (max_num_seqs) while KV has room: a config lever, "
+             "not the hardware.",
+             "RooflightBatchAdmissionBound", names.BATCH_AT_CONFIGURED_MAX),
+)
+
+# The /metrics name of each number the page shows, so the page can say which series it is showing.
+METRIC_NAMES = {
+    "mbu": names.MBU, "mfu": names.MFU, "tokens_per_second": names.TOKENS_PER_SECOND, "ttft": names.TTFT,
+    "itl": names.ITL, "preemptions_per_second": names.PREEMPTIONS_PER_SECOND,
+    "decode_intensity": names.DECODE_INTENSITY, "kv_usage_ratio": names.KV_USAGE,
+    "running": names.REQUESTS_RUNNING, "waiting": names.REQUESTS_WAITING, "batch_max": names.BATCH_MAX_REQUESTS,
+    "itl_inflation": names.ITL_INFLATION, "source_up": names.SOURCE_UP,
+    "source_last_success": names.SOURCE_LAST_SUCCESS,
+}
+
+
+def runbook_url(alert: str, base: str = RUNBOOK_BASE_URL) -> str:
+    """The runbook section of an alert: GitHub's anchor of its heading."""
+    return f"{base}#{alert.lower()}"
+
+
+def _num(value: float | None) -> float | None:
+    """A number JSON can carry and /metrics would show: finite and not negative, else None."""
+    if value is None or isinstance(value, bool):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _nums(values: Mapping[str, float]) -> dict[str, float]:
+    return {k: v for k, v in ((k, _num(v)) for k, v in values.items()) if v is not None}
+
+
+# -- history ---------------------------------------------------------------------------------------
+
+SeriesKey = tuple[str, str, str]  # target, model, rank
+
+
+@dataclass
+class History:
+    """Sparkline values of recent snapshots, per series: a bounded ring filled only when a client asks.
+
+    Nobody looking costs nothing; while the page is open (it polls every second) the ring follows the
+    agent's samples. A series that leaves the snapshot takes its ring with it, so memory is bounded by
+    the agent's own series cap times HISTORY_POINTS.
+    """
+
+    points: int = HISTORY_POINTS
+    _rings: dict[SeriesKey, Deque[tuple[float, tuple[float | None, ...]]]] = field(default_factory=dict)
+    _errors: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
+    _last_error: dict[tuple[str, str], tuple[float | None, str]] = field(default_factory=dict)
+
+    def record(self, snap: Snapshot) -> None:
+        """Add the snapshot's values to each series' ring, once per engine sample."""
+        live: set[SeriesKey] = set()
+        for target in snap.targets:
+            t = _engine_time(snap, target.name)
+            for view in target.series:
+                key = (target.name, view.series.model, view.series.rank)
+                live.add(key)
+                ring = self._rings.setdefault(key, deque(maxlen=self.points))
+                if t is not None and (not ring or t > ring[-1][0]):
+                    ring.append((t, history_values(view)))
+        for key in set(self._rings) - live:
+            del self._rings[key]
+        self._record_errors(snap)
+
+    def _record_errors(self, snap: Snapshot) -> None:
+        """Which error reason grew last, per source: the reason label /metrics counts, never the message
+        (pages show nothing /metrics does not, docs/security.md). On a first look only a single failing
+        reason names the last error; its time is then unknown."""
+        seen = set()
+        for h in snap.health:
+            key = (h.source, h.target)
+            seen.add(key)
+            now, before = dict(h.errors), self._errors.get(key)
+            if before is None:
+                failing = [r for r, n in now.items() if n]
+                if len(failing) == 1:
+                    self._last_error[key] = (None, failing[0])
+            else:
+                grown = {r: n - before.get(r, 0) for r, n in now.items() if n > before.get(r, 0)}
+                if grown:
+                    self._last_error[key] = (snap.created, max(grown, key=lambda r: (grown[r], r)))
+            self._errors[key] = now
+        for key in set(self._errors) - seen:
+            self._errors.pop(key, None)
+            self._last_error.pop(key, None)
+
+    def series(self, key: SeriesKey) -> dict[str, list[float | None]]:
+        """The ring as columns: "t" and one list per HISTORY_FIELDS name."""
+        ring = self._rings.get(key, ())
+        out: dict[str, list[float | None]] = {"t": [t for t, _ in ring]}
+        for i, name in enumerate(HISTORY_FIELDS):
+            out[name] = [values[i] for _, values in ring]
+        return out
+
+    def last_error(self, source: str, target: str) -> tuple[float | None, str] | None:
+        """(when, reason) of the source's latest error seen while someone looked."""
+        return self._last_error.get((source, target))
+
+
+def _engine_time(snap: Snapshot, target: str) -> float | None:
+    """When the target's engine was last sampled: a new value means new engine numbers."""
+    for h in snap.health:
+        if h.source == "engine" and h.target == target:
+            return h.last_success
+    return snap.created or None
+
+
+def history_values(view: SeriesView) -> tuple[float | None, ...]:
+    """One sparkline sample of a series, in HISTORY_FIELDS order, from its shortest window."""
+    w = view.windows[0] if view.windows else None
+    s = view.series
+    return (
+        _num(w.mbu) if w else None,
+        _num(w.mfu.get("prefill")) if w else None,
+        _num(w.mfu.get("decode")) if w else None,
+        _num(w.tokens_per_second.get("prefill")) if w else None,
+        _num(w.tokens_per_second.get("decode")) if w else None,
+        _num(w.ttft.get("99")) if w else None,
+        _num(w.itl.get("99")) if w else None,
+        _num(s.kv_usage_ratio),
+        _num(s.running),
+        _num(s.waiting),
+        _num(w.preemptions_per_second) if w else None,
+    )
+
+
+# -- the roofline ----------------------------------------------------------------------------------
+
+def roofline_dict(c: TargetConstants | None) -> dict[str, Any] | None:
+    """The target's roofs: peaks of all the GPUs one model copy spans, and where they meet."""
+    if c is None:
+        return None
+    return {
+        "gpu_profile": c.gpu.key,
+        "gpu_name": c.gpu.name,
+        "tensor_parallel_size": c.tensor_parallel_size,
+        "compute_dtype": c.compute_dtype,
+        "peak_flops": c.peak_flops,
+        "peak_bandwidth": c.peak_bandwidth,
+        "ridge": physics.ridge_point(c.peak_flops, c.peak_bandwidth),
+    }
+
+
+def operating_points(c: TargetConstants | None, w: WindowValues | None) -> dict[str, Any]:
+    """Decode and prefill on the roofline over window `w` (see the module docstring); None where unknown."""
+    out: dict[str, Any] = {"window": w.window if w else None, "decode": None, "prefill": None}
+    if c is None or c.model is None or w is None:
+        return out
+    decode_flops = _num(w.mfu.get("decode"))
+    intensity = _num(w.decode_intensity)
+    if decode_flops is not None and intensity:
+        out["decode"] = {"intensity": intensity, "flops": decode_flops * c.peak_flops}
+    prefill_mfu = _num(w.mfu.get("prefill"))
+    per_step = _num(w.prefill_tokens_per_step)
+    running = w.mean_running or 1.0
+    if prefill_mfu is not None and per_step:
+        prefill_intensity = per_step * physics.FLOPS_PER_PARAM_PER_TOKEN * c.model.params_active / (
+            c.model.weight_bytes_streamed(running))
+        out["prefill"] = {"intensity": prefill_intensity, "flops": prefill_mfu * c.peak_flops}
+    return out
+
+
+def ceilings(c: TargetConstants | None, view: SeriesView) -> list[dict[str, Any]]:
+    """`rooflight plan`'s decode ceiling at the current batch and context, and at the batch cap.
+
+    The batch and its live KV are the shortest window's means (the decode point's own inputs, so the
+    ceiling sits above it); context per sequence = live KV / (batch x KV bytes per token).
+    """
+    if c is None or c.model is None:
+        return []
+    w = view.windows[0] if view.windows else None
+    running = _num(w.mean_running if w and w.mean_running is not None else view.series.running)
+    live = _num(w.mean_live_kv_bytes if w and w.mean_live_kv_bytes is not None else view.live_kv_bytes)
+    if not running or live is None:
+        return []
+    per_token = c.model.kv_bytes_per_token_per_gpu(c.tensor_parallel_size) * c.tensor_parallel_size
+    context = max(1, round(live / (running * per_token)))
+    batches = [("batch", max(1, round(running)))]
+    cap = _num(view.batch_max)
+    if cap and round(cap) > batches[0][1]:
+        batches.append(("cap", int(round(cap))))
+    out = []
+    for kind, batch in batches:
+        try:
+            plan = build_plan(c.model, c.gpu, tp=c.tensor_parallel_size, context_tokens=context, batch=batch,
+                              prompt_tokens=1)
+        except ConfigError:
+            return []
+        out.append({
+            "kind": kind,
+            "batch": batch,
+            "context_tokens": context,
+            "intensity": plan.decode_intensity_at_batch,
+            "flops": plan.decode_attainable_fraction_of_peak * plan.peak_flops,
+            "tokens_per_second": plan.decode_tokens_per_second_at_batch,
+            "step_seconds": plan.decode_step_seconds_at_batch,
+        })
+    return out
+
+
+# -- the rest of one series ------------------------------------------------------------------------
+
+def detectors(verdicts: Any) -> list[dict[str, Any]]:
+    """Every detector: active, clear or unknown (the inputs cannot tell), with its sentence and runbook."""
+    out = []
+    for d in DETECTORS:
+        value = getattr(verdicts, d.key, None) if verdicts is not None else None
+        state = "unknown" if value is None else ("active" if value else "clear")
+        out.append({"key": d.key, "title": d.title, "state": state, "sentence": d.sentence,
+                    "metric": d.metric, "alert": d.alert, "runbook": runbook_url(d.alert)})
+    if out and verdicts is not None:
+        out[0]["itl_inflation"] = _num(getattr(verdicts, "itl_inflation", None))
+    return out
+
+
+def window_dict(w: WindowValues) -> dict[str, Any]:
+    return {
+        "window": w.window, "seconds": w.seconds,
+        "mbu": _num(w.mbu), "mfu": _nums(w.mfu), "tokens_per_second": _nums(w.tokens_per_second),
+        "steps_per_second": _num(w.steps_per_second), "decode_intensity": _num(w.decode_intensity),
+        "ttft": _nums(w.ttft), "itl": _nums(w.itl), "preemptions_per_second": _num(w.preemptions_per_second),
+    }
+
+
+def series_dict(target: TargetView, view: SeriesView, history: History | None) -> dict[str, Any]:
+    s, c = view.series, target.constants
+    shortest = view.windows[0] if view.windows else None
+    key = (target.name, s.model, s.rank)
+    return {
+        "model": s.model,
+        "rank": s.rank,
+        "running": _num(s.running),
+        "waiting": _num(s.waiting),
+        "batch_max": _num(view.batch_max),
+        "kv_usage_ratio": _num(s.kv_usage_ratio),
+        "live_kv_bytes": _num(view.live_kv_bytes),
+        "windows": [window_dict(w) for w in view.windows],
+        "operating": operating_points(c, shortest),
+        "ceilings": ceilings(c, view),
+        "detectors": detectors(view.verdicts),
+        "history": history.series(key) if history is not None else None,
+    }
+
+
+def target_dict(snap: Snapshot, target: TargetView, history: History | None) -> dict[str, Any]:
+    c = target.constants
+    return {
+        "name": target.name,
+        "engine": target.engine,
+        "model": c.model.name if c and c.model else None,
+        "model_source": target.model_source,
+        "gpu_profile_source": c.gpu_source if c else None,
+        "roofline": roofline_dict(c),
+        "last_sample": _engine_time(snap, target.name),
+        "series": [series_dict(target, v, history) for v in target.series],
+    }
+
+
+def health_dict(h: Health, history: History | None) -> dict[str, Any]:
+    seen = history.last_error(h.source, h.target) if history is not None else None
+    return {
+        "source": h.source, "target": h.target, "up": h.up, "last_success": h.last_success,
+        "duration": h.duration, "errors": {k: v for k, v in sorted(h.errors.items()) if v},
+        "error_count": sum(h.errors.values()),
+        "last_error": {"at": seen[0], "reason": seen[1]} if seen else None,
+        "series_dropped": h.series_dropped,
+    }
+
+
+def status_dict(snap: Snapshot, history: History | None = None) -> dict[str, Any]:
+    """Everything the status page shows, from one Snapshot (records it into `history` first)."""
+    if history is not None:
+        history.record(snap)
+    return {
+        "version": __version__,
+        "created": snap.created,
+        "runbook_base_url": RUNBOOK_BASE_URL,
+        "history_fields": list(HISTORY_FIELDS),
+        "metric_names": METRIC_NAMES,
+        "health": [health_dict(h, history) for h in snap.health],
+        "targets": [target_dict(snap, t, history) for t in snap.targets],
+        "gpus": [
+            {"index": d.index, "name": d.name, "profile": snap.gpu_profiles.get(d.index),
+             "memory_used_bytes": _num(d.memory_used_bytes), "memory_total_bytes": _num(d.memory_total_bytes),
+             "kernel_residency_ratio": _num(d.kernel_residency_ratio),
+             "dram_bandwidth_utilization_ratio": _num(d.dram_bandwidth_utilization_ratio)}
+            for d in (snap.gpu.devices if snap.gpu else ())
+        ],
+    }
+
+
+def find_target(status: Mapping[str, Any], name: str | None) -> Mapping[str, Any] | None:
+    """The named target's part of a status dict (the first when `name` is None)."""
+    targets: Iterable[Mapping[str, Any]] = status.get("targets", ())
+    for t in targets:
+        if name is None or t["name"] == name:
+            return t
+    return None
