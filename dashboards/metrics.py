@@ -26,15 +26,16 @@ GPU_EXTRA_KEYS: tuple[str, ...] = (
 
 GPU_EXTRA: dict[str, str] = {key: f"{names.PREFIX}gpu_{key}" for key in GPU_EXTRA_KEYS}
 
-# Series Prometheus itself creates for rule evaluation; not exported by anyone.
-PROMETHEUS_BUILTINS: frozenset[str] = frozenset({"ALERTS", "ALERTS_FOR_STATE"})
+# Series Prometheus itself creates (rule evaluation; `up` for every scrape); not exported by anyone.
+PROMETHEUS_BUILTINS: frozenset[str] = frozenset({"ALERTS", "ALERTS_FOR_STATE", "up"})
 
 # Engines whose native series a dashboard may read directly (engine label prefix, with the colon).
 ENGINE_PREFIXES: tuple[str, ...] = ("vllm:", "sglang:")
 
 _NAME = re.compile(
     r"(?<![A-Za-z0-9_:\"'])"  # not inside another identifier or right after a quote
-    r"(rooflight_[a-z0-9_]+|vllm:[a-z0-9_:]+|sglang:[a-z0-9_:]+|ALERTS(?:_FOR_STATE)?)"
+    r"(rooflight_[a-z0-9_]+|vllm:[a-z0-9_:]+|sglang:[a-z0-9_:]+|ALERTS(?:_FOR_STATE)?"
+    r"|up(?=[{\[]))"  # Prometheus' `up`, only as a selector
     r"(?![A-Za-z0-9_:])"
 )
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')

@@ -1,7 +1,9 @@
 """Serving overview: is the service meeting its latency SLOs, and is each phase keeping up?
 
 TTFT belongs to prefill (plus queueing), ITL to decode; throughput is shown per phase, never combined,
-because a combined number hides the phase split every diagnosis starts from.
+because a combined number hides the phase split every diagnosis starts from. Head-of-line blocking gets
+a row of its own: the ITL tail, the prefill work per step, the tail inflation and the detector's verdict,
+side by side on one time axis, because the diagnosis is that they move together.
 """
 
 from __future__ import annotations
@@ -9,8 +11,27 @@ from __future__ import annotations
 from typing import Any
 
 from rooflight.agent.metrics import names as n
+from rooflight.agent.signals.detectors import DetectorThresholds
 
-from .panels import ENGINE, VLLM, WINDOWED, Grid, build, custom_variable, engine_variables, query, sel, single, ts
+from .panels import (
+    ALERT,
+    BY_NATIVE,
+    BY_SCRAPE,
+    ENGINE,
+    NATIVE,
+    SCRAPE,
+    WHO,
+    WINDOWED,
+    Grid,
+    build,
+    custom_variable,
+    engine_variables,
+    native,
+    query,
+    sel,
+    single,
+    ts,
+)
 
 UID = "rooflight-overview"
 
@@ -19,101 +40,208 @@ UID = "rooflight-overview"
 TTFT_SLO_BUCKETS = ["0.1", "0.25", "0.5", "0.75", "1.0", "2.5", "5.0"]
 ITL_SLO_BUCKETS = ["0.025", "0.05", "0.075", "0.1", "0.15", "0.2", "0.3", "0.5"]
 
-_TTFT_B = "vllm:time_to_first_token_seconds_bucket"
-_TTFT_C = "vllm:time_to_first_token_seconds_count"
-_ITL_B = "vllm:inter_token_latency_seconds_bucket"
-_ITL_C = "vllm:inter_token_latency_seconds_count"
+# The detector's own thresholds, drawn as lines on the panels that show its inputs.
+HOL = DetectorThresholds()
+
+_TTFT = "vllm:time_to_first_token_seconds"
+_ITL = "vllm:inter_token_latency_seconds"
+_QUEUE = "vllm:request_queue_time_seconds"
+_PREFILL = "vllm:request_prefill_time_seconds"
+_PROMPT_LEN = "vllm:request_prompt_tokens"
+_OUTPUT_LEN = "vllm:request_generation_tokens"
 _RI = "[$__rate_interval]"
+_ENGINE_WHO = "{{pod}} {{model_name}}"
 
 
-def _attainment(bucket: str, count: str, slo_var: str) -> str:
-    good = f"sum(rate({bucket}{sel(VLLM, le=f'${slo_var}')}{_RI}))"
-    return f"{good} / sum(rate({count}{sel(VLLM)}{_RI}))"
+def _rate_sum(metric: str, **extra: str) -> str:
+    """Per engine and model: the rate of one of the engine's own counters (or histogram series)."""
+    return f"sum by ({BY_NATIVE}) (rate({metric}{sel(NATIVE, **extra)}{_RI}))"
 
 
-def _engine_quantile(q: str, bucket: str) -> str:
-    return f"histogram_quantile({q}, sum by (le) (rate({bucket}{sel(VLLM)}{_RI})))"
+def _attainment(base: str, slo_var: str) -> str:
+    """Share of the histogram's observations at or under the SLO bucket, per engine and model."""
+    return f"{_rate_sum(base + '_bucket', le=f'${slo_var}')} / {_rate_sum(base + '_count')}"
+
+
+def _engine_quantile(q: str, base: str) -> str:
+    """The engine histogram's quantile per engine and model (Prometheus resolution), for the selection."""
+    return native(f"histogram_quantile({q}, sum by ({BY_NATIVE}, le) (rate({base}_bucket{sel(NATIVE)}{_RI})))")
+
+
+def _quantiles(base: str, what: str) -> list[Any]:
+    return [query(_engine_quantile(q, base), f"{_ENGINE_WHO} {what} p{p}", ref)
+            for q, p, ref in (("0.5", "50", "A"), ("0.9", "90", "B"), ("0.99", "99", "C"))]
 
 
 def dashboard() -> dict[str, Any]:
     g = Grid()
     g.row("SLOs and goodput")
-    req_rate = f"sum(rate(vllm:request_success_total{sel(VLLM)}{_RI}))"
     g.add(single(
         "TTFT SLO attainment",
         "Share of requests whose time to first token (queueing + the whole prefill) met $ttft_slo s, from the "
-        "engine's TTFT histogram. Below the SLO target: prefill is queueing or a long prompt is blocking the line.",
-        "percentunit", query(_attainment(_TTFT_B, _TTFT_C, "ttft_slo"), "TTFT <= $ttft_slo s", "A", instant=True),
+        "engine's TTFT histogram, one value per pod. Below the SLO target: prefill is queueing or a long prompt "
+        "is blocking the line; the Latency row says which.",
+        "percentunit", query(native(_attainment(_TTFT, "ttft_slo")), _ENGINE_WHO, "A", instant=True),
         thresholds=[(None, "red"), (0.9, "orange"), (0.99, "green")], decimals=1,
     ), 6, 5)
     g.add(single(
         "ITL SLO attainment",
-        "Share of inter-token gaps at or under $itl_slo s (per token, not per request). Decode sets ITL: a low "
-        "value with a steady median is stutter, usually head-of-line blocking by long prefills.",
-        "percentunit", query(_attainment(_ITL_B, _ITL_C, "itl_slo"), "ITL <= $itl_slo s", "A", instant=True),
+        "Share of inter-token gaps at or under $itl_slo s (per token, not per request), one value per pod. "
+        "Decode sets ITL: a low value with a steady median is stutter, usually head-of-line blocking by long "
+        "prefills (see the Head-of-line blocking row).",
+        "percentunit", query(native(_attainment(_ITL, "itl_slo")), _ENGINE_WHO, "A", instant=True),
         thresholds=[(None, "red"), (0.9, "orange"), (0.99, "green")], decimals=1,
     ), 6, 5)
     g.add(single(
         "Goodput bound (req/s meeting TTFT SLO)",
-        "Finished requests per second times TTFT attainment: an upper bound on goodput, the requests/s that meet "
-        "both the TTFT and ITL SLOs. Raising batch raises tokens/s but can lower this; optimize this number.",
-        "reqps", query(f"{req_rate} * ({_attainment(_TTFT_B, _TTFT_C, 'ttft_slo')})", "goodput bound", "A",
-                       instant=True), decimals=2,
+        "Finished requests per second times TTFT attainment, per pod: an upper bound on goodput, the requests/s "
+        "that meet both the TTFT and ITL SLOs. Raising batch raises tokens/s but can lower this; optimize this "
+        "number.",
+        "reqps", query(native(f"{_rate_sum('vllm:request_success_total')} * ({_attainment(_TTFT, 'ttft_slo')})"),
+                       _ENGINE_WHO, "A", instant=True), decimals=2,
     ), 6, 5)
     g.add(single(
         "Firing Rooflight alerts",
-        "How many Rooflight alerts fire now (head-of-line blocking, capacity-capped batch, SLO burn, low decode "
-        "MBU, engine or GPU down). The table below names them.",
-        "none", query('count(ALERTS{alertname=~"Rooflight.*", alertstate="firing"}) or vector(0)', "firing", "A",
-                      instant=True), thresholds=[(None, "green"), (1, "red")],
+        "How many Rooflight alerts fire now in the selected clusters, namespaces and pods (head-of-line "
+        "blocking, capacity-capped batch, SLO burn, low decode MBU, engine or GPU down). The Active Rooflight "
+        "alerts panel below names them and their pods; red regions on every time series mark when they fired.",
+        "none", query(f'count(ALERTS{{{ALERT}, alertstate="firing"}}) or vector(0)', "firing", "A", instant=True),
+        thresholds=[(None, "green"), (1, "red")],
     ), 6, 5)
 
     g.row("Latency")
     g.add(ts(
         "TTFT p50 / p90 / p99",
         "Time to first token: queueing plus the entire prefill, the agent's percentiles over $window from the "
-        "engine's histogram deltas; 'engine histogram p99' is the engine's own p99 at Prometheus resolution. A rising p99 "
-        "with a flat p50 is queueing or long prompts; all three rising is prefill capacity.",
+        "engine's histogram deltas, per pod; 'engine histogram p99' is the engine's own p99 at Prometheus "
+        "resolution. A rising p99 with a flat p50 is queueing or long prompts; all three rising is prefill "
+        "capacity.",
         "s", [
-            query(f"{n.TTFT}{sel(WINDOWED)}", "p{{percentile}} {{model}} r{{rank}}", "A"),
-            query(_engine_quantile("0.99", _TTFT_B), "engine histogram p99", "B"),
+            query(f"{n.TTFT}{sel(WINDOWED)}", "{{pod}} p{{percentile}} {{model}} r{{rank}}", "A"),
+            query(_engine_quantile("0.99", _TTFT), f"{_ENGINE_WHO} engine histogram p99", "B"),
         ],
     ), 12, 8)
     g.add(ts(
+        "Queue time vs prefill time",
+        "TTFT split in two from the engine's request histograms (vLLM): queue time, how long a request "
+        "waited before it was first scheduled, and prefill time, from then to its first token. Queue-dominated "
+        "TTFT is a capacity or admission problem (see the KV cache and batch dashboard); prefill-dominated TTFT "
+        "is prefill compute: judge it by prefill MFU and the prompt lengths.",
+        "s", [
+            query(_engine_quantile("0.5", _QUEUE), f"{_ENGINE_WHO} queue p50", "A"),
+            query(_engine_quantile("0.99", _QUEUE), f"{_ENGINE_WHO} queue p99", "B"),
+            query(_engine_quantile("0.99", _PREFILL), f"{_ENGINE_WHO} prefill p99", "C"),
+        ],
+    ), 12, 8)
+
+    g.row("Head-of-line blocking")
+    g.add(ts(
         "ITL p50 / p99 (agent, 10 s window)",
         "Inter-token latency, the gap between streamed tokens, from the agent's 10 s window (higher resolution "
-        "than a Prometheus rate). p99 spiking while p50 stays flat, in step with long-prompt arrivals, is the "
-        "head-of-line signature: a prefill stalled every in-flight decode. 'engine histogram p99' is the same from Prometheus.",
+        "than a Prometheus rate), per pod. p99 spiking while p50 stays flat, in step with prefill tokens per "
+        "step, is the head-of-line signature: a prefill stalled every in-flight decode. 'engine histogram p99' "
+        "is the same from Prometheus.",
         "s", [
             query(n.ITL + sel(ENGINE + ', percentile=~"50|99"', window="10s"),
-                  "p{{percentile}} {{model}} r{{rank}}", "A"),
-            query(_engine_quantile("0.99", _ITL_B), "engine histogram p99", "B"),
+                  "{{pod}} p{{percentile}} {{model}} r{{rank}}", "A"),
+            query(_engine_quantile("0.99", _ITL), f"{_ENGINE_WHO} engine histogram p99", "B"),
         ],
+    ), 12, 8)
+    g.add(ts(
+        "Prefill tokens per step (10 s)",
+        "Computed prompt tokens (prefix-cache hits excluded) per engine step over the 10 s window: the prefill "
+        "work sharing the batch, the detector's prefill input. At or above the line "
+        f"({HOL.hol_min_prefill_tokens_per_step:g}) prefill is in the batch; one 8,000-token prompt over 10 s of "
+        "6 ms steps reads ~5. A spike here in step with the ITL p99 is a long prompt prefilled whole.",
+        "short", [query(
+            f'sum without (phase) ({n.TOKENS_PER_SECOND}{sel(ENGINE, phase="prefill", window="10s")})'
+            f' / ({n.STEPS_PER_SECOND}{sel(ENGINE, window="10s")} > 0)', WHO, "A")],
+        thresholds=[(None, "transparent"), (HOL.hol_min_prefill_tokens_per_step, "orange")],
+    ), 12, 8)
+    g.add(ts(
+        "ITL tail inflation ratio",
+        "rooflight_itl_tail_inflation_ratio: the worst ITL since the agent's previous sample (the upper bound of "
+        "the highest ITL bucket that gained observations) over its own recent median (the median of that worst "
+        "over the longest window). ~1 on steady traffic; at or above the line "
+        f"({HOL.hol_inflation:g}x) with prefill in the batch it is head-of-line blocking. An 8,000-token prompt "
+        "run whole on an 8B model reads ~43x; chunked into 512-token pieces ~4x.",
+        "none", [query(f"{n.ITL_INFLATION}{sel(ENGINE)}", WHO, "A")],
+        log=True, min_val=None, thresholds=[(None, "transparent"), (HOL.hol_inflation, "red")],
+    ), 12, 8)
+    g.add(ts(
+        "Head-of-line detector",
+        "rooflight_head_of_line_blocking, 1 while the ITL tail inflation reached its threshold with prefill in "
+        "the batch and no preemptions (a preempted sequence's late token is the capacity-capped verdict's, on "
+        "the KV cache and batch dashboard). Held 30 s after each stall so a 15-30 s scrape sees it. "
+        "RooflightHeadOfLineBlocking fires when it stays 1 for a share of a longer window: recurring stalls.",
+        "short", [query(f"{n.HEAD_OF_LINE_BLOCKING}{sel(ENGINE)}", WHO, "A")], max_val=1,
     ), 12, 8)
 
     g.row("Throughput and queue")
     g.add(ts(
         "Tokens/s: prefill and decode",
         "Prompt (prefill, compute-bound) and generated (decode, bandwidth-bound) tokens per second over $window, "
-        "never combined. Prefill scales with FLOP/s, decode with batch; judge them with MFU and MBU respectively.",
-        "short", [query(f"{n.TOKENS_PER_SECOND}{sel(WINDOWED)}", "{{phase}} {{model}} r{{rank}}", "A")],
+        "per pod, never combined. Prefill scales with FLOP/s, decode with batch; judge them with MFU and MBU "
+        "respectively.",
+        "short", [query(f"{n.TOKENS_PER_SECOND}{sel(WINDOWED)}", "{{pod}} {{phase}} {{model}} r{{rank}}", "A")],
     ), 12, 8)
     g.add(ts(
         "Requests running / waiting",
-        "Running = the continuous batch (sequences decoding together, each step); waiting = queued requests. A "
-        "nonempty queue while running sits below its cap means something upstream (admission, KV, token budget) "
-        "is binding; see the KV cache and batch dashboard.",
+        "Running = the continuous batch (sequences decoding together, each step); waiting = queued requests, "
+        "per pod. A nonempty queue while running sits below its cap means something upstream (admission, KV, "
+        "token budget) is binding; see the KV cache and batch dashboard.",
         "short", [
-            query(f"{n.REQUESTS_RUNNING}{sel(ENGINE)}", "running {{model}} r{{rank}}", "A"),
-            query(f"{n.REQUESTS_WAITING}{sel(ENGINE)}", "waiting {{model}} r{{rank}}", "B"),
+            query(f"{n.REQUESTS_RUNNING}{sel(ENGINE)}", f"{WHO} running", "A"),
+            query(f"{n.REQUESTS_WAITING}{sel(ENGINE)}", f"{WHO} waiting", "B"),
         ],
+    ), 12, 8)
+
+    g.row("Requests")
+    g.add(ts(
+        "Prompt length p50 / p90 / p99",
+        "Prompt tokens per request from the engine's request histogram (vLLM), per pod. Prefill time grows with "
+        "it (compute-bound past the ridge: ~295 tokens on an H100), and a long tail here is what head-of-line "
+        "blocking and TTFT burn are made of; with a per-step token budget smaller than the p90 prompts, "
+        "admission waits on prefill.",
+        "short", _quantiles(_PROMPT_LEN, "prompt"),
+    ), 12, 8)
+    g.add(ts(
+        "Output length p50 / p90 / p99",
+        "Generated tokens per request from the engine's request histogram (vLLM), per pod. Long outputs keep "
+        "sequences decoding, and their KV growing, for longer: they fill the KV cache (the capacity-capped "
+        "batch) and lower decode intensity as each sequence's KV grows.",
+        "short", _quantiles(_OUTPUT_LEN, "output"),
     ), 12, 8)
     g.add(ts(
         "Active Rooflight alerts",
-        "Each firing or pending Rooflight alert as a line at 1. Empty is good. The alert names say which limit "
-        "binds: HeadOfLineBlocking (prefill stalls decode), BatchCapacityCapped (the KV wall), LowDecodeMBU.",
-        "short", [query('ALERTS{alertname=~"Rooflight.*"}', "{{alertname}} {{alertstate}} {{target}}", "A")],
+        "Each firing or pending Rooflight alert as a line at 1, named with its pod. Empty is good. The alert "
+        "names say which limit binds: HeadOfLineBlocking (prefill stalls decode), BatchCapacityCapped (the KV "
+        "wall), LowDecodeMBU. Service-level alerts (SLO burn) have no pod and show whichever pod is selected.",
+        "short", [query(f"ALERTS{{{ALERT}}}", "{{alertname}} {{alertstate}} {{pod}} {{target}}", "A")],
     ), 24, 6)
+
+    g.row("Agent and sources")
+    g.add(ts(
+        "Agent scrape and sources up",
+        "Is each pod's agent scraped, and is each of its sources answering? 'agent scrape' is Prometheus' up "
+        "for the agents seen in the last hour (0: the agent itself is down or unreachable, and every other panel "
+        "goes blank for that pod); the sources are the agent's own rooflight_source_up: engine (its /metrics), "
+        "nvml (the GPUs), process. An engine at 0 for 2 minutes is RooflightEngineDown, nvml for 5 RooflightGPUDown.",
+        "short", [
+            query(f"up{sel(SCRAPE)} and on ({BY_SCRAPE}) max_over_time({n.BUILD_INFO}{sel(SCRAPE)}[1h])",
+                  "{{pod}} agent scrape {{instance}}", "A"),
+            query(f"{n.SOURCE_UP}{sel(SCRAPE)}", "{{pod}} {{source}} {{target}}", "B"),
+        ], max_val=1,
+    ), 12, 8)
+    g.add(ts(
+        "Source errors per second by reason",
+        "Failed samples per second of each source, by reason, per pod: refused (the engine is gone or not "
+        "listening yet), timeout (hung or overloaded), http_status (wrong path or port), parse (an engine upgrade "
+        "changed its exposition), nvml (the driver or device access). Flat at 0 is good; the reason says where to "
+        "look next.",
+        "short", [query(f"sum by ({BY_SCRAPE}, source, target, reason) "
+                        f"(rate({n.SOURCE_ERRORS}{sel(SCRAPE)}{_RI}))", "{{pod}} {{source}} {{reason}}", "A")],
+    ), 12, 8)
 
     variables = engine_variables() + [
         custom_variable("ttft_slo", "TTFT SLO (s)", TTFT_SLO_BUCKETS, "1.0",
@@ -122,4 +250,5 @@ def dashboard() -> dict[str, Any]:
                         "ITL objective; must be one of the engine's histogram bucket bounds."),
     ]
     return build(UID, "Rooflight / Serving overview",
-                 "SLO attainment, TTFT/ITL percentiles, per-phase throughput and the queue.", variables, g)
+                 "SLO attainment, TTFT/ITL percentiles, head-of-line blocking, per-phase throughput, the queue "
+                 "and request lengths, per pod.", variables, g)

@@ -1,9 +1,15 @@
 """Small builders shared by every Rooflight dashboard: datasource, variables, selectors, panels, layout.
 
 Owns the conventions so each dashboard module reads as a list of panels: every panel queries the
-`$datasource` variable, every engine series is filtered by `$target`/`$model`/`$rank`, windowed gauges
-by `$window`, every target has an explicit refId, legends are shown, stats reduce to the last value,
-and panels are placed on the 24-column grid by `Grid` (the SDK's own placement can overflow it).
+`$datasource` variable; every series is filtered by the topology variables (`$cluster`, `$namespace`,
+`$pod`, then the agent's own scrape `$job`, `$instance`) and every engine series by `$target`/`$model`/
+`$rank`, each variable's values filtered by the ones before it; aggregations keep the topology labels, so
+replicas that share a `target` (every sidecar watches its own 127.0.0.1:8000) never mix and legends name
+the pod; the engine's own series (scraped from the engine, not the agent) are kept to the pods whose agent
+matches the selection; windowed gauges are filtered by `$window`; every target has an explicit refId,
+legends are shown, stats reduce to the last value; firing Rooflight alerts are overlaid on every time
+series; links to the other Rooflight dashboards carry the selection and the time range; and panels are
+placed on the 24-column grid by `Grid` (the SDK's own placement can overflow it).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import prometheus as prom
 from grafana_foundation_sdk.models.dashboard import (
     DashboardCursorSync,
+    DashboardLinkType,
     DataSourceRef,
     GridPos,
     Threshold,
@@ -29,21 +36,59 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 
+from rooflight.agent.metrics import names as n
+
 SCHEMA_VERSION = 39  # Grafana 10.4 to 13 load it; 12+ migrate it in the backend
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 
+# Labels Prometheus attaches to a scrape, as the rules keep them (rules/config.py TOPOLOGY_LABELS).
+# cluster, namespace and pod are shared by the agent's scrape and the engine's own (one pod, two ports);
+# job and instance are the agent's scrape alone (the engine's scrape has its own instance).
+POD_LABELS: tuple[str, ...] = ("cluster", "namespace", "pod")
+SCRAPE_LABELS: tuple[str, ...] = (*POD_LABELS, "job", "instance")
+BY_POD = ", ".join(POD_LABELS)
+BY_SCRAPE = ", ".join(SCRAPE_LABELS)
+BY_TARGET = BY_SCRAPE + ", target"  # one agent's one engine: what the constants are per
+BY_SERIES = BY_TARGET + ", model, rank"  # one (target, model, rank) of one agent
+
+
+def _matchers(*labels: str) -> str:
+    """`label=~"$label", ...`: each label matched by the dashboard variable of the same name."""
+    return ", ".join(f'{label}=~"${label}"' for label in labels)
+
+
 # Label selectors, with the dashboard variables in them.
-ENGINE = 'target=~"$target", model=~"$model", rank=~"$rank"'
+POD = _matchers(*POD_LABELS)
+SCRAPE = _matchers(*SCRAPE_LABELS)  # every rooflight_* series
+TARGET = SCRAPE + ', target=~"$target"'
+MODEL = TARGET + ', model=~"$model"'
+ENGINE = MODEL + ', rank=~"$rank"'
 WINDOWED = ENGINE + ', window="$window"'
-TARGET = 'target=~"$target"'
-GPU = 'gpu=~"$gpu"'
-VLLM = 'model_name=~"$model"'  # vLLM's own series carry model_name, not our target
+GPU = SCRAPE + ', gpu=~"$gpu"'
+# The engine's own series (vllm:*, sglang:*) carry model_name, not our target, and come from the engine's
+# scrape: filtered by pod here, and by the agent-side variables through `native()`.
+NATIVE = POD + ', model_name=~"$model"'
+BY_NATIVE = BY_POD + ", instance, model_name"  # one engine's one model
+# Alerts: a service-level alert (SLO burn) has no pod; `pod=~"$pod|"` keeps it when a pod is chosen.
+ALERT = 'alertname=~"Rooflight.*", cluster=~"$cluster", namespace=~"$namespace", pod=~"$pod|"'
+# Legends name the pod first; the rest tells a pod's targets, models and ranks apart.
+WHO = "{{pod}} {{model}} r{{rank}}"
 
 
 def sel(selector: str, **extra: str) -> str:
-    """`{selector, k="v", ...}` for use after a metric name."""
-    parts = [selector] + [f'{key}="{value}"' for key, value in extra.items()]
-    return "{" + ", ".join(p for p in parts if p) + "}"
+    """`{selector, k="v", ...}` for use after a metric name; empty when there is nothing to match."""
+    parts = [p for p in [selector] + [f'{key}="{value}"' for key, value in extra.items()] if p]
+    return "{" + ", ".join(parts) + "}" if parts else ""
+
+
+def native(expr: str) -> str:
+    """An expression over the engine's own series, kept to the pods whose agent matches the selection.
+
+    The engine's scrape has no target/model/rank of ours and its own job/instance, so the agent-side
+    variables reach it through the pod both scrapes share. `expr` must keep the pod labels (aggregate
+    `by (BY_NATIVE)`). Without Kubernetes neither side has them, and PromQL matches the empty values.
+    """
+    return f"({expr}) and on ({BY_POD}) {n.REQUESTS_RUNNING}{sel(ENGINE)}"
 
 
 def query(expr: str, legend: str, ref: str, *, instant: bool = False, table: bool = False) -> prometheus.Dataquery:
@@ -200,16 +245,38 @@ def _custom_var(name: str, label: str, values: list[str], default: str, descript
     )
 
 
+# The scrape-side variables, outermost first, each read from rooflight_build_info (every agent has it,
+# engine up or down) and filtered by the ones before it.
+_TOPOLOGY_VARIABLES: tuple[tuple[str, str, str], ...] = (
+    ("cluster", "Cluster", "The cluster label your Prometheus, Thanos or Mimir puts on every series (empty: All)."),
+    ("namespace", "Namespace", "Kubernetes namespace of the pod the agent runs in (empty outside Kubernetes)."),
+    ("job", "Job", "Prometheus scrape job of the agent (a PodMonitor's is namespace/name)."),
+    ("pod", "Pod", "The pod: the agent and its engine share it; replicas share target and model, not this."),
+    ("instance", "Instance", "The agent's scrape address (host:port); outside Kubernetes it stands for the pod."),
+)
+
+
+def topology_variables() -> list[dashboard.QueryVariable]:
+    """cluster, namespace, job, pod, instance: each variable's values filtered by the ones before it."""
+    out: list[dashboard.QueryVariable] = []
+    before: list[str] = []
+    for name, label, description in _TOPOLOGY_VARIABLES:
+        expr = f"label_values({n.BUILD_INFO}{sel(_matchers(*before))}, {name})"
+        out.append(_query_var(name, label, expr, description))
+        before.append(name)
+    return out
+
+
 def engine_variables() -> list[cogbuilder.Builder[Any]]:
-    """datasource, target, model, rank, window: the variables every engine-side dashboard has."""
-    running = "rooflight_requests_running"
+    """datasource, the topology, target, model, rank, window: the variables every dashboard has, chained."""
+    running = n.REQUESTS_RUNNING
     return [
         dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"),
-        _query_var("target", "Target", f"label_values({running}, target)", "Engine endpoint the agent scrapes."),
-        _query_var("model", "Model", f'label_values({running}{{target=~"$target"}}, model)', "Served model name."),
-        _query_var(
-            "rank", "Rank", f'label_values({running}{{target=~"$target", model=~"$model"}}, rank)', "Data-parallel rank."
-        ),
+        *topology_variables(),
+        _query_var("target", "Target", f"label_values({running}{sel(SCRAPE)}, target)",
+                   "Engine endpoint as the agent names it; replicas' sidecars may share one, pods tell them apart."),
+        _query_var("model", "Model", f"label_values({running}{sel(TARGET)}, model)", "Served model name."),
+        _query_var("rank", "Rank", f"label_values({running}{sel(MODEL)}, rank)", "Data-parallel rank."),
         _custom_var("window", "Window", ["10s", "1m", "5m"], "1m", "Window of the agent's derived gauges."),
     ]
 
@@ -219,15 +286,52 @@ def custom_variable(name: str, label: str, values: list[str], default: str, desc
 
 
 def gpu_variable() -> dashboard.QueryVariable:
-    return _query_var("gpu", "GPU", "label_values(rooflight_gpu_info, gpu)", "NVML GPU index.")
+    return _query_var("gpu", "GPU", f"label_values({n.GPU_INFO}{sel(SCRAPE)}, gpu)",
+                      "NVML GPU index, among the GPUs the selected agents export.")
 
 
 def dtype_variable() -> dashboard.QueryVariable:
     v = _query_var(
-        "dtype", "Peak dtype", 'label_values(rooflight_gpu_peak_flops{target=~"$target"}, dtype)',
+        "dtype", "Peak dtype", f"label_values({n.GPU_PEAK_FLOPS}{sel(TARGET)}, dtype)",
         "Which dense peak FLOP/s the roof uses (the model's compute dtype).",
     )
     return v.multi(False).include_all(False).current(VariableOption(selected=True, text="bf16", value="bf16"))
+
+
+def alert_annotation() -> dashboard.AnnotationQuery:
+    """Firing Rooflight alerts of the selection, overlaid on every time series (a region while firing).
+
+    The query sits in `target` (what Grafana's Prometheus annotation editor saves); the title, text and
+    tag formats are the Prometheus annotation's own fields on the annotation itself.
+    """
+    return (
+        dashboard.AnnotationQuery()
+        .name("Rooflight alerts")
+        .datasource(DS)
+        .enable(True)
+        .hide(False)
+        .icon_color("red")
+        .target(prometheus.Dataquery().expr(f'ALERTS{{{ALERT}, alertstate="firing"}}').ref_id("Anno").range())
+        .title_format("{{alertname}}")
+        .text_format("{{alertname}} on {{pod}} {{instance}} {{model}} r{{rank}} ({{severity}})")
+        .tag_keys("alertname,severity,pod")
+        .use_value_for_time(False)
+    )
+
+
+def dashboard_links() -> list[dashboard.DashboardLink]:
+    """Links to every Rooflight dashboard (by tag), carrying the variables' values and the time range."""
+    return [
+        dashboard.DashboardLink("Rooflight")
+        .type(DashboardLinkType.DASHBOARDS)
+        .tags(["rooflight"])
+        .as_dropdown(False)
+        .include_vars(True)
+        .keep_time(True)
+        .target_blank(False)
+        .icon("external link")
+        .tooltip("The other Rooflight dashboards, with this selection and time range")
+    ]
 
 
 def build(uid: str, title: str, description: str, variables: list[Any], grid: Grid) -> dict[str, Any]:
@@ -242,6 +346,8 @@ def build(uid: str, title: str, description: str, variables: list[Any], grid: Gr
         .time("now-30m", "now")
         .timezone("browser")
         .editable()
+        .links(dashboard_links())
+        .annotation(alert_annotation())
     )
     for v in variables:
         d = d.with_variable(v)
@@ -254,4 +360,10 @@ def build(uid: str, title: str, description: str, variables: list[Any], grid: Gr
         if var["type"] != "interval":  # the SDK writes interval-only fields on every variable
             for key in ("auto", "auto_count", "auto_min"):
                 var.pop(key, None)
+    # The SDK writes its default placement, "inControlsMenu", which Grafana 12+ reads as "hide it in the
+    # controls menu"; without it links and the annotation toggle show above the panels, as in 10.4 and 11.
+    for item in (*out["links"], *out["annotations"]["list"]):
+        item.pop("placement", None)
+    for anno in out["annotations"]["list"]:
+        anno.pop("builtIn", None)  # 0 is the default: not Grafana's built-in annotation
     return out

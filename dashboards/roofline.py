@@ -13,14 +13,29 @@ from grafana_foundation_sdk.models import xychart as xym
 
 from rooflight.agent.metrics import names as n
 
-from .panels import ENGINE, TARGET, WINDOWED, Grid, build, dtype_variable, engine_variables, query, sel, ts
+from .panels import (
+    BY_TARGET,
+    ENGINE,
+    SCRAPE_LABELS,
+    TARGET,
+    WHO,
+    WINDOWED,
+    Grid,
+    build,
+    dtype_variable,
+    engine_variables,
+    query,
+    sel,
+    ts,
+)
 from .xy import series, xy_panel
 
 UID = "rooflight-roofline"
 
-# Per-GPU constants for the selected targets (one value per target).
-PEAK = f'max by (target) ({n.GPU_PEAK_FLOPS}{sel(TARGET, dtype="$dtype")})'
-BANDWIDTH = f"max by (target) ({n.GPU_PEAK_BANDWIDTH}{sel(TARGET)})"
+# Per-GPU constants for the selected targets (one value per target of each agent: replicas share targets).
+PEAK = f'max by ({BY_TARGET}) ({n.GPU_PEAK_FLOPS}{sel(TARGET, dtype="$dtype")})'
+BANDWIDTH = f"max by ({BY_TARGET}) ({n.GPU_PEAK_BANDWIDTH}{sel(TARGET)})"
+_POINT_LABELS = (*SCRAPE_LABELS, "target")  # what a roof is per; a decode point adds model and rank
 RIDGE = f"{PEAK} / {BANDWIDTH}"
 
 # The roof is drawn through three points per target: far left on the memory roof (ridge / 1024), the
@@ -39,7 +54,7 @@ def _roof(axis: str) -> str:
     parts = []
     for kind, x_scale, y_scale in _ROOF:
         expr = f"({RIDGE}) * {x_scale!r}" if axis == "x" else f"{PEAK} * {y_scale!r}"
-        parts.append(_keyed(expr, kind, "target"))
+        parts.append(_keyed(expr, kind, *_POINT_LABELS))
     return " or ".join(parts)
 
 
@@ -47,8 +62,8 @@ def _decode_point(axis: str) -> str:
     if axis == "x":
         expr = f"{n.DECODE_INTENSITY}{sel(WINDOWED)}"
     else:  # achieved FLOP/s per GPU = decode MFU x per-GPU peak
-        expr = f'sum without (phase) ({n.MFU}{sel(WINDOWED, phase="decode")}) * on (target) group_left {PEAK}'
-    return _keyed(expr, "decode", "target", "model", "rank")
+        expr = f'sum without (phase) ({n.MFU}{sel(WINDOWED, phase="decode")}) * on ({BY_TARGET}) group_left {PEAK}'
+    return _keyed(expr, "decode", *_POINT_LABELS, "model", "rank")
 
 
 def dashboard() -> dict[str, Any]:
@@ -60,8 +75,8 @@ def dashboard() -> dict[str, Any]:
         "model's GPUs. Judge decode by MBU: 60-80% is healthy, and 70% means at most ~1.4x headroom from kernels. "
         "Decode MFU is shown for contrast; it is tiny by nature (batch-1 decode is ~0.3% of peak), do not chase it.",
         "percentunit", [
-            query(f"{n.MBU}{sel(WINDOWED)}", "MBU {{model}} r{{rank}}", "A"),
-            query(f'{n.MFU}{sel(WINDOWED, phase="decode")}', "MFU decode {{model}} r{{rank}}", "B"),
+            query(f"{n.MBU}{sel(WINDOWED)}", f"{WHO} MBU", "A"),
+            query(f'{n.MFU}{sel(WINDOWED, phase="decode")}', f"{WHO} MFU decode", "B"),
         ], max_val=1, thresholds=[(None, "transparent"), (0.6, "green")],
     ), 12, 8)
     g.add(ts(
@@ -69,7 +84,7 @@ def dashboard() -> dict[str, Any]:
         "MFU = prompt tokens/s x 2 x active params / peak dense FLOP/s of the model's GPUs. Prefill is "
         "compute-bound once prompts pass the ridge (~295 tokens on an H100), so judge it by MFU: 40-60% is strong. "
         "Short prompts stay memory-bound and read low here by nature.",
-        "percentunit", [query(f'{n.MFU}{sel(WINDOWED, phase="prefill")}', "MFU prefill {{model}} r{{rank}}", "A")],
+        "percentunit", [query(f'{n.MFU}{sel(WINDOWED, phase="prefill")}', f"{WHO} MFU prefill", "A")],
         max_val=1, thresholds=[(None, "transparent"), (0.4, "green")],
     ), 12, 8)
 
@@ -95,7 +110,8 @@ def dashboard() -> dict[str, Any]:
         "Decode intensity vs batch",
         "Each point is one moment in the time range: x = running batch B, y = effective decode intensity. "
         "Weights amortize over the batch, so intensity climbs ~B while caches are small, then bends below B as "
-        "each sequence's own KV (streamed in full every step) grows. Pick one target, model and rank.",
+        "each sequence's own KV (streamed in full every step) grows. Pick one pod, target, model and rank: with "
+        "several, each moment shows the largest batch and the largest intensity among them.",
         [
             query(f"max({n.REQUESTS_RUNNING}{sel(ENGINE)})", "batch", "A"),
             query(f"max({n.DECODE_INTENSITY}{sel(WINDOWED)})", "intensity", "B"),
@@ -109,8 +125,8 @@ def dashboard() -> dict[str, Any]:
         "case) decode is memory-bound and MBU is the ratio that matters; reaching the ridge needs a batch in "
         "the hundreds.",
         "none", [
-            query(f"{n.DECODE_INTENSITY}{sel(WINDOWED)}", "decode {{model}} r{{rank}}", "A"),
-            query(RIDGE, "ridge {{target}}", "B"),
+            query(f"{n.DECODE_INTENSITY}{sel(WINDOWED)}", f"{WHO} decode", "A"),
+            query(RIDGE, "{{pod}} ridge {{target}}", "B"),
         ], log=True, min_val=None,
     ), 24, 8)
 

@@ -25,10 +25,16 @@ for f in "$here"/json/*.json; do
   name="$(basename "$f" .json | tr -c 'a-zA-Z0-9\n' '_')"
   # An object literal in a .ts file is contextually typed, so enum-like strings are checked exactly
   # (a JSON import would widen them to string) and unknown keys are excess-property errors.
-  { echo "import type { Dashboard } from '@grafana/schema';"
+  { echo "import type { AnnotationQuery, Dashboard, DataQuery } from '@grafana/schema';"
     # String enums (ThresholdsMode etc.) as their literal values, which is what JSON holds.
     echo 'type Lit<T> = T extends string ? `${T}` : T extends object ? { [K in keyof T]: Lit<T[K]> } : T;'
-    printf 'export const %s: Lit<Dashboard> = ' "$name"; cat "$f"; echo ';'; } > "$work/$name.ts"
+    # An annotation's query and formats are its datasource's: @grafana/schema leaves them open
+    # (AnnotationQuery<TQuery>), so they are checked here as Prometheus': the query in `target`, the
+    # title/text/tag formats on the annotation, where Grafana's Prometheus annotation support reads them.
+    echo 'interface PromQuery extends DataQuery { expr: string; interval?: string; instant?: boolean; range?: boolean; legendFormat?: string }'
+    echo 'type PromAnnotation = AnnotationQuery<PromQuery> & { titleFormat?: string; textFormat?: string; tagKeys?: string; useValueForTime?: boolean };'
+    echo "type Checked = Omit<Dashboard, 'annotations'> & { annotations?: { list?: PromAnnotation[] } };"
+    printf 'export const %s: Lit<Checked> = ' "$name"; cat "$f"; echo ';'; } > "$work/$name.ts"
 done
 cat > "$work/tsconfig.json" <<JSON
 {"compilerOptions": {"strict": true, "noEmit": true, "skipLibCheck": true, "moduleResolution": "node",

@@ -43,6 +43,7 @@ def test_the_wheel_has_one_top_level_package(wheel: Path) -> None:
     for part in ("agent", "collectors", "rules", "dashboards"):
         assert f"rooflight/{part}/__init__.py" in names
     assert "rooflight/__main__.py" in names and "rooflight/dashboards/json/rooflight-overview.json" in names
+    assert "rooflight/agent/serve/static/status.html" in names  # the status page ships with the package
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "rooflight = rooflight.agent.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
 

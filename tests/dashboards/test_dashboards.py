@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import copy
-import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 import yaml
 
-from rooflight.dashboards import generate
+from rooflight.agent.signals.detectors import DetectorThresholds
+from rooflight.dashboards import generate, panels as conventions
 from rooflight.dashboards.metrics import (
     GPU_EXTRA,
     PROMETHEUS_BUILTINS,
@@ -26,43 +24,15 @@ from rooflight.dashboards.metrics import (
     pending_gpu_metrics,
 )
 from rooflight.dashboards.schemacheck import schema_errors
+from rooflight.rules.config import TOPOLOGY_LABELS
 import promstack
+from dashboard_queries import dashboards, exprs, fill, panels, query_variables
 from support import ROOT, SAMPLES
 
-JSON_DIR = ROOT / "dashboards" / "json"
 PROVISIONING = ROOT / "dashboards" / "provisioning"
+RUNBOOKS = ROOT / "docs" / "runbooks.md"
+METRICS_DOC = ROOT / "docs" / "metrics.md"
 SAMPLE_DIRS = (ROOT / "tests" / "fixtures" / "engine-samples", SAMPLES)
-
-# Values the test gives Grafana's variables (All = ".*"); windows and SLOs are the fastest/defaults.
-VARIABLES = {
-    "$__rate_interval": "15s", "$__interval": "1s", "$__range": "1m",
-    "$target": ".*", "$model": ".*", "$rank": ".*", "$gpu": ".*",
-    "$window": "10s", "$dtype": "bf16", "$ttft_slo": "1.0", "$itl_slo": "0.1",
-}
-
-
-def dashboards() -> dict[str, dict[str, Any]]:
-    return {p.name: json.loads(p.read_text(encoding="utf-8")) for p in sorted(JSON_DIR.glob("*.json"))}
-
-
-def panels(d: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    for p in d["panels"]:
-        yield p
-        yield from p.get("panels", [])
-
-
-def exprs(d: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
-    """(panel title, refId, expr) for every query target."""
-    for p in panels(d):
-        for t in p.get("targets", []):
-            yield p["title"], t["refId"], t["expr"]
-
-
-def fill(expr: str) -> str:
-    for name in sorted(VARIABLES, key=len, reverse=True):
-        expr = expr.replace(name, VARIABLES[name])
-    assert "$" not in expr, f"unfilled variable in {expr}"
-    return expr
 
 
 def engine_sample_names() -> set[str]:
@@ -133,8 +103,9 @@ def test_shape_grafana_10_4_to_13_loads(name: str) -> None:
     assert d["uid"] == name.removesuffix(".json")
     variables = {v["name"]: v for v in d["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
-    for var in ("target", "model", "rank"):
+    for var in CHAIN:
         assert variables[var]["type"] == "query" and variables[var]["datasource"]["uid"] == "${datasource}"
+        assert variables[var]["includeAll"] and variables[var]["allValue"] == ".*", var
     ids = [p["id"] for p in panels(d)]
     assert len(ids) == len(set(ids))
     cells: set[tuple[int, int]] = set()
@@ -153,11 +124,198 @@ def test_shape_grafana_10_4_to_13_loads(name: str) -> None:
         assert refs and len(refs) == len(set(refs)), p["title"]
 
 
-def test_descriptions_speak_the_seeds_vocabulary() -> None:
+def test_descriptions_speak_the_physics_vocabulary() -> None:
     text = " ".join(p.get("description", "") for d in dashboards().values() for p in panels(d)).lower()
     for word in ("prefill", "decode", "ridge", "intensity", "occupancy", "preempt", "mbu", "mfu",
-                 "kernel residency", "head-of-line", "goodput", "batch"):
+                 "kernel residency", "head-of-line", "goodput", "batch", "tail inflation", "prefix-cache",
+                 "queue time", "dram bandwidth", "per pod"):
         assert word in text, word
+
+
+# -- selection: topology variables, chained; every query filtered; the pod kept and named -------------
+
+# The query variables in the order each one's values are filtered by the ones before it.
+CHAIN = ("cluster", "namespace", "job", "pod", "instance", "target", "model", "rank")
+# Aggregations that drop the pod on purpose: (dashboard, panel title) and why.
+SINGLE_SERIES = {
+    ("rooflight-overview.json", "Firing Rooflight alerts"): "one count for the whole selection",
+    ("rooflight-roofline.json", "Decode intensity vs batch"): "x and y joined on time: one series each",
+}
+_SELECTOR = re.compile(r"(?<![A-Za-z0-9_:\"'])(rooflight_[a-z0-9_]+|vllm:[a-z0-9_:]+|sglang:[a-z0-9_:]+|ALERTS"
+                       r"|up(?=\{))"
+                       r"(?![A-Za-z0-9_:])(\{[^}]*\})?")
+_AGGREGATION = re.compile(r"\b(sum|max|min|avg|count|group)\s*(?:(by|without)\s*\(([^)]*)\))?\s*\(")
+
+
+def _matcher(label: str) -> str:
+    return f'{label}=~"${label}"'
+
+
+def test_topology_labels_are_the_rules_ones() -> None:
+    assert set(conventions.SCRAPE_LABELS) == set(TOPOLOGY_LABELS)
+    assert set(conventions.POD_LABELS) < set(conventions.SCRAPE_LABELS)
+
+
+@pytest.mark.parametrize("name", sorted(generate.DASHBOARDS))
+def test_variables_are_chained(name: str) -> None:
+    d = dashboards()[name]
+    found = query_variables(d)
+    order = [v for v, _, _ in found if v in CHAIN]
+    assert order == list(CHAIN)
+    for var, selector, label in found:
+        assert label == var
+        before = CHAIN[: CHAIN.index(var)] if var in CHAIN else ()
+        if var == "gpu":  # GPU series carry the scrape labels, not target/model/rank
+            before = tuple(conventions.SCRAPE_LABELS)
+        if var == "dtype":
+            before = (*conventions.SCRAPE_LABELS, "target")
+        assert all(_matcher(b) in selector for b in before), f"{var}: {selector} is not filtered by {before}"
+        assert _matcher(var) not in selector, f"{var} filters itself"
+
+
+@pytest.mark.parametrize("name", sorted(generate.DASHBOARDS))
+def test_every_series_is_filtered_by_the_selection(name: str) -> None:
+    scrape = [_matcher(label) for label in conventions.SCRAPE_LABELS]
+    pod = [_matcher(label) for label in conventions.POD_LABELS]
+    for title, ref, expr in exprs(dashboards()[name]):
+        selectors = _SELECTOR.findall(expr)
+        assert selectors, f"{title}/{ref}: no metric in {expr}"
+        for metric, braces in selectors:
+            where = f"{title}/{ref}: {metric}{braces}"
+            if metric == "ALERTS":
+                assert braces.startswith("{" + conventions.ALERT), where
+            elif metric.startswith("rooflight_") or metric == "up":
+                assert all(m in braces for m in scrape), where
+            else:  # the engine's own series: by pod here, by the agent's variables through native()
+                assert all(m in braces for m in pod) and 'model_name=~"$model"' in braces, where
+                assert expr.endswith(conventions.native("x").removeprefix("(x)")), f"{where}: not through native()"
+
+
+@pytest.mark.parametrize("name", sorted(generate.DASHBOARDS))
+def test_aggregations_keep_the_pod_and_legends_name_it(name: str) -> None:
+    d = dashboards()[name]
+    for p in panels(d):
+        if p["type"] == "row":
+            continue
+        single = (name, p["title"]) in SINGLE_SERIES
+        for t in p["targets"]:
+            where = f"{p['title']}/{t['refId']}"
+            for op, mode, labels in _AGGREGATION.findall(t["expr"]):
+                kept = {label.strip() for label in labels.split(",")}
+                if mode == "by":
+                    assert set(conventions.POD_LABELS) <= kept, f"{where}: {op} by ({labels}) drops the pod"
+                elif mode == "without":
+                    assert not kept & set(conventions.SCRAPE_LABELS), f"{where}: {op} without ({labels})"
+                else:
+                    assert single, f"{where}: {op}(...) drops the pod"
+            if p["type"] in ("timeseries", "stat") and not single:
+                assert "{{pod}}" in t["legendFormat"], f"{where}: the legend does not name the pod"
+
+
+def test_the_selector_check_catches_a_missing_filter() -> None:
+    assert not all(_matcher(label) in "{" + conventions.POD + "}" for label in conventions.SCRAPE_LABELS)
+    [(metric, braces)] = _SELECTOR.findall('sum by (pod) (rooflight_mbu_ratio{window="1m"})')
+    assert metric == "rooflight_mbu_ratio" and _matcher("pod") not in braces
+    assert _AGGREGATION.findall("max(x) + sum by (le) (y) + max_over_time(z[1m])") == [
+        ("max", "", ""), ("sum", "by", "le")]
+
+
+@pytest.mark.parametrize("name", sorted(generate.DASHBOARDS))
+def test_links_carry_the_selection_to_the_other_dashboards(name: str) -> None:
+    d = dashboards()[name]
+    assert "rooflight" in d["tags"]
+    [link] = d["links"]
+    assert link["type"] == "dashboards" and link["tags"] == ["rooflight"]
+    assert link["includeVars"] and link["keepTime"] and "placement" not in link
+    assert all("rooflight" in other["tags"] for other in dashboards().values())  # the link finds all four
+
+
+@pytest.mark.parametrize("name", sorted(generate.DASHBOARDS))
+def test_firing_alerts_are_overlaid_on_the_time_series(name: str) -> None:
+    [anno] = dashboards()[name]["annotations"]["list"]
+    assert anno["enable"] and anno["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+    assert anno["target"]["expr"] == f'ALERTS{{{conventions.ALERT}, alertstate="firing"}}'
+    assert "{{alertname}}" in anno["titleFormat"] and "{{pod}}" in anno["textFormat"]
+    assert "pod" in anno["tagKeys"].split(",") and "placement" not in anno
+
+
+def test_head_of_line_panels_sit_side_by_side_with_the_detector_thresholds() -> None:
+    d = dashboards()["rooflight-overview.json"]
+    rows: dict[str, list[dict]] = {}
+    current = ""
+    for p in d["panels"]:
+        if p["type"] == "row":
+            current = p["title"]
+        else:
+            rows.setdefault(current, []).append(p)
+    hol = {p["title"]: p for p in rows["Head-of-line blocking"]}
+    assert set(hol) == {"ITL p50 / p99 (agent, 10 s window)", "Prefill tokens per step (10 s)",
+                        "ITL tail inflation ratio", "Head-of-line detector"}
+    defaults = DetectorThresholds()
+
+    def lines(title: str) -> list[float]:
+        steps = hol[title]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        return [s["value"] for s in steps if s["value"] is not None]
+
+    assert lines("ITL tail inflation ratio") == [defaults.hol_inflation]
+    assert lines("Prefill tokens per step (10 s)") == [defaults.hol_min_prefill_tokens_per_step]
+    assert "rooflight_itl_tail_inflation_ratio" in hol["ITL tail inflation ratio"]["targets"][0]["expr"]
+    assert "rooflight_head_of_line_blocking" in hol["Head-of-line detector"]["targets"][0]["expr"]
+
+
+# -- runbooks name the panels that show what they ask to look at ---------------------------------------
+
+# A panel is cited as `panel "title" (dashboard)`, or in a list `"title" (dashboard)`; text is compared with its
+# line breaks and indentation collapsed, so a title may wrap.
+_PANEL_REF = re.compile(r'"([^"]+)" \(([^)]+)\)')
+# Alerts whose first step is not a measurement: why.
+NO_PANEL_TO_MEASURE = {
+    "RooflightSLOBucketMissing": "a rule-configuration check: the fix is a threshold on a bucket edge",
+}
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _runbook_sections() -> dict[str, str]:
+    text = RUNBOOKS.read_text(encoding="utf-8")
+    parts = re.split(r"^## ", text, flags=re.M)[1:]
+    return {part.split("\n", 1)[0].strip(): part for part in parts}
+
+
+def test_runbooks_name_panels_that_exist() -> None:
+    titles = {d["title"]: {p["title"] for p in panels(d)} for d in dashboards().values()}
+    refs = _PANEL_REF.findall(_flat(RUNBOOKS.read_text(encoding="utf-8")))
+    assert len(refs) >= 10
+    for panel, board in refs:
+        assert f"Rooflight / {board}" in titles, f'no dashboard "Rooflight / {board}" (panel "{panel}")'
+        assert panel in titles[f"Rooflight / {board}"], f'no panel "{panel}" on {board}'
+
+
+def test_every_alert_runbook_measures_on_a_panel() -> None:
+    sections = {k: v for k, v in _runbook_sections().items() if k.startswith("Rooflight")}
+    assert len(sections) >= 8
+    for alert, body in sections.items():
+        steps = body.split("**What to do.**", 1)[1]
+        first = re.split(r"^2\. ", steps, flags=re.M)[0]
+        if alert in NO_PANEL_TO_MEASURE:
+            continue
+        assert _PANEL_REF.search(_flat(first)), f"{alert}: the first step names no panel"
+
+
+def test_tail_inflation_has_one_definition() -> None:
+    """The code's definition (agent/signals: worst ITL since the previous sample / its recent median) in the docs."""
+    formulas = METRICS_DOC.read_text(encoding="utf-8").split("## Reference", 1)[0]
+    runbook = _runbook_sections()["RooflightHeadOfLineBlocking"]
+    overview = next(p for p in panels(dashboards()["rooflight-overview.json"])
+                    if p["title"] == "ITL tail inflation ratio")
+    for where, text in (("docs/metrics.md", formulas), ("docs/runbooks.md", runbook),
+                        ("overview panel", overview["description"])):
+        flat = _flat(text)
+        assert "rooflight_itl_tail_inflation_ratio" in flat, where
+        assert "worst ITL since the" in flat and "median" in flat, where
+        assert "p50 ITL over the longest" not in flat, where
 
 
 # -- metric names -------------------------------------------------------------------------------------
@@ -167,6 +325,7 @@ def test_metric_names_are_extracted_from_promql() -> None:
             '{model_name=~"rooflight_not_a_metric"}[5m]))) / on (target) rooflight_mbu_ratio or ALERTS')
     assert metric_names(expr) == {"vllm:time_to_first_token_seconds_bucket", "rooflight_mbu_ratio", "ALERTS"}
     assert metric_names("job:rooflight_x:rate1m") == set()
+    assert metric_names('up{job="a"} and on (up) group by (up) (rooflight_build_info)') == {"up", "rooflight_build_info"}
 
 
 def test_every_queried_metric_is_exported_by_the_agent_or_an_engine() -> None:
@@ -217,11 +376,8 @@ def test_every_query_parses_and_evaluates_in_prometheus() -> None:
         for name, d in dashboards().items():
             for title, ref, expr in exprs(d):
                 prom.query(fill(expr))  # raises PromError on a parse or evaluation error
-            for v in d["templating"]["list"]:
-                q = str(v.get("query", ""))
-                m = re.fullmatch(r"label_values\((.+), *\w+\)", q)
-                if v["type"] == "query" and m:
-                    prom.query(fill(m.group(1)))
+            for _, selector, _ in query_variables(d):
+                prom.query(fill(selector))
 
 
 @pytest.mark.prometheus
@@ -247,40 +403,3 @@ def test_promstack_scrapes_and_stops_cleanly(tmp_path: Path) -> None:
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=10)
-
-
-# Metrics allowed to be absent on the steady demo, each with the reason (None = "source does not say").
-ABSENT_ON_STEADY_DEMO = {
-    "ALERTS": "no rules are loaded here, and no Rooflight alert would fire on the steady scenario",
-}
-
-
-@pytest.mark.prometheus
-@needs_prometheus
-def test_every_query_returns_data_from_the_demo() -> None:
-    agent_port, engine_port = promstack.free_port(), promstack.free_port()
-    demo = subprocess.Popen(
-        [shutil.which("rooflight") or "rooflight", "demo", "--listen", f"127.0.0.1:{agent_port}",
-         "--engine-listen", f"127.0.0.1:{engine_port}", "--scenario", "steady"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    try:
-        with promstack.PromStack([f"127.0.0.1:{agent_port}", f"127.0.0.1:{engine_port}"]) as prom:
-            prom.wait_for("rooflight_mbu_ratio", timeout=60)
-            time.sleep(20)  # enough samples for 15 s rates and the agent's 10 s windows
-            pending = pending_gpu_metrics()
-            empty = []
-            for name, d in dashboards().items():
-                for title, ref, expr in exprs(d):
-                    if metric_names(expr) & (pending | set(ABSENT_ON_STEADY_DEMO)):
-                        continue
-                    if not prom.query(fill(expr)):
-                        empty.append(f"{name}/{title}/{ref}: {fill(expr)}")
-            assert empty == [], "\n".join(empty)
-    finally:
-        demo.send_signal(signal.SIGTERM)
-        try:
-            demo.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            demo.kill()
-            demo.wait(timeout=5)

@@ -1,0 +1,174 @@
+"""Every dashboard query on a real Prometheus scraping two demo pods, and every topology variable narrowing to one pod.
+
+Two `rooflight demo` processes (each a simulated vLLM plus the real agent) stand for two pods of a fleet.
+One Prometheus (tests/promstack.py, scrape every 1 s) scrapes each pod's agent and engine with the labels
+Kubernetes service discovery and a multi-cluster setup would attach, set here as static labels per
+target: pod llm-0 in cluster east, namespace chat, job chat/llm; pod llm-1 in west, batch, batch/llm. Both
+agents' `target` is rewritten to 127.0.0.1:8000 at scrape time, as every sidecar's is, so only the
+topology labels tell the two apart. The agent's and the engine's scrape of one pod share its labels
+(one pod, two ports) and differ in `instance`.
+
+- With every variable at All, every query returns data (but for the metrics in ABSENT, each with its
+  reason), and every query that keeps the pod returns both pods.
+- Each of cluster, namespace, job, pod and instance set to pod llm-0's value (the others at All) narrows
+  every query to llm-0: every row that carries `pod` is llm-0's, and a row without it (an aggregate by
+  design) equals the same query with every topology variable set to llm-0, at the same instant.
+- The variables' own queries are chained: given llm-0's cluster, the namespace, job, pod and instance
+  variables offer llm-0's values alone.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+import pytest
+
+from rooflight.dashboards.metrics import metric_names, pending_gpu_metrics
+import promstack
+from dashboard_queries import dashboards, exprs, fill, query_variables
+
+SHARED_TARGET = "127.0.0.1:8000"
+PODS = {
+    "llm-0": {"cluster": "east", "namespace": "chat", "job": "chat/llm"},
+    "llm-1": {"cluster": "west", "namespace": "batch", "job": "batch/llm"},
+}
+NARROWING = ("cluster", "namespace", "job", "pod", "instance")
+# Metrics whose queries may answer nothing on the steady demo, with the reason (a query that answers is checked).
+ABSENT = {
+    "ALERTS": "no rules are loaded here, and no Rooflight alert would fire on the steady scenario",
+    "sglang:cache_hit_rate": "the demo simulates vLLM; the prefix-cache query reads vLLM's counters or this",
+}
+
+needs_prometheus = pytest.mark.skipif(not promstack.available(), reason="Debian's prometheus is not installed")
+
+
+class TwoPodStack(promstack.PromStack):
+    """Scrapes each pod's agent and engine as one job, with the pod's topology labels on both targets."""
+
+    def __init__(self, pods: dict[str, tuple[str, str]]) -> None:
+        super().__init__([agent for agent, _ in pods.values()])
+        self.pods = pods  # pod -> (agent host:port, engine host:port)
+
+    def config(self, rule_names: Sequence[str]) -> dict[str, Any]:
+        doc = super().config(rule_names)
+        doc["scrape_configs"] = [{
+            "job_name": PODS[pod]["job"],
+            "metrics_path": self.metrics_path,
+            "static_configs": [{"targets": list(addresses),
+                                "labels": {"pod": pod, "cluster": PODS[pod]["cluster"],
+                                           "namespace": PODS[pod]["namespace"]}}],
+            "metric_relabel_configs": [{"source_labels": ["target"], "regex": r"127\.0\.0\.1:[0-9]+",
+                                        "target_label": "target", "replacement": SHARED_TARGET}],
+        } for pod, addresses in self.pods.items()]
+        return doc
+
+
+def _rooflight() -> list[str]:
+    exe = shutil.which("rooflight")
+    return [exe] if exe else [sys.executable, "-m", "rooflight"]
+
+
+def _start_demo(seed: int, agent: str, engine: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*_rooflight(), "demo", "--scenario", "steady", "--seed", str(seed), "--listen", agent,
+         "--engine-listen", engine, "--interval", "1s", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> str:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if proc.stderr:
+        proc.stderr.close()
+    return err
+
+
+def _values(pod: str, agent: str) -> dict[str, str]:
+    """The variable values that select `pod` alone, one variable at a time."""
+    return {**PODS[pod], "pod": pod, "instance": agent}
+
+
+def _rows(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Rows keyed by their label set, for comparing two answers of the same query."""
+    return {repr(sorted(r["metric"].items())): float(r["value"][1]) for r in rows}
+
+
+def test_the_stack_gives_each_pod_its_labels_and_one_shared_target() -> None:
+    stack = TwoPodStack({"llm-0": ("127.0.0.1:1", "127.0.0.1:2"), "llm-1": ("127.0.0.1:3", "127.0.0.1:4")})
+    jobs = stack.config([])["scrape_configs"]
+    assert [j["job_name"] for j in jobs] == ["chat/llm", "batch/llm"]
+    assert jobs[0]["static_configs"][0] == {"targets": ["127.0.0.1:1", "127.0.0.1:2"],
+                                            "labels": {"pod": "llm-0", "cluster": "east", "namespace": "chat"}}
+    assert all(j["metric_relabel_configs"][0]["replacement"] == SHARED_TARGET for j in jobs)
+    assert fill('x{pod=~"$pod|", instance=~"$instance"}', pod="llm-0") == 'x{pod=~"llm-0|", instance=~".*"}'
+
+
+@pytest.mark.prometheus
+@needs_prometheus
+def test_every_query_answers_for_both_pods_and_each_variable_narrows_to_one() -> None:
+    ports = {pod: (f"127.0.0.1:{promstack.free_port()}", f"127.0.0.1:{promstack.free_port()}") for pod in PODS}
+    demos = [_start_demo(seed, *ports[pod]) for seed, pod in enumerate(PODS, start=1)]
+    try:
+        with TwoPodStack(ports) as prom:
+            # the tail inflation needs 30 s of agent samples (3 x the shortest window) before it is exported
+            for metric in ("rooflight_mbu_ratio", "rooflight_itl_tail_inflation_ratio"):
+                deadline = time.monotonic() + 90
+                while len(prom.query(f'count by (pod) ({metric}{{target="{SHARED_TARGET}"}})')) < len(PODS):
+                    for proc in demos:
+                        assert proc.poll() is None, f"rooflight demo exited: {_stop(proc)[-2000:]}"
+                    assert time.monotonic() < deadline, f"{metric} not from both pods: {prom.targets_health()}"
+                    time.sleep(1.0)
+            time.sleep(16)  # 15 s rates over at least two scrapes of every counter
+            at = time.time() - 1.0
+            chosen, agent = "llm-0", ports["llm-0"][0]
+            checked, empty, mixed = 0, [], []
+            for name, d in dashboards().items():
+                for title, ref, expr in exprs(d):
+                    where = f"{name}/{title}/{ref}"
+                    everything = prom.query(fill(expr), at)
+                    if not everything:
+                        if not metric_names(expr) & (set(ABSENT) | pending_gpu_metrics()):
+                            empty.append(f"{where}: {fill(expr)}")
+                        continue
+                    pods = {r["metric"]["pod"] for r in everything if "pod" in r["metric"]}
+                    if pods and pods != set(PODS):
+                        mixed.append(f"{where}: all pods selected, answered for {sorted(pods)}")
+                    alone = _rows(prom.query(fill(expr, **_values(chosen, agent)), at))
+                    for var, value in _values(chosen, agent).items():
+                        rows = prom.query(fill(expr, **{var: value}), at)
+                        answered = {r["metric"].get("pod") for r in rows}
+                        if not rows or answered - {chosen, None}:
+                            mixed.append(f"{where}: ${var}={value} answered for {sorted(map(str, answered))}")
+                        unlabelled = {k: v for k, v in _rows(rows).items() if "'pod'" not in k}
+                        if unlabelled and unlabelled != {k: v for k, v in alone.items() if "'pod'" not in k}:
+                            mixed.append(f"{where}: ${var}={value} aggregates more than {chosen}: {unlabelled}")
+                    checked += 1
+            assert empty == [], "\n".join(empty)
+            assert mixed == [], "\n".join(mixed)
+            assert checked > 50
+
+            # the variables' own queries: each narrows to the pod chosen above it
+            d = dashboards()["rooflight-overview.json"]
+            offered = {var: {r["metric"].get(label) for r in prom.query(fill(selector, cluster="east"), at)}
+                       for var, selector, label in query_variables(d)}
+            assert offered["cluster"] == {"east", "west"}  # its own query is not filtered by itself
+            want = _values(chosen, agent)
+            for var in ("namespace", "job", "pod", "instance"):
+                assert offered[var] == {want[var]}, (var, offered[var])
+            assert offered["target"] == {SHARED_TARGET}
+    finally:
+        for proc in demos:
+            _stop(proc)
+    assert all(proc.returncode is not None for proc in demos)
