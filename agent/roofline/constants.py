@@ -4,33 +4,46 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rooflight.agent.roofline.gpus import GpuProfile
+from rooflight.agent.roofline.gpus import UNKNOWN_GPU, GpuProfile
 from rooflight.agent.roofline.models import ModelSpec
 
 
 @dataclass(frozen=True, slots=True)
 class TargetConstants:
     model: ModelSpec | None
-    gpu: GpuProfile
+    gpu: GpuProfile | None  # None: a GPU with no constants on file; MBU and MFU stay absent
     gpu_source: str  # "flag", "nvml" or "default": how the profile was chosen
     tensor_parallel_size: int = 1
+    gpu_note: str = ""  # why there is no profile (gpus.unknown_gpu_reason), for the log and gpu_info
+
+    @property
+    def gpu_key(self) -> str:
+        """The profile key, or 'unknown' when the GPU has no constants."""
+        return self.gpu.key if self.gpu else UNKNOWN_GPU
 
     @property
     def compute_dtype(self) -> str:
-        """The dtype whose peak bounds the matmuls: weight-only int4 still computes in 16-bit."""
-        dtype = self.model.weight_dtype if self.model else "bf16"
-        return dtype if dtype in ("fp8", "int8", "fp16") else "bf16"
+        """The dtype whose tensor-core peak bounds the matmuls: the model's GEMM dtype (fp8 for W8A8
+        fp8; 16-bit for weight-only int8/int4 and for fp32 checkpoints, which vLLM serves in 16 bit),
+        as this GPU runs it (fp8 on Ampere falls back to 16 bit)."""
+        dtype = self.model.compute_dtype if self.model else "bf16"
+        return self.gpu.peak_dtype_for(dtype) if self.gpu else dtype
 
     @property
-    def peak_flops_per_gpu(self) -> float:
-        return self.gpu.peak_flops_for(self.compute_dtype)
+    def peak_flops_per_gpu(self) -> float | None:
+        """Dense peak of one GPU at compute_dtype; None for an unknown GPU."""
+        return self.gpu.peak_flops[self.compute_dtype] if self.gpu else None
 
     @property
-    def peak_flops(self) -> float:
-        """Dense peak of all the GPUs one model copy spans."""
-        return self.peak_flops_per_gpu * self.tensor_parallel_size
+    def peak_flops(self) -> float | None:
+        """Dense peak of all the GPUs one model copy spans; None for an unknown GPU."""
+        per_gpu = self.peak_flops_per_gpu
+        return None if per_gpu is None else per_gpu * self.tensor_parallel_size
 
     @property
-    def peak_bandwidth(self) -> float:
-        """HBM peak of all the GPUs one model copy spans: each streams its shard of the weights."""
+    def peak_bandwidth(self) -> float | None:
+        """HBM peak of all the GPUs one model copy spans (each streams its shard of the weights);
+        None for an unknown GPU."""
+        if self.gpu is None:
+            return None
         return self.gpu.memory_bandwidth_bytes_per_second * self.tensor_parallel_size

@@ -3,12 +3,14 @@
 Owns the numbers every MBU/MFU/roofline figure divides by. All values are per GPU, dense (no 2:4
 sparsity: NVIDIA datasheets quote Hopper/Ada/Blackwell tensor peaks *with* sparsity, and those are
 halved here), in base units: FLOP/s, bytes/s, bytes. Bandwidth and memory are decimal (3.35 TB/s =
-3.35e12 B/s, 80 GB = 80e9 B), as the datasheets and the seeds write them. Sources are in
-`shared/reference/gpu.md` section 4 and repeated per profile in `source`.
+3.35e12 B/s, 80 GB = 80e9 B), as the datasheets write them. The table and its sources are in
+docs/physics.md, section GPU constants, and repeated per profile in `source`.
 
 A profile is chosen by key (`--gpu h100-sxm`) or from the NVML device name (plus total memory where
-the name does not say which memory variant it is). When nothing is detected the caller falls back to
-DEFAULT_PROFILE_KEY. Peaks are per GPU: for a model spread over `tp` GPUs the caller multiplies.
+the name does not say which memory variant it is). A detected GPU with no profile is unknown
+(match_nvml_name gives the reason): the caller leaves MBU/MFU absent rather than divide by another
+GPU's peaks; DEFAULT_PROFILE_KEY is only the plan's what-if default. Peaks are per GPU: for a model
+spread over `tp` GPUs the caller multiplies.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ DEFAULT_PROFILE_KEY = "h100-sxm"
 # is the honest denominator for their MFU. fp32 runs as TF32 where the GPU has it.
 _FALLBACK: Mapping[str, tuple[str, ...]] = {
     "int4": ("bf16",),
-    "fp4": ("bf16",),
+    "fp4": ("fp4", "bf16"),  # no profile lists an FP4 peak yet: NVFP4/MXFP4 MFU uses the 16-bit one
     "fp8": ("fp8", "bf16"),  # no FP8 tensor cores (Ampere): vLLM runs FP8 weight-only, 16-bit math
     "int8": ("int8", "bf16"),
     "fp32": ("tf32", "bf16"),
@@ -55,10 +57,14 @@ class GpuProfile:
         int4/fp4 fall back to the 16-bit peak (weight-only quantization computes in 16 bit); fp8 and
         int8 fall back to 16 bit on GPUs without those tensor cores; fp32 uses TF32, else 16 bit.
         """
+        return self.peak_flops[self.peak_dtype_for(dtype)]
+
+    def peak_dtype_for(self, dtype: str) -> str:
+        """The key of `peak_flops` that GEMMs in `dtype` run at on this GPU (see peak_flops_for)."""
         d = dtype.lower()
         for candidate in _FALLBACK.get(d, (d,)):
             if candidate in self.peak_flops:
-                return self.peak_flops[candidate]
+                return candidate
         raise ConfigError(f"GPU profile {self.key} has no peak for dtype {dtype!r}")
 
     @property
@@ -83,7 +89,7 @@ def _p(key: str, name: str, *, bf16: float, fp8: float | None, int8: float | Non
                       source=source, nvml_names=nvml)
 
 
-_DS = "NVIDIA datasheet (sparse figures halved); see shared/reference/gpu.md section 4"
+_DS = "NVIDIA datasheet (sparse figures halved); see docs/physics.md, section GPU constants"
 
 _ALL = (
     _p("a100-sxm-40gb", "NVIDIA A100 SXM4 40GB", bf16=312, fp8=None, int8=624, tf32=156,
@@ -125,6 +131,25 @@ _ALL = (
        bw_tb=0.300, mem_gb=24, source="L4 datasheet, " + _DS, nvml=("NVIDIA L4",)),
     _p("a10", "NVIDIA A10 24GB", bf16=125, fp8=None, int8=250, tf32=62.5,
        bw_tb=0.600, mem_gb=24, source="A10 datasheet, " + _DS, nvml=("NVIDIA A10",)),
+    _p("b300", "NVIDIA B300 (HGX, Blackwell Ultra, 288GB)", bf16=2250, fp8=4500, int8=None, tf32=None,
+       bw_tb=8.0, mem_gb=288, source="DGX B300 datasheet, " + _DS + "; INT8 peak not settled, so "
+       "int8 GEMMs use the 16-bit peak; NVML reports ~270 GB usable", nvml=("NVIDIA B300 SXM6 AC",)),
+    _p("gb300", "NVIDIA GB300 (per Blackwell Ultra GPU)", bf16=2500, fp8=5000, int8=None, tf32=None,
+       bw_tb=8.0, mem_gb=288, source="GB300 NVL72, per GPU (as GB200 but memory), " + _DS,
+       nvml=("NVIDIA GB300",)),
+    _p("rtx-6000-ada", "NVIDIA RTX 6000 Ada Generation 48GB", bf16=364.2, fp8=728.5, int8=728.5,
+       tf32=None, bw_tb=0.960, mem_gb=48, source="RTX 6000 Ada datasheet (1,457 TFLOPS FP8 is with "
+       "sparsity), " + _DS, nvml=("NVIDIA RTX 6000 Ada Generation",)),
+    _p("rtx-4090", "NVIDIA GeForce RTX 4090 24GB", bf16=165.2, fp8=330.3, int8=660.6, tf32=None,
+       bw_tb=1.008, mem_gb=24, source="Ada Lovelace whitepaper: GeForce tensor math with FP32 "
+       "accumulate (what PyTorch and vLLM use) runs at half the FP16-accumulate rate; FP8 uncertain",
+       nvml=("NVIDIA GeForce RTX 4090",)),
+    _p("mi300x", "AMD Instinct MI300X 192GB", bf16=1307.4, fp8=2614.9, int8=2614.9, tf32=None,
+       bw_tb=5.3, mem_gb=192, source="AMD MI300X spec page (dense); not NVML: pass --gpu mi300x",
+       nvml=()),
+    _p("mi325x", "AMD Instinct MI325X 256GB", bf16=1307.4, fp8=2614.9, int8=2614.9, tf32=None,
+       bw_tb=6.0, mem_gb=256, source="AMD MI325X spec page (dense); not NVML: pass --gpu mi325x",
+       nvml=()),
 )
 
 PROFILES: Mapping[str, GpuProfile] = MappingProxyType({p.key: p for p in _ALL})
@@ -133,8 +158,31 @@ PROFILES: Mapping[str, GpuProfile] = MappingProxyType({p.key: p for p in _ALL})
 ALIASES: Mapping[str, str] = MappingProxyType({
     "h100": "h100-sxm", "h100-sxm5": "h100-sxm", "h200-sxm": "h200", "a100": "a100-sxm-80gb",
     "a100-80gb": "a100-sxm-80gb", "a100-40gb": "a100-sxm-40gb", "a100-sxm": "a100-sxm-80gb",
-    "a100-pcie": "a100-pcie-80gb",
+    "a100-pcie": "a100-pcie-80gb", "rtx6000-ada": "rtx-6000-ada", "4090": "rtx-4090",
 })
+
+UNKNOWN_GPU = "unknown"  # the profile key reported for a GPU with no constants on file
+
+# GPUs that NVML names but whose dense figures are not public or not settled: no profile, a reason.
+_UNSURE: tuple[tuple[str, str], ...] = (
+    ("A10G", "NVIDIA publishes no tensor-core figures for the A10G (it is not the A10's 125 TFLOP/s)"),
+    ("H20 3E", "the H20-3e's figures are not public"),
+    ("B100", "the B100's dense figures are only derived from HGX totals"),
+)
+
+
+@dataclass(frozen=True)
+class GpuMatch:
+    """An NVML device name matched to a profile, or to none with the reason MBU/MFU stay absent."""
+
+    name: str
+    profile: GpuProfile | None
+    reason: str = ""  # empty when a profile matched
+
+    @property
+    def key(self) -> str:
+        """The profile key, or 'unknown' (the `profile` label of rooflight_gpu_info)."""
+        return self.profile.key if self.profile else UNKNOWN_GPU
 
 
 def get_profile(key: str) -> GpuProfile:
@@ -157,23 +205,54 @@ def _has(s: str, token: str) -> bool:
 
 
 def profile_for_nvml_name(name: str, memory_total_bytes: float | None = None) -> GpuProfile | None:
-    """The profile for an NVML device name, or None when the GPU is not one we have constants for.
+    """The profile for an NVML device name, or None when the GPU is unknown: never another GPU's
+    constants in its place (match_nvml_name says why). See match_nvml_name."""
+    return match_nvml_name(name, memory_total_bytes).profile
+
+
+def match_nvml_name(name: str, memory_total_bytes: float | None = None) -> GpuMatch:
+    """The profile for an NVML device name, or an unknown match with its reason.
 
     `memory_total_bytes` (NVML's total, e.g. 81,559 MiB on an H100 80GB) disambiguates names that do
-    not carry the memory size. Unsure variants (H20-3e, A10G, B300) return None rather than a guess.
+    not carry the memory size. Unsure variants (A10G, H20-3e, B100) and GPUs with no profile (H800,
+    A800, RTX PRO 6000, ...) are unknown: the caller leaves MBU and MFU absent and says why.
     """
+    profile = _lookup(_norm(name), memory_total_bytes)
+    if profile is not None:
+        return GpuMatch(name, profile)
+    return GpuMatch(name, None, unknown_gpu_reason(name))
+
+
+def unknown_gpu_reason(name: str) -> str:
+    """Why a GPU has no constants, and what to do about it (for the log and rooflight_gpu_info)."""
     s = _norm(name)
+    why = next((text for token, text in _UNSURE if token in s), f"no dense peaks on file for {name!r}")
+    return (f"{why}: MBU and MFU are left absent rather than divided by another GPU's peaks; pass "
+            f"--gpu with one of {', '.join(sorted(PROFILES))} if its figures match")
+
+
+def _lookup(s: str, memory_total_bytes: float | None) -> GpuProfile | None:
+    if any(token in s for token, _ in _UNSURE):
+        return None
     big = memory_total_bytes is not None and memory_total_bytes > 60e9
     if "GH200" in s:
         return PROFILES["gh200-144gb" if ("144G" in s or "HBM3E" in s) else "gh200"]
     if "GB200" in s:
         return PROFILES["gb200"]
+    if "GB300" in s:
+        return PROFILES["gb300"]
+    if _has(s, "B300"):
+        return PROFILES["b300"]
+    if "RTX 6000 ADA" in s:
+        return PROFILES["rtx-6000-ada"]
+    if _has(s, "RTX") and _has(s, "4090"):
+        return PROFILES["rtx-4090"]
     if _has(s, "B200"):
         return PROFILES["b200"]
     if _has(s, "H200"):
         return PROFILES["h200-nvl" if _has(s, "NVL") else "h200"]
     if _has(s, "H20"):
-        return None if "H20 3E" in s else PROFILES["h20"]
+        return PROFILES["h20"]
     if _has(s, "H100"):
         if _has(s, "NVL"):
             return PROFILES["h100-nvl"]

@@ -3,15 +3,20 @@
 Owns ModelSpec (layers, heads, KV heads, head dim, total and active parameters, weight and KV dtypes)
 and the two byte counts everything else derives from:
 
-- weight_bytes = params_total x bytes(weight_dtype): what one decode step streams (whole model; with
-  tensor parallelism each GPU streams 1/tp of it).
-- kv_bytes_per_token = 2 x layers x kv_heads x head_dim x bytes(kv_dtype); for MLA (DeepSeek-style
-  latent KV) layers x (kv_lora_rank + rope_head_dim) x bytes(kv_dtype).
+- weight_bytes: every weight as stored: quantized linear weights at their format's bytes plus group
+  scales, embeddings / LM head / norms at the 16-bit serving dtype (fp32 checkpoints are served in
+  16 bit). What one decode step streams (whole model; with tensor parallelism each GPU 1/tp of it).
+- kv_bytes_per_sequence(L) = K+V bytes per layer and token x (full layers x L + sum over
+  sliding-window layers of min(L, window)); per layer and token 2 x kv_heads x head_dim x
+  bytes(kv_dtype), for MLA (DeepSeek-style latent KV) kv_lora_rank + rope_head_dim.
 
-Parameter counts from a config.json are computed from the architecture (embeddings, attention, gated
-MLP or MoE experts, norms; biases ignored), exact for Llama-family models. Presets are built through
-the same parser, so they cannot drift from it. `ref-8b` and `ref-70b` are the seeds' reference
-shapes with their nominal 8e9 / 70e9 parameters (the worked numbers are computed with those);
+Parameter counts from a config.json are computed from the architecture as a list of named tensors
+(embeddings, attention with its biases, gated MLP or MoE experts, routers, norms), exact for Llama,
+Mistral, Qwen2/3 and Gemma 2/3; each model type's config-class defaults (Gemma's tied embeddings)
+apply where a field is absent. Every field is read through config_reader.ConfigReader. Presets are built through
+the same parser, so they cannot drift from it. `ref-8b` and `ref-70b` are the reference shapes of
+docs/physics.md (section Units and reference numbers) with their nominal 8e9 / 70e9 parameters (the
+worked numbers are computed with those);
 `llama-3-8b` carries the real 8,030,261,248. Bad or inconsistent input raises ConfigError (exit 2).
 """
 
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +32,9 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from rooflight.agent.errors import ConfigError
+from rooflight.agent.roofline import physics as ph
+from rooflight.agent.roofline.config_reader import ConfigReader
+from rooflight.agent.roofline.quantization import QuantScheme, WeightFormat, parse_scheme
 
 DTYPE_BYTES: Mapping[str, float] = MappingProxyType(
     {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5})
@@ -63,7 +72,7 @@ class ModelSpec:
     head_dim: int
     params_total: float
     params_active: float
-    weight_dtype: str
+    weight_dtype: str  # what most quantized linear weights are stored in; the model's dtype if none
     kv_dtype: str
     source: str
     mla_kv_lora_rank: int | None = None
@@ -71,6 +80,13 @@ class ModelSpec:
     n_experts: int = 0  # routed experts per MoE layer (0: dense)
     n_experts_active: int = 0  # routed experts each token uses
     expert_params: float = 0.0  # all routed-expert weights, all layers (inside params_total)
+    act_dtype: str = "bf16"  # the 16-bit dtype of activations and of every unquantized tensor
+    compute_dtype: str = "bf16"  # the GEMMs' input dtype: whose tensor-core peak bounds MFU
+    linear_params: float = 0.0  # non-expert linear weights a quantization applies to (not the LM head)
+    shared_weight_bytes: float | None = None  # every weight but the routed experts, as stored
+    expert_weight_bytes: float | None = None  # the routed experts, as stored
+    window_layers: tuple[tuple[int, int], ...] = ()  # (window tokens, layers) of local-attention layers
+    notes: tuple[str, ...] = ()  # how the checkpoint was read, for the plan and the logs
 
     @property
     def is_mla(self) -> bool:
@@ -82,8 +98,11 @@ class ModelSpec:
 
     @property
     def weight_bytes(self) -> float:
-        """Bytes of weights one decode step streams, whole model: params_total x bytes(weight_dtype)."""
-        return self.params_total * dtype_bytes(self.weight_dtype)
+        """Bytes of all weights as stored, whole model: quantized linear weights at their format's
+        bytes plus group scales, everything else (embeddings, LM head, norms) at the 16-bit dtype."""
+        if self.shared_weight_bytes is None or self.expert_weight_bytes is None:
+            return self.params_total * dtype_bytes(self.weight_dtype)
+        return self.shared_weight_bytes + self.expert_weight_bytes
 
     def weight_bytes_streamed(self, batch: float) -> float:
         """Weight bytes one decode step of `batch` sequences reads. Dense: all of them. MoE: the
@@ -92,183 +111,469 @@ class ModelSpec:
         if not self.n_experts:
             return self.weight_bytes
         touched = 1.0 - (1.0 - self.n_experts_active / self.n_experts) ** max(batch, 0.0)
-        shared = self.params_total - self.expert_params
-        return (shared + self.expert_params * touched) * dtype_bytes(self.weight_dtype)
+        experts = (self.expert_weight_bytes if self.expert_weight_bytes is not None
+                   else self.expert_params * dtype_bytes(self.weight_dtype))
+        return self.weight_bytes - experts + experts * touched
+
+    @property
+    def kv_bytes_per_layer_token(self) -> float:
+        """K+V bytes one token holds in one layer (MLA: the shared latent plus the rope key)."""
+        b = dtype_bytes(self.kv_dtype)
+        if self.mla_kv_lora_rank is not None:
+            return (self.mla_kv_lora_rank + (self.mla_rope_head_dim or 0)) * b
+        return 2 * self.n_kv_heads * self.head_dim * b
 
     @property
     def kv_bytes_per_token(self) -> float:
-        """K+V bytes one token holds, all layers (MLA: the shared latent plus the rope key)."""
-        b = dtype_bytes(self.kv_dtype)
-        if self.mla_kv_lora_rank is not None:
-            return self.n_layers * (self.mla_kv_lora_rank + (self.mla_rope_head_dim or 0)) * b
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * b
+        """K+V bytes one token holds, all layers: what each new token adds while every layer still
+        keeps it (a sliding-window layer drops it once it is `window` tokens old)."""
+        return self.n_layers * self.kv_bytes_per_layer_token
 
-    def kv_bytes_per_token_per_gpu(self, tp: int) -> float:
-        """KV bytes per token on one of `tp` GPUs: KV heads shard across TP ranks (replicated when
-        there are fewer KV heads than ranks); an MLA latent is not split by head, so every rank holds
-        all of it (as vLLM does)."""
+    @property
+    def full_attention_layers(self) -> int:
+        """Layers that keep every token of the context (the rest keep a window)."""
+        return self.n_layers - sum(n for _, n in self.window_layers)
+
+    def kv_bytes_per_sequence(self, context_tokens: float) -> float:
+        """K+V bytes one sequence of `context_tokens` holds, whole model: full-attention layers keep
+        every token, a sliding-window layer at most its window."""
+        layer_tokens = ph.kv_layer_tokens(context_tokens, self.full_attention_layers, self.window_layers)
+        return self.kv_bytes_per_layer_token * layer_tokens
+
+    def _gpu_share(self, tp: int) -> float:
+        """Share of the KV cache one of `tp` GPUs holds: KV heads shard across TP ranks (replicated
+        when there are fewer KV heads than ranks); an MLA latent is not split by head, so every rank
+        holds all of it (as vLLM does)."""
         if tp < 1:
             raise ConfigError(f"tensor-parallel size must be >= 1, got {tp}")
         if self.is_mla:
-            return self.kv_bytes_per_token
-        heads_per_gpu = max(1.0, self.n_kv_heads / tp)
-        return self.kv_bytes_per_token * heads_per_gpu / self.n_kv_heads
+            return 1.0
+        return max(1.0, self.n_kv_heads / tp) / self.n_kv_heads
+
+    def kv_bytes_per_token_per_gpu(self, tp: int) -> float:
+        """KV bytes per token (all layers) on one of `tp` GPUs."""
+        return self.kv_bytes_per_token * self._gpu_share(tp)
+
+    def kv_bytes_per_sequence_per_gpu(self, context_tokens: float, tp: int) -> float:
+        """KV bytes one sequence of `context_tokens` holds on one of `tp` GPUs."""
+        return self.kv_bytes_per_sequence(context_tokens) * self._gpu_share(tp)
+
+    def context_for_sequence_kv_bytes(self, target_bytes: float) -> float | None:
+        """The context length at which one sequence's cache reaches `target_bytes` (whole model), or
+        None when sliding windows cap it below that for every length."""
+        per_layer, start, have = self.kv_bytes_per_layer_token, 0.0, 0.0
+        for edge in [*sorted({float(w) for w, _ in self.window_layers}), math.inf]:
+            keeping = self.full_attention_layers + sum(n for w, n in self.window_layers if w > start)
+            slope = per_layer * keeping
+            if slope > 0 and have + slope * (edge - start) >= target_bytes:
+                return start + (target_bytes - have) / slope
+            if math.isinf(edge):
+                return None
+            have, start = have + slope * (edge - start), edge
+        return None
+
+    def stored_as(self, fmt: WeightFormat) -> ModelSpec:
+        """The model with every linear weight (routed experts included, the LM head not) in `fmt`;
+        a 16- or 32-bit float is the whole model's dtype. Embeddings, LM head, norms stay 16-bit."""
+        if fmt.dtype in ("bf16", "fp16", "fp32"):
+            b = dtype_bytes(fmt.dtype)
+            return dataclasses.replace(
+                self, weight_dtype=fmt.dtype, act_dtype=fmt.dtype, compute_dtype=fmt.dtype,
+                shared_weight_bytes=(self.params_total - self.expert_params) * b,
+                expert_weight_bytes=self.expert_params * b)
+        b, a = dtype_bytes(fmt.dtype) + fmt.scale_bytes_per_weight, dtype_bytes(self.act_dtype)
+        rest = self.params_total - self.linear_params - self.expert_params
+        return dataclasses.replace(
+            self, weight_dtype=fmt.dtype, compute_dtype=fmt.gemm_dtype or self.act_dtype,
+            shared_weight_bytes=self.linear_params * b + rest * a, expert_weight_bytes=self.expert_params * b)
 
     def with_dtypes(self, weight_dtype: str | None, kv_dtype: str | None) -> ModelSpec:
-        """A copy with other weight / KV dtypes (None or 'auto' keeps the current one)."""
-        w = self.weight_dtype if weight_dtype in (None, "auto") else normalize_dtype(weight_dtype)
-        k = self.kv_dtype if kv_dtype in (None, "auto") else normalize_dtype(kv_dtype)
-        return dataclasses.replace(self, weight_dtype=w, kv_dtype=k)
+        """A copy with other weight / KV dtypes (None or 'auto' keeps the current one), as
+        `--weight-dtype` / `--kv-dtype` ask. Weight-only int8/int4/fp4 keep the 16-bit GEMM peak;
+        fp8 weights run fp8 GEMMs. No group scales: an override does not say the group size."""
+        spec = self
+        if weight_dtype not in (None, "auto"):
+            w = normalize_dtype(weight_dtype)
+            if w != self.weight_dtype:
+                spec = spec.stored_as(WeightFormat(w, 0.0, "fp8" if w == "fp8" else None))
+        if kv_dtype not in (None, "auto"):
+            spec = dataclasses.replace(spec, kv_dtype=normalize_dtype(kv_dtype))
+        return spec
 
 
-def _int(cfg: Mapping[str, Any], *keys: str, default: int | None = None, where: str = "") -> int:
-    for key in keys:
-        if key in cfg and cfg[key] is not None:
-            v = cfg[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ConfigError(f"{where}: {key} must be a non-negative integer, got {v!r}")
-            return v
-    if default is None:
-        raise ConfigError(f"{where}: missing {' / '.join(keys)}")
-    return default
+MAX_LAYERS = 10_000
+MAX_WIDTH = 10_000_000  # hidden, intermediate and head sizes
+MAX_VOCAB = 100_000_000
+MAX_WINDOW = 2**40
+
+_INT, _BOOL, _STR, _INTS, _STRS, _OBJECT = "int", "bool", "str", "ints", "strs", "object"
 
 
-def _weight_dtype_of(cfg: Mapping[str, Any], where: str) -> str:
-    q = cfg.get("quantization_config")
-    if isinstance(q, Mapping):
-        method = str(q.get("quant_method", "")).lower()
-        bits = q.get("bits") or q.get("w_bit") or q.get("num_bits")
-        if method in ("fp8", "fbgemm_fp8", "modelopt") and not bits:
-            return "fp8"
-        if method in ("mxfp4", "nvfp4"):
-            return "fp4"
-        if q.get("load_in_4bit"):
-            return "int4"
-        if q.get("load_in_8bit"):
-            return "int8"
-        if bits in (4, 8):
-            return "int4" if bits == 4 else "int8"
-        raise ConfigError(f"{where}: cannot tell the weight dtype of quantization {method!r}; "
-                          "pass --weight-dtype")
-    return _torch_dtype_of(cfg, where)
+# Every config.json field the model constants read, with its type and range (aliases share them).
+# All present fields are checked up front, used or not, so a bad value never hides in a branch.
+_FIELDS: Mapping[str, tuple[str, int, int]] = MappingProxyType({
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers"), (_INT, 1, MAX_LAYERS)),
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "num_attention_heads", "n_head",
+                     "num_key_value_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                     "moe_intermediate_size", "num_experts_per_tok", "num_experts_per_token",
+                     "kv_lora_rank", "v_head_dim"), (_INT, 1, MAX_WIDTH)),
+    **dict.fromkeys(("num_local_experts", "num_experts", "n_routed_experts", "n_shared_experts",
+                     "shared_expert_intermediate_size", "q_lora_rank", "qk_rope_head_dim",
+                     "qk_nope_head_dim"), (_INT, 0, MAX_WIDTH)),
+    **dict.fromkeys(("first_k_dense_replace", "decoder_sparse_step", "moe_layer_freq",
+                     "max_window_layers"), (_INT, 0, MAX_LAYERS)),
+    "sliding_window_pattern": (_INT, 1, MAX_LAYERS),
+    **dict.fromkeys(("sliding_window", "attention_chunk_size"), (_INT, 1, MAX_WINDOW)),
+    "vocab_size": (_INT, 1, MAX_VOCAB),
+    "mlp_only_layers": (_INTS, 0, MAX_LAYERS),
+    **dict.fromkeys(("use_sliding_window", "multi_query", "tie_word_embeddings", "attention_bias"),
+                    (_BOOL, 0, 0)),
+    **dict.fromkeys(("torch_dtype", "dtype", "model_type", "_name_or_path"), (_STR, 0, 0)),
+    "layer_types": (_STRS, 0, 0),
+    **dict.fromkeys(("quantization_config", "text_config"), (_OBJECT, 0, 0)),
+})
 
 
-def _torch_dtype_of(cfg: Mapping[str, Any], where: str) -> str:
-    raw = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+def _num(r: ConfigReader, *keys: str, default: int | None = None) -> int:
+    """The first present of `keys`, in the range _FIELDS gives it."""
+    _, lo, hi = _FIELDS[keys[0]]
+    return r.integer(*keys, default=default, lo=lo, hi=hi)
+
+
+def _opt(r: ConfigReader, key: str) -> int | None:
+    _, lo, hi = _FIELDS[key]
+    return r.optional_integer(key, lo=lo, hi=hi)
+
+
+def _ints(r: ConfigReader, key: str) -> tuple[int, ...]:
+    _, lo, hi = _FIELDS[key]
+    return r.int_list(key, lo=lo, hi=hi)
+
+
+def validate_fields(r: ConfigReader) -> None:
+    """Check every known field that is present (ConfigError naming the first bad one)."""
+    for key, (kind, lo, hi) in _FIELDS.items():
+        if not r.has(key):
+            continue
+        if kind == _INT:
+            r.integer(key, lo=lo, hi=hi)
+        elif kind == _INTS:
+            r.int_list(key, lo=lo, hi=hi)
+        elif kind == _BOOL:
+            r.boolean(key, False)
+        elif kind == _STR:
+            r.string(key)
+        elif kind == _STRS:
+            r.str_list(key)
+        else:
+            r.mapping(key)
+
+# What each model type's Hugging Face config class assumes when a field is absent (the config.json
+# of Gemma-2-9B, for one, has no tie_word_embeddings: Gemma2Config's default, true, applies).
+_TYPE_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    "gemma": {"tie_word_embeddings": True},
+    "gemma2": {"tie_word_embeddings": True, "sliding_window_pattern": 2},
+    "gemma3_text": {"tie_word_embeddings": True, "sliding_window_pattern": 6, "sliding_window": 4096,
+                    "vocab_size": 262_208, "num_attention_heads": 8, "num_key_value_heads": 4,
+                    "head_dim": 256},
+    "cohere": {"tie_word_embeddings": True},
+    "cohere2": {"tie_word_embeddings": True, "sliding_window_pattern": 4},
+})
+_TYPE_DEFAULTS_ALIAS = {"gemma3": "gemma3_text"}
+_NORMS_PER_LAYER = {"gemma2": 4, "gemma3_text": 4, "gemma3": 4}  # pre/post attention and MLP norms
+_QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text"})  # per-head q/k RMSNorm
+_QKV_BIAS = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"})
+_FULL = frozenset({"full_attention", "attention", "global"})
+_SLIDING = frozenset({"sliding_attention", "sliding", "local"})
+_CARRIED_FROM_WRAPPER = ("torch_dtype", "dtype", "quantization_config", "_name_or_path")
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    """One weight tensor (an MoE layer's routed experts together), by its Hugging Face module name."""
+
+    name: str
+    params: int
+    kind: str  # linear, expert, embedding, lm_head, other (norms, biases, routers)
+    active: int  # parameters one token computes with
+
+
+def _unwrap(cfg: Any, where: str) -> ConfigReader:
+    """The language model's config: a multimodal wrapper's `text_config` (with the wrapper's dtype
+    and quantization), merged over its model type's defaults."""
+    r = ConfigReader(cfg, where)
+    text = r.mapping("text_config")
+    if text is not None and not r.has("num_hidden_layers"):
+        inner = dict(text.cfg)
+        for key in _CARRIED_FROM_WRAPPER:
+            if key not in inner and r.has(key):
+                inner[key] = r.cfg[key]
+        r = ConfigReader(inner, where)
+    model_type = (r.string("model_type") or "").lower()
+    defaults = _TYPE_DEFAULTS.get(_TYPE_DEFAULTS_ALIAS.get(model_type, model_type), {})
+    return ConfigReader({**defaults, **r.cfg}, where) if defaults else r
+
+
+def _served_dtype(r: ConfigReader) -> tuple[str, str | None, tuple[str, ...]]:
+    """(16-bit dtype the engine runs in, low-bit dtype torch_dtype itself names or None, notes).
+    vLLM serves an fp32 checkpoint in 16 bit: 2-byte weights and KV and the 16-bit peak."""
+    raw = r.string("torch_dtype") or r.string("dtype") or "bfloat16"
     try:
-        return normalize_dtype(str(raw))
+        d = normalize_dtype(raw)
     except ConfigError as e:
-        raise ConfigError(f"{where}: {e}") from None
+        raise ConfigError(f"{r.where}: torch_dtype: {e}") from None
+    if d == "fp32":
+        return "bf16", None, ("fp32 checkpoint: vLLM serves it in 16 bit (bf16 weights and KV, the "
+                              "16-bit peak)",)
+    if d in ("bf16", "fp16"):
+        return d, None, ()
+    return "bf16", d, ()
 
 
-def _attention_params(cfg: Mapping[str, Any], h: int, n_heads: int, n_kv: int, hd: int,
-                      where: str) -> tuple[int, int | None, int | None]:
-    """Per-layer attention weights, and the MLA (kv_lora_rank, rope_dim) when the model uses MLA."""
-    if cfg.get("kv_lora_rank") is None:
-        return h * n_heads * hd * 2 + h * n_kv * hd * 2, None, None
-    rank = _int(cfg, "kv_lora_rank", where=where)
-    rope = _int(cfg, "qk_rope_head_dim", where=where)
-    nope = _int(cfg, "qk_nope_head_dim", where=where)
-    v_hd = _int(cfg, "v_head_dim", default=nope, where=where)
-    q_rank = cfg.get("q_lora_rank")
+def _windows(r: ConfigReader, layers: int) -> tuple[tuple[int, int], ...]:
+    """(window, layer count) of the layers that keep only recent tokens: from `layer_types`
+    (sliding_attention / chunked_attention), else `sliding_window` on every layer, every layer but
+    each `sliding_window_pattern`-th (Gemma 2/3, Cohere 2), or the layers from `max_window_layers`
+    on (Qwen2); none when `use_sliding_window` is false."""
+    types = r.str_list("layer_types")
+    if types:
+        if len(types) != layers:
+            raise ConfigError(f"{r.where}: layer_types has {len(types)} entries for {layers} layers")
+        counts: dict[int, int] = {}
+        for i, kind in enumerate(types):
+            if kind in _FULL:
+                continue
+            if kind in _SLIDING:
+                window = _num(r, "sliding_window")
+            elif kind == "chunked_attention":
+                window = _num(r, "attention_chunk_size")
+            else:
+                raise ConfigError(f"{r.where}: layer_types[{i}] is {kind[:40]!r}; Rooflight sizes "
+                                  "full_attention, sliding_attention and chunked_attention layers")
+            counts[window] = counts.get(window, 0) + 1
+        return tuple(sorted(counts.items()))
+    window = _opt(r, "sliding_window")
+    if window is None or not r.boolean("use_sliding_window", True):
+        return ()
+    if r.has("max_window_layers"):
+        n = layers - min(layers, _num(r, "max_window_layers"))
+    elif r.has("sliding_window_pattern"):
+        pattern = _num(r, "sliding_window_pattern")
+        n = sum(1 for i in range(layers) if (i + 1) % pattern)
+    else:
+        n = layers
+    return ((window, n),) if n else ()
+
+
+def _attention(r: ConfigReader, prefix: str, h: int, n_heads: int, n_kv: int, hd: int,
+               model_type: str) -> list[_Tensor]:
+    """One layer's attention weights: q/k/v/o projections (+ biases), or MLA's low-rank ones."""
+    if not r.has("kv_lora_rank"):
+        out = [_Tensor(f"{prefix}.q_proj", h * n_heads * hd, "linear", 0),
+               _Tensor(f"{prefix}.k_proj", h * n_kv * hd, "linear", 0),
+               _Tensor(f"{prefix}.v_proj", h * n_kv * hd, "linear", 0),
+               _Tensor(f"{prefix}.o_proj", n_heads * hd * h, "linear", 0)]
+        if r.boolean("attention_bias", False):
+            out.append(_Tensor(f"{prefix}.bias", (n_heads + 2 * n_kv) * hd + h, "other", 0))
+        elif model_type in _QKV_BIAS:
+            out.append(_Tensor(f"{prefix}.bias", (n_heads + 2 * n_kv) * hd, "other", 0))
+        return out
+    rank = _num(r, "kv_lora_rank")
+    rope = _num(r, "qk_rope_head_dim")
+    nope = _num(r, "qk_nope_head_dim")
+    v_hd = _num(r, "v_head_dim", default=nope)
+    q_rank = _opt(r, "q_lora_rank")
     qk = n_heads * (nope + rope)
-    q = h * qk if not q_rank else h * q_rank + q_rank + q_rank * qk
-    kv = h * (rank + rope) + rank + rank * n_heads * (nope + v_hd)
-    if rank == 0:
-        raise ConfigError(f"{where}: kv_lora_rank must be positive")
-    return q + kv + n_heads * v_hd * h, rank, rope
+    if q_rank:
+        out = [_Tensor(f"{prefix}.q_a_proj", h * q_rank, "linear", 0),
+               _Tensor(f"{prefix}.q_a_layernorm", q_rank, "other", 0),
+               _Tensor(f"{prefix}.q_b_proj", q_rank * qk, "linear", 0)]
+    else:
+        out = [_Tensor(f"{prefix}.q_proj", h * qk, "linear", 0)]
+    return out + [_Tensor(f"{prefix}.kv_a_proj_with_mqa", h * (rank + rope), "linear", 0),
+                  _Tensor(f"{prefix}.kv_a_layernorm", rank, "other", 0),
+                  _Tensor(f"{prefix}.kv_b_proj", rank * n_heads * (nope + v_hd), "linear", 0),
+                  _Tensor(f"{prefix}.o_proj", n_heads * v_hd * h, "linear", 0)]
 
 
-def _mlp_params(cfg: Mapping[str, Any], h: int, layers: int,
-                where: str) -> tuple[int, int, int, int, int]:
-    """(total, active, routed-expert params, experts, experts per token) of the MLPs, all layers:
-    a dense gated MLP, or routed (+ shared) experts."""
-    inter = cfg.get("intermediate_size")
-    n_exp = _int(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0, where=where)
+@dataclass(frozen=True)
+class _Moe:
+    experts: int
+    top_k: int
+    expert_inter: int
+    shared_inter: int  # all shared experts together
+    shared_gate: bool  # Qwen2-MoE's sigmoid gate on its shared expert
+    layers: frozenset[int]  # which layers are MoE
+
+
+def _moe(r: ConfigReader, h: int, layers: int) -> _Moe | None:
+    n_exp = _num(r, "num_local_experts", "num_experts", "n_routed_experts", default=0)
     if n_exp == 0:
-        dense = layers * 3 * h * _int(cfg, "intermediate_size", where=where)
-        return dense, dense, 0, 0, 0
-    top_k = _int(cfg, "num_experts_per_tok", "num_experts_per_token", where=where)
-    if not 0 < top_k <= n_exp:
-        raise ConfigError(f"{where}: num_experts_per_tok={top_k} must be in 1..{n_exp}")
-    e_inter = _int(cfg, "moe_intermediate_size", "intermediate_size", where=where)
-    shared = _int(cfg, "n_shared_experts", default=0, where=where) * 3 * h * e_inter
-    shared += 3 * h * _int(cfg, "shared_expert_intermediate_size", default=0, where=where)
-    dense_layers = _int(cfg, "first_k_dense_replace", default=0, where=where)
-    step = _int(cfg, "decoder_sparse_step", default=1, where=where) or 1
-    mlp_only = set(cfg.get("mlp_only_layers") or ())
-    moe_layers = sum(1 for i in range(dense_layers, layers) if i not in mlp_only and (i + 1) % step == 0)
-    dense = (layers - moe_layers) * 3 * h * (inter or 0)
-    if layers - moe_layers and not inter:
-        raise ConfigError(f"{where}: dense layers need intermediate_size")
-    expert = 3 * h * e_inter
-    router = h * n_exp
-    total = dense + moe_layers * (n_exp * expert + shared + router)
-    active = dense + moe_layers * (top_k * expert + shared + router)
-    return total, active, moe_layers * n_exp * expert, n_exp, top_k
+        return None
+    top_k = _num(r, "num_experts_per_tok", "num_experts_per_token")
+    if top_k > n_exp:
+        raise ConfigError(f"{r.where}: num_experts_per_tok={top_k} must be in 1..{n_exp}")
+    e_inter = _num(r, "moe_intermediate_size", "intermediate_size")
+    shared_single = _num(r, "shared_expert_intermediate_size", default=0)
+    shared = _num(r, "n_shared_experts", default=0) * e_inter + shared_single
+    first_dense = _num(r, "first_k_dense_replace", default=0)
+    step = _num(r, "decoder_sparse_step", default=1) or 1
+    freq = _num(r, "moe_layer_freq", default=1) or 1
+    mlp_only = set(_ints(r, "mlp_only_layers"))
+    moe_layers = frozenset(i for i in range(first_dense, layers)
+                           if i not in mlp_only and (i + 1) % step == 0 and i % freq == 0)
+    return _Moe(n_exp, top_k, e_inter, shared, shared_single > 0, moe_layers)
+
+
+def _mlp(r: ConfigReader, i: int, h: int, moe: _Moe | None, model_type: str) -> list[_Tensor]:
+    """One layer's MLP: a gated dense MLP, or a router, routed experts (one tensor per projection,
+    all experts together) and shared experts."""
+    if moe is None or i not in moe.layers:
+        inter = _num(r, "intermediate_size")
+        return [_Tensor(f"model.layers.{i}.mlp.{p}_proj", h * inter, "linear", 0)
+                for p in ("gate", "up", "down")]
+    mixtral = model_type == "mixtral"
+    block = f"model.layers.{i}.{'block_sparse_moe' if mixtral else 'mlp'}"
+    per_expert = h * moe.expert_inter
+    out = [_Tensor(f"{block}.gate", h * moe.experts, "other", 0)]
+    out += [_Tensor(f"{block}.experts.0.{p}", moe.experts * per_expert, "expert", moe.top_k * per_expert)
+            for p in (("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj"))]
+    if moe.shared_inter:
+        shared = "shared_expert" if moe.shared_gate else "shared_experts"
+        out += [_Tensor(f"{block}.{shared}.{p}_proj", h * moe.shared_inter, "linear", 0)
+                for p in ("gate", "up", "down")]
+    if moe.shared_gate:
+        out.append(_Tensor(f"{block}.shared_expert_gate", h, "other", 0))
+    return out
+
+
+def _inventory(r: ConfigReader, layers: int, h: int, n_heads: int, n_kv: int, hd: int,
+               moe: _Moe | None) -> list[_Tensor]:
+    """Every weight tensor of the language model, named as in the checkpoint."""
+    model_type = (r.string("model_type") or "").lower()
+    vocab = _num(r, "vocab_size")
+    norms = _NORMS_PER_LAYER.get(model_type, 2) * h + (2 * hd if model_type in _QK_NORM else 0)
+    out = [_Tensor("model.embed_tokens", vocab * h, "embedding", 0)]
+    for i in range(layers):
+        out += _attention(r, f"model.layers.{i}.self_attn", h, n_heads, n_kv, hd, model_type)
+        out += _mlp(r, i, h, moe, model_type)
+        out.append(_Tensor(f"model.layers.{i}.norms", norms, "other", 0))
+    out.append(_Tensor("model.norm", h, "other", 0))
+    if not r.boolean("tie_word_embeddings", False):
+        out.append(_Tensor("lm_head", vocab * h, "lm_head", 0))
+    return out
+
+
+def _stored(tensors: list[_Tensor], scheme: QuantScheme | None, act: str) -> tuple[
+        float, float, str | None, str | None]:
+    """(bytes of non-expert weights, bytes of routed experts, dominant quantized dtype, its GEMM
+    dtype): quantized linear weights at their format's bytes plus scales, the rest at `act`."""
+    a = dtype_bytes(act)
+    shared = experts = 0.0
+    by_format: dict[WeightFormat, float] = {}
+    for t in tensors:
+        fmt = scheme.format_for(t.name) if scheme and t.kind in ("linear", "expert") else None
+        b = a if fmt is None else dtype_bytes(fmt.dtype) + fmt.scale_bytes_per_weight
+        if fmt is not None:
+            by_format[fmt] = by_format.get(fmt, 0.0) + t.params
+        if t.kind == "expert":
+            experts += t.params * b
+        else:
+            shared += t.params * b
+    if not by_format:
+        return shared, experts, None, None
+    top = max(by_format, key=lambda f: by_format[f])
+    return shared, experts, top.dtype, top.gemm_dtype
 
 
 def from_hf_config(cfg: Mapping[str, Any], *, source: str, name: str | None = None,
                    weight_dtype: str | None = None, kv_dtype: str | None = None) -> ModelSpec:
-    """A ModelSpec from a Hugging Face config.json mapping (Llama/Qwen/Mistral/Mixtral/DeepSeek).
+    """A ModelSpec from a Hugging Face config.json mapping (Llama/Qwen/Mistral/Mixtral/Gemma/DeepSeek).
 
     Handles GQA/MQA (num_key_value_heads, multi_query), MoE (routed, shared and dense layers), MLA
-    (kv_lora_rank) and multimodal wrappers (text_config). Weight dtype comes from
-    quantization_config or torch_dtype, the KV dtype from torch_dtype (vLLM's 'auto'), unless given.
+    (kv_lora_rank), sliding-window and local/global layers, model-type defaults (Gemma's tied
+    embeddings), multimodal wrappers (text_config) and quantization_config (quantization.py). The
+    KV dtype is the served 16-bit dtype (vLLM's 'auto') unless the checkpoint or `kv_dtype` says
+    otherwise; `weight_dtype` replaces the checkpoint's quantization. Every field is read through
+    ConfigReader: a bad value is a ConfigError naming it.
     """
     where = source
-    if not isinstance(cfg, Mapping):
-        raise ConfigError(f"{where}: config must be a JSON object")
-    if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), Mapping):
-        cfg = {**cfg["text_config"], **{k: v for k, v in cfg.items() if k in ("torch_dtype", "dtype")
-                                        and k not in cfg["text_config"]}}
-    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers", where=where)
-    h = _int(cfg, "hidden_size", "n_embd", "d_model", where=where)
-    n_heads = _int(cfg, "num_attention_heads", "n_head", where=where)
-    default_kv = 1 if cfg.get("multi_query") else n_heads
-    n_kv = _int(cfg, "num_key_value_heads", "num_kv_heads", default=default_kv, where=where)
-    if min(layers, h, n_heads, n_kv) == 0:
-        raise ConfigError(f"{where}: layers, hidden size and head counts must be positive")
+    r = _unwrap(cfg, where)
+    validate_fields(r)
+    layers = _num(r, "num_hidden_layers", "n_layer", "num_layers")
+    h = _num(r, "hidden_size", "n_embd", "d_model")
+    n_heads = _num(r, "num_attention_heads", "n_head")
+    default_kv = 1 if r.boolean("multi_query", False) else n_heads
+    n_kv = _num(r, "num_key_value_heads", "num_kv_heads", default=default_kv)
     if n_heads % n_kv:
         raise ConfigError(f"{where}: {n_heads} attention heads are not a multiple of {n_kv} KV heads")
-    if cfg.get("head_dim") is None and h % n_heads:
+    if not r.has("head_dim") and h % n_heads:
         raise ConfigError(f"{where}: hidden_size {h} is not divisible by {n_heads} heads; set head_dim")
-    hd = _int(cfg, "head_dim", default=h // n_heads, where=where)
-    vocab = _int(cfg, "vocab_size", where=where)
-    attn, mla_rank, mla_rope = _attention_params(cfg, h, n_heads, n_kv, hd, where)
-    mlp_total, mlp_active, experts, n_exp, top_k = _mlp_params(cfg, h, layers, where)
-    embeddings = vocab * h * (1 if cfg.get("tie_word_embeddings", False) else 2)
-    norms = layers * 2 * h + h
-    base = embeddings + norms + layers * attn
-    w = normalize_dtype(weight_dtype) if weight_dtype not in (None, "auto") else _weight_dtype_of(cfg, where)
-    k = normalize_dtype(kv_dtype) if kv_dtype not in (None, "auto") else _torch_dtype_of(cfg, where)
-    return ModelSpec(
-        name=name or str(cfg.get("_name_or_path") or cfg.get("model_type") or "model"),
+    hd = _num(r, "head_dim", default=h // n_heads)
+    moe = _moe(r, h, layers)
+    tensors = _inventory(r, layers, h, n_heads, n_kv, hd, moe)
+    act, low_bit, notes = _served_dtype(r)
+    override = weight_dtype not in (None, "auto")
+    q = None if override else r.mapping("quantization_config")
+    scheme = parse_scheme(q) if q is not None else None
+    shared, experts, w, gemm = _stored(tensors, scheme, act)
+    spec = ModelSpec(
+        name=name or r.string("_name_or_path") or r.string("model_type") or "model",
         n_layers=layers, hidden_size=h, n_heads=n_heads, n_kv_heads=n_kv, head_dim=hd,
-        params_total=float(base + mlp_total), params_active=float(base + mlp_active),
-        weight_dtype=w, kv_dtype=k, source=source, mla_kv_lora_rank=mla_rank, mla_rope_head_dim=mla_rope,
-        n_experts=n_exp, n_experts_active=top_k, expert_params=float(experts))
+        params_total=float(sum(t.params for t in tensors)),
+        params_active=float(sum(t.active if t.kind == "expert" else t.params for t in tensors)),
+        weight_dtype=w or act, kv_dtype=(scheme.kv_dtype if scheme else None) or act, source=source,
+        mla_kv_lora_rank=_num(r, "kv_lora_rank") if r.has("kv_lora_rank") else None,
+        mla_rope_head_dim=_num(r, "qk_rope_head_dim") if r.has("kv_lora_rank") else None,
+        n_experts=moe.experts if moe else 0, n_experts_active=moe.top_k if moe else 0,
+        expert_params=float(sum(t.params for t in tensors if t.kind == "expert")),
+        act_dtype=act, compute_dtype=gemm or act,
+        linear_params=float(sum(t.params for t in tensors if t.kind == "linear")),
+        shared_weight_bytes=shared, expert_weight_bytes=experts,
+        window_layers=_windows(r, layers), notes=notes)
+    if low_bit and not override and scheme is None:  # torch_dtype itself names a low-bit dtype
+        spec = spec.with_dtypes(low_bit, None)
+    return spec.with_dtypes(weight_dtype, kv_dtype)
+
+
+def _read_json(p: Path) -> Any:
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"cannot read model config {p}: {e.strerror or e}") from None
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(f"model config {p} is not valid JSON: {e}") from None
 
 
 def load_config_json(path: str | Path, **kw: Any) -> ModelSpec:
-    """Read a config.json (or a model directory holding one); ConfigError if unreadable or bad."""
+    """Read a config.json (or a model directory holding one); ConfigError if unreadable or bad.
+
+    A ModelOpt checkpoint whose config.json has no quantization_config keeps it in the
+    hf_quant_config.json beside it (vLLM reads it there too); it is merged in.
+    """
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(f"cannot read model config {p}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise ConfigError(f"model config {p} is not valid JSON: {e}") from None
-    kw.setdefault("name", p.parent.name or p.stem)
+    cfg = _read_json(p)
+    sidecar = p.parent / "hf_quant_config.json"
+    if isinstance(cfg, dict) and cfg.get("quantization_config") is None and sidecar.is_file():
+        quant = ConfigReader(_read_json(sidecar), f"{sidecar}").mapping("quantization")
+        if quant is not None:
+            cfg = {**cfg, "quantization_config": {"quant_method": "modelopt", **quant.cfg}}
+    kw.setdefault("name", (p.parent.name if p.name == "config.json" else "") or p.stem)
     return from_hf_config(cfg, source=f"config.json:{p}", **kw)
 
 
 def _dense(layers: int, h: int, heads: int, kv: int, inter: int, vocab: int, **extra: Any) -> dict:
-    return {"num_hidden_layers": layers, "hidden_size": h, "num_attention_heads": heads,
-            "num_key_value_heads": kv, "intermediate_size": inter, "vocab_size": vocab,
-            "torch_dtype": "bfloat16", **extra}
+    return {"model_type": "llama", "num_hidden_layers": layers, "hidden_size": h,
+            "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": inter,
+            "vocab_size": vocab, "torch_dtype": "bfloat16", **extra}
+
+
+# Meta's FP8 Llama-3.1-405B (fbgemm_fp8, row-wise): the first and last layers, every attention
+# block and the LM head stay in bf16 (the modules_to_not_convert of its quantization_config).
+_LLAMA_405B_FP8_SKIP = ["model.layers.0", "model.layers.125", "lm_head",
+                        *(f"model.layers.{i}.self_attn" for i in range(1, 125))]
 
 
 # Architecture fields as published in each model's config.json (numbers only).
@@ -278,14 +583,21 @@ PRESET_CONFIGS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "llama-3-8b": _dense(32, 4096, 32, 8, 14336, 128256),
     "llama-3-70b": _dense(80, 8192, 64, 8, 28672, 128256),
     "llama-3-405b": _dense(126, 16384, 128, 8, 53248, 128256),
+    "llama-3.1-405b-fp8": _dense(126, 16384, 128, 8, 53248, 128256, quantization_config={
+        "quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+        "modules_to_not_convert": _LLAMA_405B_FP8_SKIP}),
     "llama-3.2-1b": _dense(16, 2048, 32, 8, 8192, 128256, head_dim=64, tie_word_embeddings=True),
     "llama-3.2-3b": _dense(28, 3072, 24, 8, 8192, 128256, head_dim=128, tie_word_embeddings=True),
-    "qwen3-8b": _dense(36, 4096, 32, 8, 12288, 151936, head_dim=128),
-    "qwen3-32b": _dense(64, 5120, 64, 8, 25600, 151936, head_dim=128),
+    "qwen3-8b": _dense(36, 4096, 32, 8, 12288, 151936, head_dim=128, model_type="qwen3"),
+    "qwen3-32b": _dense(64, 5120, 64, 8, 25600, 151936, head_dim=128, model_type="qwen3"),
     "qwen3-30b-a3b": _dense(48, 2048, 32, 4, 6144, 151936, head_dim=128, num_experts=128,
-                            num_experts_per_tok=8, moe_intermediate_size=768),
-    "mixtral-8x7b": _dense(32, 4096, 32, 8, 14336, 32000, num_local_experts=8, num_experts_per_tok=2),
-    "deepseek-v3": _dense(61, 7168, 128, 128, 18432, 129280, n_routed_experts=256,
+                            num_experts_per_tok=8, moe_intermediate_size=768, model_type="qwen3_moe"),
+    "mistral-7b-v0.1": _dense(32, 4096, 32, 8, 14336, 32000, model_type="mistral", sliding_window=4096),
+    "gemma-2-9b": _dense(42, 3584, 16, 8, 14336, 256000, model_type="gemma2", head_dim=256,
+                         sliding_window=4096),
+    "mixtral-8x7b": _dense(32, 4096, 32, 8, 14336, 32000, num_local_experts=8, num_experts_per_tok=2,
+                           model_type="mixtral"),
+    "deepseek-v3": _dense(61, 7168, 128, 128, 18432, 129280, model_type="deepseek_v3", n_routed_experts=256,
                           num_experts_per_tok=8, n_shared_experts=1, moe_intermediate_size=2048,
                           first_k_dense_replace=3, q_lora_rank=1536, kv_lora_rank=512,
                           qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
@@ -296,14 +608,27 @@ PRESET_CONFIGS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
 HF_ID_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"(meta-)?llama-3(\.[13])?-8b(-instruct)?", "llama-3-8b"),
     (r"(meta-)?llama-3(\.[13])?-70b(-instruct)?", "llama-3-70b"),
-    (r"(meta-)?llama-3(\.1)?-405b(-instruct)?(-fp8)?", "llama-3-405b"),
+    (r"(meta-)?llama-3(\.1)?-405b(-instruct)?", "llama-3-405b"),
+    (r"(meta-)?llama-3\.1-405b(-instruct)?-fp8", "llama-3.1-405b-fp8"),
     (r"llama-3\.2-1b(-instruct)?", "llama-3.2-1b"),
     (r"llama-3\.2-3b(-instruct)?", "llama-3.2-3b"),
     (r"qwen3-8b(-base)?", "qwen3-8b"),
     (r"qwen3-32b", "qwen3-32b"),
     (r"qwen3-30b-a3b(-base|-instruct-2507|-thinking-2507)?", "qwen3-30b-a3b"),
+    (r"mistral-7b(-instruct)?-v0\.1", "mistral-7b-v0.1"),
+    (r"gemma-2-9b(-it)?", "gemma-2-9b"),
     (r"mixtral-8x7b(-instruct)?(-v0\.1)?", "mixtral-8x7b"),
     (r"deepseek-v3(-base|-0324)?", "deepseek-v3"),
+)
+
+
+# A quantized checkpoint's id names its format: '-FP8' (RedHatAI, NVIDIA), '-FP4' (NVIDIA NVFP4),
+# '-AWQ' / '-GPTQ-Int4' (4-bit) and '-GPTQ-Int8' (8-bit weight-only). Its config.json says more.
+QUANTIZED_ID_SUFFIXES: tuple[tuple[str, WeightFormat], ...] = (
+    (r"-fp8(-dynamic)?", WeightFormat("fp8", 0.0, "fp8")),
+    (r"-(nv)?fp4", WeightFormat("fp4", 1 / 16, "fp4")),  # NVFP4: an fp8 scale per 16
+    (r"-(awq|gptq(-int4)?|int4|w4a16)", WeightFormat("int4", 2.5 / 128, None)),  # group 128
+    (r"-(gptq-int8|int8|w8a16)", WeightFormat("int8", 3 / 128, None)),
 )
 
 
@@ -312,8 +637,10 @@ def _build_presets() -> Mapping[str, ModelSpec]:
     for key, cfg in PRESET_CONFIGS.items():
         spec = from_hf_config(cfg, source=f"preset:{key}", name=key)
         nominal = cfg.get("_nominal_params")
-        if nominal:  # the seeds' reference shapes: round parameter counts, as the lesson computes
-            spec = dataclasses.replace(spec, params_total=float(nominal), params_active=float(nominal))
+        if nominal:  # the reference shapes: round parameter counts, as docs/physics.md computes
+            spec = dataclasses.replace(  # every nominal weight in the weight dtype
+                spec, params_total=float(nominal), params_active=float(nominal), linear_params=float(nominal),
+                shared_weight_bytes=nominal * dtype_bytes(spec.weight_dtype), expert_weight_bytes=0.0)
         out[key] = spec
     return MappingProxyType(out)
 
@@ -333,7 +660,18 @@ def preset_for_hf_id(hf_id: str) -> ModelSpec | None:
     """The preset for a Hugging Face id or a local path ending in one (vLLM's /v1/models `root`),
     e.g. 'meta-llama/Meta-Llama-3-8B-Instruct' or '/models/Llama-3.1-8B'; None when unknown."""
     last = re.split(r"[/\\]", hf_id.strip().rstrip("/\\"))[-1].lower()
-    for pattern, key in HF_ID_PATTERNS:
-        if re.fullmatch(pattern, last):
-            return PRESETS[key]
+    key = _preset_key(last)
+    if key is not None:
+        return PRESETS[key]
+    for suffix, fmt in QUANTIZED_ID_SUFFIXES:
+        base = re.fullmatch(rf"(.+?){suffix}", last)
+        key = _preset_key(base.group(1)) if base else None
+        if base is not None and key is not None:
+            spec = PRESETS[key].stored_as(fmt)
+            return dataclasses.replace(spec, notes=(
+                *spec.notes, f"{fmt.dtype} weights from the model id's {last[base.end(1):]!r} suffix"))
     return None
+
+
+def _preset_key(last: str) -> str | None:
+    return next((key for pattern, key in HF_ID_PATTERNS if re.fullmatch(pattern, last)), None)

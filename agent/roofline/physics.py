@@ -1,8 +1,8 @@
 """Serving physics: the roofline, decode and prefill cost, MBU/MFU and KV-cache capacity.
 
 Pure functions of numbers in base units (FLOP, FLOP/s, bytes, bytes/s, seconds, tokens); no I/O and
-no knowledge of where the numbers came from. Every formula is the one the seeds derive, and every
-function has a worked example from them as a test (tests/test_physics.py).
+no knowledge of where the numbers came from. Every formula is derived in docs/physics.md, and every
+function has a worked example from there as a test (tests/agent/roofline/test_physics.py).
 
 Peaks are whatever the caller passes. For a model spread over `tp` GPUs, "the peak of the model's
 GPUs" is tp x the per-GPU peak (agent/roofline/gpus.py holds per-GPU values): the caller multiplies, and
@@ -76,6 +76,34 @@ def mfu(tokens_per_second: float, params_active: float, peak_flops: float) -> fl
 def kv_bytes_per_sequence(kv_bytes_per_token: float, context_tokens: float) -> float:
     """KV bytes one sequence holds at `context_tokens` (linear in context)."""
     return kv_bytes_per_token * context_tokens
+
+
+def kv_layer_tokens(context_tokens: float, full_layers: int,
+                    windowed_layers: Sequence[tuple[float, int]] = ()) -> float:
+    """Layer-tokens one sequence keeps: every full-attention layer keeps all `context_tokens`, a
+    sliding-window (or chunked) layer at most its window: full x L + sum(n x min(L, window)).
+    Multiply by K+V bytes per layer and token for the sequence's cache."""
+    return full_layers * context_tokens + sum(n * min(context_tokens, w) for w, n in windowed_layers)
+
+
+def weight_stream_seconds(weight_bytes: float, peak_bandwidth: float) -> float:
+    """Time to read the weights once: the floor of any forward pass, prefill included."""
+    return weight_bytes / peak_bandwidth
+
+
+def prefill_crossover_tokens(weight_bytes: float, params_active: float, peak_flops: float,
+                             peak_bandwidth: float) -> float:
+    """Prompt length at which prefill compute (2 x P x T / peak) equals reading the weights once
+    (W / bandwidth): T = W x peak / (2 x P x bandwidth). Shorter prompts are memory-bound. For
+    16-bit weights (W = 2P) this is the ridge point."""
+    return weight_bytes * peak_flops / (FLOPS_PER_PARAM_PER_TOKEN * params_active * peak_bandwidth)
+
+
+def prefill_seconds_bound(tokens: float, params_active: float, peak_flops: float, mfu: float,
+                          weight_bytes: float, peak_bandwidth: float) -> float:
+    """Prefill time: the longer of the compute (at MFU `mfu`) and reading the weights once."""
+    return max(prefill_seconds(tokens, params_active, peak_flops, mfu),
+               weight_stream_seconds(weight_bytes, peak_bandwidth))
 
 
 def max_concurrent_sequences(free_kv_bytes: float, kv_bytes_per_sequence: float) -> float:

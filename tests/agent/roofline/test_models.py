@@ -15,18 +15,18 @@ from support import MODEL_CONFIGS
 FIX = MODEL_CONFIGS
 
 
-def test_llama_3_8b_config_gives_the_seeds_kv_and_the_real_parameter_count() -> None:
+def test_llama_3_8b_config_gives_the_published_kv_and_the_real_parameter_count() -> None:
     m = load_config_json(FIX / "llama-3-8b.json")
     assert m.params_total == 8_030_261_248 == m.params_active  # the published count, exactly
-    assert m.kv_bytes_per_token == 131_072  # seeds: 2 x 32 x 8 x 128 x 2 = "128 KB"
+    assert m.kv_bytes_per_token == 131_072  # 2 x 32 x 8 x 128 x 2 = 128 KiB
     assert (m.n_layers, m.n_heads, m.n_kv_heads, m.head_dim) == (32, 32, 8, 128)
     assert m.weight_dtype == m.kv_dtype == "bf16"
     assert m.source.startswith("config.json:") and m.source.endswith("llama-3-8b.json")
     assert not m.is_moe and not m.is_mla
 
 
-def test_tiny_llama_matches_the_recipes_parameter_count() -> None:
-    # vllm-cpu-recipe.md: make_tiny_llama.py prints 2,229,504 parameters.
+def test_tiny_llama_matches_the_real_engine_models_parameter_count() -> None:
+    # tests/real_engine/make_tiny_llama.py builds this shape and reports 2,229,504 parameters.
     m = load_config_json(FIX / "tiny-llama.json")
     assert m.params_total == 2_229_504
     assert m.kv_bytes_per_token == 2 * 2 * 2 * 64 * 2
@@ -41,7 +41,7 @@ def test_directory_with_config_json(tmp_path: Path) -> None:
 def test_gqa_uses_kv_heads_not_query_heads() -> None:
     m = load_config_json(FIX / "qwen3-8b-gqa.json")
     assert m.kv_bytes_per_token == 2 * 36 * 8 * 128 * 2
-    # The seeds' trap: sizing with the 32 query heads would inflate the cache 4x here.
+    # The classic trap: sizing with the 32 query heads would inflate the cache 4x here.
     assert m.n_kv_heads * 4 == m.n_heads
 
 
@@ -92,7 +92,7 @@ def test_broken_configs_are_config_errors(name: str, match: str) -> None:
 @pytest.mark.parametrize("patch,match", [
     ({"num_hidden_layers": None}, "missing num_hidden_layers"),
     ({"hidden_size": "4096"}, "hidden_size must be"),
-    ({"num_attention_heads": 0}, "must be positive"),
+    ({"num_attention_heads": 0}, "num_attention_heads must be a whole number from 1"),
     ({"hidden_size": 4095, "head_dim": None}, "not divisible"),
     ({"torch_dtype": "float64"}, "unknown dtype"),
     ({"num_local_experts": 8, "num_experts_per_tok": 9}, "num_experts_per_tok"),
@@ -109,7 +109,12 @@ def test_quantization_configs_set_weight_dtype() -> None:
     awq = from_hf_config({**base, "quantization_config": {"quant_method": "awq", "bits": 4}}, source="t")
     gptq8 = from_hf_config({**base, "quantization_config": {"quant_method": "gptq", "bits": 8}}, source="t")
     assert (awq.weight_dtype, gptq8.weight_dtype, awq.kv_dtype) == ("int4", "int8", "bf16")
-    assert awq.weight_bytes == awq.params_total / 2
+    # 6,979,321,856 linear weights at 4 bits plus a 16-bit scale and a 4-bit zero per group of 128
+    # (the default group size), the 1,050,939,392 embedding, LM-head and norm weights in bf16.
+    linear, rest = 6_979_321_856, 1_050_939_392
+    assert linear + rest == awq.params_total
+    assert awq.weight_bytes == linear * 0.5 + linear / 128 * 2.5 + rest * 2 == 5_727_854_592
+    assert gptq8.weight_bytes == linear * 1 + linear / 128 * 3 + rest * 2
 
 
 def test_dtype_overrides_and_with_dtypes() -> None:
@@ -133,9 +138,9 @@ def test_text_config_wrapper() -> None:
 def test_presets() -> None:
     for key in ("llama-3-8b", "llama-3-70b", "llama-3-405b", "qwen3-8b", "mixtral-8x7b", "deepseek-v3"):
         assert PRESETS[key].source == f"preset:{key}"
-    assert preset("ref-70b").weight_bytes == 140e9  # seeds: 70e9 x 2 B
-    assert preset("ref-70b").kv_bytes_per_token == 327_680  # seeds: "320 KB"
-    assert preset("llama-3-405b").weight_bytes == pytest.approx(810e9, rel=0.003)  # seeds: 810 GB
+    assert preset("ref-70b").weight_bytes == 140e9  # 70e9 x 2 B
+    assert preset("ref-70b").kv_bytes_per_token == 327_680  # 320 KiB
+    assert preset("llama-3-405b").weight_bytes == pytest.approx(810e9, rel=0.003)  # ~810 GB
     assert preset("qwen3-30b-a3b").params_active == pytest.approx(3.3e9, rel=0.02)
     assert preset("llama-3-8b").params_total == load_config_json(FIX / "llama-3-8b.json").params_total
     with pytest.raises(ConfigError, match="llama-3-8b"):
@@ -147,7 +152,9 @@ def test_presets() -> None:
     ("/models/Llama-3.1-8B", "llama-3-8b"),
     ("/models/Llama-3.1-8B/", "llama-3-8b"),
     ("meta-llama/Llama-3.3-70B-Instruct", "llama-3-70b"),
-    ("meta-llama/Llama-3.1-405B-Instruct-FP8", "llama-3-405b"),
+    ("meta-llama/Llama-3.1-405B-Instruct-FP8", "llama-3.1-405b-fp8"),
+    ("mistralai/Mistral-7B-v0.1", "mistral-7b-v0.1"),
+    ("google/gemma-2-9b-it", "gemma-2-9b"),
     ("Qwen/Qwen3-30B-A3B", "qwen3-30b-a3b"),
     ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),
     ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),

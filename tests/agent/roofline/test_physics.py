@@ -1,7 +1,7 @@
-"""Every physics function against the seeds' worked numbers (H100 SXM: 989e12 FLOP/s, 3.35e12 B/s).
+"""Every physics function against the worked numbers of docs/physics.md (H100 SXM: 989e12 FLOP/s, 3.35e12 B/s).
 
-Bytes are decimal (16 GB = 16e9) except where the seeds write KB for 1,024 B (128 KB = 131,072 B).
-Each assertion rounds the way the seed sentence does.
+Bytes are decimal (16 GB = 16e9) except KV per token in KiB (128 KiB = 131,072 B).
+Each assertion rounds the way the worked example in docs/physics.md does.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from rooflight.agent.roofline import physics as ph
 
 PF, BW = 989e12, 3.35e12
-P8, W8 = 8e9, 16e9  # the seeds' 8B: 8e9 params, 16 GB in BF16
+P8, W8 = 8e9, 16e9  # the reference 8B: 8e9 params, 16 GB in BF16
 KV8 = 2 * 32 * 8 * 128 * 2  # 131,072 B per token
 P70, W70 = 70e9, 140e9
 KV70 = 2 * 80 * 8 * 128 * 2  # 327,680 B per token
@@ -19,7 +19,7 @@ KV70 = 2 * 80 * 8 * 128 * 2  # 327,680 B per token
 
 def test_ridge_points() -> None:
     assert round(ph.ridge_point(PF, BW)) == 295
-    assert round(ph.ridge_point(312e12, 2.0e12)) == 156  # A100 80GB as the seed rounds it
+    assert round(ph.ridge_point(312e12, 2.0e12)) == 156  # A100 80GB with its bandwidth rounded to 2.0 TB/s
     assert round(ph.ridge_point(989e12, 4.8e12)) == 206  # H200
 
 
@@ -102,7 +102,7 @@ def test_two_decode_ceilings_and_their_crossover() -> None:
     at_100k = 1 / ph.decode_step_seconds(W8, ph.kv_bytes_per_sequence(KV8, 100_000), BW)
     kv_only = 1 / ph.decode_step_seconds(0, ph.kv_bytes_per_sequence(KV8, 100_000), BW)
     assert (round(at_1k), round(at_100k), round(kv_only)) == (208, 115, 256)
-    # The seed's "~102 tok/s counting only the cache at 100K" is the 70B's cache (327,680 B/token):
+    # "~102 tok/s counting only the cache at 100K" is the 70B's cache (327,680 B/token):
     assert round(1 / ph.decode_step_seconds(0, ph.kv_bytes_per_sequence(KV70, 100_000), BW)) == 102
     assert round(ph.kv_weight_crossover_tokens(W8, KV8), -3) == 122_000
 
@@ -138,3 +138,20 @@ def test_other_worked_numbers() -> None:
     assert round(100 * ph.static_batch_utilization(range(100, 801, 100))) == 56
     assert round(ph.cost_per_million_tokens(2, 2_200), 2) == 0.25
     assert round(ph.cost_per_million_tokens(2, 5_000), 2) == 0.11
+
+
+def test_kv_layer_tokens_cap_windowed_layers() -> None:
+    assert ph.kv_layer_tokens(32_000, 32) == 32 * 32_000
+    assert ph.kv_layer_tokens(32_000, 0, [(4096, 32)]) == 32 * 4096  # Mistral v0.1
+    assert ph.kv_layer_tokens(2_000, 0, [(4096, 32)]) == 32 * 2_000  # below the window: linear
+    assert ph.kv_layer_tokens(8192, 21, [(4096, 21)]) == 21 * 8192 + 21 * 4096  # Gemma 2
+
+
+def test_prefill_is_the_longer_of_compute_and_weight_streaming() -> None:
+    # 8B in bf16 on an H100: W = 2P, so the crossover is the ridge, 295 tokens.
+    assert ph.prefill_crossover_tokens(16e9, 8e9, 989e12, 3.35e12) == pytest.approx(989e12 / 3.35e12)
+    assert ph.weight_stream_seconds(16e9, 3.35e12) == pytest.approx(4.776e-3, rel=1e-3)
+    assert ph.prefill_seconds_bound(100, 8e9, 989e12, 1.0, 16e9, 3.35e12) == ph.weight_stream_seconds(16e9, 3.35e12)
+    assert ph.prefill_seconds_bound(2048, 8e9, 989e12, 0.5, 16e9, 3.35e12) == ph.prefill_seconds(2048, 8e9, 989e12, 0.5)
+    # fp8 weights (W = P) against the fp8 peak (2x): the crossover stays at the ridge of 16-bit math.
+    assert ph.prefill_crossover_tokens(8e9, 8e9, 1979e12, 3.35e12) == pytest.approx(1979e12 / 3.35e12 / 2)

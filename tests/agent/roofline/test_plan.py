@@ -1,4 +1,4 @@
-"""`rooflight plan` reproduces the seeds' worked numbers, in-process, as text and as JSON."""
+"""`rooflight plan` reproduces the worked numbers of docs/physics.md, in-process, as text and as JSON."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
     return json.loads(run(capsys, *argv, "--json"))
 
 
-def test_default_plan_is_the_seeds_8b_on_one_h100(capsys: pytest.CaptureFixture[str]) -> None:
+def test_default_plan_is_the_reference_8b_on_one_h100(capsys: pytest.CaptureFixture[str]) -> None:
     d = run_json(capsys)
     assert (d["model"], d["gpu"], d["tp"], d["context_tokens"]) == ("ref-8b", "h100-sxm", 1, 8000)
     assert d["weight_bytes"] == 16e9
@@ -117,7 +117,7 @@ def test_paged_batch_of_760(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize("gpu,ridge", [("h200", 206), ("a100-sxm-80gb", 153), ("a100-pcie-80gb", 161)])
 def test_other_gpus_ridges(capsys: pytest.CaptureFixture[str], gpu: str, ridge: int) -> None:
-    # The seed's "A100 ~156" rounds 2,039 GB/s to 2.0 TB/s; the profile keeps the datasheet figure.
+    # The often-quoted "A100 ~156" rounds 2,039 GB/s to 2.0 TB/s; the profile keeps the datasheet figure.
     assert round(run_json(capsys, "--gpu", gpu)["ridge_point"]) == ridge
 
 
