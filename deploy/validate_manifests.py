@@ -7,7 +7,8 @@ Each FILE is a multi-document YAML stream (`helm template` or `kubectl kustomize
 - monitoring.coreos.com kinds with validate_crs.mjs (runtime schema) and tsc over the packaged types
   (unknown fields), both from @kubernetes-models/prometheus-operator in --node-dir;
 - every PrometheusRule's spec equals rules/ rendered for the thresholds given with --rules-args
-  (`rooflight rules` flags), every dashboard ConfigMap holds a dashboards/json file byte for byte.
+  (`rooflight rules` flags), every dashboard ConfigMap holds a dashboards/json file byte for byte;
+- every pod volume has exactly one source.
 Run by deploy/validate.sh, which pins and installs the tools.
 """
 
@@ -41,6 +42,16 @@ def expected_rules(rules_args: str) -> dict[str, Any]:
     register(parser.add_subparsers())
     args = parser.parse_args(["rules", *shlex.split(rules_args)])
     return prometheus_rule(config_from_args(args))["spec"]
+
+
+def check_volumes(where: str, doc: dict[str, Any], errors: list[str]) -> None:
+    """One source per pod volume: the schemas allow several, the API server refuses them (values merged
+    by Helm, e.g. an emptyDir over the default's persistentVolumeClaim, end up with two)."""
+    spec = doc.get("spec", {}).get("template", {}).get("spec", {}) if doc.get("kind") == "Deployment" else {}
+    for volume in spec.get("volumes", []):
+        sources = sorted(k for k in volume if k != "name")
+        if len(sources) != 1:
+            errors.append(f"{where}: volume {volume.get('name')} has {len(sources)} sources ({', '.join(sources)})")
 
 
 def check_content(where: str, doc: dict[str, Any], rules_spec: dict[str, Any], errors: list[str]) -> None:
@@ -102,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             where = f"{path.name}#{i} {doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
             counted += 1
             check_content(where, doc, spec, errors)
+            check_volumes(where, doc, errors)
             if str(doc.get("apiVersion", "")).startswith(OPERATOR_GROUP):
                 crs.append((where, doc))
                 continue

@@ -1,21 +1,36 @@
-"""Alerts on the agent's own series: detectors, low decode MBU, and sources down.
+"""Alerts on the agent's own series (detectors, low decode MBU, sources down) and on its scrape (meta).
 
 Detector alerts read the agent's 0/1 gauges (evaluated every second by the agent, sampled by each
 scrape) as the fraction of a window they were true, so one flicker neither fires nor resets them. Each
-alert's value is the number on-call needs first (peak ITL inflation, KV occupancy, queue length, MBU).
-Every alert carries `severity` and the annotations `summary`, `description`, `runbook_url`.
+alert's value is the number on-call needs first (peak ITL inflation, KV occupancy, queue length, MBU);
+its description adds the absolute values behind it (seconds, tokens per step, preemptions/s, queue),
+read with template queries for the very series that fired (rules/templates.py).
+Every alert carries `severity` and the annotations `summary`, `description`, `runbook_url` and
+`dashboard_url`: the Grafana dashboard that shows the cause, filtered to the alert's pod, target, model
+and rank.
 
 Joins are `on` the agent's labels plus the scrape's topology labels, so an alert fires for the replica
 whose detector is true, not for every pod that exports the same target; its labels carry the pod and
 instance, and its description names the replica (its `pod`, else its `instance`).
+
+Meta-monitoring, in the monitoring-mixin way: the agent's own scrape is down (`up == 0`, per pod) or
+missing altogether (`absent(up)`: the monitor is not selected, the job is misnamed), and a source other
+than the engine and NVML (which have their own alerts) stays down.
 """
 
 from __future__ import annotations
 
 from rooflight.agent.metrics import names
-from rooflight.rules.config import DetectorAlert, RulesConfig
+from rooflight.rules.config import DASHBOARD_VARIABLES, DetectorAlert, RulesConfig
 from rooflight.rules.promql import labels, number, series
 from rooflight.rules.recording import Rule, keep, mbu_record, rank_labels
+from rooflight.rules.templates import SELF, dashboard_link, first_label, query_value, same
+
+# Dashboard variables each kind of alert sets from its labels.
+PER_TARGET = same(*DASHBOARD_VARIABLES)
+PER_SOURCE = same("cluster", "namespace", "job", "pod", "instance", "target")
+PER_SCRAPE = same("cluster", "namespace", "job", "pod", "instance")
+Link = tuple[str, tuple[tuple[str, str], ...]]  # (dashboard, variables)
 
 
 def _replica(before: str, after: str) -> str:
@@ -39,8 +54,13 @@ def alert(
     summary: str,
     description: str,
     extra_labels: dict[str, str] | None = None,
+    *,
+    dashboard: Link = ("overview", PER_SCRAPE),
 ) -> Rule:
-    """One alerting rule in the mixin shape: severity label, summary, description and runbook_url."""
+    """One alerting rule in the mixin shape: severity label, summary, description, runbook and dashboard URLs."""
+    board, variables = dashboard
+    if "$self" in description:
+        description = SELF + description
     return {
         "alert": name,
         "expr": expr,
@@ -50,6 +70,7 @@ def alert(
             "summary": summary,
             "description": description,
             "runbook_url": config.runbook_url(name),
+            "dashboard_url": dashboard_link(config.dashboard_url(board), variables),
         },
     }
 
@@ -69,6 +90,58 @@ def _detector(config: RulesConfig, flag: str, value: str, d: DetectorAlert) -> s
     )
 
 
+def _matching(metric: str, *matchers: str) -> str:
+    """A template query's selector: `metric` with the alert's own labels ($self, %[1]s) and `matchers`."""
+    return f"{metric}{{%[1]s{', '.join(matchers)}}}"
+
+
+def _rate(metric: str, window: str) -> str:
+    return f"sum(rate({_matching(metric)}[{window}]))"
+
+
+def head_of_line_description(config: RulesConfig) -> str:
+    """The inflation ($value), and in seconds the stalled ITL and its median, and prefill tokens per step."""
+    hol, short, long = config.head_of_line, config.itl_short_window, config.itl_long_window
+    window = "window=%[2]q, percentile=%[3]q"
+    stall = query_value(f"max_over_time({_matching(names.ITL, window)}[{hol.window}])", short, "99", unit=" s")
+    median = query_value(_matching(names.ITL, window), long, "50", unit=" s")
+    rate_window = config.rate_window
+    per_step = query_value(
+        f"{_rate(names.PROMPT_TOKENS, rate_window)} / {_rate(names.ENGINE_STEPS, rate_window)}", pipe='printf "%.0f"'
+    )
+    return (
+        f"{WHERE}: the worst inter-token latency reached {{{{ $value | printf \"%.1f\" }}}}x its recent median "
+        f"while prefill work shared the batch, during {_share(hol)}. ITL p99 over {short} peaked at {stall} "
+        f"against a p50 over {long} of {median}; prefill ran {per_step} tokens per engine step over {rate_window}."
+    )
+
+
+def capacity_capped_description(config: RulesConfig) -> str:
+    """KV occupancy ($value), preemptions per second and the queue, over the detector's window."""
+    cap = config.capacity_capped
+    preemptions = query_value(_rate(names.PREEMPTIONS, cap.window))
+    queue = query_value(f"avg_over_time({_matching(names.REQUESTS_WAITING)}[{cap.window}])")
+    return (
+        f"{WHERE}: KV cache {{{{ $value | humanizePercentage }}}} full on average, with preemptions and a "
+        f"queue during {_share(cap)}: {preemptions} preemptions/s and {queue} requests waiting on average "
+        f"over {cap.window}. The memory wall, not the scheduler, binds the batch."
+    )
+
+
+def admission_bound_description(config: RulesConfig) -> str:
+    """The queue ($value), and how full the batch and the KV cache were meanwhile."""
+    adm = config.admission_bound
+    occupancy = query_value(
+        f"avg_over_time({_matching(names.BATCH_OCCUPANCY)}[{adm.window}])", pipe="humanizePercentage"
+    )
+    kv = query_value(f"avg_over_time({_matching(names.KV_USAGE)}[{adm.window}])", pipe="humanizePercentage")
+    return (
+        f"{WHERE}: {{{{ $value | printf \"%.0f\" }}}} requests waiting on average while the batch sat well "
+        f"below its cap with KV room, during {_share(adm)}: the batch {occupancy} of its cap and KV {kv} full "
+        f"on average over {adm.window}. Something upstream of the batch binds it."
+    )
+
+
 def detector_alerts(config: RulesConfig) -> list[Rule]:
     sel = config.agent_selector
     hol, cap, adm = config.head_of_line, config.capacity_capped, config.admission_bound
@@ -85,8 +158,8 @@ def detector_alerts(config: RulesConfig) -> list[Rule]:
             hol.for_,
             hol.severity,
             "Prefill work is stalling the decode batch (head-of-line blocking).",
-            f"{WHERE}: the worst inter-token latency reached {{{{ $value | printf \"%.1f\" }}}}x its recent median "
-            f"while prefill work shared the batch, during {_share(hol)}.",
+            head_of_line_description(config),
+            dashboard=("overview", PER_TARGET),
         ),
         alert(
             config,
@@ -100,8 +173,8 @@ def detector_alerts(config: RulesConfig) -> list[Rule]:
             cap.for_,
             cap.severity,
             "The batch is capped by KV-cache capacity: occupancy pinned, preemptions climbing, requests waiting.",
-            f"{WHERE}: KV cache {{{{ $value | humanizePercentage }}}} full on average, with preemptions and a "
-            f"queue during {_share(cap)}. The memory wall, not the scheduler, binds the batch.",
+            capacity_capped_description(config),
+            dashboard=("kv-batch", PER_TARGET),
         ),
         alert(
             config,
@@ -115,8 +188,8 @@ def detector_alerts(config: RulesConfig) -> list[Rule]:
             adm.for_,
             adm.severity,
             "Requests are queueing while the batch and the KV cache have room (admission-bound).",
-            f"{WHERE}: {{{{ $value | printf \"%.0f\" }}}} requests waiting on average while the batch sat well "
-            f"below its cap with KV room, during {_share(adm)}. Something upstream of the batch binds it.",
+            admission_bound_description(config),
+            dashboard=("kv-batch", PER_TARGET),
         ),
     ]
 
@@ -130,6 +203,9 @@ def mbu_alert(config: RulesConfig) -> Rule:
         f"and on ({on})\n"
         f"(min_over_time({running}[{config.rate_window}]) >= {number(config.low_mbu_min_running)})"
     )
+    w = config.rate_window
+    steps = query_value(_rate(names.ENGINE_STEPS, w))
+    batch = query_value(f"avg_over_time({_matching(names.REQUESTS_RUNNING)}[{w}])")
     return alert(
         config,
         "RooflightLowDecodeMBU",
@@ -137,14 +213,22 @@ def mbu_alert(config: RulesConfig) -> Rule:
         config.low_mbu_for,
         "warning",
         "Decode streams a small share of the GPUs' memory bandwidth while requests are running.",
-        f"{WHERE}: model bandwidth utilization is {{{{ $value | humanizePercentage }}}} over {config.rate_window} "
-        f"(below {config.low_mbu_threshold:.0%}) with the batch never empty. A healthy decode streams 60-80%.",
+        f"{WHERE}: model bandwidth utilization is {{{{ $value | humanizePercentage }}}} over {w} "
+        f"(below {config.low_mbu_threshold:.0%}) with the batch never empty, at {steps} engine steps/s with "
+        f"{batch} requests running on average. A healthy decode streams 60-80%.",
+        dashboard=("roofline", PER_TARGET),
     )
+
+
+def _failures(window: str) -> str:
+    """The error reason a source failed with most over `window`."""
+    return first_label(f"topk(1, increase({_matching(names.SOURCE_ERRORS)}[{window}]))", "reason")
 
 
 def source_alerts(config: RulesConfig) -> list[Rule]:
     up = names.SOURCE_UP
     sel = config.agent_selector
+    own = ("engine", "nvml")  # the sources with an alert of their own
     return [
         alert(
             config,
@@ -154,7 +238,9 @@ def source_alerts(config: RulesConfig) -> list[Rule]:
             "critical",
             "Rooflight cannot scrape the inference engine.",
             f"{SOURCE_WHERE}: the engine's /metrics endpoint has failed every sample for "
-            f"{config.engine_down_for}; the engine is down, hung, or unreachable from the agent.",
+            f"{config.engine_down_for}; the engine is down, hung, or unreachable from the agent. "
+            f"Most failures: {_failures(config.engine_down_for)}.",
+            dashboard=("overview", PER_SOURCE),
         ),
         alert(
             config,
@@ -164,10 +250,59 @@ def source_alerts(config: RulesConfig) -> list[Rule]:
             "warning",
             "Rooflight cannot read the GPUs through NVML.",
             f"{SOURCE_WHERE}: NVML has failed every sample for {config.gpu_down_for}; GPU metrics, "
-            "MBU and MFU are missing for this node.",
+            f"MBU and MFU are missing for this node. Most failures: {_failures(config.gpu_down_for)}.",
+            dashboard=("gpu", PER_SCRAPE),
+        ),
+        alert(
+            config,
+            "RooflightSourceDown",
+            f"{series(up, sel, *(f'source!={_quoted(s)}' for s in own))} == 0",
+            config.source_down_for,
+            "warning",
+            "A Rooflight source has failed every sample for a while; the series read from it are missing.",
+            f"{SOURCE_WHERE}: the {{{{ $labels.source }}}} source has failed every sample for "
+            f"{config.source_down_for} (process: the engine's CPU and memory, read from /proc). "
+            f"Most failures: {_failures(config.source_down_for)}.",
+            dashboard=("overview", PER_SOURCE),
         ),
     ]
 
 
+def meta_alerts(config: RulesConfig) -> list[Rule]:
+    """The agent's own scrape: down per pod, or absent altogether (then no Rooflight alert can fire)."""
+    up = series("up", config.agent_job_selector)
+    return [
+        alert(
+            config,
+            "RooflightAgentDown",
+            f"{up} == 0",
+            config.agent_down_for,
+            "warning",
+            "Prometheus cannot scrape a Rooflight agent; its pod's Rooflight alerts and dashboards are blind.",
+            f"{{{{ $labels.job }}}} target {{{{ $labels.instance }}}}"
+            f"{{{{ if $labels.pod }}}} (pod {{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}}){{{{ end }}}} has "
+            f"failed every scrape for {config.agent_down_for} (up == 0): the agent is crashing, not listening "
+            "on the scraped port, or refusing the scrape (TLS or basic auth).",
+            dashboard=("overview", PER_SCRAPE),
+        ),
+        alert(
+            config,
+            "RooflightAgentAbsent",
+            f"absent({up})",
+            config.agent_absent_for,
+            "warning",
+            "No Rooflight agent is being scraped; no Rooflight alert can fire.",
+            f"Prometheus has had no target matching {up} for {config.agent_absent_for}: the PodMonitor or "
+            "ServiceMonitor is missing or not selected (kube-prometheus-stack selects by its `release` "
+            "label), or the agent's scrape job is not named as the rules expect.",
+            dashboard=("overview", same("job")),
+        ),
+    ]
+
+
+def _quoted(value: str) -> str:
+    return f'"{value}"'
+
+
 def _source(name: str) -> str:
-    return f'source="{name}"'
+    return f"source={_quoted(name)}"

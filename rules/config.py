@@ -1,8 +1,9 @@
 """The one config the Prometheus rules are generated from, the way monitoring mixins keep `_config`.
 
 Selectors, the topology labels every rule keeps (cluster, namespace, pod, instance, job by default),
-SLO thresholds and objectives, burn-rate windows, detector-alert durations, the low-MBU
-threshold, the runbook base URL and the PrometheusRule's `release` label all live here, so a user's
+SLO thresholds and objectives (per model where one model needs its own), burn-rate windows,
+detector-alert durations, the low-MBU threshold, the agent's own scrape job (meta-monitoring), the
+runbook and Grafana base URLs and the PrometheusRule's `release` label all live here, so a user's
 `rooflight rules --ttft-threshold 1 --agent-selector 'job="rooflight"'` and the checked-in YAML come
 from the same code. Histogram names and bucket edges are config too: SGLang and TRT-LLM users point the
 SLOs at their own histograms, and the generator refuses a threshold that is not a bucket edge.
@@ -41,8 +42,22 @@ REPLICA_LABELS = ("pod", "instance")
 # The agent's own series labels: never a topology label (they are kept anyway, named in the rules).
 RESERVED_LABELS = ("target", "engine", "model", "rank", "phase")
 
+# Grafana dashboards the alerts link to (`dashboard_url`), by their uid (the UID of dashboards/*.py).
+DASHBOARD_UIDS = {
+    "overview": "rooflight-overview",
+    "kv-batch": "rooflight-kv-batch",
+    "roofline": "rooflight-roofline",
+    "gpu": "rooflight-gpu",
+}
+# The dashboards' variables that filter by a label of the same name (dashboards/panels.py), in their order.
+DASHBOARD_VARIABLES = ("cluster", "namespace", "job", "pod", "instance", "target", "model", "rank")
+
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 _SEVERITIES = ("critical", "warning", "info")
+# A model name that may get its own SLO threshold: what serving engines accept as a served model name,
+# and nothing that needs escaping in a PromQL string, a Go template or a Helm value.
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
+_BASE_URL = re.compile(r"^https?://[^\s\"'{}<>]+[^/\s\"'{}<>]$")
 
 
 def check_duration(value: str, what: str) -> str:
@@ -97,16 +112,32 @@ class LatencySLO:
     threshold_seconds: float
     objective: float
     buckets: tuple[float, ...]  # the engine's known edges; () = unknown, the runtime guard still applies
+    # (model, threshold_seconds): models held to their own threshold (a 70B model's TTFT is not an 8B's).
+    # Kept sorted by model, the order Helm's `range` walks a map in, so chart and CLI print the same rules.
+    by_model: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 < self.objective < 1.0:
             raise ConfigError(f"{self.name} objective must be in (0, 1) (got {self.objective})")
-        if not (self.threshold_seconds > 0 and math.isfinite(self.threshold_seconds)):
-            raise ConfigError(f"{self.name} threshold must be a positive number of seconds")
-        if self.buckets and not any(math.isclose(self.threshold_seconds, b) for b in self.buckets):
+        self._check_threshold(self.threshold_seconds, "threshold")
+        models = [model for model, _ in self.by_model]
+        if len(set(models)) != len(models):
+            raise ConfigError(f"{self.name}: a model is given two thresholds ({', '.join(models)})")
+        for model, threshold in self.by_model:
+            if not _MODEL_NAME.match(model):
+                raise ConfigError(
+                    f"{self.name}: model {model!r} cannot get its own threshold: letters, digits and . _ : / @ + - only"
+                )
+            self._check_threshold(threshold, f"threshold for {model}")
+        object.__setattr__(self, "by_model", tuple(sorted((m, float(t)) for m, t in self.by_model)))
+
+    def _check_threshold(self, threshold: float, what: str) -> None:
+        if not (threshold > 0 and math.isfinite(threshold)):
+            raise ConfigError(f"{self.name} {what} must be a positive number of seconds")
+        if self.buckets and not any(math.isclose(threshold, b) for b in self.buckets):
             edges = ", ".join(f"{b:g}" for b in self.buckets)
             raise ConfigError(
-                f"{self.name} threshold {self.threshold_seconds:g}s is not a bucket edge of {self.histogram} "
+                f"{self.name} {what} {threshold:g}s is not a bucket edge of {self.histogram} "
                 f"({edges}); a missing le never matches and the SLO alert would silently never fire. "
                 "Pick an edge, or add one to the engine (vLLM: --custom-histogram-buckets) and declare the "
                 "engine's edges here."
@@ -134,17 +165,23 @@ class DetectorAlert:
             raise ConfigError(f"detector min_fraction must be in (0, 1] (got {self.min_fraction})")
 
 
-def vllm_ttft(threshold_seconds: float = 2.5, objective: float = 0.99, selector: str = "") -> LatencySLO:
+def vllm_ttft(
+    threshold_seconds: float = 2.5, objective: float = 0.99, selector: str = "",
+    by_model: tuple[tuple[str, float], ...] = (),
+) -> LatencySLO:
     return LatencySLO(
         "ttft", "RooflightTTFTBudgetBurn", "time to first token", "vllm:time_to_first_token_seconds",
-        selector, threshold_seconds, objective, VLLM_TTFT_BUCKETS,
+        selector, threshold_seconds, objective, VLLM_TTFT_BUCKETS, by_model,
     )  # fmt: skip
 
 
-def vllm_itl(threshold_seconds: float = 0.1, objective: float = 0.99, selector: str = "") -> LatencySLO:
+def vllm_itl(
+    threshold_seconds: float = 0.1, objective: float = 0.99, selector: str = "",
+    by_model: tuple[tuple[str, float], ...] = (),
+) -> LatencySLO:
     return LatencySLO(
         "itl", "RooflightITLBudgetBurn", "inter-token latency", "vllm:inter_token_latency_seconds",
-        selector, threshold_seconds, objective, VLLM_ITL_BUCKETS,
+        selector, threshold_seconds, objective, VLLM_ITL_BUCKETS, by_model,
     )  # fmt: skip
 
 
@@ -165,6 +202,8 @@ class RulesConfig:
     # More labels your relabelling adds (region, tenant, ...); kept like the topology labels.
     extra_labels: tuple[str, ...] = ()
     slo_group_by: tuple[str, ...] = ("model_name",)
+    # The engine's label that names the model, for per-model SLO thresholds (LatencySLO.by_model).
+    slo_model_label: str = "model_name"
     ttft: LatencySLO = field(default_factory=vllm_ttft)
     itl: LatencySLO = field(default_factory=vllm_itl)
     burn_windows: tuple[BurnWindow, ...] = SRE_WORKBOOK_WINDOWS
@@ -178,7 +217,20 @@ class RulesConfig:
     low_mbu_min_running: float = 1.0  # decode must have been busy the whole rate window
     engine_down_for: str = "2m"
     gpu_down_for: str = "5m"
+    source_down_for: str = "15m"  # any other source (process, ...): a gap in the data, not an outage
+    # Meta-monitoring: the agent's own scrape, by Prometheus's `up`. The chart and the kustomize base set
+    # job="rooflight" on the agent's endpoint (not the engine's), the compose stack names its job so.
+    agent_job_selector: str = 'job="rooflight"'
+    agent_down_for: str = "5m"
+    agent_absent_for: str = "15m"
+    # The agent's shortest and longest --windows: the head-of-line alert quotes ITL p99 over the first
+    # (the stall) and p50 over the second (its median), the definition docs/metrics.md gives.
+    itl_short_window: str = "10s"
+    itl_long_window: str = "5m"
     runbook_base_url: str = "https://github.com/rooflight/rooflight/blob/main/docs/runbooks.md"
+    # Grafana serving dashboards/ (the compose stack's by default); each alert links the dashboard that
+    # shows its cause, filtered to the alert's labels (`dashboard_url`).
+    dashboard_base_url: str = "http://localhost:3000"
     rule_name: str = "rooflight"  # PrometheusRule metadata.name and the group name prefix
     release: str = ""  # kube-prometheus-stack selects rules by `release: <helm release>`
 
@@ -189,17 +241,36 @@ class RulesConfig:
             (self.low_mbu_for, "low_mbu_for"),
             (self.engine_down_for, "engine_down_for"),
             (self.gpu_down_for, "gpu_down_for"),
+            (self.source_down_for, "source_down_for"),
+            (self.agent_down_for, "agent_down_for"),
+            (self.agent_absent_for, "agent_absent_for"),
+            (self.itl_short_window, "itl_short_window"),
+            (self.itl_long_window, "itl_long_window"),
         ):
             check_duration(duration, what)
+        for url, what in ((self.runbook_base_url, "runbook_base_url"), (self.dashboard_base_url, "dashboard_base_url")):
+            if not _BASE_URL.match(url):
+                raise ConfigError(f"{what}: {url!r} must be an http(s) URL without a trailing slash")
+        if not re.match(r"^\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*\"", self.agent_job_selector):
+            raise ConfigError(
+                f"agent_job_selector {self.agent_job_selector!r} must be label matchers such as job=\"rooflight\" "
+                "(absent() needs at least one; an equality keeps its label on the alert)"
+            )
         if not 0.0 < self.low_mbu_threshold < 1.0:
             raise ConfigError(f"low_mbu_threshold must be in (0, 1) (got {self.low_mbu_threshold})")
         if not self.slo_group_by:
             raise ConfigError("slo_group_by needs at least one label (model_name for vLLM)")
         if not self.burn_windows:
             raise ConfigError("at least one burn window is needed")
-        for label in (*self.topology_labels, *self.replica_labels, *self.extra_labels, *self.slo_group_by):
+        labels = (*self.topology_labels, *self.replica_labels, *self.extra_labels, *self.slo_group_by, self.slo_model_label)
+        for label in labels:
             if not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]*$", label):
                 raise ConfigError(f"{label!r} is not a Prometheus label name")
+        if (self.ttft.by_model or self.itl.by_model) and self.slo_model_label not in self.slo_group_by:
+            raise ConfigError(
+                f"per-model SLO thresholds need {self.slo_model_label!r} in slo_group_by "
+                f"(got {', '.join(self.slo_group_by)}): each model's errors must stay a series of their own"
+            )
         clash = set(self.kept_labels) & set(RESERVED_LABELS)
         if clash:
             raise ConfigError(
@@ -220,4 +291,9 @@ class RulesConfig:
         return tuple(label for label in self.kept_labels if label not in self.replica_labels)
 
     def runbook_url(self, alert: str) -> str:
+        """GitHub's anchor of the alert's heading in docs/runbooks.md."""
         return f"{self.runbook_base_url}#{alert.lower()}"
+
+    def dashboard_url(self, board: str) -> str:
+        """The dashboard's address, without its variables (alerts.dashboard_url adds them)."""
+        return f"{self.dashboard_base_url}/d/{DASHBOARD_UIDS[board]}"

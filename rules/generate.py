@@ -4,6 +4,7 @@
     python -m rooflight.rules.generate --check   # exit 1 with a diff when the checked-in files differ from the code
     rooflight rules --ttft-threshold 1 --agent-selector 'job="rooflight"' --format prometheusrule
     rooflight rules --topology-labels cluster,namespace,pod,instance,job --extra-labels region
+    rooflight rules --ttft-threshold-for llama-70b=5 --dashboard-base-url https://grafana.example.com
 
 The checked-in files are rendered from the default RulesConfig; `rooflight rules` renders the same
 code with the user's thresholds and selectors.
@@ -110,14 +111,43 @@ def register(subparsers: Any) -> None:
         p.add_argument(f"--{slo}-threshold", type=float, help=f"{title} SLO threshold in seconds (a bucket edge)")
         p.add_argument(f"--{slo}-objective", type=float, default=0.99, help="share of observations within it")
         p.add_argument(f"--{slo}-buckets", help="the histogram's bucket edges if customised ('' = unknown)")
+        p.add_argument(f"--{slo}-threshold-for", action="append", default=[], metavar="MODEL=SECONDS",
+                       help=f"{title} threshold for one model (repeat per model; a bucket edge)")
+    p.add_argument("--slo-model-label", default=cfg.RulesConfig.slo_model_label,
+                   help="the engine's label naming the model, for --*-threshold-for (default %(default)s)")
     p.add_argument("--low-mbu-threshold", type=float, default=cfg.RulesConfig.low_mbu_threshold)
     p.add_argument("--low-mbu-for", default=cfg.RulesConfig.low_mbu_for)
     p.add_argument("--hol-for", default=cfg.RulesConfig.head_of_line.for_)
     p.add_argument("--capacity-capped-for", default=cfg.RulesConfig.capacity_capped.for_)
     p.add_argument("--admission-bound-for", default=cfg.RulesConfig.admission_bound.for_)
+    p.add_argument("--source-down-for", default=cfg.RulesConfig.source_down_for)
+    p.add_argument("--agent-job-selector", default=cfg.RulesConfig.agent_job_selector,
+                   help="matchers for the agent's own scrape in `up` (meta-monitoring; default %(default)s)")
+    p.add_argument("--agent-down-for", default=cfg.RulesConfig.agent_down_for)
+    p.add_argument("--agent-absent-for", default=cfg.RulesConfig.agent_absent_for)
+    p.add_argument("--itl-short-window", default=cfg.RulesConfig.itl_short_window,
+                   help="the agent's shortest --windows entry, quoted by the head-of-line alert (default %(default)s)")
+    p.add_argument("--itl-long-window", default=cfg.RulesConfig.itl_long_window,
+                   help="the agent's longest --windows entry (default %(default)s)")
     p.add_argument("--runbook-base-url", default=cfg.RulesConfig.runbook_base_url)
+    p.add_argument("--dashboard-base-url", default=cfg.RulesConfig.dashboard_base_url,
+                   help="Grafana's URL; each alert's dashboard_url is <this>/d/<uid>?var-pod=... (default %(default)s)")
     p.add_argument("-o", "--output", help="write here instead of stdout")
     p.set_defaults(func=run_rules)
+
+
+def _per_model(items: Sequence[str], flag: str) -> tuple[tuple[str, float], ...]:
+    """MODEL=SECONDS items of a repeated flag."""
+    out = []
+    for item in items:
+        model, sep, seconds = item.rpartition("=")
+        try:
+            out.append((model, float(seconds)))
+        except ValueError:
+            raise ConfigError(f"{flag} {item!r}: write MODEL=SECONDS, e.g. llama-70b=5") from None
+        if not sep or not model:
+            raise ConfigError(f"{flag} {item!r}: write MODEL=SECONDS, e.g. llama-70b=5")
+    return tuple(out)
 
 
 def _slo(args: argparse.Namespace, slo: str, alert: str, title: str) -> cfg.LatencySLO:
@@ -132,6 +162,7 @@ def _slo(args: argparse.Namespace, slo: str, alert: str, title: str) -> cfg.Late
         threshold_seconds=getattr(args, f"{slo}_threshold") or threshold,
         objective=getattr(args, f"{slo}_objective"),
         buckets=buckets if given is None else _floats(given),
+        by_model=_per_model(getattr(args, f"{slo}_threshold_for"), f"--{slo}-threshold-for"),
     )
 
 
@@ -145,6 +176,7 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
         replica_labels=_names(args.replica_labels),
         extra_labels=_names(args.extra_labels),
         slo_group_by=_names(args.slo_group_by),
+        slo_model_label=args.slo_model_label,
         ttft=_slo(args, "ttft", "RooflightTTFTBudgetBurn", "time to first token"),
         itl=_slo(args, "itl", "RooflightITLBudgetBurn", "inter-token latency"),
         head_of_line=replace(base.head_of_line, for_=args.hol_for),
@@ -152,7 +184,14 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
         admission_bound=replace(base.admission_bound, for_=args.admission_bound_for),
         low_mbu_threshold=args.low_mbu_threshold,
         low_mbu_for=args.low_mbu_for,
+        source_down_for=args.source_down_for,
+        agent_job_selector=args.agent_job_selector,
+        agent_down_for=args.agent_down_for,
+        agent_absent_for=args.agent_absent_for,
+        itl_short_window=args.itl_short_window,
+        itl_long_window=args.itl_long_window,
         runbook_base_url=args.runbook_base_url,
+        dashboard_base_url=args.dashboard_base_url,
         rule_name=args.name,
         release=args.release,
     )

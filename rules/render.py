@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from rooflight.rules.alerts import detector_alerts, mbu_alert, source_alerts
+from rooflight.rules.alerts import detector_alerts, mbu_alert, meta_alerts, source_alerts
 from rooflight.rules.config import RulesConfig
 from rooflight.rules.recording import recording_rules
 from rooflight.rules.slo import slo_rules
@@ -31,6 +31,7 @@ def groups(config: RulesConfig) -> list[dict[str, Any]]:
         {"name": f"{name}-slo.rules", "rules": slo_records},
         {"name": f"{name}.alerts", "rules": [*source_alerts(config), *detector_alerts(config), mbu_alert(config)]},
         {"name": f"{name}-slo.alerts", "rules": slo_alerts},
+        {"name": f"{name}-meta.alerts", "rules": meta_alerts(config)},
     ]
 
 

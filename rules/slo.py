@@ -14,6 +14,11 @@ An SLO is the service's, so its ratios sum over the service's replicas on purpos
 pod and instance, are aggregated away) and keep where the service runs (the other topology labels:
 cluster, namespace, job), so two deployments of one model in two namespaces or clusters never share a
 budget. The record names the `slo_group_by` level only.
+
+A model can be held to its own threshold (LatencySLO.by_model: a 70B model's TTFT is not an 8B's).
+Its errors are counted against its own bucket edge in a branch of the same recording rule, `or`-ed
+before the default branch, which leaves those models out (`model_name!="..."`, no regex to escape); the
+burn alerts read the one record and say each model's threshold; the guard checks each model's edge.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from rooflight.rules.alerts import alert
 from rooflight.rules.config import LatencySLO, RulesConfig
 from rooflight.rules.promql import labels, le_matcher, number, record_name, series, window_suffix
 from rooflight.rules.recording import Rule
+from rooflight.rules.templates import same
 
 GUARD_ALERT = "RooflightSLOBucketMissing"
 
@@ -48,20 +54,49 @@ def slo_windows(config: RulesConfig) -> list[str]:
     return sorted(windows, key=_seconds)
 
 
+def _only(config: RulesConfig, model: str) -> str:
+    return f'{config.slo_model_label}="{model}"'
+
+
+def exclusions(config: RulesConfig, slo: LatencySLO) -> tuple[str, ...]:
+    """Matchers that leave out the models held to their own threshold (none without by_model)."""
+    return tuple(f'{config.slo_model_label}!="{model}"' for model, _ in slo.by_model)
+
+
+def threshold_text(config: RulesConfig, slo: LatencySLO) -> str:
+    """The threshold in seconds as a template: each model's own where it has one, else the default."""
+    label = config.slo_model_label
+    opens = "".join(f'{{{{ if eq $labels.{label} "{model}" }}}}{t:g}{{{{ else }}}}' for model, t in slo.by_model)
+    return f"{opens}{slo.threshold_seconds:g}" + "{{ end }}" * len(slo.by_model)
+
+
 def error_ratio_rules(config: RulesConfig, slo: LatencySLO) -> list[Rule]:
+    """One record per window: a line per model with its own threshold, `or` the default for the others."""
     by = slo_by(config)
-    count = series(f"{slo.histogram}_count", slo.selector)
-    good = series(f"{slo.histogram}_bucket", slo.selector, le_matcher(slo.threshold_seconds))
+    others = exclusions(config, slo)
+    count = series(f"{slo.histogram}_count", slo.selector, *others)
+    good = series(f"{slo.histogram}_bucket", slo.selector, le_matcher(slo.threshold_seconds), *others)
     rules: list[Rule] = []
     for w in slo_windows(config):
+        lines = []
+        for model, threshold in slo.by_model:
+            own_count = series(f"{slo.histogram}_count", slo.selector, _only(config, model))
+            own_good = series(f"{slo.histogram}_bucket", slo.selector, _only(config, model), le_matcher(threshold))
+            own_total = f"sum by ({by}) (rate({own_count}[{w}]))"
+            lines.append(f"({own_total} - sum by ({by}) (rate({own_good}[{w}]))) / {own_total} or\n")
         total = f"sum by ({by}) (rate({count}[{w}]))"
-        expr = f"(\n  {total}\n  -\n  sum by ({by}) (rate({good}[{w}]))\n)\n/\n{total}"
+        expr = "".join(lines) + f"(\n  {total}\n  -\n  sum by ({by}) (rate({good}[{w}]))\n)\n/\n{total}"
         rules.append({"record": error_record(config, slo, w), "expr": expr})
     return rules
 
 
 def _where(config: RulesConfig) -> str:
     return "/".join(f"{{{{ $labels.{label} }}}}" for label in config.slo_group_by)
+
+
+def _dashboard(config: RulesConfig) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The overview, filtered to where the service runs and its model (the engine's `job` is not the agent's)."""
+    return ("overview", (*same("cluster", "namespace"), ("model", config.slo_model_label)))
 
 
 def burn_alerts(config: RulesConfig, slo: LatencySLO) -> list[Rule]:
@@ -83,29 +118,37 @@ def burn_alerts(config: RulesConfig, slo: LatencySLO) -> list[Rule]:
                 row.severity,
                 f"The {slo.title} SLO error budget is burning {speed}.",
                 f"{_where(config)}: {{{{ $value | humanizePercentage }}}} of {slo.title} observations over the "
-                f"last {row.long} exceeded {slo.threshold_seconds:g}s (objective: {slo.objective * 100:g}% within it); "
+                f"last {row.long} exceeded {threshold_text(config, slo)}s (objective: {slo.objective * 100:g}% within it); "
                 f"burn rate above {row.factor:g}x, confirmed over {row.short}.",
                 {"long": row.long, "short": row.short},
+                dashboard=_dashboard(config),
             )
         )
     return rules
 
 
 def bucket_guard(config: RulesConfig, slo: LatencySLO) -> Rule:
-    """Fires where the histogram exists but has no bucket at the SLO threshold."""
+    """Fires where the histogram exists but has no bucket at the SLO threshold (each model's own, if any)."""
     by = slo_by(config)
-    count = series(f"{slo.histogram}_count", slo.selector)
-    edge = series(f"{slo.histogram}_bucket", slo.selector, le_matcher(slo.threshold_seconds))
+    lines = []
+    for model, threshold in slo.by_model:
+        own_count = series(f"{slo.histogram}_count", slo.selector, _only(config, model))
+        own_edge = series(f"{slo.histogram}_bucket", slo.selector, _only(config, model), le_matcher(threshold))
+        lines.append(f"(group by ({by}) ({own_count}) unless on ({by}) group by ({by}) ({own_edge})) or\n")
+    others = exclusions(config, slo)
+    count = series(f"{slo.histogram}_count", slo.selector, *others)
+    edge = series(f"{slo.histogram}_bucket", slo.selector, le_matcher(slo.threshold_seconds), *others)
     return alert(
         config,
         GUARD_ALERT,
-        f"group by ({by}) ({count})\nunless on ({by})\ngroup by ({by}) ({edge})",
+        "".join(lines) + f"group by ({by}) ({count})\nunless on ({by})\ngroup by ({by}) ({edge})",
         config.bucket_guard_for,
         "warning",
         "An SLO threshold is not a bucket edge of the engine's histogram, so its burn-rate alerts cannot fire.",
-        f"{_where(config)}: {slo.histogram} has no bucket at le={slo.threshold_seconds:g}; "
+        f"{_where(config)}: {slo.histogram} has no bucket at le={threshold_text(config, slo)}; "
         f"{slo.alert} is blind. Move the threshold to an existing edge or add the edge to the engine.",
         {"slo": slo.name},
+        dashboard=_dashboard(config),
     )
 
 

@@ -21,7 +21,14 @@ import yaml
 
 from rooflight.agent.sampling import config as agent_config
 from deploy import generate
-from rooflight.rules.config import VLLM_ITL_BUCKETS, VLLM_TTFT_BUCKETS, RulesConfig
+from rooflight.rules.config import (
+    SGLANG_ITL_BUCKETS,
+    SGLANG_TTFT_BUCKETS,
+    VLLM_ITL_BUCKETS,
+    VLLM_TTFT_BUCKETS,
+    RulesConfig,
+)
+from rooflight.rules.generate import ENGINE_PRESETS
 from rooflight.rules.render import render
 from support import ROOT, free_port
 
@@ -47,11 +54,81 @@ def test_kustomize_base_rule_is_rules_output_and_dashboards_are_labelled() -> No
 def test_helm_rule_template_escapes_prometheus_templates_and_has_no_sentinels() -> None:
     text = (DEPLOY / "helm/rooflight/templates/prometheusrule.yaml").read_text()
     assert "{{`{{`}} $labels.target {{`}}`}}" in text
-    assert not re.search(r"(?<!`)\{\{ \$labels", text)  # an unescaped Prometheus template would break helm
-    for sentinel in ("4001.25", "4002.25", "0.9137", "4003m", "4006m"):
+    assert not re.search(r"(?<!`)\{\{ \$(labels|value|self)", text)  # an unescaped Prometheus template would break helm
+    for sentinel in ("4001.25", "4002.25", "4011.25", "4012.25", "0.9137", "4003m", "4006m", "4007m", "4009m", "sentinel"):
         assert sentinel not in text
-    for key in ("ttft.thresholdSeconds", "itl.thresholdSeconds", "lowMbu.threshold", "lowMbu.for", "headOfLine.for"):
-        assert f".Values.prometheusRule.{key}" in text
+    for key in (
+        "ttft.thresholdSeconds", "itl.thresholdSeconds", "lowMbu.threshold", "lowMbu.for", "headOfLine.for",
+        "runbookBaseUrl", "dashboardBaseUrl", "agentDown.for", "agentAbsent.for", "sourceDown.for", "engine",
+        "ttft.byModel", "itl.byModel", "namespace",
+    ):  # fmt: skip
+        assert f".Values.prometheusRule.{key}" in text, key
+    assert "job={{ .Values.agent.job | quote }}" in text
+
+
+def test_per_model_lines_become_ranges_over_by_model() -> None:
+    text = generate.helm_rule_groups()
+    # Each SLO window's record and each guard has one line per model with its own threshold, in a range.
+    for slo, windows in (("ttft", 7), ("itl", 7)):
+        ranges = text.count(f"{{{{- range $m, $t := ${slo}ByModel }}}}")
+        assert ranges == windows + 1, (slo, ranges)
+        assert text.count(f'"byModel" ${slo}ByModel "braces" true') >= 2 * windows
+    line = next(l for l in text.splitlines() if 'model_name="{{ $m }}"' in l and "ttft" not in l.lower())
+    assert '{{ include "rooflight.leMatcher" $t }}' in line and line.rstrip().endswith(" or")
+
+
+def test_values_defaults_are_the_rules_defaults() -> None:
+    values = yaml.safe_load((DEPLOY / "helm/rooflight/values.yaml").read_text())
+    rule, config = values["prometheusRule"], RulesConfig()
+    assert rule["runbookBaseUrl"] == config.runbook_base_url
+    assert rule["dashboardBaseUrl"] == config.dashboard_base_url
+    assert f'job="{values["agent"]["job"]}"' == config.agent_job_selector
+    assert (rule["agentDown"]["for"], rule["agentAbsent"]["for"], rule["sourceDown"]["for"]) == (
+        config.agent_down_for, config.agent_absent_for, config.source_down_for,
+    )
+    assert rule["engine"] == "vllm" and rule["ttft"]["byModel"] == {} == rule["itl"]["byModel"]
+    for monitor in ("podMonitor", "serviceMonitor"):
+        assert {"scrapeTimeout", "relabelings", "metricRelabelings"} <= set(values[monitor])
+
+
+def test_every_agent_scrape_carries_the_job_the_meta_alerts_select() -> None:
+    job = RulesConfig().agent_job_selector
+    podmonitor = yaml.safe_load((DEPLOY / "k8s/base/podmonitor.yaml").read_text())
+    endpoints = {e["port"]: e for e in podmonitor["spec"]["podMetricsEndpoints"]}
+    assert {"action": "replace", "targetLabel": "job", "replacement": "rooflight"} in endpoints["metrics"]["relabelings"]
+    assert "relabelings" not in endpoints["http"]  # the engine's scrape keeps its own job
+    compose = yaml.safe_load((DEPLOY / "compose/prometheus/prometheus.yml").read_text())
+    agent_jobs = [c["job_name"] for c in compose["scrape_configs"] if "agent:9746" in str(c)]
+    assert [f'job="{j}"' for j in agent_jobs] == [job]
+    helpers = (DEPLOY / "helm/rooflight/templates/_helpers.tpl").read_text()
+    assert '(dict "action" "replace" "targetLabel" "job" "replacement" $v.agent.job)' in helpers
+    block = helpers[helpers.index('{{- if .agent }}\n  {{- $relabelings = append'):]
+    assert block.index("{{- end }}") < block.index("extraLabels")  # the job relabeling is the agent's alone
+
+
+def _flags(values: Path) -> str:
+    return "".join(re.findall(r"^# rooflight rules flags: (.*)$", values.read_text(), re.M))
+
+
+def test_example_values_files_state_their_rules_and_docs_show_the_two_replica_one() -> None:
+    chart = DEPLOY / "helm/rooflight"
+    files = sorted([*chart.glob("ci/*.yaml"), *chart.glob("examples/*.yaml")])
+    assert {p.name for p in files} >= {"custom-values.yaml", "vllm-two-replicas.yaml", "sglang.yaml"}
+    defaults = yaml.safe_load((chart / "values.yaml").read_text())
+    for path in files:  # a misspelt key would be silently ignored by the chart
+        values = yaml.safe_load(path.read_text())
+        assert set(values) <= set(defaults), (path.name, set(values) - set(defaults))
+        for key, value in values.items():
+            if isinstance(value, dict) and isinstance(defaults[key], dict) and defaults[key]:
+                assert set(value) <= set(defaults[key]), (path.name, key, set(value) - set(defaults[key]))
+    replicas = chart / "examples/vllm-two-replicas.yaml"
+    assert yaml.safe_load(replicas.read_text())["replicas"] == 2
+    assert replicas.read_text().rstrip() in (REPO / "docs/deploy.md").read_text()
+    sglang = yaml.safe_load((chart / "examples/sglang.yaml").read_text())
+    assert sglang["prometheusRule"]["engine"] == "sglang" and "--engine sglang" in _flags(chart / "examples/sglang.yaml")
+    assert "--enable-metrics" in sglang["engine"]["args"] and sglang["agent"]["engineUrl"].endswith(":30000")
+    custom = yaml.safe_load((chart / "ci/custom-values.yaml").read_text())
+    assert custom["agent"]["webConfig"]["basicAuthSecret"] and custom["prometheusRule"]["ttft"]["byModel"]
 
 
 def test_sentinel_collision_is_refused(monkeypatch) -> None:
@@ -64,11 +141,18 @@ def test_sentinel_collision_is_refused(monkeypatch) -> None:
         raise AssertionError("a sentinel that is also a real value was accepted")
 
 
-def test_chart_schema_allows_only_vllm_bucket_edges() -> None:
+def test_chart_schema_allows_only_the_engines_bucket_edges() -> None:
     schema = json.loads((DEPLOY / "helm/rooflight/values.schema.json").read_text())
-    rule = schema["properties"]["prometheusRule"]["properties"]
-    assert rule["ttft"]["properties"]["thresholdSeconds"]["enum"] == list(VLLM_TTFT_BUCKETS)
-    assert rule["itl"]["properties"]["thresholdSeconds"]["enum"] == list(VLLM_ITL_BUCKETS)
+    rule = schema["properties"]["prometheusRule"]
+    assert rule["if"] == {"properties": {"engine": {"const": "sglang"}}, "required": ["engine"]}
+    for branch, ttft, itl in (
+        ("else", VLLM_TTFT_BUCKETS, VLLM_ITL_BUCKETS), ("then", SGLANG_TTFT_BUCKETS, SGLANG_ITL_BUCKETS),
+    ):  # fmt: skip
+        for slo, edges in (("ttft", ttft), ("itl", itl)):
+            props = rule[branch]["properties"][slo]["properties"]
+            assert props["thresholdSeconds"]["enum"] == list(edges), (branch, slo)
+            assert props["byModel"]["additionalProperties"]["enum"] == list(edges), (branch, slo)
+    assert sorted(rule["properties"]["engine"]["enum"]) == sorted(ENGINE_PRESETS)
     values = yaml.safe_load((DEPLOY / "helm/rooflight/values.yaml").read_text())
     assert values["prometheusRule"]["ttft"]["thresholdSeconds"] == RulesConfig().ttft.threshold_seconds
     assert values["prometheusRule"]["itl"]["thresholdSeconds"] == RulesConfig().itl.threshold_seconds
@@ -174,4 +258,6 @@ def test_helm_rule_labels_default_to_the_rules_config() -> None:
     assert "by ({{ $service }}model_name)" in text
     assert text.count("$keep") > 20
     for monitor in ("podmonitor.yaml", "servicemonitor.yaml"):
-        assert (DEPLOY / "helm/rooflight/templates" / monitor).read_text().count("rooflight.extraLabelRelabelings") == 2
+        assert (DEPLOY / "helm/rooflight/templates" / monitor).read_text().count('include "rooflight.endpoint"') == 2
+    helpers = (DEPLOY / "helm/rooflight/templates/_helpers.tpl").read_text()
+    assert "{{- range $name, $value := $v.extraLabels }}" in helpers

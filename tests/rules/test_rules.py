@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from rooflight.agent.metrics import names
 from rooflight.agent.errors import ConfigError
 from rooflight.rules import config as cfg
 from rooflight.rules.generate import OUTPUTS, check, register, run_rules
+from rooflight.rules import templates
 from rooflight.rules.render import groups, render
 from support import ROOT
 
@@ -40,6 +42,11 @@ def promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 def checked_in_alerts() -> list[dict[str, Any]]:
     doc = yaml.safe_load(OUTPUTS["yaml"].read_text())
     return [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
+
+
+def exprs(text: str) -> str:
+    """Every rule's expr of a rendered rules file, one after the other."""
+    return "\n".join(r["expr"] for g in yaml.safe_load(text)["groups"] for r in g["rules"])
 
 
 def rooflight_rules(argv: list[str]) -> argparse.Namespace:
@@ -122,10 +129,56 @@ def test_every_alert_has_severity_summary_description_and_runbook() -> None:
         name = rule["alert"]
         assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
         annotations = rule["annotations"]
+        assert set(annotations) == {"summary", "description", "runbook_url", "dashboard_url"}, name
         assert annotations["summary"].endswith("."), name
-        assert "{{ $labels." in annotations["description"], name
+        if name != "RooflightAgentAbsent":  # absent() has no series, so no labels to name
+            assert "{{ $labels." in annotations["description"], name
         assert annotations["runbook_url"].endswith(f"#{name.lower()}"), name
         assert name in headings, f"docs/runbooks.md has no section for {name}"
+
+
+def _dashboard_variables() -> dict[str, set[str]]:
+    """uid -> the variable names of each generated dashboard."""
+    out = {}
+    for path in (ROOT / "dashboards" / "json").glob("*.json"):
+        doc = json.loads(path.read_text())
+        out[doc["uid"]] = {v["name"] for v in doc["templating"]["list"]}
+    return out
+
+
+def test_every_dashboard_url_opens_a_real_dashboard_with_its_variables() -> None:
+    from rooflight.dashboards import gpu, kvbatch, overview, roofline
+
+    assert set(cfg.DASHBOARD_UIDS.values()) == {gpu.UID, kvbatch.UID, overview.UID, roofline.UID}
+    boards = _dashboard_variables()
+    base = cfg.RulesConfig().dashboard_base_url
+    for rule in checked_in_alerts():
+        url = rule["annotations"]["dashboard_url"]
+        uid = re.match(re.escape(base) + r"/d/([\w-]+)\?from=now-3h&to=now", url)
+        assert uid and uid.group(1) in boards, (rule["alert"], url)
+        variables = re.findall(r"&var-(\w+)=\{\{ \$labels\.(\w+) \| urlquery \}\}", url)
+        assert variables, rule["alert"]
+        for var, label in variables:
+            assert var in boards[uid.group(1)], (rule["alert"], var)
+            assert f"{{{{ if $labels.{label} }}}}&var-{var}=" in url, "an absent label must leave the variable at All"
+        if rule["alert"] in ("RooflightHeadOfLineBlocking", "RooflightBatchCapacityCapped", "RooflightLowDecodeMBU"):
+            assert [v for v, _ in variables] == list(cfg.DASHBOARD_VARIABLES), rule["alert"]
+        if "-slo" in url or rule["alert"].endswith(("BudgetBurn", "BucketMissing")):
+            # An SLO's `job` is the engine's scrape, not the agent's the dashboards select by.
+            assert ("job", "job") not in variables and ("model", "model_name") in variables
+
+
+def test_template_queries_name_the_alerts_own_series() -> None:
+    # Every query an annotation runs is narrowed by all of the alert's labels ($self), never unfiltered.
+    queried = 0
+    for rule in checked_in_alerts():
+        description = rule["annotations"]["description"]
+        for query in re.findall(r'\{\{ with printf "([^"]*)"', description):
+            queried += 1
+            selectors = re.findall(r"(rooflight_\w+)\{([^}]*)\}", query)
+            assert selectors and all(inner.startswith("%[1]s") for _, inner in selectors), (rule["alert"], query)
+            assert description.startswith(templates.SELF), rule["alert"]
+    assert queried >= 10
 
 
 def test_every_alert_has_a_firing_case_and_a_near_miss() -> None:
@@ -175,7 +228,9 @@ def test_rendering_is_deterministic_and_ordered() -> None:
     config = cfg.RulesConfig()
     assert render(config) == render(config)
     kinds = [g["name"] for g in groups(config)]
-    assert kinds == ["rooflight.rules", "rooflight-slo.rules", "rooflight.alerts", "rooflight-slo.alerts"]
+    assert kinds == [
+        "rooflight.rules", "rooflight-slo.rules", "rooflight.alerts", "rooflight-slo.alerts", "rooflight-meta.alerts",
+    ]
 
 
 def test_prometheusrule_carries_the_same_groups_and_the_release_label() -> None:
@@ -334,7 +389,7 @@ def test_rule_names_do_not_change_with_the_topology_labels() -> None:
     bare = cfg.RulesConfig(topology_labels=(), replica_labels=())
     assert names_of(cfg.RulesConfig()) == names_of(bare) == names_of(cfg.RulesConfig(extra_labels=("region",)))
     assert "by (target, engine, model, rank)" in render(bare)
-    assert "cluster" not in render(bare)
+    assert "cluster" not in exprs(render(bare))
 
 
 def test_rooflight_rules_topology_flags(capsys: pytest.CaptureFixture[str]) -> None:
@@ -343,7 +398,7 @@ def test_rooflight_rules_topology_flags(capsys: pytest.CaptureFixture[str]) -> N
     text = capsys.readouterr().out
     assert "sum by (namespace, pod, region, target, engine, model, rank)" in text
     assert "sum by (namespace, region, model_name)" in text
-    assert "cluster" not in text
+    assert "cluster" not in exprs(text)  # (dashboard links still set var-cluster where an alert has one)
     args = rooflight_rules(["--topology-labels", ""])
     assert run_rules(args) == 0
     assert "sum by (target, engine, model, rank)" in capsys.readouterr().out
@@ -359,7 +414,105 @@ def test_rooflight_rules_refuses_a_bad_topology_label(capsys: pytest.CaptureFixt
 def test_per_target_alert_descriptions_name_the_replica() -> None:
     doc = yaml.safe_load(OUTPUTS["yaml"].read_text())
     alerts = [r for g in doc["groups"] if g["name"] == "rooflight.alerts" for r in g["rules"]]
-    assert len(alerts) == 6
+    assert len(alerts) == 7
     for rule in alerts:
         description = rule["annotations"]["description"]
         assert "{{ if $labels.pod }}" in description and "{{ else if $labels.instance }}" in description, rule["alert"]
+
+
+# Per-model SLO thresholds ------------------------------------------------------------------------------
+
+PER_MODEL = ["--ttft-threshold-for", "llama-70b=5", "--ttft-threshold-for", "qwen-72b=5",
+             "--ttft-threshold-for", "custom-70b=5"]
+
+
+@pytest.mark.prometheus
+def test_per_model_thresholds_page_each_model_at_its_own_threshold(tmp_path: Path) -> None:
+    args = rooflight_rules([*PER_MODEL, "-o", str(tmp_path / "rules.yaml")])
+    assert run_rules(args) == 0
+    shutil.copy(ROOT / "tests" / "rules" / "per_model_slo_test.yaml", tmp_path)
+    result = promtool("test", "rules", "per_model_slo_test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert promtool("check", "rules", "rules.yaml", cwd=tmp_path).returncode == 0
+
+
+def test_per_model_thresholds_add_lines_and_leave_the_default_rendering_alone() -> None:
+    slo = cfg.vllm_ttft(by_model=(("qwen-72b", 5.0), ("llama-70b", 10.0)))
+    assert slo.by_model == (("llama-70b", 10.0), ("qwen-72b", 5.0))  # sorted, as Helm ranges over a map
+    text = render(cfg.RulesConfig(ttft=slo))
+    assert 'model_name!="llama-70b", model_name!="qwen-72b"' in text
+    assert 'vllm:time_to_first_token_seconds_bucket{model_name="llama-70b", le=~"10(\\\\.0)?"}' in text
+    burn = next(r for g in groups(cfg.RulesConfig(ttft=slo)) for r in g["rules"] if r.get("alert") == slo.alert)
+    chain = '{{ if eq $labels.model_name "llama-70b" }}10{{ else }}{{ if eq $labels.model_name "qwen-72b" }}5'
+    assert f"exceeded {chain}{{{{ else }}}}2.5{{{{ end }}}}{{{{ end }}}}s" in burn["annotations"]["description"]
+    plain = render(cfg.RulesConfig())
+    assert "model_name!=" not in plain and "{{ if eq $labels.model_name" not in plain
+    # The ITL SLO, without overrides, renders exactly as without any override anywhere.
+    itl = [g for g in groups(cfg.RulesConfig(ttft=slo)) if g["name"] == "rooflight-slo.rules"][0]["rules"]
+    assert [r for r in itl if "itl" in r["record"]] == [
+        r for r in groups(cfg.RulesConfig())[1]["rules"] if "itl" in r["record"]
+    ]
+
+
+@pytest.mark.parametrize(
+    "by_model",
+    [
+        (("llama-70b", 2.0),),  # not a vLLM TTFT edge
+        (("llama-70b", 5.0), ("llama-70b", 10.0)),  # two thresholds for one model
+        (('bad"name', 5.0),),
+        (("", 5.0),),
+    ],
+)
+def test_bad_per_model_thresholds_are_config_errors(by_model: tuple[tuple[str, float], ...]) -> None:
+    with pytest.raises(ConfigError):
+        cfg.vllm_ttft(by_model=by_model)
+
+
+def test_per_model_thresholds_need_the_model_label_in_the_slo_grouping() -> None:
+    with pytest.raises(ConfigError, match="slo_group_by"):
+        cfg.RulesConfig(ttft=cfg.vllm_ttft(by_model=(("m", 5.0),)), slo_group_by=("tenant",))
+
+
+def test_rooflight_rules_reports_a_malformed_per_model_threshold(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_rules(rooflight_rules(["--ttft-threshold-for", "llama-70b"])) == 2
+    assert "MODEL=SECONDS" in capsys.readouterr().err
+    assert run_rules(rooflight_rules(["--itl-threshold-for", "llama-70b=0.11"])) == 2
+    assert "not a bucket edge" in capsys.readouterr().err
+
+
+# Meta-monitoring and links ------------------------------------------------------------------------------
+
+
+def test_rooflight_rules_meta_and_url_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    args = rooflight_rules([
+        "--agent-job-selector", 'job="llm-agents"', "--agent-down-for", "7m", "--source-down-for", "20m",
+        "--dashboard-base-url", "https://grafana.example.com/grafana",
+        "--runbook-base-url", "https://wiki.example.com/rooflight",
+    ])  # fmt: skip
+    assert run_rules(args) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    alerts = {r["alert"]: r for g in doc["groups"] for r in g["rules"] if "alert" in r}
+    assert alerts["RooflightAgentDown"]["expr"] == 'up{job="llm-agents"} == 0'
+    assert alerts["RooflightAgentDown"]["for"] == "7m"
+    assert alerts["RooflightAgentAbsent"]["expr"] == 'absent(up{job="llm-agents"})'
+    assert alerts["RooflightSourceDown"]["for"] == "20m"
+    for rule in alerts.values():
+        assert rule["annotations"]["dashboard_url"].startswith("https://grafana.example.com/grafana/d/rooflight-")
+        assert rule["annotations"]["runbook_url"].startswith("https://wiki.example.com/rooflight#rooflight")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"dashboard_base_url": "https://grafana.example.com/"},  # a trailing slash doubles in /d/<uid>
+        {"dashboard_base_url": "grafana.example.com"},
+        {"runbook_base_url": "https://wiki/{{ $labels.pod }}"},
+        {"agent_job_selector": ""},
+        {"agent_job_selector": "rooflight"},
+        {"agent_down_for": "5 minutes"},
+        {"itl_short_window": "ten"},
+    ],
+)
+def test_bad_meta_and_url_settings_are_config_errors(bad: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        cfg.RulesConfig(**bad)

@@ -61,10 +61,68 @@ Called with (dict "root" $ "service" BOOL).
 {{- range $kept }}{{ . }}, {{ end -}}
 {{- end }}
 
-{{/* extraLabels as a monitor endpoint's relabelings: each name set to its value on every scraped series. */}}
-{{- define "rooflight.extraLabelRelabelings" -}}
-relabelings:
-{{- range $name, $value := .Values.extraLabels }}
-  - {action: replace, targetLabel: {{ $name }}, replacement: {{ $value | quote }}}
+{{/*
+The default SLO branch's matchers leaving out the models with their own threshold (prometheusRule.<slo>.byModel),
+as rules/slo.py writes them: `, model_name!="m"` each after other matchers, or with "braces" the same
+as a whole selector `{model_name!="m", ...}`, or nothing. Called with (dict "byModel" MAP "braces" BOOL).
+*/}}
+{{- define "rooflight.sloExclusions" -}}
+{{- $parts := list -}}
+{{- range $model, $_ := .byModel -}}
+{{- $parts = append $parts (printf "model_name!=%q" $model) -}}
+{{- end -}}
+{{- if .braces -}}
+{{- with $parts }}{{ "{" }}{{ join ", " . }}{{ "}" }}{{ end -}}
+{{- else -}}
+{{- range $parts }}, {{ . }}{{ end -}}
+{{- end -}}
 {{- end }}
+
+{{/*
+One podMetricsEndpoints/endpoints entry of a PodMonitor or ServiceMonitor. The agent's endpoint gets
+job=agent.job (the meta-monitoring rules select its `up` by it; the engine's scrape keeps its own job) and,
+when the agent runs with a web config, https, the scrape's tlsConfig and basic auth from a Secret.
+Every endpoint gets extraLabels, then the monitor's own relabelings and metricRelabelings.
+Called with (dict "root" $ "monitor" .Values.podMonitor "port" NAME "agent" BOOL).
+*/}}
+{{- define "rooflight.endpoint" -}}
+{{- $v := .root.Values -}}
+{{- $web := $v.agent.webConfig -}}
+- port: {{ .port }}
+  path: /metrics
+  interval: {{ .monitor.interval }}
+  {{- with .monitor.scrapeTimeout }}
+  scrapeTimeout: {{ . }}
+  {{- end }}
+  {{- if and .agent $web.secretName }}
+  {{- if $web.tls }}
+  scheme: https
+  {{- if not $web.scrapeTlsConfig }}
+  {{- fail "agent.webConfig.tls needs agent.webConfig.scrapeTlsConfig: the CA and serverName Prometheus verifies the agent's certificate with (or insecureSkipVerify: true)" }}
+  {{- end }}
+  tlsConfig:
+    {{- toYaml $web.scrapeTlsConfig | nindent 4 }}
+  {{- end }}
+  {{- with $web.basicAuthSecret }}
+  basicAuth:
+    username: {name: {{ . }}, key: username}
+    password: {name: {{ . }}, key: password}
+  {{- end }}
+  {{- end }}
+  {{- $relabelings := list -}}
+  {{- if .agent }}
+  {{- $relabelings = append $relabelings (dict "action" "replace" "targetLabel" "job" "replacement" $v.agent.job) -}}
+  {{- end }}
+  {{- range $name, $value := $v.extraLabels }}
+  {{- $relabelings = append $relabelings (dict "action" "replace" "targetLabel" $name "replacement" $value) -}}
+  {{- end }}
+  {{- $relabelings = concat $relabelings (default list .monitor.relabelings) }}
+  {{- with $relabelings }}
+  relabelings:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .monitor.metricRelabelings }}
+  metricRelabelings:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
 {{- end }}
