@@ -10,13 +10,14 @@ import asyncio
 import logging
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from rooflight.agent import __version__
 from rooflight.agent.sampling import config as cfg
 from rooflight.agent.errors import ConfigError
 
 log = logging.getLogger("rooflight")
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 RUN_EPILOG = """\
 what you get on /metrics (every name starts with rooflight_):
@@ -59,16 +60,20 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-nvml", dest="nvml", action="store_const", const=False, help="do not read NVML")
     p.add_argument("--no-process", dest="process", action="store_const", const=False, help="do not read the engine process")
     p.add_argument("--web-config", metavar="FILE", help="TLS and basic auth, exporter-toolkit web-config.yml format")
+    p.add_argument("--read-header-timeout", metavar="SECONDS",
+                   help="close a connection that has not sent a request's headers within this (default 10s)")
+    p.add_argument("--max-connections", type=int, metavar="N",
+                   help="open connections to the agent at most; more are answered 503 (default 256)")
     p.add_argument("--detector", action="append", metavar="KEY=VALUE", help="a detector threshold, e.g. hol_inflation=4")
     p.add_argument("--check-only", action="store_true", help="validate the configuration and exit")
-    p.add_argument("--log-level", default=os.environ.get("ROOFLIGHT_LOG_LEVEL", "info"),
-                   choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default=None, choices=list(LOG_LEVELS),
+                   help="debug, info, warning or error (default: ROOFLIGHT_LOG_LEVEL, else info)")
 
 
 def _flag_settings(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("engine", "metrics_path", "model", "model_config", "weight_dtype", "kv_dtype", "gpu", "tp",
             "batch_max", "pid", "listen", "interval", "scrape_timeout", "windows", "percentiles", "nvml", "process",
-            "web_config")
+            "web_config", "read_header_timeout", "max_connections")
     out = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     if args.engine_url:
         out["engine_url"] = args.engine_url
@@ -130,9 +135,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.check_only:
         print(f"configuration ok: {len(config.targets)} target(s), listen {config.listen}")
         return 0
-    from rooflight.agent.serve.server import serve
+    from rooflight.agent.serve.server import ServerLimits, serve
 
-    asyncio.run(serve(Agent(config, models=models), config.listen_host, config.listen_port, security=security))
+    limits = ServerLimits(read_header_timeout=config.read_header_timeout, max_connections=config.max_connections)
+    asyncio.run(serve(Agent(config, models=models), config.listen_host, config.listen_port, security=security,
+                      limits=limits))
     return 0
 
 
@@ -168,13 +175,25 @@ def _register_optional(sub: Any, module: str) -> None:
         log.debug("subcommand from %s unavailable: %s", module, exc)
 
 
+def log_level(flag: str | None, environ: Mapping[str, str]) -> int:
+    """The logging level from --log-level, else ROOFLIGHT_LOG_LEVEL, else info; ConfigError if unknown."""
+    if flag is not None:
+        return LOG_LEVELS[flag]
+    value = environ.get("ROOFLIGHT_LOG_LEVEL", "") or "info"
+    if value.strip().lower() not in LOG_LEVELS:
+        raise ConfigError(f"ROOFLIGHT_LOG_LEVEL={value!r}: choose one of {', '.join(LOG_LEVELS)}")
+    return LOG_LEVELS[value.strip().lower()]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(getattr(args, "log_level", "info")).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    try:
+        level = log_level(getattr(args, "log_level", None), os.environ)
+    except ConfigError as exc:
+        print(f"rooflight: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -60,7 +60,13 @@ async def _demo(demo_config: Any, engine_host: str, engine_port: int, args: argp
     from rooflight.agent.demo import start_demo_engine
     from rooflight.agent.sampling.sampler import Agent
 
-    engine = await start_demo_engine(demo_config, engine_host, engine_port)
+    try:
+        engine = await start_demo_engine(demo_config, engine_host, engine_port)
+    except OSError as exc:  # the port is taken, privileged, or not on this machine: say so (exit 2)
+        from rooflight.agent.errors import ConfigError
+        from rooflight.agent.serve.server import bind_error
+
+        raise ConfigError(f"--engine-listen: {bind_error(exc, engine_host, engine_port)}") from None
     try:
         # the user of an engine knows its max_num_seqs (vLLM does not export it): pass it, as --batch-max would
         settings = {"engine_url": [engine.url], "listen": args.listen, "interval": args.interval,
@@ -78,6 +84,8 @@ async def _demo(demo_config: Any, engine_host: str, engine_port: int, args: argp
             if not done:
                 serving.cancel()
                 await asyncio.gather(serving, return_exceptions=True)
+            else:
+                serving.result()  # a bad --listen (ConfigError) ends the demo with exit 2
         else:
             await serving
     finally:

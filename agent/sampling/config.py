@@ -7,6 +7,7 @@ CLI turns that into exit code 2. What the rest of the agent sees is frozen.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
@@ -22,6 +23,14 @@ DEFAULT_LISTEN = "127.0.0.1:9746"
 ENV_PREFIX = "ROOFLIGHT_"
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+MAX_DURATION_SECONDS = 86400.0  # a day: longer than any window or timeout the agent has a use for
+MAX_SCRAPE_TIMEOUT_SECONDS = 300.0
+# YAML files (this config and the web config) are small; these bound what a hostile or broken file costs
+MAX_CONFIG_BYTES = 1024 * 1024
+MAX_YAML_ALIASES = 32  # `*name` references; a real config needs a handful at most
+MAX_YAML_NODES = 20_000  # scalars, lists and mappings as written
+MAX_YAML_EXPANDED = 100_000  # the same counted with every alias expanded (a "billion laughs" stops here)
+MAX_YAML_EXPANDED_CHARS = 4 * 1024 * 1024  # text in all strings, aliases expanded
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +66,8 @@ class AgentConfig:
     process: bool = True
     web_config: str | None = None
     detectors: Mapping[str, float] = field(default_factory=dict)
+    read_header_timeout: float = 10.0  # a client must send a request's headers within this (slowloris)
+    max_connections: int = 256  # open HTTP connections to the agent; more are answered 503 and closed
 
     @property
     def listen_host(self) -> str:
@@ -76,8 +87,12 @@ def parse_duration(value: Any, what: str) -> float:
         if not match:
             raise ConfigError(f"{what}: {value!r} is not a duration; write e.g. 1s, 250ms, 1m or 0.5")
         seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if not math.isfinite(seconds):
+        raise ConfigError(f"{what}: {value!r} is not a finite duration; write e.g. 1s, 250ms or 1m")
     if seconds <= 0:
         raise ConfigError(f"{what}: must be more than zero, got {value!r}")
+    if seconds > MAX_DURATION_SECONDS:
+        raise ConfigError(f"{what}: {value!r} is longer than a day; write a shorter duration")
     return seconds
 
 
@@ -91,17 +106,161 @@ def split_listen(listen: str) -> tuple[str, int]:
 def target_name(url: str) -> str:
     """host:port of an engine URL, never its user:password (the name is a label and appears in logs)."""
     parts = urlsplit(url)
-    netloc = parts.netloc.rpartition("@")[2]
-    return netloc or url
+    host = parts.hostname or ""
+    shown = f"[{host}]" if ":" in host else host
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return f"{shown}:{port}" if port is not None else shown
+
+
+def public_url(url: str) -> str:
+    """The URL as the agent may show it: scheme://host:port/path, never user:password, query or fragment.
+
+    Only for URLs check_engine_url accepted (their userinfo cannot spill into the path)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{target_name(url)}{parts.path}" if parts.scheme else target_name(url)
+
+
+def check_engine_url(url: str) -> None:
+    """Refuse an engine URL whose user:password would be read as host, path or query (exit 2).
+
+    In `http://admin:p/ss@host` the unescaped `/` ends the authority early: urlsplit reads the host as
+    `admin`, the password as part of the path, and a label or a log line made from the host or the
+    path would carry the secret. Nothing of the URL is echoed back: it may hold a password."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        raise ConfigError(f"engine URL {_redacted(url)!r}: write it as http://HOST:PORT (the engine's API base)")
+    authority_end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    if "@" in rest[authority_end:]:
+        raise ConfigError(
+            "engine URL: its user:password part holds an unescaped '/', '?' or '#' (or the path holds '@'):"
+            " percent-encode them in the password (/ -> %2F, ? -> %3F, # -> %23, @ -> %40)"
+        )
+    parts = urlsplit(url)
+    try:
+        parts.port
+    except ValueError:
+        raise ConfigError(f"engine URL {_redacted(url)!r}: the port is not a number 0-65535") from None
+    if not parts.hostname:
+        raise ConfigError(f"engine URL {_redacted(url)!r}: write it as http://HOST:PORT (the engine's API base)")
+
+
+def _redacted(url: str) -> str:
+    """A malformed URL as an error message may show it: any user:password replaced by ***."""
+    scheme, sep, rest = url.partition("://")
+    head, at, tail = rest.rpartition("@") if sep else url.rpartition("@")
+    shown = f"***@{tail}" if at else (rest if sep else url)
+    return f"{scheme}{sep}{shown}" if sep else shown
+
+
+def read_yaml(path: str | os.PathLike[str], what: str) -> Any:
+    """Load a small YAML file (a config or web config) or raise ConfigError naming what to fix.
+
+    Bounded: at most MAX_CONFIG_BYTES of UTF-8, MAX_YAML_ALIASES aliases, MAX_YAML_NODES nodes, and
+    MAX_YAML_EXPANDED nodes or MAX_YAML_EXPANDED_CHARS of text once aliases are expanded (an alias bomb
+    is cheap to load and explodes only when the values are used). A syntax error reports its line,
+    column and kind only: never the offending line, which may be a password or a bcrypt hash."""
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {p}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {p}: is a directory; give the path of a YAML file") from None
+    except OSError as exc:
+        raise ConfigError(f"{what} {p}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{what} {p}: larger than {MAX_CONFIG_BYTES // 1024} KiB; a config is a few lines")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {p}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    try:
+        data = _BoundedLoader.load(text)
+    except _TooBig as exc:
+        raise ConfigError(f"{what} {p}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {p}: not valid YAML {yaml_error_summary(exc)}") from None
+    except RecursionError:
+        raise ConfigError(f"{what} {p}: nested too deeply to be a config") from None
+    _check_expanded_size(data, f"{what} {p}")
+    return data
+
+
+class _TooBig(Exception):
+    pass
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that counts nodes and aliases while composing, and stops past the budgets."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._aliases = 0
+        self._nodes = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise _TooBig(f"more than {MAX_YAML_ALIASES} YAML aliases (*name); write the values out")
+        else:
+            self._nodes += 1
+            if self._nodes > MAX_YAML_NODES:
+                raise _TooBig(f"more than {MAX_YAML_NODES} YAML values; a config is a few lines")
+        return super().compose_node(parent, index)
+
+    @classmethod
+    def load(cls, text: str) -> Any:
+        loader = cls(text)
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+
+
+def _check_expanded_size(data: Any, where: str) -> None:
+    """Walk the loaded data counting aliased parts every time they appear; stop past the budget."""
+    stack, seen, chars = [data], 0, 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        chars += len(item) if isinstance(item, (str, bytes)) else 0
+        if seen > MAX_YAML_EXPANDED or chars > MAX_YAML_EXPANDED_CHARS:
+            raise ConfigError(f"{where}: its YAML aliases expand to more than {MAX_YAML_EXPANDED} values or"
+                              f" {MAX_YAML_EXPANDED_CHARS // (1024 * 1024)} MiB of text; write the values out"
+                              " instead of nesting aliases")
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_TOKEN_NAME = re.compile(r"^'<[a-z ]+>'$")
+
+
+def yaml_error_summary(exc: yaml.YAMLError) -> str:
+    """'at line L, column C: <kind>' of a YAML error, without the text of the file.
+
+    PyYAML's own message quotes the offending line (it may be a password); its `problem` can quote a
+    piece of it too, so every quoted fragment is dropped except PyYAML's token names like '<scalar>'."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    kind = getattr(exc, "problem", None) or getattr(exc, "reason", None) or type(exc).__name__
+    kind = _QUOTED.sub(lambda m: m.group(0) if _TOKEN_NAME.match(m.group(0)) else "(...)", str(kind))
+    if mark is not None:
+        return f"at line {mark.line + 1}, column {mark.column + 1}: {kind}"
+    position = getattr(exc, "position", None)
+    return f"at character {position}: {kind}" if position is not None else f"({kind})"
 
 
 def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path}: no such file") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: not valid YAML: {exc}") from None
+    """The settings in a YAML config file (a mapping), or ConfigError."""
+    data = read_yaml(path, "config file")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -133,7 +292,7 @@ def env_settings(environ: Mapping[str, str]) -> dict[str, Any]:
 _TARGET_KEYS = {f.name for f in fields(TargetConfig)}
 _SERVICE_LINK = re.compile(r"^(?:.*_)?(?:service_host|service_port.*|port|port_\d+_.*)$")
 _AGENT_KEYS = {"listen", "interval", "scrape_timeout", "max_body_bytes", "max_series", "windows", "percentiles", "nvml",
-               "nvml_interval", "process", "web_config", "detectors"}
+               "nvml_interval", "process", "web_config", "detectors", "read_header_timeout", "max_connections"}
 
 
 ENV_KEYS = (_AGENT_KEYS | _TARGET_KEYS | {"engine_url", "config", "log_level"}) - {"url", "name", "detectors"}
@@ -161,8 +320,10 @@ def build(file_settings: Mapping[str, Any], env: Mapping[str, Any], flags: Mappi
         nvml=_bool(merged.get("nvml", True), "nvml"),
         nvml_interval=parse_duration(merged.get("nvml_interval", 1.0), "nvml_interval"),
         process=_bool(merged.get("process", True), "process"),
-        web_config=merged.get("web_config"),
-        detectors=dict(merged.get("detectors") or {}),
+        web_config=_optional_path(merged.get("web_config"), "web_config"),
+        detectors=_detectors(merged.get("detectors")),
+        read_header_timeout=parse_duration(merged.get("read_header_timeout", 10.0), "read_header_timeout"),
+        max_connections=_positive_int(merged.get("max_connections", 256), "max_connections"),
     )
     return validate(config)
 
@@ -177,11 +338,48 @@ def validate(config: AgentConfig) -> AgentConfig:
             f"interval {config.interval}s is too coarse for the {shortest:g}s window: a window needs at least"
             " two samples; lower --interval or lengthen --windows"
         )
+    if config.scrape_timeout > MAX_SCRAPE_TIMEOUT_SECONDS:
+        raise ConfigError(f"scrape_timeout {config.scrape_timeout:g}s: choose at most {MAX_SCRAPE_TIMEOUT_SECONDS:g}s")
+    if config.read_header_timeout > 300:
+        raise ConfigError(f"read_header_timeout {config.read_header_timeout:g}s: choose at most 300s (default 10s)")
     _check_detectors(config.detectors)
     names = [t.name for t in config.targets]
     if len(set(names)) != len(names):
         raise ConfigError(f"two targets share a name: {names}; give each a distinct `name`")
     return config
+
+
+def _detectors(value: Any) -> dict[str, float]:
+    """`detectors:` is a mapping of threshold names to numbers, e.g. {hol_inflation: 4}."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError("detectors: write a mapping of threshold names to numbers, e.g."
+                          " `detectors: {hol_inflation: 4}` (or --detector hol_inflation=4)")
+    out = {}
+    for key, number in value.items():
+        try:
+            out[str(key)] = _finite(number)
+        except (TypeError, ValueError):
+            raise ConfigError(f"detectors.{key}: {number!r} is not a number; write e.g. {key}: 4") from None
+    return out
+
+
+def _finite(value: Any) -> float:
+    if isinstance(value, bool):
+        raise TypeError("a bool is not a threshold")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError("not finite")
+    return number
+
+
+def _optional_path(value: Any, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise ConfigError(f"{what}: {value!r} is not a file path; write e.g. {what}: /etc/rooflight/web.yml")
+    return str(value)
 
 
 def _check_detectors(thresholds: Mapping[str, float]) -> None:
@@ -213,16 +411,15 @@ def _targets(merged: Mapping[str, Any], shared: Mapping[str, Any]) -> tuple[Targ
 
 
 def _target(entry: Mapping[str, Any], shared: Mapping[str, Any]) -> TargetConfig:
-    unknown = set(entry) - _TARGET_KEYS
-    if unknown:
-        raise ConfigError(f"target {entry.get('url')}: unknown key(s) {', '.join(sorted(unknown))}")
     values = {**shared, **entry}
     url = str(values["url"]).rstrip("/")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"engine URL {url!r}: write it as http://HOST:PORT (the engine's API base)")
+    check_engine_url(url)
+    shown = public_url(url)
+    unknown = set(entry) - _TARGET_KEYS
+    if unknown:
+        raise ConfigError(f"target {shown}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
     if values.get("model") and values.get("model_config"):
-        raise ConfigError(f"target {url}: give --model or --model-config, not both")
+        raise ConfigError(f"target {shown}: give --model or --model-config, not both")
     target = TargetConfig(url=url, name=str(values.get("name") or target_name(url)))
     for key in ("engine", "metrics_path", "model", "model_config", "weight_dtype", "kv_dtype", "gpu"):
         if values.get(key) is not None:
@@ -238,13 +435,16 @@ def _check_engine(target: TargetConfig) -> None:
     from rooflight.collectors.engines import names
 
     if target.engine != "auto" and target.engine not in names():
-        raise ConfigError(f"target {target.url}: engine {target.engine!r} is not one of auto, {', '.join(names())}")
+        raise ConfigError(f"target {public_url(target.url)}: engine {target.engine!r} is not one of auto,"
+                          f" {', '.join(names())}")
 
 
 def _positive_int(value: Any, what: str) -> int:
     try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(value)
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{what}: {value!r} is not a whole number") from None
     if number < 1:
         raise ConfigError(f"{what}: must be at least 1, got {number}")

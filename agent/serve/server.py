@@ -2,23 +2,40 @@
 
 Every handler reads the current frozen Snapshot; none waits on a source. Engine targets come only from
 configuration: no request parameter can make the agent fetch a URL.
+
+What a client can hold is bounded (docs/security.md): a request line of MAX_LINE_SIZE bytes (414 past
+it), MAX_HEADERS headers of MAX_FIELD_SIZE bytes each (431), a body of 64 KiB (413), the request's
+headers within ServerLimits.read_header_timeout of its first byte (or of the connection, or of the TLS
+handshake), ServerLimits.max_connections open connections (503 past it), and an idle keep-alive
+connection for ServerLimits.idle_timeout. Refusals are logged as one line at most every
+REFUSAL_LOG_SECONDS, with a count and the client address, never the request's bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import html
+import logging
 import signal
-from typing import Any, AsyncIterator
-from urllib.parse import urlsplit, urlunsplit
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
+from aiohttp.web_protocol import RequestHandler
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from rooflight.agent import __version__
+from rooflight.agent.errors import ConfigError
 from rooflight.agent.metrics.exposition import registry_for
+from rooflight.agent.sampling.config import public_url as _public_url
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.metrics.snapshot import Snapshot
+
+log = logging.getLogger("rooflight")
 
 AGENT_KEY = web.AppKey("agent", Agent)
 
@@ -56,12 +73,8 @@ async def ready(request: web.Request) -> web.Response:
 
 
 def public_url(url: str) -> str:
-    """A URL without user:password, for anything the agent shows."""
-    parts = urlsplit(url)
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    """A URL without user:password, query or fragment, for anything the agent shows."""
+    return _public_url(url)
 
 
 def snapshot_dict(snap: Snapshot) -> dict[str, Any]:
@@ -158,27 +171,201 @@ async def landing(request: web.Request) -> web.Response:
 MAX_LINE_SIZE = 4096
 MAX_FIELD_SIZE = 4096
 MAX_HEADERS = 64
+REFUSAL_LOG_SECONDS = 60.0
 
 
-async def serve(agent: Any, host: str, port: int, *, security: Any = None) -> None:
-    """Serve the agent until SIGINT/SIGTERM; `security` (webconfig.WebSecurity) adds TLS and auth."""
-    middlewares = [security.middleware] if security is not None else []
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """How long a client may take and how many may connect (Go's ReadHeaderTimeout, IdleTimeout, a cap)."""
+
+    read_header_timeout: float = 10.0
+    max_connections: int = 256
+    idle_timeout: float = 120.0  # a keep-alive connection between requests (Prometheus scrapes every 15-60 s)
+
+
+class RefusalLog:
+    """One log line per REFUSAL_LOG_SECONDS at most, counting the refusals it stood for.
+
+    Anyone who can reach the port can make the agent refuse requests; that must not fill the logs."""
+
+    def __init__(self, every: float = REFUSAL_LOG_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self._every = every
+        self._clock = clock
+        self._last: float | None = None
+        self._held = 0
+
+    def note(self, what: str, client: str | None) -> None:
+        now = self._clock()
+        if self._last is not None and now - self._last < self._every:
+            self._held += 1
+            return
+        more = f" (and {self._held} other refusal(s) since the last such line)" if self._held else ""
+        log.warning("refused a client at %s: %s%s", client or "?", what, more)
+        self._last, self._held = now, 0
+
+
+REFUSALS = RefusalLog()
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 21\r\n"
+         b"Connection: close\r\n\r\ntoo many connections\n")
+
+
+class _Handler(RequestHandler):
+    """aiohttp's connection handler with a read-header timeout, a connection cap and quiet refusals."""
+
+    __slots__ = ("_limits", "_deadline", "_busy", "_first_line", "_line_done", "_refused")
+
+    def __init__(self, manager: Any, *, loop: asyncio.AbstractEventLoop, limits: ServerLimits, **kwargs: Any) -> None:
+        super().__init__(manager, loop=loop, **kwargs)
+        self._limits = limits
+        self._deadline: asyncio.TimerHandle | None = None
+        self._busy = False
+        self._first_line = 0  # bytes of the current request line so far: tells 414 from 431
+        self._line_done = False
+        self._refused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        manager = self._manager
+        if manager is not None and len(manager.connections) >= self._limits.max_connections:
+            self._refused = True
+            REFUSALS.note(f"over {self._limits.max_connections} open connections (max_connections); answered 503",
+                          _peer(transport))
+            transport.write(_BUSY)  # type: ignore[attr-defined]
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if not self._busy:
+            self._arm()
+            if not self._line_done:
+                newline = data.find(b"\n")
+                self._first_line += len(data) if newline < 0 else newline
+                self._line_done = newline >= 0
+        super().data_received(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        if not self._refused:
+            super().connection_lost(exc)
+
+    async def _handle_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        self._busy = True
+        self._disarm()
+        try:
+            return await super()._handle_request(request, *args, **kwargs)
+        finally:
+            self._busy, self._first_line, self._line_done = False, 0, False
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if not isinstance(exc, HttpProcessingError):
+            return super().handle_error(request, status, exc, message)
+        status, reason = self._refusal(exc)
+        REFUSALS.note(f"{status} {reason}", request.remote)
+        response = web.Response(status=status, text=f"{reason}\n")
+        response.force_close()
+        return response
+
+    def _refusal(self, exc: HttpProcessingError) -> tuple[int, str]:
+        if isinstance(exc, LineTooLong):
+            if self._first_line > MAX_LINE_SIZE:
+                return 414, f"request line over {MAX_LINE_SIZE} bytes"
+            return 431, f"a header over {MAX_FIELD_SIZE} bytes"
+        if "too many headers" in str(exc).lower():
+            return 431, f"more than {MAX_HEADERS} headers"
+        return 400, "not a valid HTTP request"
+
+    def _arm(self) -> None:
+        if self._deadline is None and self._limits.read_header_timeout > 0:
+            loop = asyncio.get_running_loop()
+            self._deadline = loop.call_later(self._limits.read_header_timeout, self._header_timeout)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _header_timeout(self) -> None:
+        self._deadline = None
+        if self._busy or self.transport is None:
+            return
+        REFUSALS.note(f"no complete request headers within {self._limits.read_header_timeout:g} s; closed",
+                      _peer(self.transport))
+        self.force_close()
+
+
+def _peer(transport: asyncio.BaseTransport) -> str | None:
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, (tuple, list)) and peer else None
+
+
+async def listen(runner: web.AppRunner, host: str, port: int, *, ssl_context: Any = None,
+                 limits: ServerLimits = ServerLimits()) -> asyncio.AbstractServer:
+    """Bind host:port for `runner` (set up or not yet) with the limits above; not yet serving.
+
+    Call server.start_serving() once runner.setup() is done. A bind that fails raises ConfigError
+    saying what to change (port in use, privileged port, address not on this machine)."""
+    loop = asyncio.get_running_loop()
+
+    def handler() -> asyncio.Protocol:
+        return _Handler(runner.server, loop=loop, limits=limits, keepalive_timeout=limits.idle_timeout,
+                        access_log=None, max_line_size=MAX_LINE_SIZE, max_field_size=MAX_FIELD_SIZE,
+                        max_headers=MAX_HEADERS)
+
+    try:
+        return await loop.create_server(
+            handler, host or None, port, ssl=ssl_context, backlog=128, start_serving=False,
+            ssl_handshake_timeout=limits.read_header_timeout if ssl_context is not None else None,
+        )
+    except OSError as exc:
+        raise ConfigError(bind_error(exc, host, port)) from None
+
+
+def bind_error(exc: OSError, host: str, port: int) -> str:
+    """What to do about a failed bind of host:port, for the user who gave --listen."""
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if isinstance(exc, socket.gaierror):
+        return f"listen address {shown}: cannot resolve {host!r}; write an IP address, e.g. 127.0.0.1:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return f"listen address {shown}: the port is already in use; stop the other process or choose another port"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return (f"listen address {shown}: not allowed to listen there (ports below 1024 need privileges);"
+                " choose a port of 1024 or more, e.g. 9746")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return (f"listen address {shown}: {host} is not an address of this machine; use 127.0.0.1,"
+                " 0.0.0.0 (every interface) or one of this machine's addresses")
+    return f"listen address {shown}: cannot listen there ({exc.strerror or exc})"
+
+
+async def serve(agent: Any, host: str, port: int, *, security: Any = None,
+                limits: ServerLimits = ServerLimits()) -> None:
+    """Serve the agent until SIGINT/SIGTERM; `security` (webconfig.WebSecurity) adds TLS and auth.
+
+    The address is bound before the agent starts, so a bad --listen stops the start (ConfigError)."""
+    middlewares: list[Callable[..., Awaitable[web.StreamResponse]]] = (
+        [security.middleware] if security is not None else [])
     ssl_context = security.ssl_context if security is not None else None
     runner = web.AppRunner(build_app(agent, middlewares=middlewares), access_log=None, handle_signals=False,
-                           max_line_size=MAX_LINE_SIZE, max_field_size=MAX_FIELD_SIZE, max_headers=MAX_HEADERS)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
-    await site.start()
-    if security is not None:
-        security.install_sighup(asyncio.get_running_loop())
-    scheme = "https" if ssl_context else "http"
-    shown = f"[{host}]" if ":" in host else host
-    print(f"rooflight {__version__}: serving {scheme}://{shown}:{port}/metrics", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+                           keepalive_timeout=limits.idle_timeout, max_line_size=MAX_LINE_SIZE,
+                           max_field_size=MAX_FIELD_SIZE, max_headers=MAX_HEADERS)
+    server = await listen(runner, host, port, ssl_context=ssl_context, limits=limits)
     try:
+        await runner.setup()
+        await server.start_serving()
+        if security is not None:
+            security.install_sighup(asyncio.get_running_loop())
+        scheme = "https" if ssl_context else "http"
+        shown = f"[{host}]" if ":" in host else host
+        bound = server.sockets[0].getsockname()[1] if server.sockets else port
+        print(f"rooflight {__version__}: serving {scheme}://{shown}:{bound}/metrics", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
+        server.close()
         await runner.cleanup()

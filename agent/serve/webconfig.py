@@ -25,10 +25,14 @@ security: `client_allowed_sans`, `cipher_suites`, `curve_preferences`, and the c
 accept an unverified certificate (RequestClientCert, RequireAnyClientCert).
 
 Basic auth: a bcrypt check costs ~0.1-0.3 s by design, too much for every scrape, so a *successful*
-check is remembered under an HMAC of (user, password, stored hash) keyed by a per-process random secret;
-a changed hash or password misses the cache. Failures are never cached (a guesser pays bcrypt every
-time), run in a worker thread (the event loop keeps serving), and an unknown user is checked against a
-dummy hash so timing does not reveal which users exist. Nothing here logs a password or a hash.
+check is remembered (at most CACHE_MAX, least recently used out) under an HMAC of (user, password,
+stored hash) keyed by a per-process random secret, as exporter-toolkit does; a changed hash or password
+misses the cache. Failures are never cached. Checks run on their own small pool of AUTH_THREADS threads,
+not the event loop's default executor (aiohttp gzips /metrics there), and at most AUTH_QUEUE wait or run
+at once; a client (by IP) gets FAIL_BURST failed checks, then one per 1/FAIL_PER_SECOND s, and past that
+is answered 429 at once, without bcrypt. An unknown user is checked against a stand-in hash of the
+configured users' cost, so timing does not reveal which users exist. Nothing here logs a password or a
+hash, and a YAML error reports its line and kind, not the line's text.
 """
 
 from __future__ import annotations
@@ -39,18 +43,22 @@ import binascii
 import hashlib
 import hmac
 import logging
+import math
 import os
 import secrets
 import ssl
+import threading
 import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
 
-import yaml
 from aiohttp import web
 
 from rooflight.agent.errors import ConfigError
+from rooflight.agent.sampling.config import read_yaml
 
 log = logging.getLogger("rooflight")
 
@@ -70,7 +78,13 @@ _VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
 _CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
                 "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
 _BCRYPT_PREFIXES = (b"$2a$", b"$2b$", b"$2y$")
-_CACHE_MAX = 256
+CACHE_MAX = 256  # remembered successful credentials
+AUTH_THREADS = 1  # bcrypt checks run at once: at most one core, whatever the load
+AUTH_QUEUE = 8  # bcrypt checks running or waiting, all clients together; past it: 429
+FAIL_BURST = 10  # failed checks one client IP may make at once ...
+FAIL_PER_SECOND = 1.0  # ... and then at this rate; past it: 429 without bcrypt
+MAX_CLIENTS_TRACKED = 4096  # client IPs whose failures are remembered (least recently seen out)
+DEFAULT_COST = 12
 RELOAD_CHECK_SECONDS = 1.0
 
 
@@ -97,14 +111,7 @@ class WebConfig:
 def load(path: str | os.PathLike[str]) -> WebConfig:
     """Read and validate a web config file; ConfigError names the key and what to write instead."""
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"web config {p}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"web config {p}: cannot read it: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"web config {p}: not valid YAML: {exc}") from None
+    data = read_yaml(p, "web config")  # a syntax error says line and kind, never the line (a hash)
     return parse(data, base=p.parent, where=f"web config {p}")
 
 
@@ -230,36 +237,116 @@ def ssl_context(tls: TlsConfig, into: ssl.SSLContext | None = None) -> ssl.SSLCo
     return ctx
 
 
-class BasicAuth:
-    """Checks `Authorization: Basic` against bcrypt hashes, remembering successes only."""
+def bcrypt_cost(hashed: bytes) -> int:
+    """The cost (log2 rounds) of a bcrypt hash like $2b$12$..., DEFAULT_COST if unreadable."""
+    digits = hashed[4:6]
+    return int(digits) if digits.isdigit() and 4 <= int(digits) <= 31 else DEFAULT_COST
 
-    def __init__(self) -> None:
+
+class FailureLimiter:
+    """A token bucket per client: FAIL_BURST attempts, refilled at FAIL_PER_SECOND; bounded in clients."""
+
+    def __init__(self, burst: int = FAIL_BURST, per_second: float = FAIL_PER_SECOND,
+                 max_clients: int = MAX_CLIENTS_TRACKED, clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst, self.per_second, self.max_clients = burst, per_second, max_clients
+        self._clock = clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # client -> (tokens, when)
+
+    def take(self, client: str) -> bool:
+        """Spend one attempt for `client`; False when it has none left (answer 429)."""
+        tokens = self._tokens(client)
+        if tokens < 1.0:
+            return False
+        self._buckets[client] = (tokens - 1.0, self._clock())
+        return True
+
+    def give_back(self, client: str) -> None:
+        """A check that succeeded (or never ran) does not count against the client."""
+        self._buckets[client] = (min(float(self.burst), self._tokens(client) + 1.0), self._clock())
+
+    def retry_after(self, client: str) -> int:
+        """Whole seconds until `client` may try again."""
+        return max(1, math.ceil((1.0 - self._tokens(client)) / self.per_second))
+
+    def _tokens(self, client: str) -> float:
+        now = self._clock()
+        tokens, when = self._buckets.pop(client, (float(self.burst), now))
+        self._buckets[client] = (tokens, when)  # most recently seen last
+        while len(self._buckets) > self.max_clients:
+            self._buckets.popitem(last=False)
+        return min(float(self.burst), tokens + (now - when) * self.per_second)
+
+
+OK, DENIED, LIMITED = 200, 401, 429
+
+
+class BasicAuth:
+    """Checks `Authorization: Basic` against bcrypt hashes on its own bounded pool, remembering successes."""
+
+    def __init__(self, threads: int = AUTH_THREADS) -> None:
         self._key = secrets.token_bytes(32)
-        self._ok: dict[bytes, None] = {}
+        self._ok: OrderedDict[bytes, None] = OrderedDict()
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rooflight-auth")
+        self._pending = 0
+        self.limiter = FailureLimiter()
         import bcrypt
 
         self._bcrypt = bcrypt
-        self._dummy = bcrypt.hashpw(secrets.token_bytes(16).hex().encode(), bcrypt.gensalt(rounds=10))
+        self._cost = DEFAULT_COST
+        self._dummies: dict[int, bytes] = {}
+        self._dummy_lock = threading.Lock()
 
-    async def check(self, header: str | None, users: Mapping[str, bytes]) -> bool:
+    def prepare(self, users: Mapping[str, bytes], *, now: bool = True) -> None:
+        """Make the stand-in hash for unknown users at the users' (highest) cost: now, or on the pool."""
+        self._cost = max((bcrypt_cost(h) for h in users.values()), default=DEFAULT_COST)
+        if now:
+            self.dummy(self._cost)
+        else:
+            self._pool.submit(self.dummy, self._cost)
+
+    def dummy(self, cost: int) -> bytes:
+        """A bcrypt hash of a random password at `cost`, made once per cost."""
+        with self._dummy_lock:
+            if cost not in self._dummies:
+                secret = secrets.token_bytes(16).hex().encode()
+                self._dummies[cost] = self._bcrypt.hashpw(secret, self._bcrypt.gensalt(rounds=cost))
+            return self._dummies[cost]
+
+    async def check(self, header: str | None, users: Mapping[str, bytes], client: str = "") -> bool:
+        return await self.decide(header, users, client) == OK
+
+    async def decide(self, header: str | None, users: Mapping[str, bytes], client: str = "") -> int:
+        """OK, DENIED, or LIMITED (too many failures from this client, or too many checks queued)."""
         creds = _decode(header)
         if creds is None:
-            return False
+            return DENIED
         user, password = creds
         hashed = users.get(user)
         key = hmac.new(self._key, b"\0".join((user.encode(), password, hashed or b"")), hashlib.sha256).digest()
         if hashed is not None and key in self._ok:
-            return True
-        ok = await asyncio.to_thread(self._verify, password, hashed)
-        if ok:
-            if len(self._ok) >= _CACHE_MAX:
-                self._ok.clear()
-            self._ok[key] = None
-        return ok
+            self._ok.move_to_end(key)
+            return OK
+        if not self.limiter.take(client):
+            return LIMITED
+        if self._pending >= AUTH_QUEUE:
+            self.limiter.give_back(client)
+            return LIMITED
+        self._pending += 1
+        try:
+            ok = await asyncio.get_running_loop().run_in_executor(self._pool, self._verify, password, hashed)
+        finally:
+            self._pending -= 1
+        if not ok:
+            return DENIED
+        self.limiter.give_back(client)
+        self._ok[key] = None
+        while len(self._ok) > CACHE_MAX:
+            self._ok.popitem(last=False)
+        return OK
 
     def _verify(self, password: bytes, hashed: bytes | None) -> bool:
         try:
-            ok = self._bcrypt.checkpw(password, hashed or self._dummy)
+            ok = self._bcrypt.checkpw(password, hashed or self.dummy(self._cost))
         except ValueError:  # a password bcrypt refuses (e.g. a NUL byte) is simply wrong
             return False
         return ok and hashed is not None
@@ -288,6 +375,7 @@ class WebSecurity:
         self._checked = time.monotonic()
         self.ssl_context = ssl_context(self.config.tls) if self.config.tls else None
         self.auth = BasicAuth()
+        self.auth.prepare(self.config.users)
 
     def _stat(self) -> float | None:
         try:
@@ -301,12 +389,16 @@ class WebSecurity:
             new = load(self.path)
             if (new.tls is None) != (self.config.tls is None):
                 raise ConfigError("switching TLS on or off needs a restart of the agent")
+            if self.config.users and not new.users:
+                raise ConfigError("it has no basic_auth_users, which would switch authentication off;"
+                                  " restart the agent to do that on purpose")
             if new.tls is not None and self.ssl_context is not None:
                 ssl_context(new.tls, into=self.ssl_context)
         except ConfigError as exc:
             log.error("web config not reloaded, keeping the previous one: %s", exc)
             return False
         self.config = new
+        self.auth.prepare(new.users, now=False)
         log.info("web config reloaded from %s (%d user(s), TLS %s)", self.path, len(new.users),
                  "on" if new.tls else "off")
         return True
@@ -327,10 +419,17 @@ class WebSecurity:
     ) -> web.StreamResponse:
         self.maybe_reload()
         config = self.config
-        if config.users and not await self.auth.check(request.headers.get("Authorization"), config.users):
+        status = OK
+        if config.users:
+            client = request.remote or ""
+            status = await self.auth.decide(request.headers.get("Authorization"), config.users, client)
+        if status == DENIED:
             response: web.StreamResponse = web.Response(
                 status=401, text="Unauthorized\n", headers={"WWW-Authenticate": 'Basic realm="rooflight"'}
             )
+        elif status == LIMITED:
+            response = web.Response(status=429, text="Too many failed logins; try again later\n",
+                                    headers={"Retry-After": str(self.auth.limiter.retry_after(client))})
         else:
             response = await handler(request)
         for name, value in config.headers.items():

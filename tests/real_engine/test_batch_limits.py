@@ -38,10 +38,21 @@ def test_queue_setup_is_at_configured_max_not_kv_wall(queue_run):
 
 
 def test_kvwall_setup_really_preempted(kvwall_run):
+    """What the setup guarantees: vLLM ran with the 10-block pool, and it preempted. vLLM preempts a
+    running request only when the pool cannot give it its next block, so a rising counter is the proof
+    that the cache was full. The full moment itself is not something a 0.5 s poll can promise to see:
+    one of the 10 blocks is vLLM's null block, so usage moves in ninths, a full pool lasts about one
+    engine step, and a resumed request (recomputing its whole prefix) can hold admission back while
+    6-8 of the 9 blocks are in use. A run that saw at most 8/9 = 0.889 failed a `>= 0.9` here."""
     preempted = total(kvwall_run.vllm_after, "vllm:num_preemptions_total") - total(
         kvwall_run.vllm_before, "vllm:num_preemptions_total")
     assert preempted > 0
-    assert max(total(p, "vllm:kv_cache_usage_perc") for _, p in kvwall_run.vllm_pages) >= 0.9
+    assert select(kvwall_run.vllm_after, "vllm:cache_config_info", num_gpu_blocks="10"), \
+        "vLLM did not run with the 10-block KV cache (--num-gpu-blocks-override 10)"
+    usage = [total(p, "vllm:kv_cache_usage_perc") for _, p in kvwall_run.vllm_pages]
+    # 8 clients each growing to 6 blocks (~90 + 600 tokens of 128) keep at least 6 of the 9 usable blocks
+    # in use for most of the load; any one poll of that stretch shows it
+    assert max(usage) >= 6 / 9 - 1e-9, f"KV usage seen during the load: {sorted(set(usage))}"
 
 
 def test_kvwall_setup_is_capacity_capped_with_preemptions(kvwall_run):

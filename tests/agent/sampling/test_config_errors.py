@@ -1,0 +1,234 @@
+"""Broken configuration stops the start with exit 2 and what to fix, never a traceback (issue 14).
+
+Covers a config file of the wrong shape or encoding, YAML alias bombs and oversized files, durations
+and sizes that are not finite, a bad ROOFLIGHT_LOG_LEVEL, a --listen the agent cannot bind, an engine
+URL whose password would spill into the host or path (percent-encode it), and YAML syntax errors that
+must not echo the offending line. Through cli.main in this process, or the real `rooflight` command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rooflight.agent import cli
+from rooflight.agent.errors import ConfigError
+from rooflight.agent.sampling import config as cfg
+from support import ROOT, free_port
+
+RUN = ["run", "--engine-url", "http://127.0.0.1:9", "--no-nvml", "--no-process"]
+
+
+def _main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = cli.main(list(args))
+    return code, capsys.readouterr().err
+
+
+def _file(tmp_path: Path, text: str | bytes, name: str = "rooflight.yml") -> str:
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return str(path)
+
+
+def _rooflight(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ROOFLIGHT_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "rooflight", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=full_env)
+
+
+# -- settings of the wrong shape ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("detectors: [hol_inflation, 4]\n", "detectors: write a mapping"),
+        ("detectors: hol_inflation=4\n", "detectors: write a mapping"),
+        ("detectors:\n  hol_inflation: high\n", "detectors.hol_inflation: 'high' is not a number"),
+        ("detectors:\n  hol_inflation: .inf\n", "is not a number"),
+        ("web_config: 5\n", "web_config: 5 is not a file path"),
+        ("web_config: [a.yml]\n", "is not a file path"),
+        ("max_body_bytes: .inf\n", "max_body_bytes: inf is not a whole number"),
+        ("max_body_bytes: 1.5\n", "not a whole number"),
+        ("max_series: true\n", "not a whole number"),
+        ("scrape_timeout: .inf\n", "scrape_timeout: inf is not a finite duration"),
+        ("scrape_timeout: .nan\n", "not a finite duration"),
+        ("scrape_timeout: 1h\n", "choose at most 300s"),
+        ("nvml_interval: 1.0e+400\n", "nvml_interval: inf is not a finite duration"),
+        ("read_header_timeout: 0\n", "must be more than zero"),
+        ("max_connections: 0\n", "max_connections: must be at least 1"),
+    ],
+)
+def test_a_setting_of_the_wrong_shape_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              text: str, says: str) -> None:
+    code, err = _main(capsys, *RUN, "--config", _file(tmp_path, text), "--check-only")
+    assert code == 2, err
+    assert says in err
+
+
+def test_the_new_limits_are_settings_with_defaults(tmp_path: Path) -> None:
+    config = cfg.build({}, {}, {"engine_url": ["http://127.0.0.1:9"]})
+    assert (config.read_header_timeout, config.max_connections) == (10.0, 256)
+    config = cfg.build({"read_header_timeout": "2s"}, {"max_connections": "8"}, {"engine_url": ["http://127.0.0.1:9"]})
+    assert (config.read_header_timeout, config.max_connections) == (2.0, 8)
+
+
+# -- the file itself ----------------------------------------------------------------------------------------
+def test_a_directory_as_config_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _main(capsys, *RUN, "--config", "/", "--check-only")
+    assert code == 2 and "is a directory" in err
+
+
+def test_a_config_that_is_not_utf8_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _main(capsys, *RUN, "--config", _file(tmp_path, b"model: \xff\xfe llama\n"), "--check-only")
+    assert code == 2 and "not UTF-8" in err
+
+
+def test_a_config_over_the_size_cap_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = "model: llama-3-8b\n" + "# padding\n" * (cfg.MAX_CONFIG_BYTES // 10 + 1)
+    code, err = _main(capsys, *RUN, "--config", _file(tmp_path, text), "--check-only")
+    assert code == 2 and "larger than 1024 KiB" in err
+
+
+def _laughs(key: str, levels: int, fan: int, leaf: str = "lol") -> str:
+    """A 'billion laughs': each level lists the previous one `fan` times, by alias."""
+    lines = [f"l0: &l0 [{leaf}]"]
+    for n in range(1, levels + 1):
+        lines.append(f"l{n}: &l{n} [" + ", ".join([f"*l{n - 1}"] * fan) + "]")
+    lines.append(f"{key}: *l{levels}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (_laughs("model", 9, 9), "more than 32 YAML aliases"),
+        # under the alias budget, but 4**7 copies of a 100 kB string: the expanded size is what is refused
+        (_laughs("listen", 7, 4, leaf="x" * 100_000), "expand to more than"),
+        (_laughs("interval", 15, 2), "expand to more than"),
+        ("model: " + "[" * 50_000 + "]" * 50_000 + "\n", "nested too deeply"),
+        ("windows: [" + ", ".join(["1s"] * 30_000) + "]\n", "more than 20000 YAML values"),
+    ],
+)
+def test_yaml_bombs_are_refused_quickly(tmp_path: Path, text: str, says: str) -> None:
+    result = _rooflight(*RUN, "--config", _file(tmp_path, text), "--check-only", timeout=60)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert says in result.stderr and "Traceback" not in result.stderr
+
+
+def test_aliases_within_the_budget_still_work(tmp_path: Path) -> None:
+    text = ("common: &common {model: llama-3-8b, gpu: h100-sxm}\n"
+            "targets:\n  - {url: 'http://127.0.0.1:9', name: a, model: llama-3-8b}\n")
+    data = cfg.load_file(_file(tmp_path, text))
+    assert data["common"] == {"model": "llama-3-8b", "gpu": "h100-sxm"}
+
+
+def test_a_yaml_syntax_error_reports_the_line_not_its_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = "listen: 127.0.0.1:9746\nengine_url: http://scraper:s3cr3t-token@127.0.0.1:8000: [oops\n"
+    code, err = _main(capsys, "run", "--config", _file(tmp_path, text), "--check-only")
+    assert code == 2
+    assert "not valid YAML at line 2" in err
+    assert "s3cr3t" not in err and "scraper" not in err
+
+
+def test_a_bad_log_level_in_the_environment_exits_2() -> None:
+    result = _rooflight(*RUN, "--check-only", env={"ROOFLIGHT_LOG_LEVEL": "basic_format"})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "ROOFLIGHT_LOG_LEVEL" in result.stderr and "debug, info, warning, error" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert _rooflight(*RUN, "--check-only", env={"ROOFLIGHT_LOG_LEVEL": "WARNING"}).returncode == 0
+
+
+# -- --listen ------------------------------------------------------------------------------------------------
+def test_listen_on_a_port_in_use_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = _main(capsys, *RUN, "--listen", f"127.0.0.1:{port}")
+    assert code == 2 and "already in use" in err
+
+
+def test_listen_on_an_address_not_on_this_machine_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _main(capsys, *RUN, "--listen", "192.0.2.1:9746")  # TEST-NET-1: on no machine
+    assert code == 2 and "not an address of this machine" in err
+
+
+def _privileged_port_is_refused_here() -> bool:
+    try:
+        start = int(Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text())
+    except (OSError, ValueError):
+        start = 1024
+    return os.geteuid() != 0 and start > 80
+
+
+def test_listen_on_a_privileged_port_exits_2(capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    if not _privileged_port_is_refused_here():
+        # root (or a lowered ip_unprivileged_port_start) may bind port 80: give the refusal everyone else gets
+        async def refuse(*args: object, **kwargs: object) -> None:
+            raise PermissionError(errno.EACCES, "Permission denied")
+
+        monkeypatch.setattr(asyncio.BaseEventLoop, "create_server", refuse)
+    code, err = _main(capsys, *RUN, "--listen", "127.0.0.1:80")
+    assert code == 2 and "choose a port of 1024 or more" in err
+
+
+def test_demo_engine_listen_in_use_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = _main(capsys, "demo", "--engine-listen", f"127.0.0.1:{port}", "--listen",
+                          f"127.0.0.1:{free_port()}", "--duration", "1")
+    assert code == 2 and "--engine-listen" in err and "already in use" in err
+
+
+# -- engine URLs with credentials -------------------------------------------------------------------------
+@pytest.mark.parametrize("url", [
+    "http://admin:Top/secret@127.0.0.1:8000",
+    "http://admin:Top?secret@127.0.0.1:8000",
+    "http://admin:Top#secret@127.0.0.1:8000",
+])
+def test_an_unescaped_password_in_an_engine_url_is_refused(capsys: pytest.CaptureFixture[str], url: str) -> None:
+    code, err = _main(capsys, "run", "--engine-url", url, "--no-nvml", "--no-process", "--check-only")
+    assert code == 2, err
+    assert "percent-encode" in err and "%2F" in err
+    assert "secret" not in err.replace("percent", "") and "Top" not in err
+
+
+def test_an_unescaped_password_in_a_targets_list_is_refused(tmp_path: Path) -> None:
+    text = "targets:\n  - url: 'http://admin:Top/secret@127.0.0.1:8000'\n    model: llama-3-8b\n"
+    with pytest.raises(ConfigError, match="percent-encode") as caught:
+        cfg.build(cfg.load_file(_file(tmp_path, text)), {}, {})
+    assert "Top" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("url", "name"), [
+    ("http://admin:Top%2Fsecret@127.0.0.1:8000", "127.0.0.1:8000"),
+    ("http://admin:p@ss@127.0.0.1:8000", "127.0.0.1:8000"),
+    ("https://user:pw@[::1]:8443/v1", "[::1]:8443"),
+    ("http://engine.local", "engine.local"),
+])
+def test_a_target_name_never_holds_the_userinfo(url: str, name: str) -> None:
+    target = cfg.build({}, {}, {"engine_url": [url]}).targets[0]
+    assert target.name == name
+    assert "pw" not in cfg.public_url(url) and "Top" not in cfg.public_url(url)
+
+
+@pytest.mark.parametrize(("entry", "says"), [
+    ({"url": "ftp://admin:s3cr3t@host:21"}, "http://HOST:PORT"),
+    ({"url": "http://admin:s3cr3t@host:99999"}, "not a number 0-65535"),
+    ({"url": "http://admin:s3cr3t@127.0.0.1:8000", "bogus": 1}, "unknown key"),
+    ({"url": "http://admin:s3cr3t@127.0.0.1:8000", "engine": "ollama"}, "is not one of"),
+])
+def test_errors_about_an_engine_url_never_show_its_password(entry: dict, says: str) -> None:
+    with pytest.raises(ConfigError, match=says) as caught:
+        cfg.build({"targets": [entry]}, {}, {})
+    assert "s3cr3t" not in str(caught.value)
