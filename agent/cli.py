@@ -43,6 +43,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="engine API base, e.g. http://127.0.0.1:8000 (repeat for several engines)")
     p.add_argument("--engine", metavar="NAME", help="engine kind; default auto (recognised from its /metrics)")
     p.add_argument("--metrics-path", metavar="PATH", help="override the engine's metrics path")
+    p.add_argument("--target-name", metavar="NAME",
+                   help="the engine's `target` label (default host:port; in Kubernetes, the pod's name)")
     model = p.add_mutually_exclusive_group()
     model.add_argument("--model", metavar="PRESET", help="model preset (see `rooflight plan --list`)")
     model.add_argument("--model-config", metavar="PATH", help="a Hugging Face config.json for the served model")
@@ -73,7 +75,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
 def _flag_settings(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("engine", "metrics_path", "model", "model_config", "weight_dtype", "kv_dtype", "gpu", "tp",
             "batch_max", "pid", "listen", "interval", "scrape_timeout", "windows", "percentiles", "nvml", "process",
-            "web_config", "read_header_timeout", "max_connections")
+            "web_config", "read_header_timeout", "max_connections", "target_name")
     out = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     if args.engine_url:
         out["engine_url"] = args.engine_url

@@ -27,6 +27,7 @@ def register(sub: Any) -> None:
                        epilog=DEMO_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenario", default="steady", help="steady, head-of-line, kv-wall or queue")
     p.add_argument("--listen", default=cfg.DEFAULT_LISTEN, metavar="HOST:PORT", help="the agent's /metrics")
+    p.add_argument("--target-name", metavar="NAME", help="the simulated engine's `target` label (default host:port)")
     p.add_argument("--engine-listen", default="127.0.0.1:0", metavar="HOST:PORT",
                    help="the simulated engine's address (default: a free port on 127.0.0.1)")
     p.add_argument("--interval", default="1s", help="the agent's sampling interval")
@@ -70,12 +71,12 @@ async def _demo(demo_config: Any, engine_host: str, engine_port: int, args: argp
     try:
         # the user of an engine knows its max_num_seqs (vLLM does not export it): pass it, as --batch-max would
         settings = {"engine_url": [engine.url], "listen": args.listen, "interval": args.interval,
-                    "batch_max": engine.sim.max_num_seqs}
+                    "batch_max": engine.sim.max_num_seqs, "target_name": args.target_name}
         config = cfg.build({}, {}, settings)
         agent = Agent(config, nvml_lib=engine.nvml, process_pids={config.targets[0].name: os.getpid()})
         host, port = config.listen_host, config.listen_port
         print(f"rooflight demo: simulated vLLM ({demo_config.scenario}) at {engine.url}/metrics", flush=True)
-        print(f"  watch http://{host}:{port}/ (landing page), /metrics, /api/v1/snapshot", flush=True)
+        print(f"  watch http://{host}:{port}/ (status page: roofline, detectors), /metrics, /api/v1/snapshot", flush=True)
         print("  decode: rooflight_mbu_ratio; prefill: rooflight_mfu_ratio{phase=\"prefill\"};"
               " tail: rooflight_itl_seconds{percentile=\"99\"}", flush=True)
         serving = asyncio.create_task(serve(agent, host, port))

@@ -295,7 +295,7 @@ _AGENT_KEYS = {"listen", "interval", "scrape_timeout", "max_body_bytes", "max_se
                "nvml_interval", "process", "web_config", "detectors", "read_header_timeout", "max_connections"}
 
 
-ENV_KEYS = (_AGENT_KEYS | _TARGET_KEYS | {"engine_url", "config", "log_level"}) - {"url", "name", "detectors"}
+ENV_KEYS = (_AGENT_KEYS | _TARGET_KEYS | {"engine_url", "config", "log_level", "target_name"}) - {"url", "name", "detectors"}
 
 
 def build(file_settings: Mapping[str, Any], env: Mapping[str, Any], flags: Mapping[str, Any]) -> AgentConfig:
@@ -303,7 +303,7 @@ def build(file_settings: Mapping[str, Any], env: Mapping[str, Any], flags: Mappi
     merged: dict[str, Any] = {}
     for layer in (file_settings, env, flags):
         merged.update({k: v for k, v in layer.items() if v is not None})
-    unknown = set(merged) - _AGENT_KEYS - _TARGET_KEYS - {"targets", "engine_url", "config"}
+    unknown = set(merged) - _AGENT_KEYS - _TARGET_KEYS - {"targets", "engine_url", "config", "target_name"}
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}; see `rooflight run --help`")
     shared = {k: merged[k] for k in _TARGET_KEYS - {"url", "name"} if k in merged}
@@ -407,7 +407,24 @@ def _targets(merged: Mapping[str, Any], shared: Mapping[str, Any]) -> tuple[Targ
     entries += [{"url": u} for u in ([urls] if isinstance(urls, str) else urls)]
     if not entries:
         raise ConfigError("no engine to watch: pass --engine-url URL (or try `rooflight demo`)")
+    if merged.get("target_name") is not None:
+        entries = _named_single_target(entries, merged["target_name"])
     return tuple(_target(entry, shared) for entry in entries)
+
+
+MAX_TARGET_NAME = 253  # a Kubernetes pod name's limit: the shipped manifests pass the pod's name
+
+
+def _named_single_target(entries: list[Mapping[str, Any]], name: Any) -> list[Mapping[str, Any]]:
+    """`target_name` (ROOFLIGHT_TARGET_NAME, --target-name) names the one engine a sidecar watches."""
+    if len(entries) != 1:
+        raise ConfigError("target_name names the one engine target; with several, give each a `name` in the"
+                          " config file's `targets:` list")
+    text = name if isinstance(name, str) else None
+    if not text or len(text) > MAX_TARGET_NAME or not text.isprintable() or text != text.strip():
+        raise ConfigError(f"target_name: write a non-empty name of at most {MAX_TARGET_NAME} printable characters"
+                          " without surrounding spaces (e.g. the pod's name)")
+    return [{**entries[0], "name": text}]
 
 
 def _target(entry: Mapping[str, Any], shared: Mapping[str, Any]) -> TargetConfig:

@@ -1,4 +1,4 @@
-"""The agent's HTTP face: /metrics, health and readiness, a landing page, and a JSON snapshot.
+"""The agent's HTTP face: /metrics, health and readiness, the status page (agent/serve/page.py), and a JSON snapshot.
 
 Every handler reads the current frozen Snapshot; none waits on a source. Engine targets come only from
 configuration: no request parameter can make the agent fetch a URL.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import html
 import logging
 import signal
 import socket
@@ -31,6 +30,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from rooflight.agent import __version__
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.metrics.exposition import registry_for
+from rooflight.agent.serve.page import add_status_routes
 from rooflight.agent.sampling.config import public_url as _public_url
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.metrics.snapshot import Snapshot
@@ -45,7 +45,7 @@ def build_app(agent: Agent, *, manage_agent: bool = True, **app_kwargs: Any) -> 
     app[AGENT_KEY] = agent
     registry = registry_for(lambda: agent.snapshot)
     app.router.add_get("/metrics", make_aiohttp_handler(registry))
-    app.router.add_get("/", landing)
+    add_status_routes(app, agent)
     app.router.add_get("/-/healthy", healthy)
     app.router.add_get("/-/ready", ready)
     app.router.add_get("/api/v1/snapshot", snapshot_json)
@@ -101,7 +101,7 @@ def _target_dict(t: Any) -> dict[str, Any]:
     return {
         "name": t.name,
         "engine": t.engine,
-        "gpu_profile": c.gpu.key if c else None,
+        "gpu_profile": c.gpu_key if c else None,
         "gpu_profile_source": c.gpu_source if c else None,
         "tensor_parallel_size": c.tensor_parallel_size if c else None,
         "model": c.model.name if c and c.model else None,
@@ -137,34 +137,6 @@ def _verdicts_dict(verdicts: Any) -> dict[str, Any] | None:
 
 async def snapshot_json(request: web.Request) -> web.Response:
     return web.json_response(snapshot_dict(request.app[AGENT_KEY].snapshot))
-
-
-async def landing(request: web.Request) -> web.Response:
-    snap = request.app[AGENT_KEY].snapshot
-    rows = []
-    for t in snap.targets:
-        for v in t.series:
-            short = v.windows[0] if v.windows else None
-            mbu = f"{short.mbu:.1%}" if short and short.mbu is not None else "n/a"
-            mfu = f"{short.mfu.get('prefill', 0):.1%}" if short and short.mfu else "n/a"
-            rows.append(
-                f"<tr><td>{html.escape(t.name)}</td><td>{html.escape(t.engine or '?')}</td>"
-                f"<td>{html.escape(v.series.model)}</td><td>{v.series.running}</td><td>{v.series.waiting}</td>"
-                f"<td>{mbu}</td><td>{mfu}</td></tr>"
-            )
-    health = "".join(
-        f"<li>{html.escape(h.source)} {html.escape(h.target)}: {'up' if h.up else 'DOWN'}</li>" for h in snap.health
-    )
-    body = f"""<!doctype html><html><head><meta charset="utf-8"><title>Rooflight</title></head><body>
-<h1>Rooflight {__version__}</h1>
-<p>Judge decode by MBU, prefill by MFU. <a href="/metrics">/metrics</a> ·
-<a href="/api/v1/snapshot">/api/v1/snapshot</a> · <a href="/-/healthy">/-/healthy</a></p>
-<h2>Sources</h2><ul>{health}</ul>
-<h2>Targets (shortest window)</h2>
-<table border="1" cellpadding="4"><tr><th>target</th><th>engine</th><th>model</th><th>running</th>
-<th>waiting</th><th>decode MBU</th><th>prefill MFU</th></tr>{''.join(rows)}</table>
-</body></html>"""
-    return web.Response(text=body, content_type="text/html")
 
 
 # Request limits on the agent's own endpoints: nothing it serves needs a long URL or many headers.

@@ -201,8 +201,9 @@ def history_values(view: SeriesView) -> tuple[float | None, ...]:
 # -- the roofline ----------------------------------------------------------------------------------
 
 def roofline_dict(c: TargetConstants | None) -> dict[str, Any] | None:
-    """The target's roofs: peaks of all the GPUs one model copy spans, and where they meet."""
-    if c is None:
+    """The target's roofs: peaks of all the GPUs one model copy spans, and where they meet (none for a GPU
+    no profile covers: no roofs are drawn rather than another GPU's)."""
+    if c is None or c.gpu is None:
         return None
     return {
         "gpu_profile": c.gpu.key,

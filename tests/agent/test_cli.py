@@ -115,7 +115,9 @@ def test_demo_serves_the_agent_over_http() -> None:
         assert "rooflight_mbu_ratio{" in body
         assert 'rooflight_source_up{source="engine"' in body
         page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).read().decode()
-        assert "Rooflight" in page and "llama-3-8b" in page
+        assert "<title>Rooflight" in page and "/api/v1/status" in page  # the status page, which polls its data
+        status = urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/status", timeout=2).read().decode()
+        assert "llama-3-8b" in status
         engine = urllib.request.urlopen(f"http://127.0.0.1:{engine_port}/metrics", timeout=2).read().decode()
         assert "vllm:num_requests_running" in engine
     finally:
