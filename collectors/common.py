@@ -8,6 +8,8 @@
   so they take the maximum; counters count apart, so they are summed.
 - Info endpoints: the decoded JSON is read defensively; a field that is absent, null, zero,
   negative or not a number is no value (docs/engines.md "Model and batch cap: info endpoints").
+- Bounds: what reading one page may cost the agent (`page_bounds`, docs/reliability.md "Bounds on
+  what an engine can cost").
 """
 
 from __future__ import annotations
@@ -21,6 +23,23 @@ from rooflight.collectors.samples import EngineInfoHints
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
 K = TypeVar("K", bound=Hashable)
+
+# Samples an adapter may create from one page, per (model, rank) series the agent keeps (max_series).
+# A real series is read from 3 to 67 samples (vLLM's 67: two histograms and its counters and gauges;
+# measured on every page in tests/fixtures/engine-samples/), times the API-server processes where a
+# `pid` label splits it; 256 leaves that room, and the floor a little more for a small max_series.
+SAMPLES_PER_SERIES = 256
+MIN_PAGE_SAMPLES = 4096
+# Labels per sample, on average over the page: real ones carry 2 to 5 (vLLM's cache_config_info 74,
+# once per rank); what a sample costs in memory grows with its labels, not with the line's length.
+LABELS_PER_SAMPLE = 4
+
+
+def page_bounds(max_series: int) -> expfmt.Bounds:
+    """Fresh Bounds for one scrape of one engine: samples and labels capped for `max_series` series,
+    label values cut."""
+    samples = max(MIN_PAGE_SAMPLES, SAMPLES_PER_SERIES * max_series)
+    return expfmt.Bounds(max_samples=samples, max_labels=LABELS_PER_SAMPLE * samples)
 
 
 def read_page(text: str, prefixes: tuple[str, ...], names: Collection[str], *, what: str = "") -> expfmt.Exposition:

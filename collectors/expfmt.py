@@ -29,19 +29,30 @@ and the bare name for summaries) becomes a family of its own; untyped families h
 (the OpenMetrics spelling prometheus_client uses).
 
 Every Sample gets its own labels dict (copied from the cache of already-seen series).
+
+Bounds (docs/reliability.md "Bounds on what an engine can cost"): a page is split a block of lines
+at a time (a 16 MB page never becomes 260k line strings at once) and label names are interned. Under
+`Bounds` (the agent sets them per scrape with `bounded()`) at most `max_samples` samples and
+`max_labels` labels are created, the wanted lines past them only counted; label values longer than
+MAX_LABEL_VALUE_CHARS are cut to that length plus TRUNCATED_MARK, and counted; a run of untyped
+samples of one name makes one Family, not one each (nothing in the agent reads families: 4 MB less
+for 32k samples). Without Bounds the reader is exact, as the comparisons above need.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Hashable, Iterable, Mapping, NamedTuple, TypeVar
+from sys import intern
+from typing import Callable, Collection, Hashable, Iterable, Iterator, Mapping, NamedTuple, TypeVar
 
 from rooflight.collectors.errors import ParseError
 from rooflight.collectors.samples import Histogram
 
-__all__ = ["Sample", "Family", "Exposition", "parse", "histograms"]
+__all__ = ["Sample", "Family", "Exposition", "Bounds", "bounded", "parse", "histograms"]
 
 INF = float("inf")
 K = TypeVar("K", bound=Hashable)
@@ -73,6 +84,8 @@ class Exposition:
     families: list[Family]
     by_name: dict[str, list[Sample]]
     bad_lines: int = 0
+    samples_dropped: int = 0  # wanted samples not created: the Bounds' max_samples or max_labels was reached
+    labels_truncated: int = 0  # label values cut to MAX_LABEL_VALUE_CHARS under Bounds
 
     def get(self, name: str) -> list[Sample]:
         """Samples with this exact wire name (empty list if none)."""
@@ -80,6 +93,52 @@ class Exposition:
 
     def __len__(self) -> int:
         return sum(len(f.samples) for f in self.families)
+
+
+# A label value longer than this is cut (under Bounds): an engine's model names, reasons and bucket
+# bounds are tens of characters; a 15 MB `model_name` would otherwise be copied into every series the
+# agent exports (126 MB /metrics, measured). Prometheus' own `label_value_length_limit` is the model.
+MAX_LABEL_VALUE_CHARS = 128
+TRUNCATED_MARK = "…[truncated]"
+
+# Lines are split this many characters at a time: the line strings of one block exist at once, not
+# those of the whole page (a 16 MB page is ~260k lines, ~30 MB of string objects).
+_BLOCK_CHARS = 1 << 20
+
+
+@dataclass(slots=True)
+class Bounds:
+    """What reading one scrape may cost, and what those limits cut.
+
+    Shared by every parse call made under it (one scrape may parse more than once); the counts are
+    what the agent exports per engine source.
+    """
+
+    max_samples: int | None = None  # samples created under these bounds, over all parse calls
+    # Labels of those samples: memory follows labels more than samples (a line can carry a hundred).
+    max_labels: int | None = None
+    truncate_labels: bool = True  # cut label values over MAX_LABEL_VALUE_CHARS, with TRUNCATED_MARK
+    samples: int = 0  # created so far
+    labels: int = 0  # created so far
+    samples_dropped: int = 0  # wanted samples past max_samples or max_labels, counted and not created
+    labels_truncated: int = 0
+
+
+_BOUNDS: ContextVar[Bounds | None] = ContextVar("rooflight_expfmt_bounds", default=None)
+
+
+@contextmanager
+def bounded(bounds: Bounds) -> Iterator[Bounds]:
+    """Apply `bounds` to every parse() in this context (an adapter's, inside the agent's scrape).
+
+    A context variable, not an argument, because the engine adapters call parse() themselves; it
+    follows the scrape into asyncio.to_thread, which copies the context.
+    """
+    token = _BOUNDS.set(bounds)
+    try:
+        yield bounds
+    finally:
+        _BOUNDS.reset(token)
 
 
 _ALLOWED_SUFFIXES = {
@@ -90,7 +149,8 @@ _ALLOWED_SUFFIXES = {
 }
 
 # Slow path for one label pair: optional spaces, name, '=', quoted value with escapes, separator.
-_LABEL_RE = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|\})', re.S)
+# The value pattern is `(?:[^"\\]|\\.)*` unrolled: a long value costs one scan, not a branch per character.
+_LABEL_RE = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"([^"\\]*(?:\\.[^"\\]*)*)"\s*(,|\})', re.S)
 _ESCAPE_RE = re.compile(r'\\[\\n"]')
 _HELP_ESCAPE_RE = re.compile(r"\\[\\n]")
 _UNESCAPE = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
@@ -99,9 +159,58 @@ _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 
 # Name-and-labels text -> (name, labels) for lines the fast path parsed. An engine's series keep
 # their label sets from one scrape to the next, so after the first scrape a sample line costs a
-# dict lookup and a float(); bounded (cleared when full) so label churn cannot grow it.
+# dict lookup and a float(); bounded in entries and in key characters so label churn cannot grow it.
+# Once full it takes nothing more; a parse that met more new lines than half of what it holds starts
+# the next one afresh (the label sets moved on). Clearing in the middle of a page would only churn
+# memory on a page it cannot hold anyway, and a page a little larger than the cache still mostly hits.
+# Only lines without an over-long label value are kept: an entry reads the same with and without Bounds.
 _SERIES: dict[str, tuple[str, dict[str, str]]] = {}
-_SERIES_MAX = 16384
+_SERIES_MAX = 8192  # vLLM reads 67 samples per (model, rank): a page of 100 series fits
+_SERIES_CHARS_MAX = 1024 * 1024
+_series_chars = 0
+_series_turned_away = 0  # new lines the cache had no room for, since the last parse began
+
+
+def _remember(key: str, name: str, labels: dict[str, str]) -> None:
+    global _series_chars, _series_turned_away
+    if len(_SERIES) >= _SERIES_MAX or _series_chars + len(key) > _SERIES_CHARS_MAX:
+        _series_turned_away += 1
+        return
+    _SERIES[key] = (name, dict(labels))
+    _series_chars += len(key)
+
+
+def _fresh_series_cache() -> None:
+    """At the start of a parse: empty the cache if the last one met many lines it had no room for."""
+    global _series_chars, _series_turned_away
+    if _series_turned_away > len(_SERIES) // 2:
+        _SERIES.clear()
+        _series_chars = 0
+    _series_turned_away = 0
+
+
+def _cut(labels: dict[str, str], tally: list[int] | None) -> bool:
+    """True when a label value is over MAX_LABEL_VALUE_CHARS; with `tally`, cut each such value and count it."""
+    long = False
+    for key, value in labels.items():
+        if len(value) > MAX_LABEL_VALUE_CHARS:
+            long = True
+            if tally is None:
+                break
+            labels[key] = value[:MAX_LABEL_VALUE_CHARS] + TRUNCATED_MARK  # same keys: safe while iterating
+            tally[0] += 1
+    return long
+
+
+def _lines(text: str) -> Iterator[str]:
+    """The lines of `text`, split one block at a time (see _BLOCK_CHARS)."""
+    start, n = 0, len(text)
+    while start < n:
+        end = text.find("\n", start + _BLOCK_CHARS)
+        if end == -1:
+            end = n
+        yield from text[start:end].split("\n")
+        start = end + 1
 
 
 def _unescape(s: str) -> str:
@@ -131,14 +240,16 @@ def _labels_slow(line: str, start: int) -> tuple[dict[str, str], int]:
         name, raw, sep = m.group(1, 2, 3)
         if name in labels:
             raise ValueError("duplicate label")
-        labels[name] = _unescape(raw) if "\\" in raw else raw
+        labels[intern(name)] = _unescape(raw) if "\\" in raw else raw
         pos = m.end()
         if sep == "}":
             return labels, pos
 
 
-def _parse_sample(line: str, brace: int) -> Sample:
-    """One sample line (stripped, not a comment); `brace` = line.find("{"). ValueError if malformed."""
+def _parse_sample(line: str, brace: int, tally: list[int] | None = None) -> Sample:
+    """One sample line (stripped, not a comment); `brace` = line.find("{"). ValueError if malformed.
+
+    With `tally` (under Bounds), over-long label values are cut and counted in tally[0]."""
     space = line.find(" ")
     if brace != -1 and (space == -1 or brace < space or not line[space:brace].strip()):
         end = line.find('"}', brace)
@@ -156,22 +267,22 @@ def _parse_sample(line: str, brace: int) -> Sample:
                 if not eq or key in labels or '"' in key or "=" in key:
                     fast = False
                     break
-                labels[key] = val if val[-1:] != '"' else val[:-1]
+                labels[intern(key)] = val if val[-1:] != '"' else val[:-1]  # names repeat: one copy each
             # Without escapes every quote is a delimiter: two per pair, or the '"}' found above
             # was an opening quote (a value starting with '}') and the slow path must decide.
             if fast and body.count('"') != 2 * len(labels):
                 fast = False
             rest = line[end + 2 :]
             if fast and name and _NAME_RE.match(name):
-                if len(_SERIES) >= _SERIES_MAX:
-                    _SERIES.clear()
-                _SERIES[line[: end + 2]] = (name, dict(labels))
+                if not _cut(labels, tally):
+                    _remember(line[: end + 2], name, labels)
                 return _finish(name, labels, rest)
         if not fast:
             labels, after = _labels_slow(line, brace)
             rest = line[after:]
         if not name:
             name = labels.pop("__name__", "")
+        _cut(labels, tally)
     else:
         tab = line.find("\t")
         if tab != -1 and (space == -1 or tab < space):  # `name<TAB>value 123`: the tab ends the name
@@ -223,6 +334,7 @@ def parse(
     *,
     prefixes: Iterable[str] | None = None,
     names: Collection[str] | None = None,
+    bounds: Bounds | None = None,
 ) -> Exposition:
     """Parse a text exposition in one pass.
 
@@ -233,7 +345,21 @@ def parse(
       "vllm:time_to_first_token_seconds_bucket"). HELP/TYPE lines are read for the families
       those names belong to, so `Family.type` stays right.
     Raises ParseError only when at least one line was bad and no sample parsed.
+
+    `bounds` (default: those set with `bounded()`, else none) limits the samples created and the
+    length of label values, and receives the counts of what was cut.
     """
+    _fresh_series_cache()
+    limits = bounds if bounds is not None else _BOUNDS.get()
+    room = label_room = -1  # samples and labels this call may still create; -1: no limit
+    if limits is not None and limits.max_samples is not None:
+        room = max(0, limits.max_samples - limits.samples)
+    if limits is not None and limits.max_labels is not None:
+        label_room = max(0, limits.max_labels - limits.labels)
+    full = room == 0 or label_room == 0
+    tally = [0] if limits is not None and limits.truncate_labels else None
+    created = used = dropped = 0
+    loose: Family | None = None  # the untyped family of the previous sample, under Bounds
     want: tuple[str, ...] | None = tuple(prefixes) if prefixes is not None else None
     keep: frozenset[str] | None = frozenset(names) if names is not None else None
     keep_meta = _family_names(keep) if keep is not None else None
@@ -245,11 +371,12 @@ def parse(
     fam: Family | None = None
     allowed: tuple[str, ...] = ()
 
-    for line in text.split("\n"):
+    for line in text.split("\n") if len(text) <= _BLOCK_CHARS else _lines(text):
         line = line.strip()
         if not line:
             continue
         if line[0] == "#":
+            loose = None
             if filtered:
                 if line.startswith(meta_heads):
                     end = line.find(" ", 7)
@@ -307,8 +434,11 @@ def parse(
                         if head not in allowed:  # prometheus_client would close the family
                             fam, allowed = None, ()
                         continue
+        if full:
+            dropped += 1  # a wanted line past the caps: counted, not read
+            continue
         try:
-            sample = _parse_sample(line, brace)
+            sample = _parse_sample(line, brace, tally)
         except (ValueError, IndexError):
             bad += 1
             continue
@@ -317,21 +447,35 @@ def parse(
             (want is not None and not name.startswith(want)) or (keep is not None and name not in keep)
         ):
             continue  # a `{__name__="..."}` line: its name is known only now
+        if limits is not None:
+            created += 1
+            used += len(sample.labels)
+            full = created == room or (label_room != -1 and used >= label_room)
         if name in allowed and fam is not None:
             fam.samples.append(sample)
+        elif loose is not None and loose.name == name:
+            loose.samples.append(sample)  # under Bounds: a run of untyped samples of one name, one Family
         else:
-            families.append(Family(name, "unknown", "", [sample]))
+            family = Family(name, "unknown", "", [sample])
+            families.append(family)
             fam, allowed = None, ()
+            loose = family if limits is not None else None
         lst = by_name.get(name)
         if lst is None:
             by_name[name] = [sample]
         else:
             lst.append(sample)
 
+    truncated = tally[0] if tally is not None else 0
+    if limits is not None:
+        limits.samples += created
+        limits.labels += used
+        limits.samples_dropped += dropped
+        limits.labels_truncated += truncated
     if bad and not by_name:
         raise ParseError(f"no sample parsed ({bad} bad lines)")
     # Families opened by HELP/TYPE that never got a sample are kept (prometheus_client keeps them).
-    return Exposition(families, by_name, bad)
+    return Exposition(families, by_name, bad, dropped, truncated)
 
 
 def histograms(

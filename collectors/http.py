@@ -1,6 +1,8 @@
 """Fetching an engine endpoint: bounded in time and in size, every failure named.
 
-The body is read in chunks up to a cap, so a 50 MB answer costs at most the cap in memory; the
+The body is read in chunks up to a cap, so a 50 MB answer costs at most the cap in memory, and its
+decoded text may take no more than the cap either (one character beyond Latin-1 makes Python hold
+every character of a page in 2 or 4 bytes: 4 MiB of bytes with one emoji would be 16 MiB of text); the
 sample's timestamp is the midpoint between sending the request and the headers arriving, which is
 when the engine rendered its counters, not when the last byte crawled in.
 """
@@ -9,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -17,6 +21,17 @@ import aiohttp
 from rooflight.collectors.errors import SourceError
 
 _CHUNK = 64 * 1024
+_EMPTY_SIZE = sys.getsizeof("")
+_TEXT_HEADER_SLACK = 64  # a non-ASCII str has a larger header than an empty one: not the page's fault
+_BEYOND_BMP = re.compile(rb"[\xf0-\xf4]")  # lead bytes of 4-byte UTF-8: characters Python holds in 4 bytes
+
+# The default cap on an engine's /metrics body. The largest real page is vLLM's, ~35 KB per
+# data-parallel rank plus ~20 KB once (tests/fixtures/engine-samples/vllm-*.prom), ~46 KB per rank
+# with a 40-character model name: 64 ranks behind one API server and a thousand LoRA adapter sets
+# still fit under 4 MiB. Reading and parsing a page costs about three times its size at the peak
+# (bytes, text, samples), so this cap is also what keeps the agent under 100 MB of RSS whatever a
+# page holds (docs/reliability.md "Bounds on what an engine can cost").
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +66,23 @@ async def fetch_text(
         raise SourceError("refused", f"{shown}: cannot connect ({exc.os_error or exc})") from None
     except (aiohttp.ClientError, OSError) as exc:
         raise SourceError("other", f"{shown}: {type(exc).__name__}: {_scrub(str(exc), url)}") from None
+    return Fetched(text=_text(body, max_bytes, shown), timestamp=(start + answered) / 2, duration=monotonic() - start)
+
+
+def _text(body: bytes, max_bytes: int, shown: str) -> str:
+    """The body as text, refused (too_large) when the text would take more than `max_bytes` of memory.
+
+    A character beyond the BMP is decided on the bytes, before a text four times their size exists."""
+    limit = max_bytes + _TEXT_HEADER_SLACK
+    if 4 * len(body) > limit and not body.isascii() and _BEYOND_BMP.search(body):
+        raise SourceError("too_large", f"{shown}: body of {len(body)} bytes holds characters beyond the BMP "
+                                       f"(4 bytes each as text): over the {max_bytes}-byte cap")
     text = body.decode("utf-8", errors="replace")
-    return Fetched(text=text, timestamp=(start + answered) / 2, duration=monotonic() - start)
+    held = sys.getsizeof(text) - _EMPTY_SIZE
+    if held > limit:
+        raise SourceError("too_large", f"{shown}: body of {len(body)} bytes takes {held} bytes as text (characters "
+                                       f"beyond Latin-1 take 2 or 4 bytes each), over the {max_bytes}-byte cap")
+    return text
 
 
 async def fetch_json(

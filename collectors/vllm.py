@@ -270,10 +270,14 @@ def lora_extra(exp: expfmt.Exposition) -> dict[str, float]:
     if latest is None:
         return {}
 
-    def count(label: str) -> float:
-        return float(len([n for n in latest.labels.get(label, "").split(",") if n.strip()]))
+    def count(label: str) -> float | None:
+        names = latest.labels.get(label, "")
+        if names.endswith(expfmt.TRUNCATED_MARK):  # a cut list cannot be counted: say nothing rather than too few
+            return None
+        return float(len([n for n in names.split(",") if n.strip()]))
 
-    out = {"lora_running_adapters": count("running_lora_adapters"), "lora_waiting_adapters": count("waiting_lora_adapters")}
+    counts = {"lora_running_adapters": count("running_lora_adapters"), "lora_waiting_adapters": count("waiting_lora_adapters")}
+    out = {key: value for key, value in counts.items() if value is not None}
     max_lora = number(latest.labels.get("max_lora"))
     if max_lora is not None:
         out["lora_max_adapters"] = max_lora

@@ -58,6 +58,12 @@ def render_health(f: _Families, snap: Snapshot) -> None:
             f.add(n.SOURCE_ERRORS, (*key, reason), float(count))
         if h.series_dropped is not None:
             f.add(n.SOURCE_SERIES_DROPPED, key, float(h.series_dropped))
+        if h.samples_dropped is not None:
+            f.add(n.SOURCE_SAMPLES_DROPPED, key, float(h.samples_dropped))
+        if h.labels_truncated is not None:
+            f.add(n.SOURCE_LABELS_TRUNCATED, key, float(h.labels_truncated))
+        for reason, count in sorted(h.values_dropped.items()):
+            f.add(n.SOURCE_VALUES_DROPPED, (*key, reason), float(count))
 
 
 def render_series(f: _Families, target: TargetView, view: SeriesView) -> None:

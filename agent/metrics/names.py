@@ -14,6 +14,9 @@ SOURCE_LAST_SUCCESS = "rooflight_source_last_success_timestamp_seconds"
 SOURCE_SAMPLE_DURATION = "rooflight_source_sample_duration_seconds"
 SOURCE_ERRORS = "rooflight_source_errors_total"  # counter; exposed name carries _total
 SOURCE_SERIES_DROPPED = "rooflight_source_series_dropped"
+SOURCE_SAMPLES_DROPPED = "rooflight_source_samples_dropped"  # exposition samples past the per-page cap
+SOURCE_LABELS_TRUNCATED = "rooflight_source_label_values_truncated"  # label values cut on the last page
+SOURCE_VALUES_DROPPED = "rooflight_source_values_dropped_total"  # counter; label reason: physically impossible
 
 # Engine state, normalized across engines (labels: target, engine, model, rank).
 REQUESTS_RUNNING = "rooflight_requests_running"

@@ -45,6 +45,10 @@ class Health:
     errors: Mapping[str, int]
     message: str | None = None
     series_dropped: int | None = None  # engine sources: series over the per-target cap in the last sample
+    # Engine sources (None elsewhere): bounds on the last page, and values withheld as impossible.
+    samples_dropped: int | None = None  # wanted exposition samples past the per-page cap, not read
+    labels_truncated: int | None = None  # label values cut to the maximum length
+    values_dropped: Mapping[str, int] = field(default_factory=dict)  # by reason, since start
 
 
 @dataclass(frozen=True, slots=True)

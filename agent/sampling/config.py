@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from rooflight.agent.errors import ConfigError
+from rooflight.collectors.http import DEFAULT_MAX_BODY_BYTES
 
 DEFAULT_LISTEN = "127.0.0.1:9746"
 ENV_PREFIX = "ROOFLIGHT_"
@@ -57,7 +58,7 @@ class AgentConfig:
     listen: str = DEFAULT_LISTEN
     interval: float = 1.0
     scrape_timeout: float = 5.0
-    max_body_bytes: int = 16 * 1024 * 1024
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # sized for real engines: docs/reliability.md
     max_series: int = 128  # (model, rank) series kept per target; more are dropped and counted
     windows: Mapping[str, float] = field(default_factory=lambda: {"10s": 10.0, "1m": 60.0, "5m": 300.0})
     percentiles: tuple[str, ...] = ("50", "90", "99")
@@ -313,7 +314,7 @@ def build(file_settings: Mapping[str, Any], env: Mapping[str, Any], flags: Mappi
         listen=str(merged.get("listen", DEFAULT_LISTEN)),
         interval=parse_duration(merged.get("interval", 1.0), "interval"),
         scrape_timeout=parse_duration(merged.get("scrape_timeout", 5.0), "scrape_timeout"),
-        max_body_bytes=_positive_int(merged.get("max_body_bytes", 16 * 1024 * 1024), "max_body_bytes"),
+        max_body_bytes=_positive_int(merged.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES), "max_body_bytes"),
         max_series=_positive_int(merged.get("max_series", 128), "max_series"),
         windows=_windows(merged.get("windows", ["10s", "1m", "5m"])),
         percentiles=_percentiles(merged.get("percentiles", ["50", "90", "99"])),

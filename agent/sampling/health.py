@@ -8,7 +8,12 @@ from __future__ import annotations
 import logging
 
 from rooflight.agent.metrics.snapshot import Health
+from rooflight.agent.signals.derive import MBU_OUT_OF_RANGE, MFU_OUT_OF_RANGE
 from rooflight.collectors.errors import REASONS, SOURCE_REASONS
+
+KV_USAGE_OUT_OF_RANGE = "kv_usage_out_of_range"  # an engine's KV occupancy outside 0..1
+# Why a value was withheld as physically impossible (the reason label of rooflight_source_values_dropped_total).
+VALUE_REASONS = (MBU_OUT_OF_RANGE, MFU_OUT_OF_RANGE, KV_USAGE_OUT_OF_RANGE)
 
 log = logging.getLogger("rooflight")
 
@@ -25,7 +30,13 @@ class SourceState:
         self.errors = dict.fromkeys(SOURCE_REASONS.get(source, REASONS), 0)
         self.message: str | None = None
         self.sampled = False  # whether a sample was attempted at all
-        self.series_dropped: int | None = 0 if source == "engine" else None
+        self._noted: str | None = None  # the last message of note(): the same one again is not logged again
+        engine = source == "engine"
+        self.series_dropped: int | None = 0 if engine else None
+        self.samples_dropped: int | None = 0 if engine else None
+        self.labels_truncated: int | None = 0 if engine else None
+        # Counted from zero so that rates work from the start, as the error counts.
+        self.values_dropped: dict[str, int] = dict.fromkeys(VALUE_REASONS, 0) if engine else {}
 
     def ok(self, wall: float, duration: float, monotonic: float | None = None) -> None:
         self.up, self.last_success, self.duration, self.message = True, wall, duration, None
@@ -40,8 +51,20 @@ class SourceState:
         self.up, self.duration, self.message, self.sampled = False, duration, message, True
         self.errors[reason] = self.errors.get(reason, 0) + 1
 
+    def note(self, reason: str, message: str) -> None:
+        """An error reason of a sample that was still read (counter_regress): counted, logged when it
+        changes, `up` left as it is."""
+        if message != self._noted:
+            self._noted = message
+            log.warning("%s source for %s: %s", self.source, self.target, message)
+        self.errors[reason] = self.errors.get(reason, 0) + 1
+
+    def drop_value(self, reason: str) -> None:
+        """A value withheld as physically impossible (one of VALUE_REASONS)."""
+        self.values_dropped[reason] = self.values_dropped.get(reason, 0) + 1
+
     def view(self) -> Health:
         return Health(
             self.source, self.target, self.up, self.last_success, self.duration, dict(self.errors), self.message,
-            self.series_dropped,
+            self.series_dropped, self.samples_dropped, self.labels_truncated, dict(self.values_dropped),
         )

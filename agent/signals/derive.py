@@ -2,6 +2,12 @@
 
 Pure: no I/O, no clock. Each window is computed from the first and last of the agent's own samples
 inside it (see windows.py), so every value is over the real time between two real samples.
+
+A utilization above MAX_UTILIZATION is not a measurement but a sign that an input is wrong (a counter
+the engine corrupts, a model or GPU that is not the one serving): it is withheld, and its reason
+listed in `WindowValues.dropped` for the caller to count. Above 1 and not at 1, because the constants
+are nominal (a GPU's datasheet peak, the model's bytes without activations) and a short window's
+steps can bunch up: a real engine near its roof can read a little over 1.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ PROMPT, GENERATION, STEPS, PREEMPTIONS = "prompt_tokens", "generation_tokens", "
 RUNNING, WAITING, KV_USAGE = "running", "waiting", "kv_usage"
 DRAFT, ACCEPTED = "spec_draft_tokens", "spec_accepted_tokens"
 TTFT, ITL = "ttft", "itl"
+
+MAX_UTILIZATION = 1.2  # MBU and MFU above this are withheld (see the module docstring)
+MBU_OUT_OF_RANGE, MFU_OUT_OF_RANGE = "mbu_out_of_range", "mfu_out_of_range"  # reasons in WindowValues.dropped
 
 
 def history_inputs(
@@ -57,6 +66,7 @@ class WindowValues:
     prefill_tokens_per_step: float | None = None
     dram_utilization: float | None = None  # measured on the target's GPUs (GPM), same window
     spec_decode_acceptance: float | None = None  # accepted / proposed draft tokens
+    dropped: tuple[str, ...] = ()  # a reason per value withheld as physically impossible
 
     @property
     def mbu_to_dram(self) -> float | None:
@@ -90,14 +100,15 @@ def derive_window(
     running = mean(first, last, RUNNING)
     live_kv = live_kv_bytes(kv_usage, kv_capacity_tokens, constants)
     prompt_increase, step_increase = increase(first, last, PROMPT), increase(first, last, STEPS)
+    mbu, mfu, dropped = _in_range(_mbu(constants, live_kv, steps, running), _mfu(constants, tokens))
     return WindowValues(
         window=window,
         seconds=last.t - first.t,
         tokens_per_second=tokens,
         steps_per_second=steps,
         preemptions_per_second=rate(first, last, PREEMPTIONS),
-        mbu=_mbu(constants, live_kv, steps, running),
-        mfu=_mfu(constants, tokens),
+        mbu=mbu,
+        mfu=mfu,
         decode_intensity=_decode_intensity(constants, running, live_kv),
         ttft=_percentiles(first, last, TTFT, percentiles),
         itl=_percentiles(first, last, ITL, percentiles),
@@ -108,7 +119,25 @@ def derive_window(
             prompt_increase / step_increase if prompt_increase is not None and step_increase else None
         ),
         spec_decode_acceptance=_ratio(increase(first, last, ACCEPTED), increase(first, last, DRAFT)),
+        dropped=dropped,
     )
+
+
+def _in_range(
+    mbu: float | None, mfu: Mapping[str, float]
+) -> tuple[float | None, dict[str, float], tuple[str, ...]]:
+    """MBU and MFU without the values above MAX_UTILIZATION, and a reason per value withheld."""
+    dropped = []
+    if mbu is not None and not mbu <= MAX_UTILIZATION:
+        dropped.append(MBU_OUT_OF_RANGE)
+        mbu = None
+    kept = {}
+    for phase, value in mfu.items():
+        if value <= MAX_UTILIZATION:
+            kept[phase] = value
+        else:
+            dropped.append(MFU_OUT_OF_RANGE)
+    return mbu, kept, tuple(dropped)
 
 
 def _ratio(part: float | None, whole: float | None) -> float | None:

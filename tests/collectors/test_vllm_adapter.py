@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rooflight.collectors import vllm
+from rooflight.collectors import expfmt, vllm
 from rooflight.collectors.errors import ParseError
 from rooflight.collectors.samples import EngineSeries
 from support import SAMPLES
@@ -270,3 +270,15 @@ def test_lora_info_latest_series_becomes_adapter_counts() -> None:
     ).series[0]
     assert (s.extra["lora_max_adapters"], s.extra["lora_running_adapters"], s.extra["lora_waiting_adapters"]) == (4.0, 2.0, 0.0)
     assert "lora_max_adapters" not in page(f"vllm:num_requests_running{L()} 2").series[0].extra
+
+
+def test_a_cut_adapter_list_is_not_counted() -> None:
+    running = ",".join(f"adapter-{i:03d}" for i in range(40))  # 479 characters: cut at 128 when read
+    with expfmt.bounded(expfmt.Bounds()) as bounds:  # as the agent reads every engine page
+        s = page(
+            f"vllm:num_requests_running{L()} 2",
+            f'vllm:lora_requests_info{{max_lora="64",running_lora_adapters="{running}",waiting_lora_adapters="a,b"}} 1.7e9',
+        ).series[0]
+    assert bounds.labels_truncated == 1
+    assert "lora_running_adapters" not in s.extra  # 10 names and a marker would be a wrong count
+    assert (s.extra["lora_waiting_adapters"], s.extra["lora_max_adapters"]) == (2.0, 64.0)
