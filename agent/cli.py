@@ -26,13 +26,22 @@ what you get on /metrics (every name starts with rooflight_):
   detectors for head-of-line blocking and capacity-capped or admission-bound batches. "GPU util" is exported
   as rooflight_gpu_kernel_residency_ratio, named for what it measures.
 
+the client's view too: --proxy-listen HOST:PORT runs `rooflight proxy` in the same process, in front of
+the engine (--proxy-upstream, default the one --engine-url). Clients connect to that port; the same
+/metrics then carries rooflight_client_*: TTFT, every inter-token gap, TPOT and end-to-end latency as the
+client sees them, and goodput, the share of streamed requests meeting every target of each --slo
+(DistServe). --slo, --tenant-header, --tenant-top and --proxy-buckets need --proxy-listen. See docs/proxy.md.
+
 every flag has an environment twin: --engine-url -> ROOFLIGHT_ENGINE_URL (comma-separated), --gpu ->
-ROOFLIGHT_GPU, --interval -> ROOFLIGHT_INTERVAL, ...; a YAML --config file takes the same names (and a
+ROOFLIGHT_GPU, --interval -> ROOFLIGHT_INTERVAL, --proxy-listen -> ROOFLIGHT_PROXY_LISTEN, --slo ->
+ROOFLIGHT_SLO (several separated by `;`), ...; a YAML --config file takes the same names (and a
 `targets:` list for per-engine settings). Flags win over the environment, which wins over the file.
 
 examples:
   rooflight run --engine-url http://127.0.0.1:8000 --model llama-3-8b --gpu h100-sxm
   rooflight run --engine-url http://127.0.0.1:8000 --model-config /models/llama/config.json --tp 2
+  rooflight run --engine-url http://127.0.0.1:8000 --model llama-3-8b --proxy-listen 0.0.0.0:8100 \
+      --slo ttft=0.5,tpot=0.05 --slo ttft=2,tpot=0.1
   rooflight demo --scenario head-of-line
 """
 
@@ -67,6 +76,18 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-connections", type=int, metavar="N",
                    help="open connections to the agent at most; more are answered 503 (default 256)")
     p.add_argument("--detector", action="append", metavar="KEY=VALUE", help="a detector threshold, e.g. hol_inflation=4")
+    proxy = p.add_argument_group("client-side proxy (docs/proxy.md)")
+    proxy.add_argument("--proxy-listen", metavar="HOST:PORT",
+                       help="run the proxy here, e.g. 0.0.0.0:8100: clients connect to it, its rooflight_client_* "
+                            "metrics join this /metrics (default: off)")
+    proxy.add_argument("--proxy-upstream", metavar="URL",
+                       help="the OpenAI-compatible server the proxy relays to (default: the one --engine-url)")
+    proxy.add_argument("--slo", action="append", metavar="KEY=SECONDS,...",
+                       help="a joint SLO for goodput, keys ttft, tpot, e2e, e.g. ttft=0.5,tpot=0.05 (repeatable)")
+    proxy.add_argument("--tenant-header", metavar="NAME", help="attribute requests to tenants by this header (hashed)")
+    proxy.add_argument("--tenant-top", metavar="N", help="tenants named in labels; the rest are `other` (default 10)")
+    proxy.add_argument("--proxy-buckets", action="append", metavar="NAME=EDGE,...",
+                       help="client histogram edges in seconds for ttft, itl, tpot or e2e (repeatable)")
     p.add_argument("--check-only", action="store_true", help="validate the configuration and exit")
     p.add_argument("--log-level", default=None, choices=list(LOG_LEVELS),
                    help="debug, info, warning or error (default: ROOFLIGHT_LOG_LEVEL, else info)")
@@ -75,10 +96,14 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
 def _flag_settings(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("engine", "metrics_path", "model", "model_config", "weight_dtype", "kv_dtype", "gpu", "tp",
             "batch_max", "pid", "listen", "interval", "scrape_timeout", "windows", "percentiles", "nvml", "process",
-            "web_config", "read_header_timeout", "max_connections", "target_name")
+            "web_config", "read_header_timeout", "max_connections", "target_name", "proxy_listen", "proxy_upstream",
+            "tenant_header", "tenant_top")
     out = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     if args.engine_url:
         out["engine_url"] = args.engine_url
+    for key in ("slo", "proxy_buckets"):  # repeatable: the flags' list replaces the file's and environment's
+        if getattr(args, key, None):
+            out[key] = getattr(args, key)
     if args.detector:
         out["detectors"] = _detector_flags(args.detector)
     return out
@@ -125,9 +150,11 @@ def resolve_models(config: cfg.AgentConfig) -> dict[str, tuple[Any, str | None]]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from rooflight.agent.proxy.config import for_agent
     from rooflight.agent.sampling.sampler import Agent
 
     config = load_config(args)
+    proxy = for_agent(config)  # the proxy's SLOs, buckets and upstream, checked now: exit 2 when bad
     models = resolve_models(config)
     security = None
     if config.web_config:
@@ -135,14 +162,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         security = WebSecurity(config.web_config)  # a bad file stops the start here: exit 2
     if args.check_only:
-        print(f"configuration ok: {len(config.targets)} target(s), listen {config.listen}")
+        print(f"configuration ok: {len(config.targets)} target(s), listen {config.listen}{_proxy_line(proxy)}")
         return 0
     from rooflight.agent.serve.server import ServerLimits, serve
 
     limits = ServerLimits(read_header_timeout=config.read_header_timeout, max_connections=config.max_connections)
     asyncio.run(serve(Agent(config, models=models), config.listen_host, config.listen_port, security=security,
-                      limits=limits))
+                      limits=limits, proxy=proxy))
     return 0
+
+
+def _proxy_line(proxy: Any) -> str:
+    """`--check-only`'s words for the proxy: where it listens, where it relays, its SLOs."""
+    if proxy is None:
+        return ""
+    slos = ", ".join(s.name for s in proxy.slos) or "none"
+    return f"; proxy {proxy.listen} -> {cfg.public_url(proxy.upstream)} (target {proxy.target}), SLOs: {slos}"
 
 
 def build_parser() -> argparse.ArgumentParser:

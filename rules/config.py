@@ -1,7 +1,8 @@
 """The one config the Prometheus rules are generated from, the way monitoring mixins keep `_config`.
 
 Selectors, the topology labels every rule keeps (cluster, namespace, pod, instance, job by default),
-SLO thresholds and objectives (per model where one model needs its own), burn-rate windows,
+SLO thresholds and objectives (per model where one model needs its own), the client-side goodput
+objective, burn-rate windows,
 detector-alert durations, the low-MBU threshold, the agent's own scrape job (meta-monitoring), the
 runbook and Grafana base URLs and the PrometheusRule's `release` label all live here, so a user's
 `rooflight rules --ttft-threshold 1 --agent-selector 'job="rooflight"'` and the checked-in YAML come
@@ -40,7 +41,7 @@ SGLANG_ITL_BUCKETS = (
 TOPOLOGY_LABELS = ("cluster", "namespace", "pod", "instance", "job")
 REPLICA_LABELS = ("pod", "instance")
 # The agent's own series labels: never a topology label (they are kept anyway, named in the rules).
-RESERVED_LABELS = ("target", "engine", "model", "rank", "phase")
+RESERVED_LABELS = ("target", "engine", "model", "rank", "phase", "slo")  # slo: the proxy's goodput counters
 
 # Grafana dashboards the alerts link to (`dashboard_url`), by their uid (the UID of dashboards/*.py).
 DASHBOARD_UIDS = {
@@ -207,6 +208,9 @@ class RulesConfig:
     ttft: LatencySLO = field(default_factory=vllm_ttft)
     itl: LatencySLO = field(default_factory=vllm_itl)
     burn_windows: tuple[BurnWindow, ...] = SRE_WORKBOOK_WINDOWS
+    # Client-side goodput (rules/goodput.py): the share of judged requests that must meet every target of
+    # each SLO the proxy is given (`--slo`); its burn-rate alerts use the same windows as TTFT and ITL.
+    goodput_objective: float = 0.99
     bucket_guard_for: str = "15m"
     rate_window: str = "5m"  # for the recording rules (MBU, MFU, tokens/s)
     head_of_line: DetectorAlert = DetectorAlert("10m", 0.25, "5m")
@@ -256,6 +260,8 @@ class RulesConfig:
                 f"agent_job_selector {self.agent_job_selector!r} must be label matchers such as job=\"rooflight\" "
                 "(absent() needs at least one; an equality keeps its label on the alert)"
             )
+        if not 0.0 < self.goodput_objective < 1.0:
+            raise ConfigError(f"goodput_objective must be in (0, 1) (got {self.goodput_objective})")
         if not 0.0 < self.low_mbu_threshold < 1.0:
             raise ConfigError(f"low_mbu_threshold must be in (0, 1) (got {self.low_mbu_threshold})")
         if not self.slo_group_by:

@@ -91,7 +91,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "rules",
         help="print Prometheus rules and alerts for your thresholds and selectors",
-        description="Print Rooflight's recording rules, detector alerts and TTFT/ITL burn-rate SLO alerts.",
+        description="Print Rooflight's recording rules, detector alerts, TTFT/ITL burn-rate SLO alerts and the "
+                    "client-side goodput burn-rate alerts.",
     )
     p.add_argument("--format", choices=("yaml", "prometheusrule"), default="yaml")
     p.add_argument("--release", default="", help="label release=<this> on the PrometheusRule (kube-prometheus-stack)")
@@ -113,6 +114,9 @@ def register(subparsers: Any) -> None:
         p.add_argument(f"--{slo}-buckets", help="the histogram's bucket edges if customised ('' = unknown)")
         p.add_argument(f"--{slo}-threshold-for", action="append", default=[], metavar="MODEL=SECONDS",
                        help=f"{title} threshold for one model (repeat per model; a bucket edge)")
+    p.add_argument("--goodput-objective", type=float, default=cfg.RulesConfig.goodput_objective,
+                   help="share of the proxy's judged requests that must meet every target of each --slo "
+                        "(goodput burn-rate alerts; default %(default)s)")
     p.add_argument("--slo-model-label", default=cfg.RulesConfig.slo_model_label,
                    help="the engine's label naming the model, for --*-threshold-for (default %(default)s)")
     p.add_argument("--low-mbu-threshold", type=float, default=cfg.RulesConfig.low_mbu_threshold)
@@ -179,6 +183,7 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
         slo_model_label=args.slo_model_label,
         ttft=_slo(args, "ttft", "RooflightTTFTBudgetBurn", "time to first token"),
         itl=_slo(args, "itl", "RooflightITLBudgetBurn", "inter-token latency"),
+        goodput_objective=args.goodput_objective,
         head_of_line=replace(base.head_of_line, for_=args.hol_for),
         capacity_capped=replace(base.capacity_capped, for_=args.capacity_capped_for),
         admission_bound=replace(base.admission_bound, for_=args.admission_bound_for),

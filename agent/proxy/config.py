@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy.catalog import DEFAULT_BUCKETS, HISTOGRAMS
 from rooflight.agent.proxy.slo import SLO, parse_slos
-from rooflight.agent.sampling.config import parse_duration, split_listen, target_name
+from rooflight.agent.sampling.config import AgentConfig, parse_duration, split_listen, target_name
 
 DEFAULT_LISTEN = "127.0.0.1:8100"  # where clients connect (not 8000, the engines' default, nor 8080, llama.cpp's)
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9748"  # next to the agent's 9746
@@ -32,11 +32,12 @@ class ProxyConfig:
     connect_timeout: float = 10.0
     max_buffered_body: int = 16 * 1024 * 1024  # request bodies up to this are read whole, larger ones streamed
     refresh: float = 1.0  # seconds between snapshots of the exports
+    name: str = ""  # the `target` label when given (`rooflight run`: the engine target's own name)
 
     @property
     def target(self) -> str:
-        """The `target` label: the upstream's host:port, as the engine side names an engine."""
-        return target_name(self.upstream)
+        """The `target` label: `name`, else the upstream's host:port, as the engine side names an engine."""
+        return self.name or target_name(self.upstream)
 
 
 def build(
@@ -72,22 +73,47 @@ def build(
     )
 
 
-def parse_upstream(url: str | None) -> str:
+def for_agent(agent: AgentConfig) -> ProxyConfig | None:
+    """`rooflight run --proxy-listen`: the proxy's config from the agent's, None when the proxy is off.
+
+    Same parsers and messages as `rooflight proxy`. /metrics is the agent's (metrics_listen says where),
+    windows, percentiles and the refresh follow the agent's, and the `target` label is the engine
+    target's own name when the proxy fronts that engine, so client and engine series join on it."""
+    if agent.proxy_listen is None or agent.proxy_upstream is None:
+        return None
+    upstream = parse_upstream(agent.proxy_upstream, "--proxy-upstream")
+    same = [t.name for t in agent.targets if target_name(t.url) == target_name(upstream)]
+    return ProxyConfig(
+        upstream=upstream,
+        listen=agent.proxy_listen,
+        metrics_listen=agent.listen,
+        slos=parse_slos(list(agent.slo)),
+        tenant_header=_header_name(agent.tenant_header),
+        tenant_top=_count(agent.tenant_top, "--tenant-top", 10),
+        buckets=parse_buckets(agent.proxy_buckets, "--proxy-buckets"),
+        windows=dict(agent.windows),
+        percentiles=agent.percentiles,
+        refresh=agent.interval,
+        name=same[0] if len(same) == 1 else "",
+    )
+
+
+def parse_upstream(url: str | None, what: str = "--upstream") -> str:
     if not url:
-        raise ConfigError("--upstream is required: the OpenAI-compatible server's URL, e.g. http://127.0.0.1:8000")
+        raise ConfigError(f"{what} is required: the OpenAI-compatible server's URL, e.g. http://127.0.0.1:8000")
     parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"--upstream {url!r}: write http://HOST:PORT (or https://), e.g. http://127.0.0.1:8000")
+        raise ConfigError(f"{what} {url!r}: write http://HOST:PORT (or https://), e.g. http://127.0.0.1:8000")
     if parts.query or parts.fragment:
-        raise ConfigError(f"--upstream {url!r}: give the base URL only, without ?query or #fragment")
+        raise ConfigError(f"{what} {url!r}: give the base URL only, without ?query or #fragment")
     try:
         parts.port  # noqa: B018 (raises on a bad port)
     except ValueError:
-        raise ConfigError(f"--upstream {url!r}: the port is not a number between 0 and 65535") from None
+        raise ConfigError(f"{what} {url!r}: the port is not a number between 0 and 65535") from None
     return url.strip().rstrip("/")
 
 
-def parse_buckets(items: Sequence[str] | None) -> dict[str, tuple[float, ...]]:
+def parse_buckets(items: Sequence[str] | None, what: str = "--buckets") -> dict[str, tuple[float, ...]]:
     """`--buckets itl=0.005,0.01,0.02` (repeatable): replaces that histogram's edges."""
     out = dict(DEFAULT_BUCKETS)
     seen: set[str] = set()
@@ -95,14 +121,14 @@ def parse_buckets(items: Sequence[str] | None) -> dict[str, tuple[float, ...]]:
         key, sep, values = str(item).partition("=")
         key = key.strip().lower()
         if not sep or key not in HISTOGRAMS:
-            raise ConfigError(f"--buckets {item!r}: write NAME=EDGE,EDGE,... with NAME one of {', '.join(HISTOGRAMS)}, "
-                              "e.g. --buckets itl=0.005,0.01,0.02,0.05")
+            raise ConfigError(f"{what} {item!r}: write NAME=EDGE,EDGE,... with NAME one of {', '.join(HISTOGRAMS)}, "
+                              f"e.g. {what} itl=0.005,0.01,0.02,0.05")
         if key in seen:
-            raise ConfigError(f"--buckets {key} is given twice")
+            raise ConfigError(f"{what} {key} is given twice")
         seen.add(key)
-        edges = sorted({parse_duration(v.strip(), f"--buckets {key}") for v in values.split(",") if v.strip()})
+        edges = sorted({parse_duration(v.strip(), f"{what} {key}") for v in values.split(",") if v.strip()})
         if not edges or not all(math.isfinite(e) for e in edges):
-            raise ConfigError(f"--buckets {item!r}: give at least one finite edge (+Inf is always added)")
+            raise ConfigError(f"{what} {item!r}: give at least one finite edge (+Inf is always added)")
         out[key] = tuple(edges)
     return out
 

@@ -32,7 +32,7 @@ from rooflight.agent.proxy.exposition import ClientCollector, registry_for
 from rooflight.agent.proxy.stats import EMPTY, ClientSnapshot, ClientStats, StatsConfig
 from rooflight.agent.proxy.tenants import tenant_key
 from rooflight.agent.sampling.clock import Clock, SystemClock
-from rooflight.agent.sampling.config import split_listen
+from rooflight.agent.sampling.config import public_url, split_listen
 
 log = logging.getLogger("rooflight.proxy")
 
@@ -82,7 +82,11 @@ class ProxyServer:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    async def start(self, *, refresh_loop: bool = True) -> None:
+    async def start(self, *, refresh_loop: bool = True, serve_metrics: bool = True) -> None:
+        """Bind the proxy (and, unless `serve_metrics` is False, its own /metrics port) and start relaying.
+
+        `rooflight run` passes serve_metrics=False: the agent serves `collector()` on its own /metrics.
+        A failed bind raises OSError; call stop() to release what was already set up."""
         self._session = aiohttp.ClientSession(
             # keepalive under uvicorn's 5 s (vLLM, SGLang): the proxy drops an idle connection before the
             # upstream does, so a request never goes out on one the upstream is closing.
@@ -93,11 +97,13 @@ class ProxyServer:
             cookie_jar=aiohttp.DummyCookieJar(),  # cookies are the clients', never shared between them
         )
         self.proxy_url = await self._serve(self.proxy_app(), self.config.listen)
-        self.metrics_url = await self._serve(self.metrics_app(), self.config.metrics_listen)
+        if serve_metrics:
+            self.metrics_url = await self._serve(self.metrics_app(), self.config.metrics_listen)
         self.refresh_now()
         if refresh_loop:
             self._refresher = asyncio.create_task(self._refresh_loop())
-        log.info("proxy on %s -> %s; metrics on %s/metrics", self.proxy_url, self.config.upstream, self.metrics_url)
+        log.info("proxy on %s -> %s; metrics on %s/metrics", self.proxy_url, public_url(self.config.upstream),
+                 self.metrics_url or self.config.metrics_listen)
 
     async def stop(self) -> None:
         if self._refresher is not None:

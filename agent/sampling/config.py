@@ -50,6 +50,11 @@ class TargetConfig:
     tp: int | None = None
     batch_max: int | None = None  # the engine's batch cap where its /metrics does not say
     pid: int | None = None  # the engine's process, for CPU/RSS (else found by the URL's port)
+    # Capacity signals (agent/signals/headroom.py, docs/metrics.md section Capacity, cost and energy).
+    role: str | None = None  # prefill, decode or both; None = what the engine says, else both
+    ttft_slo: float | None = None  # seconds; gives rooflight_headroom_ratio{resource="ttft_slo"}
+    itl_slo: float | None = None  # seconds; gives rooflight_headroom_ratio{resource="itl_slo"}
+    gpu_hour_cost: float | None = None  # price of one GPU per hour, any currency; gives the cost metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,14 @@ class AgentConfig:
     detectors: Mapping[str, float] = field(default_factory=dict)
     read_header_timeout: float = 10.0  # a client must send a request's headers within this (slowloris)
     max_connections: int = 256  # open HTTP connections to the agent; more are answered 503 and closed
+    # The client-side proxy (`rooflight proxy` in the same process, docs/proxy.md): on when proxy_listen
+    # is set. Its SLO and bucket spellings are parsed by agent/proxy/config.py, with `rooflight proxy`'s messages.
+    proxy_listen: str | None = None
+    proxy_upstream: str | None = None  # resolved here: default the one target's URL (without user:password)
+    slo: tuple[str, ...] = ()  # joint SLOs as written, e.g. ("ttft=0.5,tpot=0.05",)
+    tenant_header: str | None = None
+    tenant_top: int = 10
+    proxy_buckets: tuple[str, ...] = ()  # histogram edges as written, e.g. ("itl=0.005,0.01",)
 
     @property
     def listen_host(self) -> str:
@@ -294,6 +307,9 @@ _TARGET_KEYS = {f.name for f in fields(TargetConfig)}
 _SERVICE_LINK = re.compile(r"^(?:.*_)?(?:service_host|service_port.*|port|port_\d+_.*)$")
 _AGENT_KEYS = {"listen", "interval", "scrape_timeout", "max_body_bytes", "max_series", "windows", "percentiles", "nvml",
                "nvml_interval", "process", "web_config", "detectors", "read_header_timeout", "max_connections"}
+# The proxy's settings: each needs proxy_listen, which turns the proxy on.
+PROXY_KEYS = ("proxy_listen", "proxy_upstream", "slo", "tenant_header", "tenant_top", "proxy_buckets")
+_AGENT_KEYS |= set(PROXY_KEYS)
 
 
 ENV_KEYS = (_AGENT_KEYS | _TARGET_KEYS | {"engine_url", "config", "log_level", "target_name"}) - {"url", "name", "detectors"}
@@ -325,6 +341,7 @@ def build(file_settings: Mapping[str, Any], env: Mapping[str, Any], flags: Mappi
         detectors=_detectors(merged.get("detectors")),
         read_header_timeout=parse_duration(merged.get("read_header_timeout", 10.0), "read_header_timeout"),
         max_connections=_positive_int(merged.get("max_connections", 256), "max_connections"),
+        **_proxy_settings(merged, targets),
     )
     return validate(config)
 
@@ -344,10 +361,91 @@ def validate(config: AgentConfig) -> AgentConfig:
     if config.read_header_timeout > 300:
         raise ConfigError(f"read_header_timeout {config.read_header_timeout:g}s: choose at most 300s (default 10s)")
     _check_detectors(config.detectors)
+    if config.proxy_listen is not None:
+        _check_proxy_listen(config.proxy_listen, config.listen)
     names = [t.name for t in config.targets]
     if len(set(names)) != len(names):
         raise ConfigError(f"two targets share a name: {names}; give each a distinct `name`")
     return config
+
+
+def _proxy_settings(merged: Mapping[str, Any], targets: tuple[TargetConfig, ...]) -> dict[str, Any]:
+    """The proxy's fields of AgentConfig; a proxy setting without proxy_listen is a mistake, not a no-op."""
+    listen = merged.get("proxy_listen")
+    if listen is None:
+        given = [k for k in PROXY_KEYS if merged.get(k) not in (None, [], ())]
+        if given:
+            raise ConfigError(f"{', '.join(given)} set without proxy_listen: the proxy is off; add --proxy-listen"
+                              " HOST:PORT (ROOFLIGHT_PROXY_LISTEN) to run it, or drop the setting")
+        return {}
+    if not isinstance(listen, str) or not listen.strip():
+        raise ConfigError(f"proxy_listen: {listen!r}: write HOST:PORT, e.g. 127.0.0.1:8100")
+    return {
+        "proxy_listen": listen.strip(),
+        "proxy_upstream": _proxy_upstream(merged.get("proxy_upstream"), targets),
+        "slo": _spellings(merged.get("slo"), "slo"),
+        "tenant_header": None if merged.get("tenant_header") is None else str(merged["tenant_header"]),
+        "tenant_top": _whole(merged.get("tenant_top", 10), "tenant_top"),
+        "proxy_buckets": _spellings(merged.get("proxy_buckets"), "proxy_buckets"),
+    }
+
+
+def _proxy_upstream(value: Any, targets: tuple[TargetConfig, ...]) -> str:
+    """The URL the proxy relays to: as given, else the one engine target's (never its user:password)."""
+    if value is not None:
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"proxy_upstream: {value!r}: write the engine's URL, e.g. http://127.0.0.1:8000")
+        return value.strip()
+    if len(targets) != 1:
+        raise ConfigError(f"proxy_listen with {len(targets)} engine targets: say which one the proxy fronts with"
+                          " --proxy-upstream URL (ROOFLIGHT_PROXY_UPSTREAM)")
+    return public_url(targets[0].url)
+
+
+def _spellings(value: Any, what: str) -> tuple[str, ...]:
+    """SLOs or bucket edges as strings: one, a list, `;`-separated (the environment), or YAML mappings.
+
+    A mapping is written back as the flag spells it: {ttft: 0.5, tpot: 50ms} -> "ttft=0.5,tpot=50ms"."""
+    if value is None:
+        return ()
+    items = value.split(";") if isinstance(value, str) else value
+    if isinstance(items, Mapping):
+        items = [items]
+    if not isinstance(items, (list, tuple)):
+        raise ConfigError(f"{what}: write a string, a list of strings or a list of mappings, got {value!r}")
+    out = []
+    for item in items:
+        if isinstance(item, Mapping):
+            item = ",".join(f"{k}={v}" for k, v in item.items())
+        if not isinstance(item, (str, int, float)) or isinstance(item, bool):
+            raise ConfigError(f"{what}: {item!r} is not a spelling like ttft=0.5,tpot=0.05")
+        if str(item).strip():
+            out.append(str(item).strip())
+    return tuple(out)
+
+
+def _whole(value: Any, what: str) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ConfigError(f"{what}: {value!r} is not a whole number")
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{what}: {value!r} is not a whole number") from None
+
+
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def _check_proxy_listen(proxy_listen: str, listen: str) -> None:
+    """The proxy passes every path through, so it cannot share the agent's port (its /metrics is the agent's)."""
+    try:
+        host, port = split_listen(proxy_listen)
+    except ConfigError:
+        raise ConfigError(f"proxy_listen {proxy_listen!r}: write HOST:PORT, e.g. 127.0.0.1:8100 or 0.0.0.0:8100") from None
+    agent_host, agent_port = split_listen(listen)
+    if port and port == agent_port and (host == agent_host or host in _WILDCARDS or agent_host in _WILDCARDS):
+        raise ConfigError(f"proxy_listen {proxy_listen} and listen {listen} share port {port}: clients reach the"
+                          " engine through the proxy's port, /metrics is on the agent's; give each its own")
 
 
 def _detectors(value: Any) -> dict[str, float]:
@@ -446,6 +544,31 @@ def _target(entry: Mapping[str, Any], shared: Mapping[str, Any]) -> TargetConfig
     for key in ("tp", "batch_max", "pid"):
         if values.get(key) is not None:
             target = replace(target, **{key: _positive_int(values[key], key)})
+    return _signal_settings(target, values)
+
+
+ROLES = ("both", "prefill", "decode")  # as agent/signals/headroom.py names them
+
+
+def _signal_settings(target: TargetConfig, values: Mapping[str, Any]) -> TargetConfig:
+    """role, the SLO thresholds (durations) and gpu_hour_cost (a price above 0) of one target."""
+    role = values.get("role")
+    if role is not None:
+        if str(role).strip().lower() not in ROLES:
+            raise ConfigError(f"role {role!r}: choose one of {', '.join(ROLES)} (a disaggregated pool's part)")
+        target = replace(target, role=str(role).strip().lower())
+    for key in ("ttft_slo", "itl_slo"):
+        if values.get(key) is not None:
+            target = replace(target, **{key: parse_duration(values[key], key)})
+    cost = values.get("gpu_hour_cost")
+    if cost is not None:
+        try:
+            price = _finite(cost)
+        except (TypeError, ValueError):
+            raise ConfigError(f"gpu_hour_cost: {cost!r} is not a number; write the price of one GPU-hour, e.g. 2.5") from None
+        if price <= 0:
+            raise ConfigError(f"gpu_hour_cost: must be above 0, got {cost!r}")
+        target = replace(target, gpu_hour_cost=price)
     return target
 
 

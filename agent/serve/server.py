@@ -20,18 +20,22 @@ import signal
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client.aiohttp import make_aiohttp_handler
+from prometheus_client.registry import Collector
 
 from rooflight.agent import __version__
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.metrics.exposition import registry_for
+from rooflight.agent.proxy.config import ProxyConfig
+from rooflight.agent.proxy.server import ProxyServer
 from rooflight.agent.serve.page import add_status_routes
 from rooflight.agent.sampling.config import public_url as _public_url
+from rooflight.agent.sampling.config import split_listen
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.metrics.snapshot import Snapshot
 
@@ -40,10 +44,14 @@ log = logging.getLogger("rooflight")
 AGENT_KEY = web.AppKey("agent", Agent)
 
 
-def build_app(agent: Agent, *, manage_agent: bool = True, **app_kwargs: Any) -> web.Application:
+def build_app(agent: Agent, *, manage_agent: bool = True, collectors: Sequence[Collector] = (),
+              **app_kwargs: Any) -> web.Application:
+    """The agent's app; `collectors` join its /metrics (the proxy's rooflight_client_* under `rooflight run`)."""
     app = web.Application(client_max_size=64 * 1024, **app_kwargs)
     app[AGENT_KEY] = agent
     registry = registry_for(lambda: agent.snapshot)
+    for collector in collectors:
+        registry.register(collector)
     app.router.add_get("/metrics", make_aiohttp_handler(registry))
     add_status_routes(app, agent)
     app.router.add_get("/-/healthy", healthy)
@@ -312,19 +320,37 @@ def bind_error(exc: OSError, host: str, port: int) -> str:
     return f"listen address {shown}: cannot listen there ({exc.strerror or exc})"
 
 
+async def start_proxy(proxy: ProxyServer) -> None:
+    """Start the client-side proxy without a /metrics port of its own; a failed bind is a ConfigError."""
+    try:
+        await proxy.start(serve_metrics=False)
+    except OSError as exc:
+        await proxy.stop()
+        host, port = split_listen(proxy.config.listen)
+        raise ConfigError(f"proxy_listen: {bind_error(exc, host, port)}") from None
+
+
 async def serve(agent: Any, host: str, port: int, *, security: Any = None,
-                limits: ServerLimits = ServerLimits()) -> None:
+                limits: ServerLimits = ServerLimits(), proxy: ProxyConfig | None = None) -> None:
     """Serve the agent until SIGINT/SIGTERM; `security` (webconfig.WebSecurity) adds TLS and auth.
 
-    The address is bound before the agent starts, so a bad --listen stops the start (ConfigError)."""
+    With `proxy` (`rooflight run --proxy-listen`), the client-side proxy runs on this event loop and its
+    rooflight_client_* metrics are on this /metrics; TLS, auth and the limits here are the agent's port's
+    only, the proxy relays its clients' requests as they come (docs/proxy.md).
+    Both addresses are bound before the agent starts, so a bad --listen or --proxy-listen stops the
+    start (ConfigError)."""
     middlewares: list[Callable[..., Awaitable[web.StreamResponse]]] = (
         [security.middleware] if security is not None else [])
     ssl_context = security.ssl_context if security is not None else None
-    runner = web.AppRunner(build_app(agent, middlewares=middlewares), access_log=None, handle_signals=False,
-                           keepalive_timeout=limits.idle_timeout, max_line_size=MAX_LINE_SIZE,
+    proxy_server = ProxyServer(proxy) if proxy is not None else None
+    collectors = [proxy_server.collector()] if proxy_server is not None else []
+    runner = web.AppRunner(build_app(agent, middlewares=middlewares, collectors=collectors), access_log=None,
+                           handle_signals=False, keepalive_timeout=limits.idle_timeout, max_line_size=MAX_LINE_SIZE,
                            max_field_size=MAX_FIELD_SIZE, max_headers=MAX_HEADERS)
     server = await listen(runner, host, port, ssl_context=ssl_context, limits=limits)
     try:
+        if proxy_server is not None:
+            await start_proxy(proxy_server)
         await runner.setup()
         await server.start_serving()
         if security is not None:
@@ -333,6 +359,9 @@ async def serve(agent: Any, host: str, port: int, *, security: Any = None,
         shown = f"[{host}]" if ":" in host else host
         bound = server.sockets[0].getsockname()[1] if server.sockets else port
         print(f"rooflight {__version__}: serving {scheme}://{shown}:{bound}/metrics", flush=True)
+        if proxy_server is not None:
+            print(f"rooflight {__version__}: proxy on {proxy_server.proxy_url} -> {public_url(proxy_server.config.upstream)}",
+                  flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -340,4 +369,8 @@ async def serve(agent: Any, host: str, port: int, *, security: Any = None,
         await stop.wait()
     finally:
         server.close()
-        await runner.cleanup()
+        try:
+            if proxy_server is not None:
+                await proxy_server.stop()
+        finally:
+            await runner.cleanup()

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from rooflight.agent.metrics import names
+from rooflight.agent.proxy import catalog as proxy_catalog
 from rooflight.agent.errors import ConfigError
 from rooflight.rules import config as cfg
 from rooflight.rules.generate import OUTPUTS, check, register, run_rules
@@ -163,7 +164,10 @@ def test_every_dashboard_url_opens_a_real_dashboard_with_its_variables() -> None
             assert f"{{{{ if $labels.{label} }}}}&var-{var}=" in url, "an absent label must leave the variable at All"
         if rule["alert"] in ("RooflightHeadOfLineBlocking", "RooflightBatchCapacityCapped", "RooflightLowDecodeMBU"):
             assert [v for v, _ in variables] == list(cfg.DASHBOARD_VARIABLES), rule["alert"]
-        if "-slo" in url or rule["alert"].endswith(("BudgetBurn", "BucketMissing")):
+        if rule["alert"] == "RooflightGoodputBudgetBurn":
+            # The proxy's counters are the agent's own series: its job, pod and target select them.
+            assert [v for v, _ in variables] == ["cluster", "namespace", "job", "pod", "instance", "target"]
+        elif "-slo" in url or rule["alert"].endswith(("BudgetBurn", "BucketMissing")):
             # An SLO's `job` is the engine's scrape, not the agent's the dashboards select by.
             assert ("job", "job") not in variables and ("model", "model_name") in variables
 
@@ -203,6 +207,7 @@ def test_every_alert_has_a_firing_case_and_a_near_miss() -> None:
 
 def test_rules_only_read_metrics_the_agent_exports() -> None:
     exported = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str) and v.startswith("rooflight_")}
+    exported |= {d.name for d in proxy_catalog.CATALOG}  # the client-side proxy's, on the same /metrics under `run`
     text = OUTPUTS["yaml"].read_text()
     read = set(re.findall(r"(?<![:\w])(rooflight_\w+)", "\n".join(re.findall(r"expr: .*|^ {10}.*", text, re.M))))
     assert read, "no rooflight_ metric found in the rules"
@@ -229,7 +234,8 @@ def test_rendering_is_deterministic_and_ordered() -> None:
     assert render(config) == render(config)
     kinds = [g["name"] for g in groups(config)]
     assert kinds == [
-        "rooflight.rules", "rooflight-slo.rules", "rooflight.alerts", "rooflight-slo.alerts", "rooflight-meta.alerts",
+        "rooflight.rules", "rooflight-slo.rules", "rooflight-goodput.rules", "rooflight.alerts", "rooflight-slo.alerts",
+        "rooflight-goodput.alerts", "rooflight-meta.alerts",
     ]
 
 
@@ -316,6 +322,9 @@ def test_declared_custom_buckets_allow_the_threshold(tmp_path: Path) -> None:
         {"topology_labels": ("cluster", "pod-name")},
         {"extra_labels": ("model",)},  # the agent's own label: a scrape label must not shadow it
         {"topology_labels": ("target",)},
+        {"extra_labels": ("slo",)},  # the proxy's SLO label: each SLO has its own goodput budget
+        {"goodput_objective": 1.0},
+        {"goodput_objective": 0.0},
         {"rule_name": "Rooflight_Rules"},
         {"burn_windows": ()},
     ],
@@ -516,3 +525,49 @@ def test_rooflight_rules_meta_and_url_flags(capsys: pytest.CaptureFixture[str]) 
 def test_bad_meta_and_url_settings_are_config_errors(bad: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         cfg.RulesConfig(**bad)
+
+
+# Client-side goodput SLOs ------------------------------------------------------------------------------
+
+
+def _goodput(config: cfg.RulesConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    by_name = {g["name"]: g["rules"] for g in groups(config)}
+    return by_name[f"{config.rule_name}-goodput.rules"], by_name[f"{config.rule_name}-goodput.alerts"]
+
+
+def test_goodput_burns_on_the_proxys_judged_and_good_counters_per_replica_and_slo() -> None:
+    config = cfg.RulesConfig()
+    records, alerts = _goodput(config)
+    windows = {w for row in config.burn_windows for w in (row.long, row.short)}
+    assert {r["record"] for r in records} == {f"target_slo:rooflight_client_slo_errors:ratio_rate{w}" for w in windows}
+    for rule in records:
+        assert proxy_catalog.SLO_REQUESTS in rule["expr"] and proxy_catalog.SLO_GOOD in rule["expr"]
+        # Replicas stay apart (the client series name no service), each SLO has its own budget, tenants are summed.
+        assert {names_ for _, names_ in clauses(rule["expr"])} == {(*config.kept_labels, "target", "slo")}
+    assert [(a["labels"]["severity"], a["labels"]["long"], a["labels"]["short"], a["for"]) for a in alerts] == [
+        (row.severity, row.long, row.short, row.for_) for row in config.burn_windows]
+    assert {a["alert"] for a in alerts} == {"RooflightGoodputBudgetBurn"}
+    assert alerts[0]["expr"].endswith("ratio_rate5m > 0.144")  # 14.4 x (1 - 0.99)
+    for rule in alerts:
+        description = rule["annotations"]["description"]
+        assert "{{ if $labels.pod }}" in description and "{{ else if $labels.instance }}" in description
+        assert "{{ $labels.slo }}" in description
+
+
+def test_rooflight_rules_goodput_objective(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_rules(rooflight_rules(["--goodput-objective", "0.9"])) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    burn = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == "RooflightGoodputBudgetBurn"]
+    assert [r["expr"].split(" > ")[-1] for r in burn] == ["1.44", "0.6", "0.3", "0.1"]
+    assert "objective: 90% meeting every target" in burn[0]["annotations"]["description"]
+    assert run_rules(rooflight_rules(["--goodput-objective", "1"])) == 2
+    assert "goodput_objective must be in (0, 1)" in capsys.readouterr().err
+
+
+def test_goodput_rules_follow_the_selector_and_topology_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    args = rooflight_rules(["--agent-selector", 'job="rooflight"', "--topology-labels", "namespace,pod",
+                            "--replica-labels", "pod"])
+    assert run_rules(args) == 0
+    text = capsys.readouterr().out
+    assert ('sum by (namespace, pod, target, slo) (rate(rooflight_client_slo_good_requests_total{job="rooflight"}[1h]))'
+            in text)
