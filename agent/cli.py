@@ -76,6 +76,13 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-connections", type=int, metavar="N",
                    help="open connections to the agent at most; more are answered 503 (default 256)")
     p.add_argument("--detector", action="append", metavar="KEY=VALUE", help="a detector threshold, e.g. hol_inflation=4")
+    cap = p.add_argument_group("capacity signals (docs/metrics.md, section Capacity, cost and energy)")
+    cap.add_argument("--role", choices=("both", "prefill", "decode"),
+                     help="the engine's part in disaggregated serving (default: its config's, else both)")
+    cap.add_argument("--ttft-slo", metavar="SECONDS", help="TTFT SLO for rooflight_headroom_ratio{resource=\"ttft_slo\"}")
+    cap.add_argument("--itl-slo", metavar="SECONDS", help="ITL SLO for rooflight_headroom_ratio{resource=\"itl_slo\"}")
+    cap.add_argument("--gpu-hour-cost", type=float, metavar="PRICE",
+                     help="price of one GPU-hour, any currency: gives rooflight_cost_per_million_tokens")
     proxy = p.add_argument_group("client-side proxy (docs/proxy.md)")
     proxy.add_argument("--proxy-listen", metavar="HOST:PORT",
                        help="run the proxy here, e.g. 0.0.0.0:8100: clients connect to it, its rooflight_client_* "
@@ -97,7 +104,7 @@ def _flag_settings(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("engine", "metrics_path", "model", "model_config", "weight_dtype", "kv_dtype", "gpu", "tp",
             "batch_max", "pid", "listen", "interval", "scrape_timeout", "windows", "percentiles", "nvml", "process",
             "web_config", "read_header_timeout", "max_connections", "target_name", "proxy_listen", "proxy_upstream",
-            "tenant_header", "tenant_top")
+            "tenant_header", "tenant_top", "role", "ttft_slo", "itl_slo", "gpu_hour_cost")
     out = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     if args.engine_url:
         out["engine_url"] = args.engine_url

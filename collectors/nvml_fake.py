@@ -78,6 +78,12 @@ class FakeGpu:
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used_gpu_memory bytes)
     mig: list[FakeMig] | None = None  # None = MIG disabled
 
+    def run_for(self, seconds: float) -> None:
+        """Let `seconds` pass at the current power draw: the energy counter (mJ) grows by power x time,
+        as NVML's nvmlDeviceGetTotalEnergyConsumption does. Nothing changes where either is unsupported."""
+        if self.energy_mj is not None and self.power_mw is not None and seconds > 0:
+            self.energy_mj += round(self.power_mw * seconds)
+
 
 @dataclass(frozen=True)
 class _Handle:

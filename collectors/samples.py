@@ -68,6 +68,9 @@ class EngineInfoHints:
     model_id: str | None = None
     max_model_len: int | None = None
     tensor_parallel_size: int | None = None
+    # A disaggregated pool's part where the engine's config says: "prefill", "decode" or "both" (e.g.
+    # SGLang's /server_info disaggregation_mode, vLLM's kv_transfer_config kv_role where exposed).
+    role: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

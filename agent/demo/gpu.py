@@ -58,6 +58,7 @@ def make_fake_nvml(plant: Plant):  # -> rooflight.collectors.nvml_fake.FakeNvml
     gpu = FakeGpu(name="NVIDIA H100 80GB HBM3", uuid="GPU-d3m0d3m0-0000-4000-8000-000000000000", gpm=True,
                   dram_bw_util_percent=0.0, sm_util_percent=0.0, tensor_util_percent=0.0,
                   power_mw=IDLE_POWER_MW, power_limit_mw=MAX_POWER_MW, clock_sm_mhz=1980,
-                  clock_mem_mhz=2619, temperature_c=45, clock_event_reasons=0)  # 0: clocks free to run at max
+                  clock_mem_mhz=2619, temperature_c=45, clock_event_reasons=0,  # 0: clocks free to run at max
+                  energy_mj=0)
     gpu.memory_used = min(gpu.memory_total, int(gpu.memory_total * plant.gpu_memory_utilization) + NON_TORCH_BYTES)
     return FakeNvml(gpus=[gpu])

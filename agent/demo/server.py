@@ -53,9 +53,11 @@ class DemoEngine:
 
     def tick(self) -> None:
         """Bring the simulation up to the clock's present and refresh the simulated GPU."""
+        before = self.sim.now
         self.sim.advance_to(self.sim_time())
         self.history.add(mark(self.sim))
         gpu = self.nvml.gpus[0]
+        gpu.run_for(self.sim.now - before)  # at the power of the last reading
         apply_reading(gpu, gpu_reading(self.plant, self.history, gpu.memory_total))
 
     async def _run(self) -> None:

@@ -71,6 +71,18 @@ CATALOG: tuple[MetricDef, ...] = (
     _g(n.DECODE_INTENSITY, WINDOWED, "FLOP/byte", "Decode arithmetic intensity at the mean batch B: B x 2P / (weight bytes + live KV bytes); compare with the ridge point."),
     _g(n.TTFT, WINDOWED + ("percentile",), "seconds", "Time-to-first-token percentile over the window, from the engine histogram's deltas, interpolated as histogram_quantile does."),
     _g(n.ITL, WINDOWED + ("percentile",), "seconds", "Inter-token-latency percentile over the window, from the engine histogram's deltas, interpolated as histogram_quantile does."),
+    _g(n.REQUESTS_PER_SECOND, WINDOWED, "requests/s", "Requests that got their first token, per second over the window: the TTFT histogram's observations (one per request)."),
+    _g(n.KV_TRANSFER_TOKENS, WINDOWED, "tokens/s", "Prompt tokens per second whose KV cache arrived from another instance over a KV connector (vLLM prompt_tokens_by_source, source=external_kv_transfer): a disaggregated decode pool's intake."),
+    _g(n.KV_TRANSFER_BYTES, WINDOWED, "bytes/s", "Those tokens x K+V bytes per token (summed over the TP ranks): the KV bytes per second the connector delivered."),
+    # Capacity, cost and energy (docs/metrics.md, section Capacity, cost and energy).
+    _g(n.HEADROOM, WINDOWED + ("resource",), "ratio", "Room left before a wall, 1 idle, 0 at the wall; resource: kv (1 - mean KV occupancy, 0 if the window preempted), batch (1 - mean running / batch cap), decode_bandwidth (the share of the decode tokens/s ceiling at this context that more batch can still buy), prefill_compute (1 - prefill MFU / the MFU a real prefill reaches), ttft_slo and itl_slo (1 - p99 / the SLO, where set)."),
+    _g(n.SATURATION, WINDOWED + ("role",), "ratio", "1 - the smallest headroom among the resources of the target's role (both: all; prefill: prefill_compute, ttft_slo; decode: kv, batch, decode_bandwidth, itl_slo): 1 at the first wall. Scale on it."),
+    _g(n.SATURATION_BINDING, WINDOWED + ("role", "resource"), "", "1; resource = the one whose headroom sets rooflight_saturation_ratio."),
+    _g(n.CAPACITY_REQUESTS, WINDOWED, "requests/s", "Requests/s the roofline sustains at the window's prompt/output mix before the first wall (KV or batch cap): 1 / (output x decode step at that batch / batch + prompt x 2P / (peak x prefill MFU))."),
+    _g(n.CAPACITY_DECODE_TOKENS, WINDOWED, "tokens/s", "Decode tokens/s at that capacity: capacity requests/s x mean output tokens per request."),
+    _g(n.CAPACITY_PHASE_TOKENS, WINDOWED + ("phase",), "tokens/s", "Tokens/s of one phase alone (what one pool group of that phase carries): prefill = peak x prefill MFU / 2P; decode = the first wall's batch / its decode step."),
+    _g(n.COST_PER_MILLION_TOKENS, WINDOWED + ("phase",), "currency/1M tokens", "GPU price per hour x GPUs (TP) / (the phase's tokens/s x 3600 / 1e6), where gpu_hour_cost is set; the whole GPU-hour is charged to each phase."),
+    _g(n.TOKENS_PER_JOULE, WINDOWED + ("phase",), "tokens/J", "The phase's tokens/s / the mean power of the target's GPUs over the window (NVML's energy counter); absent where a GPU does not report energy."),
     # Detectors.
     _g(n.HEAD_OF_LINE_BLOCKING, SERIES, "", "1 while the ITL tail inflates against its recent median with prefill work in the batch."),
     _g(n.ITL_INFLATION, SERIES, "ratio", "p99 ITL over the shortest window / p50 ITL over the longest window."),
@@ -86,6 +98,7 @@ CATALOG: tuple[MetricDef, ...] = (
     _g(n.MODEL_WEIGHT_BYTES, ("target", "model"), "bytes", "Weight bytes streamed per decode step (whole model, all GPUs)."),
     _g(n.MODEL_KV_BYTES_PER_TOKEN, ("target", "model"), "bytes", "K+V bytes per token, all layers."),
     _g(n.TENSOR_PARALLEL_SIZE, ("target", "model"), "GPUs", "GPUs one model copy spans."),
+    _g(n.GPU_HOUR_COST, ("target",), "currency/h", "Price of one of the target's GPUs per hour, as configured (gpu_hour_cost): the cost metrics' input."),
     # GPU (NVML).
     _g(n.GPU_MEMORY_USED, ("gpu", "uuid"), "bytes", "NVML v2 memory used (engines preallocate the KV pool: near-full says nothing of occupancy)."),
     _g(n.GPU_MEMORY_TOTAL, ("gpu", "uuid"), "bytes", "NVML v2 memory total."),

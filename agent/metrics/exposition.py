@@ -19,6 +19,7 @@ from rooflight.agent import __version__
 from rooflight.agent.metrics import names as n
 from rooflight.agent.metrics.catalog import BY_NAME, gpu_extra_defs
 from rooflight.agent.metrics.snapshot import SeriesView, Snapshot, TargetView
+from rooflight.agent.signals.headroom import WindowSignals
 from rooflight.collectors.samples import GpuSample
 
 
@@ -99,7 +100,30 @@ def render_series(f: _Families, target: TargetView, view: SeriesView) -> None:
             f.add(n.TTFT, (*wk, p), _nonneg(value))
         for p, value in w.itl.items():
             f.add(n.ITL, (*wk, p), _nonneg(value))
+        f.add(n.REQUESTS_PER_SECOND, wk, _nonneg(w.requests_per_second))
+        f.add(n.KV_TRANSFER_TOKENS, wk, _nonneg(w.kv_transfer_tokens_per_second))
+        f.add(n.KV_TRANSFER_BYTES, wk, _nonneg(w.kv_transfer_bytes_per_second))
+    for sig in view.signals:
+        render_signals(f, (*key, sig.window), sig)
     render_verdicts(f, key, view.verdicts)
+
+
+def render_signals(f: _Families, wk: tuple[str, ...], sig: WindowSignals) -> None:
+    """Headroom, saturation, capacity, cost and energy of one window (signals/headroom.py)."""
+    for resource, value in sig.headroom.items():
+        f.add(n.HEADROOM, (*wk, resource), _nonneg(value))
+    f.add(n.SATURATION, (*wk, sig.role), _nonneg(sig.saturation))
+    if sig.binding is not None and sig.saturation is not None:
+        f.add(n.SATURATION_BINDING, (*wk, sig.role, sig.binding), 1.0)
+    if sig.capacity is not None:
+        f.add(n.CAPACITY_REQUESTS, wk, _nonneg(sig.capacity.requests_per_second))
+        f.add(n.CAPACITY_DECODE_TOKENS, wk, _nonneg(sig.capacity.decode_tokens_per_second))
+        for phase, value in sig.capacity.phase_tokens_per_second.items():
+            f.add(n.CAPACITY_PHASE_TOKENS, (*wk, phase), _nonneg(value))
+    for phase, value in sig.cost_per_million_tokens.items():
+        f.add(n.COST_PER_MILLION_TOKENS, (*wk, phase), _nonneg(value))
+    for phase, value in sig.tokens_per_joule.items():
+        f.add(n.TOKENS_PER_JOULE, (*wk, phase), _nonneg(value))
 
 
 def render_verdicts(f: _Families, key: tuple[str, ...], verdicts: object) -> None:
@@ -123,6 +147,7 @@ def render_constants(f: _Families, target: TargetView) -> None:
         return
     f.add(n.GPU_PEAK_FLOPS, (target.name, c.compute_dtype), c.peak_flops_per_gpu)
     f.add(n.GPU_PEAK_BANDWIDTH, (target.name,), c.gpu.memory_bandwidth_bytes_per_second)
+    f.add(n.GPU_HOUR_COST, (target.name,), target.signal_settings.gpu_hour_cost)
     if c.model is None:
         return
     m = c.model

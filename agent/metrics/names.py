@@ -43,6 +43,19 @@ SPEC_DECODE_ACCEPTANCE = "rooflight_spec_decode_acceptance_ratio"
 DECODE_INTENSITY = "rooflight_decode_arithmetic_intensity_flops_per_byte"
 TTFT = "rooflight_ttft_seconds"
 ITL = "rooflight_itl_seconds"
+REQUESTS_PER_SECOND = "rooflight_requests_per_second"  # TTFT observations: requests that got a first token
+KV_TRANSFER_TOKENS = "rooflight_kv_transfer_tokens_per_second"  # prompt tokens whose KV came over a connector
+KV_TRANSFER_BYTES = "rooflight_kv_transfer_bytes_per_second"  # those tokens x K+V bytes per token
+
+# Capacity, cost and energy (signals/headroom.py; label: window; plus resource / role / phase where named).
+HEADROOM = "rooflight_headroom_ratio"  # by resource: 0 at the wall, 1 idle
+SATURATION = "rooflight_saturation_ratio"  # by role: 1 - the role's smallest headroom
+SATURATION_BINDING = "rooflight_saturation_binding_info"  # 1; resource = the one that binds
+CAPACITY_REQUESTS = "rooflight_capacity_requests_per_second"  # sustainable at the current mix
+CAPACITY_DECODE_TOKENS = "rooflight_capacity_decode_tokens_per_second"  # requests/s capacity x mean output
+CAPACITY_PHASE_TOKENS = "rooflight_capacity_phase_tokens_per_second"  # by phase: one phase alone
+COST_PER_MILLION_TOKENS = "rooflight_cost_per_million_tokens"  # by phase
+TOKENS_PER_JOULE = "rooflight_tokens_per_joule"  # by phase
 
 # Constants the derivations used, so PromQL can recompute them.
 GPU_INFO = "rooflight_gpu_info"
@@ -53,6 +66,7 @@ MODEL_PARAMETERS = "rooflight_model_parameters"
 MODEL_WEIGHT_BYTES = "rooflight_model_weight_bytes"
 MODEL_KV_BYTES_PER_TOKEN = "rooflight_model_kv_cache_bytes_per_token"
 TENSOR_PARALLEL_SIZE = "rooflight_tensor_parallel_size"
+GPU_HOUR_COST = "rooflight_gpu_hour_cost"  # per GPU, as configured (label: target)
 
 # GPU (NVML).
 GPU_MEMORY_USED = "rooflight_gpu_memory_used_bytes"
@@ -79,6 +93,8 @@ ALERTS = (
 WINDOWS_DEFAULT = ("10s", "1m", "5m")
 PERCENTILES_DEFAULT = ("50", "90", "99")
 PHASES = ("prefill", "decode")
+RESOURCES = ("kv", "batch", "decode_bandwidth", "prefill_compute", "ttft_slo", "itl_slo")  # headroom's resource
+ROLES = ("both", "prefill", "decode")  # saturation's role
 
 # Detectors, evaluated by the agent at its sampling resolution (labels: target, engine, model, rank).
 HEAD_OF_LINE_BLOCKING = "rooflight_head_of_line_blocking"  # 0/1

@@ -2,15 +2,21 @@
 
 Sampler tasks build it; the exposition Collector, the JSON endpoint and the landing page only read
 whichever Snapshot is current, so a scrape never waits on a source and never sees half an update.
+
+A TargetView derives its series' capacity signals (signals/headroom.py: headroom, saturation, capacity,
+cost, tokens per joule) when it is built, from its constants, its settings and each series' windows and
+batch cap: once per sample, on the sampling path, so every reader sees the same numbers and a scrape
+only formats them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.signals.derive import WindowValues
+from rooflight.agent.signals.headroom import SignalSettings, WindowSignals, series_signals
 from rooflight.collectors.samples import EngineSeries, GpuSample, ProcessSample
 
 
@@ -23,6 +29,10 @@ class SeriesView:
     verdicts: Any = None  # rooflight.agent.signals.detectors.Verdicts when the detectors ran
     batch_max: float | None = None
     live_kv_bytes: float | None = None
+    signals: tuple[WindowSignals, ...] = ()  # one per window; set by the TargetView that holds this view
+
+
+DEFAULT_SIGNAL_SETTINGS = SignalSettings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +43,15 @@ class TargetView:
     constants: TargetConstants | None
     model_source: str | None
     series: tuple[SeriesView, ...] = ()
+    signal_settings: SignalSettings = DEFAULT_SIGNAL_SETTINGS  # role, SLOs, GPU price: from the target's config
+
+    def __post_init__(self) -> None:
+        """Every series' signals, from this target's constants and settings (see the module docstring)."""
+        settings, constants = self.signal_settings, self.constants
+        object.__setattr__(self, "series", tuple(
+            replace(v, signals=series_signals(v.windows, constants, v.batch_max, v.series.kv_capacity_tokens, settings))
+            for v in self.series
+        ))
 
 
 @dataclass(frozen=True, slots=True)

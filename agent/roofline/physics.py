@@ -142,3 +142,95 @@ def static_batch_utilization(output_lengths: Sequence[float]) -> float:
 def cost_per_million_tokens(gpu_dollars_per_hour: float, tokens_per_second: float) -> float:
     """$ per 1M tokens = $/hour / (tokens/s x 3600 / 1e6)."""
     return gpu_dollars_per_hour / (tokens_per_second * 3600 / 1e6)
+
+
+def decode_step_seconds_roofline(batch: float, weight_bytes: float, kv_bytes_per_sequence: float,
+                                 params_active: float, peak_flops: float, peak_bandwidth: float) -> float:
+    """Roofline time of one decode step at batch B: the longer of streaming the weights plus B caches
+    ((W + B x KV_seq) / bandwidth) and computing B tokens (B x 2P / peak FLOP/s)."""
+    memory = (weight_bytes + batch * kv_bytes_per_sequence) / peak_bandwidth
+    compute = batch * FLOPS_PER_PARAM_PER_TOKEN * params_active / peak_flops
+    return max(memory, compute)
+
+
+def decode_tokens_per_second_ceiling(kv_bytes_per_sequence: float, params_active: float, peak_flops: float,
+                                     peak_bandwidth: float) -> float:
+    """The most decode tokens/s any batch reaches at this context: B / step time as B grows without
+    bound, min(bandwidth / KV_seq, peak FLOP/s / 2P); the compute roof alone without a cache."""
+    compute = peak_flops / (FLOPS_PER_PARAM_PER_TOKEN * params_active)
+    if kv_bytes_per_sequence <= 0:
+        return compute
+    return min(peak_bandwidth / kv_bytes_per_sequence, compute)
+
+
+def decode_bandwidth_headroom(batch: float, weight_bytes: float, kv_bytes_per_sequence: float,
+                              params_active: float, peak_flops: float, peak_bandwidth: float) -> float:
+    """1 - (roofline decode tokens/s at batch B) / (the ceiling at any batch at this context), in 0..1.
+
+    The share of this context's decode throughput that more batch can still buy. Memory-bound it is
+    W / (W + B x KV_seq): the weights-only step over the step now (1 idle, 0.5 when the caches
+    double the step). Without a cache it is 1 - B / B_ridge, the batch left before the step turns
+    compute-bound and grows with every sequence (docs/physics.md, section Headroom).
+    """
+    if batch <= 0:
+        return 1.0
+    step = decode_step_seconds_roofline(batch, weight_bytes, kv_bytes_per_sequence, params_active,
+                                        peak_flops, peak_bandwidth)
+    ceiling = decode_tokens_per_second_ceiling(kv_bytes_per_sequence, params_active, peak_flops, peak_bandwidth)
+    return clamp_unit(1.0 - batch / step / ceiling)
+
+
+def clamp_unit(x: float) -> float:
+    """x held to 0..1: a headroom below 0 is a wall already passed, above 1 an idle resource."""
+    return min(1.0, max(0.0, x))
+
+
+def slo_headroom(observed_seconds: float, threshold_seconds: float) -> float:
+    """1 - observed / threshold in 0..1: 0 once the latency reaches its SLO, 1 at zero latency."""
+    return clamp_unit(1.0 - observed_seconds / threshold_seconds)
+
+
+def prefill_seconds_per_token(params_active: float, peak_flops: float, mfu: float) -> float:
+    """Engine seconds one prompt token costs at MFU `mfu`: 2P / (peak x MFU)."""
+    return FLOPS_PER_PARAM_PER_TOKEN * params_active / (peak_flops * mfu)
+
+
+def engine_seconds_per_request(prompt_tokens: float, output_tokens: float, batch: float,
+                               decode_step_seconds: float, prefill_seconds_per_prompt_token: float,
+                               *, prefill: bool = True, decode: bool = True) -> float:
+    """Engine seconds one request costs at a full batch B: O x step(B) / B of decode (each step is
+    shared by B sequences) plus P x seconds per prompt token of prefill (prefill and decode run one
+    after the other on one GPU); a prefill-only or decode-only engine pays only its own phase."""
+    seconds = 0.0
+    if decode:
+        seconds += output_tokens * decode_step_seconds / batch
+    if prefill:
+        seconds += prompt_tokens * prefill_seconds_per_prompt_token
+    return seconds
+
+
+def sustainable_request_rate(prompt_tokens: float, output_tokens: float, batch: float,
+                             decode_step_seconds: float, prefill_seconds_per_prompt_token: float,
+                             *, prefill: bool = True, decode: bool = True) -> float:
+    """Requests/s an engine sustains at a full batch B: 1 / engine seconds per request."""
+    return 1.0 / engine_seconds_per_request(prompt_tokens, output_tokens, batch, decode_step_seconds,
+                                            prefill_seconds_per_prompt_token, prefill=prefill, decode=decode)
+
+
+def groups_needed(tokens_per_second: float, tokens_per_second_per_group: float) -> int:
+    """Whole groups (engine copies) to carry a token rate: ceil(demand / capacity), at least 1.
+
+    A demand within 1e-9 of a whole number of groups counts as that number (100 x 2,000 / 10,000 is 20,
+    not 21 by float error)."""
+    exact = tokens_per_second / tokens_per_second_per_group
+    return max(1, math.ceil(exact - 1e-9 * max(1.0, exact)))
+
+
+def cost_per_million_tokens_on(gpu_dollars_per_hour: float, gpus: int, tokens_per_second: float) -> float:
+    """$ per 1M tokens on `gpus` GPUs at a per-GPU price: $/h x GPUs / (tokens/s x 3600 / 1e6)."""
+    return cost_per_million_tokens(gpu_dollars_per_hour * gpus, tokens_per_second)
+
+
+def tokens_per_joule(tokens_per_second: float, watts: float) -> float:
+    """Tokens per joule = tokens/s / W (a watt is a joule per second)."""
+    return tokens_per_second / watts

@@ -25,6 +25,8 @@ from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY, PROFILES, GpuProf
 from rooflight.agent.roofline.models import PRESETS, ModelSpec, load_config_json, preset, preset_for_hf_id
 
 NVLINK_ALLREDUCE_SECONDS = 5e-6  # fixed launch-plus-latency floor of one small all-reduce on NVLink
+DEFAULT_DECODE_MBU = 0.7  # a healthy decode's share of the bandwidth peak (section MBU: 0.6-0.8)
+DEFAULT_ITL_SLO_SECONDS = 0.05  # a chat stream's inter-token budget (20 tokens/s)
 
 
 @dataclass(frozen=True)
@@ -280,11 +282,331 @@ def format_catalog() -> str:
     return "\n".join(lines)
 
 
+# --- Pools: disaggregated prefill and decode, or one shared pool (docs/physics.md, section Headroom) ---
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """Groups (engine copies of `gpus_per_group` GPUs) for a request rate, split into prefill and decode
+    pools or shared; base units (requests/s, tokens, tokens/s, seconds, bytes)."""
+
+    rate: float
+    prompt_tokens: float
+    output_tokens: float
+    prefill_tokens_per_second: float  # demand: rate x prompt
+    decode_tokens_per_second: float  # demand: rate x output
+    prefill_capacity_per_group: float
+    decode_capacity_per_group: float
+    capacity_source: str  # flags, physics or live
+    gpus_per_group: int
+    prefill_groups: int
+    decode_groups: int
+    shared_groups: int  # one pool doing both: ceil(rate x (prompt / prefill cap + output / decode cap))
+    prefill_seconds_per_prompt: float  # prompt / prefill cap: how long one prompt holds a group
+    itl_slo: float
+    decode_batch: float | None  # the batch the decode capacity assumes (physics only)
+    kv_bytes_per_request: float | None  # the cache a prefill pool ships to the decode pool per request
+    share: bool
+    reasons: tuple[str, ...]
+
+
+def build_pool_plan(rate: float, prompt_tokens: float, output_tokens: float, prefill_capacity: float,
+                    decode_capacity: float, *, itl_slo: float = DEFAULT_ITL_SLO_SECONDS, source: str = "flags",
+                    gpus_per_group: int = 1, decode_batch: float | None = None,
+                    kv_bytes_per_request: float | None = None) -> PoolPlan:
+    """Size both pools and decide: share one pool when that needs fewer groups than the two pools (a fleet
+    too small to keep two pools busy), or when one prompt's prefill fits in the ITL budget (short prompts:
+    a shared pool's decodes barely wait, and the KV hop buys nothing); else split."""
+    for name, value in (("--rate", rate), ("--prompt", prompt_tokens), ("--output", output_tokens),
+                        ("prefill capacity", prefill_capacity), ("decode capacity", decode_capacity),
+                        ("--itl-slo", itl_slo)):
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{name} must be a number above 0, got {value!r}")
+    prefill_demand, decode_demand = rate * prompt_tokens, rate * output_tokens
+    prefill_groups = ph.groups_needed(prefill_demand, prefill_capacity)
+    decode_groups = ph.groups_needed(decode_demand, decode_capacity)
+    shared = ph.groups_needed(rate * (prompt_tokens / prefill_capacity + output_tokens / decode_capacity), 1.0)
+    stall = prompt_tokens / prefill_capacity
+    reasons = []
+    if shared < prefill_groups + decode_groups:
+        reasons.append(f"one pool needs {_groups(shared)}, two pools {prefill_groups} + {decode_groups}: "
+                       "too small a fleet to keep two pools busy")
+    if stall <= itl_slo:
+        reasons.append(f"one prompt's prefill takes {_ms(stall)}, within the {_ms(itl_slo)} ITL budget: "
+                       "a shared pool's decodes barely wait, and the KV hop buys nothing")
+    return PoolPlan(
+        rate=rate, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+        prefill_tokens_per_second=prefill_demand, decode_tokens_per_second=decode_demand,
+        prefill_capacity_per_group=prefill_capacity, decode_capacity_per_group=decode_capacity,
+        capacity_source=source, gpus_per_group=gpus_per_group, prefill_groups=prefill_groups,
+        decode_groups=decode_groups, shared_groups=shared, prefill_seconds_per_prompt=stall, itl_slo=itl_slo,
+        decode_batch=decode_batch, kv_bytes_per_request=kv_bytes_per_request, share=bool(reasons),
+        reasons=tuple(reasons) or (
+            f"one prompt's prefill holds a group {_ms(stall)}, past the {_ms(itl_slo)} ITL budget, and two "
+            "pools need no more groups than one: split, and scale each pool on its own signal",),
+    )
+
+
+def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tokens: float, output_tokens: float,
+                       batch_max: int, prefill_mfu: float, decode_mbu: float,
+                       reserved_bytes_per_gpu: float) -> tuple[float, float, float, float]:
+    """(prefill tokens/s, decode tokens/s, decode batch, KV bytes per request) of one group of tp GPUs.
+
+    Prefill: peak x prefill MFU / 2P. Decode: the batch N = min(batch cap, sequences the KV memory holds at
+    the mean live context prompt + output/2), N / its roofline step at decode_mbu x the bandwidth peak."""
+    if not 0 < decode_mbu <= 1 or not 0 < prefill_mfu <= 1:
+        raise ConfigError("--decode-mbu and --prefill-mfu must be in (0, 1]")
+    if batch_max < 1:
+        raise ConfigError("--batch-max must be at least 1")
+    peak = tp * gpu.peak_flops[gpu.peak_dtype_for(model.compute_dtype)]
+    bw = tp * gpu.memory_bandwidth_bytes_per_second
+    context = prompt_tokens + output_tokens / 2
+    free = gpu.memory_bytes - model.weight_bytes / tp - reserved_bytes_per_gpu
+    seq_per_gpu = model.kv_bytes_per_sequence_per_gpu(context, tp)
+    batch = min(float(batch_max), ph.max_concurrent_sequences(free, seq_per_gpu))
+    if batch < 1:
+        raise ConfigError(f"{model.name} on {tp} x {gpu.key}: no sequence of {context:,.0f} tokens fits beside "
+                          "the weights; raise --tp")
+    step = ph.decode_step_seconds_roofline(batch, model.weight_bytes_streamed(batch), tp * seq_per_gpu,
+                                           model.params_active, peak * prefill_mfu, bw * decode_mbu)
+    prefill = 1.0 / ph.prefill_seconds_per_token(model.params_active, peak, prefill_mfu)
+    return prefill, batch / step, batch, model.kv_bytes_per_sequence(prompt_tokens)
+
+
+def format_pools(p: PoolPlan) -> str:
+    source = {"flags": "as given", "physics": "the roofline of the model on its GPUs", "live": "the live agent"}
+    lines = [
+        f"Pools for {sig(p.rate)} req/s of {sig(p.prompt_tokens)} prompt + {sig(p.output_tokens)} output tokens",
+        f"  per group ({p.gpus_per_group} GPU{'s' if p.gpus_per_group > 1 else ''}): "
+        f"{sig(p.prefill_capacity_per_group)} prefill tok/s, {sig(p.decode_capacity_per_group)} decode tok/s "
+        f"({source.get(p.capacity_source, p.capacity_source)}"
+        + (f"; decode batch {p.decode_batch:,.0f}" if p.decode_batch else "") + ")",
+        f"  prefill pool            {_groups(p.prefill_groups)} ({sig(p.prefill_tokens_per_second)} prompt"
+        f" tok/s / {sig(p.prefill_capacity_per_group)})",
+        f"  decode pool             {_groups(p.decode_groups)} ({sig(p.decode_tokens_per_second)} output tok/s"
+        f" / {sig(p.decode_capacity_per_group)})",
+        f"  one shared pool         {_groups(p.shared_groups)}",
+    ]
+    if p.kv_bytes_per_request is not None:
+        lines.append(f"  KV shipped per request  {_gb(p.kv_bytes_per_request)} (the prompt's cache, prefill to decode)")
+    verdict = (f"share one pool of {_groups(p.shared_groups)}" if p.share else
+               f"split: {p.prefill_groups} prefill + {_groups(p.decode_groups, 'decode group')}")
+    lines += ["", f"Verdict: {verdict}", *(f"  - {r}" for r in p.reasons)]
+    return "\n".join(lines)
+
+
+def _groups(n: int, what: str = "group") -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+# --- A running agent's signals (`--from-live`) ---
+
+# The agent's names (agent/metrics/names.py; this floor cannot import it, a test holds the two equal).
+LIVE_NAMES = {
+    "tokens": "rooflight_tokens_per_second", "requests": "rooflight_requests_per_second",
+    "headroom": "rooflight_headroom_ratio", "saturation": "rooflight_saturation_ratio",
+    "binding": "rooflight_saturation_binding_info", "capacity": "rooflight_capacity_requests_per_second",
+    "capacity_decode": "rooflight_capacity_decode_tokens_per_second",
+    "capacity_phase": "rooflight_capacity_phase_tokens_per_second",
+    "cost": "rooflight_cost_per_million_tokens", "joule": "rooflight_tokens_per_joule",
+}
+MAX_LIVE_BYTES = 16 * 1024 * 1024
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+@dataclass(frozen=True)
+class LiveSeries:
+    """One (target, engine, model, rank) of a live agent over one window."""
+
+    target: str
+    engine: str
+    model: str
+    rank: str
+    window: str
+    role: str | None = None
+    requests_per_second: float | None = None
+    tokens_per_second: dict[str, float] = dataclasses.field(default_factory=dict)
+    headroom: dict[str, float] = dataclasses.field(default_factory=dict)
+    saturation: float | None = None
+    binding: str | None = None
+    capacity_requests_per_second: float | None = None
+    capacity_decode_tokens_per_second: float | None = None
+    capacity_phase_tokens_per_second: dict[str, float] = dataclasses.field(default_factory=dict)
+    cost_per_million_tokens: dict[str, float] = dataclasses.field(default_factory=dict)
+    tokens_per_joule: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def mix(self) -> tuple[float, float] | None:
+        """(mean prompt, mean output) tokens per request: each phase's tokens/s / requests/s."""
+        if not self.requests_per_second:
+            return None
+        r = self.requests_per_second
+        return self.tokens_per_second.get("prefill", 0.0) / r, self.tokens_per_second.get("decode", 0.0) / r
+
+
+def window_seconds(name: str) -> float:
+    """'10s', '1m', '250ms', '1h' in seconds (0 for a name that is not a duration)."""
+    for unit in ("ms", "s", "m", "h"):
+        if name.endswith(unit):
+            try:
+                return float(name[: -len(unit)]) * _UNITS[unit]
+            except ValueError:
+                return 0.0
+    return 0.0
+
+
+def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
+    """Every series' signals over `window` (default: the longest the page has) from an agent's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {v: k for k, v in LIVE_NAMES.items()}
+    rows: list[tuple[str, dict[str, str], float]] = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted and "window" in sample.labels and math.isfinite(sample.value):
+                rows.append((wanted[sample.name], sample.labels, sample.value))
+    windows = {labels["window"] for _, labels, _ in rows}
+    if window is not None and window not in windows:
+        raise ConfigError(f"--window {window}: the agent serves {', '.join(sorted(windows)) or 'no windows yet'}")
+    chosen = window or max(windows, key=window_seconds, default=None)
+    out: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    for kind, labels, value in rows:
+        if labels["window"] != chosen:
+            continue
+        key = (labels.get("target", ""), labels.get("engine", ""), labels.get("model", ""), labels.get("rank", ""))
+        _put(out.setdefault(key, {}), kind, labels, value)
+    return [LiveSeries(*key, window=chosen or "", **fields) for key, fields in sorted(out.items())]
+
+
+def _put(fields: dict[str, Any], kind: str, labels: dict[str, str], value: float) -> None:
+    by = {"tokens": ("tokens_per_second", "phase"), "headroom": ("headroom", "resource"),
+          "capacity_phase": ("capacity_phase_tokens_per_second", "phase"),
+          "cost": ("cost_per_million_tokens", "phase"), "joule": ("tokens_per_joule", "phase")}
+    single = {"requests": "requests_per_second", "capacity": "capacity_requests_per_second",
+              "capacity_decode": "capacity_decode_tokens_per_second"}
+    if kind in by:
+        name, label = by[kind]
+        fields.setdefault(name, {})[labels.get(label, "")] = value
+    elif kind in single:
+        fields[single[kind]] = value
+    elif kind == "saturation":
+        fields["saturation"], fields["role"] = value, labels.get("role")
+    elif kind == "binding":
+        fields["binding"] = labels.get("resource")
+
+
+def format_live(series: list[LiveSeries]) -> str:
+    if not series:
+        return "The agent serves no windowed signals yet (no engine sampled, or its windows not yet covered)."
+    lines = []
+    for s in series:
+        lines.append(f"{s.target} ({s.engine}, {s.model}, rank {s.rank}), window {s.window}, role {s.role or '?'}")
+        tps = s.tokens_per_second
+        mix = s.mix()
+        if s.requests_per_second is not None:
+            each = f" ({sig(mix[0])} prompt + {sig(mix[1])} output tokens each)" if mix else ""
+            lines.append(f"  now                     {sig(s.requests_per_second)} req/s; "
+                         f"{sig(tps.get('prefill', 0.0))} prefill + {sig(tps.get('decode', 0.0))} decode tok/s{each}")
+        if s.capacity_requests_per_second is not None:
+            alone = ", ".join(f"{sig(v)} {k}" for k, v in s.capacity_phase_tokens_per_second.items())
+            lines.append(f"  capacity at this mix    {sig(s.capacity_requests_per_second)} req/s, "
+                         f"{sig(s.capacity_decode_tokens_per_second or 0.0)} decode tok/s before the first wall"
+                         + (f" (one phase alone: {alone} tok/s)" if alone else ""))
+        if s.headroom:
+            lines.append("  headroom                " + ", ".join(f"{k} {v:.2f}" for k, v in s.headroom.items()))
+        if s.saturation is not None:
+            lines.append(f"  saturation              {s.saturation:.2f} (binding: {s.binding or '?'})")
+        for phase, cost in s.cost_per_million_tokens.items():
+            lines.append(f"  cost                    {sig(cost)} per 1M {phase} tokens")
+        for phase, tpj in s.tokens_per_joule.items():
+            lines.append(f"  energy                  {sig(tpj)} {phase} tokens per joule")
+    return "\n".join(lines)
+
+
+def fetch_live(url: str, timeout: float = 10.0) -> str:
+    """The agent's /metrics (at `url`, or `url`/metrics when the URL has no path); ConfigError if unreadable.
+
+    A user:password in the URL is sent as basic auth and never printed."""
+    import base64
+    import urllib.error
+    import urllib.request
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError("--from-live: write the agent's URL, e.g. http://127.0.0.1:9746")
+    netloc = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
+    path = parts.path if parts.path not in ("", "/") else "/metrics"
+    shown = urlunsplit((parts.scheme, netloc, path, "", ""))
+    request = urllib.request.Request(urlunsplit((parts.scheme, netloc, path, parts.query, "")),
+                                     headers={"Accept": "text/plain"})
+    if parts.username is not None:
+        token = f"{parts.username}:{parts.password or ''}".encode()
+        request.add_header("Authorization", "Basic " + base64.b64encode(token).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (http/https only)
+            body = response.read(MAX_LIVE_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        raise ConfigError(f"--from-live {shown}: HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ConfigError(f"--from-live {shown}: cannot read it ({type(reason).__name__})") from None
+    if len(body) > MAX_LIVE_BYTES:
+        raise ConfigError(f"--from-live {shown}: larger than {MAX_LIVE_BYTES // (1024 * 1024)} MiB; not an agent's page")
+    return body.decode("utf-8", errors="replace")
+
+
+def run_capacity(args: argparse.Namespace) -> int:
+    """`plan --from-live URL` and/or `plan --rate R`: the live agent's signals, the pools for a rate."""
+    series = live_series(fetch_live(args.from_live), args.window) if args.from_live else None
+    out: dict[str, Any] = {}
+    text = []
+    if series is not None:
+        out["live"] = [dataclasses.asdict(s) for s in series]
+        text.append(format_live(series))
+    if args.rate is not None:
+        pools = _pools_for(args, series)
+        out["pools"] = dataclasses.asdict(pools)
+        text.append(format_pools(pools))
+    print(json.dumps(out, indent=2) if args.json else "\n\n".join(text))
+    return 0
+
+
+def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> PoolPlan:
+    """The pools for --rate: the mix from --prompt/--output, else the live one; capacities from the flags,
+    else the live agent's one-phase capacities, else the model's roofline on --gpu."""
+    live = next((s for s in series or () if {"prefill", "decode"} <= set(s.capacity_phase_tokens_per_second)), None)
+    mix = live.mix() if live is not None else None
+    prompt = args.prompt if args.prompt is not None else (mix[0] if mix else None)
+    output = args.output if args.output is not None else (mix[1] if mix else None)
+    if prompt is None or output is None:
+        raise ConfigError("--rate needs --prompt and --output (mean tokens per request), or --from-live with traffic")
+    source, batch, kv, gpus = "flags", None, None, args.tp
+    cp, cd = args.prefill_capacity, args.decode_capacity
+    if cp is None or cd is None:
+        if live is not None:
+            source = "live"
+            cp = cp if cp is not None else live.capacity_phase_tokens_per_second["prefill"]
+            cd = cd if cd is not None else live.capacity_phase_tokens_per_second["decode"]
+        else:
+            source = "physics"
+            model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
+            p_cap, d_cap, batch, kv = physics_capacities(
+                model, get_profile(args.gpu), tp=args.tp, prompt_tokens=prompt, output_tokens=output,
+                batch_max=args.batch_max, prefill_mfu=args.prefill_mfu, decode_mbu=args.decode_mbu,
+                reserved_bytes_per_gpu=args.reserved_gb * 1e9)
+            cp = cp if cp is not None else p_cap
+            cd = cd if cd is not None else d_cap
+    return build_pool_plan(args.rate, prompt, output, cp, cd, itl_slo=args.itl_slo, source=source,
+                           gpus_per_group=gpus, decode_batch=batch, kv_bytes_per_request=kv)
+
+
 def run_plan(args: argparse.Namespace) -> int:
     """Entry point of `rooflight plan`; prints text or JSON, returns the exit code."""
     if getattr(args, "list", False):
         print(format_catalog())
         return 0
+    if getattr(args, "from_live", None) or getattr(args, "rate", None) is not None:
+        return run_capacity(args)
     model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
     plan = build_plan(model, get_profile(args.gpu), tp=args.tp, context_tokens=args.context,
                       batch=args.batch, prompt_tokens=args.prompt_tokens, prefill_mfu=args.prefill_mfu,
@@ -325,4 +647,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "activations, not KV (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print every figure in base units as JSON")
     p.add_argument("--list", action="store_true", help="list the model presets and GPU profiles")
+    pools = p.add_argument_group("capacity and pools (docs/physics.md, section Headroom)")
+    pools.add_argument("--rate", type=float, metavar="REQ_PER_S", help="size prefill and decode pools for this "
+                       "request rate, and say whether one shared pool is the better answer")
+    pools.add_argument("--prompt", type=float, metavar="TOKENS", help="mean prompt tokens per request for "
+                       "--rate (default with --from-live: the live mix)")
+    pools.add_argument("--output", type=float, metavar="TOKENS", help="mean output tokens per request for "
+                       "--rate (default with --from-live: the live mix)")
+    pools.add_argument("--prefill-capacity", type=float, metavar="TOK_PER_S", help="prefill tokens/s one "
+                       "group carries (default: the model on --gpu at --prefill-mfu, or the live agent's)")
+    pools.add_argument("--decode-capacity", type=float, metavar="TOK_PER_S", help="decode tokens/s one group "
+                       "carries (default: the roofline at --decode-mbu and the KV wall, or the live agent's)")
+    pools.add_argument("--batch-max", type=int, default=256, help="the decode batch cap for the physics "
+                       "capacity, like vLLM's max_num_seqs (default %(default)s)")
+    pools.add_argument("--decode-mbu", type=float, default=DEFAULT_DECODE_MBU, help="fraction of the "
+                       "bandwidth peak decode reaches; 0.6-0.8 is healthy (default %(default)s)")
+    pools.add_argument("--itl-slo", type=float, default=DEFAULT_ITL_SLO_SECONDS, metavar="SECONDS",
+                       help="the ITL budget a shared pool's decodes may wait for one prompt's prefill "
+                       "(default %(default)s)")
+    pools.add_argument("--from-live", metavar="URL", help="read a running agent's /metrics (its URL, e.g. "
+                       "http://127.0.0.1:9746): its headroom, saturation and capacity at the live mix")
+    pools.add_argument("--window", metavar="NAME", help="the live window to read, e.g. 1m (default: the longest)")
     p.set_defaults(func=run_plan)

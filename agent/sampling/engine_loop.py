@@ -26,6 +26,7 @@ from rooflight.agent.signals.baseline import TailBaseline
 from rooflight.agent.sampling.discovery import model_from_id
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.signals.detectors import DetectorInputs, DetectorThresholds, Verdicts, evaluate
+from rooflight.agent.signals.headroom import SignalSettings, role_for, with_energy
 from rooflight.agent.sampling.health import KV_USAGE_OUT_OF_RANGE, SourceState
 from rooflight.agent.metrics.snapshot import SeriesView, TargetView
 from rooflight.agent.signals.windows import SeriesHistory, histogram_delta, worst_bound
@@ -66,11 +67,13 @@ class EngineLoop:
         model_source: str | None,
         constants_for: ConstantsFor,
         dram_for: Callable[[TargetConfig, float], float | None] | None = None,
+        energy_for: Callable[[TargetConfig, float], float | None] | None = None,
     ) -> None:
         self.target, self.config, self.session, self.clock = target, config, session, clock
         self.model, self.model_source = model, model_source
         self._constants_for = constants_for
         self._dram_for = dram_for
+        self._energy_for = energy_for
         self._raised: dict[tuple[str, str], Verdicts] = {}
         self.state = SourceState("engine", target.name)
         self.thresholds = DetectorThresholds(**config.detectors)
@@ -235,7 +238,14 @@ class EngineLoop:
             constants=constants,
             model_source=self.model_source,
             series=series,
+            signal_settings=self._signal_settings(),
         )
+
+    def _signal_settings(self) -> SignalSettings:
+        """The target's role (its setting, else the engine's info), SLOs and GPU price, for its signals."""
+        t = self.target
+        return SignalSettings(role=role_for(t.role, self.hints.role), ttft_slo=t.ttft_slo, itl_slo=t.itl_slo,
+                              gpu_hour_cost=t.gpu_hour_cost)
 
     def _series_view(self, series: EngineSeries, constants: TargetConstants, count_dropped: bool = False) -> SeriesView:
         history = self._histories.get((series.model, series.rank))
@@ -251,6 +261,9 @@ class EngineLoop:
                 self.state.drop_value(reason)
         if self._dram_for is not None:
             windows = tuple(replace(w, dram_utilization=self._dram_for(self.target, w.seconds)) for w in windows)
+        if self._energy_for is not None:
+            energy_for = self._energy_for
+            windows = with_energy(windows, lambda seconds: energy_for(self.target, seconds))
         batch_max = _first(self.target.batch_max, series.batch_max_requests, self.hints.batch_max_requests)
         live = derive.live_kv_bytes(series.kv_usage_ratio, series.kv_capacity_tokens, constants)
         worst, baseline = self._itl_tail(series, history)

@@ -12,21 +12,26 @@ steps can bunch up: a real engine near its roof can read a little over 1.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
-from rooflight.agent.signals.windows import Point, SeriesHistory, histogram_delta, histogram_quantile, increase, mean, rate
+from rooflight.agent.signals.windows import (
+    CorrectedHistogram, Point, SeriesHistory, histogram_delta, histogram_quantile, increase, mean, rate,
+)
 from rooflight.collectors.samples import EngineSeries, Histogram
 
 # Names inside a SeriesHistory.
 PROMPT, GENERATION, STEPS, PREEMPTIONS = "prompt_tokens", "generation_tokens", "steps", "preemptions"
 RUNNING, WAITING, KV_USAGE = "running", "waiting", "kv_usage"
 DRAFT, ACCEPTED = "spec_draft_tokens", "spec_accepted_tokens"
+KV_TRANSFER = "kv_transfer_tokens"  # prompt tokens whose KV arrived from another instance (vLLM's KV connector)
 TTFT, ITL = "ttft", "itl"
 
 MAX_UTILIZATION = 1.2  # MBU and MFU above this are withheld (see the module docstring)
+SLO_QUANTILE = 0.99  # the tail the SLO headroom judges (signals/headroom.py), whatever percentiles are exported
 MBU_OUT_OF_RANGE, MFU_OUT_OF_RANGE = "mbu_out_of_range", "mfu_out_of_range"  # reasons in WindowValues.dropped
 
 
@@ -41,6 +46,7 @@ def history_inputs(
         PREEMPTIONS: series.preemptions_total,
         DRAFT: series.extra.get("spec_decode_num_draft_tokens_total"),
         ACCEPTED: series.extra.get("spec_decode_num_accepted_tokens_total"),
+        KV_TRANSFER: series.extra.get("prompt_tokens_external_kv_transfer_total"),
     }
     gauges = {RUNNING: series.running, WAITING: series.waiting, KV_USAGE: series.kv_usage_ratio}
     return counters, gauges, {TTFT: series.ttft, ITL: series.itl}
@@ -67,6 +73,12 @@ class WindowValues:
     dram_utilization: float | None = None  # measured on the target's GPUs (GPM), same window
     spec_decode_acceptance: float | None = None  # accepted / proposed draft tokens
     dropped: tuple[str, ...] = ()  # a reason per value withheld as physically impossible
+    # Requests that got their first token per second: the TTFT histogram's observations (one per request).
+    requests_per_second: float | None = None
+    slo_tail: Mapping[str, float] = field(default_factory=dict)  # SLO_QUANTILE of "ttft" and "itl"
+    energy_watts: float | None = None  # mean power of the target's GPUs from NVML's energy counter, same window
+    kv_transfer_tokens_per_second: float | None = None  # prompt tokens whose KV came over a KV connector
+    kv_transfer_bytes_per_second: float | None = None  # those tokens x K+V bytes per token (all TP ranks)
 
     @property
     def mbu_to_dram(self) -> float | None:
@@ -101,6 +113,8 @@ def derive_window(
     live_kv = live_kv_bytes(kv_usage, kv_capacity_tokens, constants)
     prompt_increase, step_increase = increase(first, last, PROMPT), increase(first, last, STEPS)
     mbu, mfu, dropped = _in_range(_mbu(constants, live_kv, steps, running), _mfu(constants, tokens))
+    ttft, itl = histogram_delta(first, last, TTFT), histogram_delta(first, last, ITL)
+    transferred = rate(first, last, KV_TRANSFER)
     return WindowValues(
         window=window,
         seconds=last.t - first.t,
@@ -110,8 +124,8 @@ def derive_window(
         mbu=mbu,
         mfu=mfu,
         decode_intensity=_decode_intensity(constants, running, live_kv),
-        ttft=_percentiles(first, last, TTFT, percentiles),
-        itl=_percentiles(first, last, ITL, percentiles),
+        ttft=_percentiles(ttft, percentiles),
+        itl=_percentiles(itl, percentiles),
         mean_running=running,
         mean_kv_usage=kv_usage,
         mean_live_kv_bytes=live_kv,
@@ -120,7 +134,35 @@ def derive_window(
         ),
         spec_decode_acceptance=_ratio(increase(first, last, ACCEPTED), increase(first, last, DRAFT)),
         dropped=dropped,
+        requests_per_second=_observation_rate(ttft, last.t - first.t),
+        slo_tail=_tail({"ttft": ttft, "itl": itl}),
+        kv_transfer_tokens_per_second=transferred,
+        kv_transfer_bytes_per_second=kv_bytes(transferred, constants),
     )
+
+
+def kv_bytes(tokens: float | None, constants: TargetConstants | None) -> float | None:
+    """K+V bytes of `tokens` tokens as the TP ranks hold them (each rank its shard, or its copy)."""
+    if tokens is None or constants is None or constants.model is None:
+        return None
+    tp = constants.tensor_parallel_size
+    return tokens * constants.model.kv_bytes_per_token_per_gpu(tp) * tp
+
+
+def _observation_rate(hist: CorrectedHistogram | None, seconds: float) -> float | None:
+    """Observations per second over the window: the +Inf bucket's increase over its length."""
+    if hist is None or not hist.counts or seconds <= 0 or not math.isinf(hist.bounds[-1]):
+        return None
+    return max(0.0, hist.counts[-1]) / seconds
+
+
+def _tail(hists: Mapping[str, CorrectedHistogram | None]) -> dict[str, float]:
+    out = {}
+    for name, hist in hists.items():
+        value = histogram_quantile(SLO_QUANTILE, hist) if hist is not None else None
+        if value is not None:
+            out[name] = value
+    return out
 
 
 def _in_range(
@@ -218,8 +260,7 @@ def _decode_intensity(
     return physics.decode_intensity(running, model.params_active, model.weight_bytes_streamed(running), live_kv)
 
 
-def _percentiles(first: Point, last: Point, name: str, percentiles: tuple[str, ...]) -> dict[str, float]:
-    delta = histogram_delta(first, last, name)
+def _percentiles(delta: CorrectedHistogram | None, percentiles: tuple[str, ...]) -> dict[str, float]:
     if delta is None:
         return {}
     out = {}

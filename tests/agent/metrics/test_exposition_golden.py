@@ -15,6 +15,7 @@ from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.cli import resolve_models
 from rooflight.agent.sampling.config import build
 from rooflight.agent.metrics.exposition import registry_for
+from rooflight.agent.signals.headroom import SignalSettings, with_energy
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.collectors.nvml_fake import a100_like, h100_like
 from support import GOLDEN, FakeEngine, check_golden, promtool_clean, sample_text
@@ -119,3 +120,27 @@ async def test_golden_vllm_spec_decode_acceptance(fake_engine: FakeEngine) -> No
         await agent.stop()
     promtool_clean(text)
     check_golden(GOLDEN / "vllm-spec-decode.prom", text)
+
+
+async def test_golden_vllm_capacity_signals(fake_engine: FakeEngine) -> None:
+    """The recorded pages with what a target's config adds: a role, SLOs, a GPU price; and its GPUs' mean
+    power over each window (550 W). The sampler passes these once wired; here they are set on the view."""
+    from dataclasses import replace
+
+    agent = await _two_samples(fake_engine, FakeClock(), gpu="h100-sxm", tp=2)
+    try:
+        (target,) = agent.snapshot.targets
+        series = tuple(replace(v, windows=with_energy(v.windows, lambda seconds: 550.0)) for v in target.series)
+        settings = SignalSettings(role="decode", ttft_slo=0.5, itl_slo=0.05, gpu_hour_cost=2.5)
+        target = replace(target, series=series, signal_settings=settings)
+        (window,) = [s for s in target.series[0].signals if s.window == "10s"]
+        decode = target.series[0].windows[0].tokens_per_second["decode"]
+        assert window.cost_per_million_tokens["decode"] == 2.5 * 2 / (decode * 3600 / 1e6)  # 2 GPUs (TP)
+        assert window.tokens_per_joule["decode"] == decode / 550.0
+        assert window.role == "decode" and "ttft_slo" in window.headroom and "itl_slo" in window.headroom
+        snapshot = replace(agent.snapshot, targets=(target,))
+        text = generate_latest(registry_for(lambda: snapshot)).decode().replace(target.name, "ENGINE")
+    finally:
+        await agent.stop()
+    promtool_clean(text)
+    check_golden(GOLDEN / "vllm-capacity-signals.prom", text)

@@ -11,7 +11,10 @@ import pytest
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.gpus import get_profile
 from rooflight.agent.roofline.models import load_config_json, preset
-from rooflight.agent.roofline.plan import build_plan, format_plan, plan_to_dict, register, sig
+from rooflight.agent.roofline.plan import (
+    LIVE_NAMES, build_plan, build_pool_plan, format_plan, live_series, physics_capacities, plan_to_dict, register,
+    sig, window_seconds,
+)
 from support import MODEL_CONFIGS
 
 FIX = MODEL_CONFIGS
@@ -187,3 +190,130 @@ def test_list_shows_presets_and_profiles(capsys: pytest.CaptureFixture[str]) -> 
     out = run(capsys, "--list")
     assert "llama-3-8b" in out and "deepseek-v3" in out and "37.6B active" in out
     assert "h100-sxm         989 TFLOP/s bf16, 3.35 TB/s, 80 GB, ridge 295" in out
+
+
+# --- pools and the live agent (docs/physics.md, section Headroom) ---
+
+def test_disaggregated_pools_for_100_requests_per_second(capsys: pytest.CaptureFixture[str]) -> None:
+    # 100 req/s of 2,000 prompt + 250 output tokens, ~10,000 prefill and ~2,500 decode tok/s per group
+    d = run_json(capsys, "--rate", "100", "--prompt", "2000", "--output", "250",
+                 "--prefill-capacity", "10000", "--decode-capacity", "2500")["pools"]
+    assert (d["prefill_groups"], d["decode_groups"]) == (20, 10)
+    assert d["shared_groups"] == 30 and d["share"] is False  # 0.2 s per prompt is past a 50 ms ITL budget
+    out = run(capsys, "--rate", "100", "--prompt", "2000", "--output", "250", "--prefill-capacity", "10000",
+              "--decode-capacity", "2500")
+    assert "prefill pool            20 groups" in out and "decode pool             10 groups" in out
+    assert "Verdict: split: 20 prefill + 10 decode groups" in out
+
+
+@pytest.mark.parametrize(("rate", "prompt", "why"), [
+    (1, 2000, "too small a fleet"),  # 0.2 + 0.1 groups: one shared group, not one of each
+    (100, 200, "within the 50 ms ITL budget"),  # 20 ms of prefill per prompt: short prompts
+])
+def test_sharing_one_pool_is_sometimes_the_better_answer(rate: float, prompt: float, why: str) -> None:
+    p = build_pool_plan(rate, prompt, 250, 10_000, 2_500)
+    assert p.share is True and any(why in r for r in p.reasons)
+    assert p.shared_groups <= p.prefill_groups + p.decode_groups
+
+
+def test_pool_capacities_from_the_physics(capsys: pytest.CaptureFixture[str]) -> None:
+    # ref-8b on one H100, 2,000 + 250 tokens: prefill at 50% MFU; decode at the KV wall's batch
+    # (60 GB / (2,125 tokens x 128 KiB) = 215 sequences) at 70% of the bandwidth peak
+    prefill, decode, batch, kv = physics_capacities(preset("ref-8b"), H100, tp=1, prompt_tokens=2000,
+                                                     output_tokens=250, batch_max=256, prefill_mfu=0.5,
+                                                     decode_mbu=0.7, reserved_bytes_per_gpu=4e9)
+    assert round(prefill, -2) == 30_900 and batch == 215
+    step = (16e9 + 215 * 2125 * 131_072) / (3.35e12 * 0.7)
+    assert decode == pytest.approx(215 / step) and round(decode, -1) == 6_640
+    assert kv == 2000 * 131_072
+    d = run_json(capsys, "--rate", "100", "--prompt", "2000", "--output", "250")["pools"]
+    assert (d["prefill_groups"], d["decode_groups"], d["capacity_source"]) == (7, 4, "physics")
+
+
+def test_pool_flags_must_make_sense(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ConfigError, match="--prompt and --output"):
+        run(capsys, "--rate", "10")
+    with pytest.raises(ConfigError, match="--rate"):
+        build_pool_plan(0, 100, 100, 1000, 1000)
+    with pytest.raises(ConfigError, match="raise --tp"):
+        physics_capacities(preset("ref-70b"), H100, tp=1, prompt_tokens=2000, output_tokens=250, batch_max=256,
+                           prefill_mfu=0.5, decode_mbu=0.7, reserved_bytes_per_gpu=4e9)
+
+
+def test_live_names_are_the_agents() -> None:
+    from rooflight.agent.metrics import names as n
+
+    assert LIVE_NAMES == {
+        "tokens": n.TOKENS_PER_SECOND, "requests": n.REQUESTS_PER_SECOND, "headroom": n.HEADROOM,
+        "saturation": n.SATURATION, "binding": n.SATURATION_BINDING, "capacity": n.CAPACITY_REQUESTS,
+        "capacity_decode": n.CAPACITY_DECODE_TOKENS, "capacity_phase": n.CAPACITY_PHASE_TOKENS,
+        "cost": n.COST_PER_MILLION_TOKENS, "joule": n.TOKENS_PER_JOULE,
+    }
+    assert [window_seconds(w) for w in ("10s", "1m", "250ms", "1h", "x")] == [10, 60, 0.25, 3600, 0]
+
+
+async def _demo_page() -> tuple[str, object]:
+    """A live agent's /metrics on the demo's steady traffic, and its TargetView."""
+    from prometheus_client import generate_latest
+
+    from rooflight.agent.demo import DemoConfig, DemoEngine
+    from rooflight.agent.metrics.exposition import registry_for
+    from rooflight.agent.sampling.clock import FakeClock
+    from rooflight.agent.sampling.config import build
+    from support import started_agent
+
+    clock = FakeClock()
+    engine = DemoEngine(DemoConfig(scenario="steady", seed=3), clock=clock)
+    await engine.start()
+    try:
+        settings = {"engine_url": [engine.url], "process": False, "nvml": False, "interval": "0.5",
+                    "windows": "10s,1m", "gpu": "h100-sxm", "batch_max": 256}
+        async with started_agent(build({}, {}, settings), loops=False, clock=clock) as agent:
+            for _ in range(80):
+                clock.advance(0.5)
+                engine.tick()
+                await agent.sample_engines_once()
+            return generate_latest(registry_for(lambda: agent.snapshot)).decode(), agent.snapshot.targets[0]
+    finally:
+        await engine.stop()
+
+
+async def test_from_live_reads_the_agents_signals(capsys: pytest.CaptureFixture[str]) -> None:
+    import asyncio
+
+    from support import FakeEngine
+
+    page, target = await _demo_page()
+    (live,) = live_series(page)  # the longest window by default
+    view = target.series[0]
+    w, s = view.windows[-1], view.signals[-1]
+    assert live.window == "1m" and live.role == "both"
+    assert live.requests_per_second == pytest.approx(w.requests_per_second)
+    assert live.headroom == pytest.approx(dict(s.headroom)) and live.binding == s.binding
+    assert live.capacity_requests_per_second == pytest.approx(s.capacity.requests_per_second)
+    assert live.mix() == pytest.approx((w.tokens_per_second["prefill"] / w.requests_per_second,
+                                        w.tokens_per_second["decode"] / w.requests_per_second))
+    assert live_series(page, "10s")[0].window == "10s"
+    with pytest.raises(ConfigError, match="serves 10s, 1m"):
+        live_series(page, "5m")
+    agent = FakeEngine(body=page)  # the agent's page, served over HTTP
+    await agent.start()
+    try:
+        out = await asyncio.to_thread(run, capsys, "--from-live", agent.url, "--rate", "50")
+    finally:
+        await agent.stop()
+    assert "window 1m, role both" in out and f"capacity at this mix    {sig(live.capacity_requests_per_second)} req/s" in out
+    assert "(the live agent)" in out  # pool capacities and mix from the live agent's one-phase capacities
+    pools = build_pool_plan(50, *live.mix(), live.capacity_phase_tokens_per_second["prefill"],
+                            live.capacity_phase_tokens_per_second["decode"], source="live")
+    assert f"prefill pool            {pools.prefill_groups} group" in out
+    assert f"decode pool             {pools.decode_groups} group" in out
+
+
+def test_from_live_that_is_not_readable_is_a_config_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from support import free_port
+
+    with pytest.raises(ConfigError, match="cannot read it"):
+        run(capsys, "--from-live", f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(ConfigError, match="agent's URL"):
+        run(capsys, "--from-live", "ftp://example")

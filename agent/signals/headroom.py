@@ -1,0 +1,298 @@
+"""How far each target is from its walls, per window: headroom per resource, saturation, the capacity the
+roofline leaves at the current mix, cost per million tokens and tokens per joule.
+
+Pure: numbers in, numbers out; the physics is agent/roofline/physics.py, every formula is derived in
+docs/physics.md (section Headroom) and listed in docs/metrics.md (section Capacity, cost and energy).
+
+Headroom is 1 at idle and 0 at the wall, so an autoscaler can act on one number:
+- kv: 1 - the window's mean KV occupancy (the capacity the running batch at its mean context does not
+  need); 0 whenever the window saw a preemption, which an engine does only when the cache ran out.
+- batch: 1 - mean running / the batch cap.
+- decode_bandwidth: physics.decode_bandwidth_headroom at the window's mean batch and mean live KV per
+  sequence: the share of the decode throughput ceiling at this context that more batch can still buy.
+- prefill_compute: 1 - prefill MFU / the MFU a real prefill reaches (SignalSettings.prefill_mfu).
+- ttft_slo, itl_slo: 1 - the window's p99 / the SLO threshold, where a threshold is set.
+Saturation = 1 - the smallest headroom among the resources of the target's role (ROLE_RESOURCES): 1 at
+the first wall; `binding` names that resource.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable, Mapping
+
+from rooflight.agent.errors import ConfigError
+from rooflight.agent.roofline import physics
+from rooflight.agent.roofline.constants import TargetConstants
+from rooflight.agent.signals.derive import WindowValues
+from rooflight.agent.signals.windows import SeriesHistory, increase
+
+KV, BATCH, DECODE_BANDWIDTH, PREFILL_COMPUTE, TTFT_SLO, ITL_SLO = (
+    "kv", "batch", "decode_bandwidth", "prefill_compute", "ttft_slo", "itl_slo")
+RESOURCES = (KV, BATCH, DECODE_BANDWIDTH, PREFILL_COMPUTE, TTFT_SLO, ITL_SLO)
+ROLES = ("both", "prefill", "decode")
+# Which walls a pool scales on: a prefill pool is compute-bound and judged by TTFT; a decode pool is
+# bound by its cache, its batch cap and bandwidth, and judged by ITL (docs/physics.md, section Headroom).
+ROLE_RESOURCES: Mapping[str, tuple[str, ...]] = {
+    "both": RESOURCES,
+    "prefill": (PREFILL_COMPUTE, TTFT_SLO),
+    "decode": (KV, BATCH, DECODE_BANDWIDTH, ITL_SLO),
+}
+DEFAULT_PREFILL_MFU = 0.5  # what a strong real prefill reaches (docs/physics.md, section Prefill time)
+DEFAULT_DECODE_MBU = 0.7  # a healthy decode's MBU (0.6-0.8, docs/physics.md, section MBU)
+ENERGY = "energy_joules"  # the NVML energy counter's name inside a GPU's SeriesHistory
+
+
+@dataclass(frozen=True, slots=True)
+class SignalSettings:
+    """What a target's signals need beyond its constants: its role, its SLOs, its GPUs' price, and the
+    efficiencies its capacity is predicted at."""
+
+    role: str = "both"
+    ttft_slo: float | None = None  # seconds; None: no TTFT headroom
+    itl_slo: float | None = None
+    gpu_hour_cost: float | None = None  # per GPU per hour, any currency; None: no cost
+    prefill_mfu: float = DEFAULT_PREFILL_MFU
+    decode_mbu: float = DEFAULT_DECODE_MBU
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ConfigError(f"role {self.role!r}: choose one of {', '.join(ROLES)}")
+        for name in ("ttft_slo", "itl_slo", "gpu_hour_cost"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} {value!r}: must be a number above 0")
+        for name in ("prefill_mfu", "decode_mbu"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ConfigError(f"{name} {getattr(self, name)!r}: must be in (0, 1]")
+
+
+ENGINE_ROLES: Mapping[str, str] = {  # what engines call their part -> ROLES
+    "prefill": "prefill", "kv_producer": "prefill", "producer": "prefill",
+    "decode": "decode", "kv_consumer": "decode", "consumer": "decode",
+    "both": "both", "kv_both": "both", "null": "both", "none": "both",
+}
+
+
+def role_for(configured: str | None, engine: str | None) -> str:
+    """The target's role: the `role` setting, else what the engine's config says (vLLM's kv_role
+    kv_producer / kv_consumer / kv_both, SGLang's disaggregation_mode prefill / decode / null), else both."""
+    if configured:
+        return configured
+    return ENGINE_ROLES.get(str(engine or "").strip().lower(), "both")
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What the roofline lets this target sustain at the window's prompt/output mix, before its first wall."""
+
+    requests_per_second: float
+    decode_tokens_per_second: float  # requests/s x mean output tokens
+    phase_tokens_per_second: Mapping[str, float]  # one phase alone: what one pool group of it carries
+    batch: float  # the batch at the first wall
+    wall: str  # kv or batch (prefill_compute for a prefill-only target)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSignals:
+    window: str
+    role: str
+    headroom: Mapping[str, float] = field(default_factory=dict)  # by resource, 0..1
+    saturation: float | None = None  # 1 - the role's smallest headroom
+    binding: str | None = None  # the resource of that smallest headroom
+    capacity: Capacity | None = None
+    cost_per_million_tokens: Mapping[str, float] = field(default_factory=dict)  # by phase
+    tokens_per_joule: Mapping[str, float] = field(default_factory=dict)  # by phase
+
+
+def kv_headroom(mean_kv_usage: float | None, preemptions_per_second: float | None) -> float | None:
+    """1 - mean KV occupancy; 0 when the window preempted (the cache ran out inside it)."""
+    if mean_kv_usage is None:
+        return None
+    if preemptions_per_second:
+        return 0.0
+    return physics.clamp_unit(1.0 - mean_kv_usage)
+
+
+def batch_headroom(mean_running: float | None, batch_max: float | None) -> float | None:
+    """1 - mean running / batch cap."""
+    if mean_running is None or not batch_max:
+        return None
+    return physics.clamp_unit(1.0 - mean_running / batch_max)
+
+
+def decode_bandwidth_headroom(w: WindowValues, constants: TargetConstants | None) -> float | None:
+    """physics.decode_bandwidth_headroom at the window's mean batch and mean live KV bytes per sequence.
+    None where the engine reports no KV occupancy (TGI, llama.cpp): the caches' share is not guessed."""
+    peaks = _peaks(constants)
+    batch = w.mean_running
+    if peaks is None or batch is None or (batch > 0 and w.mean_live_kv_bytes is None):
+        return None
+    model, (flops, bandwidth) = constants.model, peaks  # type: ignore[union-attr]
+    kv_seq = w.mean_live_kv_bytes / batch if batch > 0 else 0.0  # type: ignore[operator]
+    return physics.decode_bandwidth_headroom(batch, model.weight_bytes_streamed(max(batch, 1.0)), kv_seq,
+                                             model.params_active, flops, bandwidth)
+
+
+def prefill_compute_headroom(w: WindowValues, prefill_mfu: float) -> float | None:
+    """1 - prefill MFU / the MFU a real prefill reaches."""
+    mfu = w.mfu.get("prefill")
+    return None if mfu is None else physics.clamp_unit(1.0 - mfu / prefill_mfu)
+
+
+def slo_headrooms(w: WindowValues, settings: SignalSettings) -> dict[str, float]:
+    out = {}
+    for resource, key, threshold in ((TTFT_SLO, "ttft", settings.ttft_slo), (ITL_SLO, "itl", settings.itl_slo)):
+        observed = w.slo_tail.get(key)
+        if threshold is not None and observed is not None:
+            out[resource] = physics.slo_headroom(observed, threshold)
+    return out
+
+
+def headrooms(w: WindowValues, constants: TargetConstants | None, batch_max: float | None,
+              settings: SignalSettings) -> dict[str, float]:
+    """Every resource's headroom this window can tell, in RESOURCES order."""
+    found = {
+        KV: kv_headroom(w.mean_kv_usage, w.preemptions_per_second),
+        BATCH: batch_headroom(w.mean_running, batch_max),
+        DECODE_BANDWIDTH: decode_bandwidth_headroom(w, constants),
+        PREFILL_COMPUTE: prefill_compute_headroom(w, settings.prefill_mfu),
+        **slo_headrooms(w, settings),
+    }
+    return {r: found[r] for r in RESOURCES if found.get(r) is not None}  # type: ignore[misc]
+
+
+def saturation(headroom: Mapping[str, float], role: str) -> tuple[float | None, str | None]:
+    """1 - the smallest headroom among the role's resources, and which one; (None, None) when none is known.
+    Ties go to the first in RESOURCES order, so the binding resource does not flicker."""
+    known = [(headroom[r], r) for r in ROLE_RESOURCES[role] if r in headroom]
+    if not known:
+        return None, None
+    low, resource = min(known, key=lambda item: item[0])
+    return 1.0 - low, resource
+
+
+def capacity(w: WindowValues, constants: TargetConstants | None, batch_max: float | None,
+             kv_capacity_tokens: float | None, settings: SignalSettings) -> Capacity | None:
+    """The request rate and decode tokens/s the roofline sustains at the window's mix, before the first wall.
+
+    Mix: mean prompt P = prefill tokens/s / requests/s, mean output O = decode tokens/s / requests/s.
+    First wall: the batch N = min(batch cap, sequences the KV cache holds); the cache holds mean running /
+    mean occupancy sequences of the current context (capacity / (P + O/2) while nothing runs). Decode steps
+    at N take physics.decode_step_seconds_roofline at decode_mbu x the bandwidth peak and prefill_mfu x the
+    compute peak; each request costs O x step / N + P x 2P_active / (peak x prefill_mfu) engine seconds.
+    """
+    peaks = _peaks(constants)
+    rate = w.requests_per_second
+    if peaks is None or not rate:
+        return None
+    prompt = w.tokens_per_second.get("prefill", 0.0) / rate
+    output = w.tokens_per_second.get("decode", 0.0) / rate
+    model, (flops, bandwidth) = constants.model, peaks  # type: ignore[union-attr]
+    per_token = physics.prefill_seconds_per_token(model.params_active, flops, settings.prefill_mfu)
+    prefill_alone = 1.0 / per_token
+    if settings.role == "prefill":
+        if prompt <= 0:
+            return None
+        sustained = physics.sustainable_request_rate(prompt, output, 1.0, 0.0, per_token, decode=False)
+        return Capacity(sustained, sustained * output, {"prefill": prefill_alone}, 1.0, PREFILL_COMPUTE)
+    batch, wall, kv_seq_tokens = _first_wall(w, batch_max, kv_capacity_tokens, prompt, output)
+    if batch is None or batch <= 0 or output <= 0:
+        return None
+    kv_seq = kv_seq_tokens * _kv_bytes_per_token(constants)  # type: ignore[arg-type]
+    step = physics.decode_step_seconds_roofline(batch, model.weight_bytes_streamed(batch), kv_seq,
+                                                model.params_active, flops * settings.prefill_mfu,
+                                                bandwidth * settings.decode_mbu)
+    phases = {"decode": batch / step}
+    if settings.role == "both":
+        phases = {"prefill": prefill_alone, **phases}
+    sustained = physics.sustainable_request_rate(prompt, output, batch, step, per_token,
+                                                 prefill=settings.role == "both")
+    return Capacity(sustained, sustained * output, phases, batch, wall)
+
+
+def _first_wall(w: WindowValues, batch_max: float | None, kv_capacity_tokens: float | None, prompt: float,
+                output: float) -> tuple[float | None, str, float]:
+    """(the batch at the first wall, which wall, KV tokens per sequence of the current context)."""
+    running, usage = w.mean_running, w.mean_kv_usage
+    mix_tokens = prompt + output / 2  # a sequence's mean context over its life at this mix
+    if running and usage and kv_capacity_tokens:
+        kv_batch, seq_tokens = running / usage, usage * kv_capacity_tokens / running
+    elif kv_capacity_tokens and mix_tokens > 0:
+        kv_batch, seq_tokens = kv_capacity_tokens / mix_tokens, mix_tokens
+    else:  # no cache size known (TGI, llama.cpp): only a batch cap can bound the batch
+        return (batch_max, BATCH, mix_tokens) if batch_max else (None, KV, mix_tokens)
+    if batch_max and batch_max < kv_batch:
+        return batch_max, BATCH, seq_tokens
+    return kv_batch, KV, seq_tokens
+
+
+def cost_per_million_tokens(w: WindowValues, tp: int, gpu_hour_cost: float | None) -> dict[str, float]:
+    """Per phase: $/h per GPU x GPUs (TP) / (that phase's tokens/s x 3600 / 1e6); the whole GPU-hour is
+    charged to each phase's tokens, so each reads as that phase's price at the current mix."""
+    if gpu_hour_cost is None:
+        return {}
+    return {phase: physics.cost_per_million_tokens_on(gpu_hour_cost, tp, tps)
+            for phase, tps in sorted(w.tokens_per_second.items()) if tps > 0}
+
+
+def tokens_per_joule(w: WindowValues) -> dict[str, float]:
+    """Per phase: the phase's tokens/s / the target's GPUs' mean power (joules per second) over the window."""
+    if not w.energy_watts or w.energy_watts <= 0:
+        return {}
+    return {phase: physics.tokens_per_joule(tps, w.energy_watts)
+            for phase, tps in sorted(w.tokens_per_second.items()) if tps > 0}
+
+
+def window_signals(w: WindowValues, constants: TargetConstants | None, batch_max: float | None,
+                   kv_capacity_tokens: float | None, settings: SignalSettings) -> WindowSignals:
+    room = headrooms(w, constants, batch_max, settings)
+    sat, binding = saturation(room, settings.role)
+    tp = constants.tensor_parallel_size if constants is not None else 1
+    return WindowSignals(
+        window=w.window, role=settings.role, headroom=room, saturation=sat, binding=binding,
+        capacity=capacity(w, constants, batch_max, kv_capacity_tokens, settings),
+        cost_per_million_tokens=cost_per_million_tokens(w, tp, settings.gpu_hour_cost),
+        tokens_per_joule=tokens_per_joule(w),
+    )
+
+
+def series_signals(windows: Iterable[WindowValues], constants: TargetConstants | None, batch_max: float | None,
+                   kv_capacity_tokens: float | None, settings: SignalSettings) -> tuple[WindowSignals, ...]:
+    """One WindowSignals per derived window, in the windows' order."""
+    return tuple(window_signals(w, constants, batch_max, kv_capacity_tokens, settings) for w in windows)
+
+
+def gpu_energy_watts(histories: Iterable[SeriesHistory], seconds: float) -> float | None:
+    """Mean power of a target's GPUs over the last `seconds`: each GPU's ENERGY counter increase over its
+    own window, divided by that window's length, summed. None unless every GPU reports its energy (a
+    partial sum would overstate tokens per joule)."""
+    total, any_gpu = 0.0, False
+    for history in histories:
+        span = history.window(seconds)
+        joules = increase(*span, ENERGY) if span else None
+        if span is None or joules is None or span[1].t <= span[0].t:
+            return None
+        total += joules / (span[1].t - span[0].t)
+        any_gpu = True
+    return total if any_gpu else None
+
+
+def with_energy(windows: Iterable[WindowValues],
+                watts_for: Callable[[float], float | None]) -> tuple[WindowValues, ...]:
+    """The windows with energy_watts set from `watts_for(window seconds)` (the GPUs' mean power)."""
+    return tuple(replace(w, energy_watts=watts_for(w.seconds)) for w in windows)
+
+
+def _peaks(constants: TargetConstants | None) -> tuple[float, float] | None:
+    if constants is None or constants.model is None:
+        return None
+    flops, bandwidth = constants.peak_flops, constants.peak_bandwidth
+    return None if flops is None or bandwidth is None else (flops, bandwidth)
+
+
+def _kv_bytes_per_token(constants: TargetConstants) -> float:
+    """K+V bytes per token summed over the TP GPUs, as derive.live_kv_bytes counts them."""
+    tp = constants.tensor_parallel_size
+    return constants.model.kv_bytes_per_token_per_gpu(tp) * tp  # type: ignore[union-attr]
