@@ -1,9 +1,10 @@
 """Which metric names a dashboard may query, and how to find the names inside a PromQL string.
 
-Owns two things: the list of extra NVML gauges the GPU dashboard reads (`rooflight_gpu_<key>`, kept here
-in one place so the registry test can hold the exposition to it),
-and `metric_names()`, which pulls every metric name out of an expression so tests can check each one
-against agent/metrics/names.py and the recorded engine expositions.
+Owns three things: the list of extra NVML gauges the GPU dashboard reads (`rooflight_gpu_<key>`, kept here
+in one place so the registry test can hold the exposition to it); the names a Rooflight process can export
+(the agent's catalog and the proxy's, `rooflight_client_*`, histograms with their _bucket/_sum/_count
+series); and `metric_names()`, which pulls every metric name out of an expression so tests can check each
+one against them and the recorded engine expositions.
 """
 
 from __future__ import annotations
@@ -47,10 +48,23 @@ def metric_names(expr: str) -> set[str]:
 
 
 def declared_rooflight_metrics() -> set[str]:
-    """Every `rooflight_*` name the agent can export: its catalog plus the NVML collector's extra gauges."""
+    """Every `rooflight_*` name Rooflight can export: the agent's catalog (with the NVML collector's extra
+    gauges) and the proxy's client-side series (`rooflight proxy`, or `rooflight run` with the proxy on)."""
     from rooflight.agent.metrics.catalog import all_defs
 
-    return {d.name for d in all_defs()}
+    return {d.name for d in all_defs()} | declared_client_metrics()
+
+
+def declared_client_metrics() -> set[str]:
+    """The proxy's `rooflight_client_*` series as PromQL selects them: a histogram by its _bucket, _sum
+    and _count series, every other metric by its exposed name (counters with _total)."""
+    from rooflight.agent.proxy.catalog import CATALOG
+
+    out: set[str] = set()
+    for d in CATALOG:
+        suffixes = ("_bucket", "_sum", "_count") if d.type == "histogram" else ("",)
+        out.update(d.name + suffix for suffix in suffixes)
+    return out
 
 
 def pending_gpu_metrics() -> set[str]:

@@ -3,7 +3,9 @@
 TTFT belongs to prefill (plus queueing), ITL to decode; throughput is shown per phase, never combined,
 because a combined number hides the phase split every diagnosis starts from. Head-of-line blocking gets
 a row of its own: the ITL tail, the prefill work per step, the tail inflation and the detector's verdict,
-side by side on one time axis, because the diagnosis is that they move together.
+side by side on one time axis, because the diagnosis is that they move together. With the proxy running
+(docs/proxy.md), a row sets what the clients saw beside what the engine measured: the gap between them is
+time the engine cannot see (queueing in front of it, its API server delivering tokens late).
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 from rooflight.agent.metrics import names as n
+from rooflight.agent.proxy import catalog as client
 from rooflight.agent.signals.detectors import DetectorThresholds
 
 from .panels import (
     ALERT,
     BY_NATIVE,
     BY_SCRAPE,
+    CLIENT,
+    CLIENT_WINDOWED,
     ENGINE,
     NATIVE,
     SCRAPE,
@@ -51,6 +56,10 @@ _PROMPT_LEN = "vllm:request_prompt_tokens"
 _OUTPUT_LEN = "vllm:request_generation_tokens"
 _RI = "[$__rate_interval]"
 _ENGINE_WHO = "{{pod}} {{model_name}}"
+_P50_P99 = 'percentile=~"50|99"'
+_INFERENCE = CLIENT + ', route!="other"'  # the proxy's timed routes (chat, completions), not pass-through
+# One agent's one engine, one window and percentile: where a client percentile meets the engine's.
+_BY_PERCENTILE = f"{BY_SCRAPE}, target, window, percentile"
 
 
 def _rate_sum(metric: str, **extra: str) -> str:
@@ -71,6 +80,74 @@ def _engine_quantile(q: str, base: str) -> str:
 def _quantiles(base: str, what: str) -> list[Any]:
     return [query(_engine_quantile(q, base), f"{_ENGINE_WHO} {what} p{p}", ref)
             for q, p, ref in (("0.5", "50", "A"), ("0.9", "90", "B"), ("0.99", "99", "C"))]
+
+
+def _client_vs_engine(client_metric: str, engine_metric: str) -> list[Any]:
+    """The client's p50/p99 (from the proxy) and the engine's (from its histogram), over $window, per pod."""
+    return [
+        query(f"{client_metric}{sel(CLIENT_WINDOWED + ', ' + _P50_P99)}",
+              "{{pod}} client p{{percentile}} {{target}}", "A"),
+        query(f"{engine_metric}{sel(WINDOWED + ', ' + _P50_P99)}",
+              "{{pod}} engine p{{percentile}} {{model}} r{{rank}}", "B"),
+    ]
+
+
+def _client_minus_engine(client_metric: str, engine_metric: str) -> str:
+    """Client percentile - engine percentile, same target, window and percentile (ranks: the slowest)."""
+    return (f"{client_metric}{sel(CLIENT_WINDOWED + ', ' + _P50_P99)} - on ({_BY_PERCENTILE}) "
+            f"max by ({_BY_PERCENTILE}) ({engine_metric}{sel(WINDOWED + ', ' + _P50_P99)})")
+
+
+def _client_row(g: Grid) -> None:
+    """What the clients saw (the proxy's rooflight_client_*) beside what the engine measured."""
+    g.row("Client vs engine (rooflight proxy)")
+    g.add(ts(
+        "TTFT: client vs engine p50 / p99",
+        "Time to first token as the clients saw it (rooflight_client_ttft_seconds: exact percentiles over $window "
+        "from every request the proxy relayed) beside the engine's own (rooflight_ttft_seconds, from its "
+        "histogram), per pod. The client's includes what the engine cannot time: queueing in front of it, HTTP, "
+        "and its API server delivering the first token. They meet when the engine's frontend keeps up; the next "
+        "panels say by how much they do not. Blank unless the proxy runs (docs/proxy.md).",
+        "s", _client_vs_engine(client.TTFT, n.TTFT),
+    ), 12, 8)
+    g.add(ts(
+        "ITL: client vs engine p50 / p99",
+        "Inter-token latency as the clients received it (rooflight_client_itl_seconds: every gap between streamed "
+        "chunks, within 0.5%) beside the engine's (rooflight_itl_seconds, from its buckets: vLLM's 25/50/75 ms "
+        "edges), per pod. The client's p99 resolves a head-of-line stall the engine's buckets blur. A client p50 "
+        "near 0 under a normal engine p50 means tokens arrive in bursts: the API server fell behind the engine and "
+        "delivers several per read (decode is fine, delivery is not: give the API server CPU).",
+        "s", _client_vs_engine(client.ITL, n.ITL),
+    ), 12, 8)
+    g.add(ts(
+        "TTFT the engine does not see (client - engine)",
+        "The client's TTFT percentile minus the engine's, same window and percentile, per pod: time before the "
+        "engine stamps a request's arrival or after it makes the first token (queueing in front of the engine, "
+        "tokenization, the API server's delivery). Near 0 is healthy; growing with load while the engine's TTFT "
+        "stays flat is a frontend bottleneck, not prefill. A difference of percentiles, not of each request's "
+        "times: read it as a trend.",
+        "s", [query(_client_minus_engine(client.TTFT, n.TTFT), "{{pod}} p{{percentile}} {{target}}", "A")],
+        min_val=None,
+    ), 8, 8)
+    g.add(ts(
+        "Client goodput by SLO",
+        "Share of the streamed requests that finished over $window meeting every target of an SLO (--slo "
+        "ttft=0.5,tpot=0.05: TTFT and time per output token both, the DistServe goodput), exact, from the proxy, "
+        "per pod and SLO. The TTFT SLO attainment above judges the engine's TTFT alone, by bucket; this is what "
+        "the clients got. RooflightGoodputBudgetBurn fires when its error budget burns.",
+        "percentunit", [query(f"{client.GOODPUT_RATIO}{sel(CLIENT_WINDOWED)}", "{{pod}} {{slo}} {{target}}", "A")],
+        max_val=1, thresholds=[(None, "transparent"), (0.99, "green")],
+    ), 8, 8)
+    g.add(ts(
+        "Client requests by finish reason",
+        "Inference requests per second through the proxy by how they ended, per pod: stop or length (finished), "
+        "client_disconnected (the client gave up, often on a TTFT past its timeout; the proxy hangs up and vLLM "
+        "or SGLang abort the request), upstream_error (the engine refused, broke off or was unreachable: "
+        "502/504), abort (the engine's own). Disconnects rising with the client-engine gap point at the frontend.",
+        "reqps", [query(f"sum by ({BY_SCRAPE}, target, finish_reason) "
+                        f"(rate({client.REQUESTS}{sel(_INFERENCE)}{_RI}))",
+                        "{{pod}} {{finish_reason}} {{target}}", "A")],
+    ), 8, 8)
 
 
 def dashboard() -> dict[str, Any]:
@@ -133,6 +210,8 @@ def dashboard() -> dict[str, Any]:
             query(_engine_quantile("0.99", _PREFILL), f"{_ENGINE_WHO} prefill p99", "C"),
         ],
     ), 12, 8)
+
+    _client_row(g)
 
     g.row("Head-of-line blocking")
     g.add(ts(

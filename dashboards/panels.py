@@ -64,6 +64,10 @@ TARGET = SCRAPE + ', target=~"$target"'
 MODEL = TARGET + ', model=~"$model"'
 ENGINE = MODEL + ', rank=~"$rank"'
 WINDOWED = ENGINE + ', window="$window"'
+# The proxy's client-side series (rooflight_client_*: `rooflight run` with the proxy on, one scrape with the
+# agent's): per target, the engine the proxy fronts named as the agent names it; no model or rank of their own.
+CLIENT = TARGET
+CLIENT_WINDOWED = CLIENT + ', window="$window"'
 GPU = SCRAPE + ', gpu=~"$gpu"'
 # The engine's own series (vllm:*, sglang:*) carry model_name, not our target, and come from the engine's
 # scrape: filtered by pod here, and by the agent-side variables through `native()`.

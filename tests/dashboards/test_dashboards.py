@@ -16,9 +16,11 @@ import yaml
 
 from rooflight.agent.signals.detectors import DetectorThresholds
 from rooflight.dashboards import generate, panels as conventions
+from rooflight.agent.proxy import catalog as client_catalog
 from rooflight.dashboards.metrics import (
     GPU_EXTRA,
     PROMETHEUS_BUILTINS,
+    declared_client_metrics,
     declared_rooflight_metrics,
     metric_names,
     pending_gpu_metrics,
@@ -239,8 +241,8 @@ def test_firing_alerts_are_overlaid_on_the_time_series(name: str) -> None:
     assert "pod" in anno["tagKeys"].split(",") and "placement" not in anno
 
 
-def test_head_of_line_panels_sit_side_by_side_with_the_detector_thresholds() -> None:
-    d = dashboards()["rooflight-overview.json"]
+def _rows(d: dict) -> dict[str, list[dict]]:
+    """Row title -> the panels under it."""
     rows: dict[str, list[dict]] = {}
     current = ""
     for p in d["panels"]:
@@ -248,6 +250,12 @@ def test_head_of_line_panels_sit_side_by_side_with_the_detector_thresholds() -> 
             current = p["title"]
         else:
             rows.setdefault(current, []).append(p)
+    return rows
+
+
+def test_head_of_line_panels_sit_side_by_side_with_the_detector_thresholds() -> None:
+    d = dashboards()["rooflight-overview.json"]
+    rows = _rows(d)
     hol = {p["title"]: p for p in rows["Head-of-line blocking"]}
     assert set(hol) == {"ITL p50 / p99 (agent, 10 s window)", "Prefill tokens per step (10 s)",
                         "ITL tail inflation ratio", "Head-of-line detector"}
@@ -261,6 +269,39 @@ def test_head_of_line_panels_sit_side_by_side_with_the_detector_thresholds() -> 
     assert lines("Prefill tokens per step (10 s)") == [defaults.hol_min_prefill_tokens_per_step]
     assert "rooflight_itl_tail_inflation_ratio" in hol["ITL tail inflation ratio"]["targets"][0]["expr"]
     assert "rooflight_head_of_line_blocking" in hol["Head-of-line detector"]["targets"][0]["expr"]
+
+
+def test_client_row_sets_the_clients_view_beside_the_engines() -> None:
+    """Each comparison panel draws the proxy's percentile and the engine's, the same window and percentiles;
+    the gap panel subtracts them matched on the agent, target, window and percentile."""
+    row = {p["title"]: p for p in _rows(dashboards()["rooflight-overview.json"])["Client vs engine (rooflight proxy)"]}
+    assert set(row) == {"TTFT: client vs engine p50 / p99", "ITL: client vs engine p50 / p99",
+                        "TTFT the engine does not see (client - engine)", "Client goodput by SLO",
+                        "Client requests by finish reason"}
+    for title, ours, theirs in (("TTFT: client vs engine p50 / p99", client_catalog.TTFT, "rooflight_ttft_seconds"),
+                                ("ITL: client vs engine p50 / p99", client_catalog.ITL, "rooflight_itl_seconds")):
+        client, engine = (t["expr"] for t in row[title]["targets"])
+        assert metric_names(client) == {ours} and metric_names(engine) == {theirs}, title
+        for expr in (client, engine):
+            assert 'window="$window"' in expr and 'percentile=~"50|99"' in expr, expr
+    gap = row["TTFT the engine does not see (client - engine)"]["targets"][0]["expr"]
+    assert metric_names(gap) == {client_catalog.TTFT, "rooflight_ttft_seconds"}
+    on = re.search(r"- on \(([^)]*)\)", gap)
+    assert on, gap
+    assert {x.strip() for x in on.group(1).split(",")} == {"target", "window", "percentile", *conventions.SCRAPE_LABELS}
+    assert metric_names(row["Client goodput by SLO"]["targets"][0]["expr"]) == {client_catalog.GOODPUT_RATIO}
+    assert 'route!="other"' in row["Client requests by finish reason"]["targets"][0]["expr"]
+
+
+def test_the_proxys_metrics_are_known_as_promql_selects_them() -> None:
+    known = declared_client_metrics()
+    assert known <= declared_rooflight_metrics()
+    for d in client_catalog.CATALOG:
+        if d.type == "histogram":
+            assert {d.name + "_bucket", d.name + "_sum", d.name + "_count"} <= known and d.name not in known
+        else:
+            assert d.name in known
+    assert {n for n in known if not n.startswith(client_catalog.PREFIX)} == set()
 
 
 # -- runbooks name the panels that show what they ask to look at ---------------------------------------

@@ -6,7 +6,10 @@ Kubernetes service discovery and a multi-cluster setup would attach, set here as
 target: pod llm-0 in cluster east, namespace chat, job chat/llm; pod llm-1 in west, batch, batch/llm. Both
 agents' `target` is rewritten to 127.0.0.1:8000 at scrape time, as every sidecar's is, so only the
 topology labels tell the two apart. The agent's and the engine's scrape of one pod share its labels
-(one pod, two ports) and differ in `instance`.
+(one pod, two ports) and differ in `instance`. Each pod also runs a `rooflight proxy` in front of a fake
+streaming server (client_traffic.py), with clients streaming through it all along; its series are scraped
+with the agent's labels, instance included, as they come when the agent runs the proxy itself (one
+sidecar, one scrape), and its `target` is rewritten like the agent's.
 
 - With every variable at All, every query returns data (but for the metrics in ABSENT, each with its
   reason), and every query that keeps the pod returns both pods.
@@ -30,6 +33,7 @@ import pytest
 
 from rooflight.dashboards.metrics import metric_names, pending_gpu_metrics
 import promstack
+from client_traffic import ClientTraffic
 from dashboard_queries import dashboards, exprs, fill, query_variables
 
 SHARED_TARGET = "127.0.0.1:8000"
@@ -48,24 +52,30 @@ needs_prometheus = pytest.mark.skipif(not promstack.available(), reason="Debian'
 
 
 class TwoPodStack(promstack.PromStack):
-    """Scrapes each pod's agent and engine as one job, with the pod's topology labels on both targets."""
+    """Scrapes each pod's agent and engine as one job, with the pod's topology labels on both targets; a
+    pod's proxy metrics, when given, with the agent's labels and instance (one sidecar, one scrape)."""
 
-    def __init__(self, pods: dict[str, tuple[str, str]]) -> None:
+    def __init__(self, pods: dict[str, tuple[str, str]], proxies: dict[str, str] | None = None) -> None:
         super().__init__([agent for agent, _ in pods.values()])
         self.pods = pods  # pod -> (agent host:port, engine host:port)
+        self.proxies = proxies or {}  # pod -> its proxy's metrics host:port
 
     def config(self, rule_names: Sequence[str]) -> dict[str, Any]:
         doc = super().config(rule_names)
         doc["scrape_configs"] = [{
             "job_name": PODS[pod]["job"],
             "metrics_path": self.metrics_path,
-            "static_configs": [{"targets": list(addresses),
-                                "labels": {"pod": pod, "cluster": PODS[pod]["cluster"],
-                                           "namespace": PODS[pod]["namespace"]}}],
+            "static_configs": [{"targets": list(addresses), "labels": self._labels(pod)}] + (
+                [{"targets": [self.proxies[pod]], "labels": {**self._labels(pod), "instance": addresses[0]}}]
+                if pod in self.proxies else []),
             "metric_relabel_configs": [{"source_labels": ["target"], "regex": r"127\.0\.0\.1:[0-9]+",
                                         "target_label": "target", "replacement": SHARED_TARGET}],
         } for pod, addresses in self.pods.items()]
         return doc
+
+    @staticmethod
+    def _labels(pod: str) -> dict[str, str]:
+        return {"pod": pod, "cluster": PODS[pod]["cluster"], "namespace": PODS[pod]["namespace"]}
 
 
 def _rooflight() -> list[str]:
@@ -79,6 +89,20 @@ def _start_demo(seed: int, agent: str, engine: str) -> subprocess.Popen[bytes]:
          "--engine-listen", engine, "--interval", "1s", "--log-level", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
+
+
+def _start_proxy(upstream: str, metrics: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*_rooflight(), "proxy", "--upstream", upstream, "--listen", f"127.0.0.1:{promstack.free_port()}",
+         "--metrics-listen", metrics, "--slo", "ttft=0.5,tpot=0.05", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def _proxy_url(proc: subprocess.Popen[bytes]) -> str:
+    """Where clients reach the proxy: its --listen address."""
+    args = [str(a) for a in proc.args]  # type: ignore[union-attr]
+    return "http://" + args[args.index("--listen") + 1]
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> str:
@@ -106,11 +130,13 @@ def _rows(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def test_the_stack_gives_each_pod_its_labels_and_one_shared_target() -> None:
-    stack = TwoPodStack({"llm-0": ("127.0.0.1:1", "127.0.0.1:2"), "llm-1": ("127.0.0.1:3", "127.0.0.1:4")})
+    stack = TwoPodStack({"llm-0": ("127.0.0.1:1", "127.0.0.1:2"), "llm-1": ("127.0.0.1:3", "127.0.0.1:4")},
+                        {"llm-0": "127.0.0.1:5", "llm-1": "127.0.0.1:6"})
     jobs = stack.config([])["scrape_configs"]
     assert [j["job_name"] for j in jobs] == ["chat/llm", "batch/llm"]
-    assert jobs[0]["static_configs"][0] == {"targets": ["127.0.0.1:1", "127.0.0.1:2"],
-                                            "labels": {"pod": "llm-0", "cluster": "east", "namespace": "chat"}}
+    labels = {"pod": "llm-0", "cluster": "east", "namespace": "chat"}
+    assert jobs[0]["static_configs"] == [{"targets": ["127.0.0.1:1", "127.0.0.1:2"], "labels": labels},
+                                         {"targets": ["127.0.0.1:5"], "labels": {**labels, "instance": "127.0.0.1:1"}}]
     assert all(j["metric_relabel_configs"][0]["replacement"] == SHARED_TARGET for j in jobs)
     assert fill('x{pod=~"$pod|", instance=~"$instance"}', pod="llm-0") == 'x{pod=~"llm-0|", instance=~".*"}'
 
@@ -119,15 +145,20 @@ def test_the_stack_gives_each_pod_its_labels_and_one_shared_target() -> None:
 @needs_prometheus
 def test_every_query_answers_for_both_pods_and_each_variable_narrows_to_one() -> None:
     ports = {pod: (f"127.0.0.1:{promstack.free_port()}", f"127.0.0.1:{promstack.free_port()}") for pod in PODS}
+    proxy_metrics = {pod: f"127.0.0.1:{promstack.free_port()}" for pod in PODS}
+    traffic = ClientTraffic()
+    upstream = traffic.start()
     demos = [_start_demo(seed, *ports[pod]) for seed, pod in enumerate(PODS, start=1)]
+    proxies = [_start_proxy(upstream, proxy_metrics[pod]) for pod in PODS]
+    traffic.drive([_proxy_url(proc) for proc in proxies])
     try:
-        with TwoPodStack(ports) as prom:
+        with TwoPodStack(ports, proxy_metrics) as prom:
             # the tail inflation needs 30 s of agent samples (3 x the shortest window) before it is exported
-            for metric in ("rooflight_mbu_ratio", "rooflight_itl_tail_inflation_ratio"):
+            for metric in ("rooflight_mbu_ratio", "rooflight_itl_tail_inflation_ratio", "rooflight_client_goodput_ratio"):
                 deadline = time.monotonic() + 90
                 while len(prom.query(f'count by (pod) ({metric}{{target="{SHARED_TARGET}"}})')) < len(PODS):
-                    for proc in demos:
-                        assert proc.poll() is None, f"rooflight demo exited: {_stop(proc)[-2000:]}"
+                    for proc in demos + proxies:
+                        assert proc.poll() is None, f"{proc.args[1:3]} exited: {_stop(proc)[-2000:]}"
                     assert time.monotonic() < deadline, f"{metric} not from both pods: {prom.targets_health()}"
                     time.sleep(1.0)
             time.sleep(16)  # 15 s rates over at least two scrapes of every counter
@@ -168,7 +199,9 @@ def test_every_query_answers_for_both_pods_and_each_variable_narrows_to_one() ->
             for var in ("namespace", "job", "pod", "instance"):
                 assert offered[var] == {want[var]}, (var, offered[var])
             assert offered["target"] == {SHARED_TARGET}
+            assert traffic.completed > 100 and traffic.failed == 0, (traffic.completed, traffic.failed)
     finally:
-        for proc in demos:
+        traffic.stop()
+        for proc in demos + proxies:
             _stop(proc)
-    assert all(proc.returncode is not None for proc in demos)
+    assert all(proc.returncode is not None for proc in demos + proxies)
