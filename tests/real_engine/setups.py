@@ -5,7 +5,7 @@ and the agent; let the agent see an idle baseline; drive bounded streaming load 
 while polling both /metrics pages; then read everything at one quiet moment. The tests only assert
 on the returned Observation, so a setup costs one vLLM start however many checks use it.
 
-Setups (flags from shared/reference/vllm-cpu-recipe.md):
+Setups (the flags the recorded vLLM pages were captured with; tests/fixtures/engine-samples/README.md):
   normal  --max-model-len 2048 --enable-mfu-metrics
   queue   --max-model-len 2048 --max-num-seqs 4          (requests wait; the batch is at its cap)
   kvwall  --max-model-len 1024 --num-gpu-blocks-override 10   (1,280-token KV cache: preemptions)

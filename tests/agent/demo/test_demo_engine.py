@@ -1,4 +1,4 @@
-"""The demo's simulated engine obeys the seeds' physics and each scenario reaches its intended state."""
+"""The demo's simulated engine obeys docs/physics.md and each scenario reaches its intended state."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rooflight.agent.demo.plant import make_plant, step_seconds
 from rooflight.agent.demo.scenarios import Arrival, workload_for
 from rooflight.agent.errors import ConfigError
 
-KV = 2 * 32 * 8 * 128 * 2  # seeds: 131,072 bytes per token for the 8B
+KV = 2 * 32 * 8 * 128 * 2  # 131,072 bytes per token for the 8B (docs/physics.md, section KV bytes per token)
 
 
 def test_decode_only_step_is_weights_plus_live_kv_over_bandwidth() -> None:
@@ -20,7 +20,7 @@ def test_decode_only_step_is_weights_plus_live_kv_over_bandwidth() -> None:
     expected = (p.weight_bytes + 64 * 600 * KV) / (3.35e12 * 0.8)
     assert step_seconds(p, 0, 64, 64 * 600) == pytest.approx(expected, rel=1e-9)
     at_peak = make_plant("h100-sxm", "llama-3-8b", bandwidth_efficiency=1.0)
-    assert 6.0e-3 < step_seconds(at_peak, 0, 64, 64 * 600) < 6.5e-3  # seeds: "a step every ~6 ms"
+    assert 6.0e-3 < step_seconds(at_peak, 0, 64, 64 * 600) < 6.5e-3  # "a step every ~6 ms" (docs/physics.md, section Decode step time)
 
 
 def test_long_prefill_costs_259_ms_and_stalls_the_decode_step() -> None:

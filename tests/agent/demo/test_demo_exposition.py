@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.demo import DemoConfig, DemoEngine, start_demo_engine
 
-# Families in the captured vLLM 0.32 exposition (shared/engine-samples/vllm-cpu-load-c16.prom),
+# Families in the recorded vLLM 0.32 page (tests/fixtures/engine-samples/vllm-cpu-load-c16.prom),
 # as prometheus_client's parser names them (counters without _total).
 REQUIRED = {
     "vllm:estimated_flops_per_gpu": "counter", "vllm:estimated_read_bytes_per_gpu": "counter",

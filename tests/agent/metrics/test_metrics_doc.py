@@ -67,7 +67,7 @@ async def test_every_documented_metric_is_served_and_every_served_one_documented
     served |= _served_names(await _demo_exposition("queue", 30.0, batch_max=16))
     for golden in GOLDEN.glob("*.prom"):
         served |= _served_names(golden.read_text())
-    # the process source only exists where the engine runs as a separate process (tests/test_process.py)
+    # the process source only exists where the engine runs as a separate process (tests/collectors/test_process.py)
     process = {d.name for d in all_defs() if d.name.startswith("rooflight_engine_process_")}
     documented = {d.name for d in all_defs()}
     served_rooflight = {n for n in served if n.startswith("rooflight_")}
