@@ -25,7 +25,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
-from prometheus_client.aiohttp import make_aiohttp_handler
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from rooflight.agent import __version__
@@ -37,6 +38,7 @@ from rooflight.agent.serve.page import add_status_routes
 from rooflight.agent.sampling.config import public_url as _public_url
 from rooflight.agent.sampling.config import split_listen
 from rooflight.agent.sampling.sampler import Agent
+from rooflight.collectors.daemon_executor import DaemonThreadExecutor
 from rooflight.agent.metrics.snapshot import Snapshot
 
 log = logging.getLogger("rooflight")
@@ -52,7 +54,7 @@ def build_app(agent: Agent, *, manage_agent: bool = True, collectors: Sequence[C
     registry = registry_for(lambda: agent.snapshot)
     for collector in collectors:
         registry.register(collector)
-    app.router.add_get("/metrics", make_aiohttp_handler(registry))
+    app.router.add_get("/metrics", metrics_handler(registry))
     add_status_routes(app, agent)
     app.router.add_get("/-/healthy", healthy)
     app.router.add_get("/-/ready", ready)
@@ -60,6 +62,37 @@ def build_app(agent: Agent, *, manage_agent: bool = True, collectors: Sequence[C
     if manage_agent:
         app.cleanup_ctx.append(_agent_lifecycle)
     return app
+
+
+# /metrics is rendered on one thread of its own, never on the event loop: a big page (many engine series,
+# long label values) then delays other scrapes, not sampling or the status page, and renders never pile up.
+_RENDER_POOL: list[DaemonThreadExecutor] = []  # made on the first scrape: importing starts no thread
+
+
+def _render_pool() -> DaemonThreadExecutor:
+    if not _RENDER_POOL:
+        _RENDER_POOL.append(DaemonThreadExecutor("rooflight-render"))
+    return _RENDER_POOL[0]
+
+
+def render_metrics(registry: CollectorRegistry, accept: str, names: Sequence[str]) -> tuple[bytes, str]:
+    """The exposition the client asked for (text or OpenMetrics), restricted to `names` (`name[]`) if any."""
+    encoder, content_type = choose_encoder(accept)
+    chosen = registry.restricted_registry(names) if names else registry
+    return encoder(chosen), content_type
+
+
+def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(request: web.Request) -> web.Response:
+        accept = ",".join(request.headers.getall("Accept", []))
+        names = request.query.getall("name[]", [])
+        body, content_type = await asyncio.get_running_loop().run_in_executor(
+            _render_pool(), render_metrics, registry, accept, names)
+        response = web.Response(body=body, headers={"Content-Type": content_type})
+        response.enable_compression()  # gzip when asked, as Prometheus does
+        return response
+
+    return handle
 
 
 async def _agent_lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -1,0 +1,81 @@
+"""/metrics renders off the event loop: a slow render delays that scrape, not the agent's other answers."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import threading
+import time
+from typing import Iterator
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from rooflight.agent.serve.server import metrics_handler
+
+
+class SlowCollector(Collector):
+    """A collector standing in for a huge page: each render takes `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.threads: list[str] = []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        self.threads.append(threading.current_thread().name)
+        time.sleep(self.seconds)
+        yield GaugeMetricFamily("rooflight_test_value", "A value.", value=1.0)
+
+
+async def _serve(registry: CollectorRegistry) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler(registry))
+    app.router.add_get("/-/healthy", lambda request: web.Response(text="OK\n"))  # type: ignore[arg-type,return-value]
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+async def test_a_slow_render_does_not_block_the_loop() -> None:
+    registry = CollectorRegistry()
+    slow = SlowCollector(0.8)
+    registry.register(slow)
+    runner, base = await _serve(registry)
+    try:
+        async with aiohttp.ClientSession() as session:
+            scrape = asyncio.create_task(session.get(f"{base}/metrics"))
+            await asyncio.sleep(0.1)  # the render is under way
+            started = time.perf_counter()
+            async with session.get(f"{base}/-/healthy") as health:
+                assert health.status == 200
+            assert time.perf_counter() - started < 0.4  # answered while the render still sleeps
+            response = await scrape
+            assert "rooflight_test_value 1.0" in await response.text()
+    finally:
+        await runner.cleanup()
+    assert slow.threads == ["rooflight-render"]
+
+
+async def test_gzip_openmetrics_and_name_filter_as_prometheus_client_serves_them() -> None:
+    registry = CollectorRegistry()
+    registry.register(SlowCollector(0.0))
+    runner, base = await _serve(registry)
+    try:
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            async with session.get(f"{base}/metrics", headers={"Accept-Encoding": "gzip"}) as r:
+                assert r.headers["Content-Encoding"] == "gzip"
+                assert b"rooflight_test_value 1.0" in gzip.decompress(await r.read())
+            om = "application/openmetrics-text; version=1.0.0"
+            async with session.get(f"{base}/metrics", headers={"Accept": om, "Accept-Encoding": "identity"}) as r:
+                assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+                assert (await r.text()).endswith("# EOF\n")
+            async with session.get(f"{base}/metrics?name[]=nothing_here", headers={"Accept-Encoding": "identity"}) as r:
+                assert "rooflight_test_value" not in await r.text()
+    finally:
+        await runner.cleanup()
