@@ -25,7 +25,7 @@ HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
 K = TypeVar("K", bound=Hashable)
 
 # Samples an adapter may create from one page, per (model, rank) series the agent keeps (max_series).
-# A real series is read from 3 to 67 samples (vLLM's 67: two histograms and its counters and gauges;
+# A real series is read from 3 to 119 samples (vLLM's 119: five histograms and its counters and gauges;
 # measured on every page in tests/fixtures/engine-samples/), times the API-server processes where a
 # `pid` label splits it; 256 leaves that room, and the floor a little more for a small max_series.
 SAMPLES_PER_SERIES = 256

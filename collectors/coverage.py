@@ -32,6 +32,10 @@ FIELDS: dict[str, str] = {
     "ttft": "rooflight_ttft_seconds",
     "itl": "rooflight_itl_seconds",
     "tensor_parallel_size": "rooflight_tensor_parallel_size",
+    "prefix_cache_hits_total": "rooflight_prefix_cache_hit_ratio",  # with prefix_cache_queries_total (or the ratio gauge)
+    "prompt_length": "rooflight_request_prompt_tokens",
+    "output_length": "rooflight_request_output_tokens",
+    "queue_time": "rooflight_request_queue_time_seconds",
 }
 
 # The engines with a column: every registered one, in registry order.

@@ -56,6 +56,10 @@ COVERAGE: dict[str, str] = {
     "ttft": "`dynamo_frontend_time_to_first_token_seconds` (at the HTTP edge)",
     "itl": "`dynamo_frontend_inter_token_latency_seconds`",
     "tensor_parallel_size": "none at the frontend (worker: the engine's)",
+    "prefix_cache_hits_total": "none at the frontend (worker: the engine's)",
+    "prompt_length": "none: not read yet (`dynamo_frontend_input_sequence_tokens` histogram; worker: the engine's)",
+    "output_length": "none: not read yet (`dynamo_frontend_output_sequence_tokens` histogram; worker: the engine's)",
+    "queue_time": "none at the frontend (worker: the engine's)",
 }
 
 PASSED_THROUGH: tuple[EngineAdapter, ...] = (vllm, sglang, trtllm)  # detection order inside a worker page

@@ -12,6 +12,8 @@ Normalization, true counters only:
   computed prefill tokens); generation_tokens_total = `tokens_predicted_total`; both step when a
   prompt / a request finishes, not per decode step, so short windows see them in jumps;
 - steps_total = `n_decode_total` (llama_decode() calls);
+- prefix cache: hits = `prompt_tokens_cached_total`, queries = hits + `prompt_tokens_total` (which
+  excludes them), both per finished prompt; absent on builds without the cached counter;
 - never read: `prompt_tokens_seconds` and `predicted_tokens_seconds`. They are averages since the
   previous `/metrics` call of *anyone* (the handler resets its bucket on every scrape), so another
   scraper changes what this one sees; rates come from the counters instead.
@@ -25,7 +27,8 @@ Normalization, true counters only:
 Values that are NaN, infinite or negative are dropped (None).
 
 Info endpoint: `/props`, `total_slots` (= `--parallel`, the batch cap), `model_path` (else
-`model_alias`) and `default_generation_settings.n_ctx` (the context per slot).
+`model_alias`) and `default_generation_settings.n_ctx` (the context per slot); those two are kept
+as settings. `--batch-size` / `--ubatch-size` (the prefill lever) are not on `/props`.
 """
 
 from __future__ import annotations
@@ -34,12 +37,13 @@ from typing import Any
 
 from rooflight.collectors import expfmt
 from rooflight.collectors.common import as_dict, count, good, has_families, nonblank, read_page
-from rooflight.collectors.samples import EngineInfoHints, EngineSample, EngineSeries
+from rooflight.collectors.samples import EngineInfoHints, EngineSample, EngineSeries, settings_from
 
 ENGINE = "llamacpp"
 METRICS_PATHS = ("/metrics",)
 DEFAULT_PATH_NOTE = None
 INFO_PATH = "/props"
+INFO_SETTINGS: tuple[str, ...] = ("total_slots", "n_ctx")  # /props and its default_generation_settings
 
 # What each normalized field is read from, or why it is missing (EngineAdapter.COVERAGE).
 COVERAGE: dict[str, str] = {
@@ -55,6 +59,10 @@ COVERAGE: dict[str, str] = {
     "ttft": "none: no histograms at all",
     "itl": "none: no histograms at all",
     "tensor_parallel_size": "none: not exported",
+    "prefix_cache_hits_total": "`llamacpp:prompt_tokens_cached_total` / (+ `prompt_tokens_total`)",
+    "prompt_length": "none: no histograms at all",
+    "output_length": "none: no histograms at all",
+    "queue_time": "none: no histograms at all",
 }
 
 _P = "llamacpp:"
@@ -92,13 +100,16 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     """Normalize one llama-server exposition. ParseError when it holds no `llamacpp:` family read here."""
     exp = read_page(text, (_P,), NAMES)
     extra = {key: v for key, names in EXTRA_KEYS.items() if (v := _first(exp, *names)) is not None}
+    prompt, cached = _first(exp, PROMPT), extra.get("prompt_tokens_cached_total")
     series = EngineSeries(
         model="",
         running=_first(exp, RUNNING),
         waiting=_first(exp, WAITING),
-        prompt_tokens_total=_first(exp, PROMPT),
+        prompt_tokens_total=prompt,
         generation_tokens_total=_first(exp, GENERATION),
         steps_total=_first(exp, STEPS),
+        prefix_cache_queries_total=prompt + cached if prompt is not None and cached is not None else None,
+        prefix_cache_hits_total=cached if prompt is not None else None,
         extra=extra,
     )
     return EngineSample(target=target, engine=ENGINE, timestamp=timestamp, duration=duration, series=(series,))
@@ -117,9 +128,10 @@ def _first(exp: expfmt.Exposition, *names: str) -> float | None:
 def parse_info(data: Any) -> EngineInfoHints:
     """Batch cap, model and per-slot context from `/props`; see the module docstring."""
     top = as_dict(data)
-    settings = as_dict(top.get("default_generation_settings"))
+    slots, n_ctx = count(top.get("total_slots")), count(as_dict(top.get("default_generation_settings")).get("n_ctx"))
     return EngineInfoHints(
-        batch_max_requests=count(top.get("total_slots")),
+        batch_max_requests=slots,
         model_id=nonblank(top.get("model_path")) or nonblank(top.get("model_alias")),
-        max_model_len=count(settings.get("n_ctx")),
+        max_model_len=n_ctx,
+        settings=settings_from({"total_slots": slots, "n_ctx": n_ctx}, INFO_SETTINGS),
     )

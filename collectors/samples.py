@@ -8,8 +8,13 @@ windows, not here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Iterable, Mapping
+
+# A setting's value as exported (a label value of rooflight_engine_config_info): cut to this length.
+MAX_SETTING_CHARS = 64
+
 
 @dataclass(frozen=True, slots=True)
 class Histogram:
@@ -41,6 +46,18 @@ class EngineSeries:
     preemptions_total: float | None = None
     ttft: Histogram | None = None
     itl: Histogram | None = None
+    # Prefix cache, in prompt tokens: looked up, and found (hits). Where an engine keeps no counters,
+    # its own ratio gauge (SGLang's cache_hit_rate: the last prefill batch only) stands in.
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    prefix_cache_hit_ratio: float | None = None
+    # Per-request distributions, one observation per finished request: prompt and output lengths
+    # (tokens) and the time from arrival to first scheduling (seconds).
+    prompt_length: Histogram | None = None
+    output_length: Histogram | None = None
+    queue_time: Histogram | None = None
+    # The memory and scheduler settings this rank's page tells (engine spelling, see settings_from).
+    settings: Mapping[str, str] = field(default_factory=dict)
     # Engine-specific counters and gauges the physics may use (e.g. vLLM's estimated_flops_per_gpu).
     extra: Mapping[str, float] = field(default_factory=dict)
 
@@ -71,6 +88,8 @@ class EngineInfoHints:
     # A disaggregated pool's part where the engine's config says: "prefill", "decode" or "both" (e.g.
     # SGLang's /server_info disaggregation_mode, vLLM's kv_transfer_config kv_role where exposed).
     role: str | None = None
+    # The memory and scheduler settings the endpoint tells (engine spelling, see settings_from).
+    settings: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,3 +144,36 @@ class ProcessSample:
     rss_bytes: float
     num_threads: int
     gpu_pids: tuple[int, ...] = ()
+
+
+def setting_value(value: Any) -> str | None:
+    """One setting as a label value: booleans as true/false (vLLM writes "True", JSON true), whole
+    numbers without ".0", other finite numbers as Python prints them, strings as written, cut to
+    MAX_SETTING_CHARS. None for what says nothing: null, "None", blanks, NaN, lists and objects."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)[:MAX_SETTING_CHARS]
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        return str(int(value)) if value.is_integer() else repr(value)
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if text in ("True", "False"):
+        return text.lower()
+    if not text or text in ("None", "null", "none"):
+        return None
+    return text[:MAX_SETTING_CHARS]
+
+
+def settings_from(values: Mapping[str, Any], keys: Iterable[str]) -> dict[str, str]:
+    """The settings among `keys` (an adapter's fixed allowlist, which keeps the info metric's labels
+    few and known) that `values` states, normalized by setting_value."""
+    out = {}
+    for key in keys:
+        value = setting_value(values.get(key))
+        if value is not None:
+            out[key] = value
+    return out

@@ -31,6 +31,12 @@ Normalization:
   `time_per_output_token_seconds`, the same per-token quantity), summed over `is_streaming`. These
   come from the one tokenizer process for the whole server: with DP they are attached to rank "0"
   and cover every rank.
+- prefix cache: queries = `realtime_tokens_total` modes prefill_cache + prefill_compute, hits =
+  prefill_cache (tokens, per prefill batch); where the page has no realtime counter, the
+  `cache_hit_rate` gauge (the last prefill batch's ratio) stands in as prefix_cache_hit_ratio.
+- queue_time = `queue_time_seconds` (scheduler side: the lowest replica's, per dp_rank);
+  prompt_length / output_length = `prompt_tokens_histogram` / `generation_tokens_histogram`
+  (tokenizer side, only with `--collect-tokens-histogram`; on rank "0", as TTFT).
 - batch cap: not exported (`max_running_requests` is in `/server_info`, read by parse_info).
 - extra: realtime prefill cache tokens, finish-time counters, retracted tokens, spec-decode gauges
   (last batch only: no counters to rate), context length.
@@ -39,7 +45,9 @@ Values that are NaN, infinite or negative are dropped (None).
 Info endpoint: `/server_info` (older: `/get_server_info`), the server args flattened: `model_path`,
 `tp_size`, `context_length`, `max_running_requests`. The last two are null when left to SGLang to
 choose; the effective values are then read from `internal_states[0]`
-(`effective_max_running_requests_per_dp`, `max_running_requests`, `context_length`).
+(`effective_max_running_requests_per_dp`, `max_running_requests`, `context_length`). The memory
+and scheduler settings named in INFO_SETTINGS (`chunked_prefill_size`, `max_prefill_tokens`,
+`mem_fraction_static`, ...) are kept as settings, the effective value where the argument is null.
 """
 
 from __future__ import annotations
@@ -58,7 +66,14 @@ from rooflight.collectors.common import (
     nonblank,
     read_page,
 )
-from rooflight.collectors.samples import EngineInfo, EngineInfoHints, EngineSample, EngineSeries, Histogram
+from rooflight.collectors.samples import (
+    EngineInfo,
+    EngineInfoHints,
+    EngineSample,
+    EngineSeries,
+    Histogram,
+    settings_from,
+)
 
 ENGINE = "sglang"
 METRICS_PATHS = ("/metrics",)
@@ -79,6 +94,10 @@ COVERAGE: dict[str, str] = {
     "ttft": "`sglang:time_to_first_token_seconds`",
     "itl": "`sglang:inter_token_latency_seconds` (2024: `time_per_output_token_seconds`)",
     "tensor_parallel_size": "max `tp_rank` + 1 when every scheduler reports (else `/server_info` tp_size)",
+    "prefix_cache_hits_total": "`sglang:realtime_tokens_total{mode=\"prefill_cache\"}` / (+ `prefill_compute`) (before 2025: the `cache_hit_rate` gauge, last batch)",
+    "prompt_length": "`sglang:prompt_tokens_histogram` (with `--collect-tokens-histogram`)",
+    "output_length": "`sglang:generation_tokens_histogram` (with `--collect-tokens-histogram`)",
+    "queue_time": "`sglang:queue_time_seconds`",
 }
 
 _Key = tuple[str, str]  # (model, rank)
@@ -97,6 +116,31 @@ PASSES = _P + "cuda_graph_passes_total"
 RETRACTED = _P + "num_retracted_requests_total"
 TTFT = _P + "time_to_first_token_seconds"
 ITL = (_P + "inter_token_latency_seconds", _P + "time_per_output_token_seconds")
+CACHE_HIT_RATE = _P + "cache_hit_rate"
+QUEUE_TIME = _P + "queue_time_seconds"
+PROMPT_LENGTH = _P + "prompt_tokens_histogram"
+OUTPUT_LENGTH = _P + "generation_tokens_histogram"
+
+# The server arguments `/server_info` states that are kept as settings: the scheduler's token
+# budgets and policy (the head-of-line levers), the batch cap, and the KV pool's size and layout.
+INFO_SETTINGS: tuple[str, ...] = (
+    "chunked_prefill_size",
+    "max_prefill_tokens",
+    "max_running_requests",
+    "schedule_policy",
+    "schedule_conservativeness",
+    "enable_mixed_chunk",
+    "mem_fraction_static",
+    "max_total_tokens",
+    "max_total_num_tokens",
+    "page_size",
+    "kv_cache_dtype",
+    "disable_radix_cache",
+    "context_length",
+    "cuda_graph_max_bs",
+    "tp_size",
+    "dp_size",
+)
 
 EXTRA_GAUGES: dict[str, str] = {
     "grammar_queue_requests": _P + "num_grammar_queue_reqs",
@@ -123,9 +167,10 @@ NAMES: frozenset[str] = frozenset(
         REALTIME,
         PASSES,
         RETRACTED,
+        CACHE_HIT_RATE,
         *EXTRA_GAUGES.values(),
         *EXTRA_COUNTERS.values(),
-        *histogram_names(TTFT, *ITL),
+        *histogram_names(TTFT, *ITL, QUEUE_TIME, PROMPT_LENGTH, OUTPUT_LENGTH),
     }
 )
 
@@ -138,7 +183,7 @@ def recognises(text: str) -> bool:
 def parse(text: str, *, target: str, timestamp: float, duration: float) -> EngineSample:
     """Normalize one SGLang exposition. ParseError when it holds no `sglang:` family read here."""
     exp = read_page(text, (_P,), NAMES)
-    gauges = {n: _read(exp, n, gauge=True) for n in (RUNNING, WAITING, KV_USAGE, KV_CAPACITY, PAGE_SIZE)}
+    gauges = {n: _read(exp, n, gauge=True) for n in (RUNNING, WAITING, KV_USAGE, KV_CAPACITY, PAGE_SIZE, CACHE_HIT_RATE)}
     realtime = _read(exp, REALTIME, gauge=False, split="mode")
     passes = _read(exp, PASSES, gauge=False, split="mode")
     retracted = _read(exp, RETRACTED, gauge=False)
@@ -146,11 +191,13 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     extras.update({k: _read(exp, n, gauge=False) for k, n in EXTRA_COUNTERS.items()})
     ttft = _histograms(exp, TTFT)
     itl = _histograms(exp, ITL[0]) or _histograms(exp, ITL[1])
+    lengths = {base: _histograms(exp, base) for base in (PROMPT_LENGTH, OUTPUT_LENGTH)}
+    queue = _scheduler_histograms(exp, QUEUE_TIME)
 
     keys: set[_Key] = set()
-    for table in (*gauges.values(), realtime, passes, retracted, *extras.values()):
+    for table in (*gauges.values(), realtime, passes, retracted, *extras.values(), queue):
         keys.update(table)
-    keys.update((model, "0") for model in (*ttft, *itl))
+    keys.update((model, "0") for model in (*ttft, *itl, *lengths[PROMPT_LENGTH], *lengths[OUTPUT_LENGTH]))
 
     series = []
     for key in sorted(keys):
@@ -169,6 +216,8 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
                 extra["token_counters"] = 0.0
         steps = passes.get(key, {})
         tokenizer_side = rank == "0"
+        hits, computed = modes.get("prefill_cache"), modes.get("prefill_compute")
+        queries = hits + computed if hits is not None and computed is not None else None
         series.append(
             EngineSeries(
                 model=model,
@@ -183,6 +232,12 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
                 preemptions_total=_one(retracted, key),
                 ttft=ttft.get(model) if tokenizer_side else None,
                 itl=itl.get(model) if tokenizer_side else None,
+                prefix_cache_queries_total=queries,
+                prefix_cache_hits_total=hits if queries is not None else None,
+                prefix_cache_hit_ratio=_ratio(_one(gauges[CACHE_HIT_RATE], key)),
+                prompt_length=lengths[PROMPT_LENGTH].get(model) if tokenizer_side else None,
+                output_length=lengths[OUTPUT_LENGTH].get(model) if tokenizer_side else None,
+                queue_time=queue.get(key),
                 extra=extra,
             )
         )
@@ -237,6 +292,24 @@ def _histograms(exp: expfmt.Exposition, base: str) -> dict[str, Histogram]:
     return expfmt.histograms(exp, base, _model)
 
 
+def _scheduler_histograms(exp: expfmt.Exposition, base: str) -> dict[_Key, Histogram]:
+    """Scheduler-side histograms per (model, rank): the lowest replica's, never summed over replicas."""
+    per_replica = expfmt.histograms(
+        exp, base, lambda labels: (_model(labels), labels.get("dp_rank", "0"), _replica(labels))
+    )
+    out: dict[_Key, tuple[tuple[int, ...], Histogram]] = {}
+    for (model, rank, replica), hist in per_replica.items():
+        kept = out.get((model, rank))
+        if kept is None or replica < kept[0]:
+            out[(model, rank)] = (replica, hist)
+    return {key: hist for key, (_, hist) in out.items()}
+
+
+def _ratio(value: float | None) -> float | None:
+    """A ratio the engine reports, if it is one (0..1)."""
+    return value if value is not None and value <= 1.0 else None
+
+
 def parse_info(data: Any) -> EngineInfoHints:
     """Batch cap, model, context and TP from `/server_info`; see the module docstring."""
     top = as_dict(data)
@@ -249,4 +322,14 @@ def parse_info(data: Any) -> EngineInfoHints:
         model_id=nonblank(top.get("model_path")) or nonblank(state.get("model_path")),
         max_model_len=count(top.get("context_length")) or count(state.get("context_length")),
         tensor_parallel_size=count(top.get("tp_size")),
+        settings=info_settings(top, state),
     )
+
+
+def info_settings(top: dict, state: dict) -> dict[str, str]:
+    """INFO_SETTINGS from the server arguments; an argument left null (SGLang chooses) takes the
+    effective value the first DP rank's internal state reports, where it reports one."""
+    effective = {**state, "max_running_requests": state.get("effective_max_running_requests_per_dp",
+                                                            state.get("max_running_requests"))}
+    merged = {key: top.get(key) if top.get(key) is not None else effective.get(key) for key in INFO_SETTINGS}
+    return settings_from(merged, INFO_SETTINGS)

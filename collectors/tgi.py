@@ -22,6 +22,11 @@ Normalization, true counters only:
   is a per-request mean that includes the prefill, not an inter-token latency, and where a family
   is a summary its quantiles cover a rolling window of requests that cannot be cut into the
   agent's windows. A summary is never turned into a histogram.
+- request histograms (buckets configured by TGI, so true histograms): prompt_length =
+  `tgi_request_input_length` (at validation), output_length = `tgi_request_generated_tokens` (at
+  finish), queue_time = `tgi_request_queue_duration`; one observation per request. Where one is
+  rendered as a summary it is left None, as above.
+- prefix cache: none (TGI keeps no prefix-cache accounting).
 - extra: `tgi_request_count/success/failure` (requests_*_total), prefill and decode steps apart,
   the per-phase forward time sums (GPU busy seconds by phase, the best busy-time signal of any
   engine) and the batch token budget.
@@ -29,7 +34,9 @@ Every counter is also accepted with a `_total` suffix, in case a newer exporter 
 
 Info endpoint: `/info`, `model_id` and `max_total_tokens` (the per-request context).
 `max_concurrent_requests` there is the router's admission limit, not the batch cap
-(`--max-batch-size` is on neither endpoint), so batch_max_requests stays None.
+(`--max-batch-size` is on neither endpoint), so batch_max_requests stays None. The router
+settings in INFO_SETTINGS are kept as settings (3.x: the request limits; 1.x/2.x also the batch
+budgets). `--max-batch-prefill-tokens`, the prefill lever, is on neither endpoint in any version.
 """
 
 from __future__ import annotations
@@ -38,13 +45,25 @@ import math
 from typing import Any
 
 from rooflight.collectors import expfmt
-from rooflight.collectors.common import as_dict, count, good, has_families, nonblank, read_page
-from rooflight.collectors.samples import EngineInfoHints, EngineSample, EngineSeries
+from rooflight.collectors.common import as_dict, count, good, has_families, histogram_names, nonblank, read_page
+from rooflight.collectors.samples import EngineInfoHints, EngineSample, EngineSeries, Histogram, settings_from
 
 ENGINE = "tgi"
 METRICS_PATHS = ("/metrics",)
 DEFAULT_PATH_NOTE = None
 INFO_PATH = "/info"
+
+# The router settings `/info` states that are kept as settings (the batch budgets are 1.x/2.x only).
+INFO_SETTINGS: tuple[str, ...] = (
+    "max_concurrent_requests",
+    "max_input_tokens",
+    "max_total_tokens",
+    "max_client_batch_size",
+    "max_batch_total_tokens",
+    "max_batch_size",
+    "max_waiting_tokens",
+    "waiting_served_ratio",
+)
 
 # What each normalized field is read from, or why it is missing (EngineAdapter.COVERAGE).
 COVERAGE: dict[str, str] = {
@@ -60,6 +79,10 @@ COVERAGE: dict[str, str] = {
     "ttft": "none: TGI has no TTFT metric",
     "itl": "none: only a per-request mean incl. prefill (and summaries cannot be windowed)",
     "tensor_parallel_size": "none: shards are a launcher flag",
+    "prefix_cache_hits_total": "none: TGI keeps no prefix-cache accounting",
+    "prompt_length": "`tgi_request_input_length`",
+    "output_length": "`tgi_request_generated_tokens`",
+    "queue_time": "`tgi_request_queue_duration`",
 }
 
 RUNNING = "tgi_batch_current_size"
@@ -69,6 +92,9 @@ PROMPT = "tgi_request_input_length_sum"
 GENERATION = "tgi_request_generated_tokens_sum"
 STEPS = "tgi_batch_inference_count"
 FORWARD_SUM = "tgi_batch_forward_duration_sum"
+PROMPT_LENGTH = "tgi_request_input_length"
+OUTPUT_LENGTH = "tgi_request_generated_tokens"
+QUEUE_TIME = "tgi_request_queue_duration"
 
 # extra key -> counter base name (label-free); read as `name` or `name_total`.
 EXTRA_COUNTERS: dict[str, str] = {
@@ -88,6 +114,7 @@ NAMES: frozenset[str] = frozenset(
         STEPS,
         STEPS + "_total",
         FORWARD_SUM,
+        *histogram_names(PROMPT_LENGTH, OUTPUT_LENGTH, QUEUE_TIME),
         *EXTRA_GAUGES.values(),
         *EXTRA_COUNTERS.values(),
         *(n + "_total" for n in EXTRA_COUNTERS.values()),
@@ -126,6 +153,9 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
         prompt_tokens_total=_sum(exp, PROMPT),
         generation_tokens_total=_sum(exp, GENERATION),
         steps_total=math.fsum(steps.values()) if steps else None,
+        prompt_length=_histogram(exp, PROMPT_LENGTH),
+        output_length=_histogram(exp, OUTPUT_LENGTH),
+        queue_time=_histogram(exp, QUEUE_TIME),
         extra=extra,
     )
     return EngineSample(target=target, engine=ENGINE, timestamp=timestamp, duration=duration, series=(series,))
@@ -140,6 +170,11 @@ def _sum(exp: expfmt.Exposition, name: str) -> float | None:
     return math.fsum(values)
 
 
+def _histogram(exp: expfmt.Exposition, base: str) -> Histogram | None:
+    """The page's one histogram of that name (TGI labels none of these), or None (absent, a summary)."""
+    return expfmt.histograms(exp, base, lambda labels: "").get("")
+
+
 def _by_label(exp: expfmt.Exposition, name: str, label: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for s in exp.get(name):
@@ -152,4 +187,8 @@ def _by_label(exp: expfmt.Exposition, name: str, label: str) -> dict[str, float]
 def parse_info(data: Any) -> EngineInfoHints:
     """Model and context from `/info`; see the module docstring."""
     top = as_dict(data)
-    return EngineInfoHints(model_id=nonblank(top.get("model_id")), max_model_len=count(top.get("max_total_tokens")))
+    return EngineInfoHints(
+        model_id=nonblank(top.get("model_id")),
+        max_model_len=count(top.get("max_total_tokens")),
+        settings=settings_from(top, INFO_SETTINGS),
+    )

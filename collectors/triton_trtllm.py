@@ -54,6 +54,10 @@ COVERAGE: dict[str, str] = {
     "ttft": "none: the backend has no latency histograms",
     "itl": "none: the backend has no latency histograms",
     "tensor_parallel_size": "none: not exported",
+    "prefix_cache_hits_total": "none: not read yet (`…{kv_cache_block_type=\"reused\"}` counts blocks)",
+    "prompt_length": "none: not read yet (`nv_llm_input_token_len`)",
+    "output_length": "none: not read yet (`nv_llm_output_token_len`)",
+    "queue_time": "none: the backend has no latency histograms",
 }
 
 REQUESTS = "nv_trt_llm_request_metrics"

@@ -67,6 +67,10 @@ COVERAGE: dict[str, str] = {
     "ttft": "`trtllm_time_to_first_token_seconds`",
     "itl": "none: `time_per_output_token_seconds` is per request, not per token",
     "tensor_parallel_size": "`trtllm_parallel_config_info{tensor_parallel_size}`",
+    "prefix_cache_hits_total": "none: not read yet (`trtllm_prompt_cached_tokens_total`)",
+    "prompt_length": "none: no length histogram (only `trtllm_prompt_cached_tokens_per_request`)",
+    "output_length": "none: no length histogram",
+    "queue_time": "none: not read yet (`trtllm_request_queue_time_seconds`)",
 }
 
 _P = "trtllm_"

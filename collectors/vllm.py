@@ -17,7 +17,14 @@ Normalization:
   num_gpu_blocks x block_size.
 - EngineInfo is read from the lowest rank's `cache_config_info`: block size, `cache_dtype` as
   written ("auto" means "same as the model's dtype"; resolving it is the constants' job), and all its
-  labels except `engine`/`pid`.
+  labels except `engine`/`pid`. Each series' `settings` are its rank's `cache_config_info` labels
+  named in SETTINGS (the memory settings an on-call can change; docs/engines.md "Engine settings").
+- Prefix cache: queries and hits = `prefix_cache_queries_total` / `prefix_cache_hits_total`
+  (prompt tokens; deprecated `gpu_prefix_cache_*`, which the first V1 builds counted in blocks:
+  their ratio is still right).
+- Request histograms: prompt_length = `request_prompt_tokens`, output_length =
+  `request_generation_tokens`, queue_time = `request_queue_time_seconds` (arrival to first
+  scheduling), each observed once per finished request.
 - Values that are NaN or +-Inf are dropped (None), as are negative values: nothing vLLM exports
   can be negative, and a negative counter would poison every rate downstream.
 - Prometheus multiprocess mode (`--api-server-count > 1`): samples that differ only by a `pid` label
@@ -36,10 +43,14 @@ Normalization:
   that differ only by such a label also resolve to the last one.
 
 Info endpoint: OpenAI `/v1/models`, `data[0].root` (the model path or HF id; `id`, the served name,
-when `root` is absent) and `data[0].max_model_len`. No batch cap (max_num_seqs) or TP there.
+when `root` is absent) and `data[0].max_model_len` (also a setting). No batch cap (max_num_seqs),
+no scheduler setting (max_num_batched_tokens) and no TP there.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
 
 from rooflight.collectors import expfmt
 from rooflight.collectors.common import (
@@ -51,13 +62,29 @@ from rooflight.collectors.common import (
     openai_models_info,
     read_page,
 )
-from rooflight.collectors.samples import EngineInfo, EngineSample, EngineSeries
+from rooflight.collectors.samples import EngineInfo, EngineInfoHints, EngineSample, EngineSeries, settings_from
 
 ENGINE = "vllm"
 METRICS_PATHS = ("/metrics",)
 DEFAULT_PATH_NOTE = None
 INFO_PATH = "/v1/models"
-parse_info = openai_models_info  # data[0].root (else id), data[0].max_model_len
+
+# The `cache_config_info` labels exported as settings: the KV pool's size and layout, and what fills
+# it. Not the scheduler's (max_num_seqs, max_num_batched_tokens): vLLM tells those nowhere.
+SETTINGS: tuple[str, ...] = (
+    "block_size",
+    "cache_dtype",
+    "gpu_memory_utilization",
+    "num_gpu_blocks",
+    "num_gpu_blocks_override",
+    "kv_cache_memory_bytes",
+    "enable_prefix_caching",
+    "cpu_offload_gb",
+    "swap_space",
+    "kv_offloading_size",
+    "sliding_window",
+)
+INFO_SETTINGS: tuple[str, ...] = ("max_model_len",)  # from /v1/models data[0]
 
 # What each normalized field is read from, or why it is missing (EngineAdapter.COVERAGE).
 COVERAGE: dict[str, str] = {
@@ -73,6 +100,10 @@ COVERAGE: dict[str, str] = {
     "ttft": "`vllm:time_to_first_token_seconds`",
     "itl": "`vllm:inter_token_latency_seconds` (old: `time_per_output_token_seconds`); per output event",
     "tensor_parallel_size": "none: not exported (`--tp`)",
+    "prefix_cache_hits_total": "`vllm:prefix_cache_hits_total` / `prefix_cache_queries_total` (old: `gpu_prefix_cache_*`)",
+    "prompt_length": "`vllm:request_prompt_tokens`",
+    "output_length": "`vllm:request_generation_tokens`",
+    "queue_time": "`vllm:request_queue_time_seconds`",
 }
 
 _Key = tuple[str, str]  # (model, rank)
@@ -90,6 +121,9 @@ _CACHE_CONFIG = "vllm:cache_config_info"
 _LORA = "vllm:lora_requests_info"
 _TTFT = "vllm:time_to_first_token_seconds"
 _ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+_PROMPT_LENGTH = "vllm:request_prompt_tokens"
+_OUTPUT_LENGTH = "vllm:request_generation_tokens"
+_QUEUE_TIME = "vllm:request_queue_time_seconds"
 
 # extra key -> wire names, preferred first (the second is the deprecated spelling, same unit;
 # pre-0.9 V1 counted prefix-cache blocks, not tokens, so only the hit ratio is comparable there).
@@ -111,7 +145,7 @@ EXTRA_KEYS: dict[str, tuple[str, ...]] = {
 }
 # prompt_tokens_by_source_total{source=X} also lands in extra as "prompt_tokens_<X>_total".
 
-_HISTOGRAM_BASES = (_TTFT, *_ITL)
+_HISTOGRAM_BASES = (_TTFT, *_ITL, _PROMPT_LENGTH, _OUTPUT_LENGTH, _QUEUE_TIME)
 NAMES: frozenset[str] = frozenset(
     {
         _RUNNING,
@@ -152,11 +186,13 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     }
     ttft = expfmt.histograms(exp, _TTFT, _hist_key)
     itl = _first(*(expfmt.histograms(exp, base, _hist_key) for base in _ITL))
+    requests = {base: expfmt.histograms(exp, base, _hist_key) for base in (_PROMPT_LENGTH, _OUTPUT_LENGTH, _QUEUE_TIME)}
     configs = _cache_configs(exp)
     lora = lora_extra(exp)
 
     keys: set[_Key] = set()
-    for table in (running, waiting, kv_usage, by_reason, by_source, generation, steps, preemptions, ttft, itl):
+    for table in (running, waiting, kv_usage, by_reason, by_source, generation, steps, preemptions, ttft, itl,
+                  *requests.values()):
         keys.update(table)
     for table in extras.values():
         keys.update(table)
@@ -186,6 +222,12 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
                 preemptions_total=preemptions.get(key),
                 ttft=ttft.get(key),
                 itl=itl.get(key),
+                prefix_cache_queries_total=extra.get("prefix_cache_queries_total"),
+                prefix_cache_hits_total=extra.get("prefix_cache_hits_total"),
+                prompt_length=requests[_PROMPT_LENGTH].get(key),
+                output_length=requests[_OUTPUT_LENGTH].get(key),
+                queue_time=requests[_QUEUE_TIME].get(key),
+                settings=settings_from(config, SETTINGS) if config is not None else {},
                 extra=extra,
             )
         )
@@ -197,6 +239,12 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
         series=tuple(series),
         info=engine_info(configs[min(configs, key=_rank_order)]) if configs else EngineInfo(),
     )
+
+
+def parse_info(data: Any) -> EngineInfoHints:
+    """`/v1/models`: the model (data[0].root, else id) and max_model_len, also kept as a setting."""
+    hints = openai_models_info(data)
+    return replace(hints, settings=settings_from({"max_model_len": hints.max_model_len}, INFO_SETTINGS))
 
 
 def kv_capacity_tokens(config: dict[str, str]) -> float | None:

@@ -3,7 +3,9 @@
 The KV cache decides batch size and batch size decides decode throughput. Occupancy pinned near 100% with
 preemptions climbing means the batch is capacity-capped; a queue while the batch sits below its cap with KV
 room left means admission (or a token budget) binds instead. The prefix-cache hit rate says how much of
-the prompts' KV is reused rather than prefilled and stored again.
+the prompts' KV is reused rather than prefilled and stored again. The engine's settings table shows the
+levers the runbooks name (KV pool size, block size, the scheduler's token budgets) at their current values,
+where the engine tells them.
 """
 
 from __future__ import annotations
@@ -13,18 +15,16 @@ from typing import Any
 from rooflight.agent.metrics import names as n
 
 from .panels import (
-    BY_NATIVE,
     BY_SERIES,
     BY_TARGET,
     ENGINE,
     MODEL,
-    NATIVE,
     WHO,
     WINDOWED,
     Grid,
     build,
     engine_variables,
-    native,
+    info_table,
     query,
     sel,
     ts,
@@ -32,15 +32,9 @@ from .panels import (
 
 UID = "rooflight-kv-batch"
 
-_RI = "[$__rate_interval]"
-
-
-def _prefix_cache_hit_rate() -> str:
-    """vLLM: cached / queried prompt tokens over the rate interval; SGLang: its own cache_hit_rate gauge."""
-    hits = f"sum by ({BY_NATIVE}) (rate(vllm:prefix_cache_hits_total{sel(NATIVE)}{_RI}))"
-    queries = f"sum by ({BY_NATIVE}) (rate(vllm:prefix_cache_queries_total{sel(NATIVE)}{_RI}))"
-    sglang = f"max by ({BY_NATIVE}) (sglang:cache_hit_rate{sel(NATIVE)})"
-    return native(f"{hits} / ({queries} > 0) or {sglang}")
+# Columns of the settings table that say nothing there: the instant, the info metric's value 1, its name,
+# and the agent's own scrape (job, instance: the pod names it already).
+_SETTINGS_HIDDEN = ("Time", "Value", "__name__", "job", "instance")
 
 
 def dashboard() -> dict[str, Any]:
@@ -63,12 +57,14 @@ def dashboard() -> dict[str, Any]:
     ), 8, 8)
     g.add(ts(
         "Prefix-cache hit rate",
-        "Share of prompt tokens found in the engine's prefix cache instead of being prefilled again, per pod: "
-        "vLLM's prefix_cache_hits / prefix_cache_queries (tokens) over the rate interval, SGLang's "
-        "cache_hit_rate. A shared system prompt or multi-turn chat should read high; near 0 with such traffic "
-        "means prefix caching is off or the router spreads a conversation's turns over replicas. Hits are not "
-        "counted in the computed prompt tokens that prefill MFU uses.",
-        "percentunit", [query(_prefix_cache_hit_rate(), "{{pod}} {{model_name}}", "A")], max_val=1,
+        "Share of prompt tokens found in the engine's prefix cache instead of being prefilled again, over $window, "
+        "per pod (rooflight_prefix_cache_hit_ratio: vLLM's prefix_cache_hits / queries, SGLang's cached / all "
+        "prefill tokens, llama.cpp's cached prompt tokens; SGLang before 2025 only gives its last batch's rate). A "
+        "shared system prompt or multi-turn chat should read high; near 0 with such traffic means prefix caching "
+        "is off (enable_prefix_caching in Engine settings) or the router spreads a conversation's turns over "
+        "replicas. Blank for a window without prefills. Hits are not counted in the computed prompt tokens that "
+        "prefill MFU uses.",
+        "percentunit", [query(f"{n.PREFIX_CACHE_HIT_RATIO}{sel(WINDOWED)}", WHO, "A")], max_val=1,
     ), 8, 8)
 
     g.row("Batch")
@@ -123,6 +119,21 @@ def dashboard() -> dict[str, Any]:
                   f"max by ({BY_TARGET}, model) ({n.MODEL_KV_BYTES_PER_TOKEN}{sel(MODEL)})", f"{WHO} pool", "B"),
         ],
     ), 24, 8)
+
+    g.row("Engine settings")
+    g.add(info_table(
+        "Engine settings",
+        "The memory and scheduler settings each pod's engine tells, one row per pod, model and rank, in the "
+        "engine's own spelling (rooflight_engine_config_info; docs/engines.md, section Engine settings): vLLM "
+        "block_size, gpu_memory_utilization, num_gpu_blocks, enable_prefix_caching, max_model_len; SGLang "
+        "chunked_prefill_size, max_prefill_tokens, max_running_requests, mem_fraction_static; TGI's router limits; "
+        "llama.cpp total_slots and n_ctx. The prefill lever of head-of-line blocking is here where the engine "
+        "tells it (SGLang chunked_prefill_size); vLLM's max_num_batched_tokens, TGI's max_batch_prefill_tokens and "
+        "llama.cpp's ubatch size are on no endpoint: read them from the engine's command line. An empty cell: that "
+        "engine does not state the setting.",
+        query(f"{n.ENGINE_CONFIG_INFO}{sel(ENGINE)}", WHO, "A", instant=True, table=True),
+        _SETTINGS_HIDDEN,
+    ), 24, 6)
     return build(UID, "Rooflight / KV cache and batch",
                  "KV occupancy, preemptions, prefix-cache hits, batch against its cap and the KV ceiling on "
-                 "concurrency, per pod.", engine_variables(), g)
+                 "concurrency, and the engine's memory and scheduler settings, per pod.", engine_variables(), g)

@@ -50,10 +50,7 @@ HOL = DetectorThresholds()
 
 _TTFT = "vllm:time_to_first_token_seconds"
 _ITL = "vllm:inter_token_latency_seconds"
-_QUEUE = "vllm:request_queue_time_seconds"
 _PREFILL = "vllm:request_prefill_time_seconds"
-_PROMPT_LEN = "vllm:request_prompt_tokens"
-_OUTPUT_LEN = "vllm:request_generation_tokens"
 _RI = "[$__rate_interval]"
 _ENGINE_WHO = "{{pod}} {{model_name}}"
 _P50_P99 = 'percentile=~"50|99"'
@@ -77,9 +74,9 @@ def _engine_quantile(q: str, base: str) -> str:
     return native(f"histogram_quantile({q}, sum by ({BY_NATIVE}, le) (rate({base}_bucket{sel(NATIVE)}{_RI})))")
 
 
-def _quantiles(base: str, what: str) -> list[Any]:
-    return [query(_engine_quantile(q, base), f"{_ENGINE_WHO} {what} p{p}", ref)
-            for q, p, ref in (("0.5", "50", "A"), ("0.9", "90", "B"), ("0.99", "99", "C"))]
+def _percentiles(metric: str, what: str) -> list[Any]:
+    """The agent's p50/p90/p99 of a per-request distribution over $window, per pod."""
+    return [query(f"{metric}{sel(WINDOWED)}", f"{{{{pod}}}} {what} p{{{{percentile}}}} {{{{model}}}} r{{{{rank}}}}", "A")]
 
 
 def _client_vs_engine(client_metric: str, engine_metric: str) -> list[Any]:
@@ -200,14 +197,15 @@ def dashboard() -> dict[str, Any]:
     ), 12, 8)
     g.add(ts(
         "Queue time vs prefill time",
-        "TTFT split in two from the engine's request histograms (vLLM): queue time, how long a request "
-        "waited before it was first scheduled, and prefill time, from then to its first token. Queue-dominated "
+        "TTFT split in two: queue time, how long a request waited before it was first scheduled (the agent's "
+        "p50/p99 over $window from the engine's queue-time histogram: vLLM, SGLang, TGI), and prefill time, from "
+        "then to its first token (vLLM's request histogram at Prometheus resolution), per pod. Queue-dominated "
         "TTFT is a capacity or admission problem (see the KV cache and batch dashboard); prefill-dominated TTFT "
         "is prefill compute: judge it by prefill MFU and the prompt lengths.",
         "s", [
-            query(_engine_quantile("0.5", _QUEUE), f"{_ENGINE_WHO} queue p50", "A"),
-            query(_engine_quantile("0.99", _QUEUE), f"{_ENGINE_WHO} queue p99", "B"),
-            query(_engine_quantile("0.99", _PREFILL), f"{_ENGINE_WHO} prefill p99", "C"),
+            query(f"{n.REQUEST_QUEUE_TIME}{sel(WINDOWED + ', ' + _P50_P99)}",
+                  "{{pod}} queue p{{percentile}} {{model}} r{{rank}}", "A"),
+            query(_engine_quantile("0.99", _PREFILL), f"{_ENGINE_WHO} prefill p99", "B"),
         ],
     ), 12, 8)
 
@@ -278,18 +276,20 @@ def dashboard() -> dict[str, Any]:
     g.row("Requests")
     g.add(ts(
         "Prompt length p50 / p90 / p99",
-        "Prompt tokens per request from the engine's request histogram (vLLM), per pod. Prefill time grows with "
-        "it (compute-bound past the ridge: ~295 tokens on an H100), and a long tail here is what head-of-line "
-        "blocking and TTFT burn are made of; with a per-step token budget smaller than the p90 prompts, "
-        "admission waits on prefill.",
-        "short", _quantiles(_PROMPT_LEN, "prompt"),
+        "Prompt tokens per request, the agent's percentiles over $window from the engine's prompt-length histogram "
+        "(rooflight_request_prompt_tokens: vLLM, TGI, SGLang with --collect-tokens-histogram), per pod. Prefill "
+        "time grows with it (compute-bound past the ridge: ~295 tokens on an H100), and a long tail here is what "
+        "head-of-line blocking and TTFT burn are made of; with a per-step token budget (Engine settings) smaller "
+        "than the p90 prompts, admission waits on prefill.",
+        "short", _percentiles(n.REQUEST_PROMPT_TOKENS, "prompt"),
     ), 12, 8)
     g.add(ts(
         "Output length p50 / p90 / p99",
-        "Generated tokens per request from the engine's request histogram (vLLM), per pod. Long outputs keep "
-        "sequences decoding, and their KV growing, for longer: they fill the KV cache (the capacity-capped "
-        "batch) and lower decode intensity as each sequence's KV grows.",
-        "short", _quantiles(_OUTPUT_LEN, "output"),
+        "Generated tokens per request, the agent's percentiles over $window from the engine's output-length "
+        "histogram (rooflight_request_output_tokens), per pod. Long outputs keep sequences decoding, and their KV "
+        "growing, for longer: they fill the KV cache (the capacity-capped batch) and lower decode intensity as "
+        "each sequence's KV grows.",
+        "short", _percentiles(n.REQUEST_OUTPUT_TOKENS, "output"),
     ), 12, 8)
     g.add(ts(
         "Active Rooflight alerts",

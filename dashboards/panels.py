@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grafana_foundation_sdk.builders import common as common_b
-from grafana_foundation_sdk.builders import dashboard, prometheus, stat, timeseries
+from grafana_foundation_sdk.builders import dashboard, prometheus, stat, table, timeseries
 from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
@@ -28,6 +28,7 @@ from grafana_foundation_sdk.models.dashboard import (
     DashboardCursorSync,
     DashboardLinkType,
     DataSourceRef,
+    DataTransformerConfig,
     GridPos,
     Threshold,
     ThresholdsMode,
@@ -189,6 +190,25 @@ def single(
     if decimals is not None:
         p = p.decimals(decimals)
     return p
+
+
+def info_table(title: str, description: str, target: prometheus.Dataquery, hide: tuple[str, ...]) -> table.Panel:
+    """A table of an info metric's series, one row per series and one column per label: the instant
+    query's rows, without the columns that say nothing here (`hide`: the time, the value 1, the name)."""
+    organize = DataTransformerConfig(
+        id_val="organize",
+        options={"excludeByName": {column: True for column in hide}, "indexByName": {}, "renameByName": {}},
+    )
+    return (
+        table.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DS)
+        .with_target(target)
+        .with_transformation(organize)
+        .show_header(True)
+        .filterable(True)
+    )
 
 
 @dataclass

@@ -13,6 +13,7 @@ from rooflight.agent.metrics import names as n
 from rooflight.agent.signals.derive import MAX_UTILIZATION
 from rooflight.collectors.common import MIN_PAGE_SAMPLES, SAMPLES_PER_SERIES
 from rooflight.collectors.expfmt import MAX_LABEL_VALUE_CHARS
+from rooflight.collectors.samples import MAX_SETTING_CHARS
 
 SERIES = ("target", "engine", "model", "rank")
 WINDOWED = SERIES + ("window",)
@@ -74,6 +75,10 @@ CATALOG: tuple[MetricDef, ...] = (
     _g(n.REQUESTS_PER_SECOND, WINDOWED, "requests/s", "Requests that got their first token, per second over the window: the TTFT histogram's observations (one per request)."),
     _g(n.KV_TRANSFER_TOKENS, WINDOWED, "tokens/s", "Prompt tokens per second whose KV cache arrived from another instance over a KV connector (vLLM prompt_tokens_by_source, source=external_kv_transfer): a disaggregated decode pool's intake."),
     _g(n.KV_TRANSFER_BYTES, WINDOWED, "bytes/s", "Those tokens x K+V bytes per token (summed over the TP ranks): the KV bytes per second the connector delivered."),
+    _g(n.PREFIX_CACHE_HIT_RATIO, WINDOWED, "ratio", "Prompt tokens found in the engine's prefix cache / prompt tokens looked up, over the window (vLLM prefix_cache_hits/queries, SGLang realtime prefill_cache/compute tokens, llama.cpp cached prompt tokens); SGLang before 2025: the time-weighted mean of its cache_hit_rate gauge (the last prefill batch's). Absent for a window without lookups."),
+    _g(n.REQUEST_PROMPT_TOKENS, WINDOWED + ("percentile",), "tokens", "Prompt length per request: the percentile over the requests the engine's prompt-length histogram observed in the window, interpolated as histogram_quantile does."),
+    _g(n.REQUEST_OUTPUT_TOKENS, WINDOWED + ("percentile",), "tokens", "Output (generated) length per request: the percentile over the requests the engine's output-length histogram observed in the window, interpolated as histogram_quantile does."),
+    _g(n.REQUEST_QUEUE_TIME, WINDOWED + ("percentile",), "seconds", "Queue time per request, arrival to first scheduling: the percentile over the engine's queue-time histogram's observations in the window, interpolated as histogram_quantile does."),
     # Capacity, cost and energy (docs/metrics.md, section Capacity, cost and energy).
     _g(n.HEADROOM, WINDOWED + ("resource",), "ratio", "Room left before a wall, 1 idle, 0 at the wall; resource: kv (1 - mean KV occupancy, 0 if the window preempted), batch (1 - mean running / batch cap), decode_bandwidth (the share of the decode tokens/s ceiling at this context that more batch can still buy), prefill_compute (1 - prefill MFU / the MFU a real prefill reaches), ttft_slo and itl_slo (1 - p99 / the SLO, where set)."),
     _g(n.SATURATION, WINDOWED + ("role",), "ratio", "1 - the smallest headroom among the resources of the target's role (both: all; prefill: prefill_compute, ttft_slo; decode: kv, batch, decode_bandwidth, itl_slo): 1 at the first wall. Scale on it."),
@@ -85,7 +90,7 @@ CATALOG: tuple[MetricDef, ...] = (
     _g(n.TOKENS_PER_JOULE, WINDOWED + ("phase",), "tokens/J", "The phase's tokens/s / the mean power of the target's GPUs over the window (NVML's energy counter); absent where a GPU does not report energy."),
     # Detectors.
     _g(n.HEAD_OF_LINE_BLOCKING, SERIES, "", "1 while the ITL tail inflates against its recent median with prefill work in the batch."),
-    _g(n.ITL_INFLATION, SERIES, "ratio", "p99 ITL over the shortest window / p50 ITL over the longest window."),
+    _g(n.ITL_INFLATION, SERIES, "ratio", "The worst ITL since the agent's previous sample (the upper bound of the highest ITL bucket that gained observations) / its own recent median (of that worst, over the longest window)."),
     _g(n.BATCH_CAPACITY_CAPPED, SERIES, "", "1 while the batch is capped by KV capacity: occupancy pinned near 1, preemptions climbing, requests waiting."),
     _g(n.BATCH_ADMISSION_BOUND, SERIES, "", "1 while requests wait although the batch is well below its cap and KV has room."),
     _g(n.BATCH_AT_CONFIGURED_MAX, SERIES, "", "1 while running = the configured batch cap with KV room: a config lever, not the memory wall."),
@@ -98,6 +103,7 @@ CATALOG: tuple[MetricDef, ...] = (
     _g(n.MODEL_WEIGHT_BYTES, ("target", "model"), "bytes", "Weight bytes streamed per decode step (whole model, all GPUs)."),
     _g(n.MODEL_KV_BYTES_PER_TOKEN, ("target", "model"), "bytes", "K+V bytes per token, all layers."),
     _g(n.TENSOR_PARALLEL_SIZE, ("target", "model"), "GPUs", "GPUs one model copy spans."),
+    _g(n.ENGINE_CONFIG_INFO, SERIES, "", f"1; plus one label per memory or scheduler setting the engine tells, in its own spelling, from each adapter's fixed list (docs/engines.md, section Engine settings): vLLM cache_config_info (block_size, gpu_memory_utilization, num_gpu_blocks, ...) and /v1/models max_model_len, SGLang /server_info (chunked_prefill_size, max_prefill_tokens, ...), TGI /info, llama.cpp /props. Values cut at {MAX_SETTING_CHARS} characters."),
     _g(n.GPU_HOUR_COST, ("target",), "currency/h", "Price of one of the target's GPUs per hour, as configured (gpu_hour_cost): the cost metrics' input."),
     # GPU (NVML).
     _g(n.GPU_MEMORY_USED, ("gpu", "uuid"), "bytes", "NVML v2 memory used (engines preallocate the KV pool: near-full says nothing of occupancy)."),

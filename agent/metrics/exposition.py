@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 import platform
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.samples import Sample
 
 from rooflight.agent import __version__
 from rooflight.agent.metrics import names as n
@@ -40,6 +41,15 @@ class _Families:
             cls = CounterMetricFamily if d.type == "counter" else GaugeMetricFamily
             family = self._families[name] = cls(name, d.help, labels=d.labels)
         family.add_metric(list(labels), value)
+
+    def add_info(self, name: str, labels: Mapping[str, str]) -> None:
+        """An info sample (value 1) whose label set varies from sample to sample: the catalog's labels
+        plus whatever `labels` holds beyond them (the engine's settings)."""
+        family = self._families.get(name)
+        if family is None:
+            d = self._defs[name]
+            family = self._families[name] = GaugeMetricFamily(name, d.help, labels=d.labels)
+        family.samples.append(Sample(name, dict(labels), 1.0))
 
     def __iter__(self) -> Iterator[Metric]:
         return iter(self._families.values())
@@ -103,6 +113,14 @@ def render_series(f: _Families, target: TargetView, view: SeriesView) -> None:
         f.add(n.REQUESTS_PER_SECOND, wk, _nonneg(w.requests_per_second))
         f.add(n.KV_TRANSFER_TOKENS, wk, _nonneg(w.kv_transfer_tokens_per_second))
         f.add(n.KV_TRANSFER_BYTES, wk, _nonneg(w.kv_transfer_bytes_per_second))
+        f.add(n.PREFIX_CACHE_HIT_RATIO, wk, _nonneg(w.prefix_cache_hit_ratio))
+        for name, by_percentile in ((n.REQUEST_PROMPT_TOKENS, w.prompt_length),
+                                    (n.REQUEST_OUTPUT_TOKENS, w.output_length),
+                                    (n.REQUEST_QUEUE_TIME, w.queue_time)):
+            for p, value in by_percentile.items():
+                f.add(name, (*wk, p), _nonneg(value))
+    if view.settings:
+        f.add_info(n.ENGINE_CONFIG_INFO, {**view.settings, **dict(zip(BY_NAME[n.ENGINE_CONFIG_INFO].labels, key))})
     for sig in view.signals:
         render_signals(f, (*key, sig.window), sig)
     render_verdicts(f, key, view.verdicts)

@@ -46,6 +46,10 @@ ITL = "rooflight_itl_seconds"
 REQUESTS_PER_SECOND = "rooflight_requests_per_second"  # TTFT observations: requests that got a first token
 KV_TRANSFER_TOKENS = "rooflight_kv_transfer_tokens_per_second"  # prompt tokens whose KV came over a connector
 KV_TRANSFER_BYTES = "rooflight_kv_transfer_bytes_per_second"  # those tokens x K+V bytes per token
+PREFIX_CACHE_HIT_RATIO = "rooflight_prefix_cache_hit_ratio"  # prompt tokens found in the prefix cache / looked up
+REQUEST_PROMPT_TOKENS = "rooflight_request_prompt_tokens"  # by percentile: prompt length per request
+REQUEST_OUTPUT_TOKENS = "rooflight_request_output_tokens"  # by percentile: output length per request
+REQUEST_QUEUE_TIME = "rooflight_request_queue_time_seconds"  # by percentile: arrival to first scheduling
 
 # Capacity, cost and energy (signals/headroom.py; label: window; plus resource / role / phase where named).
 HEADROOM = "rooflight_headroom_ratio"  # by resource: 0 at the wall, 1 idle
@@ -66,6 +70,8 @@ MODEL_PARAMETERS = "rooflight_model_parameters"
 MODEL_WEIGHT_BYTES = "rooflight_model_weight_bytes"
 MODEL_KV_BYTES_PER_TOKEN = "rooflight_model_kv_cache_bytes_per_token"
 TENSOR_PARALLEL_SIZE = "rooflight_tensor_parallel_size"
+# 1; the engine's memory and scheduler settings as labels, engine spelling (labels: target, engine, model, rank).
+ENGINE_CONFIG_INFO = "rooflight_engine_config_info"
 GPU_HOUR_COST = "rooflight_gpu_hour_cost"  # per GPU, as configured (label: target)
 
 # GPU (NVML).

@@ -30,6 +30,9 @@ class SeriesView:
     batch_max: float | None = None
     live_kv_bytes: float | None = None
     signals: tuple[WindowSignals, ...] = ()  # one per window; set by the TargetView that holds this view
+    # The engine's memory and scheduler settings (its page's for this rank, over its info endpoint's),
+    # as label name -> value: rooflight_engine_config_info.
+    settings: Mapping[str, str] = field(default_factory=dict)
 
 
 DEFAULT_SIGNAL_SETTINGS = SignalSettings()

@@ -270,7 +270,8 @@ class EngineLoop:
         verdicts = _verdicts(series, windows, history, batch_max, worst, baseline, self.thresholds)
         verdicts = self._hold_head_of_line((series.model, series.rank), verdicts)
         self._mark_rising_edges((series.model, series.rank), verdicts)
-        return SeriesView(series=series, windows=windows, verdicts=verdicts, batch_max=batch_max, live_kv_bytes=live)
+        return SeriesView(series=series, windows=windows, verdicts=verdicts, batch_max=batch_max, live_kv_bytes=live,
+                          settings=_settings(self.hints, series))
 
     def _mark_rising_edges(self, key: tuple[str, str], verdicts: Verdicts | None) -> None:
         """An NVTX mark when a detector turns on, so an Nsight Systems capture lines it up with the kernels."""
@@ -367,6 +368,12 @@ def _give_back_freed_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+def _settings(hints: EngineInfoHints, series: EngineSeries) -> dict[str, str]:
+    """The engine's settings for one series: its info endpoint's, then its page's for this rank (fresher,
+    and per rank), each adapter's fixed list (rooflight_engine_config_info)."""
+    return {**hints.settings, **series.settings}
 
 
 def _first(*values: float | int | None) -> float | None:

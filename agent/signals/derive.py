@@ -29,6 +29,9 @@ RUNNING, WAITING, KV_USAGE = "running", "waiting", "kv_usage"
 DRAFT, ACCEPTED = "spec_draft_tokens", "spec_accepted_tokens"
 KV_TRANSFER = "kv_transfer_tokens"  # prompt tokens whose KV arrived from another instance (vLLM's KV connector)
 TTFT, ITL = "ttft", "itl"
+PREFIX_QUERIES, PREFIX_HITS = "prefix_cache_queries", "prefix_cache_hits"  # prompt tokens looked up / found
+PREFIX_HIT_RATIO = "prefix_cache_hit_ratio"  # the engine's own gauge, where it keeps no counters
+PROMPT_LENGTH, OUTPUT_LENGTH, QUEUE_TIME = "prompt_length", "output_length", "queue_time"  # per request
 
 MAX_UTILIZATION = 1.2  # MBU and MFU above this are withheld (see the module docstring)
 SLO_QUANTILE = 0.99  # the tail the SLO headroom judges (signals/headroom.py), whatever percentiles are exported
@@ -47,9 +50,14 @@ def history_inputs(
         DRAFT: series.extra.get("spec_decode_num_draft_tokens_total"),
         ACCEPTED: series.extra.get("spec_decode_num_accepted_tokens_total"),
         KV_TRANSFER: series.extra.get("prompt_tokens_external_kv_transfer_total"),
+        PREFIX_QUERIES: series.prefix_cache_queries_total,
+        PREFIX_HITS: series.prefix_cache_hits_total,
     }
-    gauges = {RUNNING: series.running, WAITING: series.waiting, KV_USAGE: series.kv_usage_ratio}
-    return counters, gauges, {TTFT: series.ttft, ITL: series.itl}
+    gauges = {RUNNING: series.running, WAITING: series.waiting, KV_USAGE: series.kv_usage_ratio,
+              PREFIX_HIT_RATIO: series.prefix_cache_hit_ratio}
+    histograms = {TTFT: series.ttft, ITL: series.itl, PROMPT_LENGTH: series.prompt_length,
+                  OUTPUT_LENGTH: series.output_length, QUEUE_TIME: series.queue_time}
+    return counters, gauges, histograms
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +87,11 @@ class WindowValues:
     energy_watts: float | None = None  # mean power of the target's GPUs from NVML's energy counter, same window
     kv_transfer_tokens_per_second: float | None = None  # prompt tokens whose KV came over a KV connector
     kv_transfer_bytes_per_second: float | None = None  # those tokens x K+V bytes per token (all TP ranks)
+    prefix_cache_hit_ratio: float | None = None  # prompt tokens found in the prefix cache / looked up
+    # Per-request distributions by percentile, over the requests that finished in the window.
+    prompt_length: Mapping[str, float] = field(default_factory=dict)  # prompt tokens per request
+    output_length: Mapping[str, float] = field(default_factory=dict)  # output tokens per request
+    queue_time: Mapping[str, float] = field(default_factory=dict)  # seconds from arrival to first scheduling
 
     @property
     def mbu_to_dram(self) -> float | None:
@@ -138,7 +151,23 @@ def derive_window(
         slo_tail=_tail({"ttft": ttft, "itl": itl}),
         kv_transfer_tokens_per_second=transferred,
         kv_transfer_bytes_per_second=kv_bytes(transferred, constants),
+        prefix_cache_hit_ratio=prefix_cache_hit_ratio(first, last),
+        prompt_length=_percentiles(histogram_delta(first, last, PROMPT_LENGTH), percentiles),
+        output_length=_percentiles(histogram_delta(first, last, OUTPUT_LENGTH), percentiles),
+        queue_time=_percentiles(histogram_delta(first, last, QUEUE_TIME), percentiles),
     )
+
+
+def prefix_cache_hit_ratio(first: Point, last: Point) -> float | None:
+    """Prompt tokens found in the prefix cache / prompt tokens looked up over the window, from the
+    counters where the engine keeps them (None for a window without lookups: no traffic is not a 0% hit
+    rate); else the time-weighted mean of the engine's own ratio gauge. Never above 1."""
+    queries = increase(first, last, PREFIX_QUERIES)
+    if queries is not None:
+        ratio = _ratio(increase(first, last, PREFIX_HITS), queries)
+    else:
+        ratio = mean(first, last, PREFIX_HIT_RATIO)
+    return ratio if ratio is not None and 0.0 <= ratio <= 1.0 else None
 
 
 def kv_bytes(tokens: float | None, constants: TargetConstants | None) -> float | None:

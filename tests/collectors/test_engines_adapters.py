@@ -155,6 +155,66 @@ def test_tgi_summary_sums_are_read_and_quantiles_never() -> None:
     assert one.generation_tokens_total == 1200.0 and one.steps_total == 50.0 and one.ttft is None
 
 
+def test_sglang_prefix_cache_from_realtime_counters_and_queue_time_from_the_scheduler() -> None:
+    one = _only(_parse(dynamo, sample_text("dynamo-sglang-worker-1req.prom")))
+    assert (one.prefix_cache_queries_total, one.prefix_cache_hits_total) == (33.0, 0.0)  # prefill_compute + _cache
+    assert one.prefix_cache_hit_ratio == 0.0  # the last batch's gauge is read too; the counters win downstream
+    assert one.queue_time is not None and one.queue_time.count == 1.0 and one.queue_time.buckets[1] == (0.1, 1.0)
+    assert one.prompt_length is None and one.output_length is None  # only with --collect-tokens-histogram
+
+
+def test_sglang_2024_has_only_the_last_batch_hit_rate_gauge() -> None:
+    one = _only(_parse(sglang, sample_text("sglang-docs-llama31-8b-under-load.prom")))
+    assert one.prefix_cache_queries_total is None and one.prefix_cache_hits_total is None
+    assert one.prefix_cache_hit_ratio == pytest.approx(0.007507552643049313)
+
+
+def _sglang_hist(name: str, labels: str, counts: tuple[float, float]) -> str:
+    return (f'sglang:{name}_bucket{{{labels},le="10"}} {counts[0]}\n'
+            f'sglang:{name}_bucket{{{labels},le="+Inf"}} {counts[1]}\n'
+            f"sglang:{name}_count{{{labels}}} {counts[1]}\nsglang:{name}_sum{{{labels}}} 50\n")
+
+
+def test_sglang_scheduler_histograms_take_the_lowest_replica_and_lengths_the_tokenizers() -> None:
+    sched = 'model_name="m",pp_rank="0",moe_ep_rank="0"'
+    page = (
+        _sglang_hist("queue_time_seconds", sched + ',dp_rank="0",tp_rank="1"', (9.0, 9.0))
+        + _sglang_hist("queue_time_seconds", sched + ',dp_rank="0",tp_rank="0"', (2.0, 3.0))
+        + _sglang_hist("queue_time_seconds", sched + ',dp_rank="1",tp_rank="0"', (1.0, 1.0))
+        + _sglang_hist("prompt_tokens_histogram", 'model_name="m",is_streaming="true"', (4.0, 6.0))
+        + _sglang_hist("prompt_tokens_histogram", 'model_name="m",is_streaming="false"', (1.0, 1.0))
+        + _sglang_hist("generation_tokens_histogram", 'model_name="m"', (0.0, 2.0))
+        + 'sglang:cache_hit_rate{model_name="m",dp_rank="0"} 1.5\n'
+    )
+    r0, r1 = _parse(sglang, page).series
+    assert r0.queue_time is not None and (r0.queue_time.count, r0.queue_time.buckets[0]) == (3.0, (10.0, 2.0))
+    assert r1.queue_time is not None and r1.queue_time.count == 1.0  # each DP rank its own scheduler
+    assert r0.prompt_length is not None and r0.prompt_length.count == 7.0  # is_streaming summed
+    assert r0.output_length is not None and r0.output_length.count == 2.0
+    assert r1.prompt_length is None  # the tokenizer's, reported once on rank 0
+    assert r0.prefix_cache_hit_ratio is None  # 1.5 is not a ratio
+
+
+def test_llamacpp_prefix_cache_from_its_cached_prompt_counter() -> None:
+    one = _only(_parse(llamacpp, sample_text("llamacpp-server-cpu-load-c8.prom")))
+    assert (one.prefix_cache_hits_total, one.prefix_cache_queries_total) == (35.0, 1503.0 + 35.0)
+    older = _only(_parse(llamacpp, "llamacpp:prompt_tokens_total 10\n"))
+    assert older.prefix_cache_hits_total is None and older.prefix_cache_queries_total is None
+
+
+def test_tgi_request_histograms_are_read_and_summaries_are_not() -> None:
+    one = _only(_parse(tgi, TGI_PAGE))
+    assert one.prompt_length is not None and (one.prompt_length.count, one.prompt_length.sum) == (22.0, 4100.0)
+    assert one.output_length is not None and one.output_length.count == 20.0
+    assert one.queue_time is None  # not on this page
+    queue = 'tgi_request_queue_duration_bucket{le="0.5"} 3\ntgi_request_queue_duration_bucket{le="+Inf"} 4\n' \
+            "tgi_request_queue_duration_count 4\ntgi_request_queue_duration_sum 1.5\ntgi_queue_size 0\n"
+    assert _only(_parse(tgi, queue)).queue_time.buckets[0] == (0.5, 3.0)  # type: ignore[union-attr]
+    summary = ('tgi_request_generated_tokens{quantile="0.5"} 120\n'
+               "tgi_request_generated_tokens_sum 1200\ntgi_request_generated_tokens_count 10\n")
+    assert _only(_parse(tgi, summary)).output_length is None
+
+
 def test_dynamo_frontend_joins_model_case_insensitively() -> None:
     s = _parse(dynamo, DYNAMO_FRONTEND_PAGE)
     one = _only(s)

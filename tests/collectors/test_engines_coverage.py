@@ -17,14 +17,23 @@ from support import ROOT, sample_text, synthetic_page
 
 DOC = ROOT / "docs" / "engines.md"
 
+# What no recorded or synthetic page shows: SGLang's opt-in length histograms, TGI's queue-time histogram.
+SGLANG_LENGTHS = "".join(
+    f'sglang:{name}_bucket{{model_name="m",le="+Inf"}} 2\nsglang:{name}_count{{model_name="m"}} 2\n'
+    f'sglang:{name}_sum{{model_name="m"}} 300\n' for name in ("prompt_tokens_histogram", "generation_tokens_histogram")
+)
+TGI_QUEUE = ('tgi_request_queue_duration_bucket{le="+Inf"} 4\ntgi_request_queue_duration_count 4\n'
+             "tgi_request_queue_duration_sum 1.5\n")
+
 PAGES: dict[str, list[str]] = {
     "vllm": [sample_text(n) for n in ("vllm-cpu-rest-fresh.prom", "vllm-cpu-load-c16.prom", "vllm-cpu-preempt-during.prom")],
     "sglang": [
         sample_text("sglang-docs-llama31-8b-under-load.prom"),
         sample_text("dynamo-sglang-worker-1req.prom"),
         synthetic_page("sglang-dp2-tp2-pids"),
+        SGLANG_LENGTHS,
     ],
-    "tgi": [synthetic_page("tgi-3x")],
+    "tgi": [synthetic_page("tgi-3x"), TGI_QUEUE],
     "trtllm": [synthetic_page("trtllm-serve-2026")],
     "triton": [sample_text("triton-trtllm-backend-ifb-readme.prom") + synthetic_page("triton-token-length-histograms")],
     "llamacpp": [sample_text("llamacpp-server-cpu-load-c8.prom")],

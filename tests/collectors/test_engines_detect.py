@@ -94,12 +94,20 @@ LLAMACPP_PROPS = {"default_generation_settings": {"id": 0, "n_ctx": 1024, "specu
 @pytest.mark.parametrize(
     ("engine", "doc", "hints"),
     [
-        ("vllm", VLLM_MODELS, EngineInfoHints(None, "/models/tiny-llama", 2048, None)),
-        ("sglang", SGLANG_SERVER_INFO, EngineInfoHints(2048, "Qwen/Qwen3-0.6B", 40960, 2)),
+        ("vllm", VLLM_MODELS, EngineInfoHints(None, "/models/tiny-llama", 2048, None,
+                                              settings={"max_model_len": "2048"})),
+        ("sglang", SGLANG_SERVER_INFO, EngineInfoHints(2048, "Qwen/Qwen3-0.6B", 40960, 2, settings={
+            "max_running_requests": "2048", "max_total_num_tokens": "92962", "context_length": "40960",
+            "tp_size": "2", "dp_size": "1"})),  # null arguments: the effective values SGLang chose
         ("sglang", {**SGLANG_SERVER_INFO, "max_running_requests": 64, "context_length": 8192},
-         EngineInfoHints(64, "Qwen/Qwen3-0.6B", 8192, 2)),
-        ("tgi", TGI_INFO, EngineInfoHints(None, "bigscience/bloom-560m", 2048, None)),  # admission limit is not the batch cap
-        ("llamacpp", LLAMACPP_PROPS, EngineInfoHints(4, "/cache/tiny-llama-f32.gguf", 1024, None)),
+         EngineInfoHints(64, "Qwen/Qwen3-0.6B", 8192, 2, settings={
+             "max_running_requests": "64", "max_total_num_tokens": "92962", "context_length": "8192",
+             "tp_size": "2", "dp_size": "1"})),
+        ("tgi", TGI_INFO, EngineInfoHints(None, "bigscience/bloom-560m", 2048, None, settings={  # admission limit is not the batch cap
+            "max_concurrent_requests": "128", "max_input_tokens": "1024", "max_total_tokens": "2048",
+            "max_client_batch_size": "4"})),
+        ("llamacpp", LLAMACPP_PROPS, EngineInfoHints(4, "/cache/tiny-llama-f32.gguf", 1024, None,
+                                                     settings={"total_slots": "4", "n_ctx": "1024"})),
         ("trtllm", {"data": [{"id": "llama-3-8b"}]}, EngineInfoHints(model_id="llama-3-8b")),
         ("dynamo", {"data": []}, EngineInfoHints()),
     ],

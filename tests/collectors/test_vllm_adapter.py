@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rooflight.collectors import expfmt, vllm
 from rooflight.collectors.errors import ParseError
-from rooflight.collectors.samples import EngineSeries
+from rooflight.collectors.samples import MAX_SETTING_CHARS, EngineSeries
 from support import SAMPLES
 
 VLLM_FILES = sorted(SAMPLES.glob("vllm-*.prom"))
@@ -282,3 +282,50 @@ def test_a_cut_adapter_list_is_not_counted() -> None:
     assert bounds.labels_truncated == 1
     assert "lora_running_adapters" not in s.extra  # 10 names and a marker would be a wrong count
     assert (s.extra["lora_waiting_adapters"], s.extra["lora_max_adapters"]) == (2.0, 64.0)
+
+
+# --- prefix cache, request histograms, settings (rooflight_engine_config_info) -------------------------
+
+
+def _page_count(text: str, family: str) -> float:
+    """The `_count` of a histogram family on a page, read with prometheus_client's parser."""
+    for fam in text_string_to_metric_families(text):
+        if fam.name == family:
+            return next(s.value for s in fam.samples if s.name.endswith("_count"))
+    raise AssertionError(f"{family} not on the page")
+
+
+def test_request_histograms_and_prefix_counters_on_the_load_recording() -> None:
+    text = (SAMPLES / "vllm-cpu-load-c16.prom").read_text()
+    s = only(read(SAMPLES / "vllm-cpu-load-c16.prom"))
+    for got, family in ((s.prompt_length, "vllm:request_prompt_tokens"),
+                        (s.output_length, "vllm:request_generation_tokens"),
+                        (s.queue_time, "vllm:request_queue_time_seconds")):
+        assert got is not None and got.count == _page_count(text, family) > 0, family
+        assert math.isinf(got.buckets[-1][0])
+    assert (s.prefix_cache_queries_total, s.prefix_cache_hits_total) == (1688.0, 0.0)
+    assert s.prefix_cache_hit_ratio is None  # vLLM keeps counters; no gauge stands in
+
+
+def test_settings_are_each_ranks_allowlisted_cache_config_labels() -> None:
+    sample = page(
+        f"vllm:num_requests_running{L('a', '0')} 3",
+        f"vllm:num_requests_running{L('a', '1')} 5",
+        'vllm:cache_config_info{engine="0",block_size="16",num_gpu_blocks="50",enable_prefix_caching="True",'
+        'sliding_window="None",prefix_caching_hash_algo="sha256",gpu_memory_utilization="0.9"} 1',
+        'vllm:cache_config_info{engine="1",block_size="16",num_gpu_blocks="70",enable_prefix_caching="False"} 1',
+    )
+    by_rank = {s.rank: dict(s.settings) for s in sample.series}
+    assert by_rank["0"] == {"block_size": "16", "num_gpu_blocks": "50", "enable_prefix_caching": "true",
+                            "gpu_memory_utilization": "0.9"}  # "None" says nothing; hash_algo is no lever
+    assert by_rank["1"] == {"block_size": "16", "num_gpu_blocks": "70", "enable_prefix_caching": "false"}
+    assert set(vllm.SETTINGS) >= set(by_rank["0"]) | set(by_rank["1"])
+
+
+def test_no_cache_config_means_no_settings() -> None:
+    assert only(page(f"vllm:num_requests_running{L()} 1")).settings == {}
+
+
+def test_a_long_setting_value_is_cut() -> None:
+    s = only(page(f"vllm:num_requests_running{L()} 1", 'vllm:cache_config_info{engine="0",cache_dtype="' + "x" * 300 + '"} 1'))
+    assert s.settings["cache_dtype"] == "x" * MAX_SETTING_CHARS

@@ -112,7 +112,7 @@ def test_shape_grafana_10_4_to_13_loads(name: str) -> None:
     assert len(ids) == len(set(ids))
     cells: set[tuple[int, int]] = set()
     for p in panels(d):
-        assert p["type"] in {"row", "timeseries", "stat", "xychart"}, "no Angular or unpinned panel types"
+        assert p["type"] in {"row", "timeseries", "stat", "xychart", "table"}, "no Angular or unpinned panel types"
         g = p["gridPos"]
         assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
         mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
@@ -269,6 +269,32 @@ def test_head_of_line_panels_sit_side_by_side_with_the_detector_thresholds() -> 
     assert lines("Prefill tokens per step (10 s)") == [defaults.hol_min_prefill_tokens_per_step]
     assert "rooflight_itl_tail_inflation_ratio" in hol["ITL tail inflation ratio"]["targets"][0]["expr"]
     assert "rooflight_head_of_line_blocking" in hol["Head-of-line detector"]["targets"][0]["expr"]
+
+
+def test_engine_facts_come_from_the_agent_not_the_engines_own_series() -> None:
+    """Prefix-cache hit rate, request lengths and queue time read the agent's rooflight_* series (one
+    definition for every engine, windowed like TTFT); the engine's settings are a table of its info metric."""
+    by_title = {p["title"]: p for d in dashboards().values() for p in panels(d) if p["type"] != "row"}
+    wanted = {
+        "Prefix-cache hit rate": {"rooflight_prefix_cache_hit_ratio"},
+        "Prompt length p50 / p90 / p99": {"rooflight_request_prompt_tokens"},
+        "Output length p50 / p90 / p99": {"rooflight_request_output_tokens"},
+    }
+    for title, metrics in wanted.items():
+        used = set().union(*(metric_names(t["expr"]) for t in by_title[title]["targets"]))
+        assert used == metrics, title
+        assert all('window="$window"' in t["expr"] for t in by_title[title]["targets"]), title
+    queue = by_title["Queue time vs prefill time"]["targets"]
+    assert metric_names(queue[0]["expr"]) == {"rooflight_request_queue_time_seconds"}
+    settings = by_title["Engine settings"]
+    assert settings["type"] == "table"
+    [target] = settings["targets"]
+    assert metric_names(target["expr"]) == {"rooflight_engine_config_info"}
+    assert target["instant"] and target["format"] == "table"
+    [organize] = settings["transformations"]
+    assert organize["id"] == "organize" and {"Time", "Value", "__name__"} <= set(organize["options"]["excludeByName"])
+    for title in ("Prefix-cache hit rate", "Engine settings"):
+        assert not any(m.startswith(("vllm:", "sglang:")) for t in by_title[title]["targets"] for m in metric_names(t["expr"]))
 
 
 def test_client_row_sets_the_clients_view_beside_the_engines() -> None:

@@ -45,7 +45,6 @@ NARROWING = ("cluster", "namespace", "job", "pod", "instance")
 # Metrics whose queries may answer nothing on the steady demo, with the reason (a query that answers is checked).
 ABSENT = {
     "ALERTS": "no rules are loaded here, and no Rooflight alert would fire on the steady scenario",
-    "sglang:cache_hit_rate": "the demo simulates vLLM; the prefix-cache query reads vLLM's counters or this",
 }
 
 needs_prometheus = pytest.mark.skipif(not promstack.available(), reason="Debian's prometheus is not installed")
