@@ -30,10 +30,14 @@ class SlowCollector(Collector):
         yield GaugeMetricFamily("rooflight_test_value", "A value.", value=1.0)
 
 
+async def _healthy(request: web.Request) -> web.Response:
+    return web.Response(text="OK\n")
+
+
 async def _serve(registry: CollectorRegistry) -> tuple[web.AppRunner, str]:
     app = web.Application()
     app.router.add_get("/metrics", metrics_handler(registry))
-    app.router.add_get("/-/healthy", lambda request: web.Response(text="OK\n"))  # type: ignore[arg-type,return-value]
+    app.router.add_get("/-/healthy", _healthy)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
