@@ -1,12 +1,19 @@
-"""Test support: the recorded engine samples, and a misbehaving engine over real HTTP."""
+"""Test support: the recorded engine samples, a misbehaving engine over real HTTP, an agent that always
+stops (started_agent), and the golden-file check."""
 
 from __future__ import annotations
 
 import asyncio
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, AsyncIterator
 
 from aiohttp import web
+
+from rooflight.agent.cli import resolve_models
+from rooflight.agent.sampling.config import AgentConfig
+from rooflight.agent.sampling.sampler import Agent
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 TESTS = ROOT / "tests"
@@ -72,18 +79,59 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+STOP_WITHIN_S = 10.0  # a test's agent must stop within this: a hung stop fails the test, not the suite
+
+
+@asynccontextmanager
+async def started_agent(
+    config: AgentConfig, *, loops: bool = True, stop_within: float = STOP_WITHIN_S, **agent_kwargs: Any
+) -> AsyncIterator[Agent]:
+    """An Agent built from `config` (models resolved as the CLI does, unless `models` is given),
+    started, and always stopped on the way out, within `stop_within` seconds.
+
+    `loops=False` starts no sampling task (the test drives sample_engines_once itself).
+    """
+    agent_kwargs.setdefault("models", resolve_models(config))
+    agent = Agent(config, **agent_kwargs)
+    await agent.start(loops=loops)
+    try:
+        yield agent
+    finally:
+        stopping = asyncio.ensure_future(agent.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=stop_within)  # never waits on a cancel, unlike wait_for
+        assert done, f"agent.stop() did not finish within {stop_within} s"
+        stopping.result()
+
+
 GOLDEN = TESTS / "golden"
 
 
+GOLDEN_OUT_ENV = "ROOFLIGHT_GOLDEN_OUT"  # set only by tests/regen_goldens.py: where to put what the tests produce
+
+
 def check_golden(path: Path, text: str) -> None:
-    """`text` must equal the golden file; ROOFLIGHT_UPDATE_GOLDEN=1 rewrites it (then read the diff)."""
+    """`text` must equal the golden file, always: a test never writes the file it compares with.
+
+    To change a golden on purpose, run `python tests/regen_goldens.py` and read `git diff tests/golden`.
+    Under that command (ROOFLIGHT_GOLDEN_OUT set) the text is also written to that folder, and the
+    command copies it over the golden afterwards.
+    """
+    import difflib
     import os
 
-    if os.environ.get("ROOFLIGHT_UPDATE_GOLDEN") == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"no golden file {path}; run with ROOFLIGHT_UPDATE_GOLDEN=1"
-    assert text == path.read_text(), f"exposition differs from {path}"
+    assert "ROOFLIGHT_UPDATE_GOLDEN" not in os.environ, (
+        "ROOFLIGHT_UPDATE_GOLDEN is gone: regenerate goldens with `python tests/regen_goldens.py`")
+    out = os.environ.get(GOLDEN_OUT_ENV)
+    if out:
+        produced = Path(out) / path.relative_to(GOLDEN)
+        produced.parent.mkdir(parents=True, exist_ok=True)
+        produced.write_text(text)
+    assert path.exists(), f"no golden file {path}; write it with `python tests/regen_goldens.py`"
+    expected = path.read_text()
+    if text != expected:
+        diff = difflib.unified_diff(expected.splitlines(), text.splitlines(), "golden", "now", lineterm="", n=0)
+        shown = "\n".join(list(diff)[:40])
+        raise AssertionError(f"exposition differs from {path} (regenerate: python tests/regen_goldens.py):\n{shown}")
 
 
 def promtool_clean(text: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine
 
 import aiohttp
 
@@ -19,12 +19,16 @@ from rooflight.agent.sampling.health import SourceState
 from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY, GpuProfile, get_profile, profile_for_nvml_name
 from rooflight.agent.roofline.models import ModelSpec
 from rooflight.agent.metrics.snapshot import EMPTY, Snapshot
+from rooflight.agent.signals.headroom import ENERGY, gpu_energy_watts
 from rooflight.agent.signals.windows import SeriesHistory, mean
 from rooflight.collectors.gpu_map import GpuAssignment, assign_gpus
 from rooflight.collectors.errors import SourceError
 from rooflight.collectors.samples import GpuSample, ProcessSample
 
 log = logging.getLogger("rooflight")
+
+STOP_TIMEOUT_S = 5.0  # how long stop() waits for the sampling tasks before it leaves one behind
+_RECANCEL_S = 0.05  # how often stop() cancels again a task that swallowed its cancellation
 
 
 class Agent:
@@ -46,6 +50,7 @@ class Agent:
         self._models = models or {}
         self._snapshot: Snapshot = EMPTY
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False  # set by stop(): every loop ends at its next step, even if a cancel was lost
         self._session: aiohttp.ClientSession | None = None
         self._gpu: GpuSample | None = None
         self._nvml_state = SourceState("nvml", "node")
@@ -64,6 +69,7 @@ class Agent:
 
     async def start(self, *, loops: bool = True) -> None:
         """Open the HTTP session and, unless `loops` is False (tests, benchmarks), start every loop."""
+        self._stopping = False
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None),
             headers={"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"},
@@ -71,25 +77,36 @@ class Agent:
         for target in self.config.targets:
             model, source = self._models.get(target.name, (None, None))
             loop = EngineLoop(
-                target, self.config, self._session, self.clock, model, source, self._constants_for, self.dram_utilization
+                target, self.config, self._session, self.clock, model, source, self._constants_for, self.dram_utilization,
+                self.energy_watts,
             )
             self.engines.append(loop)
             if loops:
-                self._tasks.append(asyncio.create_task(self._every(self.config.interval, loop.sample_once)))
+                self._spawn(self._every(self.config.interval, loop.sample_once), f"engine:{target.name}")
         if not loops:
             self.publish()
             return
         if self.config.nvml:
-            self._tasks.append(asyncio.create_task(self._nvml_loop()))
+            self._spawn(self._nvml_loop(), "nvml")
         if self.config.process:
             for target in self.config.targets:
-                self._tasks.append(asyncio.create_task(self._process_loop(target)))
+                self._spawn(self._process_loop(target), f"process:{target.name}")
         self.publish()
 
-    async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        self._tasks.append(asyncio.create_task(coro, name=f"rooflight-{name}"))
+
+    async def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Stop every loop and close the HTTP session, within `timeout` whatever a source is doing.
+
+        A cancellation can be lost (Python 3.11's wait_for returns a result that lands with the cancel),
+        so the loops also check a stop flag, and a task still running is cancelled again until the
+        deadline; one that still refuses is logged and left behind rather than hanging the shutdown.
+        """
+        self._stopping = True
+        stuck = await _cancel_until_done(self._tasks, timeout)
+        for task in stuck:
+            log.error("sampling task %s did not stop within %.1f s; leaving it behind", task.get_name(), timeout)
         self._tasks.clear()
         if self._session is not None:
             await self._session.close()
@@ -118,13 +135,19 @@ class Agent:
         """Run `step` every `interval` seconds; a slow step delays the next one, never overlaps it."""
         loop = asyncio.get_running_loop()
         due = loop.time()
-        while True:
+        while not self._stopping:
             try:
                 await step()
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug in one source must not stop its loop, let alone the agent
                 log.exception("sampling step failed")
+            if _cancel_was_swallowed():
+                if not self._stopping:
+                    log.warning("sampling task %s was cancelled inside a step; it ends", _task_name())
+                raise asyncio.CancelledError
+            if self._stopping:
+                return
             self.publish()
             due = max(due + interval, loop.time())
             await asyncio.sleep(due - loop.time())
@@ -179,6 +202,14 @@ class Agent:
                 means.append(value)
         return sum(means) / len(means) if means else None
 
+    def energy_watts(self, target: TargetConfig, seconds: float) -> float | None:
+        """Mean power of the target's GPUs over the window, from NVML's energy counter; None unless every
+        one of them reports it."""
+        histories = [self._gpu_history.get(d.uuid) for d in self._own_devices(target)]
+        if not histories or any(h is None for h in histories):
+            return None
+        return gpu_energy_watts(histories, seconds)  # type: ignore[arg-type]
+
     def _gpu_profiles(self) -> dict[int, str]:
         out = {}
         for device in self._gpu.devices if self._gpu else ():
@@ -204,7 +235,8 @@ class Agent:
         t = self.clock.monotonic()
         for device in sample.devices:
             history = self._gpu_history.setdefault(device.uuid, SeriesHistory(retention))
-            history.append(t, {}, {"dram": device.dram_bandwidth_utilization_ratio}, {})
+            history.append(t, {ENERGY: device.extra.get("energy_joules_total")},
+                           {"dram": device.dram_bandwidth_utilization_ratio}, {})
         for uuid in set(self._gpu_history) - {d.uuid for d in sample.devices}:
             del self._gpu_history[uuid]
 
@@ -249,3 +281,34 @@ class Agent:
             self._assign_gpus(target, collector.tree_pids)
 
         await self._every(max(self.config.interval, 1.0), step)
+
+
+def _cancel_was_swallowed() -> bool:
+    """Whether this task was cancelled and a step returned instead of raising (Python 3.11+ counts the
+    cancellations not yet delivered or undone; older Pythons rely on the stop flag alone)."""
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    return bool(cancelling is not None and cancelling())
+
+
+def _task_name() -> str:
+    task = asyncio.current_task()
+    return task.get_name() if task is not None else "?"
+
+
+async def _cancel_until_done(tasks: list[asyncio.Task[None]], timeout: float) -> list[asyncio.Task[None]]:
+    """Cancel `tasks` (again every _RECANCEL_S, for one that swallowed it) until all end or `timeout`
+    passes; returns those still running."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        left = deadline - loop.time()
+        if left <= 0:
+            break
+        _, pending = await asyncio.wait(pending, timeout=min(_RECANCEL_S, left))
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.error("sampling task %s ended with an error", task.get_name(), exc_info=task.exception())
+    return sorted(pending, key=lambda t: t.get_name())

@@ -7,9 +7,10 @@ Properties:
   SourceError, and nothing the adapter returns is negative or non-finite;
 - differential against prometheus_client on hand-spelled lines (odd spacing, escapes, exponents,
   special values, timestamps): where prometheus_client accepts a page, expfmt gives the same
-  samples; where it refuses, expfmt refuses or counts bad lines (tolerance, never different numbers);
+  samples; where it refuses one (broken lines mixed in), each line is one sample or one counted bad
+  line, and every line it accepts on its own is among ours with its value;
 - config: any mapping of settings gives an AgentConfig or ConfigError, never another exception;
-  any YAML gives a WebConfig or ConfigError.
+  any YAML gives a WebConfig or ConfigError; a config file loads what PyYAML reads, or is refused.
 (test_expfmt.py already round-trips what prometheus_client renders; this covers what it does not.)
 """
 
@@ -118,23 +119,39 @@ def _spelled_line(draw: st.DrawFn) -> str:
     return f"{head}{draw(st.sampled_from([' ', '  ', chr(9)]))}{draw(_NUMBER)}{ts}"
 
 
+@st.composite
+def _broken_line(draw: st.DrawFn) -> str:
+    """A spelled line broken the ways real pages break: cut short, value missing, quote lost, bad number."""
+    line = draw(_spelled_line())
+    how = draw(st.sampled_from(["cut", "no value", "quote", "number"]))
+    if how == "cut":
+        return line[: draw(st.integers(1, max(1, len(line) - 1)))]
+    if how == "no value":
+        return line.rsplit(" ", 1)[0] if " " in line else line + "{"
+    if how == "quote":
+        return line.replace('"', "", 1) if '"' in line else line + ' "'
+    return line.rsplit(" ", 1)[0] + " " + draw(st.sampled_from(["1_0", "0x10", "abc", "--1", ""]))
+
+
 def _same(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def _theirs(text: str) -> list[tuple[str, dict[str, str], float, object]] | None:
+    """prometheus_client's samples of `text`, or None where it refuses the page."""
+    try:
+        return [(s.name, s.labels, s.value, s.timestamp) for f in text_string_to_metric_families(text)
+                for s in f.samples]
+    except Exception:
+        return None
 
 
 @FUZZ
 @given(st.lists(_spelled_line(), min_size=1, max_size=8))
 def test_hand_spelled_lines_agree_with_prometheus_client(lines: list[str]) -> None:
     text = "\n".join(lines) + "\n"
-    try:
-        theirs = [(s.name, s.labels, s.value, s.timestamp) for f in text_string_to_metric_families(text)
-                  for s in f.samples]
-    except Exception:  # prometheus_client refuses: we may refuse, or skip the lines it choked on
-        try:
-            ours = expfmt.parse(text)
-        except ParseError:
-            return
-        assert ours.bad_lines > 0 or len(ours) <= len(lines)
+    theirs = _theirs(text)
+    if theirs is None:  # rare for well-spelled lines; the mixed test below covers refused pages
         return
     ours_exp = expfmt.parse(text)
     ours = [(s.name, s.labels, s.value, s.timestamp) for f in ours_exp.families for s in f.samples]
@@ -144,6 +161,29 @@ def test_hand_spelled_lines_agree_with_prometheus_client(lines: list[str]) -> No
         assert (n1, l1) == (n2, l2)
         assert _same(v1, float(v2))
         assert (t1 is None and t2 is None) or float(t1) == pytest.approx(float(t2))
+
+
+@FUZZ
+@given(st.lists(st.one_of(_spelled_line(), _broken_line()), min_size=1, max_size=8))
+def test_a_bad_line_costs_itself_only(lines: list[str]) -> None:
+    """Pages prometheus_client refuses as a whole (one broken line is enough): every line is one sample
+    or one counted bad line, and every line prometheus_client accepts on its own is among our samples
+    with its value. A ParseError only when no line is good."""
+    text = "\n".join(lines) + "\n"
+    if _theirs(text) is not None:
+        return
+    alone = [_theirs(line + "\n") for line in lines]
+    try:
+        page = expfmt.parse(text)
+    except ParseError:
+        assert not any(alone), "ParseError on a page that has good lines"
+        return
+    ours = [(s.name, s.labels, s.value) for f in page.families for s in f.samples]
+    assert len(ours) + page.bad_lines == len(lines), (len(ours), page.bad_lines, lines)
+    for line, theirs in zip(lines, alone):
+        if theirs:
+            ((name, labels, value, _),) = theirs
+            assert any(n == name and lbl == labels and _same(v, value) for n, lbl, v in ours), (line, ours)
 
 
 # -- configuration ---------------------------------------------------------------------------------------
@@ -182,17 +222,38 @@ def test_any_web_config_gives_a_config_or_a_config_error(data: object) -> None:
         pass
 
 
+_NOT_YAML = object()
+
+
+def _pyyaml(text: str) -> object:
+    """What PyYAML's safe_load makes of `text` (our bounded loader extends it), or _NOT_YAML."""
+    try:
+        return yaml.safe_load(text)
+    except Exception:  # YAMLError, and ValueError for an impossible date such as 2001-02-30
+        return _NOT_YAML
+
+
 @FUZZ
 @given(st.text(max_size=200))
-def test_any_config_file_text_loads_or_is_a_config_error(tmp_path_factory: pytest.TempPathFactory, text: str) -> None:
+def test_a_config_file_loads_what_yaml_says_or_is_a_config_error(
+    tmp_path_factory: pytest.TempPathFactory, text: str
+) -> None:
+    """Differential against PyYAML (far below our loader's size and alias bounds): a YAML mapping, or an
+    empty file, loads to the same settings; anything else is a ConfigError, never another exception.
+    A web config that loads was a mapping of known top-level keys."""
     path = tmp_path_factory.getbasetemp() / "fuzz-config.yml"
     path.write_text(text)
-    for load in (load_file, webconfig.load):
-        try:
-            load(path)
-        except ConfigError:
-            pass
+    expected = _pyyaml(text)
+    is_mapping = expected is None or isinstance(expected, dict)
     try:
-        yaml.safe_load(text)
-    except yaml.YAMLError:
+        loaded = load_file(path)
+    except ConfigError:
+        assert not is_mapping, f"a valid YAML mapping was refused: {text!r}"
+    else:
+        assert is_mapping and repr(loaded) == repr(expected or {}), (text, loaded, expected)
+    try:
+        webconfig.load(path)
+    except ConfigError:
         pass
+    else:
+        assert expected is None or (isinstance(expected, dict) and set(expected) <= webconfig._TOP_KEYS), text

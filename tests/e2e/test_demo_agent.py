@@ -1,50 +1,62 @@
 """The real agent on the demo, over real HTTP, with one fake clock driving both: its numbers must
-agree with what the seeds predict for the simulated state, and its detectors must name each scenario.
+agree with what docs/physics.md predicts for the simulated state, and its detectors must name each scenario.
 """
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 import pytest
 
-from rooflight.agent.cli import resolve_models
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.sampling.config import build
 from rooflight.agent.demo import DemoConfig, DemoEngine
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.metrics.snapshot import SeriesView
+from rooflight.collectors.nvml import NvmlCollector
+from support import started_agent
+
+# Written here from published numbers, not read from the modules the agent and the simulator share:
+# Llama-3-8B (config.json: 32 layers, 8 KV heads, head_dim 128, bf16) and one H100 SXM (datasheet).
+LLAMA3_8B_PARAMS = 8_030_261_248
+LLAMA3_8B_WEIGHT_BYTES = LLAMA3_8B_PARAMS * 2  # bf16
+LLAMA3_8B_KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # K and V, layers, KV heads, head_dim, bf16 = 131072
+H100_SXM_BANDWIDTH = 3.35e12  # bytes/s
+H100_SXM_BF16_DENSE = 989e12  # FLOP/s
+DEMO_BLOCK_TOKENS = 16  # the demo's vLLM block size: the agent sees KV in whole blocks
 
 
-async def _run(scenario: str, seconds: float, *, step: float = 0.5, **flags: object) -> tuple[DemoEngine, Agent, FakeClock]:
+@asynccontextmanager
+async def _demo(scenario: str, **flags: object) -> AsyncIterator[tuple[DemoEngine, Agent, FakeClock]]:
+    """The demo engine and an agent (no loops) on one fake clock, both always stopped."""
     clock = FakeClock()
     engine = DemoEngine(DemoConfig(scenario=scenario, seed=3), clock=clock)
     await engine.start()
-    settings = {"engine_url": [engine.url], "process": False, "interval": "0.5", "windows": "10s,1m", **flags}
-    config = build({}, {}, settings)
-    agent = Agent(config, models=resolve_models(config), clock=clock, nvml_lib=engine.nvml)
-    await agent.start(loops=False)
-    from rooflight.collectors.nvml import NvmlCollector
-
-    nvml = NvmlCollector(lib=engine.nvml, clock=clock.monotonic)
-    t = 0.0
-    while t < seconds:
-        clock.advance(step)
-        t += step
-        engine.tick()
-        await agent.sample_engines_once()
-        await agent.sample_gpus_once(nvml)
-    nvml.close()
-    return engine, agent, clock
-
-
-@pytest.fixture
-async def cleanup() -> AsyncIterator[list]:
-    started: list = []
-    yield started
-    for engine, agent in started:
-        await agent.stop()
+    try:
+        settings = {"engine_url": [engine.url], "process": False, "interval": "0.5", "windows": "10s,1m", **flags}
+        async with started_agent(build({}, {}, settings), loops=False, clock=clock, nvml_lib=engine.nvml) as agent:
+            yield engine, agent, clock
+    finally:
         await engine.stop()
+
+
+async def _advance(engine: DemoEngine, agent: Agent, clock: FakeClock, seconds: float, *, step: float = 0.5,
+                   gpus: bool = True) -> None:
+    """Tick the engine and sample it (and, with `gpus`, its simulated GPU) every `step` seconds."""
+    nvml = NvmlCollector(lib=engine.nvml, clock=clock.monotonic) if gpus else None
+    try:
+        t = 0.0
+        while t < seconds:
+            clock.advance(step)
+            t += step
+            engine.tick()
+            await agent.sample_engines_once()
+            if nvml is not None:
+                await agent.sample_gpus_once(nvml)
+    finally:
+        if nvml is not None:
+            nvml.close()
 
 
 def _view(agent: Agent) -> SeriesView:
@@ -53,17 +65,42 @@ def _view(agent: Agent) -> SeriesView:
     return view
 
 
-async def test_steady_agrees_with_the_seeds(cleanup: list) -> None:
-    engine, agent, _ = await _run("steady", 60.0)
-    cleanup.append((engine, agent))
-    short = _view(agent).windows[0]
-    state = engine.state(window=short.seconds)
+async def test_steady_agrees_with_the_physics() -> None:
+    async with _demo("steady") as (engine, agent, clock):
+        await _advance(engine, agent, clock, 60.0)
+        target = agent.snapshot.targets[0]
+        short = _view(agent).windows[0]
+        state = engine.state(window=short.seconds)
     w = state["window"]
+    # The constants both sides use are the model's published shape, not merely each other's.
+    model = target.constants.model
+    assert LLAMA3_8B_KV_BYTES_PER_TOKEN == 131072
+    assert model.kv_bytes_per_token == state["kv_bytes_per_token"] == LLAMA3_8B_KV_BYTES_PER_TOKEN
+    assert model.weight_bytes == state["weight_bytes"] == LLAMA3_8B_WEIGHT_BYTES
+    assert (target.constants.peak_bandwidth, target.constants.peak_flops) == (H100_SXM_BANDWIDTH, H100_SXM_BF16_DENSE)
     assert short.tokens_per_second["decode"] == pytest.approx(w["decode_tokens_per_second"], rel=0.05)
     assert short.tokens_per_second["prefill"] == pytest.approx(w["prefill_tokens_per_second"], rel=0.05)
     assert short.steps_per_second == pytest.approx(w["steps_per_second"], rel=0.05)
-    # MBU: the agent sees KV through block occupancy, the simulator counts live tokens: blocks round up
-    assert short.mbu == pytest.approx(state["mbu"], rel=0.10)
+    # MBU's KV term. The simulator streams each decoding sequence's live tokens per step; the agent sees
+    # KV through block occupancy, so it counts at most DEMO_BLOCK_TOKENS - 1 more per running sequence
+    # (the last block's empty slots), and never fewer, up to the two sides' sampling of the window (1%).
+    sim_kv_tokens = ((state["mbu"] * H100_SXM_BANDWIDTH / w["steps_per_second"]) - LLAMA3_8B_WEIGHT_BYTES) \
+        / LLAMA3_8B_KV_BYTES_PER_TOKEN  # mean live tokens per step, from the simulator's bytes read
+    agent_kv_tokens = short.mean_live_kv_bytes / LLAMA3_8B_KV_BYTES_PER_TOKEN
+    rounding = short.mean_running * (DEMO_BLOCK_TOKENS - 1)
+    assert sim_kv_tokens > 1000  # a KV term worth testing (about 12% of the bytes)
+    assert -0.01 * sim_kv_tokens <= agent_kv_tokens - sim_kv_tokens <= rounding + 0.01 * sim_kv_tokens, (
+        agent_kv_tokens, sim_kv_tokens, rounding)
+    # MBU itself, recomputed here from the published constants: (W + live KV) x steps/s / bandwidth ...
+    expected_mbu = (LLAMA3_8B_WEIGHT_BYTES + short.mean_live_kv_bytes) * short.steps_per_second / H100_SXM_BANDWIDTH
+    assert short.mbu == pytest.approx(expected_mbu, rel=1e-9)
+    # ... and against the simulator's bytes read: the KV term's tolerance, weighted by its share
+    kv_share = 1 - LLAMA3_8B_WEIGHT_BYTES * short.steps_per_second / H100_SXM_BANDWIDTH / short.mbu
+    tolerance = kv_share * (rounding / sim_kv_tokens + 0.01) + 0.001
+    assert short.mbu == pytest.approx(state["mbu"], rel=tolerance)
+    assert tolerance < 0.01
+    expected_mfu = short.tokens_per_second["prefill"] * 2 * LLAMA3_8B_PARAMS / H100_SXM_BF16_DENSE
+    assert short.mfu["prefill"] == pytest.approx(expected_mfu, rel=1e-9)
     assert short.mfu["prefill"] == pytest.approx(state["mfu_prefill"], rel=0.05)
     # the measured DRAM bandwidth of the simulated GPU agrees with the derived MBU
     gpu = agent.snapshot.gpu.devices[0]
@@ -75,64 +112,57 @@ async def test_steady_agrees_with_the_seeds(cleanup: list) -> None:
     assert gpu.kernel_residency_ratio > 0.9 and short.mfu["decode"] < 0.1
 
 
-async def test_constants_come_from_discovery_and_nvml(cleanup: list) -> None:
-    engine, agent, _ = await _run("steady", 3.0)
-    cleanup.append((engine, agent))
-    (target,) = agent.snapshot.targets
+async def test_constants_come_from_discovery_and_nvml() -> None:
+    async with _demo("steady") as (engine, agent, clock):
+        await _advance(engine, agent, clock, 3.0)
+        (target,) = agent.snapshot.targets
     assert target.constants.model.name == "llama-3-8b"
     assert target.model_source.startswith("discovered:")
     assert (target.constants.gpu.key, target.constants.gpu_source) == ("h100-sxm", "nvml")
 
 
-async def test_kv_wall_is_capacity_capped_with_preemptions(cleanup: list) -> None:
-    engine, agent, _ = await _run("kv-wall", 90.0)
-    cleanup.append((engine, agent))
-    view = _view(agent)
+async def test_kv_wall_is_capacity_capped_with_preemptions() -> None:
+    async with _demo("kv-wall") as (engine, agent, clock):
+        await _advance(engine, agent, clock, 90.0)
+        view = _view(agent)
     assert view.series.kv_usage_ratio > 0.95
     assert view.windows[0].preemptions_per_second > 0
     assert view.verdicts.capacity_capped is True
     assert view.verdicts.at_configured_max is not True
 
 
-async def test_queue_is_at_configured_max_not_the_wall(cleanup: list) -> None:
-    engine, agent, _ = await _run("queue", 40.0, batch_max=16)
-    cleanup.append((engine, agent))
-    view = _view(agent)
+async def test_queue_is_at_configured_max_not_the_wall() -> None:
+    async with _demo("queue", batch_max=16) as (engine, agent, clock):
+        await _advance(engine, agent, clock, 40.0)
+        view = _view(agent)
     assert view.series.running == 16
     assert view.verdicts.at_configured_max is True
     assert view.verdicts.capacity_capped is False
 
 
-async def test_head_of_line_flags_the_long_prompt_stall(cleanup: list) -> None:
-    clock = FakeClock()
-    engine = DemoEngine(DemoConfig(scenario="steady", seed=3), clock=clock)
-    await engine.start()
-    config = build({}, {}, {"engine_url": [engine.url], "process": False, "nvml": False, "interval": "0.5",
-                             "windows": "10s,1m"})
-    agent = Agent(config, models=resolve_models(config), clock=clock)
-    await agent.start(loops=False)
-    cleanup.append((engine, agent))
-    flagged_at = None
-    injected_at = None
-    for i in range(140):
-        clock.advance(0.5)
-        if i == 130:
-            injected_at = engine.inject("long-prompt")
-        engine.tick()
-        await agent.sample_engines_once()
-        verdicts = _view(agent).verdicts
-        flagged = verdicts is not None and verdicts.head_of_line is True
-        if i < 130:
-            assert not flagged, f"false positive at {i * 0.5}s"
-        elif flagged and flagged_at is None:
-            flagged_at = clock.monotonic()
-    assert flagged_at is not None and injected_at is not None
-    assert flagged_at - injected_at <= 2.0
-    # the flag is held long enough for a 15-30 s Prometheus scrape to see it, then clears
-    held = []
-    for _ in range(80):
-        clock.advance(0.5)
-        engine.tick()
-        await agent.sample_engines_once()
-        held.append(_view(agent).verdicts.head_of_line)
-    assert all(held[: 2 * 25]) and held[-1] is False
+async def test_head_of_line_flags_the_long_prompt_stall() -> None:
+    async with _demo("steady", nvml=False) as (engine, agent, clock):
+        flagged_at = None
+        injected_at = None
+        for i in range(140):
+            clock.advance(0.5)
+            if i == 130:
+                injected_at = engine.inject("long-prompt")
+            engine.tick()
+            await agent.sample_engines_once()
+            verdicts = _view(agent).verdicts
+            flagged = verdicts is not None and verdicts.head_of_line is True
+            if i < 130:
+                assert not flagged, f"false positive at {i * 0.5}s"
+            elif flagged and flagged_at is None:
+                flagged_at = clock.monotonic()
+        assert flagged_at is not None and injected_at is not None
+        assert flagged_at - injected_at <= 2.0
+        # the flag is held long enough for a 15-30 s Prometheus scrape to see it, then clears
+        held = []
+        for _ in range(80):
+            clock.advance(0.5)
+            engine.tick()
+            await agent.sample_engines_once()
+            held.append(_view(agent).verdicts.head_of_line)
+        assert all(held[: 2 * 25]) and held[-1] is False

@@ -19,12 +19,11 @@ import tracemalloc
 
 from prometheus_client import generate_latest
 
-from rooflight.agent.cli import resolve_models
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.sampling.config import build
 from rooflight.agent.demo import DemoConfig, DemoEngine
 from rooflight.agent.metrics.exposition import registry_for
-from rooflight.agent.sampling.sampler import Agent
+from support import started_agent
 
 CYCLES = int(os.environ.get("ROOFLIGHT_SOAK_CYCLES", "2000"))
 WARMUP = 600  # > the 5 m window at 1 s, so every history is full before the baseline is taken
@@ -43,34 +42,32 @@ async def test_thousands_of_cycles_keep_memory_and_windows_bounded() -> None:
     await engine.start()
     config = build({}, {}, {"engine_url": [engine.url], "process": False, "nvml": False, "interval": "1",
                             "windows": "10s,1m,5m"})
-    agent = Agent(config, models=resolve_models(config), clock=clock)
-    await agent.start(loops=False)
-    registry = registry_for(lambda: agent.snapshot)
     events = itertools.cycle(["long-prompt", "kv-wall", "clear"])
     lengths = []
     if TRACE:
         tracemalloc.start()
     try:
-        for i in range(CYCLES):
-            clock.advance(1.0)
-            if i % 97 == 0:
-                engine.inject(next(events))  # a changing workload: stalls, the KV wall, recovery
-            engine.tick()
-            await agent.sample_engines_once()
-            if i % 20 == 0:
-                generate_latest(registry)  # the scrape path too
-            if i == WARMUP:
-                baseline = _blocks()
-                traced = tracemalloc.take_snapshot() if TRACE else None
-            lengths.append(max(len(h) for h in agent.engines[0]._histories.values()))
-        end = _blocks()
-        if traced is not None:
-            for stat in tracemalloc.take_snapshot().compare_to(traced, "lineno")[:10]:
-                print(stat)
+        async with started_agent(config, loops=False, clock=clock) as agent:
+            registry = registry_for(lambda: agent.snapshot)
+            for i in range(CYCLES):
+                clock.advance(1.0)
+                if i % 97 == 0:
+                    engine.inject(next(events))  # a changing workload: stalls, the KV wall, recovery
+                engine.tick()
+                await agent.sample_engines_once()
+                if i % 20 == 0:
+                    generate_latest(registry)  # the scrape path too
+                if i == WARMUP:
+                    baseline = _blocks()
+                    traced = tracemalloc.take_snapshot() if TRACE else None
+                lengths.append(max(len(h) for h in agent.engines[0]._histories.values()))
+            end = _blocks()
+            if traced is not None:
+                for stat in tracemalloc.take_snapshot().compare_to(traced, "lineno")[:10]:
+                    print(stat)
     finally:
         if TRACE:
             tracemalloc.stop()
-        await agent.stop()
         await engine.stop()
 
     assert agent.snapshot.health[0].up and agent.snapshot.health[0].errors["timeout"] == 0

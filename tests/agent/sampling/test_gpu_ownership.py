@@ -9,11 +9,9 @@ import asyncio
 import os
 import subprocess
 
-from rooflight.agent.cli import resolve_models
 from rooflight.agent.sampling.config import build
-from rooflight.agent.sampling.sampler import Agent
 from rooflight.collectors.nvml_fake import FakeNvml, a100_like, h100_like
-from support import FakeEngine, sample_text
+from support import FakeEngine, sample_text, started_agent
 
 
 async def test_each_target_gets_its_own_gpus_peaks_and_tp() -> None:
@@ -33,22 +31,21 @@ async def test_each_target_gets_its_own_gpus_peaks_and_tp() -> None:
                     {"url": engines[1].url, "name": "b", "pid": other}],
         "model": "llama-3-8b", "interval": "0.2", "windows": "1s,2s", "nvml_interval": "0.2",
     })
-    agent = Agent(config, models=resolve_models(config), nvml_lib=nvml)
-    await agent.start()
     try:
-        deadline = asyncio.get_running_loop().time() + 15
-        while asyncio.get_running_loop().time() < deadline:
-            views = {t.name: t for t in agent.snapshot.targets}
-            a, b = views["a"].constants, views["b"].constants
-            if a and b and a.tensor_parallel_size == 2 and b.gpu.key.startswith("a100"):
-                break
-            await asyncio.sleep(0.2)
-        assert (a.gpu.key, a.gpu_source, a.tensor_parallel_size) == ("h100-sxm", "nvml", 2)
-        assert (b.gpu.key, b.gpu_source, b.tensor_parallel_size) == ("a100-sxm-80gb", "nvml", 1)
-        # TP=2 doubles the peak the target's MBU and MFU divide by
-        assert a.peak_bandwidth == 2 * a.gpu.memory_bandwidth_bytes_per_second
+        async with started_agent(config, nvml_lib=nvml) as agent:
+            deadline = asyncio.get_running_loop().time() + 15
+            while asyncio.get_running_loop().time() < deadline:
+                views = {t.name: t for t in agent.snapshot.targets}
+                a, b = views["a"].constants, views["b"].constants
+                if a and b and a.tensor_parallel_size == 2 and b.gpu.key.startswith("a100"):
+                    break
+                await asyncio.sleep(0.2)
+            assert (a.gpu.key, a.gpu_source, a.tensor_parallel_size) == ("h100-sxm", "nvml", 2)
+            assert (b.gpu.key, b.gpu_source, b.tensor_parallel_size) == ("a100-sxm-80gb", "nvml", 1)
+            # TP=2 doubles the peak the target's MBU and MFU divide by
+            assert a.peak_bandwidth == 2 * a.gpu.memory_bandwidth_bytes_per_second
+            assert a.peak_flops == 2 * a.gpu.peak_flops[a.compute_dtype]
     finally:
-        await agent.stop()
         for e in engines:
             await e.stop()
         os.kill(other, 9)

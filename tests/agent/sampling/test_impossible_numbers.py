@@ -13,7 +13,6 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rooflight.agent.cli import resolve_models
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.sampling.clock import FakeClock
@@ -21,7 +20,7 @@ from rooflight.agent.sampling.config import build
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.signals import derive
 from rooflight.agent.signals.windows import COUNTER_REGRESS_LIMIT, SeriesHistory, rate
-from support import FakeEngine, sample_text
+from support import FakeEngine, sample_text, started_agent
 
 PAGE = sample_text("vllm-cpu-load-c16.prom")
 STEPS = "vllm:iteration_tokens_total_count"
@@ -72,12 +71,10 @@ async def rig() -> AsyncIterator[Rig]:
     clock = FakeClock()
     config = build({}, {}, {"engine_url": [engine.url], "process": False, "nvml": False, "interval": str(INTERVAL),
                             "windows": "5s,30s", "model": "llama-3-8b", "batch_max": 256})
-    agent = Agent(config, models=resolve_models(config), clock=clock)
-    await agent.start(loops=False)
     try:
-        yield Rig(engine, agent, clock)
+        async with started_agent(config, loops=False, clock=clock) as agent:
+            yield Rig(engine, agent, clock)
     finally:
-        await agent.stop()
         await engine.stop()
 
 

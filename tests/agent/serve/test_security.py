@@ -1,7 +1,7 @@
 """The agent's endpoints behind an exporter-toolkit web config: basic auth (bcrypt), TLS, mutual TLS,
 reload, request limits, no URL from a request, no secrets in logs or pages. Real HTTP(S) on 127.0.0.1.
 
-Tests marked `cli` run the real `rooflight run` and need /tmp/patch9_cli.diff (web config wired into serve).
+The last tests run the real `rooflight run` with a web config.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import ssl
 import subprocess
 import sys
 from pathlib import Path
+from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 import aiohttp
@@ -23,11 +24,11 @@ import pytest
 from aiohttp import web
 
 from rooflight.agent.serve import webconfig
-from rooflight.agent.sampling.config import DEFAULT_LISTEN, build
+from rooflight.agent.sampling.config import DEFAULT_LISTEN, AgentConfig, build
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve.server import build_app
-from support import ROOT, FakeEngine, free_port
+from support import ROOT, FakeEngine, free_port, started_agent
 
 PASSWORD = "correct horse battery staple"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()  # cheap rounds: tests, not storage
@@ -84,32 +85,25 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 # -- serving --------------------------------------------------------------------------------------
-def _agent(url: str = "http://127.0.0.1:9") -> Agent:
-    config = build({}, {}, {"engine_url": [url], "nvml": False, "process": False, "interval": "0.1",
-                            "windows": "1s,2s", "scrape_timeout": "0.3"})
-    return Agent(config)
+def _config(url: str = "http://127.0.0.1:9") -> AgentConfig:
+    return build({}, {}, {"engine_url": [url], "nvml": False, "process": False, "interval": "0.1",
+                          "windows": "1s,2s", "scrape_timeout": "0.3"})
 
 
-_AGENTS: dict[int, Agent] = {}
-
-
-async def _serve(security: webconfig.WebSecurity, agent: Agent | None = None) -> tuple[web.AppRunner, str]:
-    agent = agent or _agent()
-    await agent.start(loops=False)
-    runner = web.AppRunner(build_app(agent, manage_agent=False, middlewares=[security.middleware]),
-                           shutdown_timeout=0.1)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=security.ssl_context).start()
-    scheme = "https" if security.ssl_context else "http"
-    _AGENTS[id(runner)] = agent
-    return runner, f"{scheme}://127.0.0.1:{port}"
-
-
-async def _stop(runner: web.AppRunner) -> None:
-    agent = _AGENTS.pop(id(runner))
-    await runner.cleanup()
-    await agent.stop()
+@asynccontextmanager
+async def _served(security: webconfig.WebSecurity, config: AgentConfig | None = None) -> AsyncIterator[tuple[Agent, str]]:
+    """An agent (no loops) behind `security` on 127.0.0.1: (agent, base URL); server and agent always stop."""
+    async with started_agent(config or _config(), loops=False) as agent:
+        runner = web.AppRunner(build_app(agent, manage_agent=False, middlewares=[security.middleware]),
+                               shutdown_timeout=0.1)
+        await runner.setup()
+        try:
+            port = free_port()
+            await web.TCPSite(runner, "127.0.0.1", port, ssl_context=security.ssl_context).start()
+            scheme = "https" if security.ssl_context else "http"
+            yield agent, f"{scheme}://127.0.0.1:{port}"
+        finally:
+            await runner.cleanup()
 
 
 def _write(path: Path, text: str) -> Path:
@@ -120,9 +114,8 @@ def _write(path: Path, text: str) -> Path:
 @pytest.fixture
 async def auth_server(tmp_path: Path) -> AsyncIterator[tuple[str, webconfig.WebSecurity]]:
     security = webconfig.WebSecurity(_write(tmp_path / "web.yml", f"basic_auth_users:\n  prometheus: '{HASH}'\n"))
-    runner, base = await _serve(security)
-    yield base, security
-    await _stop(runner)
+    async with _served(security) as (_, base):
+        yield base, security
 
 
 # -- validation -------------------------------------------------------------------------------------
@@ -210,36 +203,35 @@ async def test_reload_on_change_and_on_sighup(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(webconfig, "RELOAD_CHECK_SECONDS", 0.0)
     path = _write(tmp_path / "web.yml", f"basic_auth_users:\n  prometheus: '{HASH}'\n")
     security = webconfig.WebSecurity(path)
-    runner, base = await _serve(security)
-    other = bcrypt.hashpw(b"second", bcrypt.gensalt(rounds=4)).decode()
-    try:
-        async with aiohttp.ClientSession() as s:
-            async def status(user: str, password: str) -> int:
-                async with s.get(base + "/metrics", headers=_basic(user, password)) as r:
-                    return r.status
+    async with _served(security) as (agent, base):
+        other = bcrypt.hashpw(b"second", bcrypt.gensalt(rounds=4)).decode()
+        try:
+            async with aiohttp.ClientSession() as s:
+                async def status(user: str, password: str) -> int:
+                    async with s.get(base + "/metrics", headers=_basic(user, password)) as r:
+                        return r.status
 
-            assert await status("prometheus", PASSWORD) == 200
-            _write(path, f"basic_auth_users:\n  scraper: '{other}'\n")
-            os.utime(path, ns=(1, 1))  # a new mtime, whatever the file system's resolution
-            assert await status("prometheus", PASSWORD) == 401  # the cached success went with its user
-            assert await status("scraper", "second") == 200
-            # a broken file keeps the last good config, and says why without echoing the file
-            _write(path, "basic_auth_users:\n  scraper: plaintext-password\n")
-            os.utime(path, ns=(2, 2))
-            with caplog.at_level(logging.ERROR, logger="rooflight"):
+                assert await status("prometheus", PASSWORD) == 200
+                _write(path, f"basic_auth_users:\n  scraper: '{other}'\n")
+                os.utime(path, ns=(1, 1))  # a new mtime, whatever the file system's resolution
+                assert await status("prometheus", PASSWORD) == 401  # the cached success went with its user
                 assert await status("scraper", "second") == 200
-            assert "not reloaded" in caplog.text and "plaintext-password" not in caplog.text
-            # SIGHUP reloads without waiting for the mtime check
-            monkeypatch.setattr(webconfig, "RELOAD_CHECK_SECONDS", 3600.0)
-            _write(path, f"basic_auth_users:\n  prometheus: '{HASH}'\n")
-            security.install_sighup(asyncio.get_running_loop())
-            os.kill(os.getpid(), signal.SIGHUP)
-            await asyncio.sleep(0.05)
-            assert await status("prometheus", PASSWORD) == 200
-            assert await status("scraper", "second") == 401
-    finally:
-        asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-        await _stop(runner)
+                # a broken file keeps the last good config, and says why without echoing the file
+                _write(path, "basic_auth_users:\n  scraper: plaintext-password\n")
+                os.utime(path, ns=(2, 2))
+                with caplog.at_level(logging.ERROR, logger="rooflight"):
+                    assert await status("scraper", "second") == 200
+                assert "not reloaded" in caplog.text and "plaintext-password" not in caplog.text
+                # SIGHUP reloads without waiting for the mtime check
+                monkeypatch.setattr(webconfig, "RELOAD_CHECK_SECONDS", 3600.0)
+                _write(path, f"basic_auth_users:\n  prometheus: '{HASH}'\n")
+                security.install_sighup(asyncio.get_running_loop())
+                os.kill(os.getpid(), signal.SIGHUP)
+                await asyncio.sleep(0.05)
+                assert await status("prometheus", PASSWORD) == 200
+                assert await status("scraper", "second") == 401
+        finally:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
 
 
 # -- TLS ----------------------------------------------------------------------------------------------
@@ -253,8 +245,7 @@ def _client_ctx(certs: dict[str, Path], *, with_cert: bool = False) -> ssl.SSLCo
 async def test_tls_required_plain_http_gets_nothing(tmp_path: Path, certs: dict[str, Path]) -> None:
     text = (f"tls_server_config:\n  cert_file: {certs['server.crt']}\n  key_file: {certs['server.key']}\n"
             f"basic_auth_users:\n  prometheus: '{HASH}'\n")
-    runner, base = await _serve(webconfig.WebSecurity(_write(tmp_path / "web.yml", text)))
-    try:
+    async with _served(webconfig.WebSecurity(_write(tmp_path / "web.yml", text))) as (agent, base):
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as s:
             with pytest.raises(aiohttp.ClientError):
                 async with s.get(base.replace("https", "http") + "/metrics",
@@ -271,16 +262,13 @@ async def test_tls_required_plain_http_gets_nothing(tmp_path: Path, certs: dict[
             with pytest.raises(aiohttp.ClientError):  # below min_version (TLS12 by default)
                 async with s.get(base + "/metrics", ssl=old) as r:
                     await r.read()
-    finally:
-        await _stop(runner)
 
 
 async def test_mutual_tls_refuses_a_client_without_a_certificate(tmp_path: Path, certs: dict[str, Path]) -> None:
     text = (f"tls_server_config:\n  cert_file: {certs['server.crt']}\n  key_file: {certs['server.key']}\n"
             f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {certs['ca.crt']}\n"
             "http_server_config:\n  headers:\n    Strict-Transport-Security: max-age=31536000\n")
-    runner, base = await _serve(webconfig.WebSecurity(_write(tmp_path / "web.yml", text)))
-    try:
+    async with _served(webconfig.WebSecurity(_write(tmp_path / "web.yml", text))) as (agent, base):
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as s:
             with pytest.raises(aiohttp.ClientError):
                 async with s.get(base + "/metrics", ssl=_client_ctx(certs)) as r:
@@ -288,8 +276,6 @@ async def test_mutual_tls_refuses_a_client_without_a_certificate(tmp_path: Path,
             async with s.get(base + "/metrics", ssl=_client_ctx(certs, with_cert=True)) as r:
                 assert r.status == 200
                 assert r.headers["Strict-Transport-Security"] == "max-age=31536000"
-    finally:
-        await _stop(runner)
 
 
 # -- what a request can and cannot do -------------------------------------------------------------------
@@ -299,40 +285,37 @@ async def test_no_request_makes_the_agent_fetch_a_url(fake_engine: FakeEngine) -
     security = webconfig.WebSecurity.__new__(webconfig.WebSecurity)  # no file: an open endpoint
     security.config, security.ssl_context = webconfig.WebConfig(), None
     security.maybe_reload = lambda: None  # type: ignore[method-assign]
-    runner, base = await _serve(security, _agent(fake_engine.url))
-    try:
-        async with aiohttp.ClientSession() as s:
-            for path in (f"/metrics?target={canary.url}", f"/api/v1/snapshot?url={canary.url}/metrics",
-                         f"/probe?target={canary.url}", f"/?target={canary.url}", f"/metrics?module={canary.url}"):
-                async with s.get(base + path) as r:
-                    await r.read()
-            big = "x" * 20_000
-            async with s.get(base + "/metrics", headers={"X-Big": big}) as r:
-                assert r.status in (400, 431)  # aiohttp's header limit (max_field_size)
-            many = {f"X-H{i}": "1" for i in range(200)}
-            async with s.get(base + "/metrics", headers=many) as r:
-                assert r.status in (400, 431)
-            async with s.post(base + "/metrics", data=b"x" * 200_000) as r:
-                assert r.status in (405, 413)
-            async with s.get(base + "/-/healthy") as r:
-                assert r.status == 200  # still serving after the abuse
-        assert canary.requests == 0
-    finally:
-        await _stop(runner)
-        await canary.stop()
+    async with _served(security, _config(fake_engine.url)) as (agent, base):
+        try:
+            async with aiohttp.ClientSession() as s:
+                for path in (f"/metrics?target={canary.url}", f"/api/v1/snapshot?url={canary.url}/metrics",
+                             f"/probe?target={canary.url}", f"/?target={canary.url}", f"/metrics?module={canary.url}"):
+                    async with s.get(base + path) as r:
+                        await r.read()
+                big = "x" * 20_000
+                async with s.get(base + "/metrics", headers={"X-Big": big}) as r:
+                    assert r.status in (400, 431)  # aiohttp's header limit (max_field_size)
+                many = {f"X-H{i}": "1" for i in range(200)}
+                async with s.get(base + "/metrics", headers=many) as r:
+                    assert r.status in (400, 431)
+                async with s.post(base + "/metrics", data=b"x" * 200_000) as r:
+                    assert r.status in (405, 413)
+                async with s.get(base + "/-/healthy") as r:
+                    assert r.status == 200  # still serving after the abuse
+            assert canary.requests == 0
+        finally:
+            await canary.stop()
 
 
 async def test_credentials_in_an_engine_url_stay_out_of_logs_labels_and_pages(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Needs /tmp/patch9_config.diff and /tmp/patch9_http.diff (target name and messages without userinfo)."""
+    """The target's name and every message drop the URL's userinfo."""
     url = f"http://scraper:s3cr3t-token@127.0.0.1:{free_port()}"
     security = webconfig.WebSecurity.__new__(webconfig.WebSecurity)
     security.config, security.ssl_context = webconfig.WebConfig(), None
     security.maybe_reload = lambda: None  # type: ignore[method-assign]
-    agent = _agent(url)
-    runner, base = await _serve(security, agent)
-    try:
+    async with _served(security, _config(url)) as (agent, base):
         with caplog.at_level(logging.DEBUG):
             await agent.sample_engines_once()  # refused: the failure is logged
         assert agent.snapshot.health[0].up is False
@@ -347,8 +330,6 @@ async def test_credentials_in_an_engine_url_stay_out_of_logs_labels_and_pages(
         # the JSON and the landing page show nothing /metrics does not: no URL, no error message
         for text in pages[1:]:
             assert url not in text and "cannot connect" not in text
-    finally:
-        await _stop(runner)
 
 
 # -- the real command ------------------------------------------------------------------------------------
@@ -359,7 +340,6 @@ def _rooflight(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[s
 
 @pytest.mark.parametrize("check_only", [True, False])
 def test_cli_bad_web_config_exits_2_with_a_clear_error(tmp_path: Path, check_only: bool) -> None:
-    """Needs /tmp/patch9_cli.diff."""
     bad = _write(tmp_path / "web.yml", "basic_auth_users:\n  alice: hunter2\n")
     args = ["run", "--engine-url", "http://127.0.0.1:9", "--no-nvml", "--no-process",
             "--listen", f"127.0.0.1:{free_port()}", "--web-config", str(bad)]
@@ -369,7 +349,6 @@ def test_cli_bad_web_config_exits_2_with_a_clear_error(tmp_path: Path, check_onl
 
 
 async def test_cli_serves_tls_and_basic_auth(tmp_path: Path, certs: dict[str, Path]) -> None:
-    """Needs /tmp/patch9_cli.diff."""
     web_yml = _write(tmp_path / "web.yml",
                      f"tls_server_config:\n  cert_file: {certs['server.crt']}\n  key_file: {certs['server.key']}\n"
                      f"basic_auth_users:\n  prometheus: '{HASH}'\n")

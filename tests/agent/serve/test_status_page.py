@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import AsyncIterator
 
@@ -15,7 +16,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from rooflight.agent.cli import resolve_models
 from rooflight.agent.demo import DemoConfig, DemoEngine
 from rooflight.agent.metrics.snapshot import Snapshot
 from rooflight.agent.roofline import physics
@@ -26,22 +26,25 @@ from rooflight.agent.serve import page, status
 from rooflight.agent.serve.roofline_svg import render_roofline
 from rooflight.agent.serve.server import snapshot_dict
 from rooflight.agent.signals.detectors import Verdicts
-from support import ROOT
+from support import ROOT, started_agent
 
 SVG = "{http://www.w3.org/2000/svg}"
 
 
-async def _demo(scenario: str, seconds: float, **flags: object) -> tuple[DemoEngine, Agent, FakeClock]:
+@asynccontextmanager
+async def _demo(scenario: str, seconds: float, **flags: object) -> AsyncIterator[tuple[DemoEngine, Agent, FakeClock]]:
+    """The demo engine and an agent (no loops) on one fake clock, `seconds` in; both always stopped."""
     clock = FakeClock()
     engine = DemoEngine(DemoConfig(scenario=scenario, seed=3), clock=clock)
     await engine.start()
-    settings = {"engine_url": [engine.url], "process": False, "nvml": False, "interval": "0.5",
-                "windows": "10s,1m", **flags}
-    config = build({}, {}, settings)
-    agent = Agent(config, models=resolve_models(config), clock=clock)
-    await agent.start(loops=False)
-    await advance(engine, agent, clock, seconds)
-    return engine, agent, clock
+    try:
+        settings = {"engine_url": [engine.url], "process": False, "nvml": False, "interval": "0.5",
+                    "windows": "10s,1m", **flags}
+        async with started_agent(build({}, {}, settings), loops=False, clock=clock) as agent:
+            await advance(engine, agent, clock, seconds)
+            yield engine, agent, clock
+    finally:
+        await engine.stop()
 
 
 async def advance(engine: DemoEngine, agent: Agent, clock: FakeClock, seconds: float, step: float = 0.5) -> None:
@@ -53,10 +56,8 @@ async def advance(engine: DemoEngine, agent: Agent, clock: FakeClock, seconds: f
 
 @pytest.fixture
 async def steady() -> AsyncIterator[tuple[DemoEngine, Agent, FakeClock]]:
-    engine, agent, clock = await _demo("steady", 20.0, batch_max=256)
-    yield engine, agent, clock
-    await agent.stop()
-    await engine.stop()
+    async with _demo("steady", 20.0, batch_max=256) as demo:
+        yield demo
 
 
 def _series(st: dict) -> dict:

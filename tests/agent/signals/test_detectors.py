@@ -11,7 +11,7 @@ from rooflight.agent.errors import ConfigError
 
 T = DetectorThresholds()
 
-# A healthy batch: smooth ITL (6 ms steps, the seeds' baseline), some prefill, KV half full, no queue.
+# A healthy batch: smooth ITL (6 ms steps, the physics' baseline), some prefill, KV half full, no queue.
 HEALTHY = DetectorInputs(
     itl_worst_recent=0.008,
     itl_worst_baseline=0.006,
@@ -51,7 +51,8 @@ def test_nothing_known_means_cannot_tell() -> None:
 
 
 def test_long_prompt_run_whole_is_head_of_line_blocking() -> None:
-    # The seeds' 8,000-token prompt: every decode stalls ~260 ms against a 6 ms baseline (~43x).
+    # An 8,000-token prompt run whole: every decode stalls ~260 ms against a 6 ms baseline (~43x;
+    # docs/physics.md, section Head-of-line blocking).
     v = evaluate(with_(itl_worst_recent=0.260, prefill_tokens_per_step_short=5.0), T)
     assert v.head_of_line is True
     assert v.itl_inflation == pytest.approx(0.260 / 0.006)
@@ -123,6 +124,23 @@ def test_kv_pinned_preempting_with_queue_is_capacity_capped() -> None:
 )
 def test_capacity_capped_near_misses(miss: dict[str, float]) -> None:
     assert evaluate(with_(**{**CAPPED, **miss}), T).capacity_capped is False
+
+
+def test_capacity_capped_fires_at_exactly_the_kv_wall_and_the_queue_floor() -> None:
+    # Both bounds are "at least": a peak of exactly 0.95 is the wall, one request waiting is a queue.
+    assert (T.capacity_kv_usage, T.capacity_min_waiting) == (0.95, 1.0)
+    assert evaluate(with_(**{**CAPPED, "kv_usage_peak_short": 0.95}), T).capacity_capped is True
+    assert evaluate(with_(**{**CAPPED, "waiting": 1.0}), T).capacity_capped is True
+    assert evaluate(with_(**{**CAPPED, "kv_usage_peak_short": 0.95, "waiting": 1.0}), T).capacity_capped is True
+    # and just under each edge it does not
+    assert evaluate(with_(**{**CAPPED, "kv_usage_peak_short": 0.9499}), T).capacity_capped is False
+    assert evaluate(with_(**{**CAPPED, "waiting": 0.999}), T).capacity_capped is False
+
+
+def test_capacity_capped_needs_preemptions_strictly_above_the_floor() -> None:
+    floor = DetectorThresholds(capacity_min_preemptions_per_second=0.5)
+    assert evaluate(with_(**{**CAPPED, "preemptions_per_second_short": 0.5}), floor).capacity_capped is False
+    assert evaluate(with_(**{**CAPPED, "preemptions_per_second_short": 0.5001}), floor).capacity_capped is True
 
 
 def test_capacity_capped_without_preemption_counter_cannot_tell() -> None:
