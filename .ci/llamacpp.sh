@@ -91,6 +91,6 @@ flock -u 9
 if [ "${1:-}" = "--test" ]; then
   shift
   cd "$REPO"
-  ROOFLIGHT_LLAMACPP_DIR=$DIR "$PYTHON" -m pytest tests/real_engine/llamacpp -m real_engine -q "$@"
+  ROOFLIGHT_LLAMACPP_DIR=$DIR "$PYTHON" -m pytest tests/real_engine/llamacpp -m real_engine -q --timeout 1200 -o faulthandler_timeout=1500 "$@"
 fi
 echo "LLAMACPP_DIR=$DIR"

@@ -91,6 +91,7 @@ fi
 cd "$REPO"
 say "running pytest -m real_engine tests/real_engine"
 rc=0
-"$PYTHON" -m pytest -m real_engine tests/real_engine -q -p no:cacheprovider "$@" || rc=$?
+# A real vLLM start and its load fixtures can outlast the fast suite's per-test limits: 20 min a test here.
+"$PYTHON" -m pytest -m real_engine tests/real_engine -q -p no:cacheprovider --timeout 1200 -o faulthandler_timeout=1500 "$@" || rc=$?
 say "done (rc=$rc)"
 exit $rc

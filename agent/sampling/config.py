@@ -200,6 +200,9 @@ def read_yaml(path: str | os.PathLike[str], what: str) -> Any:
         raise ConfigError(f"{what} {p}: not valid YAML {yaml_error_summary(exc)}") from None
     except RecursionError:
         raise ConfigError(f"{what} {p}: nested too deeply to be a config") from None
+    except (ValueError, TypeError, OverflowError) as exc:  # a value YAML parses but Python refuses: 2001-02-30
+        raise ConfigError(f"{what} {p}: a value YAML cannot turn into data ({type(exc).__name__}); quote it"
+                          " if it is meant as text") from None
     _check_expanded_size(data, f"{what} {p}")
     return data
 

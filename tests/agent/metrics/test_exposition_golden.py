@@ -1,6 +1,6 @@
 """Golden exposition: what the agent serves for recorded engine output and fake GPUs, byte for byte.
 
-Regenerate after an intended change with ROOFLIGHT_UPDATE_GOLDEN=1 and read the diff. Every golden
+Regenerate after an intended change with `python tests/regen_goldens.py` and read the diff. Every golden
 file must also pass `promtool check metrics` (Debian's prometheus package; CI installs it).
 """
 

@@ -232,3 +232,12 @@ def test_errors_about_an_engine_url_never_show_its_password(entry: dict, says: s
     with pytest.raises(ConfigError, match=says) as caught:
         cfg.build({"targets": [entry]}, {}, {})
     assert "s3cr3t" not in str(caught.value)
+
+
+def test_a_date_yaml_cannot_hold_is_a_config_error(tmp_path: Path) -> None:
+    from rooflight.agent.sampling.config import load_file
+
+    bad = tmp_path / "rooflight.yaml"
+    bad.write_text("model: 2001-02-30\n")  # YAML reads a date; Python's date refuses February 30
+    with pytest.raises(ConfigError, match="quote it"):
+        load_file(str(bad))
