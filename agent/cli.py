@@ -59,8 +59,10 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     model.add_argument("--model-config", metavar="PATH", help="a Hugging Face config.json for the served model")
     p.add_argument("--weight-dtype", metavar="DTYPE", help="bf16, fp16, fp8, int8 or int4 (default: from config)")
     p.add_argument("--kv-dtype", metavar="DTYPE", help="KV-cache dtype; fp8 halves KV bytes (default: weights')")
-    p.add_argument("--gpu", metavar="PROFILE", help="GPU constants profile, e.g. h100-sxm (default: NVML name, else h100-sxm)")
-    p.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size: GPUs one model copy spans (default 1)")
+    p.add_argument("--gpu", metavar="PROFILE", help="GPU constants profile, e.g. h100-sxm (default: the NVML name's, none for a GPU without "
+                   "constants: its MBU/MFU stay absent; h100-sxm where no GPU is seen)")
+    p.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size: GPUs one model copy spans (default: what the engine says, "
+                   "else the GPUs its processes use / its data-parallel ranks, else 1; the engine wins over this)")
     p.add_argument("--batch-max", type=int, metavar="N", help="the engine's batch cap (vLLM max_num_seqs) where /metrics lacks it")
     p.add_argument("--pid", type=int, help="the engine's PID, for its CPU and memory (default: found by the URL's port)")
     p.add_argument("--listen", metavar="HOST:PORT", help=f"where to serve /metrics (default {cfg.DEFAULT_LISTEN})")
@@ -69,6 +71,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--windows", metavar="LIST", help="window lengths (default 10s,1m,5m)")
     p.add_argument("--percentiles", metavar="LIST", help="TTFT/ITL percentiles (default 50,90,99)")
     p.add_argument("--no-nvml", dest="nvml", action="store_const", const=False, help="do not read NVML")
+    p.add_argument("--gpus", choices=("own", "all"),
+                   help="GPUs to export: own (the engines' GPUs, found from NVML's processes; default) or all "
+                        "(every GPU on the node: a node-level agent)")
     p.add_argument("--no-process", dest="process", action="store_const", const=False, help="do not read the engine process")
     p.add_argument("--web-config", metavar="FILE", help="TLS and basic auth, exporter-toolkit web-config.yml format")
     p.add_argument("--read-header-timeout", metavar="SECONDS",
@@ -102,7 +107,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
 
 def _flag_settings(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("engine", "metrics_path", "model", "model_config", "weight_dtype", "kv_dtype", "gpu", "tp",
-            "batch_max", "pid", "listen", "interval", "scrape_timeout", "windows", "percentiles", "nvml", "process",
+            "batch_max", "pid", "listen", "interval", "scrape_timeout", "windows", "percentiles", "nvml", "gpus", "process",
             "web_config", "read_header_timeout", "max_connections", "target_name", "proxy_listen", "proxy_upstream",
             "tenant_header", "tenant_top", "role", "ttft_slo", "itl_slo", "gpu_hour_cost")
     out = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}

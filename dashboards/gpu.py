@@ -89,8 +89,8 @@ def dashboard() -> dict[str, Any]:
         "(capacity x bytes per token), live KV bytes and weights. Memory used reads near full whether the KV "
         "cache holds one sequence or hundreds, because the engine preallocates its KV pool at start-up: judge "
         "headroom by KV occupancy, not memory used. A pod whose memory used exceeds pool + weights by far runs "
-        "something else on its GPUs, or its agent exports GPUs its engine does not use (an agent that sees "
-        "every GPU of the node counts them in each pod).",
+        "something else on its GPUs, or its agent exports GPUs its engine does not use (an agent run with "
+        "--gpus all, or whose engine's processes NVML cannot map, counts every GPU of the node in its pod).",
         "bytes", [
             query(_per_pod(n.GPU_MEMORY_USED), "{{pod}} memory used", "A"),
             query(_per_pod(n.GPU_MEMORY_TOTAL), "{{pod}} memory total", "B"),

@@ -163,8 +163,9 @@ def render_constants(f: _Families, target: TargetView) -> None:
     c = target.constants
     if c is None:
         return
-    f.add(n.GPU_PEAK_FLOPS, (target.name, c.compute_dtype), c.peak_flops_per_gpu)
-    f.add(n.GPU_PEAK_BANDWIDTH, (target.name,), c.gpu.memory_bandwidth_bytes_per_second)
+    if c.gpu is not None:  # a GPU with no constants on file has no peaks to show (rooflight_gpu_info says why)
+        f.add(n.GPU_PEAK_FLOPS, (target.name, c.compute_dtype), c.peak_flops_per_gpu)
+        f.add(n.GPU_PEAK_BANDWIDTH, (target.name,), c.gpu.memory_bandwidth_bytes_per_second)
     f.add(n.GPU_HOUR_COST, (target.name,), target.signal_settings.gpu_hour_cost)
     if c.model is None:
         return
@@ -185,13 +186,13 @@ def render_gpus(f: _Families, snap: Snapshot) -> None:
         for target in snap.targets[:1]:  # say which constants stand in when nothing was detected
             if target.constants is not None:
                 c = target.constants
-                f.add(n.GPU_INFO, ("none", "", "not detected", c.gpu.key, c.gpu_source), 1.0)
+                f.add(n.GPU_INFO, ("none", "", "not detected", c.gpu_key, c.gpu_source, c.gpu_note), 1.0)
         return
     extra_names = {d.name for d in gpu_extra_defs()}
     for d in gpu.devices:
         key = (str(d.index), d.uuid)
         profile = snap.gpu_profiles.get(d.index, "unknown")
-        f.add(n.GPU_INFO, (str(d.index), d.uuid, d.name, profile, "nvml"), 1.0)
+        f.add(n.GPU_INFO, (str(d.index), d.uuid, d.name, profile, "nvml", snap.gpu_notes.get(d.index, "")), 1.0)
         f.add(n.GPU_MEMORY_USED, key, _nonneg(d.memory_used_bytes))
         f.add(n.GPU_MEMORY_TOTAL, key, _nonneg(d.memory_total_bytes))
         f.add(n.GPU_MEMORY_RESERVED, key, _nonneg(d.memory_reserved_bytes))
@@ -200,6 +201,15 @@ def render_gpus(f: _Families, snap: Snapshot) -> None:
         for extra, value in sorted(d.extra.items()):
             if f"rooflight_gpu_{extra}" in extra_names:
                 f.add(f"rooflight_gpu_{extra}", key, value)
+
+
+def render_target_gpus(f: _Families, snap: Snapshot) -> None:
+    """rooflight_target_gpu_info: each target's GPUs by NVML index and UUID, and the rule that found them."""
+    index = {d.uuid: d.index for d in snap.gpu.devices} if snap.gpu is not None else {}
+    for target, assignment in sorted(snap.target_gpus.items()):
+        for uuid in assignment.uuids:
+            if uuid in index:
+                f.add(n.TARGET_GPU_INFO, (target, str(index[uuid]), uuid, assignment.source), 1.0)
 
 
 def render_processes(f: _Families, snap: Snapshot) -> None:
@@ -218,6 +228,7 @@ def render(snap: Snapshot) -> list[Metric]:
             render_series(f, target, view)
         render_constants(f, target)
     render_gpus(f, snap)
+    render_target_gpus(f, snap)
     render_processes(f, snap)
     return list(f)
 

@@ -62,7 +62,8 @@ COST_PER_MILLION_TOKENS = "rooflight_cost_per_million_tokens"  # by phase
 TOKENS_PER_JOULE = "rooflight_tokens_per_joule"  # by phase
 
 # Constants the derivations used, so PromQL can recompute them.
-GPU_INFO = "rooflight_gpu_info"
+GPU_INFO = "rooflight_gpu_info"  # 1 per GPU; profile "unknown" and a reason where no constants are on file
+TARGET_GPU_INFO = "rooflight_target_gpu_info"  # 1 per (target, GPU it uses); rule = how they were matched
 GPU_PEAK_FLOPS = "rooflight_gpu_peak_flops"
 GPU_PEAK_BANDWIDTH = "rooflight_gpu_peak_memory_bandwidth_bytes_per_second"
 MODEL_INFO = "rooflight_model_info"

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.signals.derive import WindowValues
 from rooflight.agent.signals.headroom import SignalSettings, WindowSignals, series_signals
+from rooflight.collectors.gpu_map import GpuAssignment
 from rooflight.collectors.samples import EngineSeries, GpuSample, ProcessSample
 
 
@@ -78,8 +79,10 @@ class Snapshot:
     created: float
     targets: tuple[TargetView, ...] = ()
     health: tuple[Health, ...] = ()
-    gpu: GpuSample | None = None
-    gpu_profiles: Mapping[int, str] = field(default_factory=dict)  # NVML index -> profile key
+    gpu: GpuSample | None = None  # the GPUs this agent exports: its targets' own, or every one with `gpus: all`
+    gpu_profiles: Mapping[int, str] = field(default_factory=dict)  # NVML index -> profile key ("unknown")
+    gpu_notes: Mapping[int, str] = field(default_factory=dict)  # NVML index -> why it is unknown
+    target_gpus: Mapping[str, GpuAssignment] = field(default_factory=dict)  # target name -> its GPUs and the rule
     processes: Mapping[str, ProcessSample] = field(default_factory=dict)  # by target name
 
 

@@ -46,8 +46,8 @@ class TargetConfig:
     model_config: str | None = None  # path to a Hugging Face config.json
     weight_dtype: str | None = None
     kv_dtype: str | None = None
-    gpu: str | None = None  # a GPU profile key; None = from NVML, else h100-sxm
-    tp: int | None = None
+    gpu: str | None = None  # a GPU profile key; None = from NVML (a GPU with no profile: none), else h100-sxm
+    tp: int | None = None  # where the engine does not say; None = NVML's GPUs / DP ranks, else 1
     batch_max: int | None = None  # the engine's batch cap where its /metrics does not say
     pid: int | None = None  # the engine's process, for CPU/RSS (else found by the URL's port)
     # Capacity signals (agent/signals/headroom.py, docs/metrics.md section Capacity, cost and energy).
@@ -69,6 +69,7 @@ class AgentConfig:
     percentiles: tuple[str, ...] = ("50", "90", "99")
     nvml: bool = True
     nvml_interval: float = 1.0
+    gpus: str = "own"  # GPUs exported: "own" (the targets' engines', docs/metrics.md) or "all" (a node-level agent)
     process: bool = True
     web_config: str | None = None
     detectors: Mapping[str, float] = field(default_factory=dict)
@@ -309,7 +310,7 @@ def env_settings(environ: Mapping[str, str]) -> dict[str, Any]:
 _TARGET_KEYS = {f.name for f in fields(TargetConfig)}
 _SERVICE_LINK = re.compile(r"^(?:.*_)?(?:service_host|service_port.*|port|port_\d+_.*)$")
 _AGENT_KEYS = {"listen", "interval", "scrape_timeout", "max_body_bytes", "max_series", "windows", "percentiles", "nvml",
-               "nvml_interval", "process", "web_config", "detectors", "read_header_timeout", "max_connections"}
+               "nvml_interval", "gpus", "process", "web_config", "detectors", "read_header_timeout", "max_connections"}
 # The proxy's settings: each needs proxy_listen, which turns the proxy on.
 PROXY_KEYS = ("proxy_listen", "proxy_upstream", "slo", "tenant_header", "tenant_top", "proxy_buckets")
 _AGENT_KEYS |= set(PROXY_KEYS)
@@ -339,6 +340,7 @@ def build(file_settings: Mapping[str, Any], env: Mapping[str, Any], flags: Mappi
         percentiles=_percentiles(merged.get("percentiles", ["50", "90", "99"])),
         nvml=_bool(merged.get("nvml", True), "nvml"),
         nvml_interval=parse_duration(merged.get("nvml_interval", 1.0), "nvml_interval"),
+        gpus=_gpu_scope(merged.get("gpus", "own")),
         process=_bool(merged.get("process", True), "process"),
         web_config=_optional_path(merged.get("web_config"), "web_config"),
         detectors=_detectors(merged.get("detectors")),
@@ -593,6 +595,18 @@ def _positive_int(value: Any, what: str) -> int:
     if number < 1:
         raise ConfigError(f"{what}: must be at least 1, got {number}")
     return number
+
+
+GPU_SCOPES = ("own", "all")
+
+
+def _gpu_scope(value: Any) -> str:
+    """`gpus`: own (each sidecar its engine's GPUs) or all (every GPU the agent sees: a node-level agent)."""
+    scope = value.strip().lower() if isinstance(value, str) else value
+    if scope not in GPU_SCOPES:
+        raise ConfigError(f"gpus: {value!r}: write own (the GPUs of the targets' engines, the default) "
+                          "or all (every GPU on the node)")
+    return str(scope)
 
 
 def _bool(value: Any, what: str) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import Any, Awaitable, Callable, Coroutine
 
 import aiohttp
@@ -16,12 +17,12 @@ from rooflight.agent.sampling.config import AgentConfig, TargetConfig
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.sampling.engine_loop import EngineLoop
 from rooflight.agent.sampling.health import SourceState
-from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY, GpuProfile, get_profile, profile_for_nvml_name
+from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY, GpuMatch, GpuProfile, get_profile, match_nvml_name
 from rooflight.agent.roofline.models import ModelSpec
 from rooflight.agent.metrics.snapshot import EMPTY, Snapshot
 from rooflight.agent.signals.headroom import ENERGY, gpu_energy_watts
 from rooflight.agent.signals.windows import SeriesHistory, mean
-from rooflight.collectors.gpu_map import GpuAssignment, assign_gpus
+from rooflight.collectors.gpu_map import GpuAssignment, assign_gpus, tensor_parallel_size
 from rooflight.collectors.errors import SourceError
 from rooflight.collectors.samples import GpuSample, ProcessSample
 
@@ -57,11 +58,14 @@ class Agent:
         self._process_states: dict[str, SourceState] = {}
         self._processes: dict[str, ProcessSample] = {}
         self._warned_default_gpu = False
+        self._warned_unknown_gpus: set[str] = set()  # NVML names whose missing constants were logged
+        self._tp_said: dict[str, tuple[int, str]] = {}  # target -> the (TP, rule) last logged
         self._gpu_history: dict[str, SeriesHistory] = {}  # by UUID: measured DRAM bandwidth over time
         self._nvml_collector: Any = None
         self._process_collectors: dict[str, Any] = {}
-        self._target_gpus: dict[str, GpuAssignment] = {}
+        self._target_gpus: dict[str, GpuAssignment] = {}  # from each target's process tree (_assign_gpus)
         self.engines: list[EngineLoop] = []
+        self._engine_of: dict[str, EngineLoop] = {}  # by target name
 
     @property
     def snapshot(self) -> Snapshot:
@@ -81,6 +85,7 @@ class Agent:
                 self.energy_watts,
             )
             self.engines.append(loop)
+            self._engine_of[target.name] = loop
             if loops:
                 self._spawn(self._every(self.config.interval, loop.sample_once), f"engine:{target.name}")
         if not loops:
@@ -122,12 +127,17 @@ class Agent:
         if self.config.nvml:
             health.append(self._nvml_state.view())
         health += [s.view() for s in self._process_states.values()]
+        target_gpus = {t.name: a for t in self.config.targets if (a := self.gpus_of(t)) is not None}
+        exported = self._exported_gpus(target_gpus)
+        profiles, notes = _gpu_profiles(exported)
         self._snapshot = Snapshot(
             created=self.clock.time(),
             targets=tuple(e.view for e in self.engines),
             health=tuple(health),
-            gpu=self._gpu,
-            gpu_profiles=self._gpu_profiles(),
+            gpu=exported,
+            gpu_profiles=profiles,
+            gpu_notes=notes,
+            target_gpus=target_gpus,
             processes=dict(self._processes),
         )
 
@@ -153,9 +163,28 @@ class Agent:
             await asyncio.sleep(due - loop.time())
 
     def _constants_for(self, target: TargetConfig, model: ModelSpec | None, engine_tp: float | None) -> TargetConstants:
-        profile, source = self._profile_for(target)
+        profile, source, note = self._profile_for(target)
         tp = self._tp_for(target, engine_tp)
-        return TargetConstants(model=model, gpu=profile, gpu_source=source, tensor_parallel_size=tp)
+        return TargetConstants(model=model, gpu=profile, gpu_source=source, tensor_parallel_size=tp, gpu_note=note)
+
+    def gpus_of(self, target: TargetConfig) -> GpuAssignment | None:
+        """The target's GPUs among those NVML shows now, and the rule that found them: its process tree's
+        (gpu_map.assign_gpus), else every GPU seen ("all_visible"); None while NVML shows none."""
+        if self._gpu is None or not self._gpu.devices:
+            return None
+        order = tuple(d.uuid for d in self._gpu.devices)
+        found = self._target_gpus.get(target.name)
+        if found is None:
+            return GpuAssignment(order, "all_visible")
+        return GpuAssignment(tuple(u for u in found.uuids if u in order), found.source)
+
+    def _exported_gpus(self, target_gpus: dict[str, GpuAssignment]) -> GpuSample | None:
+        """The GPUs this agent exports: its targets' own (`gpus: own`), or every one NVML shows (`gpus: all`),
+        so eight sidecars on an eight-GPU node export eight GPU series between them, not 64."""
+        if self._gpu is None or self.config.gpus == "all":
+            return self._gpu
+        own = {uuid for assignment in target_gpus.values() for uuid in assignment.uuids}
+        return replace(self._gpu, devices=tuple(d for d in self._gpu.devices if d.uuid in own))
 
     def _own_devices(self, target: TargetConfig) -> list[Any]:
         """The NVML devices serving this target: matched by process, else every GPU when it is the only target."""
@@ -166,30 +195,61 @@ class Agent:
         return devices if len(self.config.targets) == 1 else devices[:1]
 
     def _tp_for(self, target: TargetConfig, engine_tp: float | None) -> int:
-        """--tp; else what the engine says (TRT-LLM metrics, SGLang /server_info); else the number of GPUs
-        NVML shows the engine's own processes on; else 1."""
-        if target.tp:
-            return target.tp
-        if engine_tp:
-            return int(engine_tp)
-        assignment = self._target_gpus.get(target.name)
-        if assignment is not None and assignment.source == "nvml_pids" and assignment.uuids:
-            return len(assignment.uuids)
-        return 1
+        """The target's TP, logged when it or its rule changes (see _tp_and_rule)."""
+        tp, rule = self._tp_and_rule(target, engine_tp)
+        if self._tp_said.get(target.name) != (tp, rule):
+            self._tp_said[target.name] = (tp, rule)
+            level = logging.WARNING if target.tp and tp != target.tp else logging.INFO
+            log.log(level, "target %s: tensor-parallel size %d (%s)", target.name, tp, rule)
+        return tp
 
-    def _profile_for(self, target: TargetConfig) -> tuple[GpuProfile, str]:
+    def _tp_and_rule(self, target: TargetConfig, engine_tp: float | None) -> tuple[int, str]:
+        """What the engine says (its info endpoint, else its page: TRT-LLM parallel_config_info, SGLang
+        tp_rank); else --tp; else the GPUs NVML shows the engine's own processes on divided by the
+        data-parallel ranks on its page (vLLM `engine`, SGLang `dp_rank`); else 1. Each with its rule."""
+        if engine_tp:
+            overrides = f", over --tp {target.tp}" if target.tp and target.tp != int(engine_tp) else ""
+            return int(engine_tp), f"the engine says so{overrides}"
+        if target.tp:
+            return target.tp, "--tp"
+        assignment = self._target_gpus.get(target.name)
+        if assignment is None or assignment.source != "nvml_pids" or not assignment.uuids:
+            return 1, "nothing says otherwise"
+        gpus, ranks = len(assignment.uuids), self._dp_ranks(target)
+        tp = tensor_parallel_size(gpus, data_parallel=ranks)
+        if tp is None:
+            return 1, f"{gpus} GPUs under the engine do not divide into its {ranks} data-parallel ranks; pass --tp"
+        return tp, f"{gpus} GPUs under the engine / {ranks} data-parallel rank{'s' if ranks > 1 else ''}"
+
+    def _dp_ranks(self, target: TargetConfig) -> int:
+        """Data-parallel ranks on the target's latest page: each is a model copy on GPUs of its own."""
+        loop = self._engine_of.get(target.name)
+        latest = loop.latest if loop is not None else None
+        return max(1, len({s.rank for s in latest.series})) if latest is not None else 1
+
+    def _profile_for(self, target: TargetConfig) -> tuple[GpuProfile | None, str, str]:
+        """(profile, how it was chosen, why there is none): --gpu; else the NVML name of the target's GPUs,
+        where a name with no constants on file gives no profile (MBU/MFU absent, never another GPU's
+        peaks); else, with no GPU seen, the default profile."""
         if target.gpu:
-            return get_profile(target.gpu), "flag"
+            return get_profile(target.gpu), "flag", ""
+        unknown: GpuMatch | None = None
         for device in self._own_devices(target):
-            profile = profile_for_nvml_name(device.name, device.memory_total_bytes)
-            if profile is not None:
-                return profile, "nvml"
+            match = match_nvml_name(device.name, device.memory_total_bytes)
+            if match.profile is not None:
+                return match.profile, "nvml", ""
+            unknown = unknown or match
+        if unknown is not None:
+            if unknown.name not in self._warned_unknown_gpus:
+                self._warned_unknown_gpus.add(unknown.name)
+                log.warning("target %s: GPU %r has no constants on file: %s", target.name, unknown.name, unknown.reason)
+            return None, "nvml", unknown.reason
         if self.config.nvml and not self._nvml_state.sampled:
-            return get_profile(DEFAULT_PROFILE_KEY), "default"  # NVML has not answered yet: no verdict
+            return get_profile(DEFAULT_PROFILE_KEY), "default", ""  # NVML has not answered yet: no verdict
         if not self._warned_default_gpu:
             log.warning("no GPU detected and no --gpu given: using the %s profile's peaks", DEFAULT_PROFILE_KEY)
             self._warned_default_gpu = True
-        return get_profile(DEFAULT_PROFILE_KEY), "default"
+        return get_profile(DEFAULT_PROFILE_KEY), "default", ""
 
     def dram_utilization(self, target: TargetConfig, seconds: float) -> float | None:
         """Measured DRAM bandwidth utilization of the target's GPUs, time-averaged over the window."""
@@ -210,15 +270,11 @@ class Agent:
             return None
         return gpu_energy_watts(histories, seconds)  # type: ignore[arg-type]
 
-    def _gpu_profiles(self) -> dict[int, str]:
-        out = {}
-        for device in self._gpu.devices if self._gpu else ():
-            profile = profile_for_nvml_name(device.name, device.memory_total_bytes)
-            out[device.index] = profile.key if profile else "unknown"
-        return out
-
     async def sample_gpus_once(self, collector: Any) -> None:
-        """One NVML sample through `collector`, then publish: what the NVML loop does per tick."""
+        """One NVML sample through `collector`, then publish: what the NVML loop does per tick. The
+        collector's process lists are the ones each target's GPUs are matched against."""
+        if self._nvml_collector is None:
+            self._nvml_collector = collector
         start = self.clock.monotonic()
         try:
             self._gpu = await collector.sample()
@@ -267,20 +323,26 @@ class Agent:
         pid = target.pid or self._process_pids.get(target.name)
         port = None if pid else urlsplit(target.url).port
         collector = ProcessCollector(pid=pid, port=port, gpu_pids_of=self._gpu_pids)
+        self._process_states.setdefault(target.name, SourceState("process", target.name))
+        await self._every(max(self.config.interval, 1.0), lambda: self._sample_process(target, collector))
+
+    async def sample_process_once(self, target: TargetConfig, collector: Any) -> None:
+        """One sample of the target's process tree through `collector`, its GPUs matched against NVML's
+        processes, then publish: what the process loop does per tick."""
+        await self._sample_process(target, collector)
+        self.publish()
+
+    async def _sample_process(self, target: TargetConfig, collector: Any) -> None:
         state = self._process_states.setdefault(target.name, SourceState("process", target.name))
-
-        async def step() -> None:
-            start = self.clock.monotonic()
-            try:
-                self._processes[target.name] = await collector.sample()
-            except SourceError as exc:
-                self._processes.pop(target.name, None)
-                state.fail(exc.reason, str(exc), self.clock.monotonic() - start)
-                return
-            state.ok(self.clock.time(), self.clock.monotonic() - start)
-            self._assign_gpus(target, collector.tree_pids)
-
-        await self._every(max(self.config.interval, 1.0), step)
+        start = self.clock.monotonic()
+        try:
+            self._processes[target.name] = await collector.sample()
+        except SourceError as exc:
+            self._processes.pop(target.name, None)
+            state.fail(exc.reason, str(exc), self.clock.monotonic() - start)
+            return
+        state.ok(self.clock.time(), self.clock.monotonic() - start)
+        self._assign_gpus(target, collector.tree_pids)
 
 
 def _cancel_was_swallowed() -> bool:
@@ -312,3 +374,14 @@ async def _cancel_until_done(tasks: list[asyncio.Task[None]], timeout: float) ->
         if task.done() and not task.cancelled() and task.exception() is not None:
             log.error("sampling task %s ended with an error", task.get_name(), exc_info=task.exception())
     return sorted(pending, key=lambda t: t.get_name())
+
+
+def _gpu_profiles(sample: GpuSample | None) -> tuple[dict[int, str], dict[int, str]]:
+    """Per NVML index: the profile its name matches ("unknown" for none), and why it has none."""
+    profiles, notes = {}, {}
+    for device in sample.devices if sample else ():
+        match = match_nvml_name(device.name, device.memory_total_bytes)
+        profiles[device.index] = match.key
+        if match.reason:
+            notes[device.index] = match.reason
+    return profiles, notes

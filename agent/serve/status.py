@@ -219,7 +219,7 @@ def roofline_dict(c: TargetConstants | None) -> dict[str, Any] | None:
 def operating_points(c: TargetConstants | None, w: WindowValues | None) -> dict[str, Any]:
     """Decode and prefill on the roofline over window `w` (see the module docstring); None where unknown."""
     out: dict[str, Any] = {"window": w.window if w else None, "decode": None, "prefill": None}
-    if c is None or c.model is None or w is None:
+    if c is None or c.model is None or c.gpu is None or w is None:  # no roofs: no point to draw on them
         return out
     decode_flops = _num(w.mfu.get("decode"))
     intensity = _num(w.decode_intensity)
@@ -241,7 +241,7 @@ def ceilings(c: TargetConstants | None, view: SeriesView) -> list[dict[str, Any]
     The batch and its live KV are the shortest window's means (the decode point's own inputs, so the
     ceiling sits above it); context per sequence = live KV / (batch x KV bytes per token).
     """
-    if c is None or c.model is None:
+    if c is None or c.model is None or c.gpu is None:  # no profile for this GPU: no ceilings, not another GPU's
         return []
     w = view.windows[0] if view.windows else None
     running = _num(w.mean_running if w and w.mean_running is not None else view.series.running)

@@ -267,17 +267,22 @@ def _phase_rates(first: Point, last: Point) -> dict[str, float]:
 def _mbu(
     constants: TargetConstants | None, live_kv: float | None, steps: float | None, running: float | None
 ) -> float | None:
-    if constants is None or constants.model is None or live_kv is None or steps is None:
+    """None where an input is unknown, the GPU's included: an unknown GPU has no bandwidth peak, and
+    another GPU's would be a wrong denominator (docs/physics.md, section GPU constants)."""
+    peak = constants.peak_bandwidth if constants is not None else None
+    if constants is None or constants.model is None or live_kv is None or steps is None or peak is None:
         return None
     weights = constants.model.weight_bytes_streamed(running or 1.0)  # MoE: the experts the batch touches
-    return physics.mbu(weights, live_kv, steps, constants.peak_bandwidth)
+    return physics.mbu(weights, live_kv, steps, peak)
 
 
 def _mfu(constants: TargetConstants | None, tokens: Mapping[str, float]) -> dict[str, float]:
-    if constants is None or constants.model is None:
+    """Empty where the model or the GPU's peak is unknown (see _mbu)."""
+    peak = constants.peak_flops if constants is not None else None
+    if constants is None or constants.model is None or peak is None:
         return {}
     active = constants.model.params_active
-    return {phase: physics.mfu(tps, active, constants.peak_flops) for phase, tps in tokens.items()}
+    return {phase: physics.mfu(tps, active, peak) for phase, tps in tokens.items()}
 
 
 def _decode_intensity(

@@ -286,6 +286,8 @@ def with_energy(windows: Iterable[WindowValues],
 
 
 def _peaks(constants: TargetConstants | None) -> tuple[float, float] | None:
+    """(FLOP/s, bytes/s) of the target's GPUs; None without a model or for a GPU with no constants on file
+    (TargetConstants.gpu None), so what divides by a peak is absent rather than another GPU's."""
     if constants is None or constants.model is None:
         return None
     flops, bandwidth = constants.peak_flops, constants.peak_bandwidth

@@ -273,3 +273,14 @@ async def test_web_config_basic_auth_covers_every_page_route(steady: tuple, tmp_
         for route in ("/", "/roofline.svg", "/api/v1/status"):
             assert (await c.get(route)).status == 401, route
             assert (await c.get(route, headers=good)).status == 200, route
+
+
+async def test_a_gpu_no_profile_covers_draws_no_roofs_and_no_ceilings(steady: tuple) -> None:
+    _, agent, _ = steady
+    snap = agent.snapshot
+    target = snap.targets[0]
+    unknown = replace(target, constants=replace(target.constants, gpu=None, gpu_note="NVIDIA A10G: no profile"))
+    st = status.status_dict(replace(snap, targets=(unknown,)))  # an A10G's target: nothing to divide by
+    shown = st["targets"][0]
+    assert shown["roofline"] is None
+    assert _series(st)["ceilings"] == []
