@@ -13,7 +13,7 @@ injection's monotonic time:
   (b) the first ALERTS{alertname=...} (pending) for that target in Prometheus (polled every 100 ms);
 and prints both and b/a per event. Timing is printed, never asserted.
 
-`--rules short` (default) loads the rules the end-to-end test uses (tests/test_alerts_e2e.SHORT: the
+`--rules short` (default) loads the rules the end-to-end test uses (tests/e2e/test_alerts_e2e.py's SHORT: the
 production rules with detector windows of 20 s), so (b) measures the pipeline: detection, scrape,
 evaluation and the share of the window the flag must hold. `--rules production` loads the shipped
 rules: their detector alerts need the flag for 25% (head-of-line) or 50% (capacity) of 10 minutes,
@@ -30,7 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]  # the test helpers it reuses
 
 from aiohttp import web  # noqa: E402
 
@@ -40,7 +41,7 @@ from rooflight.agent.sampling.sampler import Agent  # noqa: E402
 from rooflight.agent.serve.server import build_app  # noqa: E402
 from rooflight.rules.config import RulesConfig  # noqa: E402
 from rooflight.rules.render import render  # noqa: E402
-from tests import promstack  # noqa: E402
+import promstack  # noqa: E402
 
 POLL_AGENT = 0.05
 POLL_PROMETHEUS = 0.1
@@ -69,7 +70,7 @@ EVENTS = (
 def rules_config(which: str) -> RulesConfig:
     if which == "production":
         return RulesConfig()
-    from tests.test_alerts_e2e import SHORT
+    from test_alerts_e2e import SHORT
 
     return SHORT
 

@@ -1,9 +1,11 @@
-"""Test support: the recorded engine samples, a misbehaving engine over real HTTP, an agent that always
-stops (started_agent), and the golden-file check."""
+"""Test support: the recorded engine samples, a fake server on a free port (serve_app), a misbehaving
+engine over real HTTP, an agent that always stops (started_agent), the agent's own server as a task that
+always stops (serve_task), and the golden-file check. Child processes: demo_procs.py."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +16,7 @@ from aiohttp import web
 from rooflight.agent.cli import resolve_models
 from rooflight.agent.sampling.config import AgentConfig
 from rooflight.agent.sampling.sampler import Agent
+from rooflight.agent.serve import server
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 TESTS = ROOT / "tests"
@@ -25,6 +28,17 @@ def sample_text(name: str) -> str:
     """A recorded /metrics body, without its first `# source:` line."""
     text = (SAMPLES / name).read_text()
     return text.split("\n", 1)[1] if text.startswith("# source:") else text
+
+
+async def serve_app(app: web.Application, port: int = 0, **runner_kwargs: Any) -> tuple[web.AppRunner, str]:
+    """`app` served on 127.0.0.1:`port` (0: a free one, read back from the socket), so a test's fake server
+    needs no port picked in advance: its runner (to clean up) and base URL."""
+    runner = web.AppRunner(app, **runner_kwargs)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    sock = site._server.sockets[0]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 @dataclass
@@ -58,12 +72,7 @@ class FakeEngine:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/{tail:.*}", self._json)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", port)
-        await site.start()
-        sock = site._server.sockets[0]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self._runner, self.url = await serve_app(app, port, shutdown_timeout=0.1)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -101,6 +110,22 @@ async def started_agent(
         done, _ = await asyncio.wait({stopping}, timeout=stop_within)  # never waits on a cancel, unlike wait_for
         assert done, f"agent.stop() did not finish within {stop_within} s"
         stopping.result()
+
+
+@asynccontextmanager
+async def serve_task(agent: Agent, port: int, **serve_kwargs: Any) -> AsyncIterator[asyncio.Task[None]]:
+    """serve() (the agent's own server, as `rooflight run` runs it) on 127.0.0.1:`port` as a task. On the way
+    out it is cancelled and awaited, and the signal handlers it installs (SIGINT and SIGTERM; SIGHUP with
+    `security`) are removed, so no later test's event loop inherits them."""
+    task = asyncio.create_task(server.serve(agent, "127.0.0.1", port, **serve_kwargs))
+    try:
+        yield task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
 
 
 GOLDEN = TESTS / "golden"

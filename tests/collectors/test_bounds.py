@@ -23,7 +23,6 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rooflight.agent.cli import resolve_models
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.sampling.config import build, env_settings
@@ -32,7 +31,7 @@ from rooflight.collectors import expfmt
 from rooflight.collectors.common import LABELS_PER_SAMPLE, MIN_PAGE_SAMPLES, SAMPLES_PER_SERIES, page_bounds
 from rooflight.collectors.errors import ParseError, SourceError
 from rooflight.collectors.http import DEFAULT_MAX_BODY_BYTES, fetch_text
-from support import SAMPLES, FakeEngine, free_port, sample_text
+from support import SAMPLES, FakeEngine, free_port, sample_text, started_agent
 
 PAGE = sample_text("vllm-cpu-load-c16.prom")
 RUNNING = "vllm:num_requests_running"
@@ -205,15 +204,11 @@ async def _sampled(engine: FakeEngine, **flags: object) -> tuple[Agent, str]:
     clock = FakeClock()
     config = build({}, {}, {"engine_url": [engine.url], "process": False, "nvml": False, "interval": "0.5",
                             "windows": "5s,30s", "model": "llama-3-8b", **flags})
-    agent = Agent(config, models=resolve_models(config), clock=clock)
-    await agent.start(loops=False)
-    try:
+    async with started_agent(config, loops=False, clock=clock) as agent:
         for _ in range(3):
             clock.advance(0.5)
             await agent.sample_engines_once()
         return agent, generate_latest(registry_for(lambda: agent.snapshot)).decode()
-    finally:
-        await agent.stop()
 
 
 def _values(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:

@@ -17,6 +17,8 @@ from typing import Sequence
 import aiohttp
 from aiohttp import web
 
+from support import serve_app
+
 TOKENS = 8
 TTFT_S = 0.02
 GAP_S = 0.005
@@ -67,11 +69,8 @@ class ClientTraffic:
     async def _serve(self) -> str:
         app = web.Application()
         app.router.add_post("/v1/completions", _completion)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        self._runner, url = await serve_app(app, access_log=None)
+        return url
 
     def drive(self, proxies: Sequence[str]) -> None:
         """Stream requests through each proxy URL, one after another, until stop()."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from rooflight.dashboards.metrics import (
 from rooflight.dashboards.schemacheck import schema_errors
 from rooflight.rules.config import TOPOLOGY_LABELS
 import promstack
+from demo_procs import stop_process
 from dashboard_queries import dashboards, exprs, fill, panels, query_variables
 from support import ROOT, SAMPLES
 
@@ -468,5 +468,4 @@ def test_promstack_scrapes_and_stops_cleanly(tmp_path: Path) -> None:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=10)
+        stop_process(server)

@@ -22,10 +22,7 @@ sidecar, one scrape), and its `target` is rewritten like the agent's.
 
 from __future__ import annotations
 
-import shutil
-import signal
 import subprocess
-import sys
 import time
 from typing import Any, Sequence
 
@@ -33,6 +30,7 @@ import pytest
 
 from rooflight.dashboards.metrics import metric_names, pending_gpu_metrics
 import promstack
+from demo_procs import start_demo, start_rooflight, stop_process
 from client_traffic import ClientTraffic
 from dashboard_queries import dashboards, exprs, fill, query_variables
 
@@ -77,45 +75,15 @@ class TwoPodStack(promstack.PromStack):
         return {"pod": pod, "cluster": PODS[pod]["cluster"], "namespace": PODS[pod]["namespace"]}
 
 
-def _rooflight() -> list[str]:
-    exe = shutil.which("rooflight")
-    return [exe] if exe else [sys.executable, "-m", "rooflight"]
-
-
-def _start_demo(seed: int, agent: str, engine: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [*_rooflight(), "demo", "--scenario", "steady", "--seed", str(seed), "--listen", agent,
-         "--engine-listen", engine, "--interval", "1s", "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-
-
 def _start_proxy(upstream: str, metrics: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [*_rooflight(), "proxy", "--upstream", upstream, "--listen", f"127.0.0.1:{promstack.free_port()}",
-         "--metrics-listen", metrics, "--slo", "ttft=0.5,tpot=0.05", "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
+    return start_rooflight("proxy", "--upstream", upstream, "--listen", f"127.0.0.1:{promstack.free_port()}",
+                           "--metrics-listen", metrics, "--slo", "ttft=0.5,tpot=0.05", "--log-level", "warning")
 
 
 def _proxy_url(proc: subprocess.Popen[bytes]) -> str:
     """Where clients reach the proxy: its --listen address."""
     args = [str(a) for a in proc.args]  # type: ignore[union-attr]
     return "http://" + args[args.index("--listen") + 1]
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> str:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if proc.stderr:
-        proc.stderr.close()
-    return err
 
 
 def _values(pod: str, agent: str) -> dict[str, str]:
@@ -147,7 +115,7 @@ def test_every_query_answers_for_both_pods_and_each_variable_narrows_to_one() ->
     proxy_metrics = {pod: f"127.0.0.1:{promstack.free_port()}" for pod in PODS}
     traffic = ClientTraffic()
     upstream = traffic.start()
-    demos = [_start_demo(seed, *ports[pod]) for seed, pod in enumerate(PODS, start=1)]
+    demos = [start_demo("steady", *ports[pod], seed=seed) for seed, pod in enumerate(PODS, start=1)]
     proxies = [_start_proxy(upstream, proxy_metrics[pod]) for pod in PODS]
     traffic.drive([_proxy_url(proc) for proc in proxies])
     try:
@@ -157,7 +125,7 @@ def test_every_query_answers_for_both_pods_and_each_variable_narrows_to_one() ->
                 deadline = time.monotonic() + 90
                 while len(prom.query(f'count by (pod) ({metric}{{target="{SHARED_TARGET}"}})')) < len(PODS):
                     for proc in demos + proxies:
-                        assert proc.poll() is None, f"{proc.args[1:3]} exited: {_stop(proc)[-2000:]}"
+                        assert proc.poll() is None, f"{proc.args[1:3]} exited: {stop_process(proc)[-2000:]}"
                     assert time.monotonic() < deadline, f"{metric} not from both pods: {prom.targets_health()}"
                     time.sleep(1.0)
             time.sleep(16)  # 15 s rates over at least two scrapes of every counter
@@ -202,5 +170,5 @@ def test_every_query_answers_for_both_pods_and_each_variable_narrows_to_one() ->
     finally:
         traffic.stop()
         for proc in demos + proxies:
-            _stop(proc)
+            stop_process(proc)
     assert all(proc.returncode is not None for proc in demos + proxies)

@@ -30,6 +30,7 @@ from rooflight.rules.config import (
 )
 from rooflight.rules.generate import ENGINE_PRESETS
 from rooflight.rules.render import render
+from demo_procs import stop_process
 from support import ROOT, free_port
 
 REPO = ROOT
@@ -189,8 +190,7 @@ def test_image_healthcheck_command_against_a_real_agent() -> None:
                 time.sleep(0.2)
         assert subprocess.run(cmd, env=env, timeout=10).returncode == 0
     finally:
-        demo.terminate()
-        demo.wait(timeout=10)
+        stop_process(demo)
     assert subprocess.run(cmd, env=env, timeout=10, stderr=subprocess.DEVNULL).returncode != 0
 
 

@@ -22,10 +22,6 @@ rendering both and comparing them with every duration masked.
 from __future__ import annotations
 
 import re
-import shutil
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -39,6 +35,7 @@ from rooflight.rules.promql import record_name
 from rooflight.rules.recording import rank_labels
 from rooflight.rules.render import render
 import promstack
+from demo_procs import start_demo, stop_process
 from support import ROOT
 
 # The production config with every duration shortened so a two-minute run can exercise each alert.
@@ -109,33 +106,6 @@ def test_short_rules_are_the_production_rules_with_only_durations_changed() -> N
 
 # -- the real run ------------------------------------------------------------------------------------
 
-def _rooflight() -> list[str]:
-    exe = shutil.which("rooflight")
-    return [exe] if exe else [sys.executable, "-m", "rooflight"]
-
-
-def _start_demo(scenario: str, agent_port: int, engine_port: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [*_rooflight(), "demo", "--scenario", scenario, "--listen", f"127.0.0.1:{agent_port}",
-         "--engine-listen", f"127.0.0.1:{engine_port}", "--interval", "1s", "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> str:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if proc.stderr:
-        proc.stderr.close()
-    return err
-
-
 def _alerts_seen(prom: promstack.PromStack, seconds: float) -> set[tuple[str, str, str]]:
     """(alertname, alertstate, target) of every ALERTS series present at any evaluation in the last `seconds`."""
     rows = prom.query(f"last_over_time(ALERTS[{int(seconds) + 1}s])")
@@ -173,7 +143,7 @@ def test_alerts_and_recording_rules_on_the_demo(tmp_path: Path) -> None:
     rules.write_text(render(SHORT))
     ports = {s: (promstack.free_port(), promstack.free_port()) for s in SCENARIOS}
     target = {s: f"127.0.0.1:{ports[s][1]}" for s in SCENARIOS}  # the agent names a target host:port
-    demos = {s: _start_demo(s, *ports[s]) for s in SCENARIOS}
+    demos = {s: start_demo(s, f"127.0.0.1:{ports[s][0]}", f"127.0.0.1:{ports[s][1]}") for s in SCENARIOS}
     try:
         scrape = [f"127.0.0.1:{p}" for s in SCENARIOS for p in ports[s]]
         with promstack.PromStack(scrape, [rules]) as prom:
@@ -184,7 +154,7 @@ def test_alerts_and_recording_rules_on_the_demo(tmp_path: Path) -> None:
             seen: set[tuple[str, str, str]] = set()
             while time.monotonic() - begin < DEADLINE_SECONDS:
                 for s, proc in demos.items():
-                    assert proc.poll() is None, f"rooflight demo {s} exited: {_stop(proc)[-2000:]}"
+                    assert proc.poll() is None, f"rooflight demo {s} exited: {stop_process(proc)[-2000:]}"
                 seen = _alerts_seen(prom, time.monotonic() - begin)
                 if want <= seen and time.monotonic() - scraping_since >= MIN_SCRAPED_SECONDS:
                     break
@@ -224,5 +194,5 @@ def test_alerts_and_recording_rules_on_the_demo(tmp_path: Path) -> None:
             assert not problems, "\n".join(problems)
     finally:
         for proc in demos.values():
-            _stop(proc)
+            stop_process(proc)
     assert all(proc.returncode is not None for proc in demos.values())

@@ -20,10 +20,6 @@ both: what Prometheus stores is exactly what it stores for two sidecars. Then, t
 
 from __future__ import annotations
 
-import shutil
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +32,7 @@ from rooflight.rules.promql import record_name
 from rooflight.rules.recording import rank_labels
 from rooflight.rules.render import render
 import promstack
+from demo_procs import start_demo, stop_process
 
 SHARED_TARGET = "127.0.0.1:8000"
 CONFIG = replace(RulesConfig(), rate_window="1m")  # the agent's 1m window, so the two compare directly
@@ -59,33 +56,6 @@ class SharedTargetStack(promstack.PromStack):
              "replacement": SHARED_TARGET},
         ]
         return doc
-
-
-def _rooflight() -> list[str]:
-    exe = shutil.which("rooflight")
-    return [exe] if exe else [sys.executable, "-m", "rooflight"]
-
-
-def _start_demo(seed: int, agent_port: int, engine_port: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [*_rooflight(), "demo", "--scenario", "steady", "--seed", str(seed), "--listen", f"127.0.0.1:{agent_port}",
-         "--engine-listen", f"127.0.0.1:{engine_port}", "--interval", "1s", "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> str:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if proc.stderr:
-        proc.stderr.close()
-    return err
 
 
 def _by_instance(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -112,7 +82,8 @@ def test_each_replica_records_its_own_mbu(tmp_path: Path) -> None:
     rules.write_text(render(CONFIG))
     ports = [(promstack.free_port(), promstack.free_port()) for _ in SEEDS]
     instances = [f"127.0.0.1:{agent}" for agent, _ in ports]
-    demos = [_start_demo(seed, *p) for seed, p in zip(SEEDS, ports)]
+    demos = [start_demo("steady", f"127.0.0.1:{agent}", f"127.0.0.1:{engine}", seed=seed)
+             for seed, (agent, engine) in zip(SEEDS, ports)]
     try:
         with SharedTargetStack(instances, [rules]) as prom:
             both = f'count(rooflight_mbu_ratio{{window="1m", target="{SHARED_TARGET}"}}) == 2'
@@ -120,7 +91,7 @@ def test_each_replica_records_its_own_mbu(tmp_path: Path) -> None:
             scraping_since = None
             while scraping_since is None or time.monotonic() - scraping_since < MIN_SCRAPED_SECONDS:
                 for proc in demos:
-                    assert proc.poll() is None, f"rooflight demo exited: {_stop(proc)[-2000:]}"
+                    assert proc.poll() is None, f"rooflight demo exited: {stop_process(proc)[-2000:]}"
                 if scraping_since is None and prom.query(both):
                     scraping_since = time.monotonic()
                 assert scraping_since or time.monotonic() < deadline, f"no {both}: {prom.targets_health()}"
@@ -144,5 +115,5 @@ def test_each_replica_records_its_own_mbu(tmp_path: Path) -> None:
             assert abs(float(fleet[0]["value"][1]) - summed / 2) <= TOLERANCE * summed / 2
     finally:
         for proc in demos:
-            _stop(proc)
+            stop_process(proc)
     assert all(proc.returncode is not None for proc in demos)

@@ -20,9 +20,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -33,6 +30,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rooflight.agent.demo.scenarios import LONG_PROMPT_TOKENS
+from demo_procs import start_demo, stop_process
 from support import ROOT, free_port
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -72,11 +70,6 @@ def artifacts() -> Path:
 
 # -- the demo, in its own process --------------------------------------------------------------------
 
-def _rooflight() -> list[str]:
-    exe = shutil.which("rooflight")
-    return [exe] if exe else [sys.executable, "-m", "rooflight"]
-
-
 def _get(url: str, timeout: float = 5.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return resp.read().decode()
@@ -87,11 +80,7 @@ class Demo:
         self.port, self.engine_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.engine_url = f"http://127.0.0.1:{self.engine_port}/metrics"
-        self.proc = subprocess.Popen(
-            [*_rooflight(), "demo", "--scenario", scenario, "--listen", f"127.0.0.1:{self.port}",
-             "--engine-listen", f"127.0.0.1:{self.engine_port}", "--interval", "1s", "--log-level", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )
+        self.proc = start_demo(scenario, f"127.0.0.1:{self.port}", f"127.0.0.1:{self.engine_port}")
         self.started = time.monotonic()
         deadline = self.started + 30
         while time.monotonic() < deadline:
@@ -104,18 +93,7 @@ class Demo:
         raise AssertionError(f"rooflight demo not ready after 30 s: {self.stop()}")
 
     def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        if self.proc.stderr is None or self.proc.stderr.closed:
-            return ""
-        err = self.proc.stderr.read().decode(errors="replace")
-        self.proc.stderr.close()
-        return err
+        return stop_process(self.proc)
 
 
 @pytest.fixture

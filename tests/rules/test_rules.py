@@ -233,8 +233,8 @@ def test_rendering_is_deterministic_and_ordered() -> None:
     assert render(config) == render(config)
     kinds = [g["name"] for g in groups(config)]
     assert kinds == [
-        "rooflight.rules", "rooflight-slo.rules", "rooflight-goodput.rules", "rooflight.alerts", "rooflight-slo.alerts",
-        "rooflight-goodput.alerts", "rooflight-meta.alerts",
+        "rooflight.rules", "rooflight-slo.rules", "rooflight-goodput.rules", "rooflight-capacity.rules",
+        "rooflight.alerts", "rooflight-slo.alerts", "rooflight-goodput.alerts", "rooflight-meta.alerts",
     ]
 
 
@@ -326,6 +326,8 @@ def test_declared_custom_buckets_allow_the_threshold(tmp_path: Path) -> None:
         {"goodput_objective": 0.0},
         {"rule_name": "Rooflight_Rules"},
         {"burn_windows": ()},
+        {"saturation_window": "1m30s"},  # names a record: one number, one unit, as the agent's windows are
+        {"capacity_window": "5 minutes"},
     ],
 )
 def test_inconsistent_config_is_a_config_error(bad: dict[str, Any]) -> None:
@@ -345,7 +347,8 @@ def test_inconsistent_alert_parts_are_config_errors() -> None:
 # Topology labels: replicas, namespaces and clusters never mix -----------------------------------------
 
 CLAUSE = re.compile(r"\b(by|on) \(([^)]*)\)")
-FLEET = ("model:", "model_phase:")
+FLEET = ("model:", "model_phase:", "model_role:")
+FLEET_LEVELS = (("model",), ("model", "phase"), ("model", "role"))
 
 
 def clauses(expr: str) -> list[tuple[str, tuple[str, ...]]]:
@@ -370,8 +373,10 @@ def test_every_per_target_clause_keeps_the_topology_labels(config: cfg.RulesConf
             for kw, names_ in clauses(rule["expr"]):
                 checked += 1
                 if name.startswith(FLEET):
-                    # Fleet level on purpose: by model (and phase), nothing else.
-                    assert names_ in (("model",), ("model", "phase")), (name, kw, names_)
+                    # Fleet level on purpose: by model (and phase, or role), nothing else; below its
+                    # aggregation a fleet rule may join per rank (the priced ranks' tokens), on every label.
+                    per_rank_join = kw == "on" and names_ == (*kept, "target", "engine", "model", "rank")
+                    assert per_rank_join or names_ in FLEET_LEVELS, (name, kw, names_)
                 elif "-slo." in group["name"]:
                     # An SLO sums over the replicas and keeps where the service runs.
                     assert names_ == (*config.service_labels, *config.slo_group_by), (name, kw, names_)
@@ -570,3 +575,45 @@ def test_goodput_rules_follow_the_selector_and_topology_flags(capsys: pytest.Cap
     text = capsys.readouterr().out
     assert ('sum by (namespace, pod, target, slo) (rate(rooflight_client_slo_good_requests_total{job="rooflight"}[1h]))'
             in text)
+
+
+# Capacity: the autoscaling signal, groups needed, fleet cost ---------------------------------------------
+
+
+def _capacity(config: cfg.RulesConfig) -> dict[str, str]:
+    """record name -> expr of the capacity group."""
+    by_name = {g["name"]: g["rules"] for g in groups(config)}
+    return {r["record"]: r["expr"] for r in by_name[f"{config.rule_name}-capacity.rules"]}
+
+
+def test_capacity_records_read_the_agents_windows_and_keep_the_replica() -> None:
+    config = cfg.RulesConfig()
+    rules = _capacity(config)
+    assert list(rules) == [
+        "target_engine_model_rank_role:rooflight_saturation:max1m", "model_role:rooflight_saturation:avg1m",
+        "model_role:rooflight_saturation:max1m", "model_phase:rooflight_groups_needed:rate5m",
+        "target_engine_model_rank:rooflight_gpu_hour_cost:sum", "model:rooflight_gpu_hour_cost:sum",
+        "model_phase:rooflight_cost_per_million_tokens:rate5m",
+    ]  # fmt: skip
+    signal = rules["target_engine_model_rank_role:rooflight_saturation:max1m"]
+    assert f'max_over_time({names.SATURATION}{{window="1m"}}[1m])' in signal
+    assert clauses(signal) == [("by", (*config.kept_labels, "target", "engine", "model", "rank", "role"))]
+    assert f'{names.CAPACITY_PHASE_TOKENS}{{window="5m"}} > 0' in rules["model_phase:rooflight_groups_needed:rate5m"]
+    cost = rules["model_phase:rooflight_cost_per_million_tokens:rate5m"]
+    assert "and on (cluster, namespace, pod, instance, job, target, engine, model, rank)" in cost
+    assert cost.startswith("1e6 / 3600\n")
+
+
+def test_capacity_windows_and_selector_follow_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    args = rooflight_rules(["--saturation-window", "10s", "--capacity-window", "1m",
+                            "--agent-selector", 'job="rooflight"'])
+    assert run_rules(args) == 0
+    text = capsys.readouterr().out
+    assert "record: target_engine_model_rank_role:rooflight_saturation:max10s" in text
+    assert 'max_over_time(rooflight_saturation_ratio{job="rooflight", window="10s"}[10s])' in text
+    assert "avg by (model, role) (target_engine_model_rank_role:rooflight_saturation:max10s)" in text
+    assert 'rooflight_capacity_phase_tokens_per_second{job="rooflight", window="1m"} > 0' in text
+    assert 'max by (cluster, namespace, pod, instance, job, target) (rooflight_gpu_hour_cost{job="rooflight"})' in text
+    assert run_rules(rooflight_rules(["--saturation-window", "1m30s"])) == 2
+    assert "saturation_window" in capsys.readouterr().err
+

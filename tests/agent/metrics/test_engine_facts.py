@@ -10,13 +10,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from rooflight.agent.cli import resolve_models
 from rooflight.agent.metrics import names as n
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.sampling.config import build
-from rooflight.agent.sampling.sampler import Agent
-from support import FakeEngine, promtool_clean
+from support import FakeEngine, promtool_clean, started_agent
 
 L = 'engine="0",model_name="m"'
 
@@ -42,17 +40,13 @@ async def _observe(engine: FakeEngine, first: str, second: str) -> str:
     clock = FakeClock()
     config = build({}, {}, {"engine_url": [engine.url], "nvml": False, "process": False, "interval": "1s",
                             "windows": "10s,1m", "model": "llama-3-8b", "gpu": "h100-sxm"})
-    agent = Agent(config, models=resolve_models(config), clock=clock, nvml_lib=None)
-    await agent.start(loops=False)
-    try:
+    async with started_agent(config, loops=False, clock=clock, nvml_lib=None) as agent:
         engine.body = first
         await agent.sample_engines_once()
         clock.advance(10.0)
         engine.body = second
         await agent.sample_engines_once()
         text = generate_latest(registry_for(lambda: agent.snapshot)).decode()
-    finally:
-        await agent.stop()
     promtool_clean(text)
     return text
 

@@ -6,38 +6,34 @@ file must also pass `promtool check metrics` (Debian's prometheus package; CI in
 
 from __future__ import annotations
 
-from pathlib import Path
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
 
 import pytest
 from prometheus_client import generate_latest
 
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.cli import resolve_models
 from rooflight.agent.sampling.config import build
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.signals.headroom import SignalSettings, with_energy
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.collectors.nvml_fake import a100_like, h100_like
-from support import GOLDEN, FakeEngine, check_golden, promtool_clean, sample_text
+from support import GOLDEN, FakeEngine, check_golden, promtool_clean, sample_text, started_agent
 
 
-
-
-
-
-
-async def _two_samples(engine: FakeEngine, clock: FakeClock, nvml: object = None, **flags: object) -> Agent:
+@asynccontextmanager
+async def _two_samples(engine: FakeEngine, clock: FakeClock, nvml: object = None,
+                       **flags: object) -> AsyncIterator[Agent]:
+    """An agent that sampled the two recorded pages 10 s apart; stopped on the way out."""
     settings = {"engine_url": [engine.url], "nvml": nvml is not None, "process": False, "interval": "1s",
                 "windows": "10s,1m", "model": "llama-3-8b", **flags}
-    config = build({}, {}, settings)
-    agent = Agent(config, models=resolve_models(config), clock=clock, nvml_lib=nvml)
-    await agent.start(loops=False)
-    engine.body = sample_text("vllm-cpu-rest-fresh.prom")
-    await agent.sample_engines_once()
-    clock.advance(10.0)
-    engine.body = sample_text("vllm-cpu-load-c16.prom")
-    await agent.sample_engines_once()
-    return agent
+    async with started_agent(build({}, {}, settings), loops=False, clock=clock, nvml_lib=nvml) as agent:
+        engine.body = sample_text("vllm-cpu-rest-fresh.prom")
+        await agent.sample_engines_once()
+        clock.advance(10.0)
+        engine.body = sample_text("vllm-cpu-load-c16.prom")
+        await agent.sample_engines_once()
+        yield agent
 
 
 def _render(agent: Agent) -> str:
@@ -47,25 +43,19 @@ def _render(agent: Agent) -> str:
 
 
 async def test_golden_vllm_two_samples(fake_engine: FakeEngine) -> None:
-    agent = await _two_samples(fake_engine, FakeClock(), gpu="h100-sxm")
-    try:
+    async with _two_samples(fake_engine, FakeClock(), gpu="h100-sxm") as agent:
         text = _render(agent)
-    finally:
-        await agent.stop()
     promtool_clean(text)
     check_golden(GOLDEN / "vllm-two-samples.prom", text)
 
 
 async def test_golden_engine_down(fake_engine: FakeEngine) -> None:
     clock = FakeClock()
-    agent = await _two_samples(fake_engine, clock, gpu="h100-sxm", scrape_timeout="1s")
-    try:
+    async with _two_samples(fake_engine, clock, gpu="h100-sxm", scrape_timeout="1s") as agent:
         fake_engine.status = 503
         clock.advance(10.0)  # past staleness: the engine's numbers go, its health stays
         await agent.sample_engines_once()
         text = _render(agent)
-    finally:
-        await agent.stop()
     promtool_clean(text)
     check_golden(GOLDEN / "vllm-engine-down.prom", text)
     assert "rooflight_requests_running" not in text
@@ -78,16 +68,15 @@ async def test_golden_gpus(fake_engine: FakeEngine, name: str, make: object) -> 
     clock = FakeClock()
     nvml = make()  # type: ignore[operator]
     nvml.gpus[0].xid_events.append(13)  # an XID (graphics engine exception) shows as a counter and last code
-    agent = await _two_samples(fake_engine, clock)
-    collector = NvmlCollector(lib=nvml, clock=clock.monotonic)
-    try:
-        await agent.sample_gpus_once(collector)
-        clock.advance(1.0)
-        await agent.sample_gpus_once(collector)  # GPM needs two samples more than 100 ms apart
-        text = _render(agent)
-    finally:
-        collector.close()
-        await agent.stop()
+    async with _two_samples(fake_engine, clock) as agent:
+        collector = NvmlCollector(lib=nvml, clock=clock.monotonic)
+        try:
+            await agent.sample_gpus_once(collector)
+            clock.advance(1.0)
+            await agent.sample_gpus_once(collector)  # GPM needs two samples more than 100 ms apart
+            text = _render(agent)
+        finally:
+            collector.close()
     promtool_clean(text)
     check_golden(GOLDEN / name, text)
 
@@ -104,9 +93,7 @@ async def test_golden_vllm_spec_decode_acceptance(fake_engine: FakeEngine) -> No
     clock = FakeClock()
     config = build({}, {}, {"engine_url": [fake_engine.url], "nvml": False, "process": False, "interval": "1s",
                             "windows": "10s", "model": "llama-3-8b", "gpu": "h100-sxm"})
-    agent = Agent(config, models=resolve_models(config), clock=clock)
-    await agent.start(loops=False)
-    try:
+    async with started_agent(config, loops=False, clock=clock) as agent:
         page = sample_text("vllm-cpu-load-c16.prom")
         fake_engine.body = page + SPEC.format(draft=400, accepted=100)
         await agent.sample_engines_once()
@@ -116,8 +103,6 @@ async def test_golden_vllm_spec_decode_acceptance(fake_engine: FakeEngine) -> No
         (window,) = agent.snapshot.targets[0].series[0].windows
         assert window.spec_decode_acceptance == 0.7
         text = _render(agent)
-    finally:
-        await agent.stop()
     promtool_clean(text)
     check_golden(GOLDEN / "vllm-spec-decode.prom", text)
 
@@ -127,8 +112,7 @@ async def test_golden_vllm_capacity_signals(fake_engine: FakeEngine) -> None:
     power over each window (550 W). The sampler passes these once wired; here they are set on the view."""
     from dataclasses import replace
 
-    agent = await _two_samples(fake_engine, FakeClock(), gpu="h100-sxm", tp=2)
-    try:
+    async with _two_samples(fake_engine, FakeClock(), gpu="h100-sxm", tp=2) as agent:
         (target,) = agent.snapshot.targets
         series = tuple(replace(v, windows=with_energy(v.windows, lambda seconds: 550.0)) for v in target.series)
         settings = SignalSettings(role="decode", ttft_slo=0.5, itl_slo=0.05, gpu_hour_cost=2.5)
@@ -140,7 +124,5 @@ async def test_golden_vllm_capacity_signals(fake_engine: FakeEngine) -> None:
         assert window.role == "decode" and "ttft_slo" in window.headroom and "itl_slo" in window.headroom
         snapshot = replace(agent.snapshot, targets=(target,))
         text = generate_latest(registry_for(lambda: snapshot)).decode().replace(target.name, "ENGINE")
-    finally:
-        await agent.stop()
     promtool_clean(text)
     check_golden(GOLDEN / "vllm-capacity-signals.prom", text)

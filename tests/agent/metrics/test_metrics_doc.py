@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rooflight.agent.metrics.catalog import all_defs, markdown_table
-from rooflight.agent.cli import resolve_models
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.sampling.config import build
 from rooflight.agent.demo import DemoConfig, DemoEngine
 from rooflight.agent.metrics.exposition import registry_for
-from rooflight.agent.sampling.sampler import Agent
 from rooflight.collectors.nvml import NvmlCollector
-from support import GOLDEN, ROOT
+from support import GOLDEN, ROOT, started_agent
 
 DOC = ROOT / "docs" / "metrics.md"
 
@@ -41,23 +38,23 @@ async def _demo_exposition(scenario: str, seconds: float, **flags: object) -> st
     await engine.start()
     config = build({}, {}, {"engine_url": [engine.url], "process": False, "interval": "0.5",
                              "windows": "10s,1m", **flags})
-    agent = Agent(config, models=resolve_models(config), clock=clock, nvml_lib=engine.nvml)
-    await agent.start(loops=False)
-    nvml = NvmlCollector(lib=engine.nvml, clock=clock.monotonic)
     try:
-        t = 0.0
-        while t < seconds:
-            clock.advance(0.5)
-            t += 0.5
-            if scenario == "steady" and abs(t - 45.0) < 0.25:
-                engine.inject("long-prompt")
-            engine.tick()
-            await agent.sample_engines_once()
-            await agent.sample_gpus_once(nvml)
-        return generate_latest(registry_for(lambda: agent.snapshot)).decode()
+        async with started_agent(config, loops=False, clock=clock, nvml_lib=engine.nvml) as agent:
+            nvml = NvmlCollector(lib=engine.nvml, clock=clock.monotonic)
+            try:
+                t = 0.0
+                while t < seconds:
+                    clock.advance(0.5)
+                    t += 0.5
+                    if scenario == "steady" and abs(t - 45.0) < 0.25:
+                        engine.inject("long-prompt")
+                    engine.tick()
+                    await agent.sample_engines_once()
+                    await agent.sample_gpus_once(nvml)
+                return generate_latest(registry_for(lambda: agent.snapshot)).decode()
+            finally:
+                nvml.close()
     finally:
-        nvml.close()
-        await agent.stop()
         await engine.stop()
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 from aiohttp import web
 
+from support import serve_app
+
 
 @dataclass(frozen=True)
 class Script:
@@ -61,11 +63,7 @@ class FakeUpstream:
         app.router.add_get("/v1/models", self._models)
         app.router.add_route("*", "/echo", self._echo)
         app.router.add_route("*", "/status/{code}", self._status)
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        self._runner, self.url = await serve_app(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -7,7 +7,6 @@ import ast
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 
@@ -19,7 +18,8 @@ from fake_upstream import FakeUpstream, Script
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy import cli
 from rooflight.agent.proxy.catalog import DEFAULT_BUCKETS
-from support import ROOT
+from demo_procs import async_child
+from support import ROOT, free_port
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -100,12 +100,6 @@ def test_proxy_imports_only_lower_layers() -> None:
     assert bad == []
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_bad_flag_exits_2_with_what_to_fix() -> None:
     done = subprocess.run([sys.executable, "-m", "rooflight.agent.proxy.cli", "--upstream", "localhost:8000"],
                           capture_output=True, text=True, timeout=60)
@@ -115,31 +109,28 @@ def test_a_bad_flag_exits_2_with_what_to_fix() -> None:
 async def test_the_command_serves_until_sigterm() -> None:
     up = FakeUpstream(scripts={"m": Script(ttft=0.01, gaps=(0.01,) * 3)})
     await up.start()
-    port, metrics_port = _free_port(), _free_port()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rooflight.agent.proxy.cli", "--upstream", up.url, "--listen", f"127.0.0.1:{port}",
-        "--metrics-listen", f"127.0.0.1:{metrics_port}", "--slo", "ttft=1,tpot=0.5", "--log-level", "warning",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    port, metrics_port = free_port(), free_port()
     try:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(200):  # the child imports and binds: up to ~10 s on a busy machine
-                try:
-                    async with session.get(f"http://127.0.0.1:{metrics_port}/-/healthy") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    await asyncio.sleep(0.05)
-            body = json.dumps({"model": "m", "stream": True}).encode()
-            async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions", data=body) as r:
-                assert r.status == 200 and (await r.read()).endswith(b"data: [DONE]\n\n")
-            await asyncio.sleep(1.2)  # one refresh of the exports
-            async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
-                text = await r.text()
-        assert 'rooflight_client_slo_good_requests_total{slo="ttft=1,tpot=0.5"' in text
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 15) == 0
+        async with async_child(
+                sys.executable, "-m", "rooflight.agent.proxy.cli", "--upstream", up.url, "--listen", f"127.0.0.1:{port}",
+                "--metrics-listen", f"127.0.0.1:{metrics_port}", "--slo", "ttft=1,tpot=0.5", "--log-level", "warning",
+        ) as proc:
+            async with aiohttp.ClientSession() as session:
+                for _ in range(200):  # the child imports and binds: up to ~10 s on a busy machine
+                    try:
+                        async with session.get(f"http://127.0.0.1:{metrics_port}/-/healthy") as r:
+                            if r.status == 200:
+                                break
+                    except aiohttp.ClientError:
+                        await asyncio.sleep(0.05)
+                body = json.dumps({"model": "m", "stream": True}).encode()
+                async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions", data=body) as r:
+                    assert r.status == 200 and (await r.read()).endswith(b"data: [DONE]\n\n")
+                await asyncio.sleep(1.2)  # one refresh of the exports
+                async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+                    text = await r.text()
+            assert 'rooflight_client_slo_good_requests_total{slo="ttft=1,tpot=0.5"' in text
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 15) == 0
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
         await up.stop()

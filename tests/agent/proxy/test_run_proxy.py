@@ -27,7 +27,8 @@ from rooflight.agent.proxy.config import for_agent
 from rooflight.agent.sampling import config as cfg
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve import server
-from support import free_port, promtool_clean, sample_text
+from demo_procs import async_child
+from support import free_port, promtool_clean, sample_text, serve_app, serve_task
 
 TOKENS = ("Hel", "lo", " there")
 GAP = 0.02
@@ -46,11 +47,7 @@ class Engine:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.2)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        self._runner, self.url = await serve_app(app, shutdown_timeout=0.2)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -140,15 +137,8 @@ async def serving(engine: Engine) -> AsyncIterator[tuple[str, str, asyncio.Task[
                           "--interval", "0.2", "--windows", "10s,1m", "--no-nvml", "--no-process",
                           "--proxy-listen", f"127.0.0.1:{proxy_port}", "--slo", "ttft=1,tpot=0.5",
                           "--slo", "ttft=0.001", "--tenant-header", "X-Tenant")
-    task = asyncio.create_task(server.serve(Agent(config), "127.0.0.1", port, proxy=for_agent(config)))
-    try:
+    async with serve_task(Agent(config), port, proxy=for_agent(config)) as task:
         yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{proxy_port}", task
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
 
 
 async def test_a_request_through_the_proxy_is_on_the_agents_metrics_beside_the_engines(
@@ -213,11 +203,10 @@ async def test_the_run_command_serves_both_views_and_stops_on_sigterm(engine: En
     assert exe, "the console script `rooflight` is not installed"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROOFLIGHT_")}
     env.update({"ROOFLIGHT_SLO": "ttft=1,tpot=0.5;e2e=30", "ROOFLIGHT_PROXY_LISTEN": f"127.0.0.1:{proxy_port}"})
-    proc = await asyncio.create_subprocess_exec(
-        exe, "run", "--engine-url", engine.url, "--listen", f"127.0.0.1:{port}", "--no-nvml", "--no-process",
-        "--interval", "0.5", "--log-level", "warning", env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
+    async with async_child(
+            exe, "run", "--engine-url", engine.url, "--listen", f"127.0.0.1:{port}", "--no-nvml", "--no-process",
+            "--interval", "0.5", "--log-level", "warning", env=env,
+    ) as proc:
         async with aiohttp.ClientSession() as session:
             await _wait_for(session, f"http://127.0.0.1:{port}/metrics", 'rooflight_source_up{source="engine"', 40)
             got = await _stream(session, f"http://127.0.0.1:{proxy_port}")
@@ -233,10 +222,6 @@ async def test_the_run_command_serves_both_views_and_stops_on_sigterm(engine: En
         assert f"proxy on http://127.0.0.1:{proxy_port} -> {engine.url}" in out
         with socket.socket() as again:  # the proxy's port is free again
             again.bind(("127.0.0.1", proxy_port))
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 # -- settings: flags, environment, file; a bad one says what to fix ---------------------------------------

@@ -13,7 +13,6 @@ import asyncio
 import base64
 import importlib.util
 import logging
-import signal
 import ssl
 import statistics
 import threading
@@ -28,7 +27,7 @@ from rooflight.agent.errors import ConfigError
 from rooflight.agent.sampling.config import build
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve import server, webconfig
-from support import ROOT, free_port
+from support import ROOT, free_port, serve_task
 
 _spec = importlib.util.spec_from_file_location("auth_flood", ROOT / "bench" / "auth_flood.py")
 auth_flood = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
@@ -203,22 +202,15 @@ async def serving(request: pytest.FixtureRequest) -> AsyncIterator[int]:
     """serve() on a free port, with ServerLimits(**param) when parametrized indirectly; cancelled after."""
     limits = server.ServerLimits(**getattr(request, "param", {}))
     port = free_port()
-    task = asyncio.create_task(server.serve(_agent(), "127.0.0.1", port, limits=limits))
-    for _ in range(100):
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            break
-        except OSError:
-            await asyncio.sleep(0.05)
-    try:
+    async with serve_task(_agent(), port, limits=limits):
+        for _ in range(100):
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
         yield port
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
 
 
 async def _exchange(port: int, data: bytes, timeout: float = 5.0) -> bytes:
@@ -322,9 +314,7 @@ async def test_a_tls_client_that_never_handshakes_is_closed(tmp_path: Path) -> N
     security = webconfig.WebSecurity(_write(tmp_path / "web.yml",
                                             f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"))
     port = free_port()
-    task = asyncio.create_task(server.serve(_agent(), "127.0.0.1", port, security=security,
-                                            limits=server.ServerLimits(read_header_timeout=0.5)))
-    try:
+    async with serve_task(_agent(), port, security=security, limits=server.ServerLimits(read_header_timeout=0.5)):
         await asyncio.sleep(0.5)
         start = time.monotonic()
         assert await _exchange(port, b"", timeout=5) == b""
@@ -334,12 +324,6 @@ async def test_a_tls_client_that_never_handshakes_is_closed(tmp_path: Path) -> N
         writer.write(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert _status(await asyncio.wait_for(reader.read(), 5)) == 200  # a real client still gets in
         writer.close()
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
 
 
 @pytest.mark.parametrize("serving", [{"read_header_timeout": 5, "max_connections": 4}], indirect=True)

@@ -15,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from rooflight.agent.serve.server import metrics_handler
+from support import serve_app
 
 
 class SlowCollector(Collector):
@@ -38,12 +39,7 @@ async def _serve(registry: CollectorRegistry) -> tuple[web.AppRunner, str]:
     app = web.Application()
     app.router.add_get("/metrics", metrics_handler(registry))
     app.router.add_get("/-/healthy", _healthy)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
+    return await serve_app(app)
 
 
 async def test_a_slow_render_does_not_block_the_loop() -> None:
