@@ -40,7 +40,7 @@ ROOFLIGHT_SLO (several separated by `;`), ...; a YAML --config file takes the sa
 examples:
   rooflight run --engine-url http://127.0.0.1:8000 --model llama-3-8b --gpu h100-sxm
   rooflight run --engine-url http://127.0.0.1:8000 --model-config /models/llama/config.json --tp 2
-  rooflight run --engine-url http://127.0.0.1:8000 --model llama-3-8b --proxy-listen 0.0.0.0:8100 \
+  rooflight run --engine-url http://127.0.0.1:8000 --model llama-3-8b --proxy-listen 0.0.0.0:8100 \\
       --slo ttft=0.5,tpot=0.05 --slo ttft=2,tpot=0.1
   rooflight demo --scenario head-of-line
 """
@@ -173,6 +173,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         from rooflight.agent.serve.webconfig import WebSecurity
 
         security = WebSecurity(config.web_config)  # a bad file stops the start here: exit 2
+    elif not _loopback(config.listen_host):
+        log.warning("listening on %s with no web config: anyone who can reach it reads /metrics and the status"
+                    " page; give --web-config (TLS, basic auth) or listen on 127.0.0.1 (docs/security.md)",
+                    config.listen)
     if args.check_only:
         print(f"configuration ok: {len(config.targets)} target(s), listen {config.listen}{_proxy_line(proxy)}")
         return 0
@@ -190,6 +194,15 @@ def _proxy_line(proxy: Any) -> str:
         return ""
     slos = ", ".join(s.name for s in proxy.slos) or "none"
     return f"; proxy {proxy.listen} -> {cfg.public_url(proxy.upstream)} (target {proxy.target}), SLOs: {slos}"
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def build_parser() -> argparse.ArgumentParser:

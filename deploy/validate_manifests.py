@@ -1,13 +1,17 @@
-"""Validate rendered manifests: Kubernetes schemas, operator CR schemas, and the embedded content.
+"""Validate rendered manifests: Kubernetes schemas, custom resources' schemas, and the embedded content.
 
-    python deploy/validate_manifests.py --k8s-version 1.30.0 --node-dir DIR FILE[=VALUES_KIND] ...
+    python -m deploy.validate_manifests --k8s-version 1.30.0 --node-dir DIR FILE ...
 
 Each FILE is a multi-document YAML stream (`helm template` or `kubectl kustomize` output). Checks:
 - built-in kinds against kubernetes-validate's strict schemas (unknown fields are errors);
-- monitoring.coreos.com kinds with validate_crs.mjs (runtime schema) and tsc over the packaged types
-  (unknown fields), both from @kubernetes-models/prometheus-operator in --node-dir;
+- custom resources with validate_crs.mjs (runtime schema) and tsc over the packaged types (unknown
+  fields), from the npm packages in --node-dir: monitoring.coreos.com kinds from
+  @kubernetes-models/prometheus-operator, keda.sh kinds (ScaledObject) from @kubernetes-models/keda;
 - every PrometheusRule's spec equals rules/ rendered for the thresholds given with --rules-args
   (`rooflight rules` flags), every dashboard ConfigMap holds a dashboards/json file byte for byte;
+- the autoscaling examples' content (deploy/autoscaling.py): the KEDA triggers' and the
+  prometheus-adapter config's own schemas (deploy/schemas/, written from those projects' docs), their
+  queries read recording rules rules/ generates, every HPA metric is served by an adapter rule;
 - every pod volume has exactly one source.
 Run by deploy/validate.sh, which pins and installs the tools.
 """
@@ -25,8 +29,18 @@ from typing import Any
 import kubernetes_validate
 import yaml
 
+from deploy import autoscaling
+
 REPO = Path(__file__).resolve().parent.parent
-OPERATOR_GROUP = "monitoring.coreos.com/"
+# API groups of the custom resources deploy/ ships, and the npm package whose schemas and types check them
+# (validate.sh installs them in --node-dir; validate_crs.mjs imports the same).
+CR_PACKAGES = {"monitoring.coreos.com": "@kubernetes-models/prometheus-operator", "keda.sh": "@kubernetes-models/keda"}
+
+
+def cr_package(doc: dict[str, Any]) -> str | None:
+    """The npm package holding the schema of this custom resource's group; None for a built-in kind."""
+    group = str(doc.get("apiVersion", "")).rpartition("/")[0]
+    return CR_PACKAGES.get(group)
 
 
 def load(path: Path) -> list[dict[str, Any]]:
@@ -65,12 +79,11 @@ def check_content(where: str, doc: dict[str, Any], rules_spec: dict[str, Any], e
 
 
 def ts_source(docs: list[tuple[str, dict[str, Any]]]) -> str:
-    """Object literals typed by the operator's interfaces: tsc reports unknown fields (excess properties)."""
+    """Object literals typed by the packages' interfaces: tsc reports unknown fields (excess properties)."""
     lines = []
     for i, (where, doc) in enumerate(docs):
         kind = doc["kind"]
-        lines.append(f'import type {{ I{kind} as T{i} }} from "@kubernetes-models/prometheus-operator/'
-                     f'monitoring.coreos.com/v1/{kind}";')
+        lines.append(f'import type {{ I{kind} as T{i} }} from "{cr_package(doc)}/{doc["apiVersion"]}/{kind}";')
         lines.append(f"// {where}\nexport const d{i}: T{i} = {json.dumps(doc)};")
     return "\n".join(lines) + "\n"
 
@@ -83,16 +96,16 @@ def check_crs(docs: list[tuple[str, dict[str, Any]]], node_dir: Path, errors: li
     run = subprocess.run(["node", str(script)], input=payload, text=True, capture_output=True)
     print(run.stdout.strip())
     if run.returncode:
-        errors.append(f"prometheus-operator schema: {run.stdout.strip()}{run.stderr.strip()}")
+        errors.append(f"custom resource schemas: {run.stdout.strip()}{run.stderr.strip()}")
     ts = node_dir / "crs.ts"
     ts.write_text(ts_source(docs))
     tsc = subprocess.run([str(node_dir / "node_modules/.bin/tsc"), "--noEmit", "--strict", "--skipLibCheck",
                           "--module", "nodenext", "--moduleResolution", "nodenext", "--target", "es2022", str(ts)],
                          text=True, capture_output=True, cwd=node_dir)
     if tsc.returncode:
-        errors.append(f"prometheus-operator types (tsc):\n{tsc.stdout}{tsc.stderr}")
+        errors.append(f"custom resource types (tsc):\n{tsc.stdout}{tsc.stderr}")
     else:
-        print(f"{len(docs)} prometheus-operator resources type-check (no unknown fields)")
+        print(f"{len(docs)} custom resources type-check (no unknown fields)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     rules_args = dict(item.split("=", 1) for item in args.rules_args)
     errors: list[str] = []
     crs: list[tuple[str, dict[str, Any]]] = []
+    every: list[tuple[str, dict[str, Any]]] = []
     counted = 0
     for path in args.files:
         spec = expected_rules(rules_args.get(path.name, ""))
@@ -114,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             counted += 1
             check_content(where, doc, spec, errors)
             check_volumes(where, doc, errors)
-            if str(doc.get("apiVersion", "")).startswith(OPERATOR_GROUP):
+            every.append((where, doc))
+            if cr_package(doc):
                 crs.append((where, doc))
                 continue
             try:
@@ -126,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{counted - len(crs)} Kubernetes resources checked against the {args.k8s_version} strict schemas")
     if crs:
         check_crs(crs, args.node_dir, errors)
+    scaling = autoscaling.check(every)
+    errors += scaling
+    kinds = sorted({d["kind"] for _, d in every if d.get("kind") in ("ScaledObject", "HorizontalPodAutoscaler")
+                    or autoscaling.adapter_config(d) is not None})
+    if kinds and not scaling:
+        print(f"autoscaling content checked ({', '.join(kinds)}): trigger and adapter schemas, rules read, "
+              "HPA metrics served")
     for error in errors:
         print(f"FAIL {error}", file=sys.stderr)
     return 1 if errors else 0

@@ -2,9 +2,9 @@
 
 Selectors, the topology labels every rule keeps (cluster, namespace, pod, instance, job by default),
 SLO thresholds and objectives (per model where one model needs its own), the client-side goodput
-objective, burn-rate windows,
-detector-alert durations, the low-MBU threshold, the agent's own scrape job (meta-monitoring), the
-runbook and Grafana base URLs and the PrometheusRule's `release` label all live here, so a user's
+objective, burn-rate windows, detector-alert durations, the low-MBU threshold, the agent windows the
+capacity rules read, the agent's own scrape job (meta-monitoring), the runbook and Grafana base URLs
+and the PrometheusRule's `release` label all live here, so a user's
 `rooflight rules --ttft-threshold 1 --agent-selector 'job="rooflight"'` and the checked-in YAML come
 from the same code. Histogram names and bucket edges are config too: SGLang and TRT-LLM users point the
 SLOs at their own histograms, and the generator refuses a threshold that is not a bucket edge.
@@ -231,6 +231,12 @@ class RulesConfig:
     # (the stall) and p50 over the second (its median), the definition docs/metrics.md gives.
     itl_short_window: str = "10s"
     itl_long_window: str = "5m"
+    # Capacity rules (rules/capacity.py): the agent's --windows entries they read. The autoscaling signal
+    # is the saturation over `saturation_window` (its time-weighted means smooth step-to-step noise; the
+    # rule's max_over_time over the same span holds a peak that long before a scale-in); the capacity per
+    # group that `groups needed` divides by is read over `capacity_window`.
+    saturation_window: str = "1m"
+    capacity_window: str = "5m"
     runbook_base_url: str = "https://github.com/rooflight/rooflight/blob/main/docs/runbooks.md"
     # Grafana serving dashboards/ (the compose stack's by default); each alert links the dashboard that
     # shows its cause, filtered to the alert's labels (`dashboard_url`).
@@ -250,8 +256,13 @@ class RulesConfig:
             (self.agent_absent_for, "agent_absent_for"),
             (self.itl_short_window, "itl_short_window"),
             (self.itl_long_window, "itl_long_window"),
+            (self.saturation_window, "saturation_window"),
+            (self.capacity_window, "capacity_window"),
         ):
             check_duration(duration, what)
+        for window, what in ((self.saturation_window, "saturation_window"), (self.capacity_window, "capacity_window")):
+            if not re.match(r"^[0-9]+[a-z]+$", window):
+                raise ConfigError(f"{what}: {window!r} must be one number and one unit (an agent --windows entry: 1m)")
         for url, what in ((self.runbook_base_url, "runbook_base_url"), (self.dashboard_base_url, "dashboard_base_url")):
             if not _BASE_URL.match(url):
                 raise ConfigError(f"{what}: {url!r} must be an http(s) URL without a trailing slash")

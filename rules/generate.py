@@ -5,6 +5,7 @@
     rooflight rules --ttft-threshold 1 --agent-selector 'job="rooflight"' --format prometheusrule
     rooflight rules --topology-labels cluster,namespace,pod,instance,job --extra-labels region
     rooflight rules --ttft-threshold-for llama-70b=5 --dashboard-base-url https://grafana.example.com
+    rooflight rules --saturation-window 1m --capacity-window 5m   # the agent windows the capacity rules read
 
 The checked-in files are rendered from the default RulesConfig; `rooflight rules` renders the same
 code with the user's thresholds and selectors.
@@ -133,6 +134,11 @@ def register(subparsers: Any) -> None:
                    help="the agent's shortest --windows entry, quoted by the head-of-line alert (default %(default)s)")
     p.add_argument("--itl-long-window", default=cfg.RulesConfig.itl_long_window,
                    help="the agent's longest --windows entry (default %(default)s)")
+    p.add_argument("--saturation-window", default=cfg.RulesConfig.saturation_window,
+                   help="the agent's --windows entry the autoscaling saturation record reads (default %(default)s)")
+    p.add_argument("--capacity-window", default=cfg.RulesConfig.capacity_window,
+                   help="the agent's --windows entry the groups-needed record reads capacity over "
+                        "(default %(default)s)")
     p.add_argument("--runbook-base-url", default=cfg.RulesConfig.runbook_base_url)
     p.add_argument("--dashboard-base-url", default=cfg.RulesConfig.dashboard_base_url,
                    help="Grafana's URL; each alert's dashboard_url is <this>/d/<uid>?var-pod=... (default %(default)s)")
@@ -195,6 +201,8 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
         agent_absent_for=args.agent_absent_for,
         itl_short_window=args.itl_short_window,
         itl_long_window=args.itl_long_window,
+        saturation_window=args.saturation_window,
+        capacity_window=args.capacity_window,
         runbook_base_url=args.runbook_base_url,
         dashboard_base_url=args.dashboard_base_url,
         rule_name=args.name,

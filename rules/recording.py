@@ -54,7 +54,7 @@ def recording_rules(config: RulesConfig) -> list[Rule]:
     rank_phase = (*rank, "phase")
 
     steps = record_name(rank, "rooflight_engine_steps", f"rate{w}")
-    tokens = record_name(rank_phase, "rooflight_tokens", f"rate{w}")
+    tokens = tokens_record(config)
     kv_live = record_name(rank, names.KV_LIVE_BYTES, f"avg_over_time{w}")
     stream = record_name(rank, "rooflight_model_stream_bytes", f"rate{w}")
     peak_bw = record_name(rank, names.GPU_PEAK_BANDWIDTH, "sum")
@@ -116,7 +116,7 @@ def recording_rules(config: RulesConfig) -> list[Rule]:
         _record(mfu, f"{flops}\n/ on ({by_rank}) group_left {peak_flops}"),
         # Fleet level: numerators and denominators summed separately, then divided. By model only, on
         # purpose: every replica, cluster and namespace serving the model counts.
-        _record(f"model_phase:rooflight_tokens:rate{w}", f"sum by (model, phase) ({tokens})"),
+        _record(fleet_tokens_record(config), f"sum by (model, phase) ({tokens})"),
         _record(
             f"model:rooflight_mbu:ratio_rate{w}",
             f"sum by (model) ({stream})\n/ on (model) sum by (model) ({peak_bw})",
@@ -131,3 +131,13 @@ def recording_rules(config: RulesConfig) -> list[Rule]:
 def mbu_record(config: RulesConfig) -> str:
     """The per-rank MBU series the low-MBU alert reads."""
     return record_name(rank_labels(config), "rooflight_mbu", f"ratio_rate{window_suffix(config.rate_window)}")
+
+
+def tokens_record(config: RulesConfig) -> str:
+    """The per-rank tokens/s by phase, from the agent's counters (what the capacity rules divide by)."""
+    return record_name((*rank_labels(config), "phase"), "rooflight_tokens", f"rate{window_suffix(config.rate_window)}")
+
+
+def fleet_tokens_record(config: RulesConfig) -> str:
+    """The same summed by model and phase over the whole fleet."""
+    return record_name(("model", "phase"), "rooflight_tokens", f"rate{window_suffix(config.rate_window)}")

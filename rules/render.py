@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from rooflight.rules.alerts import detector_alerts, mbu_alert, meta_alerts, source_alerts
+from rooflight.rules.capacity import capacity_rules
 from rooflight.rules.config import RulesConfig
 from rooflight.rules.goodput import goodput_rules
 from rooflight.rules.recording import recording_rules
@@ -32,6 +33,7 @@ def groups(config: RulesConfig) -> list[dict[str, Any]]:
         {"name": f"{name}.rules", "rules": recording_rules(config)},
         {"name": f"{name}-slo.rules", "rules": slo_records},
         {"name": f"{name}-goodput.rules", "rules": goodput_records},
+        {"name": f"{name}-capacity.rules", "rules": capacity_rules(config)},
         {"name": f"{name}.alerts", "rules": [*source_alerts(config), *detector_alerts(config), mbu_alert(config)]},
         {"name": f"{name}-slo.alerts", "rules": slo_alerts},
         {"name": f"{name}-goodput.alerts", "rules": goodput_alerts},

@@ -16,16 +16,18 @@ from rooflight.agent.sampling import config as cfg
 DEMO_EPILOG = """\
 scenarios:
   steady        chat traffic; decode well below the roofs, MBU the number to watch
-  head-of-line  steady plus an 8,000-token prompt every ~20 s, prefilled whole: p99 ITL spikes ~40x
+  head-of-line  steady plus an 8,000-token prompt every ~20 s, prefilled whole: every stream stalls ~260 ms
+                (43x a step), the worst ITL ~5x its recent median, and the head-of-line detector fires
   kv-wall       long outputs at a high rate: KV pinned at 100%, preemptions climb, requests wait
   queue         max_num_seqs 16: the batch sits at its configured cap while KV has room
+  idle          no traffic: rates read 0 and percentiles are absent, as on an engine nobody calls
 """
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="run the agent on a built-in simulated engine (no GPU, no engine needed)",
                        epilog=DEMO_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenario", default="steady", help="steady, head-of-line, kv-wall or queue")
+    p.add_argument("--scenario", default="steady", help="steady, head-of-line, kv-wall, queue or idle")
     p.add_argument("--listen", default=cfg.DEFAULT_LISTEN, metavar="HOST:PORT", help="the agent's /metrics")
     p.add_argument("--target-name", metavar="NAME", help="the simulated engine's `target` label (default host:port)")
     p.add_argument("--engine-listen", default="127.0.0.1:0", metavar="HOST:PORT",

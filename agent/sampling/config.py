@@ -319,6 +319,12 @@ _AGENT_KEYS |= set(PROXY_KEYS)
 ENV_KEYS = (_AGENT_KEYS | _TARGET_KEYS | {"engine_url", "config", "log_level", "target_name"}) - {"url", "name", "detectors"}
 
 
+# Flags whose file/environment spelling is not the flag's name with dashes as underscores.
+_FLAG_SPELLINGS = {"detector": "detectors: {KEY: NUMBER} (ROOFLIGHT_* has no twin: use the file or --detector)",
+                   "no_nvml": "nvml: false (ROOFLIGHT_NVML=false)", "no_process": "process: false (ROOFLIGHT_PROCESS=false)",
+                   "log_level": "--log-level or ROOFLIGHT_LOG_LEVEL (not a file setting)"}
+
+
 def build(file_settings: Mapping[str, Any], env: Mapping[str, Any], flags: Mapping[str, Any]) -> AgentConfig:
     """Merge the three layers (flags win) and validate."""
     merged: dict[str, Any] = {}
@@ -326,7 +332,8 @@ def build(file_settings: Mapping[str, Any], env: Mapping[str, Any], flags: Mappi
         merged.update({k: v for k, v in layer.items() if v is not None})
     unknown = set(merged) - _AGENT_KEYS - _TARGET_KEYS - {"targets", "engine_url", "config", "target_name"}
     if unknown:
-        raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}; see `rooflight run --help`")
+        hints = "".join(f"; for {k} write {_FLAG_SPELLINGS[k]}" for k in sorted(unknown) if k in _FLAG_SPELLINGS)
+        raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}{hints}; see `rooflight run --help`")
     shared = {k: merged[k] for k in _TARGET_KEYS - {"url", "name"} if k in merged}
     targets = _targets(merged, shared)
     config = AgentConfig(

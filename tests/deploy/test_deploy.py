@@ -196,7 +196,7 @@ def test_image_healthcheck_command_against_a_real_agent() -> None:
 
 def test_systemd_example_config_is_a_valid_agent_config() -> None:
     config = agent_config.build(agent_config.load_file(DEPLOY / "systemd/rooflight.yaml"), {}, {})
-    assert config.listen == "0.0.0.0:9746"
+    assert config.listen == "127.0.0.1:9746"  # local unless a web config guards it (docs/security.md)
     assert config.targets[0].model_config and config.targets[0].url == "http://127.0.0.1:8000"
     unit = (DEPLOY / "systemd/rooflight.service").read_text()
     for option in ("DynamicUser=yes", "ProtectSystem=strict", "NoNewPrivileges=yes", "CapabilityBoundingSet="):
