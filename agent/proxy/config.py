@@ -31,6 +31,7 @@ class ProxyConfig:
     percentiles: tuple[str, ...] = ("50", "90", "99")
     connect_timeout: float = 10.0
     max_buffered_body: int = 16 * 1024 * 1024  # request bodies up to this are read whole, larger ones streamed
+    max_buffered_total: int = 64 * 1024 * 1024  # all bodies read whole at once; past it a body is streamed too
     refresh: float = 1.0  # seconds between snapshots of the exports
     name: str = ""  # the `target` label when given (`rooflight run`: the engine target's own name)
 

@@ -8,6 +8,12 @@ is how an OpenAI-compatible server learns to abort the request. When the upstrea
 client gets 502 (504 on a connect timeout); when it breaks off mid-response the client's connection is
 cut too, so it sees the same truncated response it would have seen directly.
 
+Memory is bounded: request bodies are read whole (to keep their Content-Length) only while the bodies held
+at once stay under `max_buffered_total`, else streamed like large ones; the response is never buffered, and
+the accounting's SSE parser holds one event at most (sse.MAX_EVENT_BYTES). A request the proxy cannot relay
+(an absolute-form target) gets 400, an upstream reason with control characters is relayed without them,
+and an upstream answer that cannot be relayed at all gets 502: one log line each, never a traceback.
+
 Accounting second: a `RequestTracker` sees each piece just before it is written to the client (its time is
 when it reached the proxy); every call into it, and the record it makes at the end, is guarded, so an
 accounting failure costs the request its metrics (counted in `rooflight_client_accounting_errors_total`),
@@ -22,6 +28,7 @@ from typing import AsyncIterator, Mapping
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
@@ -40,6 +47,8 @@ log = logging.getLogger("rooflight.proxy")
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
                         "te", "trailer", "transfer-encoding", "upgrade", "host",
                         "expect"})  # Expect: 100-continue was answered by the proxy's own server
+# A status reason is relayed with printable ASCII only: a control character would split the status line.
+_REASON_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) | {"\t"}
 # aiohttp adds these to a request that lacks them; a relayed request must not gain headers.
 SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 
@@ -54,6 +63,35 @@ def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
         if low not in HOP_BY_HOP and low not in named:
             out.add(k, v)
     return out
+
+
+def safe_reason(reason: str | None) -> str | None:
+    """The upstream's status reason minus the characters that cannot go on a status line."""
+    if reason is None or all(ch in _REASON_CHARS for ch in reason):
+        return reason
+    return "".join(ch for ch in reason if ch in _REASON_CHARS).strip()
+
+
+class ByteBudget:
+    """Bytes of request bodies held at once: a reservation is taken before a body is read whole."""
+
+    __slots__ = ("limit", "held", "peak")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.peak = 0  # the most held at once since start, for tests and debugging
+
+    def take(self, size: int) -> bool:
+        """Reserve `size` bytes; False (nothing reserved) when that would pass the limit."""
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        self.peak = max(self.peak, self.held)
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
 
 
 class ProxyServer:
@@ -73,6 +111,7 @@ class ProxyServer:
         self._session: aiohttp.ClientSession | None = None
         self._runners: list[web.AppRunner] = []
         self._refresher: asyncio.Task[None] | None = None
+        self.body_budget = ByteBudget(config.max_buffered_total)
         self.proxy_url = ""
         self.metrics_url = ""
 
@@ -120,7 +159,7 @@ class ProxyServer:
         # handler_cancellation: a client that disconnects cancels its handler, which closes the upstream request.
         # auto_decompress=False: a compressed request body is relayed as it came.
         runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
-                               auto_decompress=False, shutdown_timeout=1.0)
+                               auto_decompress=False, shutdown_timeout=1.0, logger=_ServerLog())
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()
@@ -178,6 +217,11 @@ class ProxyServer:
         except _ClientGone as exc:
             outcome = tr.CLIENT_DISCONNECTED
             return exc.response
+        except _BadRequest as exc:
+            log.info("proxy: 400 for %s %.200r: %s", request.method, request.raw_path, exc)
+            if tracker is not None:
+                tracker = self._guard(tracker, tracker.on_response, 400, "text/plain")
+            return web.Response(status=400, text=f"rooflight proxy: {exc}\n")
         except _UpstreamFailed as exc:
             outcome, reason = tr.UPSTREAM_ERROR, exc.reason
             if tracker is not None:
@@ -194,16 +238,26 @@ class ProxyServer:
 
     async def _relay(self, request: web.Request, tracker: tr.RequestTracker | None) -> web.StreamResponse:
         assert self._session is not None, "ProxyServer.start() was not awaited"
-        url = URL(self.config.upstream + request.raw_path, encoded=True)
+        if not request.raw_path.startswith("/"):  # absolute-form (RFC 9112 3.2.2) or asterisk-form
+            raise _BadRequest("the request target must be a path (origin-form): this is a reverse proxy")
         try:
+            url = URL(self.config.upstream + request.raw_path, encoded=True)
+        except ValueError as exc:
+            raise _BadRequest(f"the request target is not a valid path ({exc})") from None
+        reserved = 0
+        try:
+            body, reserved = await self._body(request)
             upstream = await self._session.request(
-                request.method, url, headers=forward_headers(request.headers), data=await self._body(request),
-                allow_redirects=False,
+                request.method, url, headers=forward_headers(request.headers), data=body, allow_redirects=False,
             )
         except asyncio.TimeoutError as exc:
             raise _UpstreamFailed(504, "timeout", exc) from None
         except aiohttp.ClientError as exc:
             raise _UpstreamFailed(502, "connect", exc) from None
+        except ValueError as exc:  # yarl or aiohttp refusing what the client sent (the target, a header)
+            raise _BadRequest(f"the request cannot be relayed ({exc})") from None
+        finally:
+            self.body_budget.give(reserved)  # sent (or failed): the body is no longer held
         try:
             response = await self._respond(request, upstream, tracker)
         except BaseException:
@@ -214,14 +268,19 @@ class ProxyServer:
 
     async def _respond(self, request: web.Request, upstream: aiohttp.ClientResponse,
                        tracker: tr.RequestTracker | None) -> web.StreamResponse:
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                      headers=forward_headers(upstream.headers))
+        try:
+            response = web.StreamResponse(status=upstream.status, reason=safe_reason(upstream.reason),
+                                          headers=forward_headers(upstream.headers))
+        except ValueError as exc:
+            raise _unrelayable(request, exc) from None
         if tracker is not None:
             tracker = self._guard(tracker, tracker.on_response, upstream.status, upstream.headers.get("Content-Type", ""))
         try:
             await response.prepare(request)
         except (ConnectionError, RuntimeError):
             raise _ClientGone(response) from None
+        except ValueError as exc:  # aiohttp refused to write the upstream's status line or headers
+            raise _unrelayable(request, exc) from None
         readany, write, now = upstream.content.readany, response.write, self._now
         while True:
             try:
@@ -247,13 +306,21 @@ class ProxyServer:
             raise _ClientGone(response) from None
         return response
 
-    async def _body(self, request: web.Request) -> bytes | AsyncIterator[bytes] | None:
+    async def _body(self, request: web.Request) -> tuple[bytes | AsyncIterator[bytes] | None, int]:
+        """The body to send and the bytes reserved for it in `body_budget` (the caller gives them back).
+
+        Read whole (its Content-Length kept) when small and the budget has room; else streamed, which
+        holds only what aiohttp's flow control lets in, so many large uploads at once stay bounded."""
         if not request.body_exists:
-            return None
+            return None, 0
         size = request.content_length
-        if size is not None and size <= self.config.max_buffered_body:
-            return await request.read()
-        return _stream(request.content)
+        if size is not None and size <= self.config.max_buffered_body and self.body_budget.take(size):
+            try:
+                return await request.read(), size
+            except BaseException:
+                self.body_budget.give(size)
+                raise
+        return _stream(request.content), 0
 
     # -- accounting, guarded ---------------------------------------------------------------------
 
@@ -297,6 +364,32 @@ async def _stream(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
         if not data:
             return
         yield data
+
+
+class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's server log, where a request its parser rejects (it answered 400) is one line, not a traceback:
+    anyone can send one, and the log must not fill with them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.getLogger("aiohttp.server"), {})
+
+    def exception(self, msg: object, *args: object, exc_info: object = True, **kwargs: object) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            text = " ".join(line.strip() for line in str(exc_info.message).splitlines() if line.strip())
+            self.warning("%s: bad request (%s): %.300r", str(msg) % args if args else msg, exc_info.code, text)
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)  # type: ignore[arg-type]
+
+
+def _unrelayable(request: web.Request, exc: ValueError) -> _UpstreamFailed:
+    """An upstream answer aiohttp will not write: 502, as for one its client would not parse ("connect")."""
+    log.warning("proxy: 502 for %s %.200r: the upstream's answer cannot be relayed: %s", request.method,
+                request.raw_path, exc)
+    return _UpstreamFailed(502, "connect", exc)
+
+
+class _BadRequest(Exception):
+    """The client's request cannot be relayed as sent: it gets 400."""
 
 
 class _UpstreamFailed(Exception):

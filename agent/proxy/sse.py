@@ -5,6 +5,9 @@ cut between two reads (even between the CR and LF of one line ending), and sever
 one read. `SSEParser.feed` keeps the unfinished tail and returns only complete events, following the
 WHATWG event-stream rules (CRLF, LF or CR line endings; `data:` lines joined with LF; comments and
 unknown fields ignored; an event with no data is not dispatched).
+What it holds is bounded: one unfinished line, and the data lines of one unfinished event in total
+(`MAX_EVENT_BYTES`), so an upstream that never ends an event cannot grow the proxy; past either bound
+`feed` drops what it held and raises SSEError (the caller stops reading that stream).
 
 `interpret_chunk` reads one OpenAI chunk (`/v1/chat/completions` or `/v1/completions`, vLLM's and
 SGLang's extensions included) for what the accounting needs: does it carry output, how many choices
@@ -18,11 +21,12 @@ import json
 from typing import Any, NamedTuple
 
 MAX_LINE_BYTES = 4 * 1024 * 1024  # one SSE line longer than this is not a completion chunk
+MAX_EVENT_BYTES = 4 * 1024 * 1024  # nor is an event whose data lines (and unfinished line) hold more
 DONE = b"[DONE]"
 
 
 class SSEError(ValueError):
-    """The byte stream is not an event stream the parser can follow (a runaway line)."""
+    """The byte stream is not an event stream the parser can follow (a runaway line or event)."""
 
 
 class SSEEvent(NamedTuple):  # a tuple, not a dataclass: one is made per token, so its cost counts
@@ -33,14 +37,25 @@ class SSEEvent(NamedTuple):  # a tuple, not a dataclass: one is made per token, 
 class SSEParser:
     """Feed it bytes as they arrive; it returns the events completed by them, in order."""
 
-    __slots__ = ("_tail", "_skip_lf", "_data", "_event", "_max_line")
+    __slots__ = ("_tail", "_skip_lf", "_data", "_data_size", "_event", "_max_line", "_max_event")
 
-    def __init__(self, max_line: int = MAX_LINE_BYTES) -> None:
+    def __init__(self, max_line: int = MAX_LINE_BYTES, max_event: int = MAX_EVENT_BYTES) -> None:
         self._tail = b""  # an unfinished line
         self._skip_lf = False  # the last read ended in CR: an LF opening the next one ends the same line
         self._data: list[bytes] = []
+        self._data_size = 0  # bytes in _data, one per joining LF included
         self._event = b""
         self._max_line = max_line
+        self._max_event = max_event
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held between feeds (the unfinished line and event): what the bounds cap."""
+        return len(self._tail) + self._data_size + len(self._event)
+
+    def reset(self) -> None:
+        """Forget everything held: the stream is no longer followed."""
+        self._tail, self._skip_lf, self._data, self._data_size, self._event = b"", False, [], 0, b""
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         if (not self._tail and not self._data and not self._skip_lf and chunk[:6] == b"data: "
@@ -58,13 +73,16 @@ class SSEParser:
         lines = buf.split(b"\n")
         self._tail = lines.pop()
         if len(self._tail) > self._max_line:
-            self._tail = b""
+            self.reset()
             raise SSEError(f"an event-stream line longer than {self._max_line} bytes")
         out: list[SSEEvent] = []
         for line in lines:
             event = self._line(line)
             if event is not None:
                 out.append(event)
+        if self.buffered > self._max_event:
+            self.reset()
+            raise SSEError(f"an event-stream event longer than {self._max_event} bytes")
         return out
 
     def _line(self, line: bytes) -> SSEEvent | None:
@@ -77,13 +95,17 @@ class SSEParser:
             value = value[1:]
         if name == b"data":
             self._data.append(value)
+            self._data_size += len(value) + 1
+            if self._data_size > self._max_event:
+                self.reset()
+                raise SSEError(f"an event-stream event longer than {self._max_event} bytes")
         elif name == b"event":
             self._event = value
         return None  # id, retry and unknown fields do not matter here
 
     def _dispatch(self) -> SSEEvent | None:
         data, event = self._data, self._event
-        self._data, self._event = [], b""
+        self._data, self._data_size, self._event = [], 0, b""
         if not data:
             return None
         return SSEEvent(data[0] if len(data) == 1 else b"\n".join(data), event)

@@ -74,6 +74,20 @@ def test_a_runaway_line_raises_instead_of_growing() -> None:
     assert p.feed(b"data: ok\n\n")[-1] == sse.SSEEvent(b"ok")  # the parser is usable afterwards
 
 
+def test_an_event_that_never_ends_raises_before_its_lines_outgrow_the_bound() -> None:
+    p = sse.SSEParser(max_line=64, max_event=1000)
+    line = b"data: " + b"x" * 50 + b"\n"  # every line is short; only their number grows
+    with pytest.raises(sse.SSEError):
+        for _ in range(1000):
+            p.feed(line)
+            assert p.buffered <= 1000
+    assert p.buffered == 0  # what it held is dropped
+    with pytest.raises(sse.SSEError):
+        p.feed(line * 100)  # many lines in one read: the bound holds within a read too
+    assert p.buffered == 0
+    assert p.feed(b"data: ok\n\n") == [sse.SSEEvent(b"ok")]
+
+
 def _info(obj: object) -> sse.ChunkInfo:
     return sse.interpret_event(sse.SSEEvent(json.dumps(obj).encode()))
 
