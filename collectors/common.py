@@ -8,6 +8,10 @@
   so they take the maximum; counters count apart, so they are summed.
 - Info endpoints: the decoded JSON is read defensively; a field that is absent, null, zero,
   negative or not a number is no value (docs/engines.md "Model and batch cap: info endpoints").
+  A number past its plausible bound (TP above MAX_TENSOR_PARALLEL, a batch cap above MAX_BATCH, a KV
+  pool above MAX_KV_BLOCKS blocks) is no value either, and counted as INFO_OUT_OF_RANGE: one absurd
+  `num_gpu_blocks="1e308"` made an infinite pool and a zero ceiling in the physics. Strings are cut
+  to MAX_INFO_CHARS (expfmt.TRUNCATED_MARK marks the cut): they become label values and log text.
 - Bounds: what reading one page may cost the agent (`page_bounds`, docs/reliability.md "Bounds on
   what an engine can cost").
 """
@@ -33,6 +37,16 @@ MIN_PAGE_SAMPLES = 4096
 # Labels per sample, on average over the page: real ones carry 2 to 5 (vLLM's cache_config_info 74,
 # once per rank); what a sample costs in memory grows with its labels, not with the line's length.
 LABELS_PER_SAMPLE = 4
+
+# Info values: strings are cut as expfmt cuts label values; numbers past these bounds are refused.
+MAX_INFO_CHARS = expfmt.MAX_LABEL_VALUE_CHARS
+INFO_OUT_OF_RANGE = "info_out_of_range"  # the reason a refused info value is counted under
+MAX_TENSOR_PARALLEL = 1024  # GPUs one model is split over: an NVL72 rack is 72
+MAX_BATCH = 1_000_000  # sequences in one batch (real caps: 256 to a few thousand)
+MAX_CONTEXT_TOKENS = 1 << 30  # a context window (the longest real ones: 10M tokens)
+MAX_KV_BLOCKS = 1_000_000_000  # KV blocks in one pool (an 80 GB pool of 16-token blocks: ~1e5)
+MAX_KV_BLOCK_TOKENS = 1 << 20  # tokens per KV block (real: 1 to 256)
+MAX_KV_TOKENS = MAX_KV_BLOCKS * 16.0  # a pool's tokens, where the engine states them directly
 
 
 def page_bounds(max_series: int) -> expfmt.Bounds:
@@ -86,6 +100,17 @@ def combine_each(groups: Mapping[K, Mapping[Any, float]], *, gauge: bool) -> dic
     return out
 
 
+def within(value: float | None, upper: float) -> float | None:
+    """The value if it is above 0 and at most `upper`; else None, and counted (INFO_OUT_OF_RANGE) when
+    a value was stated. Zero is no pool and no cap: a ceiling computed from it would divide by zero."""
+    if value is None:
+        return None
+    if 0.0 < value <= upper:
+        return value
+    expfmt.drop_value(INFO_OUT_OF_RANGE)
+    return None
+
+
 def product(a: float | None, b: float | None) -> float | None:
     """a x b where both are stated (blocks x tokens per block), else None."""
     return a * b if a is not None and b is not None else None
@@ -109,8 +134,9 @@ def has_families(text: str, *prefixes: str) -> bool:
 # --- info endpoints ---------------------------------------------------------------------------------
 
 
-def count(value: Any) -> int | None:
-    """A positive whole number (JSON int, or a float/str holding one), else None."""
+def count(value: Any, upper: int = MAX_BATCH) -> int | None:
+    """A positive whole number up to `upper` (JSON int, or a float/str holding one), else None; one
+    past `upper` is counted as INFO_OUT_OF_RANGE (`"tp_size": 1e308` is no TP)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, str):
@@ -120,12 +146,22 @@ def count(value: Any) -> int | None:
             return None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    return value if isinstance(value, int) and value > 0 else None
+    if not isinstance(value, int) or value <= 0:
+        return None
+    if value > upper:
+        expfmt.drop_value(INFO_OUT_OF_RANGE)
+        return None
+    return value
+
+
+def cut(text: str, limit: int = MAX_INFO_CHARS) -> str:
+    """`text` cut to `limit` characters plus expfmt.TRUNCATED_MARK where longer."""
+    return text if len(text) <= limit else text[:limit] + expfmt.TRUNCATED_MARK
 
 
 def nonblank(value: Any) -> str | None:
-    """A non-blank string, else None."""
-    return value if isinstance(value, str) and value.strip() else None
+    """A non-blank string, cut to MAX_INFO_CHARS (it becomes a label value and log text), else None."""
+    return cut(value) if isinstance(value, str) and value.strip() else None
 
 
 def as_dict(value: Any) -> dict:
@@ -144,7 +180,7 @@ def openai_models_info(data: Any) -> EngineInfoHints:
     entry = first_of(as_dict(data).get("data"))
     return EngineInfoHints(
         model_id=nonblank(entry.get("root")) or nonblank(entry.get("id")),
-        max_model_len=count(entry.get("max_model_len")),
+        max_model_len=count(entry.get("max_model_len"), MAX_CONTEXT_TOKENS),
     )
 
 

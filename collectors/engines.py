@@ -14,6 +14,7 @@ import importlib
 import re
 from typing import Any, Mapping, Protocol, runtime_checkable
 
+from rooflight.collectors import expfmt
 from rooflight.collectors.errors import ParseError
 from rooflight.collectors.samples import EngineInfoHints, EngineSample
 
@@ -77,6 +78,7 @@ ADAPTER_MODULES: dict[str, str] = {
     "llamacpp": "rooflight.collectors.llamacpp",
 }
 
+MAX_PREFIX_CHARS = 64  # a family prefix in the "not a known engine" message: real ones are a word
 _FAMILY = re.compile(r"^# (?:TYPE|HELP) ([a-zA-Z_:][a-zA-Z0-9_:]*)", re.MULTILINE)
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", re.MULTILINE)
 
@@ -152,7 +154,9 @@ def describe(text: str) -> str:
 
 
 def _prefix(name: str) -> str:
-    """`vllm:x` -> `vllm:`; `python_gc_x` -> `python_`."""
+    """`vllm:x` -> `vllm:`; `python_gc_x` -> `python_`; cut to MAX_PREFIX_CHARS (a 3 MB name was a 3 MB log line)."""
     if ":" in name:
-        return name.split(":", 1)[0] + ":"
-    return name.split("_", 1)[0] + "_" if "_" in name else name
+        prefix = name.split(":", 1)[0] + ":"
+    else:
+        prefix = name.split("_", 1)[0] + "_" if "_" in name else name
+    return prefix if len(prefix) <= MAX_PREFIX_CHARS else prefix[:MAX_PREFIX_CHARS] + expfmt.TRUNCATED_MARK

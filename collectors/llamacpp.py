@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from rooflight.collectors import expfmt
-from rooflight.collectors.common import as_dict, count, good, has_families, nonblank, read_page
+from rooflight.collectors.common import MAX_CONTEXT_TOKENS, as_dict, count, good, has_families, nonblank, read_page
 from rooflight.collectors.samples import EngineInfoHints, EngineSample, EngineSeries, settings_from
 
 ENGINE = "llamacpp"
@@ -128,7 +128,8 @@ def _first(exp: expfmt.Exposition, *names: str) -> float | None:
 def parse_info(data: Any) -> EngineInfoHints:
     """Batch cap, model and per-slot context from `/props`; see the module docstring."""
     top = as_dict(data)
-    slots, n_ctx = count(top.get("total_slots")), count(as_dict(top.get("default_generation_settings")).get("n_ctx"))
+    slots = count(top.get("total_slots"))
+    n_ctx = count(as_dict(top.get("default_generation_settings")).get("n_ctx"), MAX_CONTEXT_TOKENS)
     return EngineInfoHints(
         batch_max_requests=slots,
         model_id=nonblank(top.get("model_path")) or nonblank(top.get("model_alias")),

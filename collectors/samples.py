@@ -148,8 +148,9 @@ class ProcessSample:
 
 def setting_value(value: Any) -> str | None:
     """One setting as a label value: booleans as true/false (vLLM writes "True", JSON true), whole
-    numbers without ".0", other finite numbers as Python prints them, strings as written, cut to
-    MAX_SETTING_CHARS. None for what says nothing: null, "None", blanks, NaN, lists and objects."""
+    numbers without ".0", other finite numbers as Python prints them, strings as written, all cut to
+    MAX_SETTING_CHARS (1e308 as a whole number is 309 digits). None for what says nothing: null, "None",
+    blanks, NaN, lists and objects."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -157,7 +158,7 @@ def setting_value(value: Any) -> str | None:
     if isinstance(value, float):
         if not math.isfinite(value):
             return None
-        return str(int(value)) if value.is_integer() else repr(value)
+        return (str(int(value)) if value.is_integer() else repr(value))[:MAX_SETTING_CHARS]
     if not isinstance(value, str):
         return None
     text = value.strip()

@@ -57,6 +57,8 @@ from typing import Any
 
 from rooflight.collectors import expfmt
 from rooflight.collectors.common import (
+    MAX_CONTEXT_TOKENS,
+    MAX_TENSOR_PARALLEL,
     as_dict,
     combine_each,
     count,
@@ -320,8 +322,9 @@ def parse_info(data: Any) -> EngineInfoHints:
     return EngineInfoHints(
         batch_max_requests=batch,
         model_id=nonblank(top.get("model_path")) or nonblank(state.get("model_path")),
-        max_model_len=count(top.get("context_length")) or count(state.get("context_length")),
-        tensor_parallel_size=count(top.get("tp_size")),
+        max_model_len=count(top.get("context_length"), MAX_CONTEXT_TOKENS)
+        or count(state.get("context_length"), MAX_CONTEXT_TOKENS),
+        tensor_parallel_size=count(top.get("tp_size"), MAX_TENSOR_PARALLEL),
         settings=info_settings(top, state),
     )
 

@@ -45,7 +45,16 @@ import math
 from typing import Any
 
 from rooflight.collectors import expfmt
-from rooflight.collectors.common import as_dict, count, good, has_families, histogram_names, nonblank, read_page
+from rooflight.collectors.common import (
+    MAX_CONTEXT_TOKENS,
+    as_dict,
+    count,
+    good,
+    has_families,
+    histogram_names,
+    nonblank,
+    read_page,
+)
 from rooflight.collectors.samples import EngineInfoHints, EngineSample, EngineSeries, Histogram, settings_from
 
 ENGINE = "tgi"
@@ -189,6 +198,6 @@ def parse_info(data: Any) -> EngineInfoHints:
     top = as_dict(data)
     return EngineInfoHints(
         model_id=nonblank(top.get("model_id")),
-        max_model_len=count(top.get("max_total_tokens")),
+        max_model_len=count(top.get("max_total_tokens"), MAX_CONTEXT_TOKENS),
         settings=settings_from(top, INFO_SETTINGS),
     )

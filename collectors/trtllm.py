@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from rooflight.collectors import expfmt
 from rooflight.collectors.common import (
+    MAX_TENSOR_PARALLEL,
     combine_each,
     has_families,
     histogram_names,
@@ -41,6 +42,7 @@ from rooflight.collectors.common import (
     openai_models_info,
     product,
     read_page,
+    within,
 )
 from rooflight.collectors.samples import EngineInfo, EngineSample, EngineSeries
 
@@ -180,7 +182,8 @@ def engine_info(exp: expfmt.Exposition, tokens_per_block: float | None) -> Engin
     return EngineInfo(
         kv_block_size_tokens=tokens_per_block if tokens_per_block is not None else number(kv_labels.get("page_size")),
         kv_cache_dtype=dtype if dtype not in (None, "", "None", "auto") else None,
-        tensor_parallel_size=int(tp) if (tp := number(labels.get("tensor_parallel_size"))) else None,
+        tensor_parallel_size=int(tp) if (tp := within(number(labels.get("tensor_parallel_size")),
+                                                      MAX_TENSOR_PARALLEL)) else None,
         labels=labels,
     )
 

@@ -54,13 +54,18 @@ from typing import Any
 
 from rooflight.collectors import expfmt
 from rooflight.collectors.common import (
+    MAX_KV_BLOCK_TOKENS,
+    MAX_KV_BLOCKS,
+    MAX_KV_TOKENS,
     combine_each,
     good,
     has_families,
     histogram_names,
     number,
     openai_models_info,
+    product,
     read_page,
+    within,
 )
 from rooflight.collectors.samples import EngineInfo, EngineInfoHints, EngineSample, EngineSeries, settings_from
 
@@ -248,24 +253,29 @@ def parse_info(data: Any) -> EngineInfoHints:
 
 
 def kv_capacity_tokens(config: dict[str, str]) -> float | None:
-    """KV capacity of one rank from its cache_config_info labels (tokens), or None if not stated."""
-    tokens = number(config.get("kv_cache_size_tokens"))
-    if tokens is not None:
-        return tokens
-    blocks, block_size = number(config.get("num_gpu_blocks")), number(config.get("block_size"))
-    if blocks is None or block_size is None:
-        return None
-    return blocks * block_size
+    """KV capacity of one rank from its cache_config_info labels (tokens), or None if not stated or
+    implausible (zero, or past common.MAX_KV_BLOCKS blocks: an infinite pool zeroes the physics' ceilings)."""
+    stated = number(config.get("kv_cache_size_tokens"))
+    if stated is not None:
+        return within(stated, MAX_KV_TOKENS)
+    blocks = within(number(config.get("num_gpu_blocks")), MAX_KV_BLOCKS)
+    block_size = within(number(config.get("block_size")), MAX_KV_BLOCK_TOKENS)
+    return product(blocks, block_size)
 
 
 def engine_info(config: dict[str, str]) -> EngineInfo:
     """EngineInfo from one rank's cache_config_info labels."""
     dtype = config.get("cache_dtype")
     return EngineInfo(
-        kv_block_size_tokens=number(config.get("block_size")),
+        kv_block_size_tokens=_quiet_within(number(config.get("block_size")), MAX_KV_BLOCK_TOKENS),
         kv_cache_dtype=dtype if dtype not in (None, "", "None") else None,
         labels={k: v for k, v in config.items() if k not in ("engine", "pid")},
     )
+
+
+def _quiet_within(value: float | None, upper: float) -> float | None:
+    """The value if in (0, upper], else None; not counted (kv_capacity_tokens counts the same label)."""
+    return value if value is not None and 0.0 < value <= upper else None
 
 
 def _hist_key(labels: dict[str, str]) -> _Key:

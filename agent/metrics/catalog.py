@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from rooflight.agent.metrics import names as n
 from rooflight.agent.signals.derive import MAX_UTILIZATION
 from rooflight.collectors.common import MIN_PAGE_SAMPLES, SAMPLES_PER_SERIES
-from rooflight.collectors.expfmt import MAX_LABEL_VALUE_CHARS
+from rooflight.collectors.expfmt import MAX_HISTOGRAM_BUCKETS, MAX_LABEL_VALUE_CHARS
 from rooflight.collectors.samples import MAX_SETTING_CHARS
 
 SERIES = ("target", "engine", "model", "rank")
@@ -46,7 +46,7 @@ CATALOG: tuple[MetricDef, ...] = (
     _g(n.SOURCE_SERIES_DROPPED, HEALTH, "series", "Engine series (model, rank) over the per-target cap (max_series) in the last sample, not tracked (of the samples read: see rooflight_source_samples_dropped)."),
     _g(n.SOURCE_SAMPLES_DROPPED, HEALTH, "samples", f"Exposition samples on the engine's last page past the per-page cap ({SAMPLES_PER_SERIES} x max_series, at least {MIN_PAGE_SAMPLES}), counted and not read."),
     _g(n.SOURCE_LABELS_TRUNCATED, HEALTH, "labels", f"Label values on the engine's last page longer than {MAX_LABEL_VALUE_CHARS} characters, cut to that length and marked [truncated]."),
-    _c(n.SOURCE_VALUES_DROPPED, HEALTH + ("reason",), "", f"Values withheld as physically impossible, by reason: mbu_out_of_range and mfu_out_of_range (above {MAX_UTILIZATION:g}, per window and phase), kv_usage_out_of_range (KV occupancy outside 0..1)."),
+    _c(n.SOURCE_VALUES_DROPPED, HEALTH + ("reason",), "", f"Values withheld as physically impossible, by reason: mbu_out_of_range and mfu_out_of_range (above {MAX_UTILIZATION:g}, per window and phase), kv_usage_out_of_range (KV occupancy outside 0..1); what the engine's input made unusable: histogram_too_many_buckets (a histogram of over {MAX_HISTOGRAM_BUCKETS} buckets, not read), info_out_of_range (a KV pool, batch cap, context or TP past its plausible bound, or zero), derivation_failed (a series' windows or signals raised: exported without them)."),
     _g(n.BUILD_INFO, ("version", "python"), "", "1; the agent's version."),
     # Engine state.
     _g(n.REQUESTS_RUNNING, SERIES, "requests", "Sequences in the running batch, as the engine reports."),

@@ -16,7 +16,7 @@ SOURCE_ERRORS = "rooflight_source_errors_total"  # counter; exposed name carries
 SOURCE_SERIES_DROPPED = "rooflight_source_series_dropped"
 SOURCE_SAMPLES_DROPPED = "rooflight_source_samples_dropped"  # exposition samples past the per-page cap
 SOURCE_LABELS_TRUNCATED = "rooflight_source_label_values_truncated"  # label values cut on the last page
-SOURCE_VALUES_DROPPED = "rooflight_source_values_dropped_total"  # counter; label reason: physically impossible
+SOURCE_VALUES_DROPPED = "rooflight_source_values_dropped_total"  # counter; reason: impossible or unusable input
 
 # Engine state, normalized across engines (labels: target, engine, model, rank).
 REQUESTS_RUNNING = "rooflight_requests_running"

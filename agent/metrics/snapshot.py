@@ -48,14 +48,25 @@ class TargetView:
     model_source: str | None
     series: tuple[SeriesView, ...] = ()
     signal_settings: SignalSettings = DEFAULT_SIGNAL_SETTINGS  # role, SLOs, GPU price: from the target's config
+    # Series whose signals could not be derived (an arithmetic error on odd inputs): exported without
+    # them, and counted by the engine loop, rather than failing the whole sample and vanishing the target.
+    signals_failed: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
         """Every series' signals, from this target's constants and settings (see the module docstring)."""
-        settings, constants = self.signal_settings, self.constants
-        object.__setattr__(self, "series", tuple(
-            replace(v, signals=series_signals(v.windows, constants, v.batch_max, v.series.kv_capacity_tokens, settings))
-            for v in self.series
-        ))
+        failed: list[str] = []
+        object.__setattr__(self, "series", tuple(self._with_signals(v, failed) for v in self.series))
+        object.__setattr__(self, "signals_failed", tuple(failed))
+
+    def _with_signals(self, view: SeriesView, failed: list[str]) -> SeriesView:
+        """The series view with its signals; unchanged, its error noted in `failed`, where deriving them raised."""
+        try:
+            signals = series_signals(view.windows, self.constants, view.batch_max, view.series.kv_capacity_tokens,
+                                     self.signal_settings)
+        except (ArithmeticError, ValueError) as exc:
+            failed.append(f"{view.series.model!r} rank {view.series.rank!r}: {exc!r}")
+            return view
+        return replace(view, signals=signals)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy.catalog import DEFAULT_BUCKETS, HISTOGRAMS
 from rooflight.agent.proxy.slo import SLO, parse_slos
-from rooflight.agent.sampling.config import AgentConfig, parse_duration, split_listen, target_name
+from rooflight.agent.sampling.config import AgentConfig, parse_duration, redacted_url, split_listen, target_name
 
 DEFAULT_LISTEN = "127.0.0.1:8100"  # where clients connect (not 8000, the engines' default, nor 8080, llama.cpp's)
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9748"  # next to the agent's 9746
@@ -102,15 +102,19 @@ def for_agent(agent: AgentConfig) -> ProxyConfig | None:
 def parse_upstream(url: str | None, what: str = "--upstream") -> str:
     if not url:
         raise ConfigError(f"{what} is required: the OpenAI-compatible server's URL, e.g. http://127.0.0.1:8000")
-    parts = urlsplit(url.strip())
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:  # "Invalid IPv6 URL": an unclosed '[' or a ']' out of place
+        raise ConfigError(f"{what} {redacted_url(url)!r}: not a valid URL; an IPv6 address goes in brackets,"
+                          " e.g. http://[::1]:8000") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{what} {url!r}: write http://HOST:PORT (or https://), e.g. http://127.0.0.1:8000")
+        raise ConfigError(f"{what} {redacted_url(url)!r}: write http://HOST:PORT (or https://), e.g. http://127.0.0.1:8000")
     if parts.query or parts.fragment:
-        raise ConfigError(f"{what} {url!r}: give the base URL only, without ?query or #fragment")
+        raise ConfigError(f"{what} {redacted_url(url)!r}: give the base URL only, without ?query or #fragment")
     try:
         parts.port  # noqa: B018 (raises on a bad port)
     except ValueError:
-        raise ConfigError(f"{what} {url!r}: the port is not a number between 0 and 65535") from None
+        raise ConfigError(f"{what} {redacted_url(url)!r}: the port is not a number between 0 and 65535") from None
     return url.strip().rstrip("/")
 
 

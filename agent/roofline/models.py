@@ -536,11 +536,21 @@ def from_hf_config(cfg: Mapping[str, Any], *, source: str, name: str | None = No
     return spec.with_dtypes(weight_dtype, kv_dtype)
 
 
+MAX_CONFIG_JSON_BYTES = 16 * 1024 * 1024  # real config.json files are a few KiB; /dev/zero never ends
+
+
 def _read_json(p: Path) -> Any:
+    """The JSON at `p`, reading at most MAX_CONFIG_JSON_BYTES (a device or a wrong file is not read to the end)."""
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        with p.open("rb") as f:
+            raw = f.read(MAX_CONFIG_JSON_BYTES + 1)
     except OSError as e:
         raise ConfigError(f"cannot read model config {p}: {e.strerror or e}") from None
+    if len(raw) > MAX_CONFIG_JSON_BYTES:
+        raise ConfigError(f"model config {p}: larger than {MAX_CONFIG_JSON_BYTES // (1024 * 1024)} MiB;"
+                          " give the model's config.json (a few KiB)")
+    try:
+        return json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as e:
         raise ConfigError(f"model config {p} is not valid JSON: {e}") from None
 

@@ -164,20 +164,28 @@ def decode_tokens_per_second_ceiling(kv_bytes_per_sequence: float, params_active
 
 
 def decode_bandwidth_headroom(batch: float, weight_bytes: float, kv_bytes_per_sequence: float,
-                              params_active: float, peak_flops: float, peak_bandwidth: float) -> float:
+                              params_active: float, peak_flops: float, peak_bandwidth: float) -> float | None:
     """1 - (roofline decode tokens/s at batch B) / (the ceiling at any batch at this context), in 0..1.
 
     The share of this context's decode throughput that more batch can still buy. Memory-bound it is
     W / (W + B x KV_seq): the weights-only step over the step now (1 idle, 0.5 when the caches
     double the step). Without a cache it is 1 - B / B_ridge, the batch left before the step turns
     compute-bound and grows with every sequence (docs/physics.md, section Headroom).
+
+    None where a step or the ceiling is not a positive finite number (a zero model, an infinite KV per
+    sequence from an absurd pool): there is no share to tell, and dividing by it raised on every step.
     """
     if batch <= 0:
         return 1.0
+    if not (params_active > 0 and peak_flops > 0 and peak_bandwidth > 0):
+        return None
     step = decode_step_seconds_roofline(batch, weight_bytes, kv_bytes_per_sequence, params_active,
                                         peak_flops, peak_bandwidth)
     ceiling = decode_tokens_per_second_ceiling(kv_bytes_per_sequence, params_active, peak_flops, peak_bandwidth)
-    return clamp_unit(1.0 - batch / step / ceiling)
+    if not (0.0 < step < math.inf and 0.0 < ceiling < math.inf):
+        return None
+    share = batch / step / ceiling
+    return clamp_unit(1.0 - share) if math.isfinite(share) else None
 
 
 def clamp_unit(x: float) -> float:

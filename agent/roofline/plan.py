@@ -460,10 +460,14 @@ def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
 
     wanted = {v: k for k, v in LIVE_NAMES.items()}
     rows: list[tuple[str, dict[str, str], float]] = []
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in wanted and "window" in sample.labels and math.isfinite(sample.value):
-                rows.append((wanted[sample.name], sample.labels, sample.value))
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in wanted and "window" in sample.labels and math.isfinite(sample.value):
+                    rows.append((wanted[sample.name], sample.labels, sample.value))
+    except (ValueError, TypeError, IndexError, KeyError) as exc:  # prometheus_client's parser raises these
+        raise ConfigError(f"--from-live: not a Prometheus text page the agent serves ({type(exc).__name__});"
+                          " point it at the agent's /metrics") from None
     windows = {labels["window"] for _, labels, _ in rows}
     if window is not None and window not in windows:
         raise ConfigError(f"--window {window}: the agent serves {', '.join(sorted(windows)) or 'no windows yet'}")
@@ -522,6 +526,18 @@ def format_live(series: list[LiveSeries]) -> str:
     return "\n".join(lines)
 
 
+def _no_redirects() -> Any:
+    """A urllib handler that answers a 3xx as the HTTPError it is and never follows it (imported late: the
+    CLI's start stays quick)."""
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+            return None
+
+    return NoRedirect()
+
+
 def fetch_live(url: str, timeout: float = 10.0) -> str:
     """The agent's /metrics (at `url`, or `url`/metrics when the URL has no path); ConfigError if unreadable.
 
@@ -542,10 +558,14 @@ def fetch_live(url: str, timeout: float = 10.0) -> str:
     if parts.username is not None:
         token = f"{parts.username}:{parts.password or ''}".encode()
         request.add_header("Authorization", "Basic " + base64.b64encode(token).decode())
+    opener = urllib.request.build_opener(_no_redirects())  # a redirect would carry the Authorization elsewhere
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (http/https only)
+        with opener.open(request, timeout=timeout) as response:
             body = response.read(MAX_LIVE_BYTES + 1)
     except urllib.error.HTTPError as exc:
+        if 300 <= exc.code < 400:
+            raise ConfigError(f"--from-live {shown}: HTTP {exc.code}, a redirect; not followed (it could send the"
+                              " credentials to another server): give the agent's own URL") from None
         raise ConfigError(f"--from-live {shown}: HTTP {exc.code}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)

@@ -146,23 +146,27 @@ def check_engine_url(url: str) -> None:
     path would carry the secret. Nothing of the URL is echoed back: it may hold a password."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in ("http", "https"):
-        raise ConfigError(f"engine URL {_redacted(url)!r}: write it as http://HOST:PORT (the engine's API base)")
+        raise ConfigError(f"engine URL {redacted_url(url)!r}: write it as http://HOST:PORT (the engine's API base)")
     authority_end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
     if "@" in rest[authority_end:]:
         raise ConfigError(
             "engine URL: its user:password part holds an unescaped '/', '?' or '#' (or the path holds '@'):"
             " percent-encode them in the password (/ -> %2F, ? -> %3F, # -> %23, @ -> %40)"
         )
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "Invalid IPv6 URL": an unclosed '[' or a ']' out of place
+        raise ConfigError(f"engine URL {redacted_url(url)!r}: not a valid URL; an IPv6 address goes in brackets,"
+                          " e.g. http://[::1]:8000") from None
     try:
         parts.port
     except ValueError:
-        raise ConfigError(f"engine URL {_redacted(url)!r}: the port is not a number 0-65535") from None
+        raise ConfigError(f"engine URL {redacted_url(url)!r}: the port is not a number 0-65535") from None
     if not parts.hostname:
-        raise ConfigError(f"engine URL {_redacted(url)!r}: write it as http://HOST:PORT (the engine's API base)")
+        raise ConfigError(f"engine URL {redacted_url(url)!r}: write it as http://HOST:PORT (the engine's API base)")
 
 
-def _redacted(url: str) -> str:
+def redacted_url(url: str) -> str:
     """A malformed URL as an error message may show it: any user:password replaced by ***."""
     scheme, sep, rest = url.partition("://")
     head, at, tail = rest.rpartition("@") if sep else url.rpartition("@")
@@ -283,7 +287,24 @@ def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: the top level must be a mapping of settings")
+    _check_keys(data, f"config file {path}")
     return data
+
+
+def _check_keys(data: Any, where: str) -> None:
+    """Every mapping key in the file must be text: YAML reads `1:`, `on:` or `2024-01-01:` as a number, a
+    bool or a date, which no setting is called and which a later join or lookup would trip over."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if not isinstance(key, str):
+                    raise ConfigError(f"{where}: the key {key!r} ({type(key).__name__}) is not a setting name;"
+                                      " keys are text (quote it if it is meant as text)")
+                stack.append(value)
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def env_settings(environ: Mapping[str, str]) -> dict[str, Any]:

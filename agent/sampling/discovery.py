@@ -3,6 +3,9 @@
 Without --model or --model-config, the model comes from the engine itself: its `config.json` when the
 path it reports (vLLM's /v1/models `root`, SGLang's `model_path`, llama.cpp's `model_path`) is readable
 from the sidecar (the model volume mounted read-only), else a preset matching the Hugging Face id.
+
+The id is the engine's word: the adapters cut it to collectors.common.MAX_INFO_CHARS, and it is logged
+with %r (a newline in it would forge a log line).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 from rooflight.agent.sampling.config import TargetConfig
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.models import ModelSpec, load_config_json, preset_for_hf_id
+from rooflight.collectors.common import cut
 
 log = logging.getLogger("rooflight")
 
@@ -29,8 +33,8 @@ def model_from_id(model_id: str | None, target: TargetConfig) -> tuple[ModelSpec
         if config_path.is_file():
             return load_config_json(config_path, **kw), f"config.json:{config_path}"
     except (ConfigError, OSError) as exc:
-        log.warning("target %s: %s is not usable: %s", target.name, config_path, exc)
+        log.warning("target %s: %r is not usable: %r", target.name, str(config_path), exc)
     spec = preset_for_hf_id(model_id)
     if spec is not None:
-        return spec.with_dtypes(target.weight_dtype, target.kv_dtype), f"discovered:{model_id}"
+        return spec.with_dtypes(target.weight_dtype, target.kv_dtype), f"discovered:{cut(model_id)}"
     return None

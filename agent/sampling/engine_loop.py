@@ -4,7 +4,13 @@ Bounded per page (docs/reliability.md "Bounds on what an engine can cost"): the 
 max_body_bytes, the samples the adapter may create by collectors.common.page_bounds, label values
 by their length; what the bounds cut, and values withheld as physically impossible (a KV occupancy
 outside 0..1, MBU or MFU above derive.MAX_UTILIZATION, a counter that keeps going backwards), is
-counted in the source's health.
+counted in the source's health. So is what the adapters refuse (a histogram of over
+expfmt.MAX_HISTOGRAM_BUCKETS buckets, an info value past its plausible bound: common.INFO_OUT_OF_RANGE),
+and a derivation that raises on odd inputs (DERIVATION_FAILED): the series is then exported without
+what could not be derived, never dropped with the target still `up`.
+
+Strings an engine states (its model path, its families' names) are logged with %r: a newline in them
+would otherwise forge a log line.
 """
 
 from __future__ import annotations
@@ -31,7 +37,14 @@ from rooflight.agent.sampling.health import KV_USAGE_OUT_OF_RANGE, SourceState
 from rooflight.agent.metrics.snapshot import SeriesView, TargetView
 from rooflight.agent.signals.windows import SeriesHistory, histogram_delta, worst_bound
 from rooflight.collectors import engines, expfmt
-from rooflight.collectors.common import page_bounds
+from rooflight.collectors.common import (
+    INFO_OUT_OF_RANGE,
+    MAX_BATCH,
+    MAX_KV_BLOCK_TOKENS,
+    MAX_KV_TOKENS,
+    MAX_TENSOR_PARALLEL,
+    page_bounds,
+)
 from rooflight.collectors.engines import EngineAdapter
 from rooflight.collectors.errors import ParseError, SourceError
 from rooflight.collectors.http import Fetched, fetch_json, fetch_text
@@ -45,6 +58,10 @@ INFO_EVERY_SECONDS = 300.0  # batch cap and TP change only with a restart; a res
 # A page larger than this is parsed in a worker thread: a 16 MB page takes ~1 s of pure Python, and on
 # the event loop that second would be a second in which /metrics cannot answer.
 PARSE_IN_THREAD_CHARS = 512 * 1024
+
+DERIVATION_FAILED = "derivation_failed"  # a series' windows or signals raised (an arithmetic error on odd inputs)
+# The reasons this loop counts besides health.VALUE_REASONS: counted from zero, so rates work from the start.
+INPUT_REASONS = (expfmt.HISTOGRAM_TOO_MANY_BUCKETS, INFO_OUT_OF_RANGE, DERIVATION_FAILED)
 
 _MARKED = (
     ("head_of_line", "head-of-line stall"),
@@ -76,6 +93,9 @@ class EngineLoop:
         self._energy_for = energy_for
         self._raised: dict[tuple[str, str], Verdicts] = {}
         self.state = SourceState("engine", target.name)
+        for reason in INPUT_REASONS:
+            self.state.values_dropped.setdefault(reason, 0)
+        self._derivation_noted: str | None = None
         self.thresholds = DetectorThresholds(**config.detectors)
         self._adapter: EngineAdapter | None = None if target.engine == "auto" else engines.adapter(target.engine)
         self._histories: dict[tuple[str, str], SeriesHistory] = {}
@@ -85,6 +105,10 @@ class EngineLoop:
         self.hints = EngineInfoHints()
         self.latest: EngineSample | None = None
         self.view = TargetView(target.name, target.url, None, None, model_source)
+
+    def histories(self) -> dict[tuple[str, str], SeriesHistory]:
+        """The history of each (model, rank) tracked: what the target costs in memory (tests, diagnostics)."""
+        return dict(self._histories)
 
     @property
     def stale_after(self) -> float:
@@ -167,17 +191,40 @@ class EngineLoop:
             log.warning("target %s: %d label values over %d characters, cut", self.target.name,
                         bounds.labels_truncated, expfmt.MAX_LABEL_VALUE_CHARS)
         state.samples_dropped, state.labels_truncated = bounds.samples_dropped, bounds.labels_truncated
+        self._count_refused(bounds)
+
+    def _count_refused(self, bounds: expfmt.Bounds) -> None:
+        """What the adapter refused while reading (expfmt.drop_value), into values_dropped by reason."""
+        for reason, n in bounds.values_dropped.items():
+            self.state.values_dropped[reason] = self.state.values_dropped.get(reason, 0) + n
 
     def _in_range(self, sample: EngineSample) -> EngineSample:
-        """The sample without KV occupancies outside 0..1 (1e308 is not a ratio); each one counted."""
+        """The sample without KV occupancies outside 0..1 (1e308 is not a ratio), nor KV pools, batch caps,
+        block sizes or TP past their plausible bounds (collectors.common); each one counted."""
         kept = []
         for series in sample.series:
             usage = series.kv_usage_ratio
             if usage is not None and not 0.0 <= usage <= 1.0:
                 self.state.drop_value(KV_USAGE_OUT_OF_RANGE)
                 series = replace(series, kv_usage_ratio=None)
+            capacity, batch = self._plausible(series.kv_capacity_tokens, MAX_KV_TOKENS), \
+                self._plausible(series.batch_max_requests, MAX_BATCH)
+            if (capacity, batch) != (series.kv_capacity_tokens, series.batch_max_requests):
+                series = replace(series, kv_capacity_tokens=capacity, batch_max_requests=batch)
             kept.append(series)
-        return replace(sample, series=tuple(kept))
+        info = sample.info
+        tp, block = (self._plausible(info.tensor_parallel_size, MAX_TENSOR_PARALLEL),
+                     self._plausible(info.kv_block_size_tokens, MAX_KV_BLOCK_TOKENS))
+        if (tp, block) != (info.tensor_parallel_size, info.kv_block_size_tokens):
+            info = replace(info, tensor_parallel_size=None if tp is None else int(tp), kv_block_size_tokens=block)
+        return replace(sample, series=tuple(kept), info=info)
+
+    def _plausible(self, value: float | None, upper: float) -> float | None:
+        """The value if in (0, upper]; else None, counted as INFO_OUT_OF_RANGE when one was stated."""
+        if value is None or 0.0 < value <= upper:
+            return value
+        self.state.drop_value(INFO_OUT_OF_RANGE)
+        return None
 
     def _cap_series(self, sample: EngineSample) -> EngineSample:
         """At most config.max_series (model, rank) series: those already tracked first, then in page order.
@@ -227,11 +274,11 @@ class EngineLoop:
             and self.clock.monotonic() - self.state.last_success_monotonic <= self.stale_after
         )
         series = (
-            tuple(self._series_view(s, constants, count_dropped) for s in self.latest.series)
+            tuple(self._safe_series_view(s, constants, count_dropped) for s in self.latest.series)
             if fresh and self.latest
             else ()
         )
-        self.view = TargetView(
+        view = TargetView(
             name=self.target.name,
             url=self.target.url,
             engine=self._adapter.ENGINE if self._adapter else None,
@@ -240,6 +287,26 @@ class EngineLoop:
             series=series,
             signal_settings=self._signal_settings(),
         )
+        if count_dropped:
+            for failure in view.signals_failed:
+                self._derivation_failed(f"signals of {failure}")
+        self.view = view
+
+    def _safe_series_view(self, series: EngineSeries, constants: TargetConstants, count_dropped: bool) -> SeriesView:
+        """_series_view; where it raises on odd inputs, the series as the engine said it, the failure counted."""
+        try:
+            return self._series_view(series, constants, count_dropped)
+        except (ArithmeticError, ValueError) as exc:
+            if count_dropped:
+                self._derivation_failed(f"windows of {series.model!r} rank {series.rank!r}: {exc!r}")
+            return SeriesView(series=series, settings=_settings(self.hints, series))
+
+    def _derivation_failed(self, what: str) -> None:
+        """Count a derivation that raised (DERIVATION_FAILED); logged when the message changes."""
+        self.state.drop_value(DERIVATION_FAILED)
+        if what != self._derivation_noted:
+            self._derivation_noted = what
+            log.warning("target %s: could not derive the %s; exported without them", self.target.name, what)
 
     def _signal_settings(self) -> SignalSettings:
         """The target's role (its setting, else the engine's info), SLOs and GPU price, for its signals."""
@@ -337,7 +404,9 @@ class EngineLoop:
         except SourceError as exc:
             log.info("target %s: info endpoint %s not readable: %s", self.target.name, path, exc)
             return
-        self.hints = adapter.parse_info(data)
+        with expfmt.bounded(expfmt.Bounds()) as refused:
+            self.hints = adapter.parse_info(data)
+        self._count_refused(refused)
         if self.model is not None:
             return
         found = model_from_id(self.hints.model_id, self.target)
@@ -346,7 +415,7 @@ class EngineLoop:
                         self.target.name, self.hints.model_id)
             return
         self.model, self.model_source = found
-        log.info("target %s: model constants from %s", self.target.name, self.model_source)
+        log.info("target %s: model constants from %r", self.target.name, self.model_source)
 
 
 @functools.cache

@@ -12,7 +12,8 @@ from rooflight.agent.signals.derive import MBU_OUT_OF_RANGE, MFU_OUT_OF_RANGE
 from rooflight.collectors.errors import REASONS, SOURCE_REASONS
 
 KV_USAGE_OUT_OF_RANGE = "kv_usage_out_of_range"  # an engine's KV occupancy outside 0..1
-# Why a value was withheld as physically impossible (the reason label of rooflight_source_values_dropped_total).
+# Why a value was withheld as physically impossible (the reason label of rooflight_source_values_dropped_total);
+# the engine loop adds its own for unusable engine input (engine_loop.INPUT_REASONS).
 VALUE_REASONS = (MBU_OUT_OF_RANGE, MFU_OUT_OF_RANGE, KV_USAGE_OUT_OF_RANGE)
 
 log = logging.getLogger("rooflight")

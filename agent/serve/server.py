@@ -6,7 +6,8 @@ configuration: no request parameter can make the agent fetch a URL.
 What a client can hold is bounded (docs/security.md): a request line of MAX_LINE_SIZE bytes (414 past
 it), MAX_HEADERS headers of MAX_FIELD_SIZE bytes each (431), a body of 64 KiB (413), the request's
 headers within ServerLimits.read_header_timeout of its first byte (or of the connection, or of the TLS
-handshake), ServerLimits.max_connections open connections (503 past it), and an idle keep-alive
+handshake, itself bounded by that timeout), ServerLimits.max_connections open connections counted from
+accept, TLS handshakes in progress included (503 past it, or a close on a TLS port), and an idle keep-alive
 connection for ServerLimits.idle_timeout. Refusals are logged as one line at most every
 REFUSAL_LOG_SECONDS, with a count and the client address, never the request's bytes.
 """
@@ -14,19 +15,22 @@ REFUSAL_LOG_SECONDS, with a count and the client address, never the request's by
 from __future__ import annotations
 
 import asyncio
+import copy
 import errno
 import logging
 import signal
 import socket
+import ssl
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from rooflight.agent import __version__
@@ -76,10 +80,32 @@ def _render_pool() -> DaemonThreadExecutor:
 
 
 def render_metrics(registry: CollectorRegistry, accept: str, names: Sequence[str]) -> tuple[bytes, str]:
-    """The exposition the client asked for (text or OpenMetrics), restricted to `names` (`name[]`) if any."""
+    """The exposition the client asked for (text or OpenMetrics), restricted to `names` (`name[]`) if any.
+
+    Not prometheus_client's restricted_registry: it picks collectors by describe(), and ours describe
+    nothing (their families depend on the snapshot), so it would answer an empty page."""
     encoder, content_type = choose_encoder(accept)
-    chosen = registry.restricted_registry(names) if names else registry
+    chosen: Any = _Only(registry, frozenset(names)) if names else registry
     return encoder(chosen), content_type
+
+
+class _Only:
+    """The families of `registry` named in `names`: whole when the family's name is asked for, else only
+    the samples asked for by name (`x_count`, `x_total`), as Prometheus' name[] means."""
+
+    def __init__(self, registry: CollectorRegistry, names: frozenset[str]) -> None:
+        self._registry, self._names = registry, names
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            if family.name in self._names:
+                yield family
+                continue
+            samples = [s for s in family.samples if s.name in self._names]
+            if samples:
+                part = copy.copy(family)
+                part.samples = samples
+                yield part
 
 
 def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -225,7 +251,7 @@ _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConte
 class _Handler(RequestHandler):
     """aiohttp's connection handler with a read-header timeout, a connection cap and quiet refusals."""
 
-    __slots__ = ("_limits", "_deadline", "_busy", "_first_line", "_line_done", "_refused")
+    __slots__ = ("_limits", "_deadline", "_busy", "_first_line", "_line_done", "_made")
 
     def __init__(self, manager: Any, *, loop: asyncio.AbstractEventLoop, limits: ServerLimits, **kwargs: Any) -> None:
         super().__init__(manager, loop=loop, **kwargs)
@@ -234,23 +260,14 @@ class _Handler(RequestHandler):
         self._busy = False
         self._first_line = 0  # bytes of the current request line so far: tells 414 from 431
         self._line_done = False
-        self._refused = False
+        self._made = False  # a TLS handshake that fails reports a lost connection that was never made
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        manager = self._manager
-        if manager is not None and len(manager.connections) >= self._limits.max_connections:
-            self._refused = True
-            REFUSALS.note(f"over {self._limits.max_connections} open connections (max_connections); answered 503",
-                          _peer(transport))
-            transport.write(_BUSY)  # type: ignore[attr-defined]
-            transport.close()
-            return
+        self._made = True
         super().connection_made(transport)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:
-            return
         if not self._busy:
             self._arm()
             if not self._line_done:
@@ -261,7 +278,7 @@ class _Handler(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()
-        if not self._refused:
+        if self._made:
             super().connection_lost(exc)
 
     async def _handle_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -310,6 +327,113 @@ class _Handler(RequestHandler):
         self.force_close()
 
 
+class OpenSockets:
+    """The connections a listener holds, counted from accept (before any TLS handshake) to the socket's close.
+
+    Counting the connections aiohttp knows of is not enough: with TLS it learns of one only after the
+    handshake, so clients that connect and never handshake were uncounted and could use up every file
+    descriptor. A closed socket is dropped lazily, when the count reaches the cap."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._open: set[asyncio.BaseTransport] = set()
+
+    def admit(self, transport: asyncio.BaseTransport) -> bool:
+        """Count `transport` and say yes, or say no when `cap` sockets are still open."""
+        if len(self._open) >= self.cap:
+            self._open = {t for t in self._open if _holds_socket(t)}
+        if len(self._open) >= self.cap:
+            return False
+        self._open.add(transport)
+        return True
+
+    def __len__(self) -> int:
+        self._open = {t for t in self._open if _holds_socket(t)}
+        return len(self._open)
+
+
+def _holds_socket(transport: asyncio.BaseTransport) -> bool:
+    sock = transport.get_extra_info("socket")
+    return sock is not None and sock.fileno() >= 0
+
+
+_HANDSHAKES: set[asyncio.Task[None]] = set()
+
+
+class _Gate(asyncio.Protocol):
+    """First protocol of every accepted connection: admits it against the cap, then hands it to a _Handler,
+    through a TLS handshake bounded by the read-header timeout when the listener has TLS."""
+
+    def __init__(self, make: Callable[[], _Handler], sockets: OpenSockets, ssl_context: Any,
+                 handshake_timeout: float) -> None:
+        self._make, self._sockets, self._ssl = make, sockets, ssl_context
+        self._handshake_timeout = handshake_timeout
+        self._lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self._sockets.admit(transport):
+            REFUSALS.note(f"over {self._sockets.cap} open connections (max_connections);"
+                          + (" closed" if self._ssl is not None else " answered 503"), _peer(transport))
+            if self._ssl is None:
+                transport.write(_BUSY)  # type: ignore[attr-defined]
+                transport.close()
+            else:  # a plain-text answer means nothing to a TLS client
+                transport.abort()  # type: ignore[attr-defined]
+            return
+        if self._ssl is None:
+            handler = self._make()
+            transport.set_protocol(handler)
+            handler.connection_made(transport)
+            return
+        transport.pause_reading()  # type: ignore[attr-defined]  # nothing reaches the gate before the handshake
+        task = asyncio.get_running_loop().create_task(self._handshake(transport))
+        _HANDSHAKES.add(task)  # the loop holds tasks weakly
+        task.add_done_callback(_HANDSHAKES.discard)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._lost = True
+
+    async def _handshake(self, transport: asyncio.BaseTransport) -> None:
+        if self._lost or transport.is_closing():
+            return
+        handler = self._make()
+        loop = asyncio.get_running_loop()
+        try:
+            tls = await loop.start_tls(transport, handler, self._ssl, server_side=True,  # type: ignore[arg-type]
+                                       ssl_handshake_timeout=self._handshake_timeout or None)
+        except (OSError, EOFError, ssl.SSLError, asyncio.TimeoutError, ConnectionError, RuntimeError):
+            transport.abort()  # type: ignore[attr-defined]  # start_tls closed it already; make sure
+            return
+        if tls is None:
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        handler.connection_made(tls)
+
+
+ACCEPT_FAILURES = RefusalLog()
+_ACCEPT_FAILED = "socket.accept() out of system resource"
+
+
+def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+    """Log asyncio's "socket.accept() out of system resource" (a traceback per failed accept, thousands a
+    second under a flood) as one rate-limited line; everything else as before. Returns the undo."""
+    previous = loop.get_exception_handler()
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if str(context.get("message", "")).startswith(_ACCEPT_FAILED):
+            exc = context.get("exception")
+            why = getattr(exc, "strerror", None) or type(exc).__name__
+            ACCEPT_FAILURES.note(f"cannot accept new connections ({why}); raise the open-file limit"
+                                 " (ulimit -n) above max_connections or lower max_connections", None)
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handle)
+    return lambda: loop.set_exception_handler(previous)
+
+
 def _peer(transport: asyncio.BaseTransport) -> str | None:
     peer = transport.get_extra_info("peername")
     return str(peer[0]) if isinstance(peer, (tuple, list)) and peer else None
@@ -322,17 +446,18 @@ async def listen(runner: web.AppRunner, host: str, port: int, *, ssl_context: An
     Call server.start_serving() once runner.setup() is done. A bind that fails raises ConfigError
     saying what to change (port in use, privileged port, address not on this machine)."""
     loop = asyncio.get_running_loop()
+    sockets = OpenSockets(limits.max_connections)
 
-    def handler() -> asyncio.Protocol:
+    def handler() -> _Handler:
         return _Handler(runner.server, loop=loop, limits=limits, keepalive_timeout=limits.idle_timeout,
                         access_log=None, max_line_size=MAX_LINE_SIZE, max_field_size=MAX_FIELD_SIZE,
                         max_headers=MAX_HEADERS)
 
+    def gate() -> asyncio.Protocol:
+        return _Gate(handler, sockets, ssl_context, limits.read_header_timeout)
+
     try:
-        return await loop.create_server(
-            handler, host or None, port, ssl=ssl_context, backlog=128, start_serving=False,
-            ssl_handshake_timeout=limits.read_header_timeout if ssl_context is not None else None,
-        )
+        return await loop.create_server(gate, host or None, port, backlog=128, start_serving=False)
     except OSError as exc:
         raise ConfigError(bind_error(exc, host, port)) from None
 
@@ -381,6 +506,7 @@ async def serve(agent: Any, host: str, port: int, *, security: Any = None,
                            handle_signals=False, keepalive_timeout=limits.idle_timeout, max_line_size=MAX_LINE_SIZE,
                            max_field_size=MAX_FIELD_SIZE, max_headers=MAX_HEADERS)
     server = await listen(runner, host, port, ssl_context=ssl_context, limits=limits)
+    undo_quiet = quiet_accept_errors(asyncio.get_running_loop())
     try:
         if proxy_server is not None:
             await start_proxy(proxy_server)
@@ -407,3 +533,4 @@ async def serve(agent: Any, host: str, port: int, *, security: Any = None,
                 await proxy_server.stop()
         finally:
             await runner.cleanup()
+            undo_quiet()

@@ -27,11 +27,12 @@ accept an unverified certificate (RequestClientCert, RequireAnyClientCert).
 Basic auth: a bcrypt check costs ~0.1-0.3 s by design, too much for every scrape, so a *successful*
 check is remembered (at most CACHE_MAX, least recently used out) under an HMAC of (user, password,
 stored hash) keyed by a per-process random secret, as exporter-toolkit does; a changed hash or password
-misses the cache. Failures are never cached. Checks run on their own small pool of AUTH_THREADS threads,
-not the event loop's default executor (aiohttp gzips /metrics there), and at most AUTH_QUEUE wait or run
+misses the cache. Failures are never cached. Checks run on their own AUTH_THREADS daemon thread (a
+check in progress never holds up a stop), not the event loop's default executor (aiohttp gzips /metrics there), and at most AUTH_QUEUE wait or run
 at once; a client (by IP) gets FAIL_BURST failed checks, then one per 1/FAIL_PER_SECOND s, and past that
 is answered 429 at once, without bcrypt. An unknown user is checked against a stand-in hash of the
-configured users' cost, so timing does not reveal which users exist. Nothing here logs a password or a
+configured users' (highest) cost, so timing does not reveal which users exist; a cost above MAX_COST is
+refused at load (a cost-31 hash takes days to check), and so is a reload that brings one. Nothing here logs a password or a
 hash, and a YAML error reports its line and kind, not the line's text.
 """
 
@@ -45,12 +46,12 @@ import hmac
 import logging
 import math
 import os
+import re
 import secrets
 import ssl
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
@@ -59,6 +60,7 @@ from aiohttp import web
 
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.sampling.config import read_yaml
+from rooflight.collectors.daemon_executor import DaemonThreadExecutor
 
 log = logging.getLogger("rooflight")
 
@@ -85,6 +87,7 @@ FAIL_BURST = 10  # failed checks one client IP may make at once ...
 FAIL_PER_SECOND = 1.0  # ... and then at this rate; past it: 429 without bcrypt
 MAX_CLIENTS_TRACKED = 4096  # client IPs whose failures are remembered (least recently seen out)
 DEFAULT_COST = 12
+MIN_COST, MAX_COST = 4, 14  # bcrypt's floor; past 14 one check takes seconds and a stand-in hash minutes
 RELOAD_CHECK_SECONDS = 1.0
 
 
@@ -199,6 +202,13 @@ def _users(section: Any, where: str) -> dict[str, bytes]:
             )
         if ":" in str(user):
             raise ConfigError(f"{where}: user name {user!r} must not contain ':'")
+        cost = _cost_of(raw)
+        if cost is None or not MIN_COST <= cost <= MAX_COST:
+            bound = f"at most {MAX_COST}" if cost is not None and cost > MAX_COST else f"{MIN_COST} to {MAX_COST}"
+            raise ConfigError(
+                f"{where}: bcrypt cost {'(unreadable)' if cost is None else cost} for user {user}: {bound}; rehash"
+                f" the password at cost {DEFAULT_COST}, e.g. `htpasswd -nBC {DEFAULT_COST} \"\" | tr -d ':\\n'`"
+            )
         out[str(user)] = raw
     return out
 
@@ -213,11 +223,31 @@ def _headers(section: Any, where: str) -> dict[str, str]:
     if not isinstance(headers, dict):
         raise ConfigError(f"{where}.headers: must map header names to values")
     for name, value in headers.items():
-        if any(c in f"{name}{value}" for c in "\r\n"):
-            raise ConfigError(f"{where}.headers.{name}: no line breaks in header names or values")
-        if str(name).lower() in ("authorization", "www-authenticate", "content-type", "content-length"):
-            raise ConfigError(f"{where}.headers: {name} is set by the agent, not by configuration")
+        _check_header(str(name), str(value), f"{where}.headers")
     return {str(k): str(v) for k, v in headers.items()}
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 7230 token: a header name
+_FIELD_VALUE = re.compile(r"[\x21-\x7e]([\x20-\x7e\t]*[\x21-\x7e])?|")  # visible ASCII, inner spaces/tabs
+_AGENT_SET = {"authorization", "www-authenticate", "content-type", "content-encoding", "retry-after"}
+_FRAMING = {"content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer",
+            "proxy-connection", "proxy-authenticate", "proxy-authorization", "host"}
+
+
+def _check_header(name: str, value: str, where: str) -> None:
+    """A header the agent can add to every response without breaking it; ConfigError otherwise.
+
+    Nothing of the value is echoed: a misplaced secret should not land in a log."""
+    if not _TOKEN.fullmatch(name):
+        raise ConfigError(f"{where}: {name[:64]!r} is not a header name (letters, digits and !#$%&'*+.^_`|~- only,"
+                          " no spaces)")
+    if name.lower() in _FRAMING:
+        raise ConfigError(f"{where}.{name}: a connection or framing header; it would break every response")
+    if name.lower() in _AGENT_SET:
+        raise ConfigError(f"{where}.{name}: set by the agent, not by configuration")
+    if not _FIELD_VALUE.fullmatch(value):
+        raise ConfigError(f"{where}.{name}: the value must be printable ASCII (spaces and tabs inside only;"
+                          " no control characters, NUL or line breaks)")
 
 
 def ssl_context(tls: TlsConfig, into: ssl.SSLContext | None = None) -> ssl.SSLContext:
@@ -237,10 +267,18 @@ def ssl_context(tls: TlsConfig, into: ssl.SSLContext | None = None) -> ssl.SSLCo
     return ctx
 
 
-def bcrypt_cost(hashed: bytes) -> int:
-    """The cost (log2 rounds) of a bcrypt hash like $2b$12$..., DEFAULT_COST if unreadable."""
+def _cost_of(hashed: bytes) -> int | None:
+    """The two cost digits of $2b$NN$..., None when they are not two digits followed by '$'."""
     digits = hashed[4:6]
-    return int(digits) if digits.isdigit() and 4 <= int(digits) <= 31 else DEFAULT_COST
+    return int(digits) if digits.isdigit() and hashed[6:7] == b"$" else None
+
+
+def bcrypt_cost(hashed: bytes) -> int:
+    """The cost (log2 rounds) of a bcrypt hash like $2b$12$..., DEFAULT_COST if unreadable or out of bounds.
+
+    Never above MAX_COST: the stand-in hash for unknown users is made at this cost."""
+    cost = _cost_of(hashed)
+    return cost if cost is not None and MIN_COST <= cost <= MAX_COST else DEFAULT_COST
 
 
 class FailureLimiter:
@@ -283,10 +321,11 @@ OK, DENIED, LIMITED = 200, 401, 429
 class BasicAuth:
     """Checks `Authorization: Basic` against bcrypt hashes on its own bounded pool, remembering successes."""
 
-    def __init__(self, threads: int = AUTH_THREADS) -> None:
+    def __init__(self) -> None:
         self._key = secrets.token_bytes(32)
         self._ok: OrderedDict[bytes, None] = OrderedDict()
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rooflight-auth")
+        # AUTH_THREADS (one) daemon thread: a check still running cannot keep a stopping agent alive.
+        self._pool = DaemonThreadExecutor("rooflight-auth")
         self._pending = 0
         self.limiter = FailureLimiter()
         import bcrypt

@@ -21,6 +21,13 @@ counter at once. Taking each of those small backward steps as a restart counts t
 (measured: MBU 1189, MFU 30). Such a counter is unreliable: it is left out of every point until a
 whole retention passes without a backward step, so no window rates it (and no window can span the
 bad stretch: by then every point from before it has aged out).
+
+A histogram whose bucket layout changes LAYOUT_CHANGE_LIMIT times within the retention is treated the
+same way: a real engine's bounds are fixed at start, and a layout that moves on every page (30,000 `le`
+values shifted by 1e-9 per scrape, measured: 84 -> 277 MB in 150 s) would keep a new bounds tuple per
+point while no window can rate it (histogram_delta needs one layout). It is left out of every point
+until a whole retention passes without a change, so the points hold at most a few layouts. (The adapters
+also drop a histogram of over expfmt.MAX_HISTOGRAM_BUCKETS buckets.)
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from rooflight.collectors.samples import Histogram
 
 MAX_PLAUSIBLE_RATE = 1e9  # per second, for any counter (see the module docstring)
 COUNTER_REGRESS_LIMIT = 3  # backward steps of one counter within the retention that make it unreliable
+LAYOUT_CHANGE_LIMIT = 3  # bucket layout changes of one histogram within the retention that make it unstable
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +99,17 @@ class SeriesHistory:
         self._raw_histograms: dict[str, Histogram] = {}
         self._regressions: dict[str, list[float]] = {}  # the last COUNTER_REGRESS_LIMIT backward steps
         self._unreliable_until: dict[str, float] = {}
+        self._layout_changes: dict[str, list[float]] = {}  # the last LAYOUT_CHANGE_LIMIT layout changes
+        self._unstable_until: dict[str, float] = {}
         # Counters that went backwards in the last append while unreliable (the loop reports them).
         self.regressed_unreliable: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self._points)
+
+    def points(self) -> tuple[Point, ...]:
+        """The points held, oldest first (what memory the history costs, for tests and diagnostics)."""
+        return tuple(self._points)
 
     @property
     def latest(self) -> Point | None:
@@ -117,7 +131,7 @@ class SeriesHistory:
             counters=self._next_counters(prev, counters, t, t - prev.t if prev else None),
             integrals=_next_integrals(prev, t),
             gauges={k: v for k, v in gauges.items() if v is not None and math.isfinite(v)},
-            histograms=self._next_histograms(prev, histograms, t - prev.t if prev else None),
+            histograms=self._next_histograms(prev, histograms, t, t - prev.t if prev else None),
         )
         self._points.append(point)
         self._times.append(t)
@@ -174,8 +188,13 @@ class SeriesHistory:
             return True
         return False
 
+    def unstable(self, name: str) -> bool:
+        """Whether this histogram is left out of the points for changing its bucket layout repeatedly."""
+        latest = self.latest
+        return latest is not None and latest.t < self._unstable_until.get(name, -math.inf)
+
     def _next_histograms(
-        self, prev: Point | None, histograms: Mapping[str, Histogram | None], dt: float | None
+        self, prev: Point | None, histograms: Mapping[str, Histogram | None], t: float, dt: float | None
     ) -> dict[str, CorrectedHistogram]:
         out = dict(prev.histograms) if prev else {}
         for name, hist in histograms.items():
@@ -183,6 +202,16 @@ class SeriesHistory:
                 continue
             bounds = tuple(b for b, _ in hist.buckets)
             raw_prev = self._raw_histograms.get(name)
+            self._raw_histograms[name] = hist
+            if raw_prev is not None and len(raw_prev.buckets) == len(bounds):
+                moved = any(b != p for b, (p, _) in zip(bounds, raw_prev.buckets))
+            else:
+                moved = raw_prev is not None
+            if moved:
+                self._layout_moved(name, t)
+            if t < self._unstable_until.get(name, -math.inf):
+                out.pop(name, None)  # no window can rate it; each new layout would be held per point
+                continue
             before = out.get(name)
             if raw_prev is None or before is None or before.bounds != bounds:
                 counts = array("d", bytes(8 * len(bounds)))  # new layout: deltas start here
@@ -193,8 +222,15 @@ class SeriesHistory:
                     for (_, p), c, (_, n) in zip(raw_prev.buckets, before.counts, hist.buckets)
                 ))
             out[name] = CorrectedHistogram(bounds, counts)
-            self._raw_histograms[name] = hist
         return out
+
+    def _layout_moved(self, name: str, t: float) -> None:
+        """Note a bucket layout change of a histogram at `t`; enough within the retention make it unstable."""
+        times = [x for x in self._layout_changes.get(name, ()) if x > t - self.retention]
+        times.append(t)
+        self._layout_changes[name] = times[-LAYOUT_CHANGE_LIMIT:]
+        if len(times) >= LAYOUT_CHANGE_LIMIT or t < self._unstable_until.get(name, -math.inf):
+            self._unstable_until[name] = t + self.retention
 
     def _thin(self, now: float) -> None:
         """Thin the points that just left the dense span, keeping one per coarse_step."""

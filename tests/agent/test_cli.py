@@ -125,3 +125,9 @@ def test_demo_serves_the_agent_over_http() -> None:
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert "serving http://127.0.0.1" in out
+
+
+def test_a_model_config_from_a_device_exits_2() -> None:
+    result = rooflight("plan", "--model-config", "/dev/zero", timeout=30)
+    assert result.returncode == 2 and "larger than 16 MiB" in result.stderr, result.stderr[-500:]
+    assert "Traceback" not in result.stderr

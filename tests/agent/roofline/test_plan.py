@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -12,8 +13,8 @@ from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.gpus import get_profile
 from rooflight.agent.roofline.models import load_config_json, preset
 from rooflight.agent.roofline.plan import (
-    LIVE_NAMES, build_plan, build_pool_plan, format_plan, live_series, physics_capacities, plan_to_dict, register,
-    sig, window_seconds,
+    LIVE_NAMES, build_plan, build_pool_plan, fetch_live, format_plan, live_series, physics_capacities, plan_to_dict,
+    register, sig, window_seconds,
 )
 from support import MODEL_CONFIGS
 
@@ -317,3 +318,75 @@ def test_from_live_that_is_not_readable_is_a_config_error(capsys: pytest.Capture
         run(capsys, "--from-live", f"http://127.0.0.1:{free_port()}")
     with pytest.raises(ConfigError, match="agent's URL"):
         run(capsys, "--from-live", "ftp://example")
+
+
+def _http_server(answer: Callable[[Any], None]) -> tuple[Any, int]:
+    """A local HTTP server on a thread, `answer(handler)` answering each GET; returns (server, port)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's spelling)
+            answer(self)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, httpd.server_address[1]
+
+
+def test_from_live_does_not_follow_a_redirect_with_the_credentials() -> None:
+    seen: list[str | None] = []
+
+    def elsewhere(h: Any) -> None:
+        seen.append(h.headers.get("Authorization"))
+        h.send_response(200)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    other, other_port = _http_server(elsewhere)
+
+    def redirect(h: Any) -> None:
+        h.send_response(302)
+        h.send_header("Location", f"http://127.0.0.1:{other_port}/metrics")
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    first, port = _http_server(redirect)
+    try:
+        with pytest.raises(ConfigError, match="redirect; not followed") as caught:
+            fetch_live(f"http://alice:s3cret@127.0.0.1:{port}/")
+    finally:
+        first.shutdown()
+        other.shutdown()
+    assert seen == []  # before: the other server got "Basic YWxpY2U6czNjcmV0"
+    assert "s3cret" not in str(caught.value) and "alice" not in str(caught.value)
+
+
+@pytest.mark.parametrize("page", [
+    'rooflight_headroom_ratio{window="1m",resource="kv"} not-a-number\n',
+    'rooflight_headroom_ratio{window="1m" 1\n',
+    'rooflight_headroom_ratio{window="1m",resource="kv"}\n',  # no value at all
+])
+def test_from_live_with_a_page_that_is_not_prometheus_text_is_a_config_error(page: str) -> None:
+    with pytest.raises(ConfigError, match="not a Prometheus text page"):
+        live_series(page)
+
+
+def test_a_model_config_that_never_ends_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rooflight.agent.roofline import models
+
+    if Path("/dev/zero").exists():
+        with pytest.raises(ConfigError, match="larger than 16 MiB"):
+            load_config_json("/dev/zero")  # before: read until memory ran out (4 GB and more)
+    monkeypatch.setattr(models, "MAX_CONFIG_JSON_BYTES", 1024)
+    big = tmp_path / "config.json"
+    big.write_text(json.dumps({"model_type": "llama", "pad": "x" * 2000}))
+    with pytest.raises(ConfigError, match="larger than"):
+        load_config_json(big)
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "config.json").write_text(json.dumps({"model_type": "llama", "x": "y" * 1200}))
+    with pytest.raises(ConfigError, match="larger than"):
+        load_config_json(tmp_path / "small")  # a directory: its config.json, capped the same

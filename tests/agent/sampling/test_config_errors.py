@@ -241,3 +241,58 @@ def test_a_date_yaml_cannot_hold_is_a_config_error(tmp_path: Path) -> None:
     bad.write_text("model: 2001-02-30\n")  # YAML reads a date; Python's date refuses February 30
     with pytest.raises(ConfigError, match="quote it"):
         load_file(str(bad))
+
+
+# -- what an adversarial review found: tracebacks (exit 1) where exit 2 and what to fix belong ------------------
+@pytest.mark.parametrize("args", [
+    RUN[:1] + ["--engine-url", "http://[::1", "--check-only"],
+    RUN[:1] + ["--engine-url", "http://u:p@[::1:8000/", "--check-only"],
+    ["proxy", "--upstream", "http://[::1", "--listen", "127.0.0.1:0"],
+    RUN + ["--proxy-listen", "127.0.0.1:0", "--proxy-upstream", "http://[::1", "--check-only"],
+])
+def test_an_unclosed_ipv6_bracket_exits_2(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    code, err = _main(capsys, *args)
+    assert code == 2 and "IPv6 address goes in brackets" in err, err
+    assert "p@" not in err  # a password is never echoed
+
+
+def test_an_unclosed_ipv6_bracket_in_the_environment_exits_2(capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROOFLIGHT_ENGINE_URL", "http://[::1")
+    code, err = _main(capsys, "run", "--check-only")
+    assert code == 2 and "IPv6 address goes in brackets" in err, err
+
+
+@pytest.mark.parametrize("text", [
+    "1: 2\n",
+    "engine_url: http://127.0.0.1:9\non: 1\n",
+    "targets:\n  - {url: 'http://127.0.0.1:9', 3: 4}\n",
+    "engine_url: http://127.0.0.1:9\nslo: {2024-01-01: 1}\n",
+])
+def test_a_key_that_is_not_text_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str) -> None:
+    code, err = _main(capsys, "run", "--config", _file(tmp_path, text), "--check-only")
+    assert code == 2 and "is not a setting name" in err, err
+
+
+def test_plan_from_live_on_a_page_that_is_not_prometheus_text_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's spelling)
+            body = b'rooflight_headroom_ratio{window="1m",resource="kv"} lots\n'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        code, err = _main(capsys, "plan", "--from-live", f"http://127.0.0.1:{httpd.server_address[1]}/")
+    finally:
+        httpd.shutdown()
+    assert code == 2 and "not a Prometheus text page" in err, err

@@ -15,6 +15,8 @@ import importlib.util
 import logging
 import ssl
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -339,3 +341,105 @@ async def test_connections_over_the_cap_are_answered_503(serving: int) -> None:
     finally:
         for _, writer in held:
             writer.close()
+
+
+# -- 12. a bcrypt cost that would hang a check, a reload or a stop (adversarial review) ----------------------------
+def _at_cost(hashed: str, cost: int) -> str:
+    """`hashed` with its cost digits rewritten: a hash no one could check in a lifetime at cost 31."""
+    return f"{hashed[:4]}{cost:02d}{hashed[6:]}"
+
+
+@pytest.mark.parametrize("cost", [15, 31])
+def test_a_bcrypt_cost_above_the_maximum_is_refused_at_load(tmp_path: Path, cost: int) -> None:
+    path = _write(tmp_path / "web.yml", f"basic_auth_users:\n  alice: '{_at_cost(HASH, cost)}'\n")
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"bcrypt cost {cost} for user alice: at most {webconfig.MAX_COST}; rehash"):
+        webconfig.WebSecurity(path)  # before: the stand-in hash at cost 31 never finished
+    assert time.monotonic() - start < 5
+
+
+async def test_a_reload_bringing_a_huge_bcrypt_cost_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = _write(tmp_path / "web.yml", f"basic_auth_users:\n  prometheus: '{HASH}'\n")
+    security = webconfig.WebSecurity(path)
+    _write(path, f"basic_auth_users:\n  prometheus: '{HASH}'\n  mallory: '{_at_cost(HASH, 31)}'\n")
+    with caplog.at_level(logging.INFO, logger="rooflight"):
+        assert security.reload() is False
+    assert set(security.config.users) == {"prometheus"} and "bcrypt cost 31" in caplog.text
+    assert await asyncio.wait_for(security.auth.check(_basic("prometheus", PASSWORD), security.config.users), 10)
+
+
+def test_a_check_in_progress_does_not_keep_the_process_alive() -> None:
+    code = ("import time; from rooflight.agent.serve.webconfig import BasicAuth\n"
+            "auth = BasicAuth(); auth._pool.submit(time.sleep, 120); time.sleep(0.2); print('exiting', flush=True)\n")
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "exiting" in done.stdout, done.stderr
+    assert time.monotonic() - start < 30  # a non-daemon pool thread joins the 120 s sleep at exit
+
+
+# -- 13. headers that would break every response -------------------------------------------------------------------
+@pytest.mark.parametrize(("header", "says"), [
+    ("'X-A': \"a\\0b\"", "printable ASCII"),
+    ("'X-A': \"caf\\xe9\"", "printable ASCII"),
+    ("'X-A': \"a\\x01b\"", "printable ASCII"),
+    ("'Transfer-Encoding': chunked", "framing"),
+    ("'Content-Length': '0'", "framing"),
+    ("'Connection': close", "framing"),
+    ("'X Bad': v", "not a header name"),
+    ("'X:A': v", "not a header name"),
+    ("'': v", "not a header name"),
+    ("'Content-Type': text/html", "set by the agent"),
+])
+def test_headers_that_break_responses_are_refused(tmp_path: Path, header: str, says: str) -> None:
+    path = _write(tmp_path / "web.yml", f"http_server_config:\n  headers:\n    {header}\n")
+    with pytest.raises(ConfigError, match=says):
+        webconfig.load(path)
+
+
+def test_ordinary_security_headers_are_kept(tmp_path: Path) -> None:
+    path = _write(tmp_path / "web.yml", "http_server_config:\n  headers:\n    Strict-Transport-Security: max-age=31536000;"
+                  " includeSubDomains\n    X-Frame-Options: deny\n    X-Empty: ''\n")
+    assert webconfig.load(path).headers == {"Strict-Transport-Security": "max-age=31536000; includeSubDomains",
+                                            "X-Frame-Options": "deny", "X-Empty": ""}
+
+
+# -- 14. TLS connections that never handshake count against the cap ------------------------------------------------
+async def test_tls_connections_without_a_handshake_count_against_the_cap(tmp_path: Path) -> None:
+    cert, key = auth_flood.make_certs(tmp_path)
+    security = webconfig.WebSecurity(_write(tmp_path / "web.yml",
+                                            f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"))
+    port = free_port()
+    limits = server.ServerLimits(read_header_timeout=5, max_connections=4)
+    async with serve_task(_agent(), port, security=security, limits=limits):
+        await asyncio.sleep(0.5)
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]  # TCP only, no ClientHello
+        try:
+            await asyncio.sleep(0.2)
+            start = time.monotonic()
+            assert await _exchange(port, b"", timeout=4) == b""
+            assert time.monotonic() - start < 2, "a 5th connection was let in to wait for its handshake"
+        finally:
+            for _, writer in held:
+                writer.close()
+        await asyncio.sleep(0.3)
+        ctx = ssl.create_default_context(cafile=str(cert))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
+        writer.write(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert _status(await asyncio.wait_for(reader.read(), 5)) == 200  # freed places are free again
+        writer.close()
+
+
+async def test_accept_failures_are_one_quiet_line(caplog: pytest.LogCaptureFixture,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server, "ACCEPT_FAILURES", server.RefusalLog())
+    loop = asyncio.get_running_loop()
+    undo = server.quiet_accept_errors(loop)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            for _ in range(50):
+                loop.call_exception_handler({"message": "socket.accept() out of system resource",
+                                             "exception": OSError(24, "Too many open files")})
+    finally:
+        undo()
+    assert len(caplog.records) == 1 and caplog.records[0].exc_info is None
+    assert "Too many open files" in caplog.records[0].getMessage()

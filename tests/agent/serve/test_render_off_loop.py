@@ -6,15 +6,15 @@ import asyncio
 import gzip
 import threading
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from rooflight.agent.serve.server import metrics_handler
+from rooflight.agent.serve.server import metrics_handler, render_metrics
 from support import serve_app
 
 
@@ -79,3 +79,31 @@ async def test_gzip_openmetrics_and_name_filter_as_prometheus_client_serves_them
                 assert "rooflight_test_value" not in await r.text()
     finally:
         await runner.cleanup()
+
+
+class SnapshotLikeCollector(Collector):
+    """Describes nothing, as the agent's collectors do (their families depend on the snapshot)."""
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        yield GaugeMetricFamily("rooflight_source_up", "Up.", value=1.0)
+        yield GaugeMetricFamily("rooflight_other", "Other.", value=2.0)
+        hist = HistogramMetricFamily("rooflight_latency_seconds", "Latency.", buckets=[("1.0", 3.0), ("+Inf", 4.0)],
+                                     sum_value=5.0)
+        yield hist
+
+
+def test_name_filter_keeps_the_named_families_of_a_collector_that_describes_nothing() -> None:
+    registry = CollectorRegistry()
+    registry.register(SnapshotLikeCollector())
+    body, _ = render_metrics(registry, "", ["rooflight_source_up"])
+    text = body.decode()
+    assert "rooflight_source_up 1.0" in text and "rooflight_other" not in text  # before: an empty body
+    body, _ = render_metrics(registry, "", ["rooflight_latency_seconds_count", "rooflight_other"])
+    text = body.decode()
+    assert "rooflight_latency_seconds_count 4.0" in text and "rooflight_other 2.0" in text
+    assert "rooflight_latency_seconds_bucket" not in text and "rooflight_source_up" not in text
+    whole, _ = render_metrics(registry, "", ["rooflight_latency_seconds"])
+    assert b"rooflight_latency_seconds_bucket" in whole and b"rooflight_latency_seconds_sum 5.0" in whole
