@@ -326,7 +326,14 @@ def parse_info(data: Any) -> EngineInfoHints:
         or count(state.get("context_length"), MAX_CONTEXT_TOKENS),
         tensor_parallel_size=count(top.get("tp_size"), MAX_TENSOR_PARALLEL),
         settings=info_settings(top, state),
+        role=_disaggregation_role(top.get("disaggregation_mode")),
     )
+
+
+def _disaggregation_role(mode: Any) -> str | None:
+    """SGLang's --disaggregation-mode: `prefill` or `decode` in a disaggregated pool; `null` serves both."""
+    value = str(mode).strip().lower() if isinstance(mode, str) else ""
+    return value if value in ("prefill", "decode") else None
 
 
 def info_settings(top: dict, state: dict) -> dict[str, str]:

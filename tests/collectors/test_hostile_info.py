@@ -103,3 +103,13 @@ def test_a_huge_metric_name_makes_a_short_description() -> None:
     said = engines.describe(text)
     assert len(said) < 1000
     assert expfmt.TRUNCATED_MARK in said
+
+
+def test_sglang_disaggregation_mode_is_the_targets_role() -> None:
+    from rooflight.agent.signals.headroom import role_for
+    from rooflight.collectors import sglang
+
+    for mode, role in (("prefill", "prefill"), ("decode", "decode"), ("null", "both"), (None, "both"), (7, "both")):
+        hints = sglang.parse_info({"model_path": "m", "disaggregation_mode": mode})
+        assert role_for(None, hints.role) == role, mode
+    assert role_for("decode", sglang.parse_info({"disaggregation_mode": "prefill"}).role) == "decode"  # the setting wins
