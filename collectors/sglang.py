@@ -40,6 +40,13 @@ Normalization:
 - batch cap: not exported (`max_running_requests` is in `/server_info`, read by parse_info).
 - extra: realtime prefill cache tokens, finish-time counters, retracted tokens, spec-decode gauges
   (last batch only: no counters to rate), context length.
+- KV transfer (disaggregated prefill/decode), into extra: the gauges `kv_transfer_latency_ms`,
+  `kv_transfer_speed_gb_s`, `kv_transfer_bootstrap_ms`, `kv_transfer_alloc_ms`, `kv_transfer_total_mb`
+  (the last transfer's, as pages of early 2026 have them) under their own names; a value of 0 is the
+  gauge never set (no transfer yet, or a `unified` engine) and is dropped. SGLang 0.5.23 makes
+  latency and speed histograms: their `_sum` and `_count` (the lowest replica's, as queue time) go to
+  extra as counters `<name>_sum_total` / `<name>_count_total`, so a window can take the mean per
+  transfer.
 Values that are NaN, infinite or negative are dropped (None).
 
 Info endpoint: `/server_info` (older: `/get_server_info`), the server args flattened: `model_path`,
@@ -122,6 +129,8 @@ CACHE_HIT_RATE = _P + "cache_hit_rate"
 QUEUE_TIME = _P + "queue_time_seconds"
 PROMPT_LENGTH = _P + "prompt_tokens_histogram"
 OUTPUT_LENGTH = _P + "generation_tokens_histogram"
+KV_TRANSFER_LATENCY = _P + "kv_transfer_latency_ms"
+KV_TRANSFER_SPEED = _P + "kv_transfer_speed_gb_s"
 
 # The server arguments `/server_info` states that are kept as settings: the scheduler's token
 # budgets and policy (the head-of-line levers), the batch cap, and the KV pool's size and layout.
@@ -151,6 +160,19 @@ EXTRA_GAUGES: dict[str, str] = {
     "context_length_tokens": _P + "context_len",
     "kv_used_tokens": _P + "num_used_tokens",
 }
+# KV transfer gauges: 0 means never set, so only values above 0 are kept (module docstring).
+EXTRA_TRANSFER_GAUGES: dict[str, str] = {
+    "kv_transfer_latency_ms": KV_TRANSFER_LATENCY,
+    "kv_transfer_speed_gb_s": KV_TRANSFER_SPEED,
+    "kv_transfer_bootstrap_ms": _P + "kv_transfer_bootstrap_ms",
+    "kv_transfer_alloc_ms": _P + "kv_transfer_alloc_ms",
+    "kv_transfer_total_mb": _P + "kv_transfer_total_mb",
+}
+# The same two as histograms (SGLang 0.5.23): extra key prefix -> histogram base.
+EXTRA_TRANSFER_HISTOGRAMS: dict[str, str] = {
+    "kv_transfer_latency_ms": KV_TRANSFER_LATENCY,
+    "kv_transfer_speed_gb_s": KV_TRANSFER_SPEED,
+}
 EXTRA_COUNTERS: dict[str, str] = {
     "prompt_tokens_finished_total": PROMPT_FINISHED,
     "generation_tokens_finished_total": GENERATION_FINISHED,
@@ -171,8 +193,10 @@ NAMES: frozenset[str] = frozenset(
         RETRACTED,
         CACHE_HIT_RATE,
         *EXTRA_GAUGES.values(),
+        *EXTRA_TRANSFER_GAUGES.values(),
         *EXTRA_COUNTERS.values(),
         *histogram_names(TTFT, *ITL, QUEUE_TIME, PROMPT_LENGTH, OUTPUT_LENGTH),
+        *histogram_names(*EXTRA_TRANSFER_HISTOGRAMS.values()),
     }
 )
 
@@ -191,6 +215,8 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     retracted = _read(exp, RETRACTED, gauge=False)
     extras = {k: _read(exp, n, gauge=True) for k, n in EXTRA_GAUGES.items()}
     extras.update({k: _read(exp, n, gauge=False) for k, n in EXTRA_COUNTERS.items()})
+    extras.update({k: _positive(_read(exp, n, gauge=True)) for k, n in EXTRA_TRANSFER_GAUGES.items()})
+    extras.update(_transfer_histograms(exp))
     ttft = _histograms(exp, TTFT)
     itl = _histograms(exp, ITL[0]) or _histograms(exp, ITL[1])
     lengths = {base: _histograms(exp, base) for base in (PROMPT_LENGTH, OUTPUT_LENGTH)}
@@ -305,6 +331,23 @@ def _scheduler_histograms(exp: expfmt.Exposition, base: str) -> dict[_Key, Histo
         if kept is None or replica < kept[0]:
             out[(model, rank)] = (replica, hist)
     return {key: hist for key, (_, hist) in out.items()}
+
+
+def _positive(table: dict[_Key, dict[str | None, float]]) -> dict[_Key, dict[str | None, float]]:
+    """The values above 0 only: a KV transfer gauge at 0 was never set (module docstring)."""
+    kept = {key: {part: v for part, v in parts.items() if v > 0} for key, parts in table.items()}
+    return {key: parts for key, parts in kept.items() if parts}
+
+
+def _transfer_histograms(exp: expfmt.Exposition) -> dict[str, dict[_Key, dict[str | None, float]]]:
+    """SGLang 0.5.23's KV transfer histograms as extra counters: `<name>_sum_total` and
+    `<name>_count_total` per (model, rank), the lowest replica's."""
+    out: dict[str, dict[_Key, dict[str | None, float]]] = {}
+    for name, base in EXTRA_TRANSFER_HISTOGRAMS.items():
+        hists = _scheduler_histograms(exp, base)
+        out[name + "_sum_total"] = {key: {None: h.sum} for key, h in hists.items()}
+        out[name + "_count_total"] = {key: {None: h.count} for key, h in hists.items()}
+    return out
 
 
 def _ratio(value: float | None) -> float | None:

@@ -113,6 +113,8 @@ def render_series(f: _Families, target: TargetView, view: SeriesView) -> None:
         f.add(n.REQUESTS_PER_SECOND, wk, _nonneg(w.requests_per_second))
         f.add(n.KV_TRANSFER_TOKENS, wk, _nonneg(w.kv_transfer_tokens_per_second))
         f.add(n.KV_TRANSFER_BYTES, wk, _nonneg(w.kv_transfer_bytes_per_second))
+        f.add(n.KV_TRANSFER_LATENCY, wk, _nonneg(w.kv_transfer_latency_seconds))
+        f.add(n.KV_TRANSFER_SPEED, wk, _nonneg(w.kv_transfer_speed_bytes_per_second))
         f.add(n.PREFIX_CACHE_HIT_RATIO, wk, _nonneg(w.prefix_cache_hit_ratio))
         for name, by_percentile in ((n.REQUEST_PROMPT_TOKENS, w.prompt_length),
                                     (n.REQUEST_OUTPUT_TOKENS, w.output_length),

@@ -28,6 +28,11 @@ PROMPT, GENERATION, STEPS, PREEMPTIONS = "prompt_tokens", "generation_tokens", "
 RUNNING, WAITING, KV_USAGE = "running", "waiting", "kv_usage"
 DRAFT, ACCEPTED = "spec_draft_tokens", "spec_accepted_tokens"
 KV_TRANSFER = "kv_transfer_tokens"  # prompt tokens whose KV arrived from another instance (vLLM's KV connector)
+# SGLang's KV transfers (disaggregated): the last transfer's latency (ms) and speed (GB/s) as gauges, or
+# as histograms whose sums and counts are kept as counters (collectors/sglang.py).
+KV_TRANSFER_MS, KV_TRANSFER_GBPS = "kv_transfer_latency_ms", "kv_transfer_speed_gb_s"
+KV_TRANSFER_MS_SUM, KV_TRANSFER_MS_COUNT = "kv_transfer_latency_ms_sum", "kv_transfer_latency_ms_count"
+KV_TRANSFER_GBPS_SUM, KV_TRANSFER_GBPS_COUNT = "kv_transfer_speed_gb_s_sum", "kv_transfer_speed_gb_s_count"
 TTFT, ITL = "ttft", "itl"
 PREFIX_QUERIES, PREFIX_HITS = "prefix_cache_queries", "prefix_cache_hits"  # prompt tokens looked up / found
 PREFIX_HIT_RATIO = "prefix_cache_hit_ratio"  # the engine's own gauge, where it keeps no counters
@@ -50,11 +55,17 @@ def history_inputs(
         DRAFT: series.extra.get("spec_decode_num_draft_tokens_total"),
         ACCEPTED: series.extra.get("spec_decode_num_accepted_tokens_total"),
         KV_TRANSFER: series.extra.get("prompt_tokens_external_kv_transfer_total"),
+        KV_TRANSFER_MS_SUM: series.extra.get("kv_transfer_latency_ms_sum_total"),
+        KV_TRANSFER_MS_COUNT: series.extra.get("kv_transfer_latency_ms_count_total"),
+        KV_TRANSFER_GBPS_SUM: series.extra.get("kv_transfer_speed_gb_s_sum_total"),
+        KV_TRANSFER_GBPS_COUNT: series.extra.get("kv_transfer_speed_gb_s_count_total"),
         PREFIX_QUERIES: series.prefix_cache_queries_total,
         PREFIX_HITS: series.prefix_cache_hits_total,
     }
     gauges = {RUNNING: series.running, WAITING: series.waiting, KV_USAGE: series.kv_usage_ratio,
-              PREFIX_HIT_RATIO: series.prefix_cache_hit_ratio}
+              PREFIX_HIT_RATIO: series.prefix_cache_hit_ratio,
+              KV_TRANSFER_MS: series.extra.get("kv_transfer_latency_ms"),
+              KV_TRANSFER_GBPS: series.extra.get("kv_transfer_speed_gb_s")}
     histograms = {TTFT: series.ttft, ITL: series.itl, PROMPT_LENGTH: series.prompt_length,
                   OUTPUT_LENGTH: series.output_length, QUEUE_TIME: series.queue_time}
     return counters, gauges, histograms
@@ -87,6 +98,8 @@ class WindowValues:
     energy_watts: float | None = None  # mean power of the target's GPUs from NVML's energy counter, same window
     kv_transfer_tokens_per_second: float | None = None  # prompt tokens whose KV came over a KV connector
     kv_transfer_bytes_per_second: float | None = None  # those tokens x K+V bytes per token (all TP ranks)
+    kv_transfer_latency_seconds: float | None = None  # mean KV transfer time (SGLang disaggregated)
+    kv_transfer_speed_bytes_per_second: float | None = None  # mean KV transfer speed (SGLang disaggregated)
     prefix_cache_hit_ratio: float | None = None  # prompt tokens found in the prefix cache / looked up
     # Per-request distributions by percentile, over the requests that finished in the window.
     prompt_length: Mapping[str, float] = field(default_factory=dict)  # prompt tokens per request
@@ -151,6 +164,10 @@ def derive_window(
         slo_tail=_tail({"ttft": ttft, "itl": itl}),
         kv_transfer_tokens_per_second=transferred,
         kv_transfer_bytes_per_second=kv_bytes(transferred, constants),
+        kv_transfer_latency_seconds=_scaled(transfer_mean(first, last, KV_TRANSFER_MS_SUM, KV_TRANSFER_MS_COUNT,
+                                                          KV_TRANSFER_MS), 1e-3),
+        kv_transfer_speed_bytes_per_second=_scaled(
+            transfer_mean(first, last, KV_TRANSFER_GBPS_SUM, KV_TRANSFER_GBPS_COUNT, KV_TRANSFER_GBPS), 1e9),
         prefix_cache_hit_ratio=prefix_cache_hit_ratio(first, last),
         prompt_length=_percentiles(histogram_delta(first, last, PROMPT_LENGTH), percentiles),
         output_length=_percentiles(histogram_delta(first, last, OUTPUT_LENGTH), percentiles),
@@ -168,6 +185,21 @@ def prefix_cache_hit_ratio(first: Point, last: Point) -> float | None:
     else:
         ratio = mean(first, last, PREFIX_HIT_RATIO)
     return ratio if ratio is not None and 0.0 <= ratio <= 1.0 else None
+
+
+def transfer_mean(first: Point, last: Point, total: str, count: str, gauge: str) -> float | None:
+    """The mean of a per-transfer quantity over the window: the histogram's sum / count increase where
+    the engine keeps one (None for a window without transfers), else the time-weighted mean of its
+    last-transfer gauge, only when the gauge was there from the window's start (a gauge that appeared
+    mid-window would be averaged with the time before it as zero)."""
+    transfers = increase(first, last, count)
+    if transfers is not None:
+        return _ratio(increase(first, last, total), transfers)
+    return mean(first, last, gauge) if gauge in first.gauges else None
+
+
+def _scaled(value: float | None, factor: float) -> float | None:
+    return value * factor if value is not None else None
 
 
 def kv_bytes(tokens: float | None, constants: TargetConstants | None) -> float | None:
