@@ -203,7 +203,7 @@ def vllm_process(
 
 def agent_process(
     engine_port: int, model_dir: Path, run_dir: Path, name: str, port: int,
-    gpu: str = "h100-sxm", interval: float = 0.5, batch_max: int | None = None,
+    gpu: str = "h100-sxm", interval: float = 0.5, batch_max: int | None = None, extra: tuple[str, ...] = (),
 ) -> ManagedProcess:
     """The rooflight agent (system python's console script) against one engine."""
     exe = shutil.which("rooflight") or "rooflight"
@@ -214,6 +214,7 @@ def agent_process(
     ]
     if batch_max is not None:
         argv += ["--batch-max", str(batch_max)]
+    argv += list(extra)
     return ManagedProcess(
         name=f"agent-{name}", argv=argv, log_path=run_dir / f"agent-{name}-{port}.log", port=port,
         env_drop_prefixes=("ROOFLIGHT_",),  # every ROOFLIGHT_* variable is an agent setting

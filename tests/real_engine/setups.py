@@ -36,15 +36,23 @@ class Setup:
     load: dict
     batch_max: int | None = None
     wait_for_1m_window: bool = False
+    agent_flags: tuple[str, ...] = ()
 
 
 NORMAL = Setup("normal", ("--max-model-len", "2048", "--enable-mfu-metrics"),
                dict(requests=32, concurrency=8, max_tokens=128, prompt_words=40, chat_every=4),
                wait_for_1m_window=True)
+# Long waves hold the batch at its cap across the agent's samples: 4 requests of 1,024 tokens run in lock
+# step (ignore_eos) for seconds, and vLLM shows fewer running only while a wave hands over. With 192-token
+# waves (~0.5 s each) a busy API server answered the agent's scrapes mostly mid-handover.
 QUEUE = Setup("queue", ("--max-model-len", "2048", "--max-num-seqs", "4"),
-              dict(requests=24, concurrency=12, max_tokens=192, prompt_words=40), batch_max=4)
+              dict(requests=24, concurrency=12, max_tokens=1024, prompt_words=40), batch_max=4)
+# A 10-block pool holds 9 usable blocks: occupancy moves in ninths and may peak at 8/9 (0.889) between the
+# agent's samples, under the default wall of 0.95 meant for real pools. The wall is set where this pool's
+# steps fall, a documented detector setting (docs/physics.md, section Batch verdicts).
 KVWALL = Setup("kvwall", ("--max-model-len", "1024", "--num-gpu-blocks-override", "10"),
-               dict(requests=16, concurrency=8, max_tokens=600, prompt_words=60))
+               dict(requests=16, concurrency=8, max_tokens=600, prompt_words=60),
+               agent_flags=("--detector", "capacity_kv_usage=0.85"))
 
 
 @dataclass
@@ -99,7 +107,8 @@ def run_setup(python: str, model_dir: Path, run_dir: Path, setup: Setup,
     timings["vllm_ready_s"] = time.monotonic() - t
 
     t = time.monotonic()
-    agent = agent_process(vllm_port, model_dir, run_dir, setup.name, free_port(), batch_max=setup.batch_max)
+    agent = agent_process(vllm_port, model_dir, run_dir, setup.name, free_port(), batch_max=setup.batch_max,
+                          extra=setup.agent_flags)
     agent_error = None
     try:
         started.append(agent.start())
