@@ -6,7 +6,10 @@ a `rooflight.collectors.nvml_fake.FakeNvml` in tests, so depth only ever adds ca
 Failure policy (docs/nvml.md, section Failure policy):
 - NVML unusable (library missing, driver not loaded, init or enumeration failed) raises
   SourceError("nvml", ...): a normal state, exported as rooflight_source_up{source="nvml"} 0.
-  Init is retried at most every `init_retry_s`.
+  Init is retried after `init_retry_s`, then at intervals that double up to `init_retry_max_s`
+  (a node without a GPU stays without one; one whose driver loads late is found within minutes),
+  each failed try logged with the time of the next. Between tries a sample fails at once, on the
+  event loop, without a trip to the NVML thread.
 - One reading NOT_SUPPORTED / FUNCTION_NOT_FOUND / NO_PERMISSION removes that reading only; it is
   remembered per device and never asked again (`unsupported` says which and why). Other errors
   leave the reading out of this sample and are retried next time.
@@ -26,6 +29,7 @@ sample (and any sample sooner than 100 ms after the last) carries no GPM reading
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from concurrent.futures import Executor, Future
@@ -66,6 +70,10 @@ GPU_EXTRA_METRICS: Mapping[str, tuple[str, str]] = {
     "xid_last_code": ("gauge", "The last XID code seen"),
 }
 
+log = logging.getLogger("rooflight")
+
+INIT_RETRY_S = 60.0  # the first retry of a failed init
+INIT_RETRY_MAX_S = 300.0  # the longest wait between retries
 GPM_MIN_INTERVAL_S = 0.1  # NVML: the two GPM samples must be more than 100 ms apart
 MIB = 1024 * 1024
 _CACHE_CODES = {3: "not_supported", 13: "function_not_found", 4: "no_permission"}  # NVML return codes
@@ -111,16 +119,20 @@ class NvmlCollector:
     """Samples every visible GPU. `lib` is the pynvml module (default) or a FakeNvml with the same function names."""
 
     def __init__(self, lib: Any | None = None, *, call_timeout: float = 2.0, executor: Executor | None = None,
-                 clock: Callable[[], float] = time.time, init_retry_s: float = 60.0) -> None:
+                 clock: Callable[[], float] = time.time, init_retry_s: float = INIT_RETRY_S,
+                 init_retry_max_s: float = INIT_RETRY_MAX_S) -> None:
         self._lib = lib
         self._call_timeout = call_timeout
         self._own_executor = executor is None
         self._executor: Executor = executor or DaemonThreadExecutor()
         self._clock = clock
         self._init_retry_s = init_retry_s
+        self._init_retry_max_s = max(init_retry_max_s, init_retry_s)
         self._devices: list[_Device] | None = None
         self._driver_version: str | None = None
         self._init_failed_at: float | None = None
+        self._init_failures = 0  # failed inits in a row
+        self._init_wait = init_retry_s  # from the last failure to the next try
         self._init_error = ""
         self._pending: Future[Any] | None = None
         self._stuck_since: float | None = None
@@ -144,6 +156,8 @@ class NvmlCollector:
         if self.degraded:
             stuck = self._clock() - (self._stuck_since or self._clock())
             raise SourceError("timeout", f"an NVML call has been stuck for {stuck:.1f} s; not queueing another")
+        if self._init_waiting(self._clock()):
+            raise SourceError("nvml", self._init_error)
         fut = self._executor.submit(self._sample_sync)
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if abandoned
         self._pending = fut
@@ -178,11 +192,16 @@ class NvmlCollector:
         return GpuSample(timestamp=t0, duration=self._clock() - t0, devices=tuple(out),
                          driver_version=self._driver_version)
 
+    def _init_waiting(self, now: float) -> bool:
+        """True while NVML is down and its next init try is not due yet."""
+        failed_at = self._init_failed_at
+        return self._devices is None and failed_at is not None and now - failed_at < self._init_wait
+
     def _ensure_init(self) -> list[_Device]:
         if self._devices is not None:
             return self._devices
         now = self._clock()
-        if self._init_failed_at is not None and now - self._init_failed_at < self._init_retry_s:
+        if self._init_waiting(now):
             raise SourceError("nvml", self._init_error)
         try:
             if self._lib is None:
@@ -191,10 +210,20 @@ class NvmlCollector:
             self._lib.nvmlInit()
             self._devices = self._enumerate()
         except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded, NoPermission, ...
-            self._init_failed_at = now
-            self._init_error = f"NVML unavailable: {type(exc).__name__}: {exc}"
+            self._init_failed(now, f"NVML unavailable: {type(exc).__name__}: {exc}")
             raise SourceError("nvml", self._init_error) from exc
+        if self._init_failures:
+            log.info("NVML available after %d failed init tries", self._init_failures)
+        self._init_failures, self._init_wait = 0, self._init_retry_s
         return self._devices
+
+    def _init_failed(self, now: float, error: str) -> None:
+        """Remember a failed init and when to try again: each wait twice the last, up to init_retry_max_s."""
+        if self._init_failures:
+            self._init_wait = min(2 * self._init_wait, self._init_retry_max_s)
+        self._init_failures += 1
+        self._init_failed_at, self._init_error = now, error
+        log.info("%s (try %d); GPU readings are off, next try in %.0f s", error, self._init_failures, self._init_wait)
 
     def _enumerate(self) -> list[_Device]:
         lib = self._lib

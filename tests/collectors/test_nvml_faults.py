@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
 import pynvml
 
+from rooflight.collectors.daemon_executor import DaemonThreadExecutor
 from rooflight.collectors.errors import SourceError
 from rooflight.collectors.nvml import NvmlCollector
 from rooflight.collectors.nvml_fake import FakeNvml, h100_like
@@ -191,3 +193,71 @@ async def test_close_frees_gpm_buffers_and_event_sets() -> None:
     assert fake.calls["nvmlShutdown"] == 1
     with pytest.raises(SourceError):
         await c.sample()
+
+
+class CountingExecutor(DaemonThreadExecutor):
+    """The collector's own executor, counting the jobs handed to its thread."""
+
+    def __init__(self) -> None:
+        super().__init__(name="test-nvml")
+        self.submitted = 0
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+        self.submitted += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+async def test_init_retries_wait_twice_as_long_each_time_up_to_the_max() -> None:
+    fake = FakeNvml([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    clock = Clock(0.0)
+    c = NvmlCollector(fake, clock=clock, init_retry_s=60, init_retry_max_s=300)
+    tries: list[float] = []
+    for _ in range(1500):  # one sample a second, as the agent's NVML loop, for 25 minutes
+        before = fake.calls["nvmlInit"]
+        with pytest.raises(SourceError) as err:
+            await c.sample()
+        assert err.value.reason == "nvml" and "LibraryNotFound" in str(err.value)
+        if fake.calls["nvmlInit"] > before:
+            tries.append(clock.t)
+        clock.t += 1
+    gaps = [b - a for a, b in zip(tries, tries[1:])]
+    assert gaps == [min(60 * 2**i, 300) for i in range(len(gaps))]
+    assert gaps[-1] == 300 and len(gaps) >= 5  # reached the cap and stayed there
+    c.close()
+
+
+async def test_samples_between_init_tries_do_not_use_the_nvml_thread() -> None:
+    fake = FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    clock = Clock()
+    executor = CountingExecutor()
+    c = NvmlCollector(fake, clock=clock, executor=executor, init_retry_s=60)
+    for _ in range(30):
+        with pytest.raises(SourceError) as err:
+            await c.sample()
+        assert err.value.reason == "nvml" and "DriverNotLoaded" in str(err.value)
+        clock.t += 1
+    assert executor.submitted == 1 and fake.calls["nvmlInit"] == 1
+    clock.t += 60
+    with pytest.raises(SourceError):
+        await c.sample()
+    assert executor.submitted == 2 and fake.calls["nvmlInit"] == 2
+    executor.shutdown()
+
+
+async def test_each_failed_init_is_logged_with_the_next_try_and_recovery_too(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    fake.gpus.extend(h100_like().gpus)
+    clock = Clock()
+    c = NvmlCollector(fake, clock=clock, init_retry_s=10, init_retry_max_s=40)
+    caplog.set_level(logging.INFO, logger="rooflight")
+    for wait in (10, 20):
+        with pytest.raises(SourceError):
+            await c.sample()
+        clock.t += wait
+    fake.init_error = None  # the driver got loaded
+    assert (await c.sample()).devices[0].uuid == "GPU-h100-0000"
+    lines = [r.getMessage() for r in caplog.records if r.name == "rooflight"]
+    assert "try 1" in lines[0] and "next try in 10 s" in lines[0] and "DriverNotLoaded" in lines[0]
+    assert "try 2" in lines[1] and "next try in 20 s" in lines[1]
+    assert "NVML available after 2 failed init tries" in lines[2]
+    c.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 from rooflight.collectors.errors import SourceError
-from rooflight.collectors.process import ProcessCollector, find_listener
+from rooflight.collectors.process import ProcessCollector, ProcessTable, find_listener
 
 ENGINE = r"""
 import socket, subprocess, sys, time
@@ -121,3 +122,125 @@ def test_needs_exactly_one_of_pid_and_port() -> None:
         ProcessCollector()
     with pytest.raises(ValueError):
         ProcessCollector(1, port=2)
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def sleeper() -> subprocess.Popen[bytes]:
+    """A child of this test process that waits to be killed."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def reap(*procs: subprocess.Popen[bytes]) -> None:
+    for p in procs:
+        p.kill()
+        p.wait(5)
+
+
+def own_table() -> ProcessTable:
+    """A table no other collector shares, read again at every rescan."""
+    return ProcessTable(share_s=0.0)
+
+
+async def test_the_tree_is_read_again_only_every_rescan_interval(engine) -> None:
+    _, proc, child = engine
+    clock, table = Clock(), own_table()
+    c = ProcessCollector(proc.pid, monotonic=clock, rescan_s=10.0, table=table)
+    for _ in range(5):
+        s = await c.sample()
+        assert set(c.tree_pids) == {proc.pid, child} and s.rss_bytes > 32 << 20
+        clock.t += 1.9
+    assert table.scans == 1  # five samples within 10 s: one scan of /proc
+    clock.t += 1.0
+    await c.sample()
+    assert table.scans == 2
+
+
+async def test_collectors_rescanning_together_read_proc_once(engine) -> None:
+    _, proc, child = engine
+    clock, table = Clock(), ProcessTable(share_s=60.0)
+    collectors = [ProcessCollector(proc.pid, monotonic=clock, rescan_s=10.0, table=table) for _ in range(8)]
+    for c in collectors:
+        await c.sample()  # a first look reads /proc itself: never a table older than the collector
+    assert table.scans == 8
+    clock.t += 10.0
+    for c in collectors:
+        await c.sample()  # the periodic rescan: the first one's read serves them all
+        assert set(c.tree_pids) == {proc.pid, child}
+    assert table.scans == 9
+
+
+async def test_a_shared_table_is_not_lent_to_a_collector_looking_for_the_first_time() -> None:
+    table = ProcessTable(share_s=60.0)
+    await ProcessCollector(os.getpid(), table=table).sample()
+    late = sleeper()
+    try:
+        c = ProcessCollector(os.getpid(), table=table)
+        await c.sample()
+        assert late.pid in c.tree_pids
+    finally:
+        reap(late)
+
+
+async def test_a_child_started_later_is_counted_from_the_next_rescan() -> None:
+    clock = Clock()
+    c = ProcessCollector(os.getpid(), monotonic=clock, rescan_s=10.0, table=own_table())
+    await c.sample()
+    late = sleeper()
+    try:
+        await c.sample()
+        assert late.pid not in c.tree_pids  # not yet: the tree is as read 0 s ago
+        clock.t += 10.0
+        await c.sample()
+        assert late.pid in c.tree_pids
+    finally:
+        reap(late)
+
+
+async def test_a_child_that_exits_makes_the_next_sample_read_the_tree_again() -> None:
+    clock = Clock()
+    first, second = sleeper(), None
+    try:
+        c = ProcessCollector(os.getpid(), monotonic=clock, rescan_s=10.0, table=own_table())
+        await c.sample()
+        assert first.pid in c.tree_pids
+        reap(first)
+        second = sleeper()
+        await c.sample()  # the exited child is left out, and noticed
+        assert first.pid not in c.tree_pids
+        await c.sample()  # no time passed, but the tree changed: read again
+        assert second.pid in c.tree_pids
+    finally:
+        reap(first, *([second] if second else []))
+
+
+async def test_an_orphaned_grandchild_leaves_the_tree_at_once() -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time\n"
+         "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+         "print(g.pid, flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None and parent.stdin is not None
+    grandchild = int(parent.stdout.readline())
+    try:
+        clock = Clock()
+        c = ProcessCollector(os.getpid(), monotonic=clock, rescan_s=10.0, table=own_table())
+        await c.sample()
+        assert {parent.pid, grandchild} <= set(c.tree_pids)
+        parent.stdin.close()  # the parent exits; its child is re-parented away from this tree
+        parent.wait(5)
+        await c.sample()
+        assert parent.pid not in c.tree_pids and grandchild not in c.tree_pids
+    finally:
+        import psutil
+        parent.kill()
+        try:
+            psutil.Process(grandchild).kill()
+        except psutil.NoSuchProcess:
+            pass
