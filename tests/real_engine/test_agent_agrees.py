@@ -67,16 +67,24 @@ def test_percentiles_agree_with_prometheus(normal_run, key, agent_name):
         assert ours == pytest.approx(theirs, rel=1e-6, abs=1e-9), (key, p)
 
 
+# What the client's TTFT may add on top of vLLM's: connecting, the request body, SSE framing and the API
+# server's event loop, which on a 2-core box shares the CPUs with the engine, the agent and Prometheus.
+# Measured 44 ms past the agent's bucket in one CI run (client p50 0.104 s, vLLM p50 bucket 0.04-0.06 s).
+CLIENT_TTFT_OVERHEAD_S = 0.15
+
+
 def test_percentiles_agree_with_client_within_bucket_resolution(normal_run):
-    """TTFT: the client's p50 is in the agent's p50 bucket or a neighbour (the client adds HTTP and
-    SSE time on top of vLLM's arrival->first-token). ITL: the API server coalesces tokens into
-    bursts, so per-chunk gaps are meaningless; the client's per-request mean ITL is compared."""
+    """TTFT: vLLM times arrival -> first token inside the client's send -> first chunk, so the agent's
+    p50 bucket is never above the client's, and the client's p50 lies within the HTTP/SSE overhead of
+    that bucket. ITL: the API server coalesces tokens into bursts, so per-chunk gaps are meaningless;
+    the client's per-request mean ITL is compared."""
     agent, load = normal_run.agent(), normal_run.load
     ttft_bounds = [le for le, _ in buckets(normal_run.vllm_after, "vllm:time_to_first_token_seconds")]
     agent_ttft = one(agent, "rooflight_ttft_seconds", percentile="50", window=WINDOW)
     client_ttft = percentile(load.ttfts(), 0.5)
-    assert abs(bucket_index(ttft_bounds, agent_ttft) - bucket_index(ttft_bounds, client_ttft)) <= 1, (
-        agent_ttft, client_ttft)
+    agent_bucket = bucket_index(ttft_bounds, agent_ttft)
+    assert agent_bucket <= bucket_index(ttft_bounds, client_ttft), (agent_ttft, client_ttft)
+    assert client_ttft <= ttft_bounds[agent_bucket] + CLIENT_TTFT_OVERHEAD_S, (agent_ttft, client_ttft)
     itl_bounds = [le for le, _ in buckets(normal_run.vllm_after, "vllm:inter_token_latency_seconds")]
     agent_itl = one(agent, "rooflight_itl_seconds", percentile="50", window=WINDOW)
     means = sorted(sum(r.itl_s) / len(r.itl_s) for r in load.ok if r.itl_s)
