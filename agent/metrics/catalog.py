@@ -92,7 +92,8 @@ CATALOG: tuple[MetricDef, ...] = (
     _g(n.TOKENS_PER_JOULE, WINDOWED + ("phase",), "tokens/J", "The phase's tokens/s / the mean power of the target's GPUs over the window (NVML's energy counter); absent where a GPU does not report energy."),
     # Detectors.
     _g(n.HEAD_OF_LINE_BLOCKING, SERIES, "", "1 while the ITL tail inflates against its recent median with prefill work in the batch."),
-    _g(n.ITL_INFLATION, SERIES, "ratio", "The worst ITL since the agent's previous sample (the upper bound of the highest ITL bucket that gained observations) / its own recent median (of that worst, over the longest window)."),
+    _g(n.ITL_INFLATION, SERIES, "ratio", "The worst ITL since the agent's previous sample / its own recent median (of that worst, over the longest window); the worst is the upper bound of the highest ITL bucket that gained observations, or the exact worst gap between tokens where the proxy judged."),
+    _g(n.HEAD_OF_LINE_SOURCE, SERIES + ("source",), "", "Which ITL judged head-of-line (one series per source, 1 for the one that did): proxy = the exact gaps between tokens the client-side proxy relayed (rooflight run --proxy-listen, a target with one series, once 30 s of them are known), engine = the engine's ITL histogram buckets."),
     _g(n.BATCH_CAPACITY_CAPPED, SERIES, "", "1 while the batch is capped by KV capacity: occupancy pinned near 1, preemptions climbing, requests waiting."),
     _g(n.BATCH_ADMISSION_BOUND, SERIES, "", "1 while requests wait although the batch is well below its cap and KV has room."),
     _g(n.BATCH_AT_CONFIGURED_MAX, SERIES, "", "1 while running = the configured batch cap with KV room: a config lever, not the memory wall."),

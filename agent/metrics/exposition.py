@@ -20,6 +20,7 @@ from rooflight.agent import __version__
 from rooflight.agent.metrics import names as n
 from rooflight.agent.metrics.catalog import BY_NAME, gpu_extra_defs
 from rooflight.agent.metrics.snapshot import SeriesView, Snapshot, TargetView
+from rooflight.agent.signals.detectors import ITL_FROM_ENGINE, ITL_SOURCES
 from rooflight.agent.signals.headroom import WindowSignals
 from rooflight.collectors.samples import GpuSample
 
@@ -159,6 +160,9 @@ def render_verdicts(f: _Families, key: tuple[str, ...], verdicts: object) -> Non
         value = getattr(verdicts, attr, None)
         f.add(name, key, None if value is None else float(value))
     f.add(n.ITL_INFLATION, key, _nonneg(getattr(verdicts, "itl_inflation", None)))
+    judged_by = getattr(verdicts, "itl_source", ITL_FROM_ENGINE)
+    for source in ITL_SOURCES:
+        f.add(n.HEAD_OF_LINE_SOURCE, (*key, source), float(source == judged_by))
 
 
 def render_constants(f: _Families, target: TargetView) -> None:

@@ -113,6 +113,7 @@ ROLES = ("both", "prefill", "decode")  # saturation's role
 # Detectors, evaluated by the agent at its sampling resolution (labels: target, engine, model, rank).
 HEAD_OF_LINE_BLOCKING = "rooflight_head_of_line_blocking"  # 0/1
 ITL_INFLATION = "rooflight_itl_tail_inflation_ratio"  # worst ITL since the last sample / its recent median
+HEAD_OF_LINE_SOURCE = "rooflight_head_of_line_source"  # 1 for the ITL source that judged (engine, proxy), 0 for the other
 BATCH_CAPACITY_CAPPED = "rooflight_batch_capacity_capped"  # 0/1: the KV wall
 BATCH_ADMISSION_BOUND = "rooflight_batch_admission_bound"  # 0/1: waiting, batch below cap, KV has room
 BATCH_AT_CONFIGURED_MAX = "rooflight_batch_at_configured_max"  # 0/1: running = cap, KV has room

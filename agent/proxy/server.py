@@ -40,6 +40,7 @@ from rooflight.agent.proxy.stats import EMPTY, ClientSnapshot, ClientStats, Stat
 from rooflight.agent.proxy.tenants import tenant_key
 from rooflight.agent.sampling.clock import Clock, SystemClock
 from rooflight.agent.sampling.config import public_url, split_listen
+from rooflight.agent.signals.token_gaps import ClientGaps
 
 log = logging.getLogger("rooflight.proxy")
 
@@ -107,6 +108,7 @@ class ProxyServer:
             started=self._now(),
         )
         self.snapshot: ClientSnapshot = EMPTY
+        self.client_gaps = ClientGaps()  # every gap between tokens, live, for the head-of-line detector
         self.registry = registry_for(lambda: self.snapshot)
         self._session: aiohttp.ClientSession | None = None
         self._runners: list[web.AppRunner] = []
@@ -328,7 +330,7 @@ class ProxyServer:
         try:
             header = self.config.tenant_header
             tenant = tenant_key(request.headers.get(header)) if header else None
-            return tr.RequestTracker(start, tr.classify_route(request.method, request.path), tenant)
+            return tr.RequestTracker(start, tr.classify_route(request.method, request.path), tenant, self.client_gaps)
         except Exception:
             log.debug("proxy accounting failed at request start", exc_info=True)
             self.stats.accounting_error()

@@ -18,6 +18,7 @@ from array import array
 from dataclasses import dataclass, field
 
 from rooflight.agent.proxy import sse
+from rooflight.agent.signals.token_gaps import ClientGaps
 
 # Routes the proxy times; anything else passes through and is only counted.
 INFERENCE_ROUTES = {"/chat/completions": "chat", "/completions": "completions"}
@@ -97,9 +98,9 @@ class RequestTracker:
     """Accumulates one request as its response bytes go by; `finish` turns it into a RequestRecord."""
 
     __slots__ = ("route", "tenant", "start", "status", "stream", "_parser", "_body", "_body_size",
-                 "_first", "_last", "_itl", "_chunks", "_finish", "_prompt", "_completion", "_error")
+                 "_first", "_last", "_itl", "_chunks", "_finish", "_prompt", "_completion", "_error", "_gaps")
 
-    def __init__(self, start: float, route: str, tenant: str | None = None) -> None:
+    def __init__(self, start: float, route: str, tenant: str | None = None, gaps: ClientGaps | None = None) -> None:
         self.route = route
         self.tenant = tenant
         self.start = start
@@ -116,6 +117,7 @@ class RequestTracker:
         self._prompt: int | None = None
         self._completion: int | None = None
         self._error = False
+        self._gaps = gaps  # shared by every request: the head-of-line detector reads them live
 
     def on_response(self, status: int, content_type: str) -> None:
         """Headers arrived: an event stream is timed per chunk, a JSON body read at the end."""
@@ -150,7 +152,10 @@ class RequestTracker:
         if self._first is None:
             self._first = t
         else:
-            self._itl.append(t - self._last)  # type: ignore[operator]
+            gap = t - self._last  # type: ignore[operator]
+            self._itl.append(gap)
+            if self._gaps is not None:
+                self._gaps.add(t, gap)
         self._last = t
         self._chunks += outputs
 

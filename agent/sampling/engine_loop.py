@@ -20,7 +20,7 @@ import ctypes
 import functools
 import logging
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import aiohttp
 
@@ -31,10 +31,18 @@ from rooflight.agent.sampling.config import AgentConfig, TargetConfig
 from rooflight.agent.signals.baseline import TailBaseline
 from rooflight.agent.sampling.discovery import model_from_id
 from rooflight.agent.roofline.constants import TargetConstants
-from rooflight.agent.signals.detectors import DetectorInputs, DetectorThresholds, Verdicts, evaluate
+from rooflight.agent.signals.detectors import (
+    ITL_FROM_ENGINE,
+    ITL_FROM_PROXY,
+    DetectorInputs,
+    DetectorThresholds,
+    Verdicts,
+    evaluate,
+)
 from rooflight.agent.signals.headroom import SignalSettings, role_for, with_energy
 from rooflight.agent.sampling.health import KV_USAGE_OUT_OF_RANGE, SourceState
 from rooflight.agent.metrics.snapshot import SeriesView, TargetView
+from rooflight.agent.signals.token_gaps import ClientGaps
 from rooflight.agent.signals.windows import SeriesHistory, histogram_delta, worst_bound
 from rooflight.collectors import engines, expfmt
 from rooflight.collectors.common import (
@@ -70,6 +78,14 @@ _MARKED = (
 )
 
 
+class ItlTail(NamedTuple):
+    """The worst ITL since the previous sample, its recent median, and which source measured both."""
+
+    worst: float | None
+    baseline: float | None
+    source: str
+
+
 ConstantsFor = Callable[[TargetConfig, Any, Any], TargetConstants]
 
 
@@ -85,12 +101,14 @@ class EngineLoop:
         constants_for: ConstantsFor,
         dram_for: Callable[[TargetConfig, float], float | None] | None = None,
         energy_for: Callable[[TargetConfig, float], float | None] | None = None,
+        client_gaps: ClientGaps | None = None,
     ) -> None:
         self.target, self.config, self.session, self.clock = target, config, session, clock
         self.model, self.model_source = model, model_source
         self._constants_for = constants_for
         self._dram_for = dram_for
         self._energy_for = energy_for
+        self.client_gaps = client_gaps  # the proxy's view of this target's streams (`rooflight run --proxy-listen`)
         self._raised: dict[tuple[str, str], Verdicts] = {}
         self.state = SourceState("engine", target.name)
         for reason in INPUT_REASONS:
@@ -99,7 +117,7 @@ class EngineLoop:
         self.thresholds = DetectorThresholds(**config.detectors)
         self._adapter: EngineAdapter | None = None if target.engine == "auto" else engines.adapter(target.engine)
         self._histories: dict[tuple[str, str], SeriesHistory] = {}
-        self._tails: dict[tuple[str, str], TailBaseline] = {}
+        self._tails: dict[tuple[str, str], dict[str, TailBaseline]] = {}  # by series, then ITL source
         self._last_stall: dict[tuple[str, str], float] = {}
         self._next_info = 0.0
         self.hints = EngineInfoHints()
@@ -333,8 +351,8 @@ class EngineLoop:
             windows = with_energy(windows, lambda seconds: energy_for(self.target, seconds))
         batch_max = _first(self.target.batch_max, series.batch_max_requests, self.hints.batch_max_requests)
         live = derive.live_kv_bytes(series.kv_usage_ratio, series.kv_capacity_tokens, constants)
-        worst, baseline = self._itl_tail(series, history)
-        verdicts = _verdicts(series, windows, history, batch_max, worst, baseline, self.thresholds)
+        tail = self._itl_tail(series, history)
+        verdicts = _verdicts(series, windows, history, batch_max, tail, self.thresholds)
         verdicts = self._hold_head_of_line((series.model, series.rank), verdicts)
         self._mark_rising_edges((series.model, series.rank), verdicts)
         return SeriesView(series=series, windows=windows, verdicts=verdicts, batch_max=batch_max, live_kv_bytes=live,
@@ -359,25 +377,37 @@ class EngineLoop:
             return verdicts
         return replace(verdicts, head_of_line=True)
 
-    def _itl_tail(self, series: EngineSeries, history: SeriesHistory | None) -> tuple[float | None, float | None]:
-        """The worst ITL since the previous sample, and the median of that worst over the recent past.
+    def _itl_tail(self, series: EngineSeries, history: SeriesHistory | None) -> ItlTail:
+        """The worst ITL since the previous sample, the median of that worst over the recent past, and
+        their source: the proxy's exact gaps where it relays this target's streams and saw some, else the
+        engine's histogram (docs/physics.md, section Head-of-line blocking).
 
         At the agent's resolution (1 s) one stalled step is a visible share of the tokens, where in a
-        10 s or 1 m window its few observations vanish below p99.
+        10 s or 1 m window its few observations vanish below p99. The proxy cannot tell which model or
+        rank a stream ran on, so it judges only a target with one series.
         """
         if history is None:
-            return None, None
-        span = history.window(1.5 * self.config.interval)
+            return ItlTail(None, None, ITL_FROM_ENGINE)
+        now, since = self.clock.monotonic(), 1.5 * self.config.interval
+        span = history.window(since)
         delta = histogram_delta(*span, derive.ITL) if span else None
-        worst = worst_bound(delta) if delta else None
         key = (series.model, series.rank)
+        engine = self._tail_against_baseline(key, ITL_FROM_ENGINE, now, worst_bound(delta) if delta else None)
+        if self.client_gaps is not None and len(self._histories) == 1:
+            proxy = self._tail_against_baseline(key, ITL_FROM_PROXY, now, self.client_gaps.worst_between(now - since, now))
+            if proxy.worst is not None and proxy.baseline is not None:
+                return proxy
+        return engine
+
+    def _tail_against_baseline(self, key: tuple[str, str], source: str, now: float, worst: float | None) -> ItlTail:
         shortest = min(self.config.windows.values())
-        tail = self._tails.setdefault(
-            key, TailBaseline(keep_seconds=max(self.config.windows.values()), min_span=3 * shortest)
-        )
+        tails = self._tails.setdefault(key, {})
+        tail = tails.get(source)
+        if tail is None:
+            tail = tails[source] = TailBaseline(keep_seconds=max(self.config.windows.values()), min_span=3 * shortest)
         baseline = tail.median()  # before this value joins: the baseline is the recent past
-        tail.add(self.clock.monotonic(), worst)
-        return worst, baseline
+        tail.add(now, worst)
+        return ItlTail(worst, baseline, source)
 
     def _model_with_engine_dtypes(self) -> Any:
         """An fp8 KV cache the engine reports halves KV bytes per token, unless the user said otherwise."""
@@ -455,8 +485,7 @@ def _verdicts(
     windows: tuple[derive.WindowValues, ...],
     history: SeriesHistory | None,
     batch_max: float | None,
-    itl_worst: float | None,
-    itl_tail_baseline: float | None,
+    tail: ItlTail,
     thresholds: DetectorThresholds,
 ) -> Verdicts | None:
     """The detectors over the shortest window, against the ITL tail's own recent median."""
@@ -466,8 +495,9 @@ def _verdicts(
     span = history.window(short.seconds)
     first = span[0] if span else None
     inputs = DetectorInputs(
-        itl_worst_recent=itl_worst,
-        itl_worst_baseline=itl_tail_baseline,
+        itl_worst_recent=tail.worst,
+        itl_worst_baseline=tail.baseline,
+        itl_source=tail.source,
         prefill_tokens_per_step_short=short.prefill_tokens_per_step,
         kv_usage=series.kv_usage_ratio,
         kv_usage_peak_short=derive.maximum(history, first, derive.KV_USAGE) if first else None,

@@ -21,6 +21,7 @@ from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY, GpuMatch, GpuProf
 from rooflight.agent.roofline.models import ModelSpec
 from rooflight.agent.metrics.snapshot import EMPTY, Snapshot
 from rooflight.agent.signals.headroom import ENERGY, gpu_energy_watts
+from rooflight.agent.signals.token_gaps import ClientGaps
 from rooflight.agent.signals.windows import SeriesHistory, mean
 from rooflight.collectors.gpu_map import GpuAssignment, assign_gpus, tensor_parallel_size
 from rooflight.collectors.errors import SourceError
@@ -66,6 +67,13 @@ class Agent:
         self._target_gpus: dict[str, GpuAssignment] = {}  # from each target's process tree (_assign_gpus)
         self.engines: list[EngineLoop] = []
         self._engine_of: dict[str, EngineLoop] = {}  # by target name
+        self._client_gaps: dict[str, ClientGaps] = {}  # by target name: what a proxy in front of it saw
+
+    def use_client_gaps(self, target: str, gaps: ClientGaps) -> None:
+        """The client-side proxy relays `target`'s streams: its head-of-line detector judges by their gaps."""
+        self._client_gaps[target] = gaps
+        if target in self._engine_of:
+            self._engine_of[target].client_gaps = gaps
 
     @property
     def snapshot(self) -> Snapshot:
@@ -82,7 +90,7 @@ class Agent:
             model, source = self._models.get(target.name, (None, None))
             loop = EngineLoop(
                 target, self.config, self._session, self.clock, model, source, self._constants_for, self.dram_utilization,
-                self.energy_watts,
+                self.energy_watts, self._client_gaps.get(target.name),
             )
             self.engines.append(loop)
             self._engine_of[target.name] = loop

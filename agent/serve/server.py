@@ -500,7 +500,9 @@ async def serve(agent: Any, host: str, port: int, *, security: Any = None,
     middlewares: list[Callable[..., Awaitable[web.StreamResponse]]] = (
         [security.middleware] if security is not None else [])
     ssl_context = security.ssl_context if security is not None else None
-    proxy_server = ProxyServer(proxy) if proxy is not None else None
+    proxy_server = ProxyServer(proxy, clock=agent.clock) if proxy is not None else None
+    if proxy_server is not None and proxy.name:  # it fronts one of the agent's targets: one clock, its gaps
+        agent.use_client_gaps(proxy.name, proxy_server.client_gaps)
     collectors = [proxy_server.collector()] if proxy_server is not None else []
     runner = web.AppRunner(build_app(agent, middlewares=middlewares, collectors=collectors), access_log=None,
                            handle_signals=False, keepalive_timeout=limits.idle_timeout, max_line_size=MAX_LINE_SIZE,

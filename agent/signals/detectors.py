@@ -15,6 +15,9 @@ blocking and Batch verdicts); what to do about each is in docs/runbooks.md:
   `hol_max_preemptions_per_second`): a preempted sequence's next token comes seconds later and its
   recompute is prefill, so the tail inflates at the KV wall too; that is the capacity-capped verdict's
   to name, not head-of-line's. An unknown preemption rate does not rule head-of-line out.
+  Where the client-side proxy relays the target's streams, the worst and its median are the exact
+  per-token gaps it saw (`ITL_FROM_PROXY`) instead of the engine's bucket edges (`ITL_FROM_ENGINE`);
+  the verdict says which (`itl_source`, exported as HEAD_OF_LINE_SOURCE).
 - capacity-capped batch (`BATCH_CAPACITY_CAPPED`): KV occupancy at the wall (its peak over the short
   window at least `capacity_kv_usage`), preemptions climbing (rate above
   `capacity_min_preemptions_per_second`) and requests waiting. The memory wall, not the scheduler.
@@ -34,6 +37,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rooflight.agent.errors import ConfigError
+
+ITL_FROM_ENGINE = "engine"  # the ITL histogram's buckets, as the engine exports them
+ITL_FROM_PROXY = "proxy"  # the exact gaps between tokens, as the client-side proxy relayed them
+ITL_SOURCES = (ITL_FROM_ENGINE, ITL_FROM_PROXY)
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,7 @@ class DetectorInputs:
     waiting: float | None
     waiting_min_short: float | None  # minimum queue over the short window
     batch_max: float | None  # configured batch cap (max_num_seqs etc.)
+    itl_source: str = ITL_FROM_ENGINE  # where itl_worst_recent and its baseline come from
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,7 @@ class Verdicts:
     capacity_capped: bool | None
     admission_bound: bool | None
     at_configured_max: bool | None
+    itl_source: str = ITL_FROM_ENGINE  # which ITL source judged head-of-line
 
 
 def _all(*conditions: bool | None) -> bool | None:
@@ -204,4 +213,5 @@ def evaluate(inputs: DetectorInputs, thresholds: DetectorThresholds) -> Verdicts
         capacity_capped=capacity_capped(inputs, thresholds),
         admission_bound=admission_bound(inputs, thresholds),
         at_configured_max=at_configured_max(inputs, thresholds),
+        itl_source=inputs.itl_source,
     )

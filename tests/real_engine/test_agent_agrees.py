@@ -68,9 +68,11 @@ def test_percentiles_agree_with_prometheus(normal_run, key, agent_name):
 
 
 # What the client's TTFT may add on top of vLLM's: connecting, the request body, SSE framing and the API
-# server's event loop, which on a 2-core box shares the CPUs with the engine, the agent and Prometheus.
-# Measured 44 ms past the agent's bucket in one CI run (client p50 0.104 s, vLLM p50 bucket 0.04-0.06 s).
-CLIENT_TTFT_OVERHEAD_S = 0.15
+# server's event loop, which on a 2-core box shares the CPUs with the engine, the agent and Prometheus and
+# sends tokens in bursts. Measured: 44 ms past the agent's bucket in one CI run (client p50 0.104 s, vLLM's
+# p50 bucket 0.04-0.06 s); clients' TTFT of 100-300 ms against vLLM's 6-40 ms under streaming load
+# (docs/proxy.md). A unit or window error in the agent is off by far more.
+CLIENT_TTFT_OVERHEAD_S = 0.3
 
 
 def test_percentiles_agree_with_client_within_bucket_resolution(normal_run):

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from rooflight.agent.proxy import tracker as tr
+from rooflight.agent.signals.token_gaps import ClientGaps
 
 
 def chunk(content: str | None = None, finish: str | None = None, role: bool = False) -> bytes:
@@ -114,3 +115,15 @@ def test_errors_and_other_routes_are_not_parsed() -> None:
     other.on_bytes(1.1, chunk("a"))
     r = other.finish(1.2)
     assert (r.finish_reason, r.ttft, r.output_tokens) == ("none", None, None)
+
+
+def test_each_gap_reaches_the_head_of_line_feed_as_its_token_arrives() -> None:
+    """Live, before the request ends: a stall mid-stream is judged at the agent's next sample."""
+    gaps = ClientGaps()
+    t = tr.RequestTracker(10.0, "chat", None, gaps)
+    t.on_response(200, "text/event-stream")
+    for at, text in ((10.2, "a"), (10.25, "b"), (10.9, "c"), (10.95, "d")):
+        t.on_bytes(at, chunk(text))
+    assert gaps.worst_between(10.0, 10.5) == pytest.approx(0.05)  # a -> b
+    assert gaps.worst_between(10.0, 11.0) == pytest.approx(0.65)  # b -> c, the stall
+    assert gaps.worst_between(11.5, 12.0) is None

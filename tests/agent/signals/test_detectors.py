@@ -25,7 +25,7 @@ HEALTHY = DetectorInputs(
     batch_max=256.0,
 )
 
-UNKNOWN = DetectorInputs(*([None] * len(dataclasses.fields(DetectorInputs))))
+UNKNOWN = DetectorInputs(**{f.name: None for f in dataclasses.fields(DetectorInputs) if f.name != "itl_source"})
 
 
 def with_(**changes: float | None) -> DetectorInputs:

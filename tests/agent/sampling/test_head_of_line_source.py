@@ -1,0 +1,174 @@
+"""Head-of-line judged by the proxy's exact gaps between tokens, and by the engine's buckets without them.
+
+A scripted vLLM over real HTTP, sampled by hand once a second on a FakeClock: 100 decode steps and 500
+computed prompt tokens a second (5 per step: prefill in the batch), every ITL in vLLM's (0.01, 0.025]
+bucket. At the stall, one second's ITLs land in (0.025, 0.05]: the buckets read 0.05 / 0.025 = 2x, under
+the threshold of 3, as vLLM's edges blur a 4 ms -> 60 ms stall (docs/physics.md, section Head-of-line
+blocking). The proxy's gaps for the same seconds: 4-6 ms, then one of 60 ms (10x).
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+import pytest
+
+from rooflight.agent.sampling.clock import FakeClock
+from rooflight.agent.sampling.config import AgentConfig, build
+from rooflight.agent.sampling.sampler import Agent
+from rooflight.agent.signals.detectors import ITL_FROM_ENGINE, ITL_FROM_PROXY, Verdicts
+from rooflight.agent.signals.token_gaps import ClientGaps
+from rooflight.agent.metrics.exposition import registry_for
+from prometheus_client import generate_latest
+from support import FakeEngine, started_agent
+
+STEPS_PER_S, PROMPT_PER_S = 100, 500
+NORMAL_GAPS = (0.004, 0.005, 0.006, 0.004)  # a second's gaps as the proxy sees them: the worst is 6 ms
+STALL_GAP = 0.060
+BASELINE_SECONDS = 40  # the baselines need 30 s of values (three 10 s windows) before they judge
+
+
+class ScriptedVllm:
+    """vLLM's counters after `seconds` of steady decoding, `stalled` of whose seconds had their ITLs at 2x."""
+
+    def __init__(self, ranks: tuple[str, ...] = ("0",)) -> None:
+        self.ranks = ranks
+        self.seconds = 0
+        self.stalled = 0
+
+    def page(self) -> str:
+        lines = []
+        for name, kind in (("num_requests_running", "gauge"), ("num_requests_waiting", "gauge"),
+                           ("kv_cache_usage_perc", "gauge"), ("prompt_tokens_total", "counter"),
+                           ("generation_tokens_total", "counter"), ("num_preemptions_total", "counter"),
+                           ("iteration_tokens_total", "histogram"), ("inter_token_latency_seconds", "histogram")):
+            lines.append(f"# TYPE vllm:{name} {kind}")
+            for rank in self.ranks:
+                lines += self._series(name, f'engine="{rank}",model_name="m"')
+        return "\n".join(lines) + "\n"
+
+    def _series(self, name: str, lab: str) -> list[str]:
+        steps = STEPS_PER_S * self.seconds
+        values = {"num_requests_running": 8, "num_requests_waiting": 0, "kv_cache_usage_perc": 0.3,
+                  "prompt_tokens_total": PROMPT_PER_S * self.seconds, "generation_tokens_total": 8 * steps,
+                  "num_preemptions_total": 0}
+        if name in values:
+            return [f"vllm:{name}{{{lab}}} {values[name]}"]
+        if name == "iteration_tokens_total":
+            return [f'vllm:{name}_bucket{{{lab},le="+Inf"}} {steps}', f"vllm:{name}_count{{{lab}}} {steps}",
+                    f"vllm:{name}_sum{{{lab}}} 0"]
+        normal = 8 * STEPS_PER_S * (self.seconds - self.stalled)
+        cumulative = (("0.01", 0), ("0.025", normal), ("0.05", 8 * steps), ("0.075", 8 * steps), ("+Inf", 8 * steps))
+        return [f'vllm:{name}_bucket{{{lab},le="{le}"}} {n}' for le, n in cumulative] + [
+            f"vllm:{name}_count{{{lab}}} {8 * steps}", f"vllm:{name}_sum{{{lab}}} 0"]
+
+
+def _config(url: str) -> AgentConfig:
+    return build({}, {}, {"engine_url": [url], "nvml": False, "process": False, "interval": "1s",
+                          "model": "llama-3-8b"})
+
+
+class Run:
+    """One agent on a FakeClock against a ScriptedVllm, with or without the proxy's gaps."""
+
+    def __init__(self, agent: Agent, engine: FakeEngine, vllm: ScriptedVllm, clock: FakeClock,
+                 gaps: ClientGaps | None) -> None:
+        self.agent, self.engine, self.vllm, self.clock, self.gaps = agent, engine, vllm, clock, gaps
+
+    async def second(self, *, stall: bool = False, client_gaps: tuple[float, ...] = NORMAL_GAPS) -> tuple[Verdicts, ...]:
+        """One second of decoding (the proxy's gaps arrive through it), then the agent's sample."""
+        start = self.clock.now
+        self.clock.advance(1.0)
+        self.vllm.seconds += 1
+        self.vllm.stalled += stall
+        if self.gaps is not None:
+            gaps = client_gaps + ((STALL_GAP,) if stall else ())
+            for i, gap in enumerate(gaps):
+                self.gaps.add(start + (i + 1) / (len(gaps) + 1), gap)
+        self.engine.body = self.vllm.page()
+        await self.agent.sample_engines_once()
+        (target,) = self.agent.snapshot.targets
+        return tuple(s.verdicts for s in target.series)
+
+
+@pytest.fixture
+async def run_with(fake_engine: FakeEngine) -> AsyncIterator:
+    agents = []
+
+    async def make(*, proxy: bool, ranks: tuple[str, ...] = ("0",)) -> Run:
+        clock, vllm = FakeClock(), ScriptedVllm(ranks)
+        fake_engine.body = vllm.page()
+        context = started_agent(_config(fake_engine.url), loops=False, clock=clock)
+        agent = await context.__aenter__()
+        agents.append(context)
+        gaps = ClientGaps() if proxy else None
+        if gaps is not None:
+            agent.use_client_gaps(agent.config.targets[0].name, gaps)
+        await agent.sample_engines_once()
+        return Run(agent, fake_engine, vllm, clock, gaps)
+
+    yield make
+    for context in agents:
+        await context.__aexit__(None, None, None)
+
+
+async def test_the_proxy_catches_a_stall_the_engine_buckets_blur(run_with) -> None:
+    run = await run_with(proxy=True)
+    for _ in range(BASELINE_SECONDS):
+        (steady,) = await run.second()
+    assert steady.itl_source == ITL_FROM_PROXY
+    assert steady.head_of_line is False
+    assert steady.itl_inflation == pytest.approx(1.0)
+    (stalled,) = await run.second(stall=True)
+    assert stalled.itl_source == ITL_FROM_PROXY
+    assert stalled.itl_inflation == pytest.approx(STALL_GAP / max(NORMAL_GAPS))
+    assert stalled.head_of_line is True
+
+
+async def test_without_the_proxy_the_same_stall_reads_2x_and_is_not_flagged(run_with) -> None:
+    run = await run_with(proxy=False)
+    for _ in range(BASELINE_SECONDS):
+        (steady,) = await run.second()
+    assert steady.itl_source == ITL_FROM_ENGINE and steady.head_of_line is False
+    (stalled,) = await run.second(stall=True)
+    assert stalled.itl_source == ITL_FROM_ENGINE
+    assert stalled.itl_inflation == pytest.approx(0.05 / 0.025)
+    assert stalled.head_of_line is False
+
+
+async def test_the_engine_judges_until_the_proxy_has_a_baseline_and_while_it_sees_no_tokens(run_with) -> None:
+    run = await run_with(proxy=True)
+    for _ in range(5):
+        (early,) = await run.second()
+    assert early.itl_source == ITL_FROM_ENGINE  # the proxy's baseline needs 30 s
+    for _ in range(BASELINE_SECONDS):
+        await run.second()
+    (overlap,) = await run.second(client_gaps=())  # no stream through the proxy this second, but the
+    assert overlap.itl_source == ITL_FROM_PROXY  # span is 1.5 intervals: the previous second's end counts
+    (quiet,) = await run.second(client_gaps=())
+    assert quiet.itl_source == ITL_FROM_ENGINE
+    (back,) = await run.second()
+    assert back.itl_source == ITL_FROM_PROXY
+
+
+async def test_a_target_with_several_ranks_is_judged_by_the_engine(run_with) -> None:
+    """The proxy cannot tell which rank a stream ran on: its gaps judge no rank."""
+    run = await run_with(proxy=True, ranks=("0", "1"))
+    for _ in range(BASELINE_SECONDS):
+        await run.second()
+    verdicts = await run.second(stall=True)
+    assert [v.itl_source for v in verdicts] == [ITL_FROM_ENGINE, ITL_FROM_ENGINE]
+    assert [v.head_of_line for v in verdicts] == [False, False]
+
+
+async def test_the_source_is_exported_one_series_per_source(run_with) -> None:
+    run = await run_with(proxy=True)
+    for _ in range(BASELINE_SECONDS):
+        await run.second()
+    await run.second(stall=True)
+    text = generate_latest(registry_for(lambda: run.agent.snapshot)).decode()
+    assert 'rooflight_head_of_line_source{engine="vllm",model="m",rank="0",source="proxy",target=' in text
+    lines = {line.split(",source=")[1].split(",")[0]: line.rsplit(" ", 1)[1]
+             for line in text.splitlines() if line.startswith("rooflight_head_of_line_source{")}
+    assert lines == {'"engine"': "0.0", '"proxy"': "1.0"}
+    assert any(line.startswith("rooflight_head_of_line_blocking{") and line.endswith(" 1.0") for line in text.splitlines())

@@ -1,0 +1,35 @@
+"""ClientGaps: the worst client-seen gap over a span, to its 100 ms slots, with bounded memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from rooflight.agent.signals.token_gaps import ClientGaps
+
+
+def test_the_worst_gap_of_a_span_and_none_where_no_token_arrived() -> None:
+    gaps = ClientGaps()
+    for t, gap in ((100.05, 0.004), (100.31, 0.060), (100.52, 0.005), (101.43, 0.007)):
+        gaps.add(t, gap)
+    assert gaps.worst_between(100.0, 101.5) == pytest.approx(0.060)
+    assert gaps.worst_between(100.4, 101.5) == pytest.approx(0.007)  # the stall's slot is before the span
+    assert gaps.worst_between(100.4, 100.6) == pytest.approx(0.005)
+    assert gaps.worst_between(101.5, 102.0) is None
+    assert gaps.worst_between(99.0, 99.9) is None
+
+
+def test_the_open_slot_counts_and_a_zero_gap_is_a_token_that_arrived() -> None:
+    gaps = ClientGaps()
+    gaps.add(5.01, 0.0)  # tokens delivered in one read are 0 s apart
+    assert gaps.worst_between(4.9, 5.05) == 0.0
+    gaps.add(5.02, 0.003)
+    assert gaps.worst_between(4.9, 5.05) == pytest.approx(0.003)
+
+
+def test_slots_older_than_keep_seconds_are_dropped() -> None:
+    gaps = ClientGaps(keep_seconds=2.0)
+    for i in range(100):  # 10 s of one gap per slot
+        gaps.add(i / 10 + 0.01, 0.001 * (i + 1))
+    assert len(gaps._closed) <= 21
+    assert gaps.worst_between(0.0, 5.0) is None  # forgotten
+    assert gaps.worst_between(9.0, 10.0) == pytest.approx(0.100)
