@@ -12,6 +12,7 @@ steps can bunch up: a real engine near its roof can read a little over 1.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -19,7 +20,8 @@ from typing import Mapping
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.signals.windows import (
-    CorrectedHistogram, Point, SeriesHistory, histogram_delta, histogram_quantile, increase, mean, rate,
+    CorrectedHistogram, Point, SeriesHistory, histogram_delta, histogram_quantile, histogram_quantiles, increase,
+    mean, rate,
 )
 from rooflight.collectors.samples import EngineSeries, Histogram
 
@@ -140,6 +142,8 @@ def derive_window(
     prompt_increase, step_increase = increase(first, last, PROMPT), increase(first, last, STEPS)
     mbu, mfu, dropped = _in_range(_mbu(constants, live_kv, steps, running), _mfu(constants, tokens))
     ttft, itl = histogram_delta(first, last, TTFT), histogram_delta(first, last, ITL)
+    (ttft_percentiles, ttft_tail), (itl_percentiles, itl_tail) = (
+        _percentiles_and_tail(ttft, percentiles), _percentiles_and_tail(itl, percentiles))
     transferred = rate(first, last, KV_TRANSFER)
     return WindowValues(
         window=window,
@@ -150,8 +154,8 @@ def derive_window(
         mbu=mbu,
         mfu=mfu,
         decode_intensity=_decode_intensity(constants, running, live_kv),
-        ttft=_percentiles(ttft, percentiles),
-        itl=_percentiles(itl, percentiles),
+        ttft=ttft_percentiles,
+        itl=itl_percentiles,
         mean_running=running,
         mean_kv_usage=kv_usage,
         mean_live_kv_bytes=live_kv,
@@ -161,7 +165,7 @@ def derive_window(
         spec_decode_acceptance=_ratio(increase(first, last, ACCEPTED), increase(first, last, DRAFT)),
         dropped=dropped,
         requests_per_second=_observation_rate(ttft, last.t - first.t),
-        slo_tail=_tail({"ttft": ttft, "itl": itl}),
+        slo_tail={name: v for name, v in (("ttft", ttft_tail), ("itl", itl_tail)) if v is not None},
         kv_transfer_tokens_per_second=transferred,
         kv_transfer_bytes_per_second=kv_bytes(transferred, constants),
         kv_transfer_latency_seconds=_scaled(transfer_mean(first, last, KV_TRANSFER_MS_SUM, KV_TRANSFER_MS_COUNT,
@@ -215,15 +219,6 @@ def _observation_rate(hist: CorrectedHistogram | None, seconds: float) -> float 
     if hist is None or not hist.counts or seconds <= 0 or not math.isinf(hist.bounds[-1]):
         return None
     return max(0.0, hist.counts[-1]) / seconds
-
-
-def _tail(hists: Mapping[str, CorrectedHistogram | None]) -> dict[str, float]:
-    out = {}
-    for name, hist in hists.items():
-        value = histogram_quantile(SLO_QUANTILE, hist) if hist is not None else None
-        if value is not None:
-            out[name] = value
-    return out
 
 
 def _in_range(
@@ -329,9 +324,21 @@ def _decode_intensity(
 def _percentiles(delta: CorrectedHistogram | None, percentiles: tuple[str, ...]) -> dict[str, float]:
     if delta is None:
         return {}
-    out = {}
-    for p in percentiles:
-        value = histogram_quantile(float(p) / 100.0, delta)
-        if value is not None:
-            out[p] = value
-    return out
+    values = histogram_quantiles(_quantiles_of(percentiles), delta)
+    return {p: v for p, v in zip(percentiles, values) if v is not None}
+
+
+def _percentiles_and_tail(
+    delta: CorrectedHistogram | None, percentiles: tuple[str, ...]
+) -> tuple[dict[str, float], float | None]:
+    """The exported percentiles of a histogram and its SLO_QUANTILE, from one pass over its counts."""
+    if delta is None:
+        return {}, None
+    *values, tail = histogram_quantiles(_quantiles_of(percentiles) + (SLO_QUANTILE,), delta)
+    return {p: v for p, v in zip(percentiles, values) if v is not None}, tail
+
+
+@functools.lru_cache(maxsize=32)
+def _quantiles_of(percentiles: tuple[str, ...]) -> tuple[float, ...]:
+    """The percentiles' names as quantiles (parsed once per configuration, not per window and sample)."""
+    return tuple(float(p) / 100.0 for p in percentiles)

@@ -33,7 +33,9 @@ also drop a histogram of over expfmt.MAX_HISTOGRAM_BUCKETS buckets.)
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
+import operator
 from dataclasses import dataclass
 from array import array
 from typing import Iterator, Mapping, Sequence
@@ -291,7 +293,7 @@ def histogram_delta(first: Point, last: Point, name: str) -> CorrectedHistogram 
     a, b = first.histograms.get(name), last.histograms.get(name)
     if a is None or b is None or a.bounds != b.bounds:
         return None
-    return CorrectedHistogram(b.bounds, tuple(y - x for x, y in zip(a.counts, b.counts)))
+    return CorrectedHistogram(b.bounds, tuple(map(operator.sub, b.counts, a.counts)))
 
 
 def histogram_quantile(q: float, hist: CorrectedHistogram) -> float | None:
@@ -301,14 +303,26 @@ def histogram_quantile(q: float, hist: CorrectedHistogram) -> float | None:
     the upper bound of the last finite bucket when the rank falls in +Inf. None where Prometheus
     would return NaN (no observations, or no +Inf bucket).
     """
-    bounds, counts = hist.bounds, _monotonic(hist.counts)
-    if len(bounds) < 2 or not math.isinf(bounds[-1]) or not 0.0 <= q <= 1.0:
-        return None
+    return histogram_quantiles((q,), hist)[0]
+
+
+def histogram_quantiles(qs: Sequence[float], hist: CorrectedHistogram) -> tuple[float | None, ...]:
+    """histogram_quantile of each of `qs`, from one cumulative pass over the counts and a bisection per
+    quantile: a window exports several percentiles of each of its histograms on every sample."""
+    bounds = hist.bounds
+    if len(bounds) < 2 or not math.isinf(bounds[-1]):
+        return (None,) * len(qs)
+    counts = _monotonic(hist.counts)
     total = counts[-1]
     if total <= 0:
-        return None
+        return (None,) * len(qs)
+    return tuple(_quantile_in(q, bounds, counts, total) if 0.0 <= q <= 1.0 else None for q in qs)
+
+
+def _quantile_in(q: float, bounds: Sequence[float], counts: Sequence[float], total: float) -> float:
+    """The q-quantile (0 <= q <= 1) of non-decreasing cumulative `counts` over `bounds`, the last +Inf."""
     rank = q * total
-    b = next(i for i, c in enumerate(counts) if c >= rank)
+    b = bisect.bisect_left(counts, rank)  # the first bucket whose cumulative count reaches the rank
     if b == len(bounds) - 1:
         return bounds[-2]
     if b == 0 and bounds[0] <= 0:
@@ -323,10 +337,8 @@ def histogram_quantile(q: float, hist: CorrectedHistogram) -> float | None:
 
 def _monotonic(counts: Sequence[float]) -> list[float]:
     """Cumulative counts can dip by float error or a scrape race; Prometheus flattens such dips."""
-    out, top = [], 0.0
-    for c in counts:
-        top = max(top, c)
-        out.append(top)
+    out = list(itertools.accumulate(counts, max, initial=0.0))  # max keeps the running top over a NaN
+    del out[0]
     return out
 
 

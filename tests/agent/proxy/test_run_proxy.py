@@ -169,6 +169,31 @@ async def test_a_request_through_the_proxy_is_on_the_agents_metrics_beside_the_e
     promtool_clean(text)  # one page, two registries' families: still a valid exposition
 
 
+async def test_the_proxys_gaps_reach_the_head_of_line_detector_of_the_target_it_fronts(engine: Engine) -> None:
+    """One clock, one feed: each gap the proxy relays is what the fronted target's detector will read."""
+    port, proxy_port = free_port(), free_port()
+    config = agent_config("--engine-url", engine.url, "--target-name", "pod-a", "--listen", f"127.0.0.1:{port}",
+                          "--interval", "0.2", "--no-nvml", "--no-process", "--proxy-listen", f"127.0.0.1:{proxy_port}")
+    agent = Agent(config)
+    async with serve_task(agent, port, proxy=for_agent(config)):
+        async with aiohttp.ClientSession() as session:
+            text = await _wait_for(session, f"{agent_url(port)}/metrics", "rooflight_head_of_line_source{")
+            await _stream(session, f"http://127.0.0.1:{proxy_port}")
+        (loop,) = agent.engines
+        assert loop.client_gaps is not None
+        now = agent.clock.monotonic()
+        worst = loop.client_gaps.worst_between(now - 5.0, now)
+    assert worst is not None and GAP * 0.9 <= worst < 1.0  # the engine sleeps GAP between tokens
+    # Until the proxy's gaps span the baseline's 30 s, the engine's buckets judge, and say so.
+    sources = {line.split('source="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+               for line in text.splitlines() if line.startswith("rooflight_head_of_line_source{")}
+    assert sources == {"engine": 1.0, "proxy": 0.0}
+
+
+def agent_url(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
 async def test_the_tenant_header_is_hashed_on_the_agents_metrics(serving: tuple[str, str, asyncio.Task[None]]) -> None:
     agent_url, proxy_url, _ = serving
     async with aiohttp.ClientSession() as session:
