@@ -172,3 +172,12 @@ async def test_the_source_is_exported_one_series_per_source(run_with) -> None:
              for line in text.splitlines() if line.startswith("rooflight_head_of_line_source{")}
     assert lines == {'"engine"': "0.0", '"proxy"': "1.0"}
     assert any(line.startswith("rooflight_head_of_line_blocking{") and line.endswith(" 1.0") for line in text.splitlines())
+
+
+async def test_streams_that_arrive_in_bursts_leave_the_judging_to_the_engine(run_with) -> None:
+    """An API server behind its engine writes many tokens per read: gaps of 0, a median of 0, no ratio."""
+    run = await run_with(proxy=True)
+    for _ in range(BASELINE_SECONDS):
+        (burst,) = await run.second(client_gaps=(0.0, 0.0, 0.0))
+    assert burst.itl_source == ITL_FROM_ENGINE
+    assert burst.itl_inflation == pytest.approx(1.0)
