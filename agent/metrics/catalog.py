@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Iterable
 
 from rooflight.agent.metrics import names as n
 from rooflight.agent.signals.derive import MAX_UTILIZATION
@@ -22,103 +23,103 @@ HEALTH = ("source", "target")
 
 @dataclass(frozen=True, slots=True)
 class MetricDef:
-    name: str  # as exposed (counters include _total)
-    type: str  # gauge or counter
+    name: str  # as exposed (counters include _total; histograms without _bucket/_sum/_count)
+    type: str  # gauge, counter or histogram (the proxy's)
     labels: tuple[str, ...]
     unit: str
     help: str
 
 
-def _g(name: str, labels: tuple[str, ...], unit: str, help_: str) -> MetricDef:
+def gauge(name: str, labels: tuple[str, ...], unit: str, help_: str) -> MetricDef:
     return MetricDef(name, "gauge", labels, unit, help_)
 
 
-def _c(name: str, labels: tuple[str, ...], unit: str, help_: str) -> MetricDef:
+def counter(name: str, labels: tuple[str, ...], unit: str, help_: str) -> MetricDef:
     return MetricDef(name, "counter", labels, unit, help_)
 
 
 CATALOG: tuple[MetricDef, ...] = (
     # Health of each source.
-    _g(n.SOURCE_UP, HEALTH, "", "1 if the last sample of this source succeeded, else 0."),
-    _g(n.SOURCE_LAST_SUCCESS, HEALTH, "seconds", "Unix time of the last good sample of this source."),
-    _g(n.SOURCE_SAMPLE_DURATION, HEALTH, "seconds", "How long the last sample of this source took."),
-    _c(n.SOURCE_ERRORS, HEALTH + ("reason",), "", "Failed samples by reason (timeout, refused, http_status, parse, too_large, nvml, process, other); counter_regress: a sample read, with a counter that keeps going backwards, its rates withheld."),
-    _g(n.SOURCE_SERIES_DROPPED, HEALTH, "series", "Engine series (model, rank) over the per-target cap (max_series) in the last sample, not tracked (of the samples read: see rooflight_source_samples_dropped)."),
-    _g(n.SOURCE_SAMPLES_DROPPED, HEALTH, "samples", f"Exposition samples on the engine's last page past the per-page cap ({SAMPLES_PER_SERIES} x max_series, at least {MIN_PAGE_SAMPLES}), counted and not read."),
-    _g(n.SOURCE_LABELS_TRUNCATED, HEALTH, "labels", f"Label values on the engine's last page longer than {MAX_LABEL_VALUE_CHARS} characters, cut to that length and marked [truncated]."),
-    _c(n.SOURCE_VALUES_DROPPED, HEALTH + ("reason",), "", f"Values withheld as physically impossible, by reason: mbu_out_of_range and mfu_out_of_range (above {MAX_UTILIZATION:g}, per window and phase), kv_usage_out_of_range (KV occupancy outside 0..1); what the engine's input made unusable: histogram_too_many_buckets (a histogram of over {MAX_HISTOGRAM_BUCKETS} buckets, not read), info_out_of_range (a KV pool, batch cap, context or TP past its plausible bound, or zero), derivation_failed (a series' windows or signals raised: exported without them)."),
-    _g(n.BUILD_INFO, ("version", "python"), "", "1; the agent's version."),
+    gauge(n.SOURCE_UP, HEALTH, "", "1 if the last sample of this source succeeded, else 0."),
+    gauge(n.SOURCE_LAST_SUCCESS, HEALTH, "seconds", "Unix time of the last good sample of this source."),
+    gauge(n.SOURCE_SAMPLE_DURATION, HEALTH, "seconds", "How long the last sample of this source took."),
+    counter(n.SOURCE_ERRORS, HEALTH + ("reason",), "", "Failed samples by reason (timeout, refused, http_status, parse, too_large, nvml, process, other); counter_regress: a sample read, with a counter that keeps going backwards, its rates withheld."),
+    gauge(n.SOURCE_SERIES_DROPPED, HEALTH, "series", "Engine series (model, rank) over the per-target cap (max_series) in the last sample, not tracked (of the samples read: see rooflight_source_samples_dropped)."),
+    gauge(n.SOURCE_SAMPLES_DROPPED, HEALTH, "samples", f"Exposition samples on the engine's last page past the per-page cap ({SAMPLES_PER_SERIES} x max_series, at least {MIN_PAGE_SAMPLES}), counted and not read."),
+    gauge(n.SOURCE_LABELS_TRUNCATED, HEALTH, "labels", f"Label values on the engine's last page longer than {MAX_LABEL_VALUE_CHARS} characters, cut to that length and marked [truncated]."),
+    counter(n.SOURCE_VALUES_DROPPED, HEALTH + ("reason",), "", f"Values withheld as physically impossible, by reason: mbu_out_of_range and mfu_out_of_range (above {MAX_UTILIZATION:g}, per window and phase), kv_usage_out_of_range (KV occupancy outside 0..1); what the engine's input made unusable: histogram_too_many_buckets (a histogram of over {MAX_HISTOGRAM_BUCKETS} buckets, not read), info_out_of_range (a KV pool, batch cap, context or TP past its plausible bound, or zero), derivation_failed (a series' windows or signals raised: exported without them)."),
+    gauge(n.BUILD_INFO, ("version", "python"), "", "1; the agent's version."),
     # Engine state.
-    _g(n.REQUESTS_RUNNING, SERIES, "requests", "Sequences in the running batch, as the engine reports."),
-    _g(n.REQUESTS_WAITING, SERIES, "requests", "Requests queued, as the engine reports."),
-    _g(n.REQUESTS_WAITING_BY_REASON, SERIES + ("reason",), "requests", "Queued requests by the engine's reason (vLLM: capacity = KV, deferred = LoRA/transfer/other)."),
-    _g(n.BATCH_MAX_REQUESTS, SERIES, "requests", "The engine's batch cap (max_num_seqs etc.), from its metrics or the agent's config."),
-    _g(n.BATCH_OCCUPANCY, SERIES, "ratio", "running / batch cap."),
-    _g(n.KV_USAGE, SERIES, "ratio", "KV-cache occupancy, 0..1, as the engine reports (not NVML memory, which is preallocated)."),
-    _g(n.KV_CAPACITY_TOKENS, SERIES, "tokens", "KV-cache capacity in tokens (vLLM: cache_config_info)."),
-    _g(n.KV_LIVE_BYTES, SERIES, "bytes", "Live KV bytes = occupancy x capacity in tokens x K+V bytes per token."),
-    _c(n.PROMPT_TOKENS, SERIES, "tokens", "Prompt tokens prefilled (computed ones where the engine separates prefix-cache hits)."),
-    _c(n.GENERATION_TOKENS, SERIES, "tokens", "Tokens generated by decode."),
-    _c(n.ENGINE_STEPS, SERIES, "steps", "Engine iterations (forward passes over the batch)."),
-    _c(n.PREEMPTIONS, SERIES, "preemptions", "Sequences preempted because the KV cache ran out."),
+    gauge(n.REQUESTS_RUNNING, SERIES, "requests", "Sequences in the running batch, as the engine reports."),
+    gauge(n.REQUESTS_WAITING, SERIES, "requests", "Requests queued, as the engine reports."),
+    gauge(n.REQUESTS_WAITING_BY_REASON, SERIES + ("reason",), "requests", "Queued requests by the engine's reason (vLLM: capacity = KV, deferred = LoRA/transfer/other)."),
+    gauge(n.BATCH_MAX_REQUESTS, SERIES, "requests", "The engine's batch cap (max_num_seqs etc.), from its metrics or the agent's config."),
+    gauge(n.BATCH_OCCUPANCY, SERIES, "ratio", "running / batch cap."),
+    gauge(n.KV_USAGE, SERIES, "ratio", "KV-cache occupancy, 0..1, as the engine reports (not NVML memory, which is preallocated)."),
+    gauge(n.KV_CAPACITY_TOKENS, SERIES, "tokens", "KV-cache capacity in tokens (vLLM: cache_config_info)."),
+    gauge(n.KV_LIVE_BYTES, SERIES, "bytes", "Live KV bytes = occupancy x capacity in tokens x K+V bytes per token."),
+    counter(n.PROMPT_TOKENS, SERIES, "tokens", "Prompt tokens prefilled (computed ones where the engine separates prefix-cache hits)."),
+    counter(n.GENERATION_TOKENS, SERIES, "tokens", "Tokens generated by decode."),
+    counter(n.ENGINE_STEPS, SERIES, "steps", "Engine iterations (forward passes over the batch)."),
+    counter(n.PREEMPTIONS, SERIES, "preemptions", "Sequences preempted because the KV cache ran out."),
     # Windowed.
-    _g(n.TOKENS_PER_SECOND, WINDOWED + ("phase",), "tokens/s", "Tokens per second by phase over the window (prefill and decode, never one number)."),
-    _g(n.STEPS_PER_SECOND, WINDOWED, "steps/s", "Engine steps per second over the window."),
-    _g(n.PREEMPTIONS_PER_SECOND, WINDOWED, "preemptions/s", "Preemptions per second over the window."),
-    _g(n.MBU, WINDOWED, "ratio", "Model bandwidth utilization: (weight bytes + mean live KV bytes) x steps/s / (HBM peak x TP). Judge decode by it."),
-    _g(n.MFU, WINDOWED + ("phase",), "ratio", "Model FLOPs utilization: tokens/s x 2 x active params / (dense peak FLOP/s x TP). Judge prefill by it."),
-    _g(n.MBU_TO_DRAM, WINDOWED, "ratio", "Derived MBU / measured GPM DRAM bandwidth utilization of the target's GPUs over the window: 1 = the model explains the traffic; below 1 = traffic the model does not explain; above 1 = constants overstate bytes."),
-    _g(n.SPEC_DECODE_ACCEPTANCE, WINDOWED, "ratio", "Speculative decoding: accepted / proposed draft tokens over the window (vLLM, TRT-LLM, llama.cpp). Under spec decode ITL counts per output event, which can carry several tokens."),
-    _g(n.DECODE_INTENSITY, WINDOWED, "FLOP/byte", "Decode arithmetic intensity at the mean batch B: B x 2P / (weight bytes + live KV bytes); compare with the ridge point."),
-    _g(n.TTFT, WINDOWED + ("percentile",), "seconds", "Time-to-first-token percentile over the window, from the engine histogram's deltas, interpolated as histogram_quantile does."),
-    _g(n.ITL, WINDOWED + ("percentile",), "seconds", "Inter-token-latency percentile over the window, from the engine histogram's deltas, interpolated as histogram_quantile does."),
-    _g(n.REQUESTS_PER_SECOND, WINDOWED, "requests/s", "Requests that got their first token, per second over the window: the TTFT histogram's observations (one per request)."),
-    _g(n.KV_TRANSFER_TOKENS, WINDOWED, "tokens/s", "Prompt tokens per second whose KV cache arrived from another instance over a KV connector (vLLM prompt_tokens_by_source, source=external_kv_transfer): a disaggregated decode pool's intake."),
-    _g(n.KV_TRANSFER_BYTES, WINDOWED, "bytes/s", "Those tokens x K+V bytes per token (summed over the TP ranks): the KV bytes per second the connector delivered."),
-    _g(n.KV_TRANSFER_LATENCY, WINDOWED, "seconds", "Mean time of one KV cache transfer between disaggregated prefill and decode instances over the window, as the engine measures it (SGLang kv_transfer_latency_ms: histogram sum/count, or the time-weighted mean of the last transfer's gauge). Absent where the engine reports none."),
-    _g(n.KV_TRANSFER_SPEED, WINDOWED, "bytes/s", "Mean speed of one KV cache transfer over the window, as the engine measures it (SGLang kv_transfer_speed_gb_s x 1e9: histogram sum/count, or the time-weighted mean of the last transfer's gauge). Absent where the engine reports none."),
-    _g(n.PREFIX_CACHE_HIT_RATIO, WINDOWED, "ratio", "Prompt tokens found in the engine's prefix cache / prompt tokens looked up, over the window (vLLM prefix_cache_hits/queries, SGLang realtime prefill_cache/compute tokens, llama.cpp cached prompt tokens); SGLang before 2025: the time-weighted mean of its cache_hit_rate gauge (the last prefill batch's). Absent for a window without lookups."),
-    _g(n.REQUEST_PROMPT_TOKENS, WINDOWED + ("percentile",), "tokens", "Prompt length per request: the percentile over the requests the engine's prompt-length histogram observed in the window, interpolated as histogram_quantile does."),
-    _g(n.REQUEST_OUTPUT_TOKENS, WINDOWED + ("percentile",), "tokens", "Output (generated) length per request: the percentile over the requests the engine's output-length histogram observed in the window, interpolated as histogram_quantile does."),
-    _g(n.REQUEST_QUEUE_TIME, WINDOWED + ("percentile",), "seconds", "Queue time per request, arrival to first scheduling: the percentile over the engine's queue-time histogram's observations in the window, interpolated as histogram_quantile does."),
+    gauge(n.TOKENS_PER_SECOND, WINDOWED + ("phase",), "tokens/s", "Tokens per second by phase over the window (prefill and decode, never one number)."),
+    gauge(n.STEPS_PER_SECOND, WINDOWED, "steps/s", "Engine steps per second over the window."),
+    gauge(n.PREEMPTIONS_PER_SECOND, WINDOWED, "preemptions/s", "Preemptions per second over the window."),
+    gauge(n.MBU, WINDOWED, "ratio", "Model bandwidth utilization: (weight bytes + mean live KV bytes) x steps/s / (HBM peak x TP). Judge decode by it."),
+    gauge(n.MFU, WINDOWED + ("phase",), "ratio", "Model FLOPs utilization: tokens/s x 2 x active params / (dense peak FLOP/s x TP). Judge prefill by it."),
+    gauge(n.MBU_TO_DRAM, WINDOWED, "ratio", "Derived MBU / measured GPM DRAM bandwidth utilization of the target's GPUs over the window: 1 = the model explains the traffic; below 1 = traffic the model does not explain; above 1 = constants overstate bytes."),
+    gauge(n.SPEC_DECODE_ACCEPTANCE, WINDOWED, "ratio", "Speculative decoding: accepted / proposed draft tokens over the window (vLLM, TRT-LLM, llama.cpp). Under spec decode ITL counts per output event, which can carry several tokens."),
+    gauge(n.DECODE_INTENSITY, WINDOWED, "FLOP/byte", "Decode arithmetic intensity at the mean batch B: B x 2P / (weight bytes + live KV bytes); compare with the ridge point."),
+    gauge(n.TTFT, WINDOWED + ("percentile",), "seconds", "Time-to-first-token percentile over the window, from the engine histogram's deltas, interpolated as histogram_quantile does."),
+    gauge(n.ITL, WINDOWED + ("percentile",), "seconds", "Inter-token-latency percentile over the window, from the engine histogram's deltas, interpolated as histogram_quantile does."),
+    gauge(n.REQUESTS_PER_SECOND, WINDOWED, "requests/s", "Requests that got their first token, per second over the window: the TTFT histogram's observations (one per request)."),
+    gauge(n.KV_TRANSFER_TOKENS, WINDOWED, "tokens/s", "Prompt tokens per second whose KV cache arrived from another instance over a KV connector (vLLM prompt_tokens_by_source, source=external_kv_transfer): a disaggregated decode pool's intake."),
+    gauge(n.KV_TRANSFER_BYTES, WINDOWED, "bytes/s", "Those tokens x K+V bytes per token (summed over the TP ranks): the KV bytes per second the connector delivered."),
+    gauge(n.KV_TRANSFER_LATENCY, WINDOWED, "seconds", "Mean time of one KV cache transfer between disaggregated prefill and decode instances over the window, as the engine measures it (SGLang kv_transfer_latency_ms: histogram sum/count, or the time-weighted mean of the last transfer's gauge). Absent where the engine reports none."),
+    gauge(n.KV_TRANSFER_SPEED, WINDOWED, "bytes/s", "Mean speed of one KV cache transfer over the window, as the engine measures it (SGLang kv_transfer_speed_gb_s x 1e9: histogram sum/count, or the time-weighted mean of the last transfer's gauge). Absent where the engine reports none."),
+    gauge(n.PREFIX_CACHE_HIT_RATIO, WINDOWED, "ratio", "Prompt tokens found in the engine's prefix cache / prompt tokens looked up, over the window (vLLM prefix_cache_hits/queries, SGLang realtime prefill_cache/compute tokens, llama.cpp cached prompt tokens); SGLang before 2025: the time-weighted mean of its cache_hit_rate gauge (the last prefill batch's). Absent for a window without lookups."),
+    gauge(n.REQUEST_PROMPT_TOKENS, WINDOWED + ("percentile",), "tokens", "Prompt length per request: the percentile over the requests the engine's prompt-length histogram observed in the window, interpolated as histogram_quantile does."),
+    gauge(n.REQUEST_OUTPUT_TOKENS, WINDOWED + ("percentile",), "tokens", "Output (generated) length per request: the percentile over the requests the engine's output-length histogram observed in the window, interpolated as histogram_quantile does."),
+    gauge(n.REQUEST_QUEUE_TIME, WINDOWED + ("percentile",), "seconds", "Queue time per request, arrival to first scheduling: the percentile over the engine's queue-time histogram's observations in the window, interpolated as histogram_quantile does."),
     # Capacity, cost and energy (docs/metrics.md, section Capacity, cost and energy).
-    _g(n.HEADROOM, WINDOWED + ("resource",), "ratio", "Room left before a wall, 1 idle, 0 at the wall; resource: kv (1 - mean KV occupancy, 0 if the window preempted), batch (1 - mean running / batch cap), decode_bandwidth (the share of the decode tokens/s ceiling at this context that more batch can still buy), prefill_compute (1 - prefill MFU / the MFU a real prefill reaches), ttft_slo and itl_slo (1 - p99 / the SLO, where set)."),
-    _g(n.SATURATION, WINDOWED + ("role",), "ratio", "1 - the smallest headroom among the resources of the target's role (both: all; prefill: prefill_compute, ttft_slo; decode: kv, batch, decode_bandwidth, itl_slo): 1 at the first wall. Scale on it."),
-    _g(n.SATURATION_BINDING, WINDOWED + ("role", "resource"), "", "1; resource = the one whose headroom sets rooflight_saturation_ratio."),
-    _g(n.CAPACITY_REQUESTS, WINDOWED, "requests/s", "Requests/s the roofline sustains at the window's prompt/output mix before the first wall (KV or batch cap): 1 / (output x decode step at that batch / batch + prompt x 2P / (peak x prefill MFU))."),
-    _g(n.CAPACITY_DECODE_TOKENS, WINDOWED, "tokens/s", "Decode tokens/s at that capacity: capacity requests/s x mean output tokens per request."),
-    _g(n.CAPACITY_PHASE_TOKENS, WINDOWED + ("phase",), "tokens/s", "Tokens/s of one phase alone (what one pool group of that phase carries): prefill = peak x prefill MFU / 2P; decode = the first wall's batch / its decode step."),
-    _g(n.COST_PER_MILLION_TOKENS, WINDOWED + ("phase",), "currency/1M tokens", "GPU price per hour x GPUs (TP) / (the phase's tokens/s x 3600 / 1e6), where gpu_hour_cost is set; the whole GPU-hour is charged to each phase."),
-    _g(n.TOKENS_PER_JOULE, WINDOWED + ("phase",), "tokens/J", "The phase's tokens/s / the mean power of the target's GPUs over the window (NVML's energy counter); absent where a GPU does not report energy."),
+    gauge(n.HEADROOM, WINDOWED + ("resource",), "ratio", "Room left before a wall, 1 idle, 0 at the wall; resource: kv (1 - mean KV occupancy, 0 if the window preempted), batch (1 - mean running / batch cap), decode_bandwidth (the share of the decode tokens/s ceiling at this context that more batch can still buy), prefill_compute (1 - prefill MFU / the MFU a real prefill reaches), ttft_slo and itl_slo (1 - p99 / the SLO, where set)."),
+    gauge(n.SATURATION, WINDOWED + ("role",), "ratio", "1 - the smallest headroom among the resources of the target's role (both: all; prefill: prefill_compute, ttft_slo; decode: kv, batch, decode_bandwidth, itl_slo): 1 at the first wall. Scale on it."),
+    gauge(n.SATURATION_BINDING, WINDOWED + ("role", "resource"), "", "1; resource = the one whose headroom sets rooflight_saturation_ratio."),
+    gauge(n.CAPACITY_REQUESTS, WINDOWED, "requests/s", "Requests/s the roofline sustains at the window's prompt/output mix before the first wall (KV or batch cap): 1 / (output x decode step at that batch / batch + prompt x 2P / (peak x prefill MFU))."),
+    gauge(n.CAPACITY_DECODE_TOKENS, WINDOWED, "tokens/s", "Decode tokens/s at that capacity: capacity requests/s x mean output tokens per request."),
+    gauge(n.CAPACITY_PHASE_TOKENS, WINDOWED + ("phase",), "tokens/s", "Tokens/s of one phase alone (what one pool group of that phase carries): prefill = peak x prefill MFU / 2P; decode = the first wall's batch / its decode step."),
+    gauge(n.COST_PER_MILLION_TOKENS, WINDOWED + ("phase",), "currency/1M tokens", "GPU price per hour x GPUs (TP) / (the phase's tokens/s x 3600 / 1e6), where gpu_hour_cost is set; the whole GPU-hour is charged to each phase."),
+    gauge(n.TOKENS_PER_JOULE, WINDOWED + ("phase",), "tokens/J", "The phase's tokens/s / the mean power of the target's GPUs over the window (NVML's energy counter); absent where a GPU does not report energy."),
     # Detectors.
-    _g(n.HEAD_OF_LINE_BLOCKING, SERIES, "", "1 while the ITL tail inflates against its recent median with prefill work in the batch."),
-    _g(n.ITL_INFLATION, SERIES, "ratio", "The worst ITL since the agent's previous sample / its own recent median (of that worst, over the longest window); the worst is the upper bound of the highest ITL bucket that gained observations, or the exact worst gap between tokens where the proxy judged."),
-    _g(n.HEAD_OF_LINE_SOURCE, SERIES + ("source",), "", "Which ITL judged head-of-line (one series per source, 1 for the one that did): proxy = the exact gaps between tokens the client-side proxy relayed (rooflight run --proxy-listen, a target with one series, once 30 s of them are known), engine = the engine's ITL histogram buckets."),
-    _g(n.BATCH_CAPACITY_CAPPED, SERIES, "", "1 while the batch is capped by KV capacity: occupancy pinned near 1, preemptions climbing, requests waiting."),
-    _g(n.BATCH_ADMISSION_BOUND, SERIES, "", "1 while requests wait although the batch is well below its cap and KV has room."),
-    _g(n.BATCH_AT_CONFIGURED_MAX, SERIES, "", "1 while running = the configured batch cap with KV room: a config lever, not the memory wall."),
+    gauge(n.HEAD_OF_LINE_BLOCKING, SERIES, "", "1 while the ITL tail inflates against its recent median with prefill work in the batch."),
+    gauge(n.ITL_INFLATION, SERIES, "ratio", "The worst ITL since the agent's previous sample / its own recent median (of that worst, over the longest window); the worst is the upper bound of the highest ITL bucket that gained observations, or the exact worst gap between tokens where the proxy judged."),
+    gauge(n.HEAD_OF_LINE_SOURCE, SERIES + ("source",), "", "Which ITL judged head-of-line (one series per source, 1 for the one that did): proxy = the exact gaps between tokens the client-side proxy relayed (rooflight run --proxy-listen, a target with one series, once 30 s of them are known), engine = the engine's ITL histogram buckets."),
+    gauge(n.BATCH_CAPACITY_CAPPED, SERIES, "", "1 while the batch is capped by KV capacity: occupancy pinned near 1, preemptions climbing, requests waiting."),
+    gauge(n.BATCH_ADMISSION_BOUND, SERIES, "", "1 while requests wait although the batch is well below its cap and KV has room."),
+    gauge(n.BATCH_AT_CONFIGURED_MAX, SERIES, "", "1 while running = the configured batch cap with KV room: a config lever, not the memory wall."),
     # Constants.
-    _g(n.GPU_INFO, ("gpu", "uuid", "name", "profile", "source", "reason"), "", "1 per GPU; profile = the constants profile its NVML name matches, or unknown (no constants on file: the MBU and MFU of a target on it are absent, never another GPU's peaks); source = nvml, flag or default; reason = why a GPU is unknown, empty otherwise."),
-    _g(n.TARGET_GPU_INFO, ("target", "gpu", "uuid", "rule"), "", "1 per GPU a target's engine uses: join GPU series to a target on uuid. rule = how they were found: nvml_pids (NVML's compute processes include the engine's process tree), cuda_visible_devices (the engine's CUDA_VISIBLE_DEVICES), all_visible (no engine PID maps to a GPU: every GPU the agent sees)."),
-    _g(n.GPU_PEAK_FLOPS, ("target", "dtype"), "FLOP/s", "Per-GPU dense peak FLOP/s the target's MFU used (no 2:4 sparsity); absent for a GPU with no constants on file."),
-    _g(n.GPU_PEAK_BANDWIDTH, ("target",), "bytes/s", "Per-GPU HBM peak bandwidth the target's MBU used; absent for a GPU with no constants on file."),
-    _g(n.MODEL_INFO, ("target", "model", "spec", "config_source", "weight_dtype", "kv_dtype"), "", "1; the model constants used; spec = preset or config name."),
-    _g(n.MODEL_PARAMETERS, ("target", "model", "kind"), "parameters", "Parameters: total, and active per token (MoE)."),
-    _g(n.MODEL_WEIGHT_BYTES, ("target", "model"), "bytes", "Weight bytes streamed per decode step (whole model, all GPUs)."),
-    _g(n.MODEL_KV_BYTES_PER_TOKEN, ("target", "model"), "bytes", "K+V bytes per token, all layers."),
-    _g(n.TENSOR_PARALLEL_SIZE, ("target", "model"), "GPUs", "GPUs one model copy spans: what the engine says (its info endpoint or page), else --tp, else the GPUs NVML shows its processes on / the data-parallel ranks on its page, else 1."),
-    _g(n.ENGINE_CONFIG_INFO, SERIES, "", f"1; plus one label per memory or scheduler setting the engine tells, in its own spelling, from each adapter's fixed list (docs/engines.md, section Engine settings): vLLM cache_config_info (block_size, gpu_memory_utilization, num_gpu_blocks, ...) and /v1/models max_model_len, SGLang /server_info (chunked_prefill_size, max_prefill_tokens, ...), TGI /info, llama.cpp /props. Values cut at {MAX_SETTING_CHARS} characters."),
-    _g(n.GPU_HOUR_COST, ("target",), "currency/h", "Price of one of the target's GPUs per hour, as configured (gpu_hour_cost): the cost metrics' input."),
+    gauge(n.GPU_INFO, ("gpu", "uuid", "name", "profile", "source", "reason"), "", "1 per GPU; profile = the constants profile its NVML name matches, or unknown (no constants on file: the MBU and MFU of a target on it are absent, never another GPU's peaks); source = nvml, flag or default; reason = why a GPU is unknown, empty otherwise."),
+    gauge(n.TARGET_GPU_INFO, ("target", "gpu", "uuid", "rule"), "", "1 per GPU a target's engine uses: join GPU series to a target on uuid. rule = how they were found: nvml_pids (NVML's compute processes include the engine's process tree), cuda_visible_devices (the engine's CUDA_VISIBLE_DEVICES), all_visible (no engine PID maps to a GPU: every GPU the agent sees)."),
+    gauge(n.GPU_PEAK_FLOPS, ("target", "dtype"), "FLOP/s", "Per-GPU dense peak FLOP/s the target's MFU used (no 2:4 sparsity); absent for a GPU with no constants on file."),
+    gauge(n.GPU_PEAK_BANDWIDTH, ("target",), "bytes/s", "Per-GPU HBM peak bandwidth the target's MBU used; absent for a GPU with no constants on file."),
+    gauge(n.MODEL_INFO, ("target", "model", "spec", "config_source", "weight_dtype", "kv_dtype"), "", "1; the model constants used; spec = preset or config name."),
+    gauge(n.MODEL_PARAMETERS, ("target", "model", "kind"), "parameters", "Parameters: total, and active per token (MoE)."),
+    gauge(n.MODEL_WEIGHT_BYTES, ("target", "model"), "bytes", "Weight bytes streamed per decode step (whole model, all GPUs)."),
+    gauge(n.MODEL_KV_BYTES_PER_TOKEN, ("target", "model"), "bytes", "K+V bytes per token, all layers."),
+    gauge(n.TENSOR_PARALLEL_SIZE, ("target", "model"), "GPUs", "GPUs one model copy spans: what the engine says (its info endpoint or page), else --tp, else the GPUs NVML shows its processes on / the data-parallel ranks on its page, else 1."),
+    gauge(n.ENGINE_CONFIG_INFO, SERIES, "", f"1; plus one label per memory or scheduler setting the engine tells, in its own spelling, from each adapter's fixed list (docs/engines.md, section Engine settings): vLLM cache_config_info (block_size, gpu_memory_utilization, num_gpu_blocks, ...) and /v1/models max_model_len, SGLang /server_info (chunked_prefill_size, max_prefill_tokens, ...), TGI /info, llama.cpp /props. Values cut at {MAX_SETTING_CHARS} characters."),
+    gauge(n.GPU_HOUR_COST, ("target",), "currency/h", "Price of one of the target's GPUs per hour, as configured (gpu_hour_cost): the cost metrics' input."),
     # GPU (NVML).
-    _g(n.GPU_MEMORY_USED, ("gpu", "uuid"), "bytes", "NVML v2 memory used (engines preallocate the KV pool: near-full says nothing of occupancy)."),
-    _g(n.GPU_MEMORY_TOTAL, ("gpu", "uuid"), "bytes", "NVML v2 memory total."),
-    _g(n.GPU_MEMORY_RESERVED, ("gpu", "uuid"), "bytes", "NVML v2 memory reserved by the driver."),
-    _g(n.GPU_KERNEL_RESIDENCY, ("gpu", "uuid"), "ratio", "What nvidia-smi calls GPU util: the share of time any kernel ran, not how much of the GPU it used."),
-    _g(n.GPU_DRAM_BANDWIDTH_UTILIZATION, ("gpu", "uuid"), "ratio", "GPM DRAM bandwidth utilization (Hopper and newer): measured bytes over peak."),
+    gauge(n.GPU_MEMORY_USED, ("gpu", "uuid"), "bytes", "NVML v2 memory used (engines preallocate the KV pool: near-full says nothing of occupancy)."),
+    gauge(n.GPU_MEMORY_TOTAL, ("gpu", "uuid"), "bytes", "NVML v2 memory total."),
+    gauge(n.GPU_MEMORY_RESERVED, ("gpu", "uuid"), "bytes", "NVML v2 memory reserved by the driver."),
+    gauge(n.GPU_KERNEL_RESIDENCY, ("gpu", "uuid"), "ratio", "What nvidia-smi calls GPU util: the share of time any kernel ran, not how much of the GPU it used."),
+    gauge(n.GPU_DRAM_BANDWIDTH_UTILIZATION, ("gpu", "uuid"), "ratio", "GPM DRAM bandwidth utilization (Hopper and newer): measured bytes over peak."),
     # The engine's process.
-    _c("rooflight_engine_process_cpu_seconds_total", ("target",), "seconds", "CPU time of the engine's process tree (psutil)."),
-    _g("rooflight_engine_process_resident_memory_bytes", ("target",), "bytes", "Resident memory of the engine's process tree (psutil)."),
-    _g("rooflight_engine_process_threads", ("target",), "threads", "Threads in the engine's process tree."),
+    counter("rooflight_engine_process_cpu_seconds_total", ("target",), "seconds", "CPU time of the engine's process tree (psutil)."),
+    gauge("rooflight_engine_process_resident_memory_bytes", ("target",), "bytes", "Resident memory of the engine's process tree (psutil)."),
+    gauge("rooflight_engine_process_threads", ("target",), "threads", "Threads in the engine's process tree."),
 )
 
 BY_NAME = {m.name: m for m in CATALOG}
@@ -139,13 +140,18 @@ def all_defs() -> tuple[MetricDef, ...]:
     return CATALOG + gpu_extra_defs()
 
 
-def markdown_table() -> str:
-    """The reference table in docs/metrics.md (generated: `python -m rooflight.agent.metrics.catalog`)."""
+def table_of(defs: Iterable[MetricDef]) -> str:
+    """A reference table of docs/metrics.md: one row per metric."""
     rows = ["| name | type | labels | unit | meaning |", "|---|---|---|---|---|"]
-    for d in all_defs():
+    for d in defs:
         labels = ", ".join(f"`{label}`" for label in d.labels)
         rows.append(f"| `{d.name}` | {d.type} | {labels} | {d.unit or '-'} | {d.help} |")
     return "\n".join(rows) + "\n"
+
+
+def markdown_table() -> str:
+    """The reference table in docs/metrics.md (generated: `python -m rooflight.agent.metrics.catalog`)."""
+    return table_of(all_defs())
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ The exposition renders from these definitions, the tests hold what the proxy ser
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from rooflight.agent.metrics.catalog import MetricDef, counter, gauge, table_of
 
 PREFIX = "rooflight_client_"
 
@@ -57,54 +57,37 @@ SLO_LABELS = ("target", "slo", "tenant")
 GOODPUT_LABELS = ("target", "slo", "window")
 
 
-@dataclass(frozen=True, slots=True)
-class MetricDef:
-    name: str  # as exposed (counters include _total; histograms without _bucket/_sum/_count)
-    type: str  # counter, gauge or histogram
-    labels: tuple[str, ...]
-    unit: str
-    help: str
-
-
-def _c(name: str, labels: tuple[str, ...], unit: str, help_: str) -> MetricDef:
-    return MetricDef(name, "counter", labels, unit, help_)
-
-
-def _g(name: str, labels: tuple[str, ...], unit: str, help_: str) -> MetricDef:
-    return MetricDef(name, "gauge", labels, unit, help_)
-
-
 def _h(name: str, help_: str) -> MetricDef:
     return MetricDef(name, "histogram", HISTOGRAM_LABELS, "seconds", help_)
 
 
 CATALOG: tuple[MetricDef, ...] = (
-    _c(REQUESTS, REQUEST_LABELS, "requests", "Requests through the proxy. route: chat, completions or other (passed through); "
+    counter(REQUESTS, REQUEST_LABELS, "requests", "Requests through the proxy. route: chat, completions or other (passed through); "
        "status: the HTTP status the client got (502/504 when the proxy could not reach the upstream), none if no response "
        "was started; finish_reason: the response's (stop, length, tool_calls, content_filter, function_call, abort, other, "
        "unknown) or what ended it instead (client_disconnected, upstream_error), none for errors and other routes."),
-    _g(IN_FLIGHT, TARGET, "requests", "Requests the proxy is relaying now."),
-    _c(PROMPT_TOKENS, TOKEN_LABELS, "tokens", "Prompt tokens of finished inference requests, from the response's usage "
+    gauge(IN_FLIGHT, TARGET, "requests", "Requests the proxy is relaying now."),
+    counter(PROMPT_TOKENS, TOKEN_LABELS, "tokens", "Prompt tokens of finished inference requests, from the response's usage "
        "(counted_by=usage; the proxy has no tokenizer)."),
-    _c(OUTPUT_TOKENS, TOKEN_LABELS, "tokens", "Output tokens of inference requests: from usage (counted_by=usage), else one "
+    counter(OUTPUT_TOKENS, TOKEN_LABELS, "tokens", "Output tokens of inference requests: from usage (counted_by=usage), else one "
        "per output-bearing choice in the stream's chunks (counted_by=chunks)."),
     _h(TTFT_HISTOGRAM, "Time from the request reaching the proxy to the first output-bearing chunk reaching it (streams)."),
     _h(ITL_HISTOGRAM, "Every gap between consecutive output-bearing chunks of a stream, as the proxy received them."),
     _h(TPOT_HISTOGRAM, "Per finished stream with 2+ output tokens: (e2e - TTFT) / (output tokens - 1)."),
     _h(E2E_HISTOGRAM, "Request to last byte, for inference requests that finished with a 2xx status."),
-    _g(TTFT, WINDOWED, "seconds", "Exact TTFT percentile over the window, from the requests that finished in it."),
-    _g(ITL, WINDOWED, "seconds", "Inter-token gap percentile over the window, within 0.5% (logarithmic bins of every gap)."),
-    _g(TPOT, WINDOWED, "seconds", "Exact TPOT percentile over the window, from the streams that finished in it."),
-    _g(E2E, WINDOWED, "seconds", "Exact end-to-end latency percentile over the window (2xx inference requests)."),
-    _c(SLO_REQUESTS, SLO_LABELS, "requests", "Requests judged against the SLO: streamed inference requests that finished "
+    gauge(TTFT, WINDOWED, "seconds", "Exact TTFT percentile over the window, from the requests that finished in it."),
+    gauge(ITL, WINDOWED, "seconds", "Inter-token gap percentile over the window, within 0.5% (logarithmic bins of every gap)."),
+    gauge(TPOT, WINDOWED, "seconds", "Exact TPOT percentile over the window, from the streams that finished in it."),
+    gauge(E2E, WINDOWED, "seconds", "Exact end-to-end latency percentile over the window (2xx inference requests)."),
+    counter(SLO_REQUESTS, SLO_LABELS, "requests", "Requests judged against the SLO: streamed inference requests that finished "
        "or failed, not those the client abandoned nor 4xx other than 429."),
-    _c(SLO_GOOD, SLO_LABELS, "requests", "Judged requests that met every target of the SLO (DistServe goodput)."),
-    _g(GOODPUT_RATIO, GOODPUT_LABELS, "ratio", "Good / judged requests that finished in the window."),
-    _g(GOODPUT_RATE, GOODPUT_LABELS, "requests/s", "Good requests per second over the window (goodput)."),
-    _g(SLO_TARGET, ("target", "slo", "metric"), "seconds", "Each target of each configured SLO (metric: ttft, tpot, e2e)."),
-    _c(UPSTREAM_ERRORS, ("target", "reason"), "", "Requests the upstream failed: connect (unreachable: the client got 502), "
+    counter(SLO_GOOD, SLO_LABELS, "requests", "Judged requests that met every target of the SLO (DistServe goodput)."),
+    gauge(GOODPUT_RATIO, GOODPUT_LABELS, "ratio", "Good / judged requests that finished in the window."),
+    gauge(GOODPUT_RATE, GOODPUT_LABELS, "requests/s", "Good requests per second over the window (goodput)."),
+    gauge(SLO_TARGET, ("target", "slo", "metric"), "seconds", "Each target of each configured SLO (metric: ttft, tpot, e2e)."),
+    counter(UPSTREAM_ERRORS, ("target", "reason"), "", "Requests the upstream failed: connect (unreachable: the client got 502), "
        "timeout (connect timeout: 504), disconnected (broke off mid-response)."),
-    _c(ACCOUNTING_ERRORS, TARGET, "", "Failures of the proxy's own accounting; the traffic still flowed, the request "
+    counter(ACCOUNTING_ERRORS, TARGET, "", "Failures of the proxy's own accounting; the traffic still flowed, the request "
        "went uncounted or partly counted."),
 )
 
@@ -113,11 +96,7 @@ BY_NAME = {d.name: d for d in CATALOG}
 
 def markdown_table() -> str:
     """The reference table for the client-side section of docs/metrics.md."""
-    rows = ["| name | type | labels | unit | meaning |", "|---|---|---|---|---|"]
-    for d in CATALOG:
-        labels = ", ".join(f"`{label}`" for label in d.labels)
-        rows.append(f"| `{d.name}` | {d.type} | {labels} | {d.unit or '-'} | {d.help} |")
-    return "\n".join(rows) + "\n"
+    return table_of(CATALOG)
 
 
 if __name__ == "__main__":
