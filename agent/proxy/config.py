@@ -10,7 +10,15 @@ from urllib.parse import urlsplit
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy.catalog import DEFAULT_BUCKETS, HISTOGRAMS
 from rooflight.agent.proxy.slo import SLO, parse_slos
-from rooflight.agent.sampling.config import AgentConfig, parse_duration, redacted_url, split_listen, target_name
+from rooflight.agent.sampling.config import (
+    AgentConfig,
+    parse_duration,
+    parse_percentiles,
+    parse_windows,
+    redacted_url,
+    split_listen,
+    target_name,
+)
 
 DEFAULT_LISTEN = "127.0.0.1:8100"  # where clients connect (not 8000, the engines' default, nor 8080, llama.cpp's)
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9748"  # next to the agent's 9746
@@ -68,8 +76,8 @@ def build(
         tenant_header=_header_name(tenant_header),
         tenant_top=_count(tenant_top, "--tenant-top", 10),
         buckets=parse_buckets(buckets),
-        windows=parse_windows(windows or DEFAULT_WINDOWS),
-        percentiles=parse_percentiles(percentiles or DEFAULT_PERCENTILES),
+        windows=parse_windows(windows or DEFAULT_WINDOWS, "--windows"),
+        percentiles=parse_percentiles(percentiles or DEFAULT_PERCENTILES, "--percentiles", required=True),
         connect_timeout=parse_duration(connect_timeout if connect_timeout is not None else "10s", "--connect-timeout"),
     )
 
@@ -136,31 +144,6 @@ def parse_buckets(items: Sequence[str] | None, what: str = "--buckets") -> dict[
             raise ConfigError(f"{what} {item!r}: give at least one finite edge (+Inf is always added)")
         out[key] = tuple(edges)
     return out
-
-
-def parse_windows(text: str) -> dict[str, float]:
-    windows = {w.strip(): parse_duration(w.strip(), "--windows") for w in str(text).split(",") if w.strip()}
-    if not windows:
-        raise ConfigError("--windows: give at least one, e.g. 10s,1m,5m")
-    return windows
-
-
-def parse_percentiles(text: str) -> tuple[str, ...]:
-    out = []
-    for item in str(text).split(","):
-        item = item.strip()
-        if not item:
-            continue
-        try:
-            number = float(item)
-        except ValueError:
-            raise ConfigError(f"--percentiles: {item!r} is not a number between 0 and 100") from None
-        if not 0 < number < 100:
-            raise ConfigError(f"--percentiles: {item} must be between 0 and 100 (exclusive)")
-        out.append(f"{number:g}")
-    if not out:
-        raise ConfigError("--percentiles: give at least one, e.g. 50,90,99")
-    return tuple(dict.fromkeys(out))
 
 
 def _header_name(name: str | None) -> str | None:

@@ -364,8 +364,8 @@ def build(file_settings: Mapping[str, Any], env: Mapping[str, Any], flags: Mappi
         scrape_timeout=parse_duration(merged.get("scrape_timeout", 5.0), "scrape_timeout"),
         max_body_bytes=_positive_int(merged.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES), "max_body_bytes"),
         max_series=_positive_int(merged.get("max_series", 128), "max_series"),
-        windows=_windows(merged.get("windows", ["10s", "1m", "5m"])),
-        percentiles=_percentiles(merged.get("percentiles", ["50", "90", "99"])),
+        windows=parse_windows(merged.get("windows", ["10s", "1m", "5m"])),
+        percentiles=parse_percentiles(merged.get("percentiles", ["50", "90", "99"])),
         nvml=_bool(merged.get("nvml", True), "nvml"),
         nvml_interval=parse_duration(merged.get("nvml_interval", 1.0), "nvml_interval"),
         gpus=_gpu_scope(merged.get("gpus", "own")),
@@ -657,24 +657,29 @@ def _items(value: Any, what: str) -> list[Any]:
     raise ConfigError(f"{what}: write a comma-separated list or a YAML list, got {value!r}")
 
 
-def _windows(value: Any) -> dict[str, float]:
-    items = _items(value, "windows")
-    windows = {str(w).strip(): parse_duration(str(w).strip(), "windows") for w in items if str(w).strip()}
+def parse_windows(value: Any, what: str = "windows") -> dict[str, float]:
+    """`10s,1m,5m` (or a YAML list): each window's name and its seconds."""
+    items = _items(value, what)
+    windows = {str(w).strip(): parse_duration(str(w).strip(), what) for w in items if str(w).strip()}
     if not windows:
-        raise ConfigError("windows: give at least one, e.g. 10s,1m,5m")
+        raise ConfigError(f"{what}: give at least one, e.g. 10s,1m,5m")
     return windows
 
 
-def _percentiles(value: Any) -> tuple[str, ...]:
-    items = _items(value, "percentiles")
+def parse_percentiles(value: Any, what: str = "percentiles", required: bool = False) -> tuple[str, ...]:
+    """`50,90,99` (or a YAML list): each percentile as its label value, once."""
     out = []
-    for item in items:
+    for item in _items(value, what):
         text = str(item).strip()
+        if not text:
+            continue
         try:
             number = float(text)
         except ValueError:
-            raise ConfigError(f"percentiles: {text!r} is not a number between 0 and 100") from None
+            raise ConfigError(f"{what}: {text!r} is not a number between 0 and 100") from None
         if not 0 < number < 100:
-            raise ConfigError(f"percentiles: {text} must be between 0 and 100 (exclusive)")
+            raise ConfigError(f"{what}: {text} must be between 0 and 100 (exclusive)")
         out.append(f"{number:g}")
-    return tuple(out)
+    if required and not out:
+        raise ConfigError(f"{what}: give at least one, e.g. 50,90,99")
+    return tuple(dict.fromkeys(out))
