@@ -12,9 +12,13 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from aiohttp import web
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from rooflight.agent.cli import resolve_models
-from rooflight.agent.sampling.config import AgentConfig
+from rooflight.agent.metrics.exposition import registry_for
+from rooflight.agent.sampling.clock import FakeClock
+from rooflight.agent.sampling.config import AgentConfig, build
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve import server
 
@@ -110,6 +114,48 @@ async def started_agent(
         done, _ = await asyncio.wait({stopping}, timeout=stop_within)  # never waits on a cancel, unlike wait_for
         assert done, f"agent.stop() did not finish within {stop_within} s"
         stopping.result()
+
+
+Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]  # (name, sorted labels) -> value
+
+
+def exported(agent: Agent) -> Metrics:
+    """What the agent's /metrics would serve now, parsed back."""
+    text = generate_latest(registry_for(lambda: agent.snapshot)).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@dataclass
+class Rig:
+    """An agent on a fake clock against a FakeEngine whose page each test rewrites between samples."""
+
+    engine: FakeEngine
+    agent: Agent
+    clock: FakeClock
+    interval: float
+
+    async def sample(self, page: str) -> Metrics:
+        self.engine.body = page
+        self.clock.advance(self.interval)
+        await self.agent.sample_engines_once()
+        return exported(self.agent)
+
+
+@asynccontextmanager
+async def scripted_agent(page: str, interval: float = 0.5, **settings: Any) -> AsyncIterator[Rig]:
+    """One vLLM-like FakeEngine serving `page` and an agent sampled by hand (windows 5s,30s, batch cap
+    256, the 8B's constants, no NVML or process source); `settings` override any of those."""
+    engine = FakeEngine(body=page)
+    await engine.start()
+    config = build({}, {}, {"engine_url": [engine.url], "process": False, "nvml": False, "interval": str(interval),
+                            "windows": "5s,30s", "model": "llama-3-8b", "batch_max": 256, **settings})
+    clock = FakeClock()
+    try:
+        async with started_agent(config, loops=False, clock=clock) as agent:
+            yield Rig(engine, agent, clock, interval)
+    finally:
+        await engine.stop()
 
 
 @asynccontextmanager

@@ -10,10 +10,7 @@ from __future__ import annotations
 from typing import AsyncIterator
 
 import pytest
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
-from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.roofline import physics
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.sampling.config import build
@@ -22,12 +19,11 @@ from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.signals import derive
 from rooflight.collectors.common import INFO_OUT_OF_RANGE
 from rooflight.collectors.expfmt import HISTOGRAM_TOO_MANY_BUCKETS, MAX_HISTOGRAM_BUCKETS
-from support import FakeEngine, started_agent
+from support import FakeEngine, Metrics, Rig, scripted_agent, started_agent
 
 INTERVAL = 0.5
 L = 'model_name="m",engine="0"'
 TTFT = "vllm:time_to_first_token_seconds"
-Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def _page(k: int, *, buckets: int = 20, shift: bool = False, cache_config: str = "") -> str:
@@ -45,15 +41,6 @@ def _page(k: int, *, buckets: int = 20, shift: bool = False, cache_config: str =
     return "\n".join(lines) + "\n"
 
 
-def _metrics(agent: Agent) -> Metrics:
-    text = generate_latest(registry_for(lambda: agent.snapshot)).decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
 def _dropped(m: Metrics, reason: str) -> float:
     return sum(v for (n, lbl), v in m.items()
                if n == "rooflight_source_values_dropped_total" and ("reason", reason) in lbl)
@@ -63,29 +50,10 @@ def _has(m: Metrics, name: str) -> bool:
     return any(n == name for n, _ in m)
 
 
-class Rig:
-    def __init__(self, engine: FakeEngine, agent: Agent, clock: FakeClock) -> None:
-        self.engine, self.agent, self.clock = engine, agent, clock
-
-    async def sample(self, page: str) -> Metrics:
-        self.engine.body = page
-        self.clock.advance(INTERVAL)
-        await self.agent.sample_engines_once()
-        return _metrics(self.agent)
-
-
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
-    engine = FakeEngine(body=_page(0))
-    await engine.start()
-    clock = FakeClock()
-    config = build({}, {}, {"engine_url": [engine.url], "process": False, "nvml": False, "interval": str(INTERVAL),
-                            "windows": "5s,30s", "model": "llama-3-8b", "batch_max": 256})
-    try:
-        async with started_agent(config, loops=False, clock=clock) as agent:
-            yield Rig(engine, agent, clock)
-    finally:
-        await engine.stop()
+    async with scripted_agent(_page(0), INTERVAL) as rig:
+        yield rig
 
 
 def _held_layouts(agent: Agent) -> int:

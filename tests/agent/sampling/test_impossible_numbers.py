@@ -10,17 +10,11 @@ import re
 from typing import AsyncIterator
 
 import pytest
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
-from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.roofline.constants import TargetConstants
-from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import build
-from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.signals import derive
 from rooflight.agent.signals.windows import COUNTER_REGRESS_LIMIT, SeriesHistory, rate
-from support import FakeEngine, sample_text, started_agent
+from support import Metrics, Rig, exported, sample_text, scripted_agent
 
 PAGE = sample_text("vllm-cpu-load-c16.prom")
 STEPS = "vllm:iteration_tokens_total_count"
@@ -28,7 +22,6 @@ GENERATION = "vllm:generation_tokens_total"
 KV = "vllm:kv_cache_usage_perc"
 INTERVAL = 0.5
 
-Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def _set(page: str, name: str, value: float) -> str:
@@ -38,44 +31,14 @@ def _set(page: str, name: str, value: float) -> str:
     return pattern.sub(lambda m: f"{m.group(1)} {value!r}", page)
 
 
-def _metrics(agent: Agent) -> Metrics:
-    text = generate_latest(registry_for(lambda: agent.snapshot)).decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
 def _values(m: Metrics, name: str, **labels: str) -> list[float]:
     return [v for (n, lbl), v in m.items() if n == name and set(labels.items()) <= set(lbl)]
 
 
-class Rig:
-    """An agent on a fake clock against a FakeEngine whose page each test rewrites between samples."""
-
-    def __init__(self, engine: FakeEngine, agent: Agent, clock: FakeClock) -> None:
-        self.engine, self.agent, self.clock = engine, agent, clock
-
-    async def sample(self, page: str) -> Metrics:
-        self.engine.body = page
-        self.clock.advance(INTERVAL)
-        await self.agent.sample_engines_once()
-        return _metrics(self.agent)
-
-
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
-    engine = FakeEngine(body=PAGE)
-    await engine.start()
-    clock = FakeClock()
-    config = build({}, {}, {"engine_url": [engine.url], "process": False, "nvml": False, "interval": str(INTERVAL),
-                            "windows": "5s,30s", "model": "llama-3-8b", "batch_max": 256})
-    try:
-        async with started_agent(config, loops=False, clock=clock) as agent:
-            yield Rig(engine, agent, clock)
-    finally:
-        await engine.stop()
+    async with scripted_agent(PAGE, INTERVAL) as rig:
+        yield rig
 
 
 # -- counters that keep going backwards ------------------------------------------------------------------
