@@ -285,6 +285,7 @@ def detectors(verdicts: Any) -> list[dict[str, Any]]:
                     "metric": d.metric, "alert": d.alert, "runbook": runbook_url(d.alert)})
     if out and verdicts is not None:
         out[0]["itl_inflation"] = _num(getattr(verdicts, "itl_inflation", None))
+        out[0]["itl_source"] = getattr(verdicts, "itl_source", None)  # engine (its buckets) or proxy (exact gaps)
     return out
 
 

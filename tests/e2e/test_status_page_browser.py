@@ -288,6 +288,8 @@ def test_head_of_line_shows_active_within_seconds_of_the_stall(browser: Any, dem
               f"(stalls at {', '.join(f'{s - demo.started:.1f}' for s in stalls)} s)")
         badge = page.locator("li.detector[data-detector=head_of_line] .state")
         assert badge.inner_text() == "ACTIVE" and badge.get_attribute("data-value") == "1"
+        row = page.locator("li.detector[data-detector=head_of_line]").inner_text()
+        assert "(the engine's ITL buckets)" in row, row  # the demo has no proxy in front: its buckets judged
         # the render that first showed it active named the stall's size: at least the 3x threshold
         assert inflation is not None and inflation >= 3.0 * (1 - 1e-9), inflation
         if os.environ.get("ROOFLIGHT_UPDATE_SCREENSHOT") == "1":  # while the stall's size is still shown

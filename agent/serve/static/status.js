@@ -235,7 +235,8 @@
       const extra = d.key === "head_of_line" && isNum(d.itl_inflation)
         ? el("span", { class: "muted" }, "Worst ITL now ",
           metric(sig(d.itl_inflation) + "x", d.itl_inflation, live.names.itl_inflation, seriesLabels(t, s)),
-          " its recent median. ")
+          " its recent median",
+          d.itl_source === "proxy" ? " (the exact gaps between tokens the proxy relayed). " : " (the engine's ITL buckets). ")
         : null;
       list.append(el("li", { class: "detector", "data-detector": d.key, "data-state": d.state }, badge,
         el("p", {}, el("strong", { text: d.title + ". " }), d.sentence + " ", extra,
