@@ -298,10 +298,13 @@ class ProxyServer:
                     tracker.on_bytes(now(), data)
                 except Exception:
                     tracker = self._drop(tracker)
+            sent = now()
             try:
-                await write(data)
+                await write(data)  # returns at once unless the client's buffers are full
             except (ConnectionError, RuntimeError):
                 raise _ClientGone(response) from None
+            if tracker is not None:
+                tracker.on_held(now() - sent)
         try:
             await response.write_eof()
         except (ConnectionError, RuntimeError):

@@ -98,7 +98,7 @@ class RequestTracker:
     """Accumulates one request as its response bytes go by; `finish` turns it into a RequestRecord."""
 
     __slots__ = ("route", "tenant", "start", "status", "stream", "_parser", "_body", "_body_size",
-                 "_first", "_last", "_itl", "_chunks", "_finish", "_prompt", "_completion", "_error", "_gaps")
+                 "_first", "_last", "_itl", "_chunks", "_finish", "_prompt", "_completion", "_error", "_gaps", "_held")
 
     def __init__(self, start: float, route: str, tenant: str | None = None, gaps: ClientGaps | None = None) -> None:
         self.route = route
@@ -118,6 +118,7 @@ class RequestTracker:
         self._completion: int | None = None
         self._error = False
         self._gaps = gaps  # shared by every request: the head-of-line detector reads them live
+        self._held = 0.0  # seconds the client's socket held the proxy back since the last token
 
     def on_response(self, status: int, content_type: str) -> None:
         """Headers arrived: an event stream is timed per chunk, a JSON body read at the end."""
@@ -148,6 +149,12 @@ class RequestTracker:
             else:
                 self._body.append(data)
 
+    def on_held(self, seconds: float) -> None:
+        """The proxy waited `seconds` for the client to take bytes (its socket buffers were full): the next
+        gap is longer by that much for the client, but the engine did not cause it, so the head-of-line
+        feed does not see it. The client's ITL keeps it: that is what the client felt."""
+        self._held += seconds
+
     def _output(self, t: float, outputs: int) -> None:
         if self._first is None:
             self._first = t
@@ -155,8 +162,9 @@ class RequestTracker:
             gap = t - self._last  # type: ignore[operator]
             self._itl.append(gap)
             if self._gaps is not None:
-                self._gaps.add(t, gap)
+                self._gaps.add(t, max(0.0, gap - self._held))
         self._last = t
+        self._held = 0.0
         self._chunks += outputs
 
     def _apply(self, info: sse.ChunkInfo) -> None:

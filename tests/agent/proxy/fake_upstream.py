@@ -31,6 +31,7 @@ class Script:
     split_writes: bool = False  # write each event in two pieces cut mid-line
     break_after: int | None = None  # close the connection after this many tokens (no [DONE])
     chat: bool = True
+    pad: int = 0  # bytes of filler added to each token's text (large events fill a slow client's buffers)
 
     @property
     def tokens(self) -> int:
@@ -129,7 +130,7 @@ class FakeUpstream:
 
     async def _whole(self, model: str, script: Script) -> web.Response:
         await asyncio.sleep(script.ttft + sum(script.gaps))
-        text = "".join(token_text(i) for i in range(script.tokens))
+        text = "".join(token_text(i, script.pad) for i in range(script.tokens))
         message = {"role": "assistant", "content": text} if script.chat else None
         choice: dict[str, Any] = {"index": 0, "finish_reason": script.finish, "logprobs": None}
         choice.update({"message": message} if script.chat else {"text": text})
@@ -149,17 +150,17 @@ class FakeUpstream:
             await response.write(data)
 
 
-def token_text(i: int) -> str:
-    return f"tok{i} "
+def token_text(i: int, pad: int = 0) -> str:
+    return f"tok{i} " + "x" * pad
 
 
 def event(model: str, i: int, script: Script, last: bool) -> bytes:
     finish = script.finish if last else None
     if script.chat:
-        choice = {"index": 0, "delta": {"content": token_text(i)}, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "delta": {"content": token_text(i, script.pad)}, "logprobs": None, "finish_reason": finish}
         kind = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": token_text(i), "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": token_text(i, script.pad), "logprobs": None, "finish_reason": finish}
         kind = "text_completion"
     chunk = {"id": "cmpl-fake", "object": kind, "created": 1, "model": model, "choices": [choice]}
     return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"

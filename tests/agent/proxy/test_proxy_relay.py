@@ -334,3 +334,26 @@ async def test_head_requests_and_keep_alive_to_the_upstream(upstream: FakeUpstre
         await post(client, proxy.proxy_url, chat("x"))
     peers = {s.peer for s in upstream.seen[before:]}
     assert len(peers) == 1, "finished responses must return their upstream connection to the pool"
+
+
+async def test_a_client_that_stops_reading_is_felt_by_it_but_not_blamed_on_the_engine(
+    upstream: FakeUpstream, proxy: ProxyServer, client: aiohttp.ClientSession,
+) -> None:
+    """A client that pauses fills its socket buffers and holds the proxy's writes back; the gap it feels
+    is its ITL, but the head-of-line feed sees only the upstream's 1 ms gaps."""
+    upstream.scripts["s"] = Script(ttft=0.0, gaps=(0.001,) * 40, pad=256 * 1024)
+    started = proxy.clock.monotonic()
+    async with client.post(proxy.proxy_url + CHAT, data=chat("s"), headers={"Content-Type": "application/json"}) as r:
+        assert r.status == 200
+        await r.content.readany()
+        await asyncio.sleep(1.0)  # the upstream's 41 x 256 KB outgrow every buffer on the way
+        rest = await r.read()
+    assert rest.endswith(b"data: [DONE]\n\n")
+    metrics = await scrape(proxy, client)
+    felt = metrics["rooflight_client_inter_token_latency_seconds_bucket"]
+    over_half_a_second = sum(v for labels, v in felt.items() if ("le", "+Inf") in labels) - sum(
+        v for labels, v in felt.items() if ("le", "0.5") in labels)
+    assert over_half_a_second >= 1  # the client felt its own pause as a gap
+    worst = proxy.client_gaps.worst_between(started, proxy.clock.monotonic())
+    assert worst is not None and worst < 0.2, worst
+

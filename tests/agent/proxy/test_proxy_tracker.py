@@ -127,3 +127,17 @@ def test_each_gap_reaches_the_head_of_line_feed_as_its_token_arrives() -> None:
     assert gaps.worst_between(10.0, 10.5) == pytest.approx(0.05)  # a -> b
     assert gaps.worst_between(10.0, 11.0) == pytest.approx(0.65)  # b -> c, the stall
     assert gaps.worst_between(11.5, 12.0) is None
+
+
+def test_time_a_slow_client_held_the_proxy_back_is_not_the_engines() -> None:
+    """The client feels the whole gap; the head-of-line feed sees only what the upstream took."""
+    gaps = ClientGaps()
+    t = tr.RequestTracker(10.0, "chat", None, gaps)
+    t.on_response(200, "text/event-stream")
+    t.on_bytes(10.2, chunk("a"))
+    t.on_held(0.6)  # the write of "a" waited 0.6 s for the client's socket
+    t.on_bytes(10.85, chunk("b"))
+    t.on_held(0.0)
+    t.on_bytes(10.9, chunk("c"))
+    assert list(t.finish(11.0).itl) == pytest.approx([0.65, 0.05])
+    assert gaps.worst_between(10.0, 11.0) == pytest.approx(0.05)
