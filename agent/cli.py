@@ -30,7 +30,9 @@ the client's view too: --proxy-listen HOST:PORT runs `rooflight proxy` in the sa
 the engine (--proxy-upstream, default the one --engine-url). Clients connect to that port; the same
 /metrics then carries rooflight_client_*: TTFT, every inter-token gap, TPOT and end-to-end latency as the
 client sees them, and goodput, the share of streamed requests meeting every target of each --slo
-(DistServe). --slo, --tenant-header, --tenant-top and --proxy-buckets need --proxy-listen. See docs/proxy.md.
+(DistServe). The head-of-line detector then judges that engine by the exact gaps between tokens the proxy
+relayed, not the engine's ITL buckets (rooflight_head_of_line_source says which judged). --slo,
+--tenant-header, --tenant-top and --proxy-buckets need --proxy-listen. See docs/proxy.md.
 
 every flag has an environment twin: --engine-url -> ROOFLIGHT_ENGINE_URL (comma-separated), --gpu ->
 ROOFLIGHT_GPU, --interval -> ROOFLIGHT_INTERVAL, --proxy-listen -> ROOFLIGHT_PROXY_LISTEN, --slo ->
