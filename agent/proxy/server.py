@@ -43,6 +43,7 @@ from rooflight.agent.sampling.config import public_url, split_listen
 from rooflight.agent.signals.token_gaps import ClientGaps
 
 log = logging.getLogger("rooflight.proxy")
+LAG_PROBE_SECONDS = 0.01  # how often the proxy checks that its event loop is not held up
 
 # RFC 9110 7.6.1: meaningful for one connection only, never forwarded; Host is the upstream's own.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
@@ -113,6 +114,7 @@ class ProxyServer:
         self._session: aiohttp.ClientSession | None = None
         self._runners: list[web.AppRunner] = []
         self._refresher: asyncio.Task[None] | None = None
+        self._lag_probe: asyncio.Task[None] | None = None
         self.body_budget = ByteBudget(config.max_buffered_total)
         self.proxy_url = ""
         self.metrics_url = ""
@@ -123,7 +125,7 @@ class ProxyServer:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    async def start(self, *, refresh_loop: bool = True, serve_metrics: bool = True) -> None:
+    async def start(self, *, refresh_loop: bool = True, serve_metrics: bool = True, lag_probe: bool = True) -> None:
         """Bind the proxy (and, unless `serve_metrics` is False, its own /metrics port) and start relaying.
 
         `rooflight run` passes serve_metrics=False: the agent serves `collector()` on its own /metrics.
@@ -143,13 +145,16 @@ class ProxyServer:
         self.refresh_now()
         if refresh_loop:
             self._refresher = asyncio.create_task(self._refresh_loop())
+        if lag_probe:
+            self._lag_probe = asyncio.create_task(self._probe_loop_lag())
         log.info("proxy on %s -> %s; metrics on %s/metrics", self.proxy_url, public_url(self.config.upstream),
                  self.metrics_url or self.config.metrics_listen)
 
     async def stop(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
-            await asyncio.gather(self._refresher, return_exceptions=True)
+        for task in (self._refresher, self._lag_probe):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
@@ -183,6 +188,17 @@ class ProxyServer:
         while True:
             await asyncio.sleep(self.config.refresh)
             self.refresh_now()
+
+    async def _probe_loop_lag(self) -> None:
+        """How late the event loop wakes, every LAG_PROBE_SECONDS: the share of a token's gap the loop added
+        (ClientGaps.stall_between takes it out). ~100 wake-ups a second, a few microseconds each."""
+        now, add = self._now, self.client_gaps.loop_lag.add
+        due = now() + LAG_PROBE_SECONDS
+        while True:
+            await asyncio.sleep(LAG_PROBE_SECONDS)
+            t = now()
+            add(t, max(0.0, t - due))
+            due = t + LAG_PROBE_SECONDS
 
     # -- apps ------------------------------------------------------------------------------------
 

@@ -394,7 +394,7 @@ class EngineLoop:
         key = (series.model, series.rank)
         engine = self._tail_against_baseline(key, ITL_FROM_ENGINE, now, worst_bound(delta) if delta else None)
         if self.client_gaps is not None and len(self._histories) == 1:
-            proxy = self._tail_against_baseline(key, ITL_FROM_PROXY, now, self.client_gaps.worst_between(now - since, now))
+            proxy = self._tail_against_baseline(key, ITL_FROM_PROXY, now, self.client_gaps.stall_between(now - since, now))
             if proxy.worst is not None and proxy.baseline:  # 0: the streams arrive in bursts, no gaps to judge
                 return proxy
         return engine

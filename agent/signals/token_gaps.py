@@ -3,11 +3,16 @@
 The engine's ITL histogram tells the head-of-line detector which bucket its worst step fell in; with
 vLLM's edges (0.025, 0.05, 0.075, ...) a 4 ms decode stretched to 60 ms reads as 2-3x, not 15x. When
 `rooflight run --proxy-listen` relays the streams, every gap is known exactly: the proxy adds each one
-here as its token arrives, and the engine's sampler asks for the worst gap since its previous sample.
+here as its token arrives, and the engine's sampler asks for the worst stall since its previous sample.
 
-Per gap: a compare, and a new slot every 1 / `slots_per_second` s; memory: one (slot, worst) per slot that saw a
-gap over `keep_seconds`. No clock is read: callers pass times (the proxy's and the sampler's clocks are
-the same monotonic clock in one process), so tests drive it with a fake one.
+A token is timed when the proxy's event loop reads it, so a loop that was busy elsewhere (a large body
+parsed, a garbage collection, /metrics rendered) makes every stream's next gap longer by as much, and
+the engine did not cause it. The proxy also records how late its own loop woke (`loop_lag`), and
+`stall_between` takes the worst lag from the worst gap of the same span.
+
+Per gap: a compare, and a new slot every 1 / `slots_per_second` s; memory: one (slot, worst) per slot that
+saw a value over `keep_seconds`. No clock is read: callers pass times (the proxy's and the sampler's
+clocks are the same monotonic clock in one process), so tests drive it with a fake one.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ import math
 from collections import deque
 
 
-class ClientGaps:
-    """Per-slot maxima of client-seen inter-token gaps, for `worst_between`."""
+class SlotMaxima:
+    """The largest value seen in each 1 / `slots_per_second` s slot, for `worst_between`."""
 
     __slots__ = ("slots_per_second", "keep_seconds", "_closed", "_open_index", "_open_until", "_open_worst")
 
@@ -28,15 +33,15 @@ class ClientGaps:
         self._open_until = float("-inf")
         self._open_worst = 0.0
 
-    def add(self, t: float, gap: float) -> None:
-        """A token arrived at `t`, `gap` seconds after the previous token of its stream."""
+    def add(self, t: float, value: float) -> None:
+        """A value seen at `t` (for the proxy: a token arrived `value` seconds after its stream's previous one)."""
         if t >= self._open_until:
             self._open(t)
-        if gap > self._open_worst:
-            self._open_worst = gap
+        if value > self._open_worst:
+            self._open_worst = value
 
     def worst_between(self, start: float, end: float) -> float | None:
-        """The worst gap that ended in [start, end], widened to whole slots; None when no token arrived then."""
+        """The largest value seen in [start, end], widened to whole slots; None when none was seen then."""
         first, last = self._slot(start), self._slot(end)
         worst: float | None = None
         if self._open_index is not None and first <= self._open_index <= last:
@@ -61,3 +66,23 @@ class ClientGaps:
     def _slot(self, t: float) -> int:
         # t x an integer rate, not t // 0.1: 101.5 // 0.1 is 1014.0 in binary floating point.
         return math.floor(t * self.slots_per_second)
+
+
+class ClientGaps(SlotMaxima):
+    """Gaps between tokens as the proxy saw them (`add`), and how late its event loop woke (`loop_lag`)."""
+
+    __slots__ = ("loop_lag",)
+
+    def __init__(self, keep_seconds: float = 60.0, slots_per_second: int = 10) -> None:
+        super().__init__(keep_seconds, slots_per_second)
+        self.loop_lag = SlotMaxima(keep_seconds, slots_per_second)
+
+    def stall_between(self, start: float, end: float) -> float | None:
+        """The worst gap in [start, end] less the worst loop lag then: what the upstream took, at least.
+
+        Conservative: a real stall that coincides with a busy loop reads shorter, never a busy loop as a
+        stall. None when no token arrived in the span."""
+        worst = self.worst_between(start, end)
+        if worst is None:
+            return None
+        return max(0.0, worst - (self.loop_lag.worst_between(start, end) or 0.0))

@@ -11,6 +11,7 @@ stream that breaks off mid-way.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ class Script:
     break_after: int | None = None  # close the connection after this many tokens (no [DONE])
     chat: bool = True
     pad: int = 0  # bytes of filler added to each token's text (large events fill a slow client's buffers)
+    logprobs: int = 0  # a non-streamed answer carries this many logprob entries (many small objects)
 
     @property
     def tokens(self) -> int:
@@ -130,14 +132,7 @@ class FakeUpstream:
 
     async def _whole(self, model: str, script: Script) -> web.Response:
         await asyncio.sleep(script.ttft + sum(script.gaps))
-        text = "".join(token_text(i, script.pad) for i in range(script.tokens))
-        message = {"role": "assistant", "content": text} if script.chat else None
-        choice: dict[str, Any] = {"index": 0, "finish_reason": script.finish, "logprobs": None}
-        choice.update({"message": message} if script.chat else {"text": text})
-        payload = {"id": "cmpl-fake", "object": "chat.completion", "model": model, "choices": [choice],
-                   "usage": {"prompt_tokens": script.prompt_tokens, "completion_tokens": script.tokens,
-                             "total_tokens": script.prompt_tokens + script.tokens}}
-        return web.Response(body=json.dumps(payload).encode(), content_type="application/json")
+        return web.Response(body=whole_body(model, script), content_type="application/json")
 
     @staticmethod
     async def _write(response: web.StreamResponse, data: bytes, split: bool) -> None:
@@ -171,3 +166,17 @@ def usage_event(model: str, script: Script) -> bytes:
              "usage": {"prompt_tokens": script.prompt_tokens, "completion_tokens": script.tokens,
                        "total_tokens": script.prompt_tokens + script.tokens}}
     return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+@functools.lru_cache(maxsize=8)
+def whole_body(model: str, script: Script) -> bytes:
+    """A non-streamed answer, encoded once per script: a test timing the proxy must not time this."""
+    text = "".join(token_text(i, script.pad) for i in range(script.tokens))
+    message = {"role": "assistant", "content": text} if script.chat else None
+    logprobs = {"content": [{"token": f"t{i}", "logprob": -0.5, "top_logprobs": [{"token": "u", "logprob": -2.0}] * 5}
+                            for i in range(script.logprobs)]} if script.logprobs else None
+    choice: dict[str, Any] = {"index": 0, "finish_reason": script.finish, "logprobs": logprobs}
+    choice.update({"message": message} if script.chat else {"text": text})
+    payload = {"id": "cmpl-fake", "object": "chat.completion", "model": model, "choices": [choice],
+               "usage": {"prompt_tokens": script.prompt_tokens, "completion_tokens": script.tokens,
+                         "total_tokens": script.prompt_tokens + script.tokens}}
+    return json.dumps(payload).encode()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import dataclasses
 import hashlib
 import json
@@ -13,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
-from fake_upstream import FakeUpstream, Script
+from fake_upstream import FakeUpstream, Script, whole_body
 from rooflight.agent.proxy import catalog as c
 from rooflight.agent.proxy import tracker as tr
 from rooflight.agent.proxy.config import build
@@ -356,4 +357,52 @@ async def test_a_client_that_stops_reading_is_felt_by_it_but_not_blamed_on_the_e
     assert over_half_a_second >= 1  # the client felt its own pause as a gap
     worst = proxy.client_gaps.worst_between(started, proxy.clock.monotonic())
     assert worst is not None and worst < 0.2, worst
+
+
+async def _stream_with_a_busy_loop_beside_it(upstream: FakeUpstream, proxy: ProxyServer,
+                                             client: aiohttp.ClientSession, busy) -> tuple[float, float | None, float | None]:
+    """A stream of 5 ms gaps through the proxy while `busy()` runs on the proxy's loop mid-way; the worst gap
+    and the worst stall the head-of-line feed reports over it."""
+    upstream.scripts["steady"] = Script(ttft=0.0, gaps=(0.005,) * 120)
+    started = proxy.clock.monotonic()
+
+    async def beside() -> None:
+        await asyncio.sleep(0.2)
+        await busy()
+
+    side = asyncio.create_task(beside())
+    status, _, _ = await post(client, proxy.proxy_url, chat("steady"))
+    await side
+    ended = proxy.clock.monotonic()
+    assert status == 200
+    return ended - started, proxy.client_gaps.worst_between(started, ended), proxy.client_gaps.stall_between(started, ended)
+
+
+async def test_a_loop_held_up_beside_the_streams_is_not_a_stall(upstream: FakeUpstream, proxy: ProxyServer,
+                                                               client: aiohttp.ClientSession) -> None:
+    async def hold_the_loop() -> None:
+        time.sleep(0.3)  # what a large JSON decode or a garbage collection does to every stream
+
+    _, worst, stall = await _stream_with_a_busy_loop_beside_it(upstream, proxy, client, hold_the_loop)
+    assert worst is not None and worst >= 0.25  # the streams did wait
+    assert stall is not None and stall < 0.1, stall  # but the loop's probe saw why
+
+
+async def test_a_large_non_streamed_answer_does_not_hold_the_streams_up(upstream: FakeUpstream, proxy: ProxyServer,
+                                                                       client: aiohttp.ClientSession) -> None:
+    """Its accounting scans the 5.5 MB (logprobs: many small objects, ~0.15 s to decode) instead of decoding it,
+    so the other streams' gaps stay the upstream's."""
+    upstream.scripts["big"] = Script(ttft=0.0, gaps=(0.0,) * 19, logprobs=25_000)
+    whole_body("big", upstream.scripts["big"])  # encoded before the clock runs: the upstream's cost is not the proxy's
+
+    async def large_answer() -> None:
+        status, _, body = await post(client, proxy.proxy_url, chat("big", stream=False))
+        assert status == 200 and len(body) > 5_000_000
+
+    _, worst, _ = await _stream_with_a_busy_loop_beside_it(upstream, proxy, client, large_answer)
+    assert worst is not None and worst < 0.1, worst
+    proxy.refresh_now()
+    requests = [v for labels, v in (await scrape(proxy, client))["rooflight_client_output_tokens_total"].items()
+                if ("counted_by", "usage") in labels]
+    assert sum(requests) == 20 + 121  # usage read from both answers, the large one by scanning
 

@@ -131,3 +131,25 @@ def test_non_streamed_bodies() -> None:
     info = sse.interpret_body(json.dumps(chat).encode())
     assert (info.outputs, info.finish_reason, info.prompt_tokens, info.completion_tokens) == (1, "stop", 9, 2)
     assert sse.interpret_body(b"<html>oops</html>") == sse.NOTHING
+
+
+def _large_answer(finish: str, prompt: int, completion: int, chat: bool = True) -> dict:
+    """An answer past LARGE_JSON_BYTES: logprobs with their top alternatives, as `logprobs: true` returns."""
+    entries = [{"token": f"t{i}", "logprob": -0.5, "top_logprobs": [{"token": "usage", "logprob": -2.0}] * 5}
+               for i in range(3000)]
+    body = {"index": 0, "logprobs": {"content": entries}, "finish_reason": finish}
+    body.update({"message": {"role": "assistant", "content": "finish_reason"}} if chat else {"text": "x"})
+    return {"id": "c", "choices": [body], "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                                                     "total_tokens": prompt + completion}}
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_a_large_answer_is_scanned_to_what_decoding_it_gives(chat: bool) -> None:
+    data = json.dumps(_large_answer("length", 123, 3000, chat)).encode()
+    assert len(data) > sse.LARGE_JSON_BYTES
+    decoded = sse.interpret_chunk(json.loads(data))
+    scanned = sse.interpret_body(data)
+    assert (scanned.finish_reason, scanned.prompt_tokens, scanned.completion_tokens) == (
+        decoded.finish_reason, decoded.prompt_tokens, decoded.completion_tokens) == ("length", 123, 3000)
+    event = sse.interpret_event(sse.SSEEvent(data=data))
+    assert event.outputs == decoded.outputs == 1 and event.finish_reason == "length"

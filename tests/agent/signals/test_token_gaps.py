@@ -33,3 +33,18 @@ def test_slots_older_than_keep_seconds_are_dropped() -> None:
     assert len(gaps._closed) <= 21
     assert gaps.worst_between(0.0, 5.0) is None  # forgotten
     assert gaps.worst_between(9.0, 10.0) == pytest.approx(0.100)
+
+
+def test_a_stall_is_the_worst_gap_less_what_the_proxys_own_loop_added() -> None:
+    gaps = ClientGaps()
+    gaps.add(10.05, 0.004)
+    gaps.add(10.31, 0.260)  # every stream waited while the loop was busy for 0.25 s ...
+    gaps.loop_lag.add(10.30, 0.250)  # ... which the loop's probe saw
+    assert gaps.worst_between(10.0, 10.5) == pytest.approx(0.260)
+    assert gaps.stall_between(10.0, 10.5) == pytest.approx(0.010)
+    gaps.add(11.2, 0.090)  # a stall with the loop on time
+    assert gaps.stall_between(11.0, 11.5) == pytest.approx(0.090)
+    gaps.loop_lag.add(12.1, 0.5)
+    assert gaps.stall_between(12.0, 12.5) is None  # no token: nothing to judge
+    gaps.add(12.2, 0.1)
+    assert gaps.stall_between(12.0, 12.5) == 0.0  # never below 0
