@@ -91,7 +91,7 @@ def for_agent(agent: AgentConfig) -> ProxyConfig | None:
     if agent.proxy_listen is None or agent.proxy_upstream is None:
         return None
     upstream = parse_upstream(agent.proxy_upstream, "--proxy-upstream")
-    same = [t.name for t in agent.targets if target_name(t.url) == target_name(upstream)]
+    same = [t.name for t in agent.targets if _endpoint(t.url) == _endpoint(upstream)]
     return ProxyConfig(
         upstream=upstream,
         listen=agent.proxy_listen,
@@ -105,6 +105,17 @@ def for_agent(agent: AgentConfig) -> ProxyConfig | None:
         refresh=agent.interval,
         name=same[0] if len(same) == 1 else "",
     )
+
+
+def _endpoint(url: str) -> tuple[str, int | None]:
+    """(host, port) with the scheme's default port filled in: http://vllm and http://vllm:80 are one engine."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return (parts.hostname or "").lower(), port if port is not None else default
 
 
 def parse_upstream(url: str | None, what: str = "--upstream") -> str:

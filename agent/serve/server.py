@@ -503,6 +503,10 @@ async def serve(agent: Any, host: str, port: int, *, security: Any = None,
     proxy_server = ProxyServer(proxy, clock=agent.clock) if proxy is not None else None
     if proxy_server is not None and proxy.name:  # it fronts one of the agent's targets: one clock, its gaps
         agent.use_client_gaps(proxy.name, proxy_server.client_gaps)
+    elif proxy_server is not None:
+        log.warning("the proxy's upstream %s is none of the targets' host:port: its client series carry "
+                    "target=%r, and head-of-line is judged by the engines' ITL buckets, not the proxy's gaps",
+                    public_url(proxy.upstream), proxy.target)
     collectors = [proxy_server.collector()] if proxy_server is not None else []
     runner = web.AppRunner(build_app(agent, middlewares=middlewares, collectors=collectors), access_log=None,
                            handle_signals=False, keepalive_timeout=limits.idle_timeout, max_line_size=MAX_LINE_SIZE,

@@ -344,3 +344,27 @@ def test_run_help_documents_the_proxy_options(capsys: pytest.CaptureFixture[str]
     for words in ("--proxy-listen", "--proxy-upstream", "--slo", "--tenant-header", "--proxy-buckets",
                   "rooflight_client_", "ROOFLIGHT_PROXY_LISTEN", "ROOFLIGHT_SLO", "docs/proxy.md"):
         assert words in out, words
+
+
+@pytest.mark.parametrize("engine_url, upstream, fronted", [
+    ("http://vllm", "http://vllm:80", True),  # the scheme's default port, written or not
+    ("https://vllm:443/v1", "https://VLLM", True),
+    ("http://localhost:8000", "http://127.0.0.1:8000", False),  # names are compared, not resolved
+    ("http://vllm:8000", "http://vllm:8001", False),
+])
+def test_the_proxy_fronts_the_target_on_the_same_host_and_port(engine_url: str, upstream: str, fronted: bool) -> None:
+    config = agent_config("--engine-url", engine_url, "--proxy-listen", "127.0.0.1:0", "--proxy-upstream", upstream)
+    proxy = for_agent(config)
+    assert proxy is not None and (proxy.name == config.targets[0].name) is fronted
+
+
+async def test_a_proxy_that_fronts_no_target_says_so_at_start(engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    port, proxy_port = free_port(), free_port()
+    config = agent_config("--engine-url", engine.url, "--listen", f"127.0.0.1:{port}", "--no-nvml", "--no-process",
+                          "--proxy-listen", f"127.0.0.1:{proxy_port}", "--proxy-upstream", "http://127.0.0.1:9")
+    with caplog.at_level("WARNING", logger="rooflight"):
+        async with serve_task(Agent(config), port, proxy=for_agent(config)):
+            async with aiohttp.ClientSession() as session:
+                await _wait_for(session, f"{agent_url(port)}/-/healthy", "OK")
+    assert any("is none of the targets' host:port" in r.getMessage() and "target='127.0.0.1:9'" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
