@@ -12,8 +12,8 @@ Head-of-line blocking). The agent's /metrics is polled every 0.25 s; the detecto
 (`--detector hol_hold_seconds=1`), so each prompt's verdict is seen on its own.
 
 What must hold: in the control phase the flag is never up, judged by the proxy; every long prompt is
-caught within a few seconds of being sent, judged by the proxy. Measured in three runs: the control's
-inflation at most 1.36-1.73, the prompts' 4.2-7.6x, flagged 0.35-0.65 s after they were sent.
+caught within a few seconds of being sent, judged by the proxy. Measured in four runs: the control's
+inflation peaked at 1.36-2.48, the prompts' at 4.2-7.6x, flagged 0.35-0.73 s after they were sent.
 """
 
 from __future__ import annotations
