@@ -20,7 +20,7 @@ import ctypes
 import functools
 import logging
 from dataclasses import replace
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import aiohttp
 
@@ -39,7 +39,7 @@ from rooflight.agent.signals.detectors import (
     Verdicts,
     evaluate,
 )
-from rooflight.agent.signals.headroom import SignalSettings, role_for, with_energy
+from rooflight.agent.signals.headroom import SignalSettings, role_for
 from rooflight.agent.sampling.health import KV_USAGE_OUT_OF_RANGE, SourceState
 from rooflight.agent.metrics.snapshot import SeriesView, TargetView
 from rooflight.agent.signals.token_gaps import ClientGaps
@@ -71,11 +71,28 @@ DERIVATION_FAILED = "derivation_failed"  # a series' windows or signals raised (
 # The reasons this loop counts besides health.VALUE_REASONS: counted from zero, so rates work from the start.
 INPUT_REASONS = (expfmt.HISTOGRAM_TOO_MANY_BUCKETS, INFO_OUT_OF_RANGE, DERIVATION_FAILED)
 
+# The windows longer than the shortest are derived again at most this often, and at least every
+# LONG_WINDOWS_STALE_SHARE of the shortest of them (docs/metrics.md, Conventions): at 10 Hz a 1m
+# window's start and end move by under 2% of it in a second, so deriving it on every sample would cost
+# ten times the work for no information. The shortest window, which the detectors judge, is derived
+# on every sample.
+LONG_WINDOWS_EVERY_SECONDS = 1.0
+LONG_WINDOWS_STALE_SHARE = 1 / 60
+
 _MARKED = (
     ("head_of_line", "head-of-line stall"),
     ("capacity_capped", "capacity-capped batch"),
     ("admission_bound", "admission-bound batch"),
 )
+
+
+class _LongWindows(NamedTuple):
+    """The windows after the shortest of one series as last derived, and what they were derived from."""
+
+    at: float  # monotonic
+    constants: TargetConstants
+    kv_capacity_tokens: float | None
+    windows: tuple[derive.WindowValues, ...]
 
 
 class ItlTail(NamedTuple):
@@ -119,6 +136,10 @@ class EngineLoop:
         self._histories: dict[tuple[str, str], SeriesHistory] = {}
         self._tails: dict[tuple[str, str], dict[str, TailBaseline]] = {}  # by series, then ITL source
         self._last_stall: dict[tuple[str, str], float] = {}
+        self._long: dict[tuple[str, str], _LongWindows] = {}  # by series, derived at most once a second
+        self._shortest, self._longer = _split_windows(config.windows)
+        self._long_every = min([LONG_WINDOWS_EVERY_SECONDS,
+                                *(LONG_WINDOWS_STALE_SHARE * seconds for seconds in self._longer.values())])
         self._next_info = 0.0
         self.hints = EngineInfoHints()
         self.latest: EngineSample | None = None
@@ -235,6 +256,8 @@ class EngineLoop:
                      self._plausible(info.kv_block_size_tokens, MAX_KV_BLOCK_TOKENS))
         if (tp, block) != (info.tensor_parallel_size, info.kv_block_size_tokens):
             info = replace(info, tensor_parallel_size=None if tp is None else int(tp), kv_block_size_tokens=block)
+        if info is sample.info and all(a is b for a, b in zip(kept, sample.series)):
+            return sample  # nothing withheld: the sample as read (the common case, on every sample)
         return replace(sample, series=tuple(kept), info=info)
 
     def _plausible(self, value: float | None, upper: float) -> float | None:
@@ -277,6 +300,7 @@ class EngineLoop:
             del self._histories[key]
             self._tails.pop(key, None)
             self._last_stall.pop(key, None)
+            self._long.pop(key, None)
         if regressed:  # one error per sample, however many counters
             self.state.note("counter_regress", f"counters going backwards repeatedly, their rates withheld: "
                             f"{', '.join(sorted(regressed)[:5])}{' ...' if len(regressed) > 5 else ''}")
@@ -333,22 +357,10 @@ class EngineLoop:
                               gpu_hour_cost=t.gpu_hour_cost)
 
     def _series_view(self, series: EngineSeries, constants: TargetConstants, count_dropped: bool = False) -> SeriesView:
-        history = self._histories.get((series.model, series.rank))
-        windows = (
-            derive.derive_target(
-                history, self.config.windows, constants, series.kv_capacity_tokens, self.config.percentiles
-            )
-            if history is not None
-            else ()
-        )
-        if count_dropped:
-            for reason in (r for w in windows for r in w.dropped):
-                self.state.drop_value(reason)
-        if self._dram_for is not None:
-            windows = tuple(replace(w, dram_utilization=self._dram_for(self.target, w.seconds)) for w in windows)
-        if self._energy_for is not None:
-            energy_for = self._energy_for
-            windows = with_energy(windows, lambda seconds: energy_for(self.target, seconds))
+        key = (series.model, series.rank)
+        history = self._histories.get(key)
+        windows = (self._shortest_window(series, history, constants, count_dropped)
+                   + self._longer_windows(key, series, history, constants, count_dropped))
         batch_max = _first(self.target.batch_max, series.batch_max_requests, self.hints.batch_max_requests)
         live = derive.live_kv_bytes(series.kv_usage_ratio, series.kv_capacity_tokens, constants)
         tail = self._itl_tail(series, history)
@@ -357,6 +369,47 @@ class EngineLoop:
         self._mark_rising_edges((series.model, series.rank), verdicts)
         return SeriesView(series=series, windows=windows, verdicts=verdicts, batch_max=batch_max, live_kv_bytes=live,
                           settings=_settings(self.hints, series))
+
+    def _shortest_window(self, series: EngineSeries, history: SeriesHistory | None, constants: TargetConstants,
+                         count_dropped: bool) -> tuple[derive.WindowValues, ...]:
+        """The shortest window, derived on every sample: the detectors judge it."""
+        if history is None or self._shortest is None:
+            return ()
+        name, seconds = self._shortest
+        values = derive.derive_window(history, name, seconds, constants, series.kv_capacity_tokens,
+                                      self.config.percentiles)
+        return self._measured((values,) if values is not None else (), count_dropped)
+
+    def _longer_windows(self, key: tuple[str, str], series: EngineSeries, history: SeriesHistory | None,
+                        constants: TargetConstants, count_dropped: bool) -> tuple[derive.WindowValues, ...]:
+        """The longer windows, derived again once `_long_every` (at most LONG_WINDOWS_EVERY_SECONDS) has passed,
+        or at once when the constants or the KV pool they are derived with changed: up to a second old,
+        never wrong."""
+        if history is None or not self._longer:
+            return ()
+        now, kept = self.clock.monotonic(), self._long.get(key)
+        # Half an interval early: at 1 Hz every sample derives them, whatever the scheduling jitter.
+        if (kept is not None and 0.0 <= now - kept.at < self._long_every - self.config.interval / 2
+                and kept.kv_capacity_tokens == series.kv_capacity_tokens and kept.constants == constants):
+            return kept.windows
+        windows = derive.derive_target(history, self._longer, constants, series.kv_capacity_tokens,
+                                       self.config.percentiles)
+        windows = self._measured(windows, count_dropped)
+        self._long[key] = _LongWindows(now, constants, series.kv_capacity_tokens, windows)
+        return windows
+
+    def _measured(self, windows: tuple[derive.WindowValues, ...], count_dropped: bool) -> tuple[derive.WindowValues, ...]:
+        """Freshly derived windows with what the GPUs measured over each (DRAM bandwidth, energy); with
+        `count_dropped`, the values they withheld counted."""
+        if count_dropped:
+            for reason in (r for w in windows for r in w.dropped):
+                self.state.drop_value(reason)
+        dram_for, energy_for, target = self._dram_for, self._energy_for, self.target
+        if dram_for is None and energy_for is None:
+            return windows
+        return tuple(_with_gpu_measures(w, dram_for(target, w.seconds) if dram_for is not None else w.dram_utilization,
+                                        energy_for(target, w.seconds) if energy_for is not None else w.energy_watts)
+                     for w in windows)
 
     def _mark_rising_edges(self, key: tuple[str, str], verdicts: Verdicts | None) -> None:
         """An NVTX mark when a detector turns on, so an Nsight Systems capture lines it up with the kernels."""
@@ -473,6 +526,20 @@ def _settings(hints: EngineInfoHints, series: EngineSeries) -> dict[str, str]:
     """The engine's settings for one series: its info endpoint's, then its page's for this rank (fresher,
     and per rank), each adapter's fixed list (rooflight_engine_config_info)."""
     return {**hints.settings, **series.settings}
+
+
+def _with_gpu_measures(w: derive.WindowValues, dram: float | None, watts: float | None) -> derive.WindowValues:
+    """The window with the GPUs' DRAM utilization and power over it; itself where they are what it holds
+    (no GPU seen: both None, on every sample)."""
+    if dram == w.dram_utilization and watts == w.energy_watts:
+        return w
+    return replace(w, dram_utilization=dram, energy_watts=watts)
+
+
+def _split_windows(windows: Mapping[str, float]) -> tuple[tuple[str, float] | None, dict[str, float]]:
+    """The shortest window (name, seconds), and the others by name (derive_target's order: by length)."""
+    ordered = sorted(windows.items(), key=lambda kv: kv[1])
+    return (ordered[0] if ordered else None), dict(ordered[1:])
 
 
 def _first(*values: float | int | None) -> float | None:

@@ -281,6 +281,11 @@ class Agent:
     async def sample_gpus_once(self, collector: Any) -> None:
         """One NVML sample through `collector`, then publish: what the NVML loop does per tick. The
         collector's process lists are the ones each target's GPUs are matched against."""
+        await self._sample_gpus(collector)
+        self.publish()
+
+    async def _sample_gpus(self, collector: Any) -> None:
+        """One NVML sample, unpublished: the NVML loop's `_every` publishes after each step."""
         if self._nvml_collector is None:
             self._nvml_collector = collector
         start = self.clock.monotonic()
@@ -292,7 +297,6 @@ class Agent:
         else:
             self._nvml_state.ok(self.clock.time(), self.clock.monotonic() - start)
             self._remember_gpus(self._gpu)
-        self.publish()
 
     def _remember_gpus(self, sample: GpuSample) -> None:
         retention = max(self.config.windows.values()) + 2 * self.config.nvml_interval
@@ -309,7 +313,7 @@ class Agent:
 
         collector = self._nvml_collector = NvmlCollector(lib=self._nvml_lib, clock=self.clock.monotonic)
         try:
-            await self._every(self.config.nvml_interval, lambda: self.sample_gpus_once(collector))
+            await self._every(self.config.nvml_interval, lambda: self._sample_gpus(collector))
         finally:
             collector.close()
 

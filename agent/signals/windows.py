@@ -78,6 +78,15 @@ def correct_counter(
     return prev_corrected + step
 
 
+def _corrected_counts(
+    prev_raw: Sequence[float], prev_corrected: Sequence[float], raw: Sequence[float], dt: float | None
+) -> list[float]:
+    """correct_counter over every bucket of a histogram at once (a page holds a few hundred buckets)."""
+    limit = math.inf if dt is None else MAX_PLAUSIBLE_RATE * dt
+    return [c if (step := n - p if n >= p else n) > limit else c + step
+            for p, c, n in zip(prev_raw, prev_corrected, raw)]
+
+
 class SeriesHistory:
     """The bounded history of one engine series (one target, model and rank).
 
@@ -98,7 +107,7 @@ class SeriesHistory:
         self._times: list[float] = []
         self._settled = 0  # points before this index are already thinned to coarse_step
         self._raw_counters: dict[str, float] = {}
-        self._raw_histograms: dict[str, Histogram] = {}
+        self._raw_histograms: dict[str, tuple[tuple[float, ...], list[float]]] = {}  # bounds, raw counts
         self._regressions: dict[str, list[float]] = {}  # the last COUNTER_REGRESS_LIMIT backward steps
         self._unreliable_until: dict[str, float] = {}
         self._layout_changes: dict[str, list[float]] = {}  # the last LAYOUT_CHANGE_LIMIT layout changes
@@ -202,14 +211,11 @@ class SeriesHistory:
         for name, hist in histograms.items():
             if hist is None:
                 continue
-            bounds = tuple(b for b, _ in hist.buckets)
+            bounds = tuple([b for b, _ in hist.buckets])
+            raw = [c for _, c in hist.buckets]
             raw_prev = self._raw_histograms.get(name)
-            self._raw_histograms[name] = hist
-            if raw_prev is not None and len(raw_prev.buckets) == len(bounds):
-                moved = any(b != p for b, (p, _) in zip(bounds, raw_prev.buckets))
-            else:
-                moved = raw_prev is not None
-            if moved:
+            self._raw_histograms[name] = (bounds, raw)
+            if raw_prev is not None and raw_prev[0] != bounds:
                 self._layout_moved(name, t)
             if t < self._unstable_until.get(name, -math.inf):
                 out.pop(name, None)  # no window can rate it; each new layout would be held per point
@@ -219,10 +225,7 @@ class SeriesHistory:
                 counts = array("d", bytes(8 * len(bounds)))  # new layout: deltas start here
             else:
                 bounds = before.bounds
-                counts = array("d", (
-                    correct_counter(p, c, n, dt)
-                    for (_, p), c, (_, n) in zip(raw_prev.buckets, before.counts, hist.buckets)
-                ))
+                counts = array("d", _corrected_counts(raw_prev[1], before.counts, raw, dt))
             out[name] = CorrectedHistogram(bounds, counts)
         return out
 
