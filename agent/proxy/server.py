@@ -125,10 +125,11 @@ class ProxyServer:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    async def start(self, *, refresh_loop: bool = True, serve_metrics: bool = True, lag_probe: bool = True) -> None:
+    async def start(self, *, refresh_loop: bool = True, serve_metrics: bool = True, lag_probe: bool = False) -> None:
         """Bind the proxy (and, unless `serve_metrics` is False, its own /metrics port) and start relaying.
 
-        `rooflight run` passes serve_metrics=False: the agent serves `collector()` on its own /metrics.
+        `rooflight run` passes serve_metrics=False: the agent serves `collector()` on its own /metrics; and
+        lag_probe=True where a head-of-line detector reads `client_gaps` (nothing else needs the probe).
         A failed bind raises OSError; call stop() to release what was already set up."""
         self._session = aiohttp.ClientSession(
             # keepalive under uvicorn's 5 s (vLLM, SGLang): the proxy drops an idle connection before the

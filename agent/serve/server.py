@@ -481,7 +481,7 @@ def bind_error(exc: OSError, host: str, port: int) -> str:
 async def start_proxy(proxy: ProxyServer) -> None:
     """Start the client-side proxy without a /metrics port of its own; a failed bind is a ConfigError."""
     try:
-        await proxy.start(serve_metrics=False)
+        await proxy.start(serve_metrics=False, lag_probe=bool(proxy.config.name))  # it fronts a target: its detector reads the gaps
     except OSError as exc:
         await proxy.stop()
         host, port = split_listen(proxy.config.listen)

@@ -36,7 +36,7 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 async def start_proxy(upstream_url: str, **flags: object) -> ProxyServer:
     config = build(upstream_url, listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", **flags)  # type: ignore[arg-type]
     server = ProxyServer(config)
-    await server.start(refresh_loop=False)
+    await server.start(refresh_loop=False, lag_probe=True)
     return server
 
 

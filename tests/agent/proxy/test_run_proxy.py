@@ -183,6 +183,7 @@ async def test_the_proxys_gaps_reach_the_head_of_line_detector_of_the_target_it_
         assert loop.client_gaps is not None
         now = agent.clock.monotonic()
         worst = loop.client_gaps.worst_between(now - 5.0, now)
+        assert loop.client_gaps.loop_lag.worst_between(now - 1.0, now) is not None  # the loop's lateness probe runs
     assert worst is not None and GAP * 0.9 <= worst < 1.0  # the engine sleeps GAP between tokens
     # Until the proxy's gaps span the baseline's 30 s, the engine's buckets judge, and say so.
     sources = {line.split('source="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
