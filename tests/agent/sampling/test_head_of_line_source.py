@@ -9,18 +9,14 @@ blocking). The proxy's gaps for the same seconds: 4-6 ms, then one of 60 ms (10x
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
 from typing import AsyncIterator
 
 import pytest
 
-from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import AgentConfig, build
-from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.signals.detectors import ITL_FROM_ENGINE, ITL_FROM_PROXY, Verdicts
 from rooflight.agent.signals.token_gaps import ClientGaps
-from rooflight.agent.metrics.exposition import registry_for
-from prometheus_client import generate_latest
-from support import FakeEngine, started_agent
+from support import Rig, exported, scripted_agent
 
 STEPS_PER_S, PROMPT_PER_S = 100, 500
 NORMAL_GAPS = (0.004, 0.005, 0.006, 0.004)  # a second's gaps as the proxy sees them: the worst is 6 ms
@@ -63,53 +59,40 @@ class ScriptedVllm:
             f"vllm:{name}_count{{{lab}}} {8 * steps}", f"vllm:{name}_sum{{{lab}}} 0"]
 
 
-def _config(url: str) -> AgentConfig:
-    return build({}, {}, {"engine_url": [url], "nvml": False, "process": False, "interval": "1s",
-                          "model": "llama-3-8b"})
-
-
 class Run:
-    """One agent on a FakeClock against a ScriptedVllm, with or without the proxy's gaps."""
+    """A scripted agent (support.scripted_agent) against a ScriptedVllm, with or without the proxy's gaps."""
 
-    def __init__(self, agent: Agent, engine: FakeEngine, vllm: ScriptedVllm, clock: FakeClock,
-                 gaps: ClientGaps | None) -> None:
-        self.agent, self.engine, self.vllm, self.clock, self.gaps = agent, engine, vllm, clock, gaps
+    def __init__(self, rig: Rig, vllm: ScriptedVllm, gaps: ClientGaps | None) -> None:
+        self.rig, self.vllm, self.gaps = rig, vllm, gaps
 
     async def second(self, *, stall: bool = False, client_gaps: tuple[float, ...] = NORMAL_GAPS) -> tuple[Verdicts, ...]:
         """One second of decoding (the proxy's gaps arrive through it), then the agent's sample."""
-        start = self.clock.now
-        self.clock.advance(1.0)
+        start = self.rig.clock.now
         self.vllm.seconds += 1
         self.vllm.stalled += stall
         if self.gaps is not None:
             gaps = client_gaps + ((STALL_GAP,) if stall else ())
             for i, gap in enumerate(gaps):
                 self.gaps.add(start + (i + 1) / (len(gaps) + 1), gap)
-        self.engine.body = self.vllm.page()
-        await self.agent.sample_engines_once()
-        (target,) = self.agent.snapshot.targets
+        await self.rig.sample(self.vllm.page())
+        (target,) = self.rig.agent.snapshot.targets
         return tuple(s.verdicts for s in target.series)
 
 
 @pytest.fixture
-async def run_with(fake_engine: FakeEngine) -> AsyncIterator:
-    agents = []
+async def run_with() -> AsyncIterator:
+    async with AsyncExitStack() as stack:
+        async def make(*, proxy: bool, ranks: tuple[str, ...] = ("0",)) -> Run:
+            vllm = ScriptedVllm(ranks)
+            rig = await stack.enter_async_context(
+                scripted_agent(vllm.page(), 1.0, windows="10s,1m,5m", batch_max=None))
+            gaps = ClientGaps() if proxy else None
+            if gaps is not None:
+                rig.agent.use_client_gaps(rig.agent.config.targets[0].name, gaps)
+            await rig.agent.sample_engines_once()
+            return Run(rig, vllm, gaps)
 
-    async def make(*, proxy: bool, ranks: tuple[str, ...] = ("0",)) -> Run:
-        clock, vllm = FakeClock(), ScriptedVllm(ranks)
-        fake_engine.body = vllm.page()
-        context = started_agent(_config(fake_engine.url), loops=False, clock=clock)
-        agent = await context.__aenter__()
-        agents.append(context)
-        gaps = ClientGaps() if proxy else None
-        if gaps is not None:
-            agent.use_client_gaps(agent.config.targets[0].name, gaps)
-        await agent.sample_engines_once()
-        return Run(agent, fake_engine, vllm, clock, gaps)
-
-    yield make
-    for context in agents:
-        await context.__aexit__(None, None, None)
+        yield make
 
 
 async def test_the_proxy_catches_a_stall_the_engine_buckets_blur(run_with) -> None:
@@ -166,12 +149,11 @@ async def test_the_source_is_exported_one_series_per_source(run_with) -> None:
     for _ in range(BASELINE_SECONDS):
         await run.second()
     await run.second(stall=True)
-    text = generate_latest(registry_for(lambda: run.agent.snapshot)).decode()
-    assert 'rooflight_head_of_line_source{engine="vllm",model="m",rank="0",source="proxy",target=' in text
-    lines = {line.split(",source=")[1].split(",")[0]: line.rsplit(" ", 1)[1]
-             for line in text.splitlines() if line.startswith("rooflight_head_of_line_source{")}
-    assert lines == {'"engine"': "0.0", '"proxy"': "1.0"}
-    assert any(line.startswith("rooflight_head_of_line_blocking{") and line.endswith(" 1.0") for line in text.splitlines())
+    metrics = exported(run.rig.agent)
+    sources = {dict(labels)["source"]: value for (name, labels), value in metrics.items()
+               if name == "rooflight_head_of_line_source" and ("model", "m") in labels and ("rank", "0") in labels}
+    assert sources == {"engine": 0.0, "proxy": 1.0}
+    assert [v for (name, _), v in metrics.items() if name == "rooflight_head_of_line_blocking"] == [1.0]
 
 
 async def test_streams_that_arrive_in_bursts_leave_the_judging_to_the_engine(run_with) -> None:
