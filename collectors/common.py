@@ -56,10 +56,10 @@ def page_bounds(max_series: int) -> expfmt.Bounds:
     return expfmt.Bounds(max_samples=samples, max_labels=LABELS_PER_SAMPLE * samples)
 
 
-def read_page(text: str, prefixes: tuple[str, ...], names: Collection[str], *, what: str = "") -> expfmt.Exposition:
-    """The families an adapter reads (`names`, all starting with one of `prefixes`) from a page;
+def read_page(text: str, prefixes: tuple[str, ...], names: Collection[str], *, what: str = "") -> expfmt.Selection:
+    """The samples an adapter reads (`names`, all starting with one of `prefixes`) from a page;
     ParseError naming `what` (default: the prefixes) when the page holds none of them."""
-    exp = expfmt.parse(text, prefixes=prefixes, names=names)
+    exp = expfmt.select(text, names, prefixes=prefixes)
     if not exp.by_name:
         raise ParseError(f"no {what or ' or '.join(prefixes)} metric families in the exposition")
     return exp

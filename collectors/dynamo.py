@@ -121,7 +121,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     )
 
 
-def _worker(exp: expfmt.Exposition, sample: EngineSample, backend: str) -> EngineSample:
+def _worker(exp: expfmt.Selection, sample: EngineSample, backend: str) -> EngineSample:
     inflight: dict[str, float] = {}
     for s in exp.get(INFLIGHT):
         if good(s.value):
@@ -145,12 +145,12 @@ def _worker(exp: expfmt.Exposition, sample: EngineSample, backend: str) -> Engin
     return replace(sample, engine=ENGINE, series=tuple(series), info=replace(sample.info, labels=labels))
 
 
-def _last(exp: expfmt.Exposition, name: str) -> float | None:
+def _last(exp: expfmt.Selection, name: str) -> float | None:
     values = [s.value for s in exp.get(name)]
     return values[-1] if values and good(values[-1]) else None
 
 
-def _by_model(exp: expfmt.Exposition, name: str, spelling: dict[str, str]) -> dict[str, float]:
+def _by_model(exp: expfmt.Selection, name: str, spelling: dict[str, str]) -> dict[str, float]:
     """lower-cased model -> value summed over other labels; remembers the first spelling seen."""
     out: dict[str, float] = {}
     for s in exp.get(name):
@@ -162,7 +162,7 @@ def _by_model(exp: expfmt.Exposition, name: str, spelling: dict[str, str]) -> di
     return out
 
 
-def _frontend(exp: expfmt.Exposition) -> tuple[EngineSeries, ...]:
+def _frontend(exp: expfmt.Selection) -> tuple[EngineSeries, ...]:
     spelling: dict[str, str] = {}
     # The model_* gauges first: their spelling (original case) is the one kept.
     gauges = {n: _by_model(exp, n, spelling) for n in (F_BATCH_MAX, F_KV_BLOCKS, F_BLOCK_SIZE, F_CONTEXT)}

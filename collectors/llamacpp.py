@@ -115,7 +115,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     return EngineSample(target=target, engine=ENGINE, timestamp=timestamp, duration=duration, series=(series,))
 
 
-def _first(exp: expfmt.Exposition, *names: str) -> float | None:
+def _first(exp: expfmt.Selection, *names: str) -> float | None:
     """The value of the first name present (the last sample of it: a repeated line wins), if sane."""
     for name in names:
         samples = [s for s in exp.get(name) if not s.labels]

@@ -291,7 +291,7 @@ def _replica(labels: dict[str, str]) -> tuple[int, ...]:
 
 
 def _read(
-    exp: expfmt.Exposition, name: str, *, gauge: bool, split: str | None = None
+    exp: expfmt.Selection, name: str, *, gauge: bool, split: str | None = None
 ) -> dict[_Key, dict[str | None, float]]:
     """Per (model, rank) and per value of `split` (None without): the lowest replica's value,
     combined over pids (max for gauges, sum for counters). See the module docstring."""
@@ -315,12 +315,12 @@ def _one(table: dict[_Key, dict[str | None, float]], key: _Key) -> float | None:
     return table.get(key, {}).get(None)
 
 
-def _histograms(exp: expfmt.Exposition, base: str) -> dict[str, Histogram]:
+def _histograms(exp: expfmt.Selection, base: str) -> dict[str, Histogram]:
     """Tokenizer-side histograms by model, summed over `is_streaming` (and pids)."""
     return expfmt.histograms(exp, base, _model)
 
 
-def _scheduler_histograms(exp: expfmt.Exposition, base: str) -> dict[_Key, Histogram]:
+def _scheduler_histograms(exp: expfmt.Selection, base: str) -> dict[_Key, Histogram]:
     """Scheduler-side histograms per (model, rank): the lowest replica's, never summed over replicas."""
     per_replica = expfmt.histograms(
         exp, base, lambda labels: (_model(labels), labels.get("dp_rank", "0"), _replica(labels))
@@ -339,7 +339,7 @@ def _positive(table: dict[_Key, dict[str | None, float]]) -> dict[_Key, dict[str
     return {key: parts for key, parts in kept.items() if parts}
 
 
-def _transfer_histograms(exp: expfmt.Exposition) -> dict[str, dict[_Key, dict[str | None, float]]]:
+def _transfer_histograms(exp: expfmt.Selection) -> dict[str, dict[_Key, dict[str | None, float]]]:
     """SGLang 0.5.23's KV transfer histograms as extra counters: `<name>_sum_total` and
     `<name>_count_total` per (model, rank), the lowest replica's."""
     out: dict[str, dict[_Key, dict[str | None, float]]] = {}

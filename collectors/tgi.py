@@ -170,7 +170,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     return EngineSample(target=target, engine=ENGINE, timestamp=timestamp, duration=duration, series=(series,))
 
 
-def _sum(exp: expfmt.Exposition, name: str) -> float | None:
+def _sum(exp: expfmt.Selection, name: str) -> float | None:
     """The sum over label sets of one name (TGI's families here have none, or only `err`)."""
     per = {tuple(sorted(s.labels.items())): s.value for s in exp.get(name)}  # a repeated line: last wins
     values = list(per.values())
@@ -179,12 +179,12 @@ def _sum(exp: expfmt.Exposition, name: str) -> float | None:
     return math.fsum(values)
 
 
-def _histogram(exp: expfmt.Exposition, base: str) -> Histogram | None:
+def _histogram(exp: expfmt.Selection, base: str) -> Histogram | None:
     """The page's one histogram of that name (TGI labels none of these), or None (absent, a summary)."""
     return expfmt.histograms(exp, base, lambda labels: "").get("")
 
 
-def _by_label(exp: expfmt.Exposition, name: str, label: str) -> dict[str, float]:
+def _by_label(exp: expfmt.Selection, name: str, label: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for s in exp.get(name):
         part = s.labels.get(label)

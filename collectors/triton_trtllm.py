@@ -141,7 +141,7 @@ def _version(labels: dict[str, str]) -> int:
     return int(v) if v.isdigit() else -1
 
 
-def _by_category(exp: expfmt.Exposition, name: str, label: str) -> dict[str, dict[str, float]]:
+def _by_category(exp: expfmt.Selection, name: str, label: str) -> dict[str, dict[str, float]]:
     """model -> category value -> value (highest model version)."""
     best: dict[tuple[str, str], tuple[int, float]] = {}
     for s in exp.get(name):
@@ -159,7 +159,7 @@ def _by_category(exp: expfmt.Exposition, name: str, label: str) -> dict[str, dic
     return out
 
 
-def _by_model(exp: expfmt.Exposition, name: str) -> dict[str, float]:
+def _by_model(exp: expfmt.Selection, name: str) -> dict[str, float]:
     """model -> value of the highest version, summed over any other label (e.g. response_metric_type)."""
     per: dict[str, dict[int, float]] = {}
     for s in exp.get(name):

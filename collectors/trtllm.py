@@ -170,7 +170,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     )
 
 
-def engine_info(exp: expfmt.Exposition, tokens_per_block: float | None) -> EngineInfo:
+def engine_info(exp: expfmt.Selection, tokens_per_block: float | None) -> EngineInfo:
     """TP size, KV block size and dtype, and the config-info labels (first series of each)."""
     labels: dict[str, str] = {}
     for name in (MODEL_CONFIG, PARALLEL_CONFIG):
@@ -188,7 +188,7 @@ def engine_info(exp: expfmt.Exposition, tokens_per_block: float | None) -> Engin
     )
 
 
-def _values(exp: expfmt.Exposition, name: str, *, gauge: bool) -> dict[str, float]:
+def _values(exp: expfmt.Selection, name: str, *, gauge: bool) -> dict[str, float]:
     """One value per model. Counters are summed over their other labels (`finished_reason`, `pid`);
     gauges take the max over them (a `pid` split mirrors one engine state)."""
     per: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}

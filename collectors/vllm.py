@@ -286,7 +286,7 @@ def _rank_order(rank: str) -> tuple[int, str]:
     return (int(rank), rank) if rank.isdigit() else (1 << 30, rank)
 
 
-def _values(exp: expfmt.Exposition, name: str, *, gauge: bool) -> dict[_Key, float]:
+def _values(exp: expfmt.Selection, name: str, *, gauge: bool) -> dict[_Key, float]:
     """One value per (model, rank); see the module docstring for pid/duplicate rules."""
     per: dict[_Key, dict[str | None, float]] = {}
     for s in exp.get(name):
@@ -296,7 +296,7 @@ def _values(exp: expfmt.Exposition, name: str, *, gauge: bool) -> dict[_Key, flo
     return combine_each(per, gauge=gauge)
 
 
-def _labelled(exp: expfmt.Exposition, name: str, label: str, *, gauge: bool) -> dict[_Key, dict[str, float]]:
+def _labelled(exp: expfmt.Selection, name: str, label: str, *, gauge: bool) -> dict[_Key, dict[str, float]]:
     """Like _values, split further by one label (reason, source)."""
     per: dict[_Key, dict[str, dict[str | None, float]]] = {}
     for s in exp.get(name):
@@ -322,7 +322,7 @@ def _first(*tables: dict[_Key, object]) -> dict:
     return merged
 
 
-def lora_extra(exp: expfmt.Exposition) -> dict[str, float]:
+def lora_extra(exp: expfmt.Selection) -> dict[str, float]:
     """The latest `lora_requests_info` series (largest timestamp value) as adapter counts; {} without LoRA."""
     latest = max((s for s in exp.get(_LORA) if good(s.value)), key=lambda s: s.value, default=None)
     if latest is None:
@@ -342,7 +342,7 @@ def lora_extra(exp: expfmt.Exposition) -> dict[str, float]:
     return out
 
 
-def _cache_configs(exp: expfmt.Exposition) -> dict[str, dict[str, str]]:
+def _cache_configs(exp: expfmt.Selection) -> dict[str, dict[str, str]]:
     """cache_config_info labels per rank (last wins)."""
     return {s.labels.get("engine", "0"): s.labels for s in exp.get(_CACHE_CONFIG)}
 
