@@ -607,22 +607,21 @@ def select(
 
     Why (measured, `python bench/bench_sampling.py`): an adapter reads ~120 of the 630 lines of a vLLM
     page, and parse() still takes every line through its loop to keep prometheus_client's grouping,
-    which no adapter reads; one regular expression (_finder) finds the wanted lines in C instead: on
+    which no adapter reads; one regular expression (_finders) finds the wanted lines in C instead: on
     that page 56 us against parse()'s ~300 us of stepping through lines. A page with a line that starts
     with anything but a name's first character, `#` or nothing (leading whitespace, a `{__name__=...}`
     line) is read by parse(): only the start of a line tells a wanted sample apart there.
     """
     want = tuple(prefixes) if prefixes is not None else None
     keep = frozenset(names)
-    finder = _finder(keep, want)
-    if finder is None:
+    finders = _finders(keep, want)
+    if finders is None:
         return Selection({})
+    first, after_newline = finders
     _fresh_series_cache()
     reading = _Reading(bounds if bounds is not None else _BOUNDS.get())
     by_name: dict[str, list[Sample]] = {}
-    first_end = text.find("\n")
-    first = "\n" + (text[:first_end] if first_end != -1 else text)  # the pattern starts after a newline
-    for found in chain((finder.match(first),), finder.finditer(text) if first_end != -1 else ()):
+    for found in chain((first.match(text),), after_newline.finditer(text)):
         if found is None:
             continue
         line = found.group(1)
@@ -630,16 +629,27 @@ def select(
             exp = _read(text, prefixes=want, names=keep, bounds=bounds)
             return Selection(exp.by_name, exp.bad_lines)
         line = line.rstrip()
-        brace = line.find("{")
-        head = line[:brace] if brace != -1 else line.partition(" ")[0]
-        if head not in keep:  # the line starts with a wanted name, followed by something else
-            if " " in head or "\t" in head:
-                head = _head(line, brace)
-            if head not in keep:
+        end = line.find('"}')
+        seen = _SERIES.get(line[: end + 2]) if end != -1 and not reading.full else None
+        if seen is not None:  # a series read before (most lines): its name and labels, as _parse_sample finds them
+            if seen[0] not in keep:
                 continue
-        sample = reading.read(line, brace)
-        if sample is None:
-            continue
+            try:
+                sample = _finish(seen[0], dict(seen[1]), line[end + 2 :])
+            except ValueError:
+                reading.bad += 1
+                continue
+        else:
+            brace = line.find("{")
+            head = line[:brace] if brace != -1 else line.partition(" ")[0]
+            if head not in keep:  # the line starts with a wanted name, followed by something else
+                if " " in head or "\t" in head:
+                    head = _head(line, brace)
+                if head not in keep:
+                    continue
+            sample = reading.read(line, brace)
+            if sample is None:
+                continue
         reading.count(sample)
         same = by_name.get(sample.name)
         if same is None:
@@ -650,18 +660,22 @@ def select(
     return Selection(by_name, reading.bad)
 
 
-# After a newline: a line starting with one of the names where the name ends (group 1: the line), or a
-# line whose first character cannot start a name, a comment or an empty line (no group 1).
-_AFTER_NEWLINE = r"\n(?:({names}(?![A-Za-z0-9_:])[^\n]*)|[^A-Za-z_:#\n])"
+# A line starting with one of the names where the name ends (group 1: the line), or a line whose first
+# character cannot start a name, a comment or an empty line (no group 1).
+_LINE = r"(?:({names}(?![A-Za-z0-9_:])[^\n]*)|[^A-Za-z_:#\n])"
 
 
 @functools.lru_cache(maxsize=64)
-def _finder(keep: frozenset[str], want: tuple[str, ...] | None) -> re.Pattern[str] | None:
-    """select()'s pattern for the kept names that start with `want` (an adapter passes the same ones on
-    every page); None when no name could start a sample line."""
+def _finders(keep: frozenset[str], want: tuple[str, ...] | None) -> tuple[re.Pattern[str], re.Pattern[str]] | None:
+    """select()'s patterns for the kept names that start with `want` (an adapter passes the same ones on
+    every page): the first line's, and every other line's, after its newline (a literal start lets the
+    regex engine jump from newline to newline); None when no name could start a sample line."""
     usable = sorted(n for n in keep if n and (want is None or n.startswith(want))
                     and not any(c.isspace() or c == "{" for c in n))
-    return re.compile(_AFTER_NEWLINE.replace("{names}", _trie(usable))) if usable else None
+    if not usable:
+        return None
+    line = _LINE.replace("{names}", _trie(usable))
+    return re.compile(line), re.compile("\n" + line)
 
 
 def _trie(words: list[str]) -> str:
@@ -705,14 +719,14 @@ def histograms(
     counts: dict[K, float] = {}
     sums: dict[K, float] = {}
     for s in exp.get(base + "_bucket"):
-        le = s.labels.get("le")
-        if le is None:
+        labels = s.labels
+        bound = _bound(labels.get("le"))
+        if bound is None:
             continue
-        try:
-            bound = float(le)
-        except ValueError:
-            continue
-        group = buckets.setdefault(key(s.labels), {})
+        k = key(labels)
+        group = buckets.get(k)
+        if group is None:
+            group = buckets[k] = {}
         group[bound] = group.get(bound, 0.0) + s.value
     for suffix, into in (("_count", counts), ("_sum", sums)):
         for s in exp.get(base + suffix):
@@ -735,3 +749,23 @@ def histograms(
             continue
         out[k] = Histogram(buckets=tuple(pairs), count=count, sum=total)
     return out
+
+
+# `le` label value -> its bound: a page's histograms share a few dozen bounds, read on every page.
+_BOUNDS_READ: dict[str, float] = {}
+_BOUNDS_READ_MAX = 4096
+
+
+def _bound(le: str | None) -> float | None:
+    """A bucket's `le` as a number; None for none or one that is not a number."""
+    if le is None:
+        return None
+    bound = _BOUNDS_READ.get(le)
+    if bound is None:
+        try:
+            bound = float(le)
+        except ValueError:
+            return None
+        if len(_BOUNDS_READ) < _BOUNDS_READ_MAX and len(le) <= MAX_LABEL_VALUE_CHARS:
+            _BOUNDS_READ[le] = bound
+    return bound
