@@ -338,8 +338,14 @@ def _quantile_in(q: float, bounds: Sequence[float], counts: Sequence[float], tot
     return start + (bounds[b] - start) * (rank - below) / in_bucket
 
 
-def _monotonic(counts: Sequence[float]) -> list[float]:
-    """Cumulative counts can dip by float error or a scrape race; Prometheus flattens such dips."""
+def _monotonic(counts: Sequence[float]) -> Sequence[float]:
+    """Cumulative counts can dip by float error or a scrape race; Prometheus flattens such dips.
+
+    Counts that already rise from zero or more, nearly always, are returned as they are: the check is
+    three calls in C where the flattening is a Python-level max() per bucket, on every histogram of every
+    window of every sample."""
+    if counts and counts[0] >= 0.0 and sorted(counts) == list(counts) and not math.isnan(sum(counts)):
+        return counts
     out = list(itertools.accumulate(counts, max, initial=0.0))  # max keeps the running top over a NaN
     del out[0]
     return out
