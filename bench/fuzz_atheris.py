@@ -6,8 +6,9 @@ bounded hypothesis run. atheris is optional (bench only): `pip install atheris` 
     python bench/fuzz_atheris.py config -max_total_time=600
     python bench/fuzz_atheris.py webconfig -max_total_time=600
 
-A crash is any exception other than the module's own error (ParseError/SourceError, ConfigError), or
-a negative or non-finite number out of the adapter; libFuzzer writes the input to crash-<sha1>.
+A crash is any exception other than the module's own error (ParseError/SourceError, ConfigError), a
+page that expfmt.select and expfmt.parse read differently, or a negative or non-finite number out of the
+adapter; libFuzzer writes the input to crash-<sha1>.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ def fuzz_expfmt(data: bytes) -> None:
         expfmt.parse(text)
     except ParseError:
         pass
+    selected = expfmt.select(text, vllm.NAMES, prefixes=("vllm:",)).by_name
+    parsed = expfmt._read(text, prefixes=("vllm:",), names=vllm.NAMES, bounds=None).by_name
+    if repr(selected) != repr(parsed):  # repr: a NaN value equals a NaN
+        raise AssertionError("select() and parse() read different samples")
     try:
         sample = vllm.parse(text, target="t", timestamp=0.0, duration=0.0)
     except SourceError:
