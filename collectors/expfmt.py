@@ -313,7 +313,9 @@ def _parse_sample(line: str, brace: int, tally: list[int] | None = None) -> Samp
                 fast = False
             rest = line[end + 2 :]
             if fast and name and _NAME_RE.match(name):
-                if not _cut(labels, tally):
+                # Remembered only where the name runs up to its `{`: a hit then tells the name as a filter would
+                # read it from the line (select() checks a hit's name alone; `name\x0b{` is another name there).
+                if not _cut(labels, tally) and brace == len(name):
                     _remember(line[: end + 2], name, labels)
                 return _finish(name, labels, rest)
         if not fast:
@@ -443,6 +445,15 @@ def _head(line: str, brace: int) -> str:
     return head
 
 
+def _sample_name(line: str, brace: int, keep: Collection[str]) -> str:
+    """The name a sample line (stripped, not a `{__name__=...}` one; `brace` = line.find("{")) is filtered
+    by: up to its `{` or first space, else, where that is not one of `keep`, up to its first whitespace."""
+    head = line[:brace] if brace != -1 else line.partition(" ")[0]
+    if head not in keep and (" " in head or "\t" in head):
+        head = _head(line, brace)
+    return head
+
+
 def _meta_name(line: str) -> str | None:
     """The metric name of a HELP/TYPE comment spelled with odd spacing, or None for other comments."""
     parts = line.split(None, 3)
@@ -557,14 +568,11 @@ def _read(
                 fam, allowed = None, ()  # prometheus_client would close the family here
                 continue
             if keep is not None:
-                head = line[:brace] if brace != -1 else line.partition(" ")[0]
+                head = _sample_name(line, brace, keep)
                 if head not in keep:
-                    if " " in head or "\t" in head:
-                        head = _head(line, brace)
-                    if head not in keep:
-                        if head not in allowed:  # prometheus_client would close the family
-                            fam, allowed = None, ()
-                        continue
+                    if head not in allowed:  # prometheus_client would close the family
+                        fam, allowed = None, ()
+                    continue
         sample = reading.read(line, brace)
         if sample is None:
             continue
@@ -608,15 +616,16 @@ def select(
     Why (measured, `python bench/bench_sampling.py`): an adapter reads ~120 of the 630 lines of a vLLM
     page, and parse() still takes every line through its loop to keep prometheus_client's grouping,
     which no adapter reads; one regular expression (_finders) finds the wanted lines in C instead: on
-    that page 56 us against parse()'s ~300 us of stepping through lines. A page with a line that starts
-    with anything but a name's first character, `#` or nothing (leading whitespace, a `{__name__=...}`
-    line) is read by parse(): only the start of a line tells a wanted sample apart there.
+    that page 56 us against parse()'s ~300 us of stepping through lines. The pattern also finds every
+    line that starts with anything but a name's first character, `#` or nothing (leading whitespace, a
+    `{__name__=...}` line), which is then read through the same checks as parse() reads it.
     """
     want = tuple(prefixes) if prefixes is not None else None
     keep = frozenset(names)
     finders = _finders(keep, want)
-    if finders is None:
-        return Selection({})
+    if finders is None:  # no name a line could start with: only a `{__name__=...}` line could hold one
+        exp = _read(text, prefixes=want, names=keep, bounds=bounds)
+        return Selection(exp.by_name, exp.bad_lines)
     first, after_newline = finders
     _fresh_series_cache()
     reading = _Reading(bounds if bounds is not None else _BOUNDS.get())
@@ -625,10 +634,12 @@ def select(
         if found is None:
             continue
         line = found.group(1)
-        if line is None:  # a line no name starts: only parse() reads it as prometheus_client does
-            exp = _read(text, prefixes=want, names=keep, bounds=bounds)
-            return Selection(exp.by_name, exp.bad_lines)
-        line = line.rstrip()
+        if line is not None:
+            line = line.rstrip()
+        else:  # a line no name starts: blank, indented or `{__name__=...}`; what parse() would keep of it
+            line = found.group(2).strip()
+            if not line or line[0] == "#" or (line[0] != "{" and want is not None and not line.startswith(want)):
+                continue
         end = line.find('"}')
         seen = _SERIES.get(line[: end + 2]) if end != -1 and not reading.full else None
         if seen is not None:  # a series read before (most lines): its name and labels, as _parse_sample finds them
@@ -641,15 +652,13 @@ def select(
                 continue
         else:
             brace = line.find("{")
-            head = line[:brace] if brace != -1 else line.partition(" ")[0]
-            if head not in keep:  # the line starts with a wanted name, followed by something else
-                if " " in head or "\t" in head:
-                    head = _head(line, brace)
-                if head not in keep:
-                    continue
+            if line[0] != "{" and _sample_name(line, brace, keep) not in keep:
+                continue  # the line starts with a wanted name, followed by more of another name
             sample = reading.read(line, brace)
             if sample is None:
                 continue
+            if line[0] == "{" and ((want is not None and not sample.name.startswith(want)) or sample.name not in keep):
+                continue  # a `{__name__="..."}` line: its name is known only now
         reading.count(sample)
         same = by_name.get(sample.name)
         if same is None:
@@ -660,9 +669,9 @@ def select(
     return Selection(by_name, reading.bad)
 
 
-# A line starting with one of the names where the name ends (group 1: the line), or a line whose first
-# character cannot start a name, a comment or an empty line (no group 1).
-_LINE = r"(?:({names}(?![A-Za-z0-9_:])[^\n]*)|[^A-Za-z_:#\n])"
+# A line starting with one of the names where the name ends (group 1), or a line whose first character
+# cannot start a name, a comment or an empty line (group 2: leading whitespace, `{__name__=...}`).
+_LINE = r"(?:({names}(?![A-Za-z0-9_:])[^\n]*)|([^A-Za-z_:#\n][^\n]*))"
 
 
 @functools.lru_cache(maxsize=64)
@@ -670,8 +679,7 @@ def _finders(keep: frozenset[str], want: tuple[str, ...] | None) -> tuple[re.Pat
     """select()'s patterns for the kept names that start with `want` (an adapter passes the same ones on
     every page): the first line's, and every other line's, after its newline (a literal start lets the
     regex engine jump from newline to newline); None when no name could start a sample line."""
-    usable = sorted(n for n in keep if n and (want is None or n.startswith(want))
-                    and not any(c.isspace() or c == "{" for c in n))
+    usable = sorted(n for n in keep if n and (want is None or n.startswith(want)) and "{" not in n and "\n" not in n)
     if not usable:
         return None
     line = _LINE.replace("{names}", _trie(usable))
