@@ -445,6 +445,12 @@ def _head(line: str, brace: int) -> str:
     return head
 
 
+def _kept(name: str, want: tuple[str, ...] | None, keep: Collection[str] | None) -> bool:
+    """Whether a filter of name prefixes `want` and names `keep` (None: any) keeps a sample name read from
+    its line: a `{__name__=...}` line's name is known only after the line is read."""
+    return (want is None or name.startswith(want)) and (keep is None or name in keep)
+
+
 def _sample_name(line: str, brace: int, keep: Collection[str]) -> str:
     """The name a sample line (stripped, not a `{__name__=...}` one; `brace` = line.find("{")) is filtered
     by: up to its `{` or first space, else, where that is not one of `keep`, up to its first whitespace."""
@@ -577,9 +583,7 @@ def _read(
         if sample is None:
             continue
         name = sample.name
-        if line[0] == "{" and (
-            (want is not None and not name.startswith(want)) or (keep is not None and name not in keep)
-        ):
+        if line[0] == "{" and not _kept(name, want, keep):
             continue  # a `{__name__="..."}` line: its name is known only now
         reading.count(sample)
         if name in allowed and fam is not None:
@@ -657,7 +661,7 @@ def select(
             sample = reading.read(line, brace)
             if sample is None:
                 continue
-            if line[0] == "{" and ((want is not None and not sample.name.startswith(want)) or sample.name not in keep):
+            if line[0] == "{" and not _kept(sample.name, want, keep):
                 continue  # a `{__name__="..."}` line: its name is known only now
         reading.count(sample)
         same = by_name.get(sample.name)
@@ -760,6 +764,9 @@ def histograms(
 
 
 # `le` label value -> its bound: a page's histograms share a few dozen bounds, read on every page.
+# Not functools.lru_cache: a cache that lives across pages must not keep an engine's over-long `le` values,
+# and the length check in front of an lru_cache costs a second call: 110 ns a bucket against this dict's
+# 74 ns (lru_cache alone: 72 ns; timeit over vLLM's 20 bounds, min of 5 x 20000 rounds, Python 3.11).
 _BOUNDS_READ: dict[str, float] = {}
 _BOUNDS_READ_MAX = 4096
 
