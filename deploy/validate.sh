@@ -86,6 +86,17 @@ refuse "a TLS web config without the scrape's tlsConfig" --set agent.webConfig.s
 refuse "a role no engine has" --set agent.role=router
 refuse "a GPU-hour price of 0" --set agent.gpuHourCost=0
 refuse "an SLO the agent cannot read as a duration" --set agent.ttftSlo=2sec
+refuse "an unknown key (a typo is an error, not a setting silently ignored)" --set engine.startupProbes.failureThreshold=9
+refuse "an unknown top-level key" --set replica=2
+refuse "a PodDisruptionBudget with maxUnavailable 0 (it would block every node drain)" --set podDisruptionBudget.maxUnavailable=0
+# Rules and dashboards once per cluster: the monitoring-only release renders nothing of a workload, an engine
+# release without monitoring renders neither rules nor dashboards (values.yaml, `workload`).
+kinds() { grep -h '^kind:' "$@" | sort -u | tr '\n' ' '; }
+[ "$(kinds "$out/helm-examples-monitoring-once-per-cluster.yaml")" = "kind: ConfigMap kind: PrometheusRule " ] \
+  || { echo "FAIL the monitoring-only release renders: $(kinds "$out/helm-examples-monitoring-once-per-cluster.yaml")" >&2; exit 1; }
+if grep -q '^kind: \(PrometheusRule\|ConfigMap\)' "$out/helm-examples-vllm-pool-without-monitoring.yaml"; then
+  echo "FAIL an engine release without monitoring still renders rules or dashboards" >&2; exit 1
+fi
 # No topology labels at all (a single Prometheus that adds none): the rules keep only the agent's labels.
 "$helm" template no-topology deploy/helm/rooflight --set prometheusRule.topologyLabels=null \
   --show-only templates/prometheusrule.yaml > "$out/helm-no-topology.yaml"

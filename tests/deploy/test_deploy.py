@@ -261,3 +261,52 @@ def test_helm_rule_labels_default_to_the_rules_config() -> None:
         assert (DEPLOY / "helm/rooflight/templates" / monitor).read_text().count('include "rooflight.endpoint"') == 2
     helpers = (DEPLOY / "helm/rooflight/templates/_helpers.tpl").read_text()
     assert "{{- range $name, $value := $v.extraLabels }}" in helpers
+
+
+def _schema_refuses_unknown_keys(values: object, schema: dict, where: str) -> list[str]:
+    """Every key of values.yaml is declared by the schema, and every declared object refuses others."""
+    problems = []
+    if isinstance(values, dict) and "properties" in schema:
+        if schema.get("additionalProperties") is not False:
+            problems.append(f"{where or '/'}: accepts unknown keys")
+        for key, value in values.items():
+            if key not in schema["properties"]:
+                problems.append(f"{where}/{key}: not in the schema")
+            else:
+                problems += _schema_refuses_unknown_keys(value, schema["properties"][key], f"{where}/{key}")
+    return problems
+
+
+def test_values_schema_declares_every_key_and_refuses_unknown_ones() -> None:
+    chart = DEPLOY / "helm/rooflight"
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    schema = json.loads((chart / "values.schema.json").read_text())
+    assert _schema_refuses_unknown_keys(values, schema, "") == []
+    # and a typo is one: the schema alone refuses it (helm applies the same schema; validate.sh checks helm)
+    import jsonschema
+    typo = dict(values, engine=dict(values["engine"], startupProbes={"failureThreshold": 9}))
+    assert list(jsonschema.Draft7Validator(schema).iter_errors(typo))
+    assert not list(jsonschema.Draft7Validator(schema).iter_errors(values))
+
+
+def test_engine_container_restarts_when_hung_but_not_while_loading() -> None:
+    """A hung engine is restarted (liveness) only after the startup probe's model-load budget, sized for a
+    big model: 30 min by default, longer than liveness' minute by far."""
+    text = (DEPLOY / "helm/rooflight/templates/deployment.yaml").read_text()
+    engine = text.split("- name: engine", 1)[1].split("- name: rooflight", 1)[0]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert f"{probe}:\n            httpGet: {{path: {{{{ .Values.engine.healthPath }}}}" in engine
+        assert f".Values.engine.{probe}" in engine
+    assert "preStop" in engine and ".Values.engine.securityContext" in engine
+    values = yaml.safe_load((DEPLOY / "helm/rooflight/values.yaml").read_text())["engine"]
+    budget = values["startupProbe"]["periodSeconds"] * values["startupProbe"]["failureThreshold"]
+    hung = values["livenessProbe"]["periodSeconds"] * values["livenessProbe"]["failureThreshold"]
+    assert budget >= 20 * 60 and hung <= 120 and budget >= 10 * hung
+
+
+def test_agent_security_context_comes_from_values() -> None:
+    text = (DEPLOY / "helm/rooflight/templates/deployment.yaml").read_text()
+    agent = text.split("- name: rooflight", 1)[1]
+    assert ".Values.agent.securityContext" in agent and "runAsUser: 65532" not in agent
+    sc = yaml.safe_load((DEPLOY / "helm/rooflight/values.yaml").read_text())["agent"]["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["capabilities"] == {"drop": ["ALL"]}

@@ -126,3 +126,12 @@ Called with (dict "root" $ "monitor" .Values.podMonitor "port" NAME "agent" BOOL
     {{- toYaml . | nindent 4 }}
   {{- end }}
 {{- end }}
+
+{{/* The pod's ServiceAccount: the release's own when created, else serviceAccount.name or "default". */}}
+{{- define "rooflight.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "rooflight.fullname" .) .Values.serviceAccount.name }}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end -}}
+{{- end }}
