@@ -23,7 +23,8 @@ agent's `rooflight_cost_per_million_tokens{phase}` does, and counts only the tok
 price (a rank without `gpu_hour_cost` would otherwise lower the price of everyone's tokens).
 
 Per-rank rules keep the scrape's topology labels (RulesConfig.kept_labels), as every rule does; the
-fleet rules aggregate them away by model, on purpose. docs/deploy.md (section Autoscaling) explains the
+fleet rules aggregate the replicas away by model, on purpose, within one service scope (cluster,
+namespace: RulesConfig.service_labels), so prod and staging never average into one. docs/deploy.md (section Autoscaling) explains the
 thresholds the deploy/k8s/autoscaling examples put on the saturation record.
 """
 
@@ -32,7 +33,15 @@ from __future__ import annotations
 from rooflight.agent.metrics import names
 from rooflight.rules.config import RulesConfig
 from rooflight.rules.promql import labels, record_name, series, window_suffix
-from rooflight.rules.recording import AGENT_LABELS, Rule, fleet_tokens_record, keep, rank_labels, tokens_record
+from rooflight.rules.recording import (
+    AGENT_LABELS,
+    Rule,
+    fleet_by,
+    fleet_tokens_record,
+    keep,
+    rank_labels,
+    tokens_record,
+)
 
 ROLE_LEVEL = (*AGENT_LABELS, "role")  # the per-rank record's level: the saturation is per role
 
@@ -76,8 +85,8 @@ def saturation_rules(config: RulesConfig) -> list[Rule]:
     source = series(names.SATURATION, config.agent_selector, f'window="{w}"')
     return [
         _record(per_rank, f"max by ({labels(keep(config, *ROLE_LEVEL))}) (\n  max_over_time({source}[{w}])\n)"),
-        _record(fleet_saturation_record(config, "avg"), f"avg by (model, role) ({per_rank})"),
-        _record(fleet_saturation_record(config, "max"), f"max by (model, role) ({per_rank})"),
+        _record(fleet_saturation_record(config, "avg"), f"avg by ({fleet_by(config, 'model', 'role')}) ({per_rank})"),
+        _record(fleet_saturation_record(config, "max"), f"max by ({fleet_by(config, 'model', 'role')}) ({per_rank})"),
     ]
 
 
@@ -87,7 +96,8 @@ def groups_needed_rule(config: RulesConfig) -> Rule:
     capacity = series(names.CAPACITY_PHASE_TOKENS, config.agent_selector, f'window="{config.capacity_window}"')
     return _record(
         groups_needed_record(config),
-        f"{fleet_tokens_record(config)}\n/ on (model, phase)\navg by (model, phase) ({capacity} > 0)",
+        f"{fleet_tokens_record(config)}\n/ on ({fleet_by(config, 'model', 'phase')})\n"
+        f"avg by ({fleet_by(config, 'model', 'phase')}) ({capacity} > 0)",
     )
 
 
@@ -106,13 +116,13 @@ def cost_rules(config: RulesConfig) -> list[Rule]:
             f"* on ({on_target}) group_left max by ({on_target}) ({series(names.GPU_HOUR_COST, sel)})\n"
             f"* on ({on_model}) group_left max by ({on_model}) ({series(names.TENSOR_PARALLEL_SIZE, sel)})",
         ),
-        _record(fleet_cost, f"sum by (model) ({rank_cost})"),
+        _record(fleet_cost, f"sum by ({fleet_by(config, 'model')}) ({rank_cost})"),
         # Written constant / tokens * cost: `cost / on (model) group_right (...)` would read the
         # parenthesis as group_right's label list.
         _record(
             cost_per_million_record(config),
-            f"1e6 / 3600\n/ (\n  sum by (model, phase) (\n    {priced_tokens}\n  )\n  > 0\n)\n"
-            f"* on (model) group_left {fleet_cost}",
+            f"1e6 / 3600\n/ (\n  sum by ({fleet_by(config, 'model', 'phase')}) (\n    {priced_tokens}\n  )\n  > 0\n)\n"
+            f"* on ({fleet_by(config, 'model')}) group_left {fleet_cost}",
         ),
     ]
 

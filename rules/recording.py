@@ -10,8 +10,8 @@ aggregate each side by model, so a fleet's MBU is sum(bytes/s) / sum(peak bytes/
 Every per-rank aggregation and join also keeps the scrape's topology labels (RulesConfig.kept_labels:
 cluster, namespace, pod, instance, job by default). Two replicas' sidecars both export
 target="127.0.0.1:8000" and the same model; without those labels their steps, bytes and peaks would be
-summed into one series, reading twice the MBU. Only the fleet rules aggregate them away, by model, on
-purpose.
+summed into one series, reading twice the MBU. Only the fleet rules aggregate the replicas away, by model,
+on purpose, keeping the service scope (cluster, namespace: RulesConfig.service_labels).
 
 Names follow level:metric:operations (prometheus.io/docs/practices/rules). The level names the agent's
 labels only; the topology labels ride along unnamed (as kubernetes-mixin's `cluster` does), so a name
@@ -37,6 +37,13 @@ def rank_labels(config: RulesConfig) -> tuple[str, ...]:
 def keep(config: RulesConfig, *names: str) -> tuple[str, ...]:
     """`names` with the scrape's topology labels in front: the labels a by()/on() clause must list."""
     return (*config.kept_labels, *names)
+
+
+def fleet_by(config: RulesConfig, *names: str) -> str:
+    """A fleet rule's by()/on() list: the service scope (RulesConfig.service_labels: the topology labels
+    that do not tell replicas apart, cluster and namespace by default) and `names`. Summing over replicas is
+    the point of a fleet rule; summing over clusters or namespaces would add prod to staging."""
+    return labels((*config.service_labels, *names))
 
 
 def _record(name: str, expr: str) -> Rule:
@@ -114,16 +121,19 @@ def recording_rules(config: RulesConfig) -> list[Rule]:
             f"* on ({on_model}) group_left {tp}",
         ),
         _record(mfu, f"{flops}\n/ on ({by_rank}) group_left {peak_flops}"),
-        # Fleet level: numerators and denominators summed separately, then divided. By model only, on
-        # purpose: every replica, cluster and namespace serving the model counts.
-        _record(fleet_tokens_record(config), f"sum by (model, phase) ({tokens})"),
+        # Fleet level: numerators and denominators summed separately, then divided. Over every replica of
+        # the model on purpose, but within one service scope (cluster, namespace: fleet_labels): prod and
+        # staging are two fleets, never one sum.
+        _record(fleet_tokens_record(config), f"sum by ({fleet_by(config, 'model', 'phase')}) ({tokens})"),
         _record(
             f"model:rooflight_mbu:ratio_rate{w}",
-            f"sum by (model) ({stream})\n/ on (model) sum by (model) ({peak_bw})",
+            f"sum by ({fleet_by(config, 'model')}) ({stream})\n"
+            f"/ on ({fleet_by(config, 'model')}) sum by ({fleet_by(config, 'model')}) ({peak_bw})",
         ),
         _record(
             f"model_phase:rooflight_mfu:ratio_rate{w}",
-            f"sum by (model, phase) ({flops})\n/ on (model) group_left sum by (model) ({peak_flops})",
+            f"sum by ({fleet_by(config, 'model', 'phase')}) ({flops})\n"
+            f"/ on ({fleet_by(config, 'model')}) group_left sum by ({fleet_by(config, 'model')}) ({peak_flops})",
         ),
     ]
 

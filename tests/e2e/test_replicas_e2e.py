@@ -111,7 +111,8 @@ def test_each_replica_records_its_own_mbu(tmp_path: Path) -> None:
                 got, want = recorded[instance], own[instance]
                 assert want > 0 and abs(got - want) <= TOLERANCE * want, f"{instance}: recorded {got}, agent {want}"
                 assert got < 0.75 * summed, f"{instance}: recorded {got} looks like the two replicas summed ({summed})"
-            assert len(fleet) == 1 and set(fleet[0]["metric"]) == {"model"}
+            # one series for both replicas: the model and the service scope (here the scrape's job) only
+            assert len(fleet) == 1 and set(fleet[0]["metric"]) == {"model", "job"}, fleet
             assert abs(float(fleet[0]["value"][1]) - summed / 2) <= TOLERANCE * summed / 2
     finally:
         for proc in demos:

@@ -376,7 +376,8 @@ def test_every_per_target_clause_keeps_the_topology_labels(config: cfg.RulesConf
                     # Fleet level on purpose: by model (and phase, or role), nothing else; below its
                     # aggregation a fleet rule may join per rank (the priced ranks' tokens), on every label.
                     per_rank_join = kw == "on" and names_ == (*kept, "target", "engine", "model", "rank")
-                    assert per_rank_join or names_ in FLEET_LEVELS, (name, kw, names_)
+                    fleet_levels = [(*config.service_labels, *level) for level in FLEET_LEVELS]
+                    assert per_rank_join or names_ in fleet_levels, (name, kw, names_)
                 elif "-slo." in group["name"]:
                     # An SLO sums over the replicas and keeps where the service runs.
                     assert names_ == (*config.service_labels, *config.slo_group_by), (name, kw, names_)
@@ -611,7 +612,7 @@ def test_capacity_windows_and_selector_follow_the_flags(capsys: pytest.CaptureFi
     text = capsys.readouterr().out
     assert "record: target_engine_model_rank_role:rooflight_saturation:max10s" in text
     assert 'max_over_time(rooflight_saturation_ratio{job="rooflight", window="10s"}[10s])' in text
-    assert "avg by (model, role) (target_engine_model_rank_role:rooflight_saturation:max10s)" in text
+    assert "avg by (cluster, namespace, job, model, role) (target_engine_model_rank_role:rooflight_saturation:max10s)" in text
     assert 'rooflight_capacity_phase_tokens_per_second{job="rooflight", window="1m"} > 0' in text
     assert 'max by (cluster, namespace, pod, instance, job, target) (rooflight_gpu_hour_cost{job="rooflight"})' in text
     assert run_rules(rooflight_rules(["--saturation-window", "1m30s"])) == 2
