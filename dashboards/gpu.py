@@ -141,7 +141,41 @@ def dashboard() -> dict[str, Any]:
         "roofs down.",
         "none", [query(f"{GPU_EXTRA['clock_event_reasons']}{sel(GPU)}", _GPU_WHO, "A")],
     ), 8, 8)
+    _health(g)
     return build(UID, "Rooflight / GPU truth",
                  "Kernel residency beside DRAM bandwidth and MBU; per-pod GPU memory beside the KV pool and "
-                 "measured DRAM bandwidth beside what MBU implies; clocks and power.",
+                 "measured DRAM bandwidth beside what MBU implies; clocks and power; GPU health.",
                  engine_variables() + [gpu_variable()], g)
+
+
+def _health(g: Grid) -> None:
+    """What the GPU health alerts read (rules/health.py), per GPU and pod: errors, remapping, heat."""
+    g.row("Health")
+    g.add(ts(
+        "XID and uncorrectable ECC errors",
+        "XID critical-error events and uncorrectable (double-bit) ECC errors per 10 minutes, per GPU and pod "
+        "(the last XID code is rooflight_gpu_xid_last_code, quoted by the alert). A hardware-class XID (48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140) or "
+        "any uncorrectable ECC error pages (RooflightGPUHardwareXid, RooflightGPUUncorrectableECC); "
+        "application XIDs (13, 31, 43, 45) show here only.",
+        "short", [
+            query(f"increase({GPU_EXTRA['xid_errors_total']}{sel(GPU)}[10m])", f"{_GPU_WHO} XIDs", "A"),
+            query(f"increase({GPU_EXTRA['ecc_uncorrected_errors_total']}{sel(GPU)}[10m])",
+                  f"{_GPU_WHO} uncorrectable ECC", "B"),
+        ],
+    ), 8, 8)
+    g.add(ts(
+        "Row remapping",
+        "Rows of HBM remapped for uncorrectable errors, and whether a remap is pending (1: takes effect at "
+        "the next GPU reset) or failed (1: the GPU has no spare rows left; replace it).",
+        "short", [
+            query(f"{GPU_EXTRA['remapped_rows_uncorrectable']}{sel(GPU)}", f"{_GPU_WHO} remapped", "A"),
+            query(f"{GPU_EXTRA['remapped_rows_pending']}{sel(GPU)}", f"{_GPU_WHO} pending", "B"),
+            query(f"{GPU_EXTRA['remapped_rows_failure']}{sel(GPU)}", f"{_GPU_WHO} failed", "C"),
+        ],
+    ), 8, 8)
+    g.add(ts(
+        "GPU temperature",
+        "Core temperature per GPU and pod. Held above the alert's line (85 C by default) for 10 minutes pages "
+        "a warning (RooflightGPUHot); thermal slowdown shows in the clock event reasons.",
+        "celsius", [query(f"{GPU_EXTRA['temperature_celsius']}{sel(GPU)}", _GPU_WHO, "A")],
+    ), 8, 8)

@@ -23,6 +23,13 @@ GPU_EXTRA_KEYS: tuple[str, ...] = (
     "power_watts",
     "power_limit_watts",
     "clock_event_reasons",  # NVML clocksEventReasons bitmask; 0 = clocks free to run at max
+    # health (the GPU health alerts' inputs, rules/health.py)
+    "xid_errors_total",
+    "ecc_uncorrected_errors_total",
+    "remapped_rows_uncorrectable",
+    "remapped_rows_pending",
+    "remapped_rows_failure",
+    "temperature_celsius",
 )
 
 GPU_EXTRA: dict[str, str] = {key: f"{names.PREFIX}gpu_{key}" for key in GPU_EXTRA_KEYS}

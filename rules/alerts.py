@@ -198,13 +198,17 @@ def mbu_alert(config: RulesConfig) -> Rule:
     """Decode busy the whole window, yet streaming a small share of the GPUs' bandwidth."""
     on = labels(keep(config, *rank_labels(config)))
     running = series(names.REQUESTS_RUNNING, config.agent_selector)
+    steps = series(names.ENGINE_STEPS, config.agent_selector)
     expr = (
         f"{mbu_record(config)} < {number(config.low_mbu_threshold)}\n"
         f"and on ({on})\n"
-        f"(min_over_time({running}[{config.rate_window}]) >= {number(config.low_mbu_min_running)})"
+        f"(min_over_time({running}[{config.rate_window}]) >= {number(config.low_mbu_min_running)})\n"
+        # no step at all is a stalled engine (RooflightEngineStalled pages for it), not a slow decode
+        f"and on ({on})\n"
+        f"(increase({steps}[{config.rate_window}]) > 0)"
     )
     w = config.rate_window
-    steps = query_value(_rate(names.ENGINE_STEPS, w))
+    steps_per_second = query_value(_rate(names.ENGINE_STEPS, w))
     batch = query_value(f"avg_over_time({_matching(names.REQUESTS_RUNNING)}[{w}])")
     return alert(
         config,
@@ -214,7 +218,7 @@ def mbu_alert(config: RulesConfig) -> Rule:
         "warning",
         "Decode streams a small share of the GPUs' memory bandwidth while requests are running.",
         f"{WHERE}: model bandwidth utilization is {{{{ $value | humanizePercentage }}}} over {w} "
-        f"(below {config.low_mbu_threshold:.0%}) with the batch never empty, at {steps} engine steps/s with "
+        f"(below {config.low_mbu_threshold:.0%}) with the batch never empty, at {steps_per_second} engine steps/s with "
         f"{batch} requests running on average. A healthy decode streams 60-80%.",
         dashboard=("roofline", PER_TARGET),
     )

@@ -220,6 +220,14 @@ class RulesConfig:
     low_mbu_for: str = "30m"
     low_mbu_min_running: float = 1.0  # decode must have been busy the whole rate window
     engine_down_for: str = "2m"
+    # RooflightEngineStalled (rules/health.py): requests held and no token or step for the window, then `for`.
+    engine_stalled_window: str = "2m"
+    engine_stalled_for: str = "1m"
+    # GPU health (rules/health.py): the window XID and ECC increases, throttling and temperature are read
+    # over; the share of it spent in thermal or power-brake slowdown; the temperature held throughout it.
+    gpu_health_window: str = "10m"
+    gpu_throttle_share: float = 0.25
+    gpu_temperature_celsius: float = 85.0
     gpu_down_for: str = "5m"
     source_down_for: str = "15m"  # any other source (process, ...): a gap in the data, not an outage
     # Meta-monitoring: the agent's own scrape, by Prometheus's `up`. The chart and the kustomize base set
@@ -250,6 +258,9 @@ class RulesConfig:
             (self.rate_window, "rate_window"),
             (self.low_mbu_for, "low_mbu_for"),
             (self.engine_down_for, "engine_down_for"),
+            (self.engine_stalled_window, "engine_stalled_window"),
+            (self.engine_stalled_for, "engine_stalled_for"),
+            (self.gpu_health_window, "gpu_health_window"),
             (self.gpu_down_for, "gpu_down_for"),
             (self.source_down_for, "source_down_for"),
             (self.agent_down_for, "agent_down_for"),
@@ -275,6 +286,10 @@ class RulesConfig:
             raise ConfigError(f"goodput_objective must be in (0, 1) (got {self.goodput_objective})")
         if not 0.0 < self.low_mbu_threshold < 1.0:
             raise ConfigError(f"low_mbu_threshold must be in (0, 1) (got {self.low_mbu_threshold})")
+        if not 0.0 < self.gpu_throttle_share <= 1.0:
+            raise ConfigError(f"gpu_throttle_share must be in (0, 1] (got {self.gpu_throttle_share})")
+        if not 0.0 < self.gpu_temperature_celsius < 150.0:
+            raise ConfigError(f"gpu_temperature_celsius must be in (0, 150) C (got {self.gpu_temperature_celsius})")
         if not self.slo_group_by:
             raise ConfigError("slo_group_by needs at least one label (model_name for vLLM)")
         if not self.burn_windows:

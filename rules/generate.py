@@ -126,6 +126,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--capacity-capped-for", default=cfg.RulesConfig.capacity_capped.for_)
     p.add_argument("--admission-bound-for", default=cfg.RulesConfig.admission_bound.for_)
     p.add_argument("--source-down-for", default=cfg.RulesConfig.source_down_for)
+    p.add_argument("--engine-stalled-for", default=cfg.RulesConfig.engine_stalled_for,
+                   help="how long after a window of no progress with requests held the stall pages (default %(default)s)")
+    p.add_argument("--gpu-temperature-threshold", type=float, default=cfg.RulesConfig.gpu_temperature_celsius,
+                   help="degrees C a GPU must hold for the whole health window to alert (default %(default)s)")
+    p.add_argument("--gpu-throttle-share", type=float, default=cfg.RulesConfig.gpu_throttle_share,
+                   help="share of the health window in thermal or power-brake slowdown that alerts (default %(default)s)")
     p.add_argument("--agent-job-selector", default=cfg.RulesConfig.agent_job_selector,
                    help="matchers for the agent's own scrape in `up` (meta-monitoring; default %(default)s)")
     p.add_argument("--agent-down-for", default=cfg.RulesConfig.agent_down_for)
@@ -196,6 +202,9 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
         low_mbu_threshold=args.low_mbu_threshold,
         low_mbu_for=args.low_mbu_for,
         source_down_for=args.source_down_for,
+        engine_stalled_for=args.engine_stalled_for,
+        gpu_temperature_celsius=args.gpu_temperature_threshold,
+        gpu_throttle_share=args.gpu_throttle_share,
         agent_job_selector=args.agent_job_selector,
         agent_down_for=args.agent_down_for,
         agent_absent_for=args.agent_absent_for,

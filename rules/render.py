@@ -13,6 +13,7 @@ import yaml
 
 from rooflight.rules.alerts import detector_alerts, mbu_alert, meta_alerts, source_alerts
 from rooflight.rules.capacity import capacity_rules
+from rooflight.rules.health import health_alerts
 from rooflight.rules.config import RulesConfig
 from rooflight.rules.goodput import goodput_rules
 from rooflight.rules.recording import recording_rules
@@ -35,6 +36,7 @@ def groups(config: RulesConfig) -> list[dict[str, Any]]:
         {"name": f"{name}-goodput.rules", "rules": goodput_records},
         {"name": f"{name}-capacity.rules", "rules": capacity_rules(config)},
         {"name": f"{name}.alerts", "rules": [*source_alerts(config), *detector_alerts(config), mbu_alert(config)]},
+        {"name": f"{name}-health.alerts", "rules": health_alerts(config)},
         {"name": f"{name}-slo.alerts", "rules": slo_alerts},
         {"name": f"{name}-goodput.alerts", "rules": goodput_alerts},
         {"name": f"{name}-meta.alerts", "rules": meta_alerts(config)},

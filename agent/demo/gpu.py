@@ -59,6 +59,8 @@ def make_fake_nvml(plant: Plant):  # -> rooflight.collectors.nvml_fake.FakeNvml
                   dram_bw_util_percent=0.0, sm_util_percent=0.0, tensor_util_percent=0.0,
                   power_mw=IDLE_POWER_MW, power_limit_mw=MAX_POWER_MW, clock_sm_mhz=1980,
                   clock_mem_mhz=2619, temperature_c=45, clock_event_reasons=0,  # 0: clocks free to run at max
-                  energy_mj=0)
+                  energy_mj=0,
+                  # a healthy GPU: no ECC error, no row remapped, XID events watched and none seen
+                  ecc_corrected=0, ecc_uncorrected=0, remapped_rows=(0, 0, 0, 0), xid_supported=True)
     gpu.memory_used = min(gpu.memory_total, int(gpu.memory_total * plant.gpu_memory_utilization) + NON_TORCH_BYTES)
     return FakeNvml(gpus=[gpu])

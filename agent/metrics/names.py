@@ -102,6 +102,13 @@ ALERTS = (
     "RooflightAgentAbsent",
     "RooflightGoodputBudgetBurn",
     "RooflightSLOBucketMissing",
+    "RooflightEngineStalled",
+    "RooflightGPUHardwareXid",
+    "RooflightGPUUncorrectableECC",
+    "RooflightGPURowRemapFailed",
+    "RooflightGPURowRemapPending",
+    "RooflightGPUThrottled",
+    "RooflightGPUHot",
 )
 
 WINDOWS_DEFAULT = ("10s", "1m", "5m")

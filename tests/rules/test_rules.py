@@ -16,6 +16,7 @@ import yaml
 from rooflight.agent.metrics import names
 from rooflight.agent.proxy import catalog as proxy_catalog
 from rooflight.agent.errors import ConfigError
+from rooflight.collectors.nvml import GPU_EXTRA_METRICS
 from rooflight.rules import config as cfg
 from rooflight.rules.generate import OUTPUTS, check, register, run_rules
 from rooflight.rules import templates
@@ -207,6 +208,7 @@ def test_every_alert_has_a_firing_case_and_a_near_miss() -> None:
 def test_rules_only_read_metrics_the_agent_exports() -> None:
     exported = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str) and v.startswith("rooflight_")}
     exported |= {d.name for d in proxy_catalog.CATALOG}  # the client-side proxy's, on the same /metrics under `run`
+    exported |= {f"{names.PREFIX}gpu_{key}" for key in GPU_EXTRA_METRICS}  # the NVML collector's per-GPU series
     text = OUTPUTS["yaml"].read_text()
     read = set(re.findall(r"(?<![:\w])(rooflight_\w+)", "\n".join(re.findall(r"expr: .*|^ {10}.*", text, re.M))))
     assert read, "no rooflight_ metric found in the rules"
@@ -234,7 +236,8 @@ def test_rendering_is_deterministic_and_ordered() -> None:
     kinds = [g["name"] for g in groups(config)]
     assert kinds == [
         "rooflight.rules", "rooflight-slo.rules", "rooflight-goodput.rules", "rooflight-capacity.rules",
-        "rooflight.alerts", "rooflight-slo.alerts", "rooflight-goodput.alerts", "rooflight-meta.alerts",
+        "rooflight.alerts", "rooflight-health.alerts", "rooflight-slo.alerts", "rooflight-goodput.alerts",
+        "rooflight-meta.alerts",
     ]
 
 
@@ -618,3 +621,16 @@ def test_capacity_windows_and_selector_follow_the_flags(capsys: pytest.CaptureFi
     assert run_rules(rooflight_rules(["--saturation-window", "1m30s"])) == 2
     assert "saturation_window" in capsys.readouterr().err
 
+
+
+def test_health_thresholds_follow_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    args = rooflight_rules(["--engine-stalled-for", "3m", "--gpu-temperature-threshold", "80",
+                            "--gpu-throttle-share", "0.5"])
+    assert run_rules(args) == 0
+    alerts = {r["alert"]: r for g in yaml.safe_load(capsys.readouterr().out)["groups"] for r in g["rules"]
+              if "alert" in r}
+    assert alerts["RooflightEngineStalled"]["for"] == "3m"
+    assert alerts["RooflightGPUHot"]["expr"].endswith(">= 80")
+    assert alerts["RooflightGPUThrottled"]["expr"].endswith(">= 0.5")
+    assert run_rules(rooflight_rules(["--gpu-throttle-share", "0"])) == 2
+    assert "gpu_throttle_share" in capsys.readouterr().err

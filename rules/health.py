@@ -1,0 +1,180 @@
+"""Alerts on an engine that holds work and makes no progress, and on the GPUs' own health.
+
+A hung engine answers its /metrics (the API process serves it) while its counters stay flat: no source is
+down, no TTFT/ITL observation arrives for the burn-rate alerts to count, and MBU falls to zero only after
+the low-MBU alert's half hour. `RooflightEngineStalled` pages on the flat counters themselves: requests
+running or waiting the whole window, and not one token of either phase, nor one engine step, in it.
+
+GPU health reads the NVML series the agent exports per GPU (`rooflight_gpu_*`, labels gpu and uuid), as
+dcgm-exporter users alert on XID and double-bit ECC first: an XID of a hardware class (the GPU needs a
+reset or a replacement), uncorrectable ECC errors, row remapping pending or failed, clocks held down by
+thermal or power-brake slowdown for a share of the window, and temperature.
+"""
+
+from __future__ import annotations
+
+from rooflight.agent.metrics import names
+from rooflight.collectors.nvml import GPU_EXTRA_METRICS
+from rooflight.rules.alerts import PER_TARGET, WHERE, Link, alert
+from rooflight.rules.config import RulesConfig
+from rooflight.rules.promql import labels, number, series
+from rooflight.rules.recording import Rule, keep, rank_labels
+from rooflight.rules.templates import query_value, same
+
+# XID codes whose cause is the GPU or its links, not the application (NVIDIA's XID catalogue): double-bit
+# ECC (48), row-remap events and failures (63, 64), NVLink (74), fallen off the bus (79), high single-bit
+# ECC rate (92), contained and uncontained ECC (94, 95), GSP timeouts and errors (119, 120), unrecovered ECC
+# (140). Others (13, 31, 43, 45: an application's fault, a killed context) page nobody; they show on the
+# GPU dashboard.
+HARDWARE_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140)
+# nvmlClocksEventReason bits that mean the GPU is protecting itself: HW slowdown (8), SW thermal (32), HW
+# thermal (64), HW power brake (128). SW power cap (4) is a busy GPU at its power limit: normal, not alerted.
+SLOWDOWN_BITS = (8, 32, 64, 128)
+
+GPU_WHERE = (
+    "GPU {{ $labels.gpu }} ({{ $labels.uuid }}"
+    "{{ if $labels.pod }}, pod {{ $labels.pod }}{{ else if $labels.instance }}, {{ $labels.instance }}{{ end }})"
+)
+LAST_XID = query_value("rooflight_gpu_xid_last_code{%[1]s}", pipe='printf "%.0f"')  # the code, for the page
+PER_GPU: Link = ("gpu", same("cluster", "namespace", "job", "pod", "instance"))
+
+
+def _gpu(config: RulesConfig, key: str) -> str:
+    """The per-GPU series the NVML collector exports for `key` (collectors/nvml.py, GPU_EXTRA_METRICS)."""
+    if key not in GPU_EXTRA_METRICS:
+        raise KeyError(f"the NVML collector exports no rooflight_gpu_{key}")
+    return series(f"{names.PREFIX}gpu_{key}", config.agent_selector)
+
+
+def _on_gpu(config: RulesConfig) -> str:
+    return labels(keep(config, "gpu", "uuid"))
+
+
+def stall_expr(config: RulesConfig) -> str:
+    """Work held the whole window (running or waiting never dropped to 0), yet no token and no step moved.
+
+    The value is the requests held now. `unless` on the steps keeps an engine that exports no step counter
+    judged by its tokens alone.
+    """
+    w, sel = config.engine_stalled_window, config.agent_selector
+    on = labels(keep(config, *rank_labels(config)))
+    running, waiting = series(names.REQUESTS_RUNNING, sel), series(names.REQUESTS_WAITING, sel)
+    prompt, generation = series(names.PROMPT_TOKENS, sel), series(names.GENERATION_TOKENS, sel)
+    return (
+        f"({running} + on ({on}) {waiting})\n"
+        f"and on ({on})\n"
+        f"(min_over_time({running}[{w}]) + on ({on}) min_over_time({waiting}[{w}]) > 0)\n"
+        f"unless on ({on})\n"
+        f"(increase({prompt}[{w}]) + on ({on}) increase({generation}[{w}]) > 0)\n"
+        f"unless on ({on})\n"
+        f"(increase({series(names.ENGINE_STEPS, sel)}[{w}]) > 0)"
+    )
+
+
+def engine_stalled_alert(config: RulesConfig) -> Rule:
+    w = config.engine_stalled_window
+    return alert(
+        config,
+        "RooflightEngineStalled",
+        stall_expr(config),
+        config.engine_stalled_for,
+        "critical",
+        "The engine holds requests and makes no progress: not one token or engine step.",
+        f"{WHERE}: {{{{ $value | printf \"%.0f\" }}}} requests are running or waiting and the engine has "
+        f"produced no prompt or generated token and run no engine step for {w}, while its /metrics still "
+        "answers. The engine is hung (a stuck collective, a dead worker, a deadlocked scheduler), not slow.",
+        dashboard=("overview", PER_TARGET),
+    )
+
+
+def _any_of(value: str, codes: tuple[int, ...]) -> str:
+    return " or ".join(f"{value} == {code}" for code in codes)
+
+
+def _slowdown(value: str) -> str:
+    """1 where any of SLOWDOWN_BITS is set in the bitmask `value`, else 0 (PromQL has no bitwise and)."""
+    bits = " + ".join(f"floor({value} / {bit}) % 2" for bit in SLOWDOWN_BITS)
+    return f"({bits}) > bool 0"
+
+
+def gpu_health_alerts(config: RulesConfig) -> list[Rule]:
+    on = _on_gpu(config)
+    xids, last = _gpu(config, "xid_errors_total"), _gpu(config, "xid_last_code")
+    window = config.gpu_health_window
+    throttle = config.gpu_throttle_share
+    return [
+        alert(
+            config,
+            "RooflightGPUHardwareXid",
+            f"increase({xids}[{window}]) > 0\nand on ({on})\n({_any_of(last, HARDWARE_XIDS)})",
+            "0m",
+            "critical",
+            "A GPU reported an XID error of a hardware class: it needs a reset, or a replacement.",
+            f"{GPU_WHERE}: XID {LAST_XID} within the last {window}. Requests on this GPU fail or hang until it "
+            "is drained and reset.",
+            dashboard=PER_GPU,
+        ),
+        alert(
+            config,
+            "RooflightGPUUncorrectableECC",
+            f"increase({_gpu(config, 'ecc_uncorrected_errors_total')}[{window}]) > 0",
+            "0m",
+            "critical",
+            "A GPU reported uncorrectable (double-bit) ECC errors.",
+            f"{GPU_WHERE}: {{{{ $value | printf \"%.0f\" }}}} uncorrectable ECC errors in the last {window}. "
+            "The process that owned the memory is killed by the driver; drain the node and reset the GPU.",
+            dashboard=PER_GPU,
+        ),
+        alert(
+            config,
+            "RooflightGPURowRemapFailed",
+            f"{_gpu(config, 'remapped_rows_failure')} == 1",
+            "0m",
+            "critical",
+            "A GPU failed to remap a row of bad memory: it should be replaced.",
+            f"{GPU_WHERE}: a row remap failed (NVML remapped rows: failure). The GPU has run out of spare rows "
+            "or cannot remap; it will keep producing memory errors.",
+            dashboard=PER_GPU,
+        ),
+        alert(
+            config,
+            "RooflightGPURowRemapPending",
+            f"{_gpu(config, 'remapped_rows_pending')} == 1",
+            "15m",
+            "warning",
+            "A GPU has a memory row remap pending: it needs a reset to take effect.",
+            f"{GPU_WHERE}: a row remap is pending (NVML remapped rows: pending). Until the GPU is reset the bad "
+            "row is still in use; drain and reset at the next window.",
+            dashboard=PER_GPU,
+        ),
+        alert(
+            config,
+            "RooflightGPUThrottled",
+            f"avg_over_time(({_slowdown(_gpu(config, 'clock_event_reasons'))})[{window}:1m])\n"
+            f">= {number(throttle)}",
+            "5m",
+            "warning",
+            "A GPU's clocks are held down by thermal or power-brake slowdown.",
+            f"{GPU_WHERE}: thermal, hardware or power-brake slowdown held the clocks down "
+            f"{{{{ $value | humanizePercentage }}}} of the last {window} (alert at {throttle:.0%}). Decode and "
+            "prefill slow with the clock: expect lower MBU and MFU on this GPU than on its peers.",
+            dashboard=PER_GPU,
+        ),
+        alert(
+            config,
+            "RooflightGPUHot",
+            f"min_over_time({_gpu(config, 'temperature_celsius')}[{window}])\n"
+            f">= {number(config.gpu_temperature_celsius)}",
+            "0m",
+            "warning",
+            "A GPU has run hot for a while.",
+            f"{GPU_WHERE}: at least {{{{ $value | printf \"%.0f\" }}}} C throughout the last {window} (alert at "
+            f"{config.gpu_temperature_celsius:g} C). Slowdown follows; check the node's cooling and airflow.",
+            dashboard=PER_GPU,
+        ),
+    ]
+
+
+def health_alerts(config: RulesConfig) -> list[Rule]:
+    return [engine_stalled_alert(config), *gpu_health_alerts(config)]
+
