@@ -28,7 +28,7 @@ from rooflight.collectors.samples import EngineSeries, Histogram
 # Names inside a SeriesHistory.
 PROMPT, GENERATION, STEPS, PREEMPTIONS = "prompt_tokens", "generation_tokens", "steps", "preemptions"
 RUNNING, WAITING, KV_USAGE = "running", "waiting", "kv_usage"
-DRAFT, ACCEPTED = "spec_draft_tokens", "spec_accepted_tokens"
+DRAFT, ACCEPTED, DRAFTS = "spec_draft_tokens", "spec_accepted_tokens", "spec_drafts"
 KV_TRANSFER = "kv_transfer_tokens"  # prompt tokens whose KV arrived from another instance (vLLM's KV connector)
 # SGLang's KV transfers (disaggregated): the last transfer's latency (ms) and speed (GB/s) as gauges, or
 # as histograms whose sums and counts are kept as counters (collectors/sglang.py).
@@ -56,6 +56,7 @@ def history_inputs(
         PREEMPTIONS: series.preemptions_total,
         DRAFT: series.extra.get("spec_decode_num_draft_tokens_total"),
         ACCEPTED: series.extra.get("spec_decode_num_accepted_tokens_total"),
+        DRAFTS: series.extra.get("spec_decode_num_drafts_total"),
         KV_TRANSFER: series.extra.get("prompt_tokens_external_kv_transfer_total"),
         KV_TRANSFER_MS_SUM: series.extra.get("kv_transfer_latency_ms_sum_total"),
         KV_TRANSFER_MS_COUNT: series.extra.get("kv_transfer_latency_ms_count_total"),
@@ -93,6 +94,8 @@ class WindowValues:
     prefill_tokens_per_step: float | None = None
     dram_utilization: float | None = None  # measured on the target's GPUs (GPM), same window
     spec_decode_acceptance: float | None = None  # accepted / proposed draft tokens
+    spec_decode_tokens_per_step: float | None = None  # 1 + accepted / drafts: tokens a sequence gets a verify step
+    spec_decode_draft_length: float | None = None  # draft tokens / drafts: k, the tokens a verify step checks - 1
     dropped: tuple[str, ...] = ()  # a reason per value withheld as physically impossible
     # Requests that got their first token per second: the TTFT histogram's observations (one per request).
     requests_per_second: float | None = None
@@ -163,6 +166,8 @@ def derive_window(
             prompt_increase / step_increase if prompt_increase is not None and step_increase else None
         ),
         spec_decode_acceptance=_ratio(increase(first, last, ACCEPTED), increase(first, last, DRAFT)),
+        spec_decode_tokens_per_step=_plus_one(_ratio(increase(first, last, ACCEPTED), increase(first, last, DRAFTS))),
+        spec_decode_draft_length=_ratio(increase(first, last, DRAFT), increase(first, last, DRAFTS)),
         dropped=dropped,
         requests_per_second=_observation_rate(ttft, last.t - first.t),
         slo_tail={name: v for name, v in (("ttft", ttft_tail), ("itl", itl_tail)) if v is not None},
@@ -240,6 +245,10 @@ def _in_range(
 
 def _ratio(part: float | None, whole: float | None) -> float | None:
     return part / whole if part is not None and whole else None
+
+
+def _plus_one(x: float | None) -> float | None:
+    return None if x is None else 1.0 + x
 
 
 def derive_target(

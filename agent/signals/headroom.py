@@ -245,20 +245,32 @@ def capacity(w: WindowValues, constants: TargetConstants | None, batch_max: floa
 def _decode_at_wall(w: WindowValues, constants: TargetConstants | None, batch_max: float | None,
                     kv_capacity_tokens: float | None, prompt: float, output: float,
                     settings: SignalSettings) -> tuple[float, str, float] | None:
-    """(the batch at the first wall, which wall, the roofline decode step there at decode_mbu x the bandwidth
-    peak and prefill_mfu x the compute peak); None without peaks or a batch bound."""
+    """(the batch at the first wall, which wall, the seconds a sequence waits per decoded token there); None
+    without peaks or a batch bound. The step is the roofline at decode_mbu x the bandwidth peak and
+    prefill_mfu x the compute peak; under speculative decoding it verifies 1 + k tokens a sequence and yields
+    spec_decode_tokens_per_step of them (vLLM's 1 + accepted / drafts), so a token costs step / that."""
     peaks = _peaks(constants)
     if peaks is None:
         return None
     batch, wall, kv_seq_tokens = _first_wall(w, batch_max, kv_capacity_tokens, prompt, output)
     if batch is None or batch <= 0:
         return None
-    model, (flops, bandwidth) = constants.model, peaks  # type: ignore[union-attr]
     kv_seq = kv_seq_tokens * _kv_bytes_per_token(constants)  # type: ignore[arg-type]
-    step = physics.decode_step_seconds_roofline(batch, model.weight_bytes_streamed(batch), kv_seq,
-                                                model.params_active, flops * settings.prefill_mfu,
-                                                bandwidth * settings.decode_mbu)
+    step = _seconds_per_decoded_token(w, constants, peaks, batch, kv_seq, settings)  # type: ignore[arg-type]
     return (batch, wall, step) if 0.0 < step < math.inf else None
+
+
+def _seconds_per_decoded_token(w: WindowValues, constants: TargetConstants, peaks: tuple[float, float],
+                               batch: float, kv_seq: float, settings: SignalSettings) -> float:
+    """The roofline decode step at `batch` (decode_mbu x the bandwidth peak, prefill_mfu x the compute peak)
+    over the tokens it yields each sequence: 1, or under speculative decoding spec_decode_tokens_per_step
+    (1 + accepted / drafts) from a step that verifies 1 + k tokens a sequence (k = draft tokens / drafts)."""
+    model, (flops, bandwidth) = constants.model, peaks
+    verified, yielded = 1.0 + (w.spec_decode_draft_length or 0.0), w.spec_decode_tokens_per_step or 1.0
+    step = physics.decode_step_seconds_roofline(batch, model.weight_bytes_streamed(batch * verified), kv_seq,  # type: ignore[union-attr]
+                                                model.params_active * verified, flops * settings.prefill_mfu,  # type: ignore[union-attr]
+                                                bandwidth * settings.decode_mbu)
+    return step / max(yielded, 1.0)
 
 
 def _first_wall(w: WindowValues, batch_max: float | None, kv_capacity_tokens: float | None, prompt: float,
@@ -282,11 +294,12 @@ def gpu_seconds_by_phase(w: WindowValues, constants: TargetConstants | None,
     """Per phase with work in the window, the GPU seconds per second that work takes on the roofline at the
     efficiencies capacity uses: prefill = prefill MFU / prefill_mfu (tokens/s x 2P / (peak x prefill_mfu));
     decode = decode tokens/s x step(B) / B at the window's mean batch B and mean live KV per sequence (the
-    weights alone where the engine does not say its KV occupancy). Empty without a model and GPU constants."""
+    weights alone where the engine does not say its KV occupancy; step over the tokens a speculative verify
+    step yields). Empty without a model and GPU constants."""
     peaks = _peaks(constants)
     if peaks is None:
         return {}
-    model, (flops, bandwidth) = constants.model, peaks  # type: ignore[union-attr]
+    model, flops = constants.model, peaks[0]  # type: ignore[union-attr]
     out = {}
     prefill_tokens = w.tokens_per_second.get("prefill", 0.0)
     if prefill_tokens > 0:
@@ -296,9 +309,7 @@ def gpu_seconds_by_phase(w: WindowValues, constants: TargetConstants | None,
     if decode_tokens > 0:
         batch = max(w.mean_running or 0.0, 1.0)
         kv_seq = (w.mean_live_kv_bytes or 0.0) / batch
-        step = physics.decode_step_seconds_roofline(batch, model.weight_bytes_streamed(batch), kv_seq,
-                                                    model.params_active, flops * settings.prefill_mfu,
-                                                    bandwidth * settings.decode_mbu)
+        step = _seconds_per_decoded_token(w, constants, peaks, batch, kv_seq, settings)  # type: ignore[arg-type]
         out["decode"] = decode_tokens * step / batch
     return {phase: s for phase, s in out.items() if 0.0 < s < math.inf}
 

@@ -208,19 +208,19 @@ def _vllm_page(*, running: float, kv: float, prompt: float, generation: float, s
 
 
 async def _scripted(engine: FakeEngine, preemptions: float = 0.0, transferred: float = 0.0,
-                    **flags: object) -> TargetView:
+                    spec: tuple[str, str] = ("", ""), **flags: object) -> TargetView:
     """Two samples 10 s apart: 20 running at 4% occupancy, 10 req/s of 600 prompt + 250 output tokens."""
     clock = FakeClock()
     settings = {"engine_url": [engine.url], "nvml": False, "process": False, "interval": "1s", "windows": "10s",
                 "model": "ref-8b", "gpu": "h100-sxm", "batch_max": 256, **flags}
     async with started_agent(build({}, {}, settings), loops=False, clock=clock) as agent:
         engine.body = _vllm_page(running=20, kv=0.04, prompt=0, generation=0, steps=0, preemptions=0,
-                                 ttft_in_1s=0, itl_in_25ms=0)
+                                 ttft_in_1s=0, itl_in_25ms=0) + spec[0]
         await agent.sample_engines_once()
         clock.advance(10.0)
         engine.body = _vllm_page(running=20, kv=0.04, prompt=60_000, generation=25_000, steps=400,
                                  preemptions=preemptions, ttft_in_1s=100, itl_in_25ms=2_500,
-                                 transferred=transferred)
+                                 transferred=transferred) + spec[1]
         await agent.sample_engines_once()
         (target,) = agent.snapshot.targets
         return target
@@ -451,3 +451,53 @@ def test_the_phases_bills_add_up_to_the_gpu_hour() -> None:
     tp2 = replace(REF, tensor_parallel_size=2)
     assert hr.window_signals(_steady(tokens_per_second={"decode": 2500.0}, mfu={}), tp2, 256, 400_000,
                              hr.SignalSettings(gpu_hour_cost=2.0)).blended_cost_per_million_tokens == pytest.approx(4 / 9)
+
+
+# --- capacity under speculative decoding ---
+
+def test_capacity_counts_the_tokens_each_verify_step_yields() -> None:
+    # Speculative decoding, k = 4 drafts a step, each accepted with probability 0.7 given the ones before:
+    # accepted per draft = 0.7 + 0.49 + 0.343 + 0.24 = 1.77, so a verify step yields 2.77 tokens a sequence
+    # (docs/physics.md, section Parallelism, speculation: 1 + a + ... + a^4), as vLLM's counters say:
+    # accepted / drafts = 1.77, draft tokens / drafts = 4.
+    # At a batch cap of 32, 800 tokens of K+V each: memory (16e9 + 32 x 800 x 131,072) / (3.35e12 x 0.7)
+    # = 19.4e9 / 2.345e12 = 8.25 ms; compute 32 sequences x (1 + 4) tokens x 2 x 8e9 / (989e12 x 0.5) = 5.18
+    # ms: memory-bound, 8.25 ms a step. Decode alone: 32 x 2.77 / 8.25 ms = 10,800 tok/s, not 3,880.
+    tau = 1 + 0.7 + 0.49 + 0.343 + 0.2401
+    w = _steady(spec_decode_tokens_per_step=tau, spec_decode_draft_length=4.0)
+    step = (W + 32 * 800 * KV_TOKEN) / (BW * 0.7)
+    assert round(step * 1e3, 2) == 8.25 and round(32 * 5 * 2 * P / (F * 0.5) * 1e3, 2) == 5.18
+    cap = hr.capacity(w, REF, 32, 400_000, hr.SignalSettings())
+    assert cap is not None and cap.batch == 32
+    assert cap.phase_tokens_per_second["decode"] == pytest.approx(32 * tau / step)
+    assert round(cap.phase_tokens_per_second["decode"], -2) == 10_800
+    per_token = 2 * P / (F * 0.5)
+    assert cap.requests_per_second == pytest.approx(1 / (250 * step / (32 * tau) + 600 * per_token))
+    # at a batch cap of 128 the 5 verified tokens a sequence make the step compute-bound:
+    # 128 x 5 x 2 x 8e9 / 494.5e12 = 20.7 ms against (16e9 + 128 x 800 x 131,072) / 2.345e12 = 12.6 ms
+    big = hr.capacity(w, REF, 128, 400_000, hr.SignalSettings())
+    assert big.phase_tokens_per_second["decode"] == pytest.approx(128 * tau / (128 * 5 * 2 * P / (F * 0.5)))
+    # without speculative decoding, one token a step, as before
+    plain = hr.capacity(_steady(), REF, 32, 400_000, hr.SignalSettings())
+    assert plain.phase_tokens_per_second["decode"] == pytest.approx(32 / step)
+
+
+def _spec_lines(drafts: float, draft_tokens: float, accepted: float) -> str:
+    lab = 'engine="0",model_name="m"'
+    return "".join(f"# TYPE vllm:spec_decode_num_{name}_total counter\nvllm:spec_decode_num_{name}_total{{{lab}}} {v}\n"
+                   for name, v in (("drafts", drafts), ("draft_tokens", draft_tokens), ("accepted_tokens", accepted)))
+
+
+async def test_the_verify_steps_yield_comes_from_vllms_counters(fake_engine: FakeEngine) -> None:
+    # 1,000 verify steps in the window, 4 drafts each (4,000 draft tokens), 1,770 accepted: k = 4, each step
+    # yields 1 + 1.77 = 2.77 tokens a sequence. At the batch cap of 256 a step verifies 256 x 5 tokens:
+    # 1,280 x 2 x 8e9 / (989e12 x 0.5) = 41.4 ms of compute against 18.3 ms of streaming, so compute-bound,
+    # and the pool decodes 256 x 2.77 / 41.4 ms = 17,100 tok/s.
+    target = await _scripted(fake_engine, spec=(_spec_lines(0, 0, 0), _spec_lines(1000, 4000, 1770)))
+    (w,) = target.series[0].windows
+    assert (w.spec_decode_tokens_per_step, w.spec_decode_draft_length) == (pytest.approx(2.77), 4.0)
+    (s,) = target.series[0].signals
+    compute = 256 * 5 * 2 * P / (F * 0.5)  # 5 verified tokens a sequence: 41.4 ms, past the 18.3 ms memory time
+    assert round(compute * 1e3, 1) == 41.4
+    assert s.capacity.phase_tokens_per_second["decode"] == pytest.approx(256 * 2.77 / compute)
+    assert round(s.capacity.phase_tokens_per_second["decode"], -2) == 17_100
