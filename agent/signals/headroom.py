@@ -138,9 +138,7 @@ def decode_load(w: WindowValues, constants: TargetConstants | None, batch_max: f
         return None
     if tokens <= 0:
         return 0.0
-    rate = w.requests_per_second or 0.0
-    prompt = w.tokens_per_second.get("prefill", 0.0) / rate if rate > 0 else 0.0
-    output = tokens / rate if rate > 0 else 0.0
+    prompt, output = request_mix(w) or (0.0, 0.0)
     wall_step = _decode_at_wall(w, constants, batch_max, kv_capacity_tokens, prompt, output, settings)
     if wall_step is None:
         return None
@@ -217,12 +215,11 @@ def capacity(w: WindowValues, constants: TargetConstants | None, batch_max: floa
     compute peak; each request costs O x step / N + P x 2P_active / (peak x prefill_mfu) engine seconds.
     """
     peaks = _peaks(constants)
-    rate = w.requests_per_second
-    if peaks is None or not rate:
+    mix = request_mix(w)
+    if peaks is None or mix is None:
         return None
-    prompt = w.tokens_per_second.get("prefill", 0.0) / rate
-    output = w.tokens_per_second.get("decode", 0.0) / rate
-    model, (flops, bandwidth) = constants.model, peaks  # type: ignore[union-attr]
+    prompt, output = mix
+    model, flops = constants.model, peaks[0]  # type: ignore[union-attr]
     per_token = physics.prefill_seconds_per_token(model.params_active, flops, settings.prefill_mfu)
     prefill_alone = 1.0 / per_token
     if settings.role == "prefill":
@@ -240,6 +237,20 @@ def capacity(w: WindowValues, constants: TargetConstants | None, batch_max: floa
     sustained = physics.sustainable_request_rate(prompt, output, batch, step, per_token,
                                                  prefill=settings.role == "both")
     return Capacity(sustained, sustained * output, phases, batch, wall)
+
+
+def request_mix(w: WindowValues) -> tuple[float, float] | None:
+    """(mean prompt, mean output) tokens per request: prefill and decode tokens/s over requests/s (first
+    tokens), or, in a window that preempted, the finished requests' means where the engine exports them: a
+    recomputed prompt counts as prefill work again, and over a window shorter than a request's life first
+    tokens lag the tokens decoded, so the token mix there reads prompts and outputs several times too long."""
+    if w.preemptions_per_second and w.finished_mean_prompt_tokens is not None \
+            and w.finished_mean_output_tokens is not None:
+        return w.finished_mean_prompt_tokens, w.finished_mean_output_tokens
+    rate = w.requests_per_second
+    if not rate:
+        return None
+    return w.tokens_per_second.get("prefill", 0.0) / rate, w.tokens_per_second.get("decode", 0.0) / rate
 
 
 def _decode_at_wall(w: WindowValues, constants: TargetConstants | None, batch_max: float | None,

@@ -501,3 +501,21 @@ async def test_the_verify_steps_yield_comes_from_vllms_counters(fake_engine: Fak
     assert round(compute * 1e3, 1) == 41.4
     assert s.capacity.phase_tokens_per_second["decode"] == pytest.approx(256 * 2.77 / compute)
     assert round(s.capacity.phase_tokens_per_second["decode"], -2) == 17_100
+
+
+# --- capacity under preemption: the finished requests' mix ---
+
+def test_a_preempting_window_is_judged_at_the_finished_requests_mix() -> None:
+    # The window preempted; the token mix reads 600 + 250 tokens a request (prefill and decode tokens/s over
+    # first tokens/s), the requests that finished averaged 1,500 + 3,500. At the batch cap of 256 (800 tokens
+    # of K+V each, step(256) = 18.27 ms): 3,500 x 18.27 ms / 256 + 1,500 x 32.4 us = 0.2498 + 0.0485 = 0.298 s a
+    # request, 3.35 req/s, where the token mix gave 26.8.
+    w = _steady(preemptions_per_second=1.0, finished_requests_per_second=1.0, finished_mean_prompt_tokens=1500.0,
+                finished_mean_output_tokens=3500.0)
+    cap = hr.capacity(w, REF, 256, 400_000, hr.SignalSettings())
+    step = (W + 256 * 800 * KV_TOKEN) / (BW * 0.7)
+    assert cap.requests_per_second == pytest.approx(1 / (3500 * step / 256 + 1500 * 2 * P / (F * 0.5)))
+    assert round(cap.requests_per_second, 2) == 3.35
+    # without a preemption the token mix stands (it is exact in steady state and needs no finished request)
+    calm = replace(w, preemptions_per_second=0.0)
+    assert round(hr.capacity(calm, REF, 256, 400_000, hr.SignalSettings()).requests_per_second, 1) == 26.8
