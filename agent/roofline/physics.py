@@ -13,7 +13,7 @@ same ratio, so per-GPU bytes against a per-GPU peak is equally right.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 FLOPS_PER_PARAM_PER_TOKEN = 2.0  # one multiply and one add per weight
 
@@ -276,10 +276,20 @@ def servers_for_latency(rate: float, service_seconds: float, latency_seconds: fl
     budget = latency_seconds - service_seconds
     if budget <= 0:
         return None
-    servers = max(1, math.floor(rate * service_seconds) + 1)
-    while mmc_wait_exceeds(servers, rate, service_seconds, budget) > miss:
-        servers += 1
-    return servers
+    return fewest_meeting(max(1, math.floor(rate * service_seconds) + 1),
+                          lambda c: mmc_wait_exceeds(c, rate, service_seconds, budget) <= miss)
+
+
+def fewest_meeting(low: int, meets: Callable[[int], bool]) -> int:
+    """The smallest integer >= low for which `meets` holds, `meets` false below it and true above it:
+    doubling then bisection, so a fleet of thousands of groups costs a few dozen Erlang C evaluations."""
+    high = low
+    while not meets(high):
+        low, high = high + 1, high * 2
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if not meets(mid) else (low, mid)
+    return high
 
 
 def tensor_parallel_allreduce_seconds_at(n_layers: int, tp: int, tokens: float, hidden_size: int,

@@ -399,15 +399,14 @@ def shared_groups_for(rate: float, prefill_seconds: float, decode_load: float, t
     """The fewest groups of one shared pool whose prompts' p99 TTFT meets ttft_slo: each of c groups spends
     decode_load / c of its time decoding, so a prompt's prefill stretches to S / (1 - decode_load / c) and
     the prefill queue is M/M/c at that service time."""
-    groups = max(1, math.ceil(rate * prefill_seconds + decode_load - 1e-9))
-    while True:
+    def meets(groups: int) -> bool:
         free = 1.0 - decode_load / groups
-        if free > 0:
-            service = prefill_seconds / free
-            budget = ttft_slo - service
-            if budget > 0 and ph.mmc_wait_exceeds(groups, rate, service, budget) <= TAIL_MISS:
-                return groups
-        groups += 1
+        if free <= 0:
+            return False
+        service = prefill_seconds / free
+        return service < ttft_slo and ph.mmc_wait_exceeds(groups, rate, service, ttft_slo - service) <= TAIL_MISS
+
+    return ph.fewest_meeting(max(1, math.ceil(rate * prefill_seconds + decode_load - 1e-9)), meets)
 
 
 def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tokens: float, output_tokens: float,
