@@ -208,11 +208,13 @@ def capacity(w: WindowValues, constants: TargetConstants | None, batch_max: floa
              kv_capacity_tokens: float | None, settings: SignalSettings) -> Capacity | None:
     """The request rate and decode tokens/s the roofline sustains at the window's mix, before the first wall.
 
-    Mix: mean prompt P = prefill tokens/s / requests/s, mean output O = decode tokens/s / requests/s.
+    Mix (request_mix): mean prompt P = prefill tokens/s / requests/s, mean output O = decode tokens/s /
+    requests/s; in a window that preempted, the finished requests' means.
     First wall: the batch N = min(batch cap, sequences the KV cache holds); the cache holds mean running /
     mean occupancy sequences of the current context (capacity / (P + O/2) while nothing runs). Decode steps
     at N take physics.decode_step_seconds_roofline at decode_mbu x the bandwidth peak and prefill_mfu x the
-    compute peak; each request costs O x step / N + P x 2P_active / (peak x prefill_mfu) engine seconds.
+    compute peak, over the tokens a speculative verify step yields (1 without speculative decoding); each
+    request costs O x step / N + P x 2P_active / (peak x prefill_mfu) engine seconds.
     """
     peaks = _peaks(constants)
     mix = request_mix(w)
