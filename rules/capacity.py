@@ -3,7 +3,8 @@ needs for the fleet's traffic, and what a model's tokens cost across the fleet.
 
 The agent exports, per target and window (docs/metrics.md, section Capacity, cost and energy),
 `rooflight_saturation_ratio{role}` (1 - the smallest headroom among the walls of the target's role),
-`rooflight_capacity_phase_tokens_per_second{phase}` (what one group of that phase carries) and
+`rooflight_capacity_phase_tokens_per_second{phase}` (what one group of that phase carries),
+`rooflight_gpu_time_share_ratio{phase}` (the phase's share of the rank's GPU time) and
 `rooflight_gpu_hour_cost{target}` (the configured price of one GPU-hour). From them:
 
     per rank   target_engine_model_rank_role:rooflight_saturation:max1m
@@ -14,18 +15,21 @@ The agent exports, per target and window (docs/metrics.md, section Capacity, cos
     per rank   target_engine_model_rank:rooflight_gpu_hour_cost:sum = price per GPU-hour x TP
     fleet      model:rooflight_gpu_hour_cost:sum                 what the model's GPUs cost per hour
     fleet      model_phase:rooflight_cost_per_million_tokens:rate5m
-                   = the model's cost per hour / (its priced ranks' tokens/s of the phase x 3600 / 1e6)
+                   = sum of the priced ranks' cost per hour x their share of GPU time in the phase
+                     / (their tokens/s of the phase x 3600 / 1e6)
 
 Saturation is a min over headrooms, not a ratio of sums, so the fleet's mean of it is meaningful (the
 HPA's own arithmetic averages it over pods). Capacity and cost are built like MBU in rules/recording.py:
-numerators and denominators summed separately. The cost charges the whole GPU-hour to each phase, as the
-agent's `rooflight_cost_per_million_tokens{phase}` does, and counts only the tokens of ranks that have a
-price (a rank without `gpu_hour_cost` would otherwise lower the price of everyone's tokens).
+numerators and denominators summed separately. The cost charges each phase its share of every rank's
+GPU-hour (`rooflight_gpu_time_share_ratio{phase}` over capacity_window), as the agent's
+`rooflight_cost_per_million_tokens{phase}` does, so the phases' bills add up to the fleet's; it counts only
+the tokens of ranks that have a price and a share (a rank without `gpu_hour_cost` would otherwise lower the
+price of everyone's tokens).
 
 Per-rank rules keep the scrape's topology labels (RulesConfig.kept_labels), as every rule does; the
 fleet rules aggregate the replicas away by model, on purpose, within one service scope (cluster,
-namespace: RulesConfig.service_labels), so prod and staging never average into one. docs/deploy.md (section Autoscaling) explains the
-thresholds the deploy/k8s/autoscaling examples put on the saturation record.
+namespace: RulesConfig.service_labels), so prod and staging never average into one. docs/deploy.md
+(section Autoscaling) explains the thresholds the deploy/k8s/autoscaling examples put on the saturation record.
 """
 
 from __future__ import annotations
@@ -107,8 +111,12 @@ def cost_rules(config: RulesConfig) -> list[Rule]:
     by_rank = labels(keep(config, *rank_labels(config)))
     on_target = labels(keep(config, "target"))
     on_model = labels(keep(config, "target", "model"))
+    by_rank_phase = labels(keep(config, *rank_labels(config), "phase"))
     rank_cost, fleet_cost = rank_cost_record(config), fleet_cost_record(config)
-    priced_tokens = f"{tokens_record(config)}\n    and on ({by_rank}) {rank_cost}"
+    share = series(names.GPU_TIME_SHARE, sel, f'window="{config.capacity_window}"')
+    priced_tokens = (f"{tokens_record(config)}\n    and on ({by_rank}) {rank_cost}\n"
+                     f"    and on ({by_rank_phase}) {share}")
+    phase_cost = f"sum by ({fleet_by(config, 'model', 'phase')}) (\n  {rank_cost}\n  * on ({by_rank}) group_right {share}\n)"
     return [
         _record(
             rank_cost,
@@ -118,11 +126,13 @@ def cost_rules(config: RulesConfig) -> list[Rule]:
         ),
         _record(fleet_cost, f"sum by ({fleet_by(config, 'model')}) ({rank_cost})"),
         # Written constant / tokens * cost: `cost / on (model) group_right (...)` would read the
-        # parenthesis as group_right's label list.
+        # parenthesis as group_right's label list. Each rank's GPU-hour is split over the phases by its
+        # share of GPU time, so the phases' bills add up to the fleet's (docs/physics.md, section Cost and
+        # energy split by GPU time); a rank that exports no share is left out of both sides.
         _record(
             cost_per_million_record(config),
             f"1e6 / 3600\n/ (\n  sum by ({fleet_by(config, 'model', 'phase')}) (\n    {priced_tokens}\n  )\n  > 0\n)\n"
-            f"* on ({fleet_by(config, 'model')}) group_left {fleet_cost}",
+            f"* on ({fleet_by(config, 'model', 'phase')}) {phase_cost}",
         ),
     ]
 

@@ -141,8 +141,12 @@ def render_signals(f: _Families, wk: tuple[str, ...], sig: WindowSignals) -> Non
         f.add(n.CAPACITY_DECODE_TOKENS, wk, _nonneg(sig.capacity.decode_tokens_per_second))
         for phase, value in sig.capacity.phase_tokens_per_second.items():
             f.add(n.CAPACITY_PHASE_TOKENS, (*wk, phase), _nonneg(value))
+    for phase, value in sig.gpu_time_share.items():
+        f.add(n.GPU_TIME_SHARE, (*wk, phase), _nonneg(value))
     for phase, value in sig.cost_per_million_tokens.items():
         f.add(n.COST_PER_MILLION_TOKENS, (*wk, phase), _nonneg(value))
+    if sig.blended_cost_per_million_tokens is not None:
+        f.add(n.BLENDED_COST_PER_MILLION_TOKENS, wk, _nonneg(sig.blended_cost_per_million_tokens))
     for phase, value in sig.tokens_per_joule.items():
         f.add(n.TOKENS_PER_JOULE, (*wk, phase), _nonneg(value))
 

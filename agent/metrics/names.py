@@ -60,7 +60,9 @@ SATURATION_BINDING = "rooflight_saturation_binding_info"  # 1; resource = the on
 CAPACITY_REQUESTS = "rooflight_capacity_requests_per_second"  # sustainable at the current mix
 CAPACITY_DECODE_TOKENS = "rooflight_capacity_decode_tokens_per_second"  # requests/s capacity x mean output
 CAPACITY_PHASE_TOKENS = "rooflight_capacity_phase_tokens_per_second"  # by phase: one phase alone
-COST_PER_MILLION_TOKENS = "rooflight_cost_per_million_tokens"  # by phase
+COST_PER_MILLION_TOKENS = "rooflight_cost_per_million_tokens"  # by phase, its share of the GPU-hour
+BLENDED_COST_PER_MILLION_TOKENS = "rooflight_blended_cost_per_million_tokens"  # all tokens of the mix
+GPU_TIME_SHARE = "rooflight_gpu_time_share_ratio"  # by phase: its share of the GPU time, adds up to 1
 TOKENS_PER_JOULE = "rooflight_tokens_per_joule"  # by phase
 
 # Constants the derivations used, so PromQL can recompute them.

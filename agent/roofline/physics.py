@@ -13,7 +13,7 @@ same ratio, so per-GPU bytes against a per-GPU peak is equally right.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 FLOPS_PER_PARAM_PER_TOKEN = 2.0  # one multiply and one add per weight
 
@@ -242,3 +242,63 @@ def cost_per_million_tokens_on(gpu_dollars_per_hour: float, gpus: int, tokens_pe
 def tokens_per_joule(tokens_per_second: float, watts: float) -> float:
     """Tokens per joule = tokens/s / W (a watt is a joule per second)."""
     return tokens_per_second / watts
+
+
+# --- Sizing pools at a latency target (docs/physics.md, section Pools sized at the SLO) ---
+
+
+def erlang_c(servers: int, offered_load: float) -> float:
+    """Probability an arrival waits in an M/M/c queue with `servers` and offered load a = rate x service
+    time (Erlang C); 1 when a >= c (the queue grows without bound). Erlang B's recursion keeps it stable
+    for thousands of servers."""
+    if offered_load <= 0:
+        return 0.0
+    if offered_load >= servers:
+        return 1.0
+    blocking = 1.0
+    for k in range(1, servers + 1):
+        blocking = offered_load * blocking / (k + offered_load * blocking)
+    return servers * blocking / (servers - offered_load * (1.0 - blocking))
+
+
+def mmc_wait_exceeds(servers: int, rate: float, service_seconds: float, wait_seconds: float) -> float:
+    """P(queueing wait > t) in M/M/c: C(c, a) x exp(-(c/S - rate) x t); 1 when c <= a."""
+    load = rate * service_seconds
+    if servers <= load:
+        return 1.0
+    return erlang_c(servers, load) * math.exp(-(servers / service_seconds - rate) * wait_seconds)
+
+
+def servers_for_latency(rate: float, service_seconds: float, latency_seconds: float,
+                        miss: float = 0.01) -> int | None:
+    """The fewest servers for which P(wait + service > latency) <= miss (the p99 at miss 0.01) in M/M/c;
+    None when one service alone takes the whole latency budget (no number of servers meets it)."""
+    budget = latency_seconds - service_seconds
+    if budget <= 0:
+        return None
+    return fewest_meeting(max(1, math.floor(rate * service_seconds) + 1),
+                          lambda c: mmc_wait_exceeds(c, rate, service_seconds, budget) <= miss)
+
+
+def fewest_meeting(low: int, meets: Callable[[int], bool]) -> int:
+    """The smallest integer >= low for which `meets` holds, `meets` false below it and true above it:
+    doubling then bisection, so a fleet of thousands of groups costs a few dozen Erlang C evaluations."""
+    high = low
+    while not meets(high):
+        low, high = high + 1, high * 2
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if not meets(mid) else (low, mid)
+    return high
+
+
+def tensor_parallel_allreduce_seconds_at(n_layers: int, tp: int, tokens: float, hidden_size: int,
+                                         latency_seconds: float, link_bytes_per_second: float,
+                                         activation_bytes: float = 2.0) -> float:
+    """TP communication of one forward pass over `tokens` tokens (a decode step's batch, or a prompt):
+    two all-reduces per layer, each a fixed latency plus a ring all-reduce's 2 (tp - 1) / tp x payload
+    over one GPU's link, payload = tokens x hidden x activation bytes. Zero without tensor parallelism."""
+    if tp <= 1:
+        return 0.0
+    payload = tokens * hidden_size * activation_bytes
+    return 2 * n_layers * (latency_seconds + 2 * (tp - 1) / tp * payload / link_bytes_per_second)

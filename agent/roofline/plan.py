@@ -25,6 +25,14 @@ from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY, PROFILES, GpuProf
 from rooflight.agent.roofline.models import PRESETS, ModelSpec, load_config_json, preset, preset_for_hf_id
 
 NVLINK_ALLREDUCE_SECONDS = 5e-6  # fixed launch-plus-latency floor of one small all-reduce on NVLink
+NVLINK_BYTES_PER_SECOND = 450e9  # one GPU's NVLink 4 bandwidth, one direction (H100/H200 SXM)
+PCIE_ALLREDUCE_SECONDS = 25e-6  # the same floor across PCIe
+PCIE_BYTES_PER_SECOND = 25e9  # PCIe Gen4 x16, one direction, what an all-reduce sees in practice
+# Profiles whose GPUs talk over PCIe only (no NVLink in the usual server): TP all-reduces pay PCIe's figures.
+PCIE_ONLY = frozenset({"a100-pcie-40gb", "a100-pcie-80gb", "h100-pcie", "l40s", "l40", "l4", "a10",
+                       "rtx-6000-ada", "rtx-4090"})
+DEFAULT_TTFT_SLO_SECONDS = 0.5  # a chat prompt's p99 time to first token
+TAIL_MISS = 0.01  # the SLOs are p99s: at most 1% of requests past them
 DEFAULT_DECODE_MBU = 0.7  # a healthy decode's share of the bandwidth peak (section MBU: 0.6-0.8)
 DEFAULT_ITL_SLO_SECONDS = 0.05  # a chat stream's inter-token budget (20 tokens/s)
 
@@ -72,6 +80,10 @@ class Plan:
     decode_attainable_fraction_of_peak: float  # roofline at that intensity / peak compute
     kv_weight_crossover_tokens: float | None  # None: sliding windows cap the cache below the weights
     tp_allreduce_seconds_per_token: float  # NVLink estimate, 0 at tp=1
+    tp_allreduce_seconds_at_batch: float  # latency + payload of `batch` tokens' activations, on the GPU's link
+    decode_step_seconds_at_batch_with_tp: float  # decode_step_seconds_at_batch + that
+    decode_tokens_per_second_at_batch_with_tp: float
+    prefill_tp_allreduce_seconds: float  # the prompt's activations all-reduced, on top of prefill_seconds
     prefill_flops: float
     prefill_compute_seconds_at_roof: float  # prefill FLOPs / peak
     prefill_weight_seconds: float  # reading the weights the prompt's tokens touch, once
@@ -107,6 +119,7 @@ def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: in
     step_b = ph.decode_step_seconds(wb, batch * seq_streamed, bw)
     intensity = ph.decode_intensity(batch, model.params_active, wb, batch * seq_streamed)
     crossover = prefill_crossover_tokens(model, peak, bw)
+    comm_b = tp_allreduce_seconds(model, gpu, tp, batch)
     return Plan(
         model=model.name, model_source=model.source, gpu=gpu.key, tp=tp, context_tokens=context_tokens,
         batch=batch, prompt_tokens=prompt_tokens, prefill_mfu=prefill_mfu,
@@ -132,6 +145,10 @@ def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: in
         kv_weight_crossover_tokens=model.context_for_sequence_kv_bytes(w),
         tp_allreduce_seconds_per_token=ph.tensor_parallel_allreduce_seconds(
             model.n_layers, tp, NVLINK_ALLREDUCE_SECONDS),
+        tp_allreduce_seconds_at_batch=comm_b,
+        decode_step_seconds_at_batch_with_tp=step_b + comm_b,
+        decode_tokens_per_second_at_batch_with_tp=ph.decode_tokens_per_second(batch, step_b + comm_b),
+        prefill_tp_allreduce_seconds=tp_allreduce_seconds(model, gpu, tp, prompt_tokens),
         prefill_flops=ph.prefill_flops(prompt_tokens, model.params_active),
         prefill_compute_seconds_at_roof=ph.prefill_seconds(prompt_tokens, model.params_active, peak, 1.0),
         prefill_weight_seconds=ph.weight_stream_seconds(w_prompt, bw),
@@ -143,6 +160,15 @@ def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: in
         prefill_memory_bound=prompt_tokens < crossover,
         notes=model.notes,
     )
+
+
+def tp_allreduce_seconds(model: ModelSpec, gpu: GpuProfile, tp: int, tokens: float) -> float:
+    """TP communication of one forward pass over `tokens` tokens on this GPU's link (NVLink, or PCIe for the
+    PCIE_ONLY profiles): 2 all-reduces per layer, latency + 2 (tp - 1) / tp x tokens x hidden x 2 bytes / link."""
+    pcie = gpu.key in PCIE_ONLY
+    return ph.tensor_parallel_allreduce_seconds_at(
+        model.n_layers, tp, tokens, model.hidden_size, PCIE_ALLREDUCE_SECONDS if pcie else NVLINK_ALLREDUCE_SECONDS,
+        PCIE_BYTES_PER_SECOND if pcie else NVLINK_BYTES_PER_SECOND)
 
 
 def prefill_crossover_tokens(model: ModelSpec, peak_flops: float, peak_bandwidth: float) -> float:
@@ -222,6 +248,9 @@ def format_plan(plan: Plan) -> str:
     if p.tp > 1:
         lines.append(f"  TP all-reduce           ~{_ms(p.tp_allreduce_seconds_per_token)}/token on NVLink"
                      " (2 per layer, ~5 us each), on top of the decode step")
+        lines.append(f"  with TP at batch {p.batch:<6} {_ms(p.decode_step_seconds_at_batch_with_tp)}/step, "
+                     f"{sig(p.decode_tokens_per_second_at_batch_with_tp)} tok/s in all (all-reduces "
+                     f"{_ms(p.tp_allreduce_seconds_at_batch)}: latency + the batch's activations over the link)")
     cross = f"{sig(p.prefill_crossover_tokens)}-token crossover"
     bound = (f"memory-bound: shorter than the {cross}, it waits on reading the weights"
              if p.prefill_memory_bound else f"compute-bound: longer than the {cross}")
@@ -234,7 +263,7 @@ def format_plan(plan: Plan) -> str:
         f"of any prompt under {sig(p.prefill_crossover_tokens)} tokens",
         f"  time                    {_ms(p.prefill_seconds_at_roof)} at the compute roof, "
         f"{_ms(p.prefill_seconds)} at {sig(100 * p.prefill_mfu)}% MFU (the longer of compute and "
-        "weight streaming)",
+        "weight streaming)" + (f"; + {_ms(p.prefill_tp_allreduce_seconds)} of TP all-reduces" if p.tp > 1 else ""),
         "",
         f"Peaks used: {sig(p.peak_flops / 1e12)} TFLOP/s dense {p.compute_dtype}, "
         f"{sig(p.peak_bandwidth_bytes_per_second / 1e12)} TB/s ({p.tp} GPU{'s' if p.tp > 1 else ''}). "
@@ -288,7 +317,8 @@ def format_catalog() -> str:
 @dataclass(frozen=True)
 class PoolPlan:
     """Groups (engine copies of `gpus_per_group` GPUs) for a request rate, split into prefill and decode
-    pools or shared; base units (requests/s, tokens, tokens/s, seconds, bytes)."""
+    pools or shared, each sized at its latency target; base units (requests/s, tokens, tokens/s, seconds,
+    bytes, ratios)."""
 
     rate: float
     prompt_tokens: float
@@ -296,13 +326,19 @@ class PoolPlan:
     prefill_tokens_per_second: float  # demand: rate x prompt
     decode_tokens_per_second: float  # demand: rate x output
     prefill_capacity_per_group: float
-    decode_capacity_per_group: float
+    decode_capacity_per_group: float  # at the batch whose step meets the ITL target (physics), else as given
     capacity_source: str  # flags, physics or live
     gpus_per_group: int
-    prefill_groups: int
-    decode_groups: int
-    shared_groups: int  # one pool doing both: ceil(rate x (prompt / prefill cap + output / decode cap))
+    prefill_groups: int  # the fewest whose p99 TTFT (M/M/c wait + one prefill) meets ttft_slo
+    decode_groups: int  # ceil(rate x output / decode capacity)
+    shared_groups: int  # one pool doing both, its prompts' p99 TTFT at ttft_slo
+    prefill_groups_at_full_load: int  # ceil(rate x prompt / prefill capacity): 100% busy, the queue unbounded
+    shared_groups_at_full_load: int  # ceil(rate x (prompt / prefill cap + output / decode cap))
+    prefill_utilization: float  # prefill demand / the prefill pool's capacity
+    decode_utilization: float
+    shared_utilization: float
     prefill_seconds_per_prompt: float  # prompt / prefill cap: how long one prompt holds a group
+    ttft_slo: float
     itl_slo: float
     decode_batch: float | None  # the batch the decode capacity assumes (physics only)
     kv_bytes_per_request: float | None  # the cache a prefill pool ships to the decode pool per request
@@ -311,26 +347,33 @@ class PoolPlan:
 
 
 def build_pool_plan(rate: float, prompt_tokens: float, output_tokens: float, prefill_capacity: float,
-                    decode_capacity: float, *, itl_slo: float = DEFAULT_ITL_SLO_SECONDS, source: str = "flags",
-                    gpus_per_group: int = 1, decode_batch: float | None = None,
-                    kv_bytes_per_request: float | None = None) -> PoolPlan:
-    """Size both pools and decide: share one pool when that needs fewer groups than the two pools (a fleet
-    too small to keep two pools busy), or when one prompt's prefill fits in the ITL budget (short prompts:
-    a shared pool's decodes barely wait, and the KV hop buys nothing); else split."""
+                    decode_capacity: float, *, itl_slo: float = DEFAULT_ITL_SLO_SECONDS,
+                    ttft_slo: float = DEFAULT_TTFT_SLO_SECONDS, source: str = "flags", gpus_per_group: int = 1,
+                    decode_batch: float | None = None, kv_bytes_per_request: float | None = None) -> PoolPlan:
+    """Size both pools at their targets and decide on the physics (docs/physics.md, section Pools sized at the
+    SLO). Prefill: the fewest groups whose p99 TTFT, an M/M/c queueing wait plus one prompt's prefill, meets
+    ttft_slo. Decode: the demand over what a group decodes at its ITL. Share one pool when one prompt's
+    prefill fits in the ITL budget (a shared pool's decodes barely wait for it), or when one of the two
+    pools would carry under one group's work; else split."""
     for name, value in (("--rate", rate), ("--prompt", prompt_tokens), ("--output", output_tokens),
                         ("prefill capacity", prefill_capacity), ("decode capacity", decode_capacity),
-                        ("--itl-slo", itl_slo)):
+                        ("--itl-slo", itl_slo), ("--ttft-slo", ttft_slo)):
         if not (math.isfinite(value) and value > 0):
             raise ConfigError(f"{name} must be a number above 0, got {value!r}")
     prefill_demand, decode_demand = rate * prompt_tokens, rate * output_tokens
-    prefill_groups = ph.groups_needed(prefill_demand, prefill_capacity)
+    stall = prompt_tokens / prefill_capacity  # one prompt's prefill: the service time of the prefill queue
+    prefill_load, decode_load = prefill_demand / prefill_capacity, decode_demand / decode_capacity  # groups' work
+    prefill_groups = ph.servers_for_latency(rate, stall, ttft_slo, TAIL_MISS)
+    if prefill_groups is None:
+        raise ConfigError(f"one prompt's prefill takes {_ms(stall)}, at or past the {_ms(ttft_slo)} TTFT target: "
+                          "no number of groups meets it; raise --ttft-slo, --tp or the prefill capacity")
     decode_groups = ph.groups_needed(decode_demand, decode_capacity)
-    shared = ph.groups_needed(rate * (prompt_tokens / prefill_capacity + output_tokens / decode_capacity), 1.0)
-    stall = prompt_tokens / prefill_capacity
+    shared = shared_groups_for(rate, stall, decode_load, ttft_slo)
     reasons = []
-    if shared < prefill_groups + decode_groups:
-        reasons.append(f"one pool needs {_groups(shared)}, two pools {prefill_groups} + {decode_groups}: "
-                       "too small a fleet to keep two pools busy")
+    if min(prefill_load, decode_load) < 1.0:
+        reasons.append(f"two pools would carry {sig(prefill_load)} prefill and {sig(decode_load)} decode groups' "
+                       "work: a pool with under one group's work idles most of its GPUs; too small a fleet to "
+                       "keep two pools busy")
     if stall <= itl_slo:
         reasons.append(f"one prompt's prefill takes {_ms(stall)}, within the {_ms(itl_slo)} ITL budget: "
                        "a shared pool's decodes barely wait, and the KV hop buys nothing")
@@ -339,21 +382,42 @@ def build_pool_plan(rate: float, prompt_tokens: float, output_tokens: float, pre
         prefill_tokens_per_second=prefill_demand, decode_tokens_per_second=decode_demand,
         prefill_capacity_per_group=prefill_capacity, decode_capacity_per_group=decode_capacity,
         capacity_source=source, gpus_per_group=gpus_per_group, prefill_groups=prefill_groups,
-        decode_groups=decode_groups, shared_groups=shared, prefill_seconds_per_prompt=stall, itl_slo=itl_slo,
+        decode_groups=decode_groups, shared_groups=shared,
+        prefill_groups_at_full_load=ph.groups_needed(prefill_demand, prefill_capacity),
+        shared_groups_at_full_load=ph.groups_needed(prefill_load + decode_load, 1.0),
+        prefill_utilization=prefill_load / prefill_groups, decode_utilization=decode_load / decode_groups,
+        shared_utilization=(prefill_load + decode_load) / shared,
+        prefill_seconds_per_prompt=stall, ttft_slo=ttft_slo, itl_slo=itl_slo,
         decode_batch=decode_batch, kv_bytes_per_request=kv_bytes_per_request, share=bool(reasons),
         reasons=tuple(reasons) or (
-            f"one prompt's prefill holds a group {_ms(stall)}, past the {_ms(itl_slo)} ITL budget, and two "
-            "pools need no more groups than one: split, and scale each pool on its own signal",),
+            f"one prompt's prefill holds a group {_ms(stall)}, past the {_ms(itl_slo)} ITL budget a shared pool's "
+            "decodes would wait: split, and scale each pool on its own signal",),
     )
 
 
+def shared_groups_for(rate: float, prefill_seconds: float, decode_load: float, ttft_slo: float) -> int:
+    """The fewest groups of one shared pool whose prompts' p99 TTFT meets ttft_slo: each of c groups spends
+    decode_load / c of its time decoding, so a prompt's prefill stretches to S / (1 - decode_load / c) and
+    the prefill queue is M/M/c at that service time."""
+    def meets(groups: int) -> bool:
+        free = 1.0 - decode_load / groups
+        if free <= 0:
+            return False
+        service = prefill_seconds / free
+        return service < ttft_slo and ph.mmc_wait_exceeds(groups, rate, service, ttft_slo - service) <= TAIL_MISS
+
+    return ph.fewest_meeting(max(1, math.ceil(rate * prefill_seconds + decode_load - 1e-9)), meets)
+
+
 def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tokens: float, output_tokens: float,
-                       batch_max: int, prefill_mfu: float, decode_mbu: float,
-                       reserved_bytes_per_gpu: float) -> tuple[float, float, float, float]:
+                       batch_max: int, prefill_mfu: float, decode_mbu: float, reserved_bytes_per_gpu: float,
+                       itl_slo: float | None = None) -> tuple[float, float, float, float]:
     """(prefill tokens/s, decode tokens/s, decode batch, KV bytes per request) of one group of tp GPUs.
 
-    Prefill: peak x prefill MFU / 2P. Decode: the batch N = min(batch cap, sequences the KV memory holds at
-    the mean live context prompt + output/2), N / its roofline step at decode_mbu x the bandwidth peak."""
+    Prefill: a prompt takes P x 2P_active / (peak x prefill MFU) + its TP all-reduces. Decode: the batch N =
+    min(batch cap, sequences the KV memory holds at the mean live context prompt + output/2) or, with
+    `itl_slo`, the largest batch up to N whose step (roofline at decode_mbu x the bandwidth peak, plus the
+    TP all-reduces) meets it; that batch / its step."""
     if not 0 < decode_mbu <= 1 or not 0 < prefill_mfu <= 1:
         raise ConfigError("--decode-mbu and --prefill-mfu must be in (0, 1]")
     if batch_max < 1:
@@ -363,29 +427,56 @@ def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tok
     context = prompt_tokens + output_tokens / 2
     free = gpu.memory_bytes - model.weight_bytes / tp - reserved_bytes_per_gpu
     seq_per_gpu = model.kv_bytes_per_sequence_per_gpu(context, tp)
-    batch = min(float(batch_max), ph.max_concurrent_sequences(free, seq_per_gpu))
-    if batch < 1:
+    kv_wall = min(float(batch_max), ph.max_concurrent_sequences(free, seq_per_gpu))
+    if kv_wall < 1:
         raise ConfigError(f"{model.name} on {tp} x {gpu.key}: no sequence of {context:,.0f} tokens fits beside "
                           "the weights; raise --tp")
-    step = ph.decode_step_seconds_roofline(batch, model.weight_bytes_streamed(batch), tp * seq_per_gpu,
-                                           model.params_active, peak * prefill_mfu, bw * decode_mbu)
-    prefill = 1.0 / ph.prefill_seconds_per_token(model.params_active, peak, prefill_mfu)
-    return prefill, batch / step, batch, model.kv_bytes_per_sequence(prompt_tokens)
+
+    def step(batch: float) -> float:
+        return ph.decode_step_seconds_roofline(batch, model.weight_bytes_streamed(batch), tp * seq_per_gpu,
+                                               model.params_active, peak * prefill_mfu,
+                                               bw * decode_mbu) + tp_allreduce_seconds(model, gpu, tp, batch)
+
+    batch = kv_wall if itl_slo is None else _batch_within(step, kv_wall, itl_slo)
+    if batch is None:
+        raise ConfigError(f"{model.name} on {tp} x {gpu.key}: one sequence's decode step takes {_ms(step(1.0))}, "
+                          f"past the {_ms(itl_slo or 0.0)} ITL target; raise --itl-slo or --tp")
+    prompt_seconds = (prompt_tokens * ph.prefill_seconds_per_token(model.params_active, peak, prefill_mfu)
+                      + tp_allreduce_seconds(model, gpu, tp, prompt_tokens))
+    return prompt_tokens / prompt_seconds, batch / step(batch), batch, model.kv_bytes_per_sequence(prompt_tokens)
+
+
+def _batch_within(step: Any, most: float, seconds: float) -> float | None:
+    """The largest whole batch up to `most` whose step(batch) <= seconds (step grows with the batch); None
+    when even one sequence's step is longer."""
+    if step(1.0) > seconds:
+        return None
+    if step(most) <= seconds:
+        return most
+    low, high = 1, math.floor(most)  # step(low) meets it, step(high) does not
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if step(float(mid)) <= seconds else (low, mid)
+    return float(low)
 
 
 def format_pools(p: PoolPlan) -> str:
     source = {"flags": "as given", "physics": "the roofline of the model on its GPUs", "live": "the live agent"}
     lines = [
-        f"Pools for {sig(p.rate)} req/s of {sig(p.prompt_tokens)} prompt + {sig(p.output_tokens)} output tokens",
+        f"Pools for {sig(p.rate)} req/s of {sig(p.prompt_tokens)} prompt + {sig(p.output_tokens)} output tokens"
+        f" (p99 TTFT {_ms(p.ttft_slo)}, ITL {_ms(p.itl_slo)})",
         f"  per group ({p.gpus_per_group} GPU{'s' if p.gpus_per_group > 1 else ''}): "
         f"{sig(p.prefill_capacity_per_group)} prefill tok/s, {sig(p.decode_capacity_per_group)} decode tok/s "
         f"({source.get(p.capacity_source, p.capacity_source)}"
         + (f"; decode batch {p.decode_batch:,.0f}" if p.decode_batch else "") + ")",
-        f"  prefill pool            {_groups(p.prefill_groups)} ({sig(p.prefill_tokens_per_second)} prompt"
-        f" tok/s / {sig(p.prefill_capacity_per_group)})",
-        f"  decode pool             {_groups(p.decode_groups)} ({sig(p.decode_tokens_per_second)} output tok/s"
-        f" / {sig(p.decode_capacity_per_group)})",
-        f"  one shared pool         {_groups(p.shared_groups)}",
+        f"  prefill pool            {_groups(p.prefill_groups)} at {_pct(p.prefill_utilization)} busy: "
+        f"p99 TTFT within {_ms(p.ttft_slo)} ({sig(p.prefill_tokens_per_second)} prompt tok/s / "
+        f"{sig(p.prefill_capacity_per_group)} = {p.prefill_groups_at_full_load} at 100%, where the queue never "
+        "drains)",
+        f"  decode pool             {_groups(p.decode_groups)} at {_pct(p.decode_utilization)} busy "
+        f"({sig(p.decode_tokens_per_second)} output tok/s / {sig(p.decode_capacity_per_group)})",
+        f"  one shared pool         {_groups(p.shared_groups)} at {_pct(p.shared_utilization)} busy "
+        f"({p.shared_groups_at_full_load} at 100%)",
     ]
     if p.kv_bytes_per_request is not None:
         lines.append(f"  KV shipped per request  {_gb(p.kv_bytes_per_request)} (the prompt's cache, prefill to decode)")
@@ -393,6 +484,10 @@ def format_pools(p: PoolPlan) -> str:
                f"split: {p.prefill_groups} prefill + {_groups(p.decode_groups, 'decode group')}")
     lines += ["", f"Verdict: {verdict}", *(f"  - {r}" for r in p.reasons)]
     return "\n".join(lines)
+
+
+def _pct(ratio: float) -> str:
+    return f"{sig(100 * ratio)}%"
 
 
 def _groups(n: int, what: str = "group") -> str:
@@ -613,10 +708,10 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> Poo
             p_cap, d_cap, batch, kv = physics_capacities(
                 model, get_profile(args.gpu), tp=args.tp, prompt_tokens=prompt, output_tokens=output,
                 batch_max=args.batch_max, prefill_mfu=args.prefill_mfu, decode_mbu=args.decode_mbu,
-                reserved_bytes_per_gpu=args.reserved_gb * 1e9)
+                reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo)
             cp = cp if cp is not None else p_cap
             cd = cd if cd is not None else d_cap
-    return build_pool_plan(args.rate, prompt, output, cp, cd, itl_slo=args.itl_slo, source=source,
+    return build_pool_plan(args.rate, prompt, output, cp, cd, itl_slo=args.itl_slo, ttft_slo=args.ttft_slo, source=source,
                            gpus_per_group=gpus, decode_batch=batch, kv_bytes_per_request=kv)
 
 
@@ -683,8 +778,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pools.add_argument("--decode-mbu", type=float, default=DEFAULT_DECODE_MBU, help="fraction of the "
                        "bandwidth peak decode reaches; 0.6-0.8 is healthy (default %(default)s)")
     pools.add_argument("--itl-slo", type=float, default=DEFAULT_ITL_SLO_SECONDS, metavar="SECONDS",
-                       help="the ITL budget a shared pool's decodes may wait for one prompt's prefill "
+                       help="the p99 inter-token latency target: the physics decode batch is the largest whose "
+                       "step meets it, and a shared pool's decodes may wait this long for one prompt's prefill "
                        "(default %(default)s)")
+    pools.add_argument("--ttft-slo", type=float, default=DEFAULT_TTFT_SLO_SECONDS, metavar="SECONDS",
+                       help="the p99 time-to-first-token target the prefill (or shared) pool is sized for, with "
+                       "an M/M/c queue (default %(default)s)")
     pools.add_argument("--from-live", metavar="URL", help="read a running agent's /metrics (its URL, e.g. "
                        "http://127.0.0.1:9746): its headroom, saturation and capacity at the live mix")
     pools.add_argument("--window", metavar="NAME", help="the live window to read, e.g. 1m (default: the longest)")

@@ -28,7 +28,7 @@ from rooflight.collectors.samples import EngineSeries, Histogram
 # Names inside a SeriesHistory.
 PROMPT, GENERATION, STEPS, PREEMPTIONS = "prompt_tokens", "generation_tokens", "steps", "preemptions"
 RUNNING, WAITING, KV_USAGE = "running", "waiting", "kv_usage"
-DRAFT, ACCEPTED = "spec_draft_tokens", "spec_accepted_tokens"
+DRAFT, ACCEPTED, DRAFTS = "spec_draft_tokens", "spec_accepted_tokens", "spec_drafts"
 KV_TRANSFER = "kv_transfer_tokens"  # prompt tokens whose KV arrived from another instance (vLLM's KV connector)
 # SGLang's KV transfers (disaggregated): the last transfer's latency (ms) and speed (GB/s) as gauges, or
 # as histograms whose sums and counts are kept as counters (collectors/sglang.py).
@@ -39,6 +39,8 @@ TTFT, ITL = "ttft", "itl"
 PREFIX_QUERIES, PREFIX_HITS = "prefix_cache_queries", "prefix_cache_hits"  # prompt tokens looked up / found
 PREFIX_HIT_RATIO = "prefix_cache_hit_ratio"  # the engine's own gauge, where it keeps no counters
 PROMPT_LENGTH, OUTPUT_LENGTH, QUEUE_TIME = "prompt_length", "output_length", "queue_time"  # per request
+# Those two histograms' sums and counts, kept as counters: the finished requests' mean prompt and output.
+FINISHED, FINISHED_PROMPT, FINISHED_OUTPUT = "finished_requests", "finished_prompt_tokens", "finished_output_tokens"
 
 MAX_UTILIZATION = 1.2  # MBU and MFU above this are withheld (see the module docstring)
 SLO_QUANTILE = 0.99  # the tail the SLO headroom judges (signals/headroom.py), whatever percentiles are exported
@@ -56,6 +58,7 @@ def history_inputs(
         PREEMPTIONS: series.preemptions_total,
         DRAFT: series.extra.get("spec_decode_num_draft_tokens_total"),
         ACCEPTED: series.extra.get("spec_decode_num_accepted_tokens_total"),
+        DRAFTS: series.extra.get("spec_decode_num_drafts_total"),
         KV_TRANSFER: series.extra.get("prompt_tokens_external_kv_transfer_total"),
         KV_TRANSFER_MS_SUM: series.extra.get("kv_transfer_latency_ms_sum_total"),
         KV_TRANSFER_MS_COUNT: series.extra.get("kv_transfer_latency_ms_count_total"),
@@ -63,6 +66,9 @@ def history_inputs(
         KV_TRANSFER_GBPS_COUNT: series.extra.get("kv_transfer_speed_gb_s_count_total"),
         PREFIX_QUERIES: series.prefix_cache_queries_total,
         PREFIX_HITS: series.prefix_cache_hits_total,
+        FINISHED: _count(series.prompt_length) if _count(series.output_length) is not None else None,
+        FINISHED_PROMPT: _sum(series.prompt_length),
+        FINISHED_OUTPUT: _sum(series.output_length),
     }
     gauges = {RUNNING: series.running, WAITING: series.waiting, KV_USAGE: series.kv_usage_ratio,
               PREFIX_HIT_RATIO: series.prefix_cache_hit_ratio,
@@ -93,6 +99,13 @@ class WindowValues:
     prefill_tokens_per_step: float | None = None
     dram_utilization: float | None = None  # measured on the target's GPUs (GPM), same window
     spec_decode_acceptance: float | None = None  # accepted / proposed draft tokens
+    spec_decode_tokens_per_step: float | None = None  # 1 + accepted / drafts: tokens a sequence gets a verify step
+    spec_decode_draft_length: float | None = None  # draft tokens / drafts: k, the tokens a verify step checks - 1
+    # The requests that finished in the window (vLLM's request_prompt_tokens / request_generation_tokens):
+    # their mean prompt and output tokens, unlike tokens/s over first tokens/s free of re-prefills.
+    finished_requests_per_second: float | None = None
+    finished_mean_prompt_tokens: float | None = None
+    finished_mean_output_tokens: float | None = None
     dropped: tuple[str, ...] = ()  # a reason per value withheld as physically impossible
     # Requests that got their first token per second: the TTFT histogram's observations (one per request).
     requests_per_second: float | None = None
@@ -163,6 +176,9 @@ def derive_window(
             prompt_increase / step_increase if prompt_increase is not None and step_increase else None
         ),
         spec_decode_acceptance=_ratio(increase(first, last, ACCEPTED), increase(first, last, DRAFT)),
+        spec_decode_tokens_per_step=_plus_one(_ratio(increase(first, last, ACCEPTED), increase(first, last, DRAFTS))),
+        spec_decode_draft_length=_ratio(increase(first, last, DRAFT), increase(first, last, DRAFTS)),
+        **_finished(first, last),
         dropped=dropped,
         requests_per_second=_observation_rate(ttft, last.t - first.t),
         slo_tail={name: v for name, v in (("ttft", ttft_tail), ("itl", itl_tail)) if v is not None},
@@ -240,6 +256,29 @@ def _in_range(
 
 def _ratio(part: float | None, whole: float | None) -> float | None:
     return part / whole if part is not None and whole else None
+
+
+def _count(h: Histogram | None) -> float | None:
+    return h.count if h is not None else None
+
+
+def _sum(h: Histogram | None) -> float | None:
+    return h.sum if h is not None else None
+
+
+def _finished(first: Point, last: Point) -> dict[str, float | None]:
+    """The finished requests' rate and mean prompt and output tokens over the window (absent without both
+    per-request histograms, or with no request finished)."""
+    done = increase(first, last, FINISHED)
+    prompt, output = increase(first, last, FINISHED_PROMPT), increase(first, last, FINISHED_OUTPUT)
+    if not done or prompt is None or output is None or last.t <= first.t:
+        return {}
+    return {"finished_requests_per_second": done / (last.t - first.t),
+            "finished_mean_prompt_tokens": prompt / done, "finished_mean_output_tokens": output / done}
+
+
+def _plus_one(x: float | None) -> float | None:
+    return None if x is None else 1.0 + x
 
 
 def derive_target(

@@ -8,9 +8,12 @@ Headroom is 1 at idle and 0 at the wall, so an autoscaler can act on one number:
 - kv: 1 - the window's mean KV occupancy (the capacity the running batch at its mean context does not
   need); 0 whenever the window saw a preemption, which an engine does only when the cache ran out.
 - batch: 1 - mean running / the batch cap.
-- decode_bandwidth: physics.decode_bandwidth_headroom at the window's mean batch and mean live KV per
-  sequence: the share of the decode throughput ceiling at this context that more batch can still buy.
-- prefill_compute: 1 - prefill MFU / the MFU a real prefill reaches (SignalSettings.prefill_mfu).
+- decode_bandwidth: 1 - the window's decode load: its decode tokens/s / what the target decodes at its first
+  wall (the batch N = min(batch cap, KV wall) stepping at decode_mbu), so 1 idle and 0 once the batch
+  reaches the wall; in an engine that does both phases, plus the prefill load (decode waits while prompts
+  run on the same GPU).
+- prefill_compute: 1 - prefill MFU / the MFU a real prefill reaches (SignalSettings.prefill_mfu); in an
+  engine that does both phases, minus the decode load too (the GPU's seconds are one pool).
 - ttft_slo, itl_slo: 1 - the window's p99 / the SLO threshold, where a threshold is set.
 Saturation = 1 - the smallest headroom among the resources of the target's role (ROLE_RESOURCES): 1 at
 the first wall; `binding` names that resource.
@@ -102,8 +105,10 @@ class WindowSignals:
     saturation: float | None = None  # 1 - the role's smallest headroom
     binding: str | None = None  # the resource of that smallest headroom
     capacity: Capacity | None = None
-    cost_per_million_tokens: Mapping[str, float] = field(default_factory=dict)  # by phase
-    tokens_per_joule: Mapping[str, float] = field(default_factory=dict)  # by phase
+    gpu_time_share: Mapping[str, float] = field(default_factory=dict)  # by phase, adds up to 1
+    cost_per_million_tokens: Mapping[str, float] = field(default_factory=dict)  # by phase, its share of the bill
+    blended_cost_per_million_tokens: float | None = None  # all tokens, prompt and output
+    tokens_per_joule: Mapping[str, float] = field(default_factory=dict)  # by phase, its share of the joules
 
 
 def kv_headroom(mean_kv_usage: float | None, preemptions_per_second: float | None) -> float | None:
@@ -122,23 +127,48 @@ def batch_headroom(mean_running: float | None, batch_max: float | None) -> float
     return physics.clamp_unit(1.0 - mean_running / batch_max)
 
 
-def decode_bandwidth_headroom(w: WindowValues, constants: TargetConstants | None) -> float | None:
-    """physics.decode_bandwidth_headroom at the window's mean batch and mean live KV bytes per sequence.
-    None where the engine reports no KV occupancy (TGI, llama.cpp): the caches' share is not guessed."""
-    peaks = _peaks(constants)
-    batch = w.mean_running
-    if peaks is None or batch is None or (batch > 0 and w.mean_live_kv_bytes is None):
+def decode_load(w: WindowValues, constants: TargetConstants | None, batch_max: float | None,
+                kv_capacity_tokens: float | None, settings: SignalSettings) -> float | None:
+    """The window's decode tokens/s / what the target decodes at its first wall (N / step(N), the batch N =
+    min(batch cap, KV wall) as capacity finds it): the share of the GPU's seconds this decode work takes when
+    the batch is as full as it gets. 0 without decode work; None where the wall is unknown (no model, no GPU
+    constants, neither a cache size nor a batch cap)."""
+    tokens = w.tokens_per_second.get("decode")
+    if tokens is None:
         return None
-    model, (flops, bandwidth) = constants.model, peaks  # type: ignore[union-attr]
-    kv_seq = w.mean_live_kv_bytes / batch if batch > 0 else 0.0  # type: ignore[operator]
-    return physics.decode_bandwidth_headroom(batch, model.weight_bytes_streamed(max(batch, 1.0)), kv_seq,
-                                             model.params_active, flops, bandwidth)
+    if tokens <= 0:
+        return 0.0
+    prompt, output = request_mix(w) or (0.0, 0.0)
+    wall_step = _decode_at_wall(w, constants, batch_max, kv_capacity_tokens, prompt, output, settings)
+    if wall_step is None:
+        return None
+    batch, _, step = wall_step
+    return tokens * step / batch
 
 
-def prefill_compute_headroom(w: WindowValues, prefill_mfu: float) -> float | None:
-    """1 - prefill MFU / the MFU a real prefill reaches."""
+def prefill_load(w: WindowValues, prefill_mfu: float) -> float | None:
+    """Prefill MFU / the MFU a real prefill reaches: the share of the GPU's seconds the window's prompts take."""
     mfu = w.mfu.get("prefill")
-    return None if mfu is None else physics.clamp_unit(1.0 - mfu / prefill_mfu)
+    return None if mfu is None else mfu / prefill_mfu
+
+
+def decode_bandwidth_headroom(w: WindowValues, decode: float | None, settings: SignalSettings) -> float | None:
+    """1 - the decode load, plus the prefill load where one engine does both phases: 1 idle, 0 once the batch
+    reaches its first wall (decode at the wall's batch fills every second of the GPU). `decode`: decode_load."""
+    if decode is None:
+        return None
+    prefill = prefill_load(w, settings.prefill_mfu) if settings.role == "both" else None
+    return physics.clamp_unit(1.0 - decode - (prefill or 0.0))
+
+
+def prefill_compute_headroom(w: WindowValues, decode: float | None, settings: SignalSettings) -> float | None:
+    """1 - prefill MFU / the MFU a real prefill reaches, minus the decode load where one engine does both
+    phases (the decode steps take the same GPU's seconds). Held to 0..1: an MFU past the setting is a wall
+    already passed, not a negative headroom. `decode`: decode_load."""
+    prefill = prefill_load(w, settings.prefill_mfu)
+    if prefill is None:
+        return None
+    return physics.clamp_unit(1.0 - prefill - ((decode or 0.0) if settings.role == "both" else 0.0))
 
 
 def slo_headrooms(w: WindowValues, settings: SignalSettings) -> dict[str, float]:
@@ -151,13 +181,14 @@ def slo_headrooms(w: WindowValues, settings: SignalSettings) -> dict[str, float]
 
 
 def headrooms(w: WindowValues, constants: TargetConstants | None, batch_max: float | None,
-              settings: SignalSettings) -> dict[str, float]:
+              settings: SignalSettings, kv_capacity_tokens: float | None = None) -> dict[str, float]:
     """Every resource's headroom this window can tell, in RESOURCES order."""
+    decode = decode_load(w, constants, batch_max, kv_capacity_tokens, settings) if settings.role != "prefill" else None
     found = {
         KV: kv_headroom(w.mean_kv_usage, w.preemptions_per_second),
         BATCH: batch_headroom(w.mean_running, batch_max),
-        DECODE_BANDWIDTH: decode_bandwidth_headroom(w, constants),
-        PREFILL_COMPUTE: prefill_compute_headroom(w, settings.prefill_mfu),
+        DECODE_BANDWIDTH: decode_bandwidth_headroom(w, decode, settings),
+        PREFILL_COMPUTE: prefill_compute_headroom(w, decode, settings),
         **slo_headrooms(w, settings),
     }
     return {r: found[r] for r in RESOURCES if found.get(r) is not None}  # type: ignore[misc]
@@ -177,19 +208,20 @@ def capacity(w: WindowValues, constants: TargetConstants | None, batch_max: floa
              kv_capacity_tokens: float | None, settings: SignalSettings) -> Capacity | None:
     """The request rate and decode tokens/s the roofline sustains at the window's mix, before the first wall.
 
-    Mix: mean prompt P = prefill tokens/s / requests/s, mean output O = decode tokens/s / requests/s.
+    Mix (request_mix): mean prompt P = prefill tokens/s / requests/s, mean output O = decode tokens/s /
+    requests/s; in a window that preempted, the finished requests' means.
     First wall: the batch N = min(batch cap, sequences the KV cache holds); the cache holds mean running /
     mean occupancy sequences of the current context (capacity / (P + O/2) while nothing runs). Decode steps
     at N take physics.decode_step_seconds_roofline at decode_mbu x the bandwidth peak and prefill_mfu x the
-    compute peak; each request costs O x step / N + P x 2P_active / (peak x prefill_mfu) engine seconds.
+    compute peak, over the tokens a speculative verify step yields (1 without speculative decoding); each
+    request costs O x step / N + P x 2P_active / (peak x prefill_mfu) engine seconds.
     """
     peaks = _peaks(constants)
-    rate = w.requests_per_second
-    if peaks is None or not rate:
+    mix = request_mix(w)
+    if peaks is None or mix is None:
         return None
-    prompt = w.tokens_per_second.get("prefill", 0.0) / rate
-    output = w.tokens_per_second.get("decode", 0.0) / rate
-    model, (flops, bandwidth) = constants.model, peaks  # type: ignore[union-attr]
+    prompt, output = mix
+    model, flops = constants.model, peaks[0]  # type: ignore[union-attr]
     per_token = physics.prefill_seconds_per_token(model.params_active, flops, settings.prefill_mfu)
     prefill_alone = 1.0 / per_token
     if settings.role == "prefill":
@@ -197,19 +229,61 @@ def capacity(w: WindowValues, constants: TargetConstants | None, batch_max: floa
             return None
         sustained = physics.sustainable_request_rate(prompt, output, 1.0, 0.0, per_token, decode=False)
         return Capacity(sustained, sustained * output, {"prefill": prefill_alone}, 1.0, PREFILL_COMPUTE)
-    batch, wall, kv_seq_tokens = _first_wall(w, batch_max, kv_capacity_tokens, prompt, output)
-    if batch is None or batch <= 0 or output <= 0:
+    wall_step = _decode_at_wall(w, constants, batch_max, kv_capacity_tokens, prompt, output, settings)
+    if wall_step is None or output <= 0:
         return None
-    kv_seq = kv_seq_tokens * _kv_bytes_per_token(constants)  # type: ignore[arg-type]
-    step = physics.decode_step_seconds_roofline(batch, model.weight_bytes_streamed(batch), kv_seq,
-                                                model.params_active, flops * settings.prefill_mfu,
-                                                bandwidth * settings.decode_mbu)
+    batch, wall, step = wall_step
     phases = {"decode": batch / step}
     if settings.role == "both":
         phases = {"prefill": prefill_alone, **phases}
     sustained = physics.sustainable_request_rate(prompt, output, batch, step, per_token,
                                                  prefill=settings.role == "both")
     return Capacity(sustained, sustained * output, phases, batch, wall)
+
+
+def request_mix(w: WindowValues) -> tuple[float, float] | None:
+    """(mean prompt, mean output) tokens per request: prefill and decode tokens/s over requests/s (first
+    tokens), or, in a window that preempted, the finished requests' means where the engine exports them: a
+    recomputed prompt counts as prefill work again, and over a window shorter than a request's life first
+    tokens lag the tokens decoded, so the token mix there reads prompts and outputs several times too long."""
+    if w.preemptions_per_second and w.finished_mean_prompt_tokens is not None \
+            and w.finished_mean_output_tokens is not None:
+        return w.finished_mean_prompt_tokens, w.finished_mean_output_tokens
+    rate = w.requests_per_second
+    if not rate:
+        return None
+    return w.tokens_per_second.get("prefill", 0.0) / rate, w.tokens_per_second.get("decode", 0.0) / rate
+
+
+def _decode_at_wall(w: WindowValues, constants: TargetConstants | None, batch_max: float | None,
+                    kv_capacity_tokens: float | None, prompt: float, output: float,
+                    settings: SignalSettings) -> tuple[float, str, float] | None:
+    """(the batch at the first wall, which wall, the seconds a sequence waits per decoded token there); None
+    without peaks or a batch bound. The step is the roofline at decode_mbu x the bandwidth peak and
+    prefill_mfu x the compute peak; under speculative decoding it verifies 1 + k tokens a sequence and yields
+    spec_decode_tokens_per_step of them (vLLM's 1 + accepted / drafts), so a token costs step / that."""
+    peaks = _peaks(constants)
+    if peaks is None:
+        return None
+    batch, wall, kv_seq_tokens = _first_wall(w, batch_max, kv_capacity_tokens, prompt, output)
+    if batch is None or batch <= 0:
+        return None
+    kv_seq = kv_seq_tokens * _kv_bytes_per_token(constants)  # type: ignore[arg-type]
+    step = _seconds_per_decoded_token(w, constants, peaks, batch, kv_seq, settings)  # type: ignore[arg-type]
+    return (batch, wall, step) if 0.0 < step < math.inf else None
+
+
+def _seconds_per_decoded_token(w: WindowValues, constants: TargetConstants, peaks: tuple[float, float],
+                               batch: float, kv_seq: float, settings: SignalSettings) -> float:
+    """The roofline decode step at `batch` (decode_mbu x the bandwidth peak, prefill_mfu x the compute peak)
+    over the tokens it yields each sequence: 1, or under speculative decoding spec_decode_tokens_per_step
+    (1 + accepted / drafts) from a step that verifies 1 + k tokens a sequence (k = draft tokens / drafts)."""
+    model, (flops, bandwidth) = constants.model, peaks
+    verified, yielded = 1.0 + (w.spec_decode_draft_length or 0.0), w.spec_decode_tokens_per_step or 1.0
+    step = physics.decode_step_seconds_roofline(batch, model.weight_bytes_streamed(batch * verified), kv_seq,  # type: ignore[union-attr]
+                                                model.params_active * verified, flops * settings.prefill_mfu,  # type: ignore[union-attr]
+                                                bandwidth * settings.decode_mbu)
+    return step / max(yielded, 1.0)
 
 
 def _first_wall(w: WindowValues, batch_max: float | None, kv_capacity_tokens: float | None, prompt: float,
@@ -228,33 +302,85 @@ def _first_wall(w: WindowValues, batch_max: float | None, kv_capacity_tokens: fl
     return kv_batch, KV, seq_tokens
 
 
-def cost_per_million_tokens(w: WindowValues, tp: int, gpu_hour_cost: float | None) -> dict[str, float]:
-    """Per phase: $/h per GPU x GPUs (TP) / (that phase's tokens/s x 3600 / 1e6); the whole GPU-hour is
-    charged to each phase's tokens, so each reads as that phase's price at the current mix."""
+def gpu_seconds_by_phase(w: WindowValues, constants: TargetConstants | None,
+                         settings: SignalSettings) -> dict[str, float]:
+    """Per phase with work in the window, the GPU seconds per second that work takes on the roofline at the
+    efficiencies capacity uses: prefill = prefill MFU / prefill_mfu (tokens/s x 2P / (peak x prefill_mfu));
+    decode = decode tokens/s x step(B) / B at the window's mean batch B and mean live KV per sequence (the
+    weights alone where the engine does not say its KV occupancy; step over the tokens a speculative verify
+    step yields). Empty without a model and GPU constants."""
+    peaks = _peaks(constants)
+    if peaks is None:
+        return {}
+    model, flops = constants.model, peaks[0]  # type: ignore[union-attr]
+    out = {}
+    prefill_tokens = w.tokens_per_second.get("prefill", 0.0)
+    if prefill_tokens > 0:
+        out["prefill"] = prefill_tokens * physics.prefill_seconds_per_token(model.params_active, flops,
+                                                                           settings.prefill_mfu)
+    decode_tokens = w.tokens_per_second.get("decode", 0.0)
+    if decode_tokens > 0:
+        batch = max(w.mean_running or 0.0, 1.0)
+        kv_seq = (w.mean_live_kv_bytes or 0.0) / batch
+        step = _seconds_per_decoded_token(w, constants, peaks, batch, kv_seq, settings)  # type: ignore[arg-type]
+        out["decode"] = decode_tokens * step / batch
+    return {phase: s for phase, s in out.items() if 0.0 < s < math.inf}
+
+
+def gpu_time_share(w: WindowValues, constants: TargetConstants | None, settings: SignalSettings) -> dict[str, float]:
+    """Each phase's share of the GPU time the window's work took (docs/physics.md, section Cost and energy per
+    phase): 1 for a phase that ran alone; the roofline times' ratio where both ran (no engine the agent reads
+    exports its busy time per phase); empty where both ran and the times are not known."""
+    working = sorted(phase for phase, tps in w.tokens_per_second.items() if tps > 0)
+    if len(working) == 1:
+        return {working[0]: 1.0}
+    seconds = gpu_seconds_by_phase(w, constants, settings)
+    if not working or set(seconds) != set(working):
+        return {}
+    total = sum(seconds.values())
+    return {phase: seconds[phase] / total for phase in working}
+
+
+def cost_per_million_tokens(w: WindowValues, tp: int, gpu_hour_cost: float | None,
+                            share: Mapping[str, float]) -> dict[str, float]:
+    """Per phase: $/h per GPU x GPUs (TP) x the phase's share of GPU time / (its tokens/s x 3600 / 1e6); the
+    phases' bills add up to the GPU-hour."""
     if gpu_hour_cost is None:
         return {}
-    return {phase: physics.cost_per_million_tokens_on(gpu_hour_cost, tp, tps)
-            for phase, tps in sorted(w.tokens_per_second.items()) if tps > 0}
+    return {phase: physics.cost_per_million_tokens_on(gpu_hour_cost * share[phase], tp, tps)
+            for phase, tps in sorted(w.tokens_per_second.items()) if tps > 0 and share.get(phase)}
 
 
-def tokens_per_joule(w: WindowValues) -> dict[str, float]:
-    """Per phase: the phase's tokens/s / the target's GPUs' mean power (joules per second) over the window."""
+def blended_cost_per_million_tokens(w: WindowValues, tp: int, gpu_hour_cost: float | None) -> float | None:
+    """$/h per GPU x GPUs (TP) / (all tokens/s, prompt and output, x 3600 / 1e6): what a million tokens of the
+    current mix cost."""
+    tokens = sum(tps for tps in w.tokens_per_second.values() if tps > 0)
+    if gpu_hour_cost is None or tokens <= 0:
+        return None
+    return physics.cost_per_million_tokens_on(gpu_hour_cost, tp, tokens)
+
+
+def tokens_per_joule(w: WindowValues, share: Mapping[str, float]) -> dict[str, float]:
+    """Per phase: the phase's tokens/s / (the target's GPUs' mean power x the phase's share of GPU time)."""
     if not w.energy_watts or w.energy_watts <= 0:
         return {}
-    return {phase: physics.tokens_per_joule(tps, w.energy_watts)
-            for phase, tps in sorted(w.tokens_per_second.items()) if tps > 0}
+    return {phase: physics.tokens_per_joule(tps, w.energy_watts * share[phase])
+            for phase, tps in sorted(w.tokens_per_second.items()) if tps > 0 and share.get(phase)}
 
 
 def window_signals(w: WindowValues, constants: TargetConstants | None, batch_max: float | None,
                    kv_capacity_tokens: float | None, settings: SignalSettings) -> WindowSignals:
-    room = headrooms(w, constants, batch_max, settings)
+    cap = capacity(w, constants, batch_max, kv_capacity_tokens, settings)
+    room = headrooms(w, constants, batch_max, settings, kv_capacity_tokens)
     sat, binding = saturation(room, settings.role)
     tp = constants.tensor_parallel_size if constants is not None else 1
+    share = gpu_time_share(w, constants, settings)
     return WindowSignals(
-        window=w.window, role=settings.role, headroom=room, saturation=sat, binding=binding,
-        capacity=capacity(w, constants, batch_max, kv_capacity_tokens, settings),
-        cost_per_million_tokens=cost_per_million_tokens(w, tp, settings.gpu_hour_cost),
-        tokens_per_joule=tokens_per_joule(w),
+        window=w.window, role=settings.role, headroom=room, saturation=sat, binding=binding, capacity=cap,
+        gpu_time_share=share,
+        cost_per_million_tokens=cost_per_million_tokens(w, tp, settings.gpu_hour_cost, share),
+        blended_cost_per_million_tokens=blended_cost_per_million_tokens(w, tp, settings.gpu_hour_cost),
+        tokens_per_joule=tokens_per_joule(w, share),
     )
 
 

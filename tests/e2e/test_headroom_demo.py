@@ -3,6 +3,7 @@ about to 0 and leaves the others standing, and the predicted capacity matches wh
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import AsyncIterator
 
 import pytest
@@ -62,7 +63,8 @@ async def test_kv_wall_drives_kv_headroom_to_zero(demo) -> None:
     assert view.windows[0].preemptions_per_second > 0
     assert s.headroom["kv"] == 0.0
     assert (s.saturation, s.binding) == (1.0, "kv")
-    assert s.headroom["decode_bandwidth"] < 0.5  # a pinned cache makes the caches most of every step
+    # at the KV wall the batch is as full as it gets: decode (with the re-prefills) fills the GPU's seconds
+    assert s.headroom["decode_bandwidth"] < 0.1 and s.headroom["prefill_compute"] < 0.1
     text = generate_latest(registry_for(lambda: agent.snapshot)).decode()
     assert f'{n.HEADROOM}{{engine="vllm",model="llama-3-8b",rank="0",resource="kv",target="{target.name}",window="10s"}} 0.0' in text
     assert f'{n.SATURATION_BINDING}{{engine="vllm",model="llama-3-8b",rank="0",resource="kv",role="both",target="{target.name}",window="10s"}} 1.0' in text
@@ -102,3 +104,28 @@ async def test_predicted_capacity_is_what_the_saturated_engine_does(demo) -> Non
     # the exported default (a healthy 70% MBU) is the conservative side of it
     default = view.signals[-1].capacity
     assert default is not None and default.requests_per_second < s.capacity.requests_per_second
+
+
+
+async def test_capacity_at_the_kv_wall_reads_the_fresh_request_mix(demo) -> None:
+    # kv-wall: prompts of mean 1,500 and outputs of mean 3,500 at 6 req/s pin the cache; sequences are
+    # preempted and re-prefilled. Over the 1 m window after 120 s, prefill tokens / first tokens read ~13,500
+    # prompt and ~7,100 output tokens a request (re-prefills counted again, and first tokens lag the long
+    # requests still decoding), so the capacity at that mix read 0.45 req/s while the engine finished ~1.36.
+    # At the finished requests' means the capacity, at the demo's own efficiencies, is within 25% of the
+    # rate the engine finishes requests at (it is run flat out at its KV wall, re-prefills and all).
+    target, _ = await demo("kv-wall", 120.0)
+    view = target.series[0]
+    w = view.windows[-1]  # 1m
+    assert w.preemptions_per_second > 0 and w.finished_requests_per_second
+    assert w.finished_mean_prompt_tokens == pytest.approx(1500, rel=0.25)
+    assert w.finished_mean_output_tokens == pytest.approx(3500, rel=0.25)
+    demo_efficiency = SignalSettings(decode_mbu=0.8, prefill_mfu=0.5)
+    fresh = series_signals([w], target.constants, view.batch_max, view.series.kv_capacity_tokens, demo_efficiency)[0]
+    assert fresh.capacity is not None
+    assert fresh.capacity.requests_per_second == pytest.approx(w.finished_requests_per_second, rel=0.25)
+    # the token mix the capacity read before: far below what the engine does
+    token_mix = replace(w, finished_mean_prompt_tokens=None, finished_mean_output_tokens=None)
+    old = series_signals([token_mix], target.constants, view.batch_max, view.series.kv_capacity_tokens,
+                         demo_efficiency)[0]
+    assert old.capacity is not None and old.capacity.requests_per_second < w.finished_requests_per_second / 2

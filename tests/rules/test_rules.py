@@ -377,8 +377,10 @@ def test_every_per_target_clause_keeps_the_topology_labels(config: cfg.RulesConf
                 checked += 1
                 if name.startswith(FLEET):
                     # Fleet level on purpose: by model (and phase, or role), nothing else; below its
-                    # aggregation a fleet rule may join per rank (the priced ranks' tokens), on every label.
-                    per_rank_join = kw == "on" and names_ == (*kept, "target", "engine", "model", "rank")
+                    # aggregation a fleet rule may join per rank (the priced ranks' tokens), or per rank and
+                    # phase (each rank's share of GPU time by phase), on every label.
+                    rank = (*kept, "target", "engine", "model", "rank")
+                    per_rank_join = kw == "on" and names_ in (rank, (*rank, "phase"))
                     fleet_levels = [(*config.service_labels, *level) for level in FLEET_LEVELS]
                     assert per_rank_join or names_ in fleet_levels, (name, kw, names_)
                 elif "-slo." in group["name"]:

@@ -119,8 +119,12 @@ async def test_golden_vllm_capacity_signals(fake_engine: FakeEngine) -> None:
         target = replace(target, series=series, signal_settings=settings)
         (window,) = [s for s in target.series[0].signals if s.window == "10s"]
         decode = target.series[0].windows[0].tokens_per_second["decode"]
-        assert window.cost_per_million_tokens["decode"] == 2.5 * 2 / (decode * 3600 / 1e6)  # 2 GPUs (TP)
-        assert window.tokens_per_joule["decode"] == decode / 550.0
+        share = window.gpu_time_share["decode"]  # the decode phase's share of the GPU time
+        assert 0 < share < 1 and sum(window.gpu_time_share.values()) == pytest.approx(1.0)
+        assert window.cost_per_million_tokens["decode"] == pytest.approx(2.5 * 2 * share / (decode * 3600 / 1e6))  # TP 2
+        prefill = target.series[0].windows[0].tokens_per_second["prefill"]
+        assert window.blended_cost_per_million_tokens == pytest.approx(2.5 * 2 / ((decode + prefill) * 3600 / 1e6))
+        assert window.tokens_per_joule["decode"] == pytest.approx(decode / (550.0 * share))
         assert window.role == "decode" and "ttft_slo" in window.headroom and "itl_slo" in window.headroom
         snapshot = replace(agent.snapshot, targets=(target,))
         text = generate_latest(registry_for(lambda: snapshot)).decode().replace(target.name, "ENGINE")

@@ -12,6 +12,7 @@ import pytest
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.gpus import get_profile
 from rooflight.agent.roofline.models import load_config_json, preset
+from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.plan import (
     LIVE_NAMES, build_plan, build_pool_plan, fetch_live, format_plan, live_series, physics_capacities, plan_to_dict,
     register, sig, window_seconds,
@@ -199,12 +200,15 @@ def test_disaggregated_pools_for_100_requests_per_second(capsys: pytest.CaptureF
     # 100 req/s of 2,000 prompt + 250 output tokens, ~10,000 prefill and ~2,500 decode tok/s per group
     d = run_json(capsys, "--rate", "100", "--prompt", "2000", "--output", "250",
                  "--prefill-capacity", "10000", "--decode-capacity", "2500")["pools"]
-    assert (d["prefill_groups"], d["decode_groups"]) == (20, 10)
-    assert d["shared_groups"] == 30 and d["share"] is False  # 0.2 s per prompt is past a 50 ms ITL budget
+    # the design documents' 20 prefill groups are the pool at 100% busy; at a 0.5 s p99 TTFT it takes 23
+    # (test_prefill_pool_is_sized_for_the_p99_ttft)
+    assert (d["prefill_groups_at_full_load"], d["prefill_groups"], d["decode_groups"]) == (20, 23, 10)
+    assert d["shared_groups_at_full_load"] == 30 and d["share"] is False  # 0.2 s per prompt: past a 50 ms ITL
     out = run(capsys, "--rate", "100", "--prompt", "2000", "--output", "250", "--prefill-capacity", "10000",
               "--decode-capacity", "2500")
-    assert "prefill pool            20 groups" in out and "decode pool             10 groups" in out
-    assert "Verdict: split: 20 prefill + 10 decode groups" in out
+    assert "prefill pool            23 groups at 87% busy" in out and "= 20 at 100%" in out
+    assert "decode pool             10 groups" in out
+    assert "Verdict: split: 23 prefill + 10 decode groups" in out
 
 
 @pytest.mark.parametrize(("rate", "prompt", "why"), [
@@ -228,7 +232,12 @@ def test_pool_capacities_from_the_physics(capsys: pytest.CaptureFixture[str]) ->
     assert decode == pytest.approx(215 / step) and round(decode, -1) == 6_640
     assert kv == 2000 * 131_072
     d = run_json(capsys, "--rate", "100", "--prompt", "2000", "--output", "250")["pools"]
-    assert (d["prefill_groups"], d["decode_groups"], d["capacity_source"]) == (7, 4, "physics")
+    # 7 prefill GPUs at 100% busy (the design documents' figure); at the 0.5 s p99 TTFT 8: a prompt takes
+    # 2,000 / 30,906 = 64.7 ms, a = 100 x 0.0647 = 6.47; M/M/c at c = 7: C = 0.784 x exp(-(7 / 0.0647 - 100)
+    # x 0.435) = 0.022 > 1%; c = 8: 0.477 x exp(-23.6 x 0.435)... = 1.6e-5. Decode: step(215) = 32.4 ms meets
+    # the 50 ms ITL, so the KV wall's batch stays and 4 GPUs carry 25,000 tok/s.
+    assert (d["prefill_groups_at_full_load"], d["prefill_groups"]) == (7, 8)
+    assert (d["decode_groups"], d["decode_batch"], d["capacity_source"]) == (4, 215, "physics")
 
 
 def test_pool_flags_must_make_sense(capsys: pytest.CaptureFixture[str]) -> None:
@@ -390,3 +399,75 @@ def test_a_model_config_that_never_ends_is_refused(tmp_path: Path, monkeypatch: 
     (tmp_path / "small" / "config.json").write_text(json.dumps({"model_type": "llama", "x": "y" * 1200}))
     with pytest.raises(ConfigError, match="larger than"):
         load_config_json(tmp_path / "small")  # a directory: its config.json, capped the same
+
+
+# --- pools sized at the SLO, the verdict on the physics, TP communication (issue 26 items 12-14) ---
+
+def test_prefill_pool_is_sized_for_the_p99_ttft() -> None:
+    # 100 req/s of 2,000-token prompts at 10,000 prefill tok/s per group: each prompt holds a group S = 0.2 s,
+    # offered load a = 100 x 0.2 = 20 groups. ceil(a) = 20 groups run 100% busy and the queue never drains.
+    # M/M/c: P(wait > t) = C(c, a) x exp(-(c / S - rate) x t), t = 0.5 - 0.2 = 0.3 s of the p99 TTFT budget:
+    #   c = 22: C = 0.568, x exp(-(110 - 100) x 0.3) = x 0.0498 -> 0.028 > 1%
+    #   c = 23: C = 0.416, x exp(-(115 - 100) x 0.3) = x 0.0111 -> 0.0046 <= 1%: 23 groups, 20 / 23 = 87% busy
+    assert round(physics.erlang_c(22, 20.0), 3) == 0.568 and round(physics.erlang_c(23, 20.0), 3) == 0.416
+    p = build_pool_plan(100, 2000, 250, 10_000, 2_500, ttft_slo=0.5)
+    assert (p.prefill_groups, p.prefill_groups_at_full_load) == (23, 20)
+    assert p.prefill_utilization == pytest.approx(20 / 23)
+    # a looser target needs fewer, never fewer than the load; one prompt past the target: no pool meets it
+    assert 20 < build_pool_plan(100, 2000, 250, 10_000, 2_500, ttft_slo=2.0).prefill_groups < 23
+    with pytest.raises(ConfigError, match="TTFT target"):
+        build_pool_plan(100, 2000, 250, 10_000, 2_500, ttft_slo=0.2)
+
+
+def test_decode_is_sized_at_the_batch_whose_itl_meets_the_target(capsys: pytest.CaptureFixture[str]) -> None:
+    # ref-8b on one H100 at 2,000 + 250 tokens: each sequence holds 2,125 x 131,072 = 278.5 MB; the KV wall is
+    # 215 sequences, step(215) = 32.4 ms. At a 20 ms ITL the batch is the largest B with
+    # (16e9 + B x 278.5e6) / (3.35e12 x 0.7) <= 20 ms: B <= (46.9e9 - 16e9) / 278.5e6 = 110.9, so 110, step
+    # 19.9 ms, 110 / 19.9 ms = 5,531 tok/s a GPU; 25,000 tok/s need 4.52 -> 5 GPUs, not the KV wall's 4.
+    kw = dict(tp=1, prompt_tokens=2000, output_tokens=250, batch_max=256, prefill_mfu=0.5, decode_mbu=0.7,
+              reserved_bytes_per_gpu=4e9)
+    _, decode, batch, _ = physics_capacities(preset("ref-8b"), H100, itl_slo=0.02, **kw)
+    assert batch == 110 and round(decode) == 5531
+    assert physics_capacities(preset("ref-8b"), H100, itl_slo=None, **kw)[2] == 215  # the KV wall, as before
+    d = run_json(capsys, "--rate", "100", "--prompt", "2000", "--output", "250", "--itl-slo", "0.02")["pools"]
+    assert (d["decode_groups"], d["decode_batch"]) == (5, 110)
+    with pytest.raises(ConfigError, match="ITL target"):  # even one sequence's step is 6.8 ms
+        physics_capacities(preset("ref-8b"), H100, itl_slo=0.005, **kw)
+
+
+def test_the_share_or_split_verdict_does_not_flip_on_rounding(capsys: pytest.CaptureFixture[str]) -> None:
+    # Llama-3-70B on TP4 H100s at 2,000 + 250 tokens: one prompt's prefill holds a group 161 ms, past the
+    # 50 ms ITL a shared pool's decodes would wait, and each pool carries many groups' work: split at every
+    # rate. The old rule (share whenever ceil(a + b) < ceil(a) + ceil(b)) flipped between 1,000 and 1,050 req/s.
+    verdicts = set()
+    for rate in range(1000, 1051):
+        d = run_json(capsys, "--model", "llama-3-70b", "--tp", "4", "--rate", str(rate), "--prompt", "2000",
+                     "--output", "250")["pools"]
+        verdicts.add(d["share"])
+        assert d["prefill_seconds_per_prompt"] > d["itl_slo"]
+    assert verdicts == {False}
+    # still share where the physics says so: a tiny fleet (0.2 + 0.1 groups' work), short prompts (20 ms)
+    assert build_pool_plan(1, 2000, 250, 10_000, 2_500).share is True
+    assert build_pool_plan(1000, 200, 250, 10_000, 2_500).share is True
+
+
+def test_tp_all_reduces_in_the_ceilings_and_the_pools() -> None:
+    # 70B at TP4 on NVLink: 2 all-reduces x 80 layers, each 5 us + 2 x 3/4 x payload / 450 GB/s.
+    # Batch 128: payload 128 x 8,192 x 2 B = 2.10 MB -> 6.99 us, so 160 x 11.99 us = 1.92 ms a step.
+    # A 2,048-token prompt: 33.6 MB -> 111.8 us, so 160 x 116.8 us = 18.7 ms on top of its 146 ms.
+    m = preset("llama-3-70b")
+    plan = build_plan(m, H100, tp=4, context_tokens=8000, batch=128, prompt_tokens=2048)
+    assert round(plan.tp_allreduce_seconds_at_batch * 1e3, 2) == 1.92
+    assert plan.decode_step_seconds_at_batch_with_tp == pytest.approx(plan.decode_step_seconds_at_batch + 1.918e-3,
+                                                                       rel=1e-3)
+    assert round(plan.prefill_tp_allreduce_seconds * 1e3, 1) == 18.7
+    assert plan.decode_step_seconds_at_batch == pytest.approx(35.6e-3, rel=2e-3)  # the design example, unchanged
+    one = build_plan(preset("ref-8b"), H100, tp=1, context_tokens=8000, batch=128, prompt_tokens=2048)
+    assert one.tp_allreduce_seconds_at_batch == 0 and one.prefill_tp_allreduce_seconds == 0
+    # the pool's prefill capacity pays them: 2,000 tokens in 2,000 x 2 x 70.55e9 / (4 x 989e12 x 0.5) = 142.7 ms
+    # + 160 x (5 us + 1.5 x 32.8 MB / 450 GB/s = 109.2 us) = 18.3 ms: 2,000 / 161.0 ms = 12,400 tok/s, not 14,000
+    prefill, *_ = physics_capacities(m, H100, tp=4, prompt_tokens=2000, output_tokens=250, batch_max=256,
+                                     prefill_mfu=0.5, decode_mbu=0.7, reserved_bytes_per_gpu=4e9)
+    compute = 2000 * 2 * m.params_active / (4 * 989e12 * 0.5)
+    assert prefill == pytest.approx(2000 / (compute + 160 * (5e-6 + 1.5 * 2000 * 8192 * 2 / 450e9)))
+    assert round(prefill, -2) == 12_400

@@ -106,7 +106,7 @@ async def test_a_derivation_that_raises_is_counted_and_the_series_stay(
     def broken(*args: object) -> float:
         raise ZeroDivisionError("float division by zero")
 
-    monkeypatch.setattr(physics, "decode_bandwidth_headroom", broken)
+    monkeypatch.setattr(physics, "decode_step_seconds_roofline", broken)
     for k in range(1, 16):
         m = await rig.sample(_page(k, cache_config='block_size="16",num_gpu_blocks="1000"'))
     assert _has(m, "rooflight_requests_running")

@@ -88,7 +88,8 @@ def test_batch_prefill_and_slo_headroom() -> None:
     assert hr.batch_headroom(64, 256) == 0.75
     assert hr.batch_headroom(64, None) is None
     w = _window(mfu={"prefill": 6000 * 2 * P / F}, slo_tail={"ttft": 1.5, "itl": 0.06})
-    assert round(hr.prefill_compute_headroom(w, 0.5), 2) == 0.81  # 6,000 prompt tok/s: MFU 0.097 of 0.5
+    prefill = hr.SignalSettings(role="prefill")  # a prefill pool: no decode time on its GPUs
+    assert round(hr.prefill_compute_headroom(w, None, prefill), 2) == 0.81  # 6,000 prompt tok/s: MFU 0.097 of 0.5
     assert hr.slo_headrooms(w, hr.SignalSettings(ttft_slo=2.0, itl_slo=0.05)) == {"ttft_slo": 0.25, "itl_slo": 0.0}
     assert hr.slo_headrooms(w, hr.SignalSettings()) == {}  # no SLO configured, no SLO headroom
 
@@ -207,19 +208,19 @@ def _vllm_page(*, running: float, kv: float, prompt: float, generation: float, s
 
 
 async def _scripted(engine: FakeEngine, preemptions: float = 0.0, transferred: float = 0.0,
-                    **flags: object) -> TargetView:
+                    spec: tuple[str, str] = ("", ""), **flags: object) -> TargetView:
     """Two samples 10 s apart: 20 running at 4% occupancy, 10 req/s of 600 prompt + 250 output tokens."""
     clock = FakeClock()
     settings = {"engine_url": [engine.url], "nvml": False, "process": False, "interval": "1s", "windows": "10s",
                 "model": "ref-8b", "gpu": "h100-sxm", "batch_max": 256, **flags}
     async with started_agent(build({}, {}, settings), loops=False, clock=clock) as agent:
         engine.body = _vllm_page(running=20, kv=0.04, prompt=0, generation=0, steps=0, preemptions=0,
-                                 ttft_in_1s=0, itl_in_25ms=0)
+                                 ttft_in_1s=0, itl_in_25ms=0) + spec[0]
         await agent.sample_engines_once()
         clock.advance(10.0)
         engine.body = _vllm_page(running=20, kv=0.04, prompt=60_000, generation=25_000, steps=400,
                                  preemptions=preemptions, ttft_in_1s=100, itl_in_25ms=2_500,
-                                 transferred=transferred)
+                                 transferred=transferred) + spec[1]
         await agent.sample_engines_once()
         (target,) = agent.snapshot.targets
         return target
@@ -232,16 +233,17 @@ async def test_exact_headroom_on_a_scripted_engine(fake_engine: FakeEngine) -> N
     assert (w.requests_per_second, w.mean_running, w.mean_kv_usage) == (10.0, 20.0, 0.04)
     assert w.slo_tail == pytest.approx({"ttft": 0.5 + 0.5 * 0.99, "itl": 0.01 + 0.015 * 0.99})
     (s,) = view.signals
-    live_per_seq = 0.04 * 400_000 * KV_TOKEN / 20  # 800 tokens of K+V each
+    # one GPU does both phases: decode at the batch cap's step (800 tokens of K+V each) plus the prompts
+    busy = 2500 * (W + 256 * 800 * KV_TOKEN) / (BW * 0.7) / 256 + (6000 * 2 * P / F) / 0.5
     assert s.headroom == pytest.approx({
         "kv": 0.96,
         "batch": 1 - 20 / 256,
-        "decode_bandwidth": W / (W + 20 * live_per_seq),
-        "prefill_compute": 1 - (6000 * 2 * P / F) / 0.5,
+        "decode_bandwidth": 1 - busy,
+        "prefill_compute": 1 - busy,
     })
     assert list(s.headroom) == ["kv", "batch", "decode_bandwidth", "prefill_compute"]  # no SLO set: none
-    assert s.role == "both" and s.binding == "prefill_compute"
-    assert s.saturation == pytest.approx((6000 * 2 * P / F) / 0.5)
+    assert s.role == "both" and s.binding == "decode_bandwidth"  # a tie with prefill_compute: the first
+    assert s.saturation == pytest.approx(busy)
     assert s.capacity is not None and round(s.capacity.requests_per_second, 1) == 26.8
     assert s.cost_per_million_tokens == {} and s.tokens_per_joule == {}  # no price, no energy
 
@@ -254,13 +256,16 @@ async def test_slos_and_price_reach_the_signals_and_the_exposition(fake_engine: 
     assert s.headroom["ttft_slo"] == pytest.approx(1 - 0.995 / 1.25)
     assert s.headroom["itl_slo"] == pytest.approx(1 - 0.02485 / 0.05)
     assert (s.binding, s.saturation) == ("ttft_slo", pytest.approx(0.995 / 1.25))
-    assert s.cost_per_million_tokens == pytest.approx({"decode": 2.0 / (2500 * 3600 / 1e6),
-                                                       "prefill": 2.0 / (6000 * 3600 / 1e6)})
+    share = hr.gpu_time_share(target.series[0].windows[0], REF, settings)  # 0.833 decode (the cost test below)
+    assert s.cost_per_million_tokens == pytest.approx({"decode": 2.0 * share["decode"] / (2500 * 3600 / 1e6),
+                                                       "prefill": 2.0 * share["prefill"] / (6000 * 3600 / 1e6)})
     samples = _served(target)
     assert samples[(n.SATURATION_BINDING, (("resource", "ttft_slo"), ("role", "both")))] == 1.0
     assert samples[(n.SATURATION, (("role", "both"),))] == pytest.approx(0.995 / 1.25)
     assert samples[(n.HEADROOM, (("resource", "itl_slo"),))] == pytest.approx(1 - 0.02485 / 0.05)
-    assert samples[(n.COST_PER_MILLION_TOKENS, (("phase", "decode"),))] == pytest.approx(2.0 / 9.0)
+    assert samples[(n.COST_PER_MILLION_TOKENS, (("phase", "decode"),))] == pytest.approx(2.0 * share["decode"] / 9.0)
+    assert samples[(n.BLENDED_COST_PER_MILLION_TOKENS, ())] == pytest.approx(2.0 / (8500 * 3600 / 1e6))
+    assert samples[(n.GPU_TIME_SHARE, (("phase", "prefill"),))] == pytest.approx(share["prefill"])
     assert samples[(n.CAPACITY_REQUESTS, ())] == pytest.approx(s.capacity.requests_per_second)
     assert samples[(n.GPU_HOUR_COST, ())] == 2.0
 
@@ -289,8 +294,8 @@ async def test_a_decode_pool_is_judged_by_its_own_walls(fake_engine: FakeEngine)
     (s,) = target.series[0].signals
     # prefill compute binds the shared engine; a decode pool never prefills: its tightest wall is bandwidth
     assert s.binding == "decode_bandwidth" and "prefill_compute" in s.headroom
-    live_per_seq = 0.04 * 400_000 * KV_TOKEN / 20
-    assert s.saturation == pytest.approx(1 - W / (W + 20 * live_per_seq))
+    # its decode load alone: 2,500 tok/s x step(256) / 256 at the batch cap, 800 tokens of K+V each
+    assert s.saturation == pytest.approx(2500 * (W + 256 * 800 * KV_TOKEN) / (BW * 0.7) / 256)
 
 
 async def test_kv_transfer_tokens_and_bytes(fake_engine: FakeEngine) -> None:
@@ -325,7 +330,8 @@ async def test_tokens_per_joule_from_the_energy_counter() -> None:
     assert watts == pytest.approx(1100.0)  # two GPUs at 550 W
     (w,) = hr.with_energy([_window(tokens_per_second={"prefill": 6000.0, "decode": 2200.0})],
                           lambda seconds: hr.gpu_energy_watts(histories.values(), seconds))
-    assert hr.tokens_per_joule(w) == pytest.approx({"decode": 2.0, "prefill": 6000 / 1100})
+    share = {"prefill": 0.25, "decode": 0.75}  # each phase's share of the GPU time
+    assert hr.tokens_per_joule(w, share) == pytest.approx({"decode": 2200 / 825, "prefill": 6000 / 275})
 
 
 async def test_no_energy_where_a_gpu_does_not_report_it() -> None:
@@ -346,4 +352,170 @@ async def test_no_energy_where_a_gpu_does_not_report_it() -> None:
         collector.close()
     assert hr.gpu_energy_watts(histories.values(), 10.0) is None  # a partial sum would overstate tokens/J
     assert hr.gpu_energy_watts([histories[nvml.gpus[0].uuid]], 10.0) == 0.0  # the counter did not move
-    assert hr.tokens_per_joule(_window(tokens_per_second={"decode": 10.0}, energy_watts=None)) == {}
+    assert hr.tokens_per_joule(_window(tokens_per_second={"decode": 10.0}, energy_watts=None), {"decode": 1.0}) == {}
+
+
+# --- each headroom is 1 idle and 0 at its own wall; saturation tracks load / capacity ---
+
+def _steady(**kw: object) -> WindowValues:
+    """10 req/s of 600 prompt + 250 output tokens, 20 running at 4% of a 400,000-token cache (800 tokens each)."""
+    base: dict[str, object] = dict(requests_per_second=10.0, tokens_per_second={"prefill": 6000.0, "decode": 2500.0},
+                                   mean_running=20.0, mean_kv_usage=0.04, mean_live_kv_bytes=20 * 800 * KV_TOKEN,
+                                   mfu={"prefill": 6000 * 2 * P / F})
+    return _window(**{**base, **kw})
+
+
+def test_decode_bandwidth_is_zero_when_the_batch_reaches_the_kv_wall() -> None:
+    # A decode pool whose cache is full: 500 running at occupancy 1.0 of 400,000 tokens (800 tokens each), batch
+    # cap 1,024, so the KV wall is N = 500. At N a step takes (16e9 + 500 x 800 x 131,072) / (3.35e12 x 0.7)
+    # = 68.4e9 / 2.345e12 = 29.2 ms, so the pool decodes at most 500 / 29.2 ms = 17,100 tok/s, and it does.
+    step = (W + 500 * 800 * KV_TOKEN) / (BW * 0.7)
+    assert round(step * 1e3, 1) == 29.2
+    at_wall = _window(requests_per_second=500 / step / 250, tokens_per_second={"prefill": 0.0, "decode": 500 / step},
+                      mean_running=500.0, mean_kv_usage=1.0, mean_live_kv_bytes=500 * 800 * KV_TOKEN)
+    decode = hr.SignalSettings(role="decode")
+    room = hr.headrooms(at_wall, REF, 1024, decode, kv_capacity_tokens=400_000)
+    assert room["decode_bandwidth"] == pytest.approx(0.0, abs=1e-9)  # was W / (W + B x KV_seq) = 16 / 68.4 = 0.23
+    # half that traffic at the same context: half the load, headroom 0.5
+    half = replace(at_wall, tokens_per_second={"prefill": 0.0, "decode": 250 / step}, requests_per_second=1 / step)
+    assert hr.headrooms(half, REF, 1024, decode, kv_capacity_tokens=400_000)["decode_bandwidth"] == pytest.approx(0.5)
+    # idle: 1
+    idle = _window(requests_per_second=0.0, tokens_per_second={"prefill": 0.0, "decode": 0.0}, mean_running=0.0,
+                   mean_kv_usage=0.0, mean_live_kv_bytes=0.0, mfu={"prefill": 0.0})
+    room = hr.headrooms(idle, REF, 1024, hr.SignalSettings(), kv_capacity_tokens=400_000)
+    assert room["decode_bandwidth"] == 1.0 and room["prefill_compute"] == 1.0
+
+
+def test_one_engine_doing_both_phases_spends_one_pool_of_gpu_seconds() -> None:
+    # The scripted window under a batch cap of 256 (the first wall; the cache holds 500 of these sequences):
+    #   decode load  = 2,500 tok/s x step(256) / 256 = 2,500 x 18.27 ms / 256 = 0.178 (a full batch's share)
+    #   prefill load = 6,000 tok/s x 2 x 8e9 / (989e12 x 0.5) = 6,000 x 32.4 us = 0.194
+    # so the GPU is 0.3726 busy: both its walls read 1 - 0.3726 = 0.627, and saturation 0.373 = 10 req/s / the
+    # capacity of 26.8 req/s (section Capacity at the current mix). The old prefill_compute ignored the
+    # decode time (0.806) and saturation read 0.194: half the load.
+    step = (W + 256 * 800 * KV_TOKEN) / (BW * 0.7)
+    decode_load, prefill_load = 2500 * step / 256, 6000 * 2 * P / (F * 0.5)
+    assert (round(decode_load, 3), round(prefill_load, 3)) == (0.178, 0.194)
+    s = hr.window_signals(_steady(), REF, 256, 400_000, hr.SignalSettings())
+    assert s.headroom["prefill_compute"] == pytest.approx(1 - decode_load - prefill_load)
+    assert s.headroom["decode_bandwidth"] == pytest.approx(1 - decode_load - prefill_load)
+    assert s.saturation == pytest.approx(10.0 / s.capacity.requests_per_second)  # load / capacity
+    assert round(s.saturation, 3) == 0.373
+    # a disaggregated pool carries only its own phase
+    decode = hr.window_signals(_steady(), REF, 256, 400_000, hr.SignalSettings(role="decode"))
+    assert decode.headroom["decode_bandwidth"] == pytest.approx(1 - decode_load)
+    prefill = hr.window_signals(_steady(), REF, 256, 400_000, hr.SignalSettings(role="prefill"))
+    assert prefill.headroom["prefill_compute"] == pytest.approx(1 - prefill_load)
+
+
+@pytest.mark.parametrize("role", ["prefill", "both"])
+def test_prefill_compute_past_its_setting_is_at_the_wall_not_below_it(role: str) -> None:
+    # Prefill MFU 0.6 against the 0.5 setting: 1 - 0.6 / 0.5 = -0.2 unclamped; the headroom is 0 (a wall already
+    # passed) and saturation 1.0, never 1.2, so an autoscaling signal stays a ratio.
+    w = _window(mfu={"prefill": 0.6}, tokens_per_second={"prefill": 0.6 * F / (2 * P)})
+    s = hr.window_signals(w, REF, 256, 400_000, hr.SignalSettings(role=role))
+    assert s.headroom["prefill_compute"] == 0.0
+    assert (s.saturation, s.binding) == (1.0, "prefill_compute")
+
+
+# --- cost and energy split by each phase's share of GPU time ---
+
+def test_the_phases_bills_add_up_to_the_gpu_hour() -> None:
+    # $2 per GPU-hour, one GPU. The roofline time of the window's work, per second of wall time:
+    #   prefill: 6,000 tok/s x 2 x 8e9 / (989e12 x 0.5)                       = 0.194 s
+    #   decode:  2,500 tok/s x step(20) / 20, step(20) = (16e9 + 20 x 800 x 131,072) / (3.35e12 x 0.7)
+    #            = 18.1e9 / 2.345e12 = 7.72 ms, so 2,500 x 7.72 ms / 20        = 0.965 s
+    # shares 0.194 / 1.159 = 0.167 prefill, 0.833 decode. Prefill: $2 x 0.167 / (6,000 x 3,600 / 1e6 = 21.6M
+    # tokens/h) = $0.0155 per million; decode $2 x 0.833 / 9M = $0.185. Before: each phase charged the whole
+    # $2 ($0.0926 and $0.222), $4/h on a $2 GPU. Blended: $2 / (8,500 x 3,600 / 1e6) = $0.0654.
+    prefill_s = 6000 * 2 * P / (F * 0.5)
+    step = (W + 20 * 800 * KV_TOKEN) / (BW * 0.7)
+    decode_s = 2500 * step / 20
+    assert (round(prefill_s, 3), round(step * 1e3, 2), round(decode_s, 3)) == (0.194, 7.72, 0.965)
+    share = {"prefill": prefill_s / (prefill_s + decode_s), "decode": decode_s / (prefill_s + decode_s)}
+    s = hr.window_signals(_steady(energy_watts=550.0), REF, 256, 400_000, hr.SignalSettings(gpu_hour_cost=2.0))
+    assert s.gpu_time_share == pytest.approx(share)
+    assert round(s.cost_per_million_tokens["prefill"], 4) == 0.0155
+    assert round(s.cost_per_million_tokens["decode"], 3) == 0.185
+    per_hour = {"prefill": 21.6, "decode": 9.0}  # millions of tokens per hour
+    assert sum(s.cost_per_million_tokens[p] * per_hour[p] for p in per_hour) == pytest.approx(2.0)  # not $4
+    assert round(s.blended_cost_per_million_tokens, 4) == 0.0654
+    # energy: 550 W split the same way; the joules of both phases add to the GPU's
+    assert s.tokens_per_joule == pytest.approx({"prefill": 6000 / (550 * share["prefill"]),
+                                                "decode": 2500 / (550 * share["decode"])})
+    assert sum(tps / s.tokens_per_joule[p] for p, tps in (("prefill", 6000), ("decode", 2500))) == pytest.approx(550)
+    # one phase alone carries the whole bill; TP=2 doubles it
+    only = hr.window_signals(_steady(tokens_per_second={"decode": 2500.0}, mfu={}), REF, 256, 400_000,
+                             hr.SignalSettings(gpu_hour_cost=2.0))
+    assert only.cost_per_million_tokens == pytest.approx({"decode": 2.0 / 9.0})
+    tp2 = replace(REF, tensor_parallel_size=2)
+    assert hr.window_signals(_steady(tokens_per_second={"decode": 2500.0}, mfu={}), tp2, 256, 400_000,
+                             hr.SignalSettings(gpu_hour_cost=2.0)).blended_cost_per_million_tokens == pytest.approx(4 / 9)
+
+
+# --- capacity under speculative decoding ---
+
+def test_capacity_counts_the_tokens_each_verify_step_yields() -> None:
+    # Speculative decoding, k = 4 drafts a step, each accepted with probability 0.7 given the ones before:
+    # accepted per draft = 0.7 + 0.49 + 0.343 + 0.24 = 1.77, so a verify step yields 2.77 tokens a sequence
+    # (docs/physics.md, section Parallelism, speculation: 1 + a + ... + a^4), as vLLM's counters say:
+    # accepted / drafts = 1.77, draft tokens / drafts = 4.
+    # At a batch cap of 32, 800 tokens of K+V each: memory (16e9 + 32 x 800 x 131,072) / (3.35e12 x 0.7)
+    # = 19.4e9 / 2.345e12 = 8.25 ms; compute 32 sequences x (1 + 4) tokens x 2 x 8e9 / (989e12 x 0.5) = 5.18
+    # ms: memory-bound, 8.25 ms a step. Decode alone: 32 x 2.77 / 8.25 ms = 10,800 tok/s, not 3,880.
+    tau = 1 + 0.7 + 0.49 + 0.343 + 0.2401
+    w = _steady(spec_decode_tokens_per_step=tau, spec_decode_draft_length=4.0)
+    step = (W + 32 * 800 * KV_TOKEN) / (BW * 0.7)
+    assert round(step * 1e3, 2) == 8.25 and round(32 * 5 * 2 * P / (F * 0.5) * 1e3, 2) == 5.18
+    cap = hr.capacity(w, REF, 32, 400_000, hr.SignalSettings())
+    assert cap is not None and cap.batch == 32
+    assert cap.phase_tokens_per_second["decode"] == pytest.approx(32 * tau / step)
+    assert round(cap.phase_tokens_per_second["decode"], -2) == 10_800
+    per_token = 2 * P / (F * 0.5)
+    assert cap.requests_per_second == pytest.approx(1 / (250 * step / (32 * tau) + 600 * per_token))
+    # at a batch cap of 128 the 5 verified tokens a sequence make the step compute-bound:
+    # 128 x 5 x 2 x 8e9 / 494.5e12 = 20.7 ms against (16e9 + 128 x 800 x 131,072) / 2.345e12 = 12.6 ms
+    big = hr.capacity(w, REF, 128, 400_000, hr.SignalSettings())
+    assert big.phase_tokens_per_second["decode"] == pytest.approx(128 * tau / (128 * 5 * 2 * P / (F * 0.5)))
+    # without speculative decoding, one token a step, as before
+    plain = hr.capacity(_steady(), REF, 32, 400_000, hr.SignalSettings())
+    assert plain.phase_tokens_per_second["decode"] == pytest.approx(32 / step)
+
+
+def _spec_lines(drafts: float, draft_tokens: float, accepted: float) -> str:
+    lab = 'engine="0",model_name="m"'
+    return "".join(f"# TYPE vllm:spec_decode_num_{name}_total counter\nvllm:spec_decode_num_{name}_total{{{lab}}} {v}\n"
+                   for name, v in (("drafts", drafts), ("draft_tokens", draft_tokens), ("accepted_tokens", accepted)))
+
+
+async def test_the_verify_steps_yield_comes_from_vllms_counters(fake_engine: FakeEngine) -> None:
+    # 1,000 verify steps in the window, 4 drafts each (4,000 draft tokens), 1,770 accepted: k = 4, each step
+    # yields 1 + 1.77 = 2.77 tokens a sequence. At the batch cap of 256 a step verifies 256 x 5 tokens:
+    # 1,280 x 2 x 8e9 / (989e12 x 0.5) = 41.4 ms of compute against 18.3 ms of streaming, so compute-bound,
+    # and the pool decodes 256 x 2.77 / 41.4 ms = 17,100 tok/s.
+    target = await _scripted(fake_engine, spec=(_spec_lines(0, 0, 0), _spec_lines(1000, 4000, 1770)))
+    (w,) = target.series[0].windows
+    assert (w.spec_decode_tokens_per_step, w.spec_decode_draft_length) == (pytest.approx(2.77), 4.0)
+    (s,) = target.series[0].signals
+    compute = 256 * 5 * 2 * P / (F * 0.5)  # 5 verified tokens a sequence: 41.4 ms, past the 18.3 ms memory time
+    assert round(compute * 1e3, 1) == 41.4
+    assert s.capacity.phase_tokens_per_second["decode"] == pytest.approx(256 * 2.77 / compute)
+    assert round(s.capacity.phase_tokens_per_second["decode"], -2) == 17_100
+
+
+# --- capacity under preemption: the finished requests' mix ---
+
+def test_a_preempting_window_is_judged_at_the_finished_requests_mix() -> None:
+    # The window preempted; the token mix reads 600 + 250 tokens a request (prefill and decode tokens/s over
+    # first tokens/s), the requests that finished averaged 1,500 + 3,500. At the batch cap of 256 (800 tokens
+    # of K+V each, step(256) = 18.27 ms): 3,500 x 18.27 ms / 256 + 1,500 x 32.4 us = 0.2498 + 0.0485 = 0.298 s a
+    # request, 3.35 req/s, where the token mix gave 26.8.
+    w = _steady(preemptions_per_second=1.0, finished_requests_per_second=1.0, finished_mean_prompt_tokens=1500.0,
+                finished_mean_output_tokens=3500.0)
+    cap = hr.capacity(w, REF, 256, 400_000, hr.SignalSettings())
+    step = (W + 256 * 800 * KV_TOKEN) / (BW * 0.7)
+    assert cap.requests_per_second == pytest.approx(1 / (3500 * step / 256 + 1500 * 2 * P / (F * 0.5)))
+    assert round(cap.requests_per_second, 2) == 3.35
+    # without a preemption the token mix stands (it is exact in steady state and needs no finished request)
+    calm = replace(w, preemptions_per_second=0.0)
+    assert round(hr.capacity(calm, REF, 256, 400_000, hr.SignalSettings()).requests_per_second, 1) == 26.8
