@@ -220,6 +220,9 @@ class RulesConfig:
     low_mbu_for: str = "30m"
     low_mbu_min_running: float = 1.0  # decode must have been busy the whole rate window
     engine_down_for: str = "2m"
+    # How long an engine may stay starting (not one good sample since the agent started: loading weights)
+    # before RooflightEngineStartTimeout: above the slowest model load, as the Helm chart's startup probe.
+    engine_start_budget: str = "30m"
     # RooflightEngineStalled (rules/health.py): requests held and no token or step for the window, then `for`.
     engine_stalled_window: str = "2m"
     engine_stalled_for: str = "1m"
@@ -258,6 +261,7 @@ class RulesConfig:
             (self.rate_window, "rate_window"),
             (self.low_mbu_for, "low_mbu_for"),
             (self.engine_down_for, "engine_down_for"),
+            (self.engine_start_budget, "engine_start_budget"),
             (self.engine_stalled_window, "engine_stalled_window"),
             (self.engine_stalled_for, "engine_stalled_for"),
             (self.gpu_health_window, "gpu_health_window"),

@@ -126,6 +126,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--capacity-capped-for", default=cfg.RulesConfig.capacity_capped.for_)
     p.add_argument("--admission-bound-for", default=cfg.RulesConfig.admission_bound.for_)
     p.add_argument("--source-down-for", default=cfg.RulesConfig.source_down_for)
+    p.add_argument("--engine-start-budget", default=cfg.RulesConfig.engine_start_budget,
+                   help="how long an engine may load (no good sample since the agent started) before "
+                        "RooflightEngineStartTimeout; until then it is starting, not down (default %(default)s)")
     p.add_argument("--engine-stalled-for", default=cfg.RulesConfig.engine_stalled_for,
                    help="how long after a window of no progress with requests held the stall pages (default %(default)s)")
     p.add_argument("--gpu-temperature-threshold", type=float, default=cfg.RulesConfig.gpu_temperature_celsius,
@@ -203,6 +206,7 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
         low_mbu_for=args.low_mbu_for,
         source_down_for=args.source_down_for,
         engine_stalled_for=args.engine_stalled_for,
+        engine_start_budget=args.engine_start_budget,
         gpu_temperature_celsius=args.gpu_temperature_threshold,
         gpu_throttle_share=args.gpu_throttle_share,
         agent_job_selector=args.agent_job_selector,

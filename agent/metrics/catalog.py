@@ -41,6 +41,7 @@ def counter(name: str, labels: tuple[str, ...], unit: str, help_: str) -> Metric
 CATALOG: tuple[MetricDef, ...] = (
     # Health of each source.
     gauge(n.SOURCE_UP, HEALTH, "", "1 if the last sample of this source succeeded, else 0."),
+    gauge(n.SOURCE_STARTING, HEALTH, "", "1 until this source's first good sample since the agent started (an engine still loading its weights), then 0 for good: the engine-down alert pages only for an engine that was up."),
     gauge(n.SOURCE_LAST_SUCCESS, HEALTH, "seconds", "Unix time of the last good sample of this source."),
     gauge(n.SOURCE_SAMPLE_DURATION, HEALTH, "seconds", "How long the last sample of this source took."),
     counter(n.SOURCE_ERRORS, HEALTH + ("reason",), "", "Failed samples by reason (timeout, refused, http_status, parse, too_large, nvml, process, other); counter_regress: a sample read, with a counter that keeps going backwards, its rates withheld."),

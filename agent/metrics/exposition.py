@@ -64,6 +64,7 @@ def render_health(f: _Families, snap: Snapshot) -> None:
     for h in snap.health:
         key = (h.source, h.target)
         f.add(n.SOURCE_UP, key, 1.0 if h.up else 0.0)
+        f.add(n.SOURCE_STARTING, key, 1.0 if h.starting else 0.0)
         f.add(n.SOURCE_LAST_SUCCESS, key, h.last_success)
         f.add(n.SOURCE_SAMPLE_DURATION, key, h.duration)
         for reason, count in sorted(h.errors.items()):

@@ -10,6 +10,7 @@ PREFIX = "rooflight_"
 
 # Health of each source (label: source, target; errors also reason).
 SOURCE_UP = "rooflight_source_up"
+SOURCE_STARTING = "rooflight_source_starting"  # 1 until the source's first good sample since the agent started
 SOURCE_LAST_SUCCESS = "rooflight_source_last_success_timestamp_seconds"
 SOURCE_SAMPLE_DURATION = "rooflight_source_sample_duration_seconds"
 SOURCE_ERRORS = "rooflight_source_errors_total"  # counter; exposed name carries _total
@@ -105,6 +106,7 @@ ALERTS = (
     "RooflightGoodputBudgetBurn",
     "RooflightSLOBucketMissing",
     "RooflightEngineStalled",
+    "RooflightEngineStartTimeout",
     "RooflightGPUHardwareXid",
     "RooflightGPUUncorrectableECC",
     "RooflightGPURowRemapFailed",

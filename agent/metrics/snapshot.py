@@ -83,6 +83,7 @@ class Health:
     samples_dropped: int | None = None  # wanted exposition samples past the per-page cap, not read
     labels_truncated: int | None = None  # label values cut to the maximum length
     values_dropped: Mapping[str, int] = field(default_factory=dict)  # by reason, since start
+    starting: bool = False  # no good sample yet since the agent started (an engine still loading)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,9 @@ class SourceState:
         self.errors = dict.fromkeys(SOURCE_REASONS.get(source, REASONS), 0)
         self.message: str | None = None
         self.sampled = False  # whether a sample was attempted at all
+        # No good sample yet since the agent started: an engine loading its weights refuses connections for
+        # minutes on every rollout and scale-up. Starting, not down (rules: RooflightEngineDown waits for it).
+        self.starting = True
         self._noted: str | None = None  # the last message of note(): the same one again is not logged again
         engine = source == "engine"
         self.series_dropped: int | None = 0 if engine else None
@@ -41,7 +44,7 @@ class SourceState:
 
     def ok(self, wall: float, duration: float, monotonic: float | None = None) -> None:
         self.up, self.last_success, self.duration, self.message = True, wall, duration, None
-        self.sampled = True
+        self.sampled, self.starting = True, False
         self.last_success_monotonic = monotonic
 
     def fail(self, reason: str, message: str, duration: float) -> None:
@@ -68,4 +71,5 @@ class SourceState:
         return Health(
             self.source, self.target, self.up, self.last_success, self.duration, dict(self.errors), self.message,
             self.series_dropped, self.samples_dropped, self.labels_truncated, dict(self.values_dropped),
+            self.starting,
         )

@@ -433,7 +433,7 @@ def test_rooflight_rules_refuses_a_bad_topology_label(capsys: pytest.CaptureFixt
 def test_per_target_alert_descriptions_name_the_replica() -> None:
     doc = yaml.safe_load(OUTPUTS["yaml"].read_text())
     alerts = [r for g in doc["groups"] if g["name"] == "rooflight.alerts" for r in g["rules"]]
-    assert len(alerts) == 7
+    assert len(alerts) == 8
     for rule in alerts:
         description = rule["annotations"]["description"]
         assert "{{ if $labels.pod }}" in description and "{{ else if $labels.instance }}" in description, rule["alert"]
