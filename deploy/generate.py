@@ -55,6 +55,7 @@ META_FORS = {"agent_down": ("4007m", "agentDown"), "agent_absent": ("4008m", "ag
              "source_down": ("4009m", "sourceDown")}
 SERVICE_LABEL, REPLICA_LABEL = "rooflight_sentinel_service", "rooflight_sentinel_replica"
 HISTOGRAMS = {"ttft": "rooflight_sentinel_ttft_histogram", "itl": "rooflight_sentinel_itl_histogram"}
+REQUESTS = {"failed": "rooflight_sentinel_failed_requests", "finished": "rooflight_sentinel_finished_requests"}
 BY_MODEL = {"ttft": ("rooflight-sentinel-ttft-model", 4011.25), "itl": ("rooflight-sentinel-itl-model", 4012.25)}
 RUNBOOK, DASHBOARD = "https://rooflight-sentinel.invalid/runbooks", "https://rooflight-sentinel.invalid/grafana"
 JOB = "rooflight-sentinel-job"
@@ -65,6 +66,8 @@ REPLACEMENTS = [  # (sentinel text, Helm expression); most specific first
     (f"{SERVICE_LABEL}, ", "{{ $service }}"),
     (HISTOGRAMS["ttft"], "{{ $ttftHistogram }}"),
     (HISTOGRAMS["itl"], "{{ $itlHistogram }}"),
+    (REQUESTS["failed"], "{{ $failedRequests }}"),
+    (REQUESTS["finished"], "{{ $finishedRequests }}"),
     (RUNBOOK, f"{{{{ {V}.runbookBaseUrl }}}}"),
     (DASHBOARD, f"{{{{ {V}.dashboardBaseUrl }}}}"),
     (f'job="{JOB}"', "job={{ .Values.agent.job | quote }}"),
@@ -89,6 +92,8 @@ def sentinel_config() -> RulesConfig:
                      by_model=(BY_MODEL["ttft"],)),
         itl=replace(base.itl, threshold_seconds=ITL, buckets=(), histogram=HISTOGRAMS["itl"],
                     by_model=(BY_MODEL["itl"],)),
+        requests_failed=REQUESTS["failed"],
+        requests_finished=REQUESTS["finished"],
         runbook_base_url=RUNBOOK,
         dashboard_base_url=DASHBOARD,
         agent_job_selector=f'job="{JOB}"',
@@ -164,10 +169,16 @@ def helm_rule_groups() -> str:
     return body
 
 
+def _go_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _histograms() -> str:
-    """`$ttftHistogram`/`$itlHistogram` from `prometheusRule.engine`, by rules/'s engine presets."""
+    """`$ttftHistogram`/`$itlHistogram` and the availability SLO's `$failedRequests`/`$finishedRequests`
+    from `prometheusRule.engine`, by rules/'s engine presets."""
     engines = " ".join(
-        f'"{engine}" (list "{preset["ttft"][0]}" "{preset["itl"][0]}")'
+        f'"{engine}" (list "{preset["ttft"][0]}" "{preset["itl"][0]}" '
+        f'{_go_string(preset["requests"][0])} {_go_string(preset["requests"][1])})'
         for engine, preset in sorted(ENGINE_PRESETS.items())
     )
     known = ", ".join(sorted(ENGINE_PRESETS))
@@ -176,6 +187,8 @@ def _histograms() -> str:
         f'{{{{- if not $histograms }}}}{{{{ fail "prometheusRule.engine: one of {known}" }}}}{{{{ end }}}}\n'
         "{{- $ttftHistogram := index $histograms 0 }}\n"
         "{{- $itlHistogram := index $histograms 1 }}\n"
+        "{{- $failedRequests := index $histograms 2 }}\n"
+        "{{- $finishedRequests := index $histograms 3 }}\n"
     )
 
 

@@ -211,6 +211,18 @@ class RulesConfig:
     # Client-side goodput (rules/goodput.py): the share of judged requests that must meet every target of
     # each SLO the proxy is given (`--slo`); its burn-rate alerts use the same windows as TTFT and ITL.
     goodput_objective: float = 0.99
+    # Availability (rules/availability.py): the engine's finish reasons counted as failures and the share
+    # of finished requests that must end otherwise; the share of the proxy's inference requests that must
+    # not be answered 5xx or cut by the upstream.
+    # The engine's failed and finished requests as selectors (rooflight rules --engine picks them: vLLM's
+    # finish counter by reason, SGLang's aborted and processed counters).
+    requests_failed: str = 'vllm:request_success_total{finished_reason=~"abort|error"}'
+    requests_finished: str = "vllm:request_success_total"
+    request_error_objective: float = 0.99
+    client_error_objective: float = 0.999
+    # Every burn-rate row (latency, goodput, availability) fires only where its long window saw at least
+    # this many requests: two slow or failed requests in a quiet hour are not a burn rate.
+    slo_min_requests: int = 20
     bucket_guard_for: str = "15m"
     rate_window: str = "5m"  # for the recording rules (MBU, MFU, tokens/s)
     head_of_line: DetectorAlert = DetectorAlert("10m", 0.25, "5m")
@@ -288,6 +300,15 @@ class RulesConfig:
             )
         if not 0.0 < self.goodput_objective < 1.0:
             raise ConfigError(f"goodput_objective must be in (0, 1) (got {self.goodput_objective})")
+        for objective, what in ((self.request_error_objective, "request_error_objective"),
+                                (self.client_error_objective, "client_error_objective")):
+            if not 0.0 < objective < 1.0:
+                raise ConfigError(f"{what} must be in (0, 1) (got {objective})")
+        if self.slo_min_requests < 1:
+            raise ConfigError(f"slo_min_requests must be at least 1 (got {self.slo_min_requests})")
+        for selector, what in ((self.requests_failed, "requests_failed"), (self.requests_finished, "requests_finished")):
+            if not re.match(r"^[a-zA-Z_:][a-zA-Z0-9_:]*(\{.*\})?$", selector):
+                raise ConfigError(f"{what} {selector!r} must be a metric name with optional matchers")
         if not 0.0 < self.low_mbu_threshold < 1.0:
             raise ConfigError(f"low_mbu_threshold must be in (0, 1) (got {self.low_mbu_threshold})")
         if not 0.0 < self.gpu_throttle_share <= 1.0:

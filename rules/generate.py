@@ -33,10 +33,13 @@ ENGINE_PRESETS: dict[str, dict[str, Any]] = {
     "vllm": {
         "ttft": ("vllm:time_to_first_token_seconds", 2.5, cfg.VLLM_TTFT_BUCKETS),
         "itl": ("vllm:inter_token_latency_seconds", 0.1, cfg.VLLM_ITL_BUCKETS),
+        # (failed, finished) requests for the availability SLO (rules/availability.py)
+        "requests": (cfg.RulesConfig.requests_failed, cfg.RulesConfig.requests_finished),
     },
     "sglang": {
         "ttft": ("sglang:time_to_first_token_seconds", 2.0, cfg.SGLANG_TTFT_BUCKETS),
         "itl": ("sglang:inter_token_latency_seconds", 0.1, cfg.SGLANG_ITL_BUCKETS),
+        "requests": ("sglang:num_aborted_requests_total", "sglang:num_requests_total"),
     },
 }
 
@@ -118,6 +121,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--goodput-objective", type=float, default=cfg.RulesConfig.goodput_objective,
                    help="share of the proxy's judged requests that must meet every target of each --slo "
                         "(goodput burn-rate alerts; default %(default)s)")
+    p.add_argument("--request-error-objective", type=float, default=cfg.RulesConfig.request_error_objective,
+                   help="share of the engine's finished requests that must not be aborted or failed (default %(default)s)")
+    p.add_argument("--client-error-objective", type=float, default=cfg.RulesConfig.client_error_objective,
+                   help="share of the proxy's inference requests that must not get a 5xx or an upstream error "
+                        "(default %(default)s)")
+    p.add_argument("--slo-min-requests", type=int, default=cfg.RulesConfig.slo_min_requests,
+                   help="requests a burn row's long window must hold before it can fire (default %(default)s)")
     p.add_argument("--slo-model-label", default=cfg.RulesConfig.slo_model_label,
                    help="the engine's label naming the model, for --*-threshold-for (default %(default)s)")
     p.add_argument("--low-mbu-threshold", type=float, default=cfg.RulesConfig.low_mbu_threshold)
@@ -199,6 +209,11 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
         ttft=_slo(args, "ttft", "RooflightTTFTBudgetBurn", "time to first token"),
         itl=_slo(args, "itl", "RooflightITLBudgetBurn", "inter-token latency"),
         goodput_objective=args.goodput_objective,
+        request_error_objective=args.request_error_objective,
+        requests_failed=ENGINE_PRESETS[args.engine]["requests"][0],
+        requests_finished=ENGINE_PRESETS[args.engine]["requests"][1],
+        client_error_objective=args.client_error_objective,
+        slo_min_requests=args.slo_min_requests,
         head_of_line=replace(base.head_of_line, for_=args.hol_for),
         capacity_capped=replace(base.capacity_capped, for_=args.capacity_capped_for),
         admission_bound=replace(base.admission_bound, for_=args.admission_bound_for),

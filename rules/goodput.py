@@ -61,7 +61,13 @@ def burn_alerts(config: RulesConfig) -> list[Rule]:
     rules: list[Rule] = []
     for row in config.burn_windows:
         limit = number(row.factor * budget)
-        expr = f"{error_record(row.long)} > {limit}\nand\n{error_record(row.short)} > {limit}"
+        by = labels(keep(config, *LEVEL))
+        judged = series(catalog.SLO_REQUESTS, config.agent_selector)
+        expr = (
+            f"{error_record(row.long)} > {limit}\nand\n{error_record(row.short)} > {limit}\n"
+            # a burn rate needs a sample: two missed requests in a quiet hour are not one
+            f"and on ({by})\nsum by ({by}) (increase({judged}[{row.long}])) >= {config.slo_min_requests}"
+        )
         speed = "fast" if row.severity == "critical" else "steadily"
         rules.append(
             alert(

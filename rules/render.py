@@ -13,6 +13,7 @@ import yaml
 
 from rooflight.rules.alerts import detector_alerts, mbu_alert, meta_alerts, source_alerts
 from rooflight.rules.capacity import capacity_rules
+from rooflight.rules.availability import client_availability, engine_availability
 from rooflight.rules.health import health_alerts
 from rooflight.rules.config import RulesConfig
 from rooflight.rules.goodput import goodput_rules
@@ -29,16 +30,18 @@ def groups(config: RulesConfig) -> list[dict[str, Any]]:
     """The rule groups, in a fixed order: recordings before the alerts that read them."""
     slo_records, slo_alerts = slo_rules(config)
     goodput_records, goodput_alerts = goodput_rules(config)
+    engine_records, engine_alerts = engine_availability(config)
+    client_records, client_alerts = client_availability(config)
     name = config.rule_name
     return [
         {"name": f"{name}.rules", "rules": recording_rules(config)},
-        {"name": f"{name}-slo.rules", "rules": slo_records},
-        {"name": f"{name}-goodput.rules", "rules": goodput_records},
+        {"name": f"{name}-slo.rules", "rules": [*slo_records, *engine_records]},
+        {"name": f"{name}-goodput.rules", "rules": [*goodput_records, *client_records]},
         {"name": f"{name}-capacity.rules", "rules": capacity_rules(config)},
         {"name": f"{name}.alerts", "rules": [*source_alerts(config), *detector_alerts(config), mbu_alert(config)]},
         {"name": f"{name}-health.alerts", "rules": health_alerts(config)},
-        {"name": f"{name}-slo.alerts", "rules": slo_alerts},
-        {"name": f"{name}-goodput.alerts", "rules": goodput_alerts},
+        {"name": f"{name}-slo.alerts", "rules": [*slo_alerts, *engine_alerts]},
+        {"name": f"{name}-goodput.alerts", "rules": [*goodput_alerts, *client_alerts]},
         {"name": f"{name}-meta.alerts", "rules": meta_alerts(config)},
     ]
 

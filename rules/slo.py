@@ -103,10 +103,15 @@ def burn_alerts(config: RulesConfig, slo: LatencySLO) -> list[Rule]:
     rules: list[Rule] = []
     for row in config.burn_windows:
         limit = number(row.factor * slo.budget)
+        by = slo_by(config)
+        count = series(f"{slo.histogram}_count", slo.selector)
         expr = (
             f"{error_record(config, slo, row.long)} > {limit}\n"
             f"and\n"
-            f"{error_record(config, slo, row.short)} > {limit}"
+            f"{error_record(config, slo, row.short)} > {limit}\n"
+            # a burn rate needs a sample: two slow requests in a quiet hour are not one
+            f"and on ({by})\n"
+            f"sum by ({by}) (increase({count}[{row.long}])) >= {config.slo_min_requests}"
         )
         speed = "fast" if row.severity == "critical" else "steadily"
         rules.append(

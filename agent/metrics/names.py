@@ -106,6 +106,8 @@ ALERTS = (
     "RooflightGoodputBudgetBurn",
     "RooflightSLOBucketMissing",
     "RooflightEngineStalled",
+    "RooflightRequestErrorBudgetBurn",
+    "RooflightClientErrorBudgetBurn",
     "RooflightEngineStartTimeout",
     "RooflightGPUHardwareXid",
     "RooflightGPUUncorrectableECC",

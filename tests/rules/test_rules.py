@@ -164,7 +164,7 @@ def test_every_dashboard_url_opens_a_real_dashboard_with_its_variables() -> None
             assert f"{{{{ if $labels.{label} }}}}&var-{var}=" in url, "an absent label must leave the variable at All"
         if rule["alert"] in ("RooflightHeadOfLineBlocking", "RooflightBatchCapacityCapped", "RooflightLowDecodeMBU"):
             assert [v for v, _ in variables] == list(cfg.DASHBOARD_VARIABLES), rule["alert"]
-        if rule["alert"] == "RooflightGoodputBudgetBurn":
+        if rule["alert"] in ("RooflightGoodputBudgetBurn", "RooflightClientErrorBudgetBurn"):
             # The proxy's counters are the agent's own series: its job, pod and target select them.
             assert [v for v, _ in variables] == ["cluster", "namespace", "job", "pod", "instance", "target"]
         elif "-slo" in url or rule["alert"].endswith(("BudgetBurn", "BucketMissing")):
@@ -541,8 +541,11 @@ def test_bad_meta_and_url_settings_are_config_errors(bad: dict[str, Any]) -> Non
 
 
 def _goodput(config: cfg.RulesConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The goodput SLO's rules (the goodput groups also hold the client availability SLO's)."""
     by_name = {g["name"]: g["rules"] for g in groups(config)}
-    return by_name[f"{config.rule_name}-goodput.rules"], by_name[f"{config.rule_name}-goodput.alerts"]
+    records = [r for r in by_name[f"{config.rule_name}-goodput.rules"] if "client_slo_errors" in r["record"]]
+    alerts = [r for r in by_name[f"{config.rule_name}-goodput.alerts"] if r["alert"] == "RooflightGoodputBudgetBurn"]
+    return records, alerts
 
 
 def test_goodput_burns_on_the_proxys_judged_and_good_counters_per_replica_and_slo() -> None:
@@ -557,7 +560,8 @@ def test_goodput_burns_on_the_proxys_judged_and_good_counters_per_replica_and_sl
     assert [(a["labels"]["severity"], a["labels"]["long"], a["labels"]["short"], a["for"]) for a in alerts] == [
         (row.severity, row.long, row.short, row.for_) for row in config.burn_windows]
     assert {a["alert"] for a in alerts} == {"RooflightGoodputBudgetBurn"}
-    assert alerts[0]["expr"].endswith("ratio_rate5m > 0.144")  # 14.4 x (1 - 0.99)
+    assert "ratio_rate5m > 0.144\n" in alerts[0]["expr"]  # 14.4 x (1 - 0.99)
+    assert alerts[0]["expr"].endswith(f"[1h])) >= {config.slo_min_requests}")  # a sample in the long window
     for rule in alerts:
         description = rule["annotations"]["description"]
         assert "{{ if $labels.pod }}" in description and "{{ else if $labels.instance }}" in description
@@ -568,7 +572,7 @@ def test_rooflight_rules_goodput_objective(capsys: pytest.CaptureFixture[str]) -
     assert run_rules(rooflight_rules(["--goodput-objective", "0.9"])) == 0
     doc = yaml.safe_load(capsys.readouterr().out)
     burn = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == "RooflightGoodputBudgetBurn"]
-    assert [r["expr"].split(" > ")[-1] for r in burn] == ["1.44", "0.6", "0.3", "0.1"]
+    assert [re.findall(r"ratio_rate\w+ > ([0-9.]+)", r["expr"])[-1] for r in burn] == ["1.44", "0.6", "0.3", "0.1"]
     assert "objective: 90% meeting every target" in burn[0]["annotations"]["description"]
     assert run_rules(rooflight_rules(["--goodput-objective", "1"])) == 2
     assert "goodput_objective must be in (0, 1)" in capsys.readouterr().err

@@ -1,0 +1,130 @@
+"""Availability SLOs: the share of requests that failed, as multi-window multi-burn-rate alerts.
+
+Two views of one promise, each with its own budget:
+
+- **The engine's**: requests the engine aborted or failed over all it finished, from its own counters
+  (RulesConfig.requests_failed / requests_finished, by `rooflight rules --engine`: vLLM's
+  `vllm:request_success_total` by `finished_reason` abort|error, SGLang's `sglang:num_aborted_requests_total`
+  over `sglang:num_requests_total`), per service (summed over replicas, as the latency SLOs are;
+  rules/slo.py) and model. An abort storm (a client timeout shorter than the queue, a scheduler that drops
+  requests) burns it. Its rules live in the SLO groups.
+- **The client's**, through `rooflight proxy`: inference requests answered 5xx, or cut by an upstream error
+  mid-stream, over all inference requests, per replica and target as the goodput SLO is (rules/goodput.py).
+  A crash-looping engine behind a load balancer burns it while the engine's own counters reset. Its rules
+  live in the goodput groups (the proxy's own series, per replica).
+
+Both use the SRE workbook rows of RulesConfig.burn_windows, and a row fires only where the long window
+saw at least `slo_min_requests` requests: two failed requests in a quiet hour are not a burn rate.
+"""
+
+from __future__ import annotations
+
+from rooflight.agent.proxy import catalog
+from rooflight.rules.alerts import PER_SOURCE, SOURCE_WHERE, alert
+from rooflight.rules.config import RulesConfig
+from rooflight.rules.promql import labels, number, record_name, series, window_suffix
+from rooflight.rules.recording import Rule, keep
+from rooflight.rules.slo import slo_by, slo_windows
+from rooflight.rules.templates import same
+
+REQUEST_ALERT = "RooflightRequestErrorBudgetBurn"
+CLIENT_ALERT = "RooflightClientErrorBudgetBurn"
+CLIENT_LEVEL = ("target",)
+INFERENCE = 'route!="other"'  # chat and completions: what a client waits on
+
+
+def request_record(config: RulesConfig, window: str) -> str:
+    return record_name(config.slo_group_by, "rooflight_request_errors", f"ratio_rate{window_suffix(window)}")
+
+
+def client_record(window: str) -> str:
+    return record_name(CLIENT_LEVEL, "rooflight_client_request_errors", f"ratio_rate{window_suffix(window)}")
+
+
+def request_rules(config: RulesConfig) -> list[Rule]:
+    """Failed (aborted, errored) over finished, per service and model, for every burn window."""
+    by = slo_by(config)
+    failed, finished = config.requests_failed, config.requests_finished
+    return [
+        {"record": request_record(config, w),
+         "expr": f"sum by ({by}) (rate({failed}[{w}]))\n/\nsum by ({by}) (rate({finished}[{w}]))"}
+        for w in slo_windows(config)
+    ]
+
+
+def client_rules(config: RulesConfig) -> list[Rule]:
+    """Requests answered 5xx or cut by the upstream, over all inference requests, per replica and target."""
+    by = labels(keep(config, *CLIENT_LEVEL))
+    sel = config.agent_selector
+    total = series(catalog.REQUESTS, sel, INFERENCE)
+    server = series(catalog.REQUESTS, sel, INFERENCE, 'status=~"5.."')
+    cut = series(catalog.REQUESTS, sel, INFERENCE, 'status!~"5.."', 'finish_reason="upstream_error"')
+    rules: list[Rule] = []
+    for w in slo_windows(config):
+        failed = f"sum by ({by}) (rate({server}[{w}]) or rate({cut}[{w}]))"
+        rules.append({"record": client_record(w), "expr": f"{failed}\n/\nsum by ({by}) (rate({total}[{w}]))"})
+    return rules
+
+
+def _enough(by: str, counter: str, window: str, minimum: int) -> str:
+    return f"sum by ({by}) (increase({counter}[{window}])) >= {minimum}"
+
+
+def request_alerts(config: RulesConfig) -> list[Rule]:
+    by = slo_by(config)
+    budget = 1.0 - config.request_error_objective
+    where = "/".join(f"{{{{ $labels.{label} }}}}" for label in config.slo_group_by)
+    rules: list[Rule] = []
+    for row in config.burn_windows:
+        limit = number(row.factor * budget)
+        expr = (
+            f"{request_record(config, row.long)} > {limit}\nand\n{request_record(config, row.short)} > {limit}\n"
+            f"and on ({by})\n{_enough(by, config.requests_finished, row.long, config.slo_min_requests)}"
+        )
+        speed = "fast" if row.severity == "critical" else "steadily"
+        rules.append(alert(
+            config, REQUEST_ALERT, expr, row.for_, row.severity,
+            f"The engine's request error budget (aborted and failed requests) is burning {speed}.",
+            f"{where}: {{{{ $value | humanizePercentage }}}} of the requests the engine finished over the last "
+            f"{row.long} were aborted or failed (objective: "
+            f"{config.request_error_objective * 100:g}% finished otherwise); burn rate above {row.factor:g}x, "
+            f"confirmed over {row.short}.",
+            {"long": row.long, "short": row.short},
+            dashboard=("overview", (*same("cluster", "namespace"), ("model", config.slo_model_label))),
+        ))
+    return rules
+
+
+def client_alerts(config: RulesConfig) -> list[Rule]:
+    by = labels(keep(config, *CLIENT_LEVEL))
+    budget = 1.0 - config.client_error_objective
+    total = series(catalog.REQUESTS, config.agent_selector, INFERENCE)
+    rules: list[Rule] = []
+    for row in config.burn_windows:
+        limit = number(row.factor * budget)
+        expr = (
+            f"{client_record(row.long)} > {limit}\nand\n{client_record(row.short)} > {limit}\n"
+            f"and on ({by})\n{_enough(by, total, row.long, config.slo_min_requests)}"
+        )
+        speed = "fast" if row.severity == "critical" else "steadily"
+        rules.append(alert(
+            config, CLIENT_ALERT, expr, row.for_, row.severity,
+            f"Clients are getting server errors through the proxy: the error budget is burning {speed}.",
+            f"{SOURCE_WHERE}: {{{{ $value | humanizePercentage }}}} of the inference requests over the last "
+            f"{row.long} were answered 5xx or cut by an upstream error (objective: "
+            f"{config.client_error_objective * 100:g}% served); burn rate above {row.factor:g}x, confirmed over "
+            f"{row.short}.",
+            {"long": row.long, "short": row.short},
+            dashboard=("overview", PER_SOURCE),
+        ))
+    return rules
+
+
+def engine_availability(config: RulesConfig) -> tuple[list[Rule], list[Rule]]:
+    """(recording rules, alerting rules) of the engine's availability SLO, for the SLO groups."""
+    return request_rules(config), request_alerts(config)
+
+
+def client_availability(config: RulesConfig) -> tuple[list[Rule], list[Rule]]:
+    """(recording rules, alerting rules) of the clients' availability SLO, for the goodput groups."""
+    return client_rules(config), client_alerts(config)
