@@ -37,6 +37,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--no-first-run"]
 README_SHOT = ROOT / "docs" / "img" / "status-page.png"
 README_SHOT_MAX_BYTES = 200_000
+# One xdist worker runs this file (.ci/test: --dist loadgroup): one Chromium (the module's), one page at a time.
+pytestmark = pytest.mark.xdist_group("browser")
 # Bounds with room for a loaded 2-core machine (about 2x what each chain takes there at worst, as the
 # project's tests hold), yet each still says what it proves:
 # - the page shows what /metrics did within one page poll (1 s) and its render, plus the test's own loop
