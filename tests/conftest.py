@@ -1,9 +1,14 @@
-"""Shared fixtures (helpers live in support.py, importable from any test folder), and the CI rule that a
-test needing an outside tool fails when the tool is missing instead of skipping quietly."""
+"""Shared fixtures (helpers live in support.py, importable from any test folder), the CI rule that a
+test needing an outside tool fails when the tool is missing instead of skipping quietly, and the backstop
+that stops a run whose test outlives its own timeout."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
+import threading
+import time
 from typing import AsyncIterator, Iterator
 
 import pytest
@@ -39,6 +44,65 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.outcome = "failed"
         report.longrepr = (f"CI=true and this test needs {', '.join(marks)}: a missing tool is a failure in CI, "
                            f"not a skip (.ci/install installs it). {skip_reason(report)}")
+
+
+# -- the backstop -----------------------------------------------------------------------------------------
+# pytest-timeout (signal method, pyproject) fails a test that runs past `timeout` and the run goes on. Its
+# timer fires once, so a teardown that hangs after that failure, or a main thread stuck where no signal
+# reaches Python, would stall the run for good. Past faulthandler_timeout (faulthandler has printed every
+# thread's traceback by then) plus BACKSTOP_AFTER_S, the watchdog sends this process SIGINT: pytest stops
+# and prints its summary (what passed, what failed). If even that does not end it, the process exits.
+BACKSTOP_AFTER_S = 60.0
+BACKSTOP_EXIT_S = 60.0  # after the SIGINT, if the run has not ended
+
+
+class Backstop:
+    """A daemon thread that watches how long the current test has run (one per process: per xdist worker)."""
+
+    def __init__(self, limit: float, stderr_fd: int) -> None:
+        self.limit, self.fd = limit, stderr_fd
+        self.nodeid: str | None = None
+        self.started = 0.0
+        threading.Thread(target=self._watch, name="rooflight-test-backstop", daemon=True).start()
+
+    def say(self, text: str) -> None:
+        os.write(self.fd, f"\n*** backstop: {text}\n".encode())
+
+    def _watch(self) -> None:
+        interrupted_at: float | None = None
+        while True:
+            time.sleep(1.0)
+            nodeid, started = self.nodeid, self.started
+            now = time.monotonic()
+            if interrupted_at is not None:
+                if now - interrupted_at > BACKSTOP_EXIT_S:
+                    self.say(f"the run did not stop within {BACKSTOP_EXIT_S:.0f} s of SIGINT: exiting")
+                    os._exit(3)
+            elif nodeid is not None and now - started > self.limit:
+                self.say(f"{nodeid} has run {now - started:.0f} s, past its timeout and the {self.limit:.0f} s "
+                         "backstop: every thread's traceback, then SIGINT (pytest stops and prints its summary)")
+                faulthandler.dump_traceback(file=self.fd, all_threads=True)
+                interrupted_at = now
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+BACKSTOP_KEY = pytest.StashKey[Backstop]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    limit = float(config.getini("faulthandler_timeout") or 0)
+    if limit > 0:  # a copy of stderr taken now, before a test's output capture replaces fd 2
+        config.stash[BACKSTOP_KEY] = Backstop(limit + BACKSTOP_AFTER_S, os.dup(2))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    backstop = item.config.stash.get(BACKSTOP_KEY, None)
+    if backstop is not None:
+        backstop.started, backstop.nodeid = time.monotonic(), item.nodeid
+    yield
+    if backstop is not None:
+        backstop.nodeid = None
 
 
 @pytest.fixture

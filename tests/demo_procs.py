@@ -5,18 +5,17 @@ killed), so no test leaves one behind and a failing test can show what the child
 from __future__ import annotations
 
 import asyncio
-import shutil
 import signal
 import subprocess
-import sys
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
+from support import rooflight_exe
+
 
 def rooflight_command() -> list[str]:
-    """The installed console script, else `python -m rooflight` (the same entry point)."""
-    exe = shutil.which("rooflight")
-    return [exe] if exe else [sys.executable, "-m", "rooflight"]
+    """The installed console script, as a user runs it (support.rooflight_exe finds it)."""
+    return [rooflight_exe()]
 
 
 def start_rooflight(*args: str) -> subprocess.Popen[bytes]:

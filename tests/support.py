@@ -5,6 +5,7 @@ always stops (serve_task), and the golden-file check. Child processes: demo_proc
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -82,6 +83,24 @@ class FakeEngine:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+def rooflight_exe() -> str:
+    """The `rooflight` console script of the Python running the tests: beside sys.executable (a venv's
+    bin/, found even when that bin/ is not on PATH, as with `.venv/bin/python -m pytest`), else in this
+    interpreter's scripts folder (a system python's /usr/local/bin), else on PATH."""
+    import shutil
+    import sys
+    import sysconfig
+
+    for folder in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
+        exe = folder / "rooflight"
+        if exe.is_file() and os.access(exe, os.X_OK):
+            return str(exe)
+    found = shutil.which("rooflight")
+    assert found, (f"the console script `rooflight` is not installed beside {sys.executable} nor on PATH: "
+                   "pip install -e '.[test]' into the Python that runs the tests")
+    return found
 
 
 def free_port() -> int:
@@ -188,7 +207,6 @@ def check_golden(path: Path, text: str) -> None:
     command copies it over the golden afterwards.
     """
     import difflib
-    import os
 
     assert "ROOFLIGHT_UPDATE_GOLDEN" not in os.environ, (
         "ROOFLIGHT_UPDATE_GOLDEN is gone: regenerate goldens with `python tests/regen_goldens.py`")

@@ -4,7 +4,6 @@ serves real numbers over HTTP, and the console script is installed."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 import urllib.request
@@ -12,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from support import MODEL_CONFIGS, free_port
+from support import MODEL_CONFIGS, free_port, rooflight_exe
 
 FIXTURES = MODEL_CONFIGS
 
 
 def rooflight(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    exe = shutil.which("rooflight")
-    assert exe, "the console script `rooflight` is not installed"
+    exe = rooflight_exe()
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ROOFLIGHT_")}
     full_env.update(env or {})
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=full_env)
@@ -100,7 +98,7 @@ def test_plan_json_through_the_console_script() -> None:
 def test_demo_serves_the_agent_over_http() -> None:
     port, engine_port = free_port(), free_port()
     proc = subprocess.Popen(
-        [shutil.which("rooflight") or "rooflight", "demo", "--listen", f"127.0.0.1:{port}",
+        [rooflight_exe(), "demo", "--listen", f"127.0.0.1:{port}",
          "--engine-listen", f"127.0.0.1:{engine_port}", "--interval", "0.5", "--duration", "60"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )

@@ -18,6 +18,9 @@ import pytest
 from support import ROOT
 
 GENERIC = ("agent", "collectors", "rules", "dashboards", "deploy", "tests")
+# One xdist worker runs this file (.ci/test: --dist loadgroup): `pip wheel` builds in the checkout (build/,
+# *.egg-info), which two builds at once would race on; and the module's wheel is then built once.
+pytestmark = pytest.mark.xdist_group("wheel")
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,9 @@ from dashboard_queries import dashboards
 from support import ROOT
 
 VALIDATE = ROOT / "dashboards" / "validate.sh"
+# One xdist worker runs this file's tests one after another (.ci/test: -n 2 --dist loadgroup): the first
+# validate.sh run installs the pinned npm packages into the shared cache, which two at once would race on.
+pytestmark = pytest.mark.xdist_group("npm-cache")
 JSON_DIR = ROOT / "dashboards" / "json"
 
 

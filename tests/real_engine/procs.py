@@ -22,6 +22,8 @@ from pathlib import Path
 
 import psutil
 
+from support import rooflight_exe
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -206,7 +208,7 @@ def agent_process(
     gpu: str = "h100-sxm", interval: float = 0.5, batch_max: int | None = None, extra: tuple[str, ...] = (),
 ) -> ManagedProcess:
     """The rooflight agent (system python's console script) against one engine."""
-    exe = shutil.which("rooflight") or "rooflight"
+    exe = rooflight_exe()
     argv = [
         exe, "run", "--engine-url", f"http://127.0.0.1:{engine_port}",
         "--model-config", str(model_dir / "config.json"), "--gpu", gpu,

@@ -280,7 +280,9 @@ async def test_goodput_is_exact_on_known_latencies(upstream: FakeUpstream, proxy
     ttft_p99 = m[c.TTFT][(("percentile", "99"), ("window", "10s"))]
     assert 0.4 <= ttft_p99 < 1.5  # measured, so at least the scripted 400 ms
     tpot_p99 = m[c.TPOT][(("percentile", "99"), ("window", "10s"))]
-    assert 0.09 <= tpot_p99 < 0.5  # ~0.12; a late read of the first token (one shared loop) shortens it a little
+    # ~0.12; a late read of the first token (one shared loop) shortens it by a third of the delay: over the
+    # 0.06 target still (the slow streams are judged bad above), by 2x
+    assert 0.06 < tpot_p99 < 0.5
     assert m[c.ITL][(("percentile", "99"), ("window", "10s"))] >= 0.12 * 0.995
 
 
@@ -337,17 +339,21 @@ async def test_head_requests_and_keep_alive_to_the_upstream(upstream: FakeUpstre
     assert len(peers) == 1, "finished responses must return their upstream connection to the pool"
 
 
+PAUSE = 2.0  # seconds a client stops reading mid-stream
+
+
 async def test_a_client_that_stops_reading_is_felt_by_it_but_not_blamed_on_the_engine(
     upstream: FakeUpstream, proxy: ProxyServer, client: aiohttp.ClientSession,
 ) -> None:
     """A client that pauses fills its socket buffers and holds the proxy's writes back; the gap it feels
-    is its ITL, but the head-of-line feed sees only the upstream's 1 ms gaps."""
+    is its ITL, but the head-of-line feed sees only the upstream's 1 ms gaps (a busy machine stretches one
+    now and then: the bound is a quarter of the 2 s pause that would be blamed, not a few milliseconds)."""
     upstream.scripts["s"] = Script(ttft=0.0, gaps=(0.001,) * 40, pad=256 * 1024)
     started = proxy.clock.monotonic()
     async with client.post(proxy.proxy_url + CHAT, data=chat("s"), headers={"Content-Type": "application/json"}) as r:
         assert r.status == 200
         await r.content.readany()
-        await asyncio.sleep(1.0)  # the upstream's 41 x 256 KB outgrow every buffer on the way
+        await asyncio.sleep(PAUSE)  # the upstream's 41 x 256 KB outgrow every buffer on the way
         rest = await r.read()
     assert rest.endswith(b"data: [DONE]\n\n")
     metrics = await scrape(proxy, client)
@@ -356,7 +362,7 @@ async def test_a_client_that_stops_reading_is_felt_by_it_but_not_blamed_on_the_e
         v for labels, v in felt.items() if ("le", "0.5") in labels)
     assert over_half_a_second >= 1  # the client felt its own pause as a gap
     worst = proxy.client_gaps.worst_between(started, proxy.clock.monotonic())
-    assert worst is not None and worst < 0.2, worst
+    assert worst is not None and worst < PAUSE / 4, worst
 
 
 async def _stream_with_a_busy_loop_beside_it(upstream: FakeUpstream, proxy: ProxyServer,
@@ -390,17 +396,22 @@ async def test_a_loop_held_up_beside_the_streams_is_not_a_stall(upstream: FakeUp
 
 async def test_a_large_non_streamed_answer_does_not_hold_the_streams_up(upstream: FakeUpstream, proxy: ProxyServer,
                                                                        client: aiohttp.ClientSession) -> None:
-    """Its accounting scans the 5.5 MB (logprobs: many small objects, ~0.15 s to decode) instead of decoding it,
-    so the other streams' gaps stay the upstream's."""
-    upstream.scripts["big"] = Script(ttft=0.0, gaps=(0.0,) * 19, logprobs=25_000)
-    whole_body("big", upstream.scripts["big"])  # encoded before the clock runs: the upstream's cost is not the proxy's
+    """Its accounting scans the 7.7 MB (logprobs: many small objects; under the 8 MiB the proxy reads) instead
+    of decoding it, so the other streams' gaps stay the upstream's: under a third of what one json.loads of
+    the body takes on this machine now. On a loaded 2-core machine that decode took 0.23-0.77 s, the worst gap
+    20-64 ms, and with the body decoded on the loop the worst gap was 0.6-1.3x the decode."""
+    upstream.scripts["big"] = Script(ttft=0.0, gaps=(0.0,) * 19, logprobs=35_000)
+    body = whole_body("big", upstream.scripts["big"])  # encoded before the clock runs: not the proxy's cost
+    started = time.perf_counter()
+    json.loads(body)
+    decode = time.perf_counter() - started  # the baseline, measured under the same load as the stream
 
     async def large_answer() -> None:
         status, _, body = await post(client, proxy.proxy_url, chat("big", stream=False))
         assert status == 200 and len(body) > 5_000_000
 
     _, worst, _ = await _stream_with_a_busy_loop_beside_it(upstream, proxy, client, large_answer)
-    assert worst is not None and worst < 0.1, worst
+    assert worst is not None and worst < decode / 3, (worst, decode)
     proxy.refresh_now()
     requests = [v for labels, v in (await scrape(proxy, client))["rooflight_client_output_tokens_total"].items()
                 if ("counted_by", "usage") in labels]

@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 from pathlib import Path
@@ -28,7 +27,7 @@ from rooflight.agent.sampling import config as cfg
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve import server
 from demo_procs import async_child
-from support import free_port, promtool_clean, sample_text, serve_app, serve_task
+from support import free_port, promtool_clean, rooflight_exe, sample_text, serve_app, serve_task
 
 TOKENS = ("Hel", "lo", " there")
 GAP = 0.02
@@ -225,8 +224,7 @@ async def test_a_proxy_port_in_use_stops_the_start_with_what_to_fix(engine: Engi
 
 async def test_the_run_command_serves_both_views_and_stops_on_sigterm(engine: Engine) -> None:
     port, proxy_port = free_port(), free_port()
-    exe = shutil.which("rooflight")
-    assert exe, "the console script `rooflight` is not installed"
+    exe = rooflight_exe()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROOFLIGHT_")}
     env.update({"ROOFLIGHT_SLO": "ttft=1,tpot=0.5;e2e=30", "ROOFLIGHT_PROXY_LISTEN": f"127.0.0.1:{proxy_port}"})
     async with async_child(
@@ -326,7 +324,7 @@ def test_bad_proxy_settings_say_what_to_fix(argv: list[str], says: str) -> None:
 def test_a_bad_proxy_setting_exits_2_and_check_only_names_the_proxy() -> None:
     import subprocess
 
-    exe = shutil.which("rooflight") or "rooflight"
+    exe = rooflight_exe()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROOFLIGHT_")}
     bad = subprocess.run([exe, "run", "--engine-url", "http://127.0.0.1:8000", "--proxy-listen", ":8100",
                           "--slo", "ttft"], capture_output=True, text=True, timeout=60, env=env)

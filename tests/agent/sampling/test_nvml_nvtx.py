@@ -16,9 +16,9 @@ class Recorder:
         self.fail = fail
 
     def mark(self, **kw: Any) -> None:
+        self.events.append(("mark", kw))
         if self.fail:
             raise RuntimeError("broken")
-        self.events.append(("mark", kw))
 
     def start_range(self, **kw: Any) -> int:
         self.events.append(("start", kw))
@@ -70,8 +70,10 @@ def test_real_nvtx_package_accepts_the_calls() -> None:
 
 def test_broken_nvtx_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     nvtx_marks.set_enabled(True)
-    monkeypatch.setattr(nvtx_marks, "_nvtx", Recorder(fail=True))
+    broken = Recorder(fail=True)
+    monkeypatch.setattr(nvtx_marks, "_nvtx", broken)
     nvtx_marks.mark("x")
+    assert [kind for kind, _ in broken.events] == ["mark"]  # it was called, and raised, and that stayed inside
 
 
 def test_disabled_mark_is_cheap() -> None:

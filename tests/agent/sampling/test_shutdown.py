@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import threading
 import urllib.request
 from concurrent.futures import Future
@@ -128,6 +129,143 @@ async def test_a_task_that_refuses_to_stop_is_logged_and_left_behind(
         released[0] = True  # let it end, so the test's event loop closes cleanly
         task.cancel()
         await asyncio.wait({task}, timeout=STOP_BOUND)
+
+
+# -- each guard alone: a loop that does not end fails a test whichever guard breaks ------------------------
+# Agent._every re-raises a cancel its step raised (1), ends when a step returned from a cancel it dropped
+# (2, task.cancelling()), ends at its next step once stop() set the stop flag (3); stop() cancels again
+# until every task ends (4). Each test below is a case only one of them ends.
+
+# Python 3.10 has no task.cancelling()/uncancel(): there the loops rely on the stop flag alone (sampler.py).
+NEEDS_CANCELLING = pytest.mark.skipif(sys.version_info < (3, 11), reason="task.cancelling() and uncancel() are 3.11's")
+
+
+async def _engine_task(agent: Agent) -> asyncio.Task[None]:
+    (task,) = agent._tasks  # nvml and process off: the engine loop alone
+    return task
+
+
+async def test_a_loop_cancelled_in_a_step_that_honours_it_ends_cancelled_and_quietly(
+    fake_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Guard 1: a cancel (from outside stop(): a task group, a shutdown) raised by the step ends the loop as
+    a cancel, not as a dropped one it then had to notice (which logs a warning) or ignore."""
+    entered = asyncio.Event()
+
+    async def waiting_step(self: EngineLoop) -> None:
+        entered.set()
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(EngineLoop, "sample_once", waiting_step)
+    agent = Agent(_config(fake_engine.url))
+    await agent.start()
+    try:
+        await asyncio.wait_for(entered.wait(), STOP_BOUND)
+        task = await _engine_task(agent)
+        with caplog.at_level(logging.WARNING, logger="rooflight"):
+            task.cancel()
+            await asyncio.wait({task}, timeout=STOP_BOUND)
+        assert task.done(), "a loop whose step raised its cancel kept running"
+        assert task.cancelled()
+        assert "cancelled inside a step" not in caplog.text, "an honoured cancel was reported as a dropped one"
+    finally:
+        await _stop_within(agent)
+
+
+@NEEDS_CANCELLING
+async def test_a_loop_whose_step_drops_a_cancel_from_outside_stop_still_ends(
+    fake_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Guard 2: one cancel, not from stop() (no stop flag, no second cancel), that the step returned from
+    (Python 3.11's wait_for race): the loop sees the task was cancelled and ends, saying so."""
+    entered, swallow = asyncio.Event(), [True]
+
+    async def swallowing_step(self: EngineLoop) -> None:
+        entered.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            if swallow[0]:
+                return
+            raise
+
+    monkeypatch.setattr(EngineLoop, "sample_once", swallowing_step)
+    agent = Agent(_config(fake_engine.url))
+    await agent.start()
+    try:
+        await asyncio.wait_for(entered.wait(), STOP_BOUND)
+        task = await _engine_task(agent)
+        with caplog.at_level(logging.WARNING, logger="rooflight"):
+            task.cancel()
+            await asyncio.wait({task}, timeout=STOP_BOUND)
+        assert task.done(), "a loop whose step dropped its cancel went on sampling"
+        assert f"sampling task {task.get_name()} was cancelled inside a step; it ends" in caplog.text
+    finally:
+        swallow[0] = False
+        await _stop_within(agent)
+
+
+@NEEDS_CANCELLING
+async def test_stop_ends_a_loop_whose_step_drops_every_cancel_uncounted_until_its_work_is_done(
+    fake_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guard 3: a step that drops every cancel and takes it back (uncancel(), as asyncio.timeout does with its
+    own), so the task does not look cancelled, and that returns only when its 0.3 s of work is done: every
+    cancel stop() sends lands in it. The stop flag ends the loop when the step returns."""
+    entered, drop = asyncio.Event(), [True]
+
+    async def uncancelling_step(self: EngineLoop) -> None:
+        entered.set()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 0.3
+        while loop.time() < end:
+            try:
+                await asyncio.sleep(end - loop.time())
+            except asyncio.CancelledError:
+                if not drop[0]:
+                    raise
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+
+    monkeypatch.setattr(EngineLoop, "sample_once", uncancelling_step)
+    agent = Agent(_config(fake_engine.url))  # interval 0.1 s: the step overruns it, the loop never sleeps
+    await agent.start()
+    try:
+        await asyncio.wait_for(entered.wait(), STOP_BOUND)
+        task = await _engine_task(agent)
+        took = await _stop_within(agent, asyncio.ensure_future(agent.stop(timeout=STOP_BOUND)))
+        assert task.done(), "stop() left behind a loop whose step had returned: the stop flag was not read"
+        assert took < STOP_BOUND / 2, f"stop took {took:.2f} s"  # one step (0.3 s), far from the timeout
+    finally:
+        drop[0] = False
+        await _cancel_repeatedly(list(agent._tasks), STOP_BOUND)
+
+
+async def test_stop_cancels_again_a_step_that_swallowed_the_first_cancel_and_kept_waiting(
+    fake_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guard 4: a step that swallows one cancel and keeps waiting never returns to the loop (no flag or lost-
+    cancel check runs): only a second cancel ends it, and stop() must send it."""
+    entered, swallowed = asyncio.Event(), [0]
+
+    async def swallow_once_step(self: EngineLoop) -> None:
+        entered.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            swallowed[0] += 1
+        await asyncio.sleep(3600)  # the second cancel ends it
+
+    monkeypatch.setattr(EngineLoop, "sample_once", swallow_once_step)
+    agent = Agent(_config(fake_engine.url))
+    await agent.start()
+    try:
+        await asyncio.wait_for(entered.wait(), STOP_BOUND)
+        task = await _engine_task(agent)
+        took = await _stop_within(agent, asyncio.ensure_future(agent.stop(timeout=STOP_BOUND)))
+        assert swallowed[0] == 1 and task.done(), "stop() cancelled once and left the task behind"
+        assert took < STOP_BOUND / 2, f"stop took {took:.2f} s"
+    finally:
+        await _cancel_repeatedly(list(agent._tasks), STOP_BOUND)
 
 
 # -- the real race: a stop that lands as an NVML answer arrives -------------------------------------------

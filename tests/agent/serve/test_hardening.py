@@ -50,12 +50,17 @@ def _write(path: Path, text: str) -> Path:
 
 # -- 1. a bad-password flood ------------------------------------------------------------------------------
 async def test_a_bad_password_flood_does_not_stall_an_authenticated_gzip_scrape() -> None:
-    """20 clients sending wrong passwords against a cost-12 user, HTTP then TLS: the gzip scrape stays fast."""
+    """20 clients sending wrong passwords against a cost-12 user, HTTP then TLS: the gzip scrape stays fast.
+
+    A scrape stalled behind the flood's bcrypt checks (~0.25 s each) waits seconds, and does so scrape after
+    scrape; a healthy one takes ~10 ms, and on a busy machine one of them now and then takes a few hundred.
+    So the bound is on the median (and the count: one stalled second a scrape leaves fewer than 5 in the
+    ~1.9 s measured), not on the slowest scrape, which is the machine's as much as the agent's."""
     result = await auth_flood.run(bad_clients=20, seconds=2.5, cost=12, modes=("http", "tls"))
     print(result)
     for mode, figures in result.items():
         assert figures["scrapes"] >= 5, (mode, figures)
-        assert figures["scrape_p99_ms"] < 1000, (mode, figures)
+        assert figures["scrape_p50_ms"] < 500, (mode, figures)
         assert figures["bad_statuses"].get("429", 0) > 0, (mode, figures)  # the limit, not bcrypt, answered
 
 

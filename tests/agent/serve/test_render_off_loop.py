@@ -44,7 +44,7 @@ async def _serve(registry: CollectorRegistry) -> tuple[web.AppRunner, str]:
 
 async def test_a_slow_render_does_not_block_the_loop() -> None:
     registry = CollectorRegistry()
-    slow = SlowCollector(0.8)
+    slow = SlowCollector(1.5)  # a health check that waited on it would take 1.4 s, 3.5x the bound below
     registry.register(slow)
     runner, base = await _serve(registry)
     try:

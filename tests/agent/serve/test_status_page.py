@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from rooflight.agent.demo import DemoConfig, DemoEngine
 from rooflight.agent.metrics.snapshot import Snapshot
 from rooflight.agent.roofline import physics
+from rooflight.agent.roofline.gpus import get_profile
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.sampling.config import build
 from rooflight.agent.sampling.sampler import Agent
@@ -109,6 +110,30 @@ async def test_decode_sits_left_of_the_ridge_under_its_plan_ceiling(steady: tupl
     assert batch["flops"] == pytest.approx(batch["intensity"] * roof["peak_bandwidth"])
     assert decode["flops"] / batch["flops"] == pytest.approx(w["mbu"], rel=0.12)
     assert cap["intensity"] > batch["intensity"] and cap["tokens_per_second"] > batch["tokens_per_second"]
+
+
+async def test_with_tp_2_the_decode_point_is_its_achieved_flops_on_the_doubled_roofs() -> None:
+    """One model copy over two GPUs: the roofs are two H100s' (x2 both), and the decode point is the FLOP/s
+    decode achieved (2 x active params x decode tokens/s, whatever the TP), so it sits under the doubled memory
+    roof by its MBU, not at half that height (one GPU's peak times an MFU that is over two)."""
+    async with _demo("steady", 20.0, batch_max=256, tp=2) as (_, agent, _):
+        c = agent.snapshot.targets[0].constants
+        target = status.status_dict(agent.snapshot)["targets"][0]
+    h100 = get_profile("h100-sxm")
+    assert c.tensor_parallel_size == 2 and c.gpu.key == h100.key
+    roof = target["roofline"]
+    assert roof["tensor_parallel_size"] == 2
+    assert roof["peak_flops"] == pytest.approx(2 * h100.peak_flops[c.compute_dtype], rel=1e-12)
+    assert roof["peak_bandwidth"] == pytest.approx(2 * h100.memory_bandwidth_bytes_per_second, rel=1e-12)
+    (series,) = target["series"]
+    w = series["windows"][0]
+    decode = series["operating"]["decode"]
+    achieved = 2.0 * c.model.params_active * w["tokens_per_second"]["decode"]  # FLOP/s, by hand
+    assert decode["flops"] == pytest.approx(achieved, rel=1e-9)
+    assert decode["flops"] < decode["intensity"] * roof["peak_bandwidth"]  # under the doubled memory roof
+    assert decode["flops"] / (decode["intensity"] * roof["peak_bandwidth"]) == pytest.approx(w["mbu"], rel=0.12)
+    drawn = _points(render_roofline(target))["decode"]
+    assert float(drawn.get("data-flops")) == decode["flops"]
 
 
 @pytest.mark.parametrize("value, state", [(True, "active"), (False, "clear"), (None, "unknown")])

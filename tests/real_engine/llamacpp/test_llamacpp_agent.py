@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -28,6 +27,7 @@ import pytest
 
 from rooflight.collectors import expfmt
 from procs import ManagedProcess, free_port, http_text
+from support import rooflight_exe
 
 HERE = Path(__file__).resolve().parent
 REQUESTS, CONCURRENCY, MAX_TOKENS, SLOTS = 24, 4, 192, 2
@@ -84,7 +84,7 @@ def test_agent_reads_a_real_llama_server(llamacpp_dir: Path, tiny_gguf: Path, tm
 
     agent = ManagedProcess(
         name="agent-llamacpp", port=aport, log_path=tmp_path / "agent.log", env_drop_prefixes=("ROOFLIGHT_",),
-        argv=[shutil.which("rooflight") or "rooflight", "run", "--engine-url", engine,
+        argv=[rooflight_exe(), "run", "--engine-url", engine,
               "--model-config", str(tiny_gguf / "config.json"), "--gpu", "h100-sxm",
               "--listen", f"127.0.0.1:{aport}", "--interval", "0.2", "--windows", "10s,1m", "--no-nvml"],
     )
