@@ -39,10 +39,11 @@ def test_power_is_over_the_span_the_points_cover_not_the_nominal_window() -> Non
 
 
 def test_tokens_per_joule_after_an_hour_is_tokens_per_second_over_the_windows_power() -> None:
-    """1,100 decode tokens/s on a GPU at 550 W: 2 tokens per joule, in every window, however long the agent ran."""
+    """1,100 decode tokens/s on a GPU at 550 W, decode taking all of its time: 2 tokens per joule, in every
+    window, however long the agent ran (each phase is charged its share of the GPU's time)."""
     history = _gpu_history(3600)
     windows = [WindowValues(window=name, seconds=s, tokens_per_second={"decode": 1100.0})  # type: ignore[arg-type]
                for name, s in (("10s", 10.0), ("1m", 60.0), ("5m", 300.0))]
     for w in hr.with_energy(windows, lambda seconds: hr.gpu_energy_watts([history], seconds)):
         assert w.energy_watts == pytest.approx(WATTS, rel=1e-9), w.window
-        assert hr.tokens_per_joule(w) == pytest.approx({"decode": 2.0}, rel=1e-9), w.window
+        assert hr.tokens_per_joule(w, {"decode": 1.0}) == pytest.approx({"decode": 2.0}, rel=1e-9), w.window
