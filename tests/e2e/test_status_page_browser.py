@@ -272,6 +272,7 @@ def test_head_of_line_shows_active_within_seconds_of_the_stall(browser: Any, dem
         stalls: list[float] = []
         previous = _prompt_tokens(demo.engine_url)
         active_at = exported_at = None
+        flipped_by: list[float] = []
         deadline = time.monotonic() + 90  # long prompts every 20 s; the detector's baseline needs 30 s
         while time.monotonic() < deadline and active_at is None:
             time.sleep(0.25)
@@ -280,9 +281,12 @@ def test_head_of_line_shows_active_within_seconds_of_the_stall(browser: Any, dem
             if tokens - previous >= LONG_PROMPT_TOKENS:
                 stalls.append(now)
             previous = tokens
-            if exported_at is None and re.search(r"^rooflight_head_of_line_blocking\{[^}]*\} 1\.0$",
-                                                 _get(demo.url + "metrics"), re.M):
+            exposition = _get(demo.url + "metrics")
+            if exported_at is None and re.search(r"^rooflight_head_of_line_blocking\{[^}]*\} 1\.0$", exposition, re.M):
                 exported_at = now
+                # the sample that flipped the detector: the stall's size as the agent judged it
+                flipped_by = [float(v) for v in re.findall(
+                    r"^rooflight_itl_tail_inflation_ratio\{[^}]*\} (\S+)$", exposition, re.M)]
             state, inflation = page.evaluate(HEAD_OF_LINE)
             if state == "active":
                 active_at = now
@@ -299,8 +303,11 @@ def test_head_of_line_shows_active_within_seconds_of_the_stall(browser: Any, dem
         assert badge.inner_text() == "ACTIVE" and badge.get_attribute("data-value") == "1"
         row = page.locator("li.detector[data-detector=head_of_line]").inner_text()
         assert "(the engine's ITL buckets)" in row, row  # the demo has no proxy in front: its buckets judged
-        # the render that first showed it active named the stall's size: at least the 3x threshold
-        assert inflation is not None and inflation >= 3.0 * (1 - 1e-9), inflation
+        # the detector flipped on a stall of at least the 3x threshold (the agent's own number in that sample);
+        # the page shows the factor beside it (the render may come a sample after the stall, on a busy machine,
+        # when the factor has fallen back: its value is not compared)
+        assert exported_at is not None and max(flipped_by) >= 3.0 * (1 - 1e-9), flipped_by
+        assert inflation is not None and inflation > 0, inflation
         if os.environ.get("ROOFLIGHT_UPDATE_SCREENSHOT") == "1":  # while the stall's size is still shown
             README_SHOT.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(README_SHOT), clip={"x": 0, "y": 0, "width": 1280, "height": 900})
