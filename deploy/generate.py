@@ -56,6 +56,7 @@ META_FORS = {"agent_down": ("4007m", "agentDown"), "agent_absent": ("4008m", "ag
 SERVICE_LABEL, REPLICA_LABEL = "rooflight_sentinel_service", "rooflight_sentinel_replica"
 HISTOGRAMS = {"ttft": "rooflight_sentinel_ttft_histogram", "itl": "rooflight_sentinel_itl_histogram"}
 REQUESTS = {"failed": "rooflight_sentinel_failed_requests", "finished": "rooflight_sentinel_finished_requests"}
+ENGINE = "rooflight_sentinel_engine"
 BY_MODEL = {"ttft": ("rooflight-sentinel-ttft-model", 4011.25), "itl": ("rooflight-sentinel-itl-model", 4012.25)}
 RUNBOOK, DASHBOARD = "https://rooflight-sentinel.invalid/runbooks", "https://rooflight-sentinel.invalid/grafana"
 JOB = "rooflight-sentinel-job"
@@ -67,6 +68,7 @@ REPLACEMENTS = [  # (sentinel text, Helm expression); most specific first
     (HISTOGRAMS["ttft"], "{{ $ttftHistogram }}"),
     (HISTOGRAMS["itl"], "{{ $itlHistogram }}"),
     (REQUESTS["failed"], "{{ $failedRequests }}"),
+    (ENGINE, f"{{{{ {V}.engine }}}}"),
     (REQUESTS["finished"], "{{ $finishedRequests }}"),
     (RUNBOOK, f"{{{{ {V}.runbookBaseUrl }}}}"),
     (DASHBOARD, f"{{{{ {V}.dashboardBaseUrl }}}}"),
@@ -93,6 +95,7 @@ def sentinel_config() -> RulesConfig:
         itl=replace(base.itl, threshold_seconds=ITL, buckets=(), histogram=HISTOGRAMS["itl"],
                     by_model=(BY_MODEL["itl"],)),
         requests_failed=REQUESTS["failed"],
+        slo_engine=ENGINE,
         requests_finished=REQUESTS["finished"],
         runbook_base_url=RUNBOOK,
         dashboard_base_url=DASHBOARD,

@@ -218,6 +218,9 @@ class RulesConfig:
     # finish counter by reason, SGLang's aborted and processed counters).
     requests_failed: str = 'vllm:request_success_total{finished_reason=~"abort|error"}'
     requests_finished: str = "vllm:request_success_total"
+    # The agent's `engine` label of the engine whose histograms the SLOs read (rooflight rules --engine):
+    # where the agent watches such an engine and Prometheus holds none of its histograms, the SLOs are blind.
+    slo_engine: str = "vllm"
     request_error_objective: float = 0.99
     client_error_objective: float = 0.999
     # Every burn-rate row (latency, goodput, availability) fires only where its long window saw at least

@@ -210,6 +210,7 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
         itl=_slo(args, "itl", "RooflightITLBudgetBurn", "inter-token latency"),
         goodput_objective=args.goodput_objective,
         request_error_objective=args.request_error_objective,
+        slo_engine=args.engine,
         requests_failed=ENGINE_PRESETS[args.engine]["requests"][0],
         requests_finished=ENGINE_PRESETS[args.engine]["requests"][1],
         client_error_objective=args.client_error_objective,

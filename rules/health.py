@@ -30,6 +30,7 @@ HARDWARE_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140)
 # nvmlClocksEventReason bits that mean the GPU is protecting itself: HW slowdown (8), SW thermal (32), HW
 # thermal (64), HW power brake (128). SW power cap (4) is a busy GPU at its power limit: normal, not alerted.
 SLOWDOWN_BITS = (8, 32, 64, 128)
+ENGINE_SOURCE = 'source="engine"'  # the agent's engine source, in rooflight_source_up
 
 GPU_WHERE = (
     "GPU {{ $labels.gpu }} ({{ $labels.uuid }}"
@@ -51,7 +52,9 @@ def _on_gpu(config: RulesConfig) -> str:
 
 
 def stall_expr(config: RulesConfig) -> str:
-    """Work held the whole window (running or waiting never dropped to 0), yet no token and no step moved.
+    """Work held the whole window (running or waiting never dropped to 0), yet no token and no step moved,
+    from an engine whose /metrics answers (one that does not is RooflightEngineDown's: the agent keeps its
+    last gauges, which would read as held work).
 
     The value is the requests held now. `unless` on the steps keeps an engine that exports no step counter
     judged by its tokens alone.
@@ -67,7 +70,9 @@ def stall_expr(config: RulesConfig) -> str:
         f"unless on ({on})\n"
         f"(increase({prompt}[{w}]) + on ({on}) increase({generation}[{w}]) > 0)\n"
         f"unless on ({on})\n"
-        f"(increase({series(names.ENGINE_STEPS, sel)}[{w}]) > 0)"
+        f"(increase({series(names.ENGINE_STEPS, sel)}[{w}]) > 0)\n"
+        f"and on ({labels(keep(config, 'target'))})\n"
+        f"({series(names.SOURCE_UP, sel, ENGINE_SOURCE)} == 1)"
     )
 
 
@@ -175,6 +180,39 @@ def gpu_health_alerts(config: RulesConfig) -> list[Rule]:
     ]
 
 
+# The labels an agent's scrape and its engine's differ in: the sidecar and the engine share the pod (and the
+# cluster, namespace and host), not the scrape's job or address.
+SCRAPE_ONLY = ("job", "instance")
+
+
+def slo_blind_alert(config: RulesConfig) -> Rule:
+    """Fires where an agent watches an engine of the SLOs' kind and Prometheus holds not both of its latency
+    histograms there: the engine is not scraped, its histograms were renamed, or relabelling dropped them.
+    Without them the TTFT and ITL burn-rate alerts are silent, not green."""
+    watched = series(names.REQUESTS_RUNNING, config.agent_selector, f'engine="{config.slo_engine}"')
+    ttft, itl = (series(f"{slo.histogram}_count", slo.selector) for slo in (config.ttft, config.itl))
+    by_target, by_model = labels(keep(config, "target")), labels(keep(config, config.slo_model_label))
+    return alert(
+        config,
+        "RooflightSLOHistogramMissing",
+        f"group by ({by_target}) ({watched})\n"
+        f"unless ignoring ({labels((*SCRAPE_ONLY, 'target', config.slo_model_label))})\n"
+        f"(group by ({by_model}) ({ttft}) and on ({by_model}) group by ({by_model}) ({itl}))",
+        config.bucket_guard_for,
+        "warning",
+        "Rooflight watches an engine whose latency histograms Prometheus does not have: its SLO alerts are blind.",
+        f"{{{{ $labels.target }}}}{_replica_of()}: the agent watches a {config.slo_engine} engine, but Prometheus "
+        f"holds no {config.ttft.histogram} and {config.itl.histogram} series from the same place. Scrape the "
+        f"engine's /metrics (the chart's PodMonitor does) and keep its series in metricRelabelings: "
+        f"{config.ttft.alert} and {config.itl.alert} cannot fire without them.",
+        dashboard=("overview", same("cluster", "namespace", "pod")),
+    )
+
+
+def _replica_of() -> str:
+    return "{{ if $labels.pod }} (pod {{ $labels.pod }}){{ end }}"
+
+
 def health_alerts(config: RulesConfig) -> list[Rule]:
-    return [engine_stalled_alert(config), *gpu_health_alerts(config)]
+    return [engine_stalled_alert(config), *gpu_health_alerts(config), slo_blind_alert(config)]
 

@@ -31,6 +31,7 @@ from rooflight.rules.templates import same
 
 GUARD_ALERT = "RooflightSLOBucketMissing"
 
+
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 
 

@@ -105,6 +105,7 @@ ALERTS = (
     "RooflightAgentAbsent",
     "RooflightGoodputBudgetBurn",
     "RooflightSLOBucketMissing",
+    "RooflightSLOHistogramMissing",
     "RooflightEngineStalled",
     "RooflightRequestErrorBudgetBurn",
     "RooflightClientErrorBudgetBurn",

@@ -1,0 +1,397 @@
+"""The incident catalogue: what on-call must be paged for, and what must stay quiet.
+
+Each incident is the series a Prometheus holds for two replicas (pods `llm-a` and `llm-b` of one vLLM
+Deployment in namespace `llm`, each with its Rooflight sidecar, scraped by a PodMonitor: the agent's job
+`rooflight`, the engine's `vllm`), one sample a minute for 90 minutes, built from a healthy pod
+(`healthy_pod`) and the incident's changes to it. tests/rules/test_incidents.py replays every incident
+through the shipped rules/rooflight.rules.yaml with promtool and reads `ALERTS{alertstate="firing"}` at each
+check: exactly the alerts listed fire, each naming its pod, and nothing else. docs/incidents.md is this
+catalogue as a table (generated from it, and checked).
+
+The numbers: Llama-3-8B (16e9 weight bytes, 131,072 KV bytes per token) on one H100 (3.35e12 B/s). A
+healthy pod runs 145 engine steps/s with 16 requests and its KV pool (100,000 tokens) 40% full: its weights
+alone stream 16e9 x 145 / 3.35e12 = 69% of the bandwidth, well above the low-MBU line (30%). It finishes 10
+requests/s, every first token within 2.5 s and every token within 0.1 s (the SLO thresholds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MINUTES = 90
+SAMPLES = MINUTES + 1  # one a minute, 0m to 90m
+NS, CLUSTER, MODEL = "llm", "prod", "llama-3-8b"
+PODS = ("llm-a", "llm-b")
+A, B = PODS
+
+Series = dict[str, str]  # promtool series selector -> its values (promtool's expanding notation)
+Alert = tuple[str, str, str, str]  # (alertname, severity, pod or "", the burn row's long window or "")
+
+
+@dataclass(frozen=True)
+class Check:
+    """At `at`, exactly the alerts in `firing` fire, and no other."""
+
+    at: str
+    firing: frozenset[Alert] = frozenset()
+
+
+@dataclass(frozen=True)
+class Incident:
+    name: str
+    what: str  # what happened, as on-call would tell it
+    series: Series
+    checks: tuple[Check, ...]
+    pages: str = ""  # what must page (alert and severity), "" where nothing may
+    within: str = ""  # from the onset to the page, as checked
+
+
+# -- values ---------------------------------------------------------------------------------------------
+
+def num(value: float) -> str:
+    """A value as promtool's notation reads it: no exponent (its `a+bxn` would read 1.6e+10 as a sum)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def flat(value: float, n: int = SAMPLES) -> str:
+    return f"{num(value)}x{n - 1}"
+
+
+def rising(per_minute: float, n: int = SAMPLES, start: float = 0.0) -> str:
+    return f"{num(start)}+{num(per_minute)}x{n - 1}"
+
+
+def gap(n: int) -> str:
+    """`n` minutes with no sample (a scrape that did not happen)."""
+    return f"_x{n}"
+
+
+def change(before: float, at: int, after: float) -> str:
+    """A gauge at `before` until minute `at`, then `after`."""
+    return f"{flat(before, at)} {flat(after, SAMPLES - at)}"
+
+
+def stops(per_minute: float, at: int) -> str:
+    """A counter rising `per_minute` until minute `at`, then stuck."""
+    return f"{rising(per_minute, at + 1)} {flat(per_minute * at, SAMPLES - at - 1)}"
+
+
+def starts(per_minute: float, at: int) -> str:
+    """A counter at 0 until minute `at`, then rising `per_minute`."""
+    return f"{flat(0, at)} {rising(per_minute, SAMPLES - at)}"
+
+
+def absent_until(at: int, values: str) -> str:
+    """No sample before minute `at`; `values` (SAMPLES - at of them) from then on."""
+    return f"{gap(at)} {values}"
+
+
+# -- series ---------------------------------------------------------------------------------------------
+
+def _selector(metric: str, labels: dict[str, str]) -> str:
+    return metric + "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+def agent(pod: str, metric: str, **labels: str) -> str:
+    return _selector(metric, {"cluster": CLUSTER, "namespace": NS, "pod": pod, "job": "rooflight", **labels})
+
+
+def rank(pod: str, metric: str, **labels: str) -> str:
+    """A per-rank series of the pod's agent (its target is named after the pod, as the chart does)."""
+    return agent(pod, metric, target=pod, engine="vllm", model=MODEL, rank="0", **labels)
+
+
+def engine(pod: str, metric: str, **labels: str) -> str:
+    """A series of the engine's own /metrics, scraped from the same pod under the engine's job."""
+    return _selector(metric, {"cluster": CLUSTER, "namespace": NS, "pod": pod, "job": "vllm", "model_name": MODEL,
+                              **labels})
+
+
+def gpu(pod: str, metric: str) -> str:
+    return agent(pod, metric, gpu="0", uuid=f"GPU-{pod}")
+
+
+def client(pod: str, status: str, finish_reason: str) -> str:
+    """The proxy's request counter (rooflight run --proxy-listen in the pod's sidecar)."""
+    return agent(pod, "rooflight_client_requests_total", target=pod, route="chat", stream="true", status=status,
+                 finish_reason=finish_reason, tenant="")
+
+
+def up(pod: str) -> str:
+    return _selector("up", {"cluster": CLUSTER, "namespace": NS, "pod": pod, "job": "rooflight",
+                            "instance": f"{pod}:9746"})
+
+
+RANK_SERIES = ("rooflight_engine_steps_total", "rooflight_generation_tokens_total", "rooflight_prompt_tokens_total",
+               "rooflight_requests_running", "rooflight_requests_waiting", "rooflight_kv_cache_usage_ratio",
+               "rooflight_kv_cache_capacity_tokens", "rooflight_batch_occupancy_ratio", "rooflight_preemptions_total",
+               "rooflight_head_of_line_blocking", "rooflight_itl_tail_inflation_ratio",
+               "rooflight_batch_capacity_capped", "rooflight_batch_admission_bound")
+TTFT, ITL = "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"
+# The series that exist only once the engine answers: the agent's per-rank series and the engine's own.
+ENGINE_FED = (*RANK_SERIES, "vllm:")
+
+
+def healthy_pod(pod: str) -> Series:
+    """Every series one healthy pod gives Prometheus: the agent's, its GPU's and the engine's own."""
+    values = (rising(145 * 60), rising(2000 * 60), rising(6000 * 60), flat(16), flat(0), flat(0.4), flat(100000),
+              flat(0.06), flat(0), flat(0), flat(1.1), flat(0), flat(0))
+    s: Series = {rank(pod, m): v for m, v in zip(RANK_SERIES, values)}
+    s |= {
+        up(pod): flat(1),
+        agent(pod, "rooflight_source_up", source="engine", target=pod): flat(1),
+        agent(pod, "rooflight_source_starting", source="engine", target=pod): flat(0),
+        agent(pod, "rooflight_source_up", source="nvml", target="node"): flat(1),
+        agent(pod, "rooflight_source_starting", source="nvml", target="node"): flat(0),
+        agent(pod, "rooflight_model_weight_bytes", target=pod, model=MODEL): flat(16e9),
+        agent(pod, "rooflight_model_kv_cache_bytes_per_token", target=pod, model=MODEL): flat(131072),
+        agent(pod, "rooflight_tensor_parallel_size", target=pod, model=MODEL): flat(1),
+        agent(pod, "rooflight_gpu_peak_memory_bandwidth_bytes_per_second", target=pod): flat(3.35e12),
+        gpu(pod, "rooflight_gpu_xid_errors_total"): flat(0),
+        gpu(pod, "rooflight_gpu_ecc_uncorrected_errors_total"): flat(0),
+        gpu(pod, "rooflight_gpu_remapped_rows_pending"): flat(0),
+        gpu(pod, "rooflight_gpu_remapped_rows_failure"): flat(0),
+        gpu(pod, "rooflight_gpu_clock_event_reasons"): flat(4),  # the power cap: a busy GPU, not a fault
+        gpu(pod, "rooflight_gpu_temperature_celsius"): flat(62),
+        engine(pod, f"{TTFT}_count"): rising(600),
+        engine(pod, f"{TTFT}_bucket", le="2.5"): rising(600),
+        engine(pod, f"{ITL}_count"): rising(120000),
+        engine(pod, f"{ITL}_bucket", le="0.1"): rising(120000),
+        engine(pod, "vllm:request_success_total", finished_reason="length"): rising(600),
+        engine(pod, "vllm:request_success_total", finished_reason="abort"): flat(0),
+    }
+    return s
+
+
+def fleet(**changes: Series) -> Series:
+    """Both pods healthy, then each pod's changes (keyword: the pod's name with `_` for `-`)."""
+    out: Series = {}
+    for pod in PODS:
+        out |= healthy_pod(pod)
+        out |= changes.get(pod.replace("-", "_"), {})
+    return out
+
+
+def without(series: Series, *metrics: str) -> Series:
+    """`series` less every series of `metrics` (a name, or a name prefix ending in ':')."""
+    return {k: v for k, v in series.items() if not k.split("{", 1)[0].startswith(metrics)}
+
+
+def fires(*alerts: Alert) -> frozenset[Alert]:
+    return frozenset(alerts)
+
+
+def quiet(*at: str) -> tuple[Check, ...]:
+    return tuple(Check(t) for t in at)
+
+
+# -- the incidents --------------------------------------------------------------------------------------
+
+def _hung(pod: str, at: int) -> Series:
+    """The engine stops at minute `at` holding 8 running and 20 waiting; its /metrics still answers."""
+    s = {rank(pod, "rooflight_engine_steps_total"): stops(145 * 60, at),
+         rank(pod, "rooflight_generation_tokens_total"): stops(2000 * 60, at),
+         rank(pod, "rooflight_prompt_tokens_total"): stops(6000 * 60, at),
+         rank(pod, "rooflight_requests_running"): change(16, at, 8),
+         rank(pod, "rooflight_requests_waiting"): change(0, at, 20),
+         engine(pod, f"{TTFT}_count"): stops(600, at), engine(pod, f"{TTFT}_bucket", le="2.5"): stops(600, at),
+         engine(pod, f"{ITL}_count"): stops(120000, at), engine(pod, f"{ITL}_bucket", le="0.1"): stops(120000, at),
+         engine(pod, "vllm:request_success_total", finished_reason="length"): stops(600, at)}
+    return s
+
+
+def _idle(pod: str) -> Series:
+    s = {rank(pod, m): flat(v) for m, v in (("rooflight_engine_steps_total", 5e5), ("rooflight_generation_tokens_total", 9e5),
+                                            ("rooflight_prompt_tokens_total", 7e5), ("rooflight_requests_running", 0),
+                                            ("rooflight_kv_cache_usage_ratio", 0), ("rooflight_batch_occupancy_ratio", 0))}
+    s |= {engine(pod, f"{TTFT}_count"): flat(5000), engine(pod, f"{TTFT}_bucket", le="2.5"): flat(5000),
+          engine(pod, f"{ITL}_count"): flat(9e5), engine(pod, f"{ITL}_bucket", le="0.1"): flat(9e5),
+          engine(pod, "vllm:request_success_total", finished_reason="length"): flat(5000)}
+    return s
+
+
+def _loading(pod: str, minutes: int) -> Series:
+    """A new pod whose engine loads its model for `minutes` (connections refused): the agent has no engine
+    series yet and says starting; then it serves like the others, its counters from 0."""
+    s = {k: " ".join(["_"] * minutes + _expand(v)[: SAMPLES - minutes])
+         for k, v in healthy_pod(pod).items() if k.startswith(ENGINE_FED)}
+    s |= {agent(pod, "rooflight_source_up", source="engine", target=pod): change(0, minutes, 1),
+          agent(pod, "rooflight_source_starting", source="engine", target=pod): change(1, minutes, 0)}
+    return s
+
+
+def _stuck(pod: str) -> Series:
+    """A new pod whose engine never comes up (a bad image, weights that do not fit)."""
+    s = {k: gap(SAMPLES) for k in healthy_pod(pod) if k.startswith(ENGINE_FED)}
+    s |= {agent(pod, "rooflight_source_up", source="engine", target=pod): flat(0),
+          agent(pod, "rooflight_source_starting", source="engine", target=pod): flat(1)}
+    return s
+
+
+def _crash_loop(pod: str, at: int) -> Series:
+    """Up, then from minute `at` the engine crashes and restarts with back-off: down 5 min, up 1, again. The
+    agent keeps the engine's last gauges (held work) while its scrapes fail."""
+    cycle = (["0"] * 5 + ["1"])
+    tail = (cycle * ((SAMPLES - at) // len(cycle) + 1))[: SAMPLES - at]
+    s = {agent(pod, "rooflight_source_up", source="engine", target=pod): f"{flat(1, at)} {' '.join(tail)}"}
+    s |= {k: stops(per, at) for k, per in ((rank(pod, "rooflight_engine_steps_total"), 145 * 60),
+                                           (rank(pod, "rooflight_generation_tokens_total"), 2000 * 60),
+                                           (rank(pod, "rooflight_prompt_tokens_total"), 6000 * 60))}
+    return s
+
+
+def _detector(pod: str, flag: str, at: int, **gauges: float) -> Series:
+    s = {rank(pod, flag): change(0, at, 1)}
+    s |= {rank(pod, m): change(v0, at, v1) for m, (v0, v1) in gauges.items()}  # type: ignore[misc]
+    return s
+
+
+def _low_traffic(pod: str, at: tuple[int, ...], slow: int) -> Series:
+    """`len(at)` requests in 90 minutes, at those minutes, the last `slow` of them over 2.5 s."""
+    count = [sum(1 for t in at if t <= m) for m in range(SAMPLES)]
+    good = [sum(1 for t in at[: len(at) - slow] if t <= m) for m in range(SAMPLES)]
+    s = _idle(pod)
+    s |= {engine(pod, f"{TTFT}_count"): " ".join(map(str, count)),
+          engine(pod, f"{TTFT}_bucket", le="2.5"): " ".join(map(str, good)),
+          engine(pod, "vllm:request_success_total", finished_reason="length"): " ".join(map(str, count))}
+    return s
+
+
+def _prometheus_restart(series: Series, at: int, minutes: int) -> Series:
+    """Prometheus down from minute `at` for `minutes`: no sample of anything in the gap."""
+    out = {}
+    for k, v in series.items():
+        values = _expand(v)
+        out[k] = " ".join(values[:at] + ["_"] * minutes + values[at + minutes:])
+    return out
+
+
+def _expand(values: str) -> list[str]:
+    """promtool's notation written out, one token a minute (only what this module writes)."""
+    out: list[str] = []
+    for token in values.split():
+        if token.startswith("_x"):
+            out += ["_"] * int(token[2:])
+        elif "x" in token:
+            head, n = token.rsplit("x", 1)
+            if "+" in head:
+                start, step = head.split("+", 1)
+                out += [num(float(start) + float(step) * i) for i in range(int(n) + 1)]
+            else:
+                out += [head] * (int(n) + 1)
+        else:
+            out.append(token)
+    return out
+
+
+def _agent_gone(pod: str, at: int) -> Series:
+    """The pod's agent crash-loops from minute `at`: its scrape fails (up 0), none of its series is scraped."""
+    s = {up(pod): change(1, at, 0)}
+    s |= {k: " ".join(_expand(v)[:at] + ["_"] * (SAMPLES - at))
+          for k, v in healthy_pod(pod).items() if k.startswith("rooflight_")}
+    return s
+
+
+INCIDENTS: tuple[Incident, ...] = (
+    Incident("Healthy steady", "Two replicas serve 10 requests/s each; every SLO is met.",
+             fleet(), quiet("30m", "89m")),
+    Incident("Idle", "Nothing to do: no request running or waiting, every counter flat.",
+             fleet(llm_a=_idle(A), llm_b=_idle(B)), quiet("30m", "89m")),
+    Incident("Hung engine", "llm-a's engine hangs at 20m holding 8 requests and 20 waiting; its /metrics still "
+             "answers, so no source is down and no latency is observed.",
+             fleet(llm_a=_hung(A, 20)),
+             (Check("21m"), Check("25m", fires(("RooflightEngineStalled", "critical", A, ""))),
+              Check("89m", fires(("RooflightEngineStalled", "critical", A, "")))),
+             "RooflightEngineStalled (critical)", "5 min"),
+    Incident("Slow model load on rollout", "A rollout's new pod llm-b loads its model for 8 minutes (connections "
+             "refused) before it serves.", fleet(llm_b=_loading(B, 8)), quiet("5m", "7m", "30m")),
+    Incident("Model load that never finishes", "llm-b never comes up (a bad image, weights that do not fit).",
+             fleet(llm_b=_stuck(B)),
+             (Check("29m"), Check("32m", fires(("RooflightEngineStartTimeout", "warning", B, ""))),
+              Check("89m", fires(("RooflightEngineStartTimeout", "warning", B, "")))),
+             "RooflightEngineStartTimeout (warning)", "30 min (the load budget)"),
+    Incident("Crash loop", "llm-a's engine, up for 20 minutes, crashes and restarts with back-off (down 5 min, "
+             "up 1).", fleet(llm_a=_crash_loop(A, 20)),
+             (Check("21m"), Check("23m", fires(("RooflightEngineDown", "critical", A, "")))),
+             "RooflightEngineDown (critical)", "3 min"),
+    Incident("KV wall", "llm-a's KV cache fills at 20m: 98% full, preempting, 12 waiting; its detector holds.",
+             fleet(llm_a=_detector(A, "rooflight_batch_capacity_capped", 20,
+                                   rooflight_kv_cache_usage_ratio=(0.4, 0.98), rooflight_requests_waiting=(0, 12))),
+             (Check("25m"), Check("45m", fires(("RooflightBatchCapacityCapped", "warning", A, "")))),
+             "RooflightBatchCapacityCapped (warning)", "25 min"),
+    Incident("Head-of-line blocking", "Long prompts stall llm-a's decode batch from 20m: its worst ITL 6x its "
+             "median, the detector holds.",
+             fleet(llm_a=_detector(A, "rooflight_head_of_line_blocking", 20,
+                                   rooflight_itl_tail_inflation_ratio=(1.1, 6.0))),
+             (Check("21m"), Check("35m", fires(("RooflightHeadOfLineBlocking", "warning", A, "")))),
+             "RooflightHeadOfLineBlocking (warning)", "15 min"),
+    Incident("Admission-bound", "From 20m, 30 requests wait on llm-a while its batch is 20% of its cap and KV "
+             "30% full (a scheduler or gateway limit).",
+             fleet(llm_a=_detector(A, "rooflight_batch_admission_bound", 20,
+                                   rooflight_requests_waiting=(0, 30), rooflight_batch_occupancy_ratio=(0.06, 0.2))),
+             (Check("25m"), Check("45m", fires(("RooflightBatchAdmissionBound", "warning", A, "")))),
+             "RooflightBatchAdmissionBound (warning)", "25 min"),
+    Incident("Abort storm", "From 20m clients time out and abort 300 requests a minute on each replica.",
+             fleet(llm_a={engine(A, "vllm:request_success_total", finished_reason="abort"): starts(300, 20)},
+                   llm_b={engine(B, "vllm:request_success_total", finished_reason="abort"): starts(300, 20)}),
+             # a third of the requests failing burns the 1h window past 14.4 x 1% after ~11 minutes
+             (Check("20m"), Check("30m"), Check("36m", fires(("RooflightRequestErrorBudgetBurn", "critical", "", "1h")))),
+             "RooflightRequestErrorBudgetBurn (critical)", "16 min"),
+    Incident("Upstream 5xx through the proxy", "From 20m the engine behind llm-a's proxy fails 30 of 100 requests "
+             "a minute with 502.",
+             fleet(llm_a={client(A, "200", "stop"): rising(70), client(A, "502", "none"): starts(30, 20)}),
+             (Check("20m"), Check("30m", fires(("RooflightClientErrorBudgetBurn", "critical", A, "1h")))),
+             "RooflightClientErrorBudgetBurn (critical)", "10 min"),
+    Incident("XID error", "llm-a's GPU falls off the bus (XID 79) at 30m.",
+             fleet(llm_a={gpu(A, "rooflight_gpu_xid_errors_total"): change(0, 30, 1),
+                          gpu(A, "rooflight_gpu_xid_last_code"): absent_until(30, flat(79, SAMPLES - 30))}),
+             (Check("29m"), Check("31m", fires(("RooflightGPUHardwareXid", "critical", A, "")))),
+             "RooflightGPUHardwareXid (critical)", "1 min"),
+    Incident("Thermal throttling", "llm-b's GPU overheats from 20m: 90 C and the HW thermal slowdown bit set.",
+             fleet(llm_b={gpu(B, "rooflight_gpu_clock_event_reasons"): change(4, 20, 68),
+                          gpu(B, "rooflight_gpu_temperature_celsius"): change(62, 20, 90)}),
+             (Check("22m"), Check("40m", fires(("RooflightGPUThrottled", "warning", B, ""),
+                                               ("RooflightGPUHot", "warning", B, "")))),
+             "RooflightGPUThrottled, RooflightGPUHot (warning)", "20 min"),
+    Incident("One of two replicas degraded", "llm-b decodes at 20 steps/s from the start (a slow node) while "
+             "llm-a is healthy.",
+             fleet(llm_b={rank(B, "rooflight_engine_steps_total"): rising(20 * 60)}),
+             (Check("30m"), Check("40m", fires(("RooflightLowDecodeMBU", "warning", B, "")))),
+             "RooflightLowDecodeMBU (warning), naming llm-b only", "35 min"),
+    Incident("Engine histograms missing", "Prometheus does not scrape the engines' /metrics (only the agents'): "
+             "the TTFT and ITL SLOs have nothing to read.",
+             without(fleet(), "vllm:"),
+             (Check("10m"), Check("20m", fires(("RooflightSLOHistogramMissing", "warning", A, ""),
+                                               ("RooflightSLOHistogramMissing", "warning", B, "")))),
+             "RooflightSLOHistogramMissing (warning)", "15 min"),
+    Incident("Low traffic, two slow requests", "A quiet hour: 3 requests in 40 minutes on llm-a, the last two "
+             "slower than 2.5 s (67% of the hour's requests).",
+             fleet(llm_a=_low_traffic(A, (10, 20, 38), slow=2), llm_b=_idle(B)), quiet("40m", "60m")),
+    Incident("Prometheus restart", "Prometheus is down from 40m for 10 minutes: no sample of anything, then "
+             "scraping resumes.", _prometheus_restart(fleet(), 40, 10), quiet("51m", "55m", "70m")),
+    Incident("Agent down", "llm-a's agent crash-loops from 20m: its scrape fails and its series go stale.",
+             fleet(llm_a=_agent_gone(A, 20)),
+             (Check("21m"), Check("30m", fires(("RooflightAgentDown", "warning", A, "")))),
+             "RooflightAgentDown (warning)", "10 min"),
+)
+
+
+def markdown() -> str:
+    """docs/incidents.md's table (generated: `python tests/rules/incidents.py`)."""
+    rows = ["| incident | what happens | pages | within | stays quiet |", "|---|---|---|---|---|"]
+    for i in INCIDENTS:
+        checked = ", ".join(c.at for c in i.checks)
+        rows.append(f"| {i.name} | {i.what} | {i.pages or 'nothing'} | {i.within or '-'} | "
+                    f"{'every other alert' if i.pages else 'every alert'} (checked at {checked}) |")
+    return "\n".join(rows) + "\n"
+
+
+def summary() -> str:
+    """README's line on the catalogue."""
+    paged = sum(1 for i in INCIDENTS if i.pages)
+    return (f"{len(INCIDENTS)} incidents replayed through the shipped rules: {paged} page as they must, "
+            f"{len(INCIDENTS) - paged} stay quiet, 0 false pages")
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
