@@ -64,7 +64,7 @@ class RecordingParser(sse.SSEParser):
 
 def held(parser: sse.SSEParser) -> int:
     """What the parser holds between reads, counted from its buffers (not from its own `buffered`)."""
-    return len(parser._tail) + sum(len(line) + 1 for line in parser._data) + len(parser._event)
+    return sum(map(len, parser._tail)) + sum(len(line) + 1 for line in parser._data) + len(parser._event)
 
 
 async def endless_event_upstream(blocks: int) -> tuple[web.AppRunner, str, bytes]:
