@@ -42,6 +42,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--windows", metavar="LIST", help=f"percentile and goodput windows (default {pc.DEFAULT_WINDOWS})")
     p.add_argument("--percentiles", metavar="LIST", help=f"exported percentiles (default {pc.DEFAULT_PERCENTILES})")
     p.add_argument("--connect-timeout", metavar="SECONDS", help="upstream connect timeout (default 10s); no read timeout")
+    p.add_argument("--upstream-credentials-for-anonymous", action="store_true",
+                   help="add --upstream's user:password to requests that carry no Authorization of their own"
+                        " (anyone who reaches --listen is lent them); without it a user:password is refused")
     p.add_argument("--check-only", action="store_true", help="validate the flags and exit")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -52,6 +55,7 @@ def config_from_args(args: argparse.Namespace) -> pc.ProxyConfig:
         args.upstream, listen=args.listen, metrics_listen=args.metrics_listen, slos=args.slo,
         tenant_header=args.tenant_header, tenant_top=args.tenant_top, buckets=args.buckets,
         windows=args.windows, percentiles=args.percentiles, connect_timeout=args.connect_timeout,
+        upstream_credentials_for_anonymous=args.upstream_credentials_for_anonymous,
     )
 
 

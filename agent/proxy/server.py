@@ -267,7 +267,7 @@ class ProxyServer:
         try:
             body, reserved = await self._body(request)
             upstream = await self._session.request(
-                request.method, url, headers=forward_headers(request.headers), data=body, allow_redirects=False,
+                request.method, url, headers=self._upstream_headers(request), data=body, allow_redirects=False,
             )
         except asyncio.TimeoutError as exc:
             raise _UpstreamFailed(504, "timeout", exc) from None
@@ -284,6 +284,13 @@ class ProxyServer:
             raise
         upstream.release()  # read to the end: the connection goes back to the pool
         return response
+
+    def _upstream_headers(self, request: web.Request) -> CIMultiDict[str]:
+        """The client's headers to send on; --upstream's credentials only where the client sent none."""
+        headers = forward_headers(request.headers)
+        if self.config.upstream_auth is not None and "Authorization" not in headers:
+            headers["Authorization"] = self.config.upstream_auth
+        return headers
 
     async def _respond(self, request: web.Request, upstream: aiohttp.ClientResponse,
                        tracker: tr.RequestTracker | None) -> web.StreamResponse:
