@@ -41,6 +41,7 @@ class ProxyConfig:
     connect_timeout: float = 10.0
     max_buffered_body: int = 16 * 1024 * 1024  # request bodies up to this are read whole, larger ones streamed
     max_buffered_total: int = 64 * 1024 * 1024  # all bodies read whole at once; past it a body is streamed too
+    max_accounting_total: int = 64 * 1024 * 1024  # the accounting's copies of answers held at once, in total
     refresh: float = 1.0  # seconds between snapshots of the exports
     name: str = ""  # the `target` label when given (`rooflight run`: the engine target's own name)
     # The Authorization value made from --upstream's user:password, added to requests that carry none of

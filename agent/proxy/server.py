@@ -10,7 +10,8 @@ cut too, so it sees the same truncated response it would have seen directly.
 
 Memory is bounded: request bodies are read whole (to keep their Content-Length) only while the bodies held
 at once stay under `max_buffered_total`, else streamed like large ones; the response is never buffered, and
-the accounting's SSE parser holds one event at most (sse.MAX_EVENT_BYTES). A request the proxy cannot relay
+the accounting's copies of answers (a JSON body, an SSE parser's unfinished event) are bounded per answer
+and, in total, by `max_accounting_total` (past it an answer is relayed unaccounted, and counted). A request the proxy cannot relay
 (an absolute-form target) gets 400, an upstream reason with control characters is relayed without them,
 and an upstream answer that cannot be relayed at all gets 502: one log line each, never a traceback.
 
@@ -38,6 +39,7 @@ from rooflight.agent.proxy.config import ProxyConfig
 from rooflight.agent.proxy.exposition import ClientCollector, registry_for
 from rooflight.agent.proxy.stats import EMPTY, ClientSnapshot, ClientStats, StatsConfig
 from rooflight.agent.proxy.tenants import tenant_key
+from rooflight.agent.proxy.tracker import ByteBudget
 from rooflight.agent.sampling.clock import Clock, SystemClock
 from rooflight.agent.sampling.config import public_url, split_listen
 from rooflight.agent.signals.token_gaps import ClientGaps
@@ -74,28 +76,6 @@ def safe_reason(reason: str | None) -> str | None:
     return "".join(ch for ch in reason if ch in _REASON_CHARS).strip()
 
 
-class ByteBudget:
-    """Bytes of request bodies held at once: a reservation is taken before a body is read whole."""
-
-    __slots__ = ("limit", "held", "peak")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held = 0
-        self.peak = 0  # the most held at once since start, for tests and debugging
-
-    def take(self, size: int) -> bool:
-        """Reserve `size` bytes; False (nothing reserved) when that would pass the limit."""
-        if self.held + size > self.limit:
-            return False
-        self.held += size
-        self.peak = max(self.peak, self.held)
-        return True
-
-    def give(self, size: int) -> None:
-        self.held -= size
-
-
 class ProxyServer:
     """The proxy app, its metrics app, and the stats they share (one event loop, no locks)."""
 
@@ -116,6 +96,7 @@ class ProxyServer:
         self._refresher: asyncio.Task[None] | None = None
         self._lag_probe: asyncio.Task[None] | None = None
         self.body_budget = ByteBudget(config.max_buffered_total)
+        self.accounting_budget = ByteBudget(config.max_accounting_total)  # copies of answers, to read them
         self.proxy_url = ""
         self.metrics_url = ""
 
@@ -320,6 +301,8 @@ class ProxyServer:
             if tracker is not None:
                 try:
                     tracker.on_bytes(now(), data)
+                except tr.OverBudget:
+                    tracker = self._over_budget(tracker)
                 except Exception:
                     tracker = self._drop(tracker)
             sent = now()
@@ -357,7 +340,8 @@ class ProxyServer:
         try:
             header = self.config.tenant_header
             tenant = tenant_key(request.headers.get(header)) if header else None
-            return tr.RequestTracker(start, tr.classify_route(request.method, request.path), tenant, self.client_gaps)
+            return tr.RequestTracker(start, tr.classify_route(request.method, request.path), tenant, self.client_gaps,
+                                     self.accounting_budget)
         except Exception:
             log.debug("proxy accounting failed at request start", exc_info=True)
             self.stats.accounting_error()
@@ -375,7 +359,20 @@ class ProxyServer:
         """The tracker failed: count it, and relay the rest of this request unaccounted."""
         log.debug("proxy accounting failed mid-request", exc_info=True)
         self.stats.accounting_error()
+        self._release(tracker)
         return None
+
+    def _over_budget(self, tracker: tr.RequestTracker) -> None:
+        """The accounting's memory budget is spent: relay the rest of this answer unaccounted, and count it."""
+        self.stats.over_budget += 1
+        self._release(tracker)
+        return None
+
+    def _release(self, tracker: tr.RequestTracker) -> None:
+        try:
+            tracker.release()
+        except Exception:
+            log.debug("proxy accounting failed to release a request's copies", exc_info=True)
 
     def _record(self, tracker: tr.RequestTracker | None, outcome: str, reason: str | None) -> None:
         if tracker is None:
@@ -385,6 +382,8 @@ class ProxyServer:
         except Exception:
             log.debug("proxy accounting failed at request end", exc_info=True)
             self.stats.accounting_error()
+        finally:
+            self._release(tracker)
 
 
 async def _stream(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:

@@ -88,3 +88,99 @@ async def test_a_bearer_token_is_relayed_by_a_proxy_without_credentials(upstream
         assert await echo(client, server, {}) == (200, [])  # the proxy adds no Authorization of its own
     finally:
         await server.stop()
+
+
+# -- 6. the accounting's copies of answers, in total ---------------------------------------------------------
+
+MiB = 1024 * 1024
+
+
+class HeldCopies:
+    """What every tracker holds between reads (its JSON body copy and its SSE parser), in total and at most."""
+
+    def __init__(self) -> None:
+        self.now = self.peak = 0
+
+    def watch(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from rooflight.agent.proxy import tracker as tr
+
+        held = self
+        original = tr.RequestTracker.on_bytes
+
+        def on_bytes(tracker: tr.RequestTracker, t: float, data: bytes) -> None:
+            before = copies(tracker)
+            try:
+                original(tracker, t, data)
+            finally:
+                held.now += copies(tracker) - before
+                held.peak = max(held.peak, held.now)
+
+        monkeypatch.setattr(tr.RequestTracker, "on_bytes", on_bytes)
+
+
+def copies(tracker: object) -> int:
+    body = getattr(tracker, "_body", None)
+    parser = getattr(tracker, "_parser", None)
+    return (sum(map(len, body)) if body else 0) + (parser.buffered if parser is not None else 0)
+
+
+async def held_answers_upstream(kind: str, size: int, hold: float) -> tuple[object, str]:
+    """Answers `size` bytes at once, then holds the answer open `hold` s before ending it: a JSON answer
+    (its last byte held back) or an SSE event that is not ended until then."""
+    from aiohttp import web
+    from support import serve_app
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        if kind == "json":
+            body = json.dumps({"choices": [{"message": {"content": "x" * size}, "finish_reason": "stop"}],
+                               "usage": {"prompt_tokens": 1, "completion_tokens": 2}}).encode()
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            response.content_length = len(body)
+            await response.prepare(request)
+            await response.write(body[:-1])
+            await asyncio.sleep(hold)
+            await response.write(body[-1:])
+        else:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(b'data: {"choices":[{"delta":{"content":"' + b"x" * size)
+            await asyncio.sleep(hold)
+            await response.write(b'"}}]}\n\ndata: [DONE]\n\n')
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", answer)
+    return await serve_app(app, access_log=None)
+
+
+@pytest.mark.parametrize("kind, stream", [("json", False), ("sse", True)])
+async def test_answers_held_at_once_are_accounted_within_a_total_budget(
+        kind: str, stream: bool, client: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    held = HeldCopies()
+    held.watch(monkeypatch)
+    runner, url = await held_answers_upstream(kind, MiB, hold=1.0)
+    server = await start_proxy(url, replace={"max_accounting_total": 3 * MiB})
+
+    async def ask() -> int:
+        async with client.post(server.proxy_url + "/v1/completions", json={"stream": stream}) as r:
+            assert r.status == 200
+            return len(await r.read())
+
+    try:
+        sizes = await asyncio.wait_for(asyncio.gather(*(ask() for _ in range(8))), 60)  # 8 MiB offered at once
+        assert len(set(sizes)) == 1 and sizes[0] > MiB  # every answer relayed whole
+        assert held.peak <= 3 * MiB + 64 * 1024  # within the budget (and one read)
+        assert server.accounting_budget.held == 0  # every reservation given back
+        server.refresh_now()
+        total = {name: sum(v for n, _, v in server.snapshot.counters if n == name) for name in (
+            "rooflight_client_requests_total", "rooflight_client_accounting_over_budget_total",
+            "rooflight_client_output_tokens_total")}
+        skipped = total["rooflight_client_accounting_over_budget_total"]
+        assert 4 <= skipped < 8 and total["rooflight_client_requests_total"] == 8  # every request is counted,
+        per_answer = 2 if kind == "json" else 1  # `usage` says 2; a stream without usage counts its one chunk
+        assert total["rooflight_client_output_tokens_total"] == per_answer * (8 - skipped)  # its tokens if read
+    finally:
+        await server.stop()
+        await runner.cleanup()  # type: ignore[attr-defined]
