@@ -42,6 +42,12 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--windows", metavar="LIST", help=f"percentile and goodput windows (default {pc.DEFAULT_WINDOWS})")
     p.add_argument("--percentiles", metavar="LIST", help=f"exported percentiles (default {pc.DEFAULT_PERCENTILES})")
     p.add_argument("--connect-timeout", metavar="SECONDS", help="upstream connect timeout (default 10s); no read timeout")
+    p.add_argument("--read-header-timeout", metavar="SECONDS",
+                   help="a request's headers must arrive within this of its first byte (default 10s)")
+    p.add_argument("--idle-timeout", metavar="SECONDS", help="close a keep-alive connection idle this long (default 60s)")
+    p.add_argument("--max-connections", metavar="N", help="connections open on --listen at once (default 4096)")
+    p.add_argument("--max-connections-per-client", metavar="N",
+                   help="of them, held by one IP address (default half of --max-connections)")
     p.add_argument("--upstream-credentials-for-anonymous", action="store_true",
                    help="add --upstream's user:password to requests that carry no Authorization of their own"
                         " (anyone who reaches --listen is lent them); without it a user:password is refused")
@@ -56,6 +62,8 @@ def config_from_args(args: argparse.Namespace) -> pc.ProxyConfig:
         tenant_header=args.tenant_header, tenant_top=args.tenant_top, buckets=args.buckets,
         windows=args.windows, percentiles=args.percentiles, connect_timeout=args.connect_timeout,
         upstream_credentials_for_anonymous=args.upstream_credentials_for_anonymous,
+        read_header_timeout=args.read_header_timeout, idle_timeout=args.idle_timeout,
+        max_connections=args.max_connections, max_connections_per_client=args.max_connections_per_client,
     )
 
 

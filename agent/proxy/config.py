@@ -43,6 +43,10 @@ class ProxyConfig:
     max_buffered_total: int = 64 * 1024 * 1024  # all bodies read whole at once; past it a body is streamed too
     max_accounting_total: int = 64 * 1024 * 1024  # the accounting's copies of answers held at once, in total
     refresh: float = 1.0  # seconds between snapshots of the exports
+    read_header_timeout: float = 10.0  # a request's headers, from its first byte (or the connection's start)
+    idle_timeout: float = 60.0  # a keep-alive connection between requests
+    max_connections: int = 4096  # open on the proxy's port at once
+    max_connections_per_client: int = 2048  # of them, held by one IP address
     name: str = ""  # the `target` label when given (`rooflight run`: the engine target's own name)
     # The Authorization value made from --upstream's user:password, added to requests that carry none of
     # their own (only with --upstream-credentials-for-anonymous: anyone who reaches the port is lent it).
@@ -67,6 +71,10 @@ def build(
     percentiles: str | None = None,
     connect_timeout: Any = None,
     upstream_credentials_for_anonymous: bool = False,
+    read_header_timeout: Any = None,
+    idle_timeout: Any = None,
+    max_connections: Any = None,
+    max_connections_per_client: Any = None,
 ) -> ProxyConfig:
     """Flags (strings as typed) -> a validated ProxyConfig."""
     listen = listen or DEFAULT_LISTEN
@@ -86,7 +94,34 @@ def build(
         windows=parse_windows(windows or DEFAULT_WINDOWS, "--windows"),
         percentiles=parse_percentiles(percentiles or DEFAULT_PERCENTILES, "--percentiles", required=True),
         connect_timeout=parse_duration(connect_timeout if connect_timeout is not None else "10s", "--connect-timeout"),
+        **parse_port_limits(read_header_timeout, idle_timeout, max_connections, max_connections_per_client),
     )
+
+
+def parse_port_limits(read_header_timeout: Any, idle_timeout: Any, max_connections: Any,
+                      max_connections_per_client: Any) -> dict[str, Any]:
+    """The proxy port's limits (agent/proxy/limits.py); the per-client share defaults to half the cap."""
+    header = parse_duration(read_header_timeout if read_header_timeout is not None else "10s", "--read-header-timeout")
+    idle = parse_duration(idle_timeout if idle_timeout is not None else "60s", "--idle-timeout")
+    for value, what in ((header, "--read-header-timeout"), (idle, "--idle-timeout")):
+        if not 0 < value <= 3600:
+            raise ConfigError(f"{what}: {value:g} s: give a time between 1ms and 1h, e.g. {what} 10s")
+    cap = _whole(max_connections, "--max-connections", 4096, 1, 1_000_000)
+    share = _whole(max_connections_per_client, "--max-connections-per-client", max(1, cap // 2), 1, cap)
+    return {"read_header_timeout": header, "idle_timeout": idle, "max_connections": cap,
+            "max_connections_per_client": share}
+
+
+def _whole(value: Any, what: str, default: int, low: int, high: int) -> int:
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}: {value!r} is not a whole number") from None
+    if not low <= number <= high:
+        raise ConfigError(f"{what}: {number} must be between {low} and {high}")
+    return number
 
 
 def for_agent(agent: AgentConfig) -> ProxyConfig | None:

@@ -8,6 +8,7 @@ import asyncio
 import base64
 import dataclasses
 import json
+import logging
 from typing import AsyncIterator
 
 import aiohttp
@@ -184,3 +185,139 @@ async def test_answers_held_at_once_are_accounted_within_a_total_budget(
     finally:
         await server.stop()
         await runner.cleanup()  # type: ignore[attr-defined]
+
+
+# -- 5. what a connection can hold: headers in time, idle in bounds, a share of the port ------------------------
+
+
+async def connect(port: int, source: str = "127.0.0.1") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+
+
+def port_of(server: ProxyServer) -> int:
+    return int(server.proxy_url.rsplit(":", 1)[1])
+
+
+async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """True when the proxy closes the connection (EOF) within `seconds` (what it sent first is skipped)."""
+    try:
+        async with asyncio.timeout(seconds):
+            while await reader.read(65536):
+                pass
+        return True
+    except (asyncio.TimeoutError, ConnectionError):
+        return False
+
+
+async def test_header_tricklers_and_silent_sockets_are_closed(upstream: FakeUpstream) -> None:
+    server = await start_proxy(upstream.url, replace={"read_header_timeout": 1.0})
+    port = port_of(server)
+    stop = asyncio.Event()
+
+    async def trickle(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\n")
+        while not stop.is_set():  # one header byte every 0.2 s, never the blank line
+            writer.write(b"X")
+            await asyncio.sleep(0.2)
+
+    try:
+        tricklers = [await connect(port) for _ in range(30)]
+        silent = [await connect(port) for _ in range(30)]
+        tasks = [asyncio.create_task(trickle(w)) for _, w in tricklers]
+        start = asyncio.get_running_loop().time()
+        closed = await asyncio.gather(*(closed_within(r, 4.0) for r, _ in tricklers + silent))
+        took = asyncio.get_running_loop().time() - start
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(closed) and took < 4.0  # at ~1 s; 4x to spare
+        assert server.stats.refused == {"header_timeout": 60}
+        # A slow body is not a slow header: the upload takes 2.5 s and the request is relayed.
+        reader, writer = await connect(port)
+        body = b"x" * 5
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\n")
+        for byte in body:
+            await asyncio.sleep(0.5)
+            writer.write(bytes([byte]))
+        answer = await asyncio.wait_for(reader.read(), 10)
+        assert answer.startswith(b"HTTP/1.1 200") and b'"length": 5' in answer
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_an_idle_keep_alive_connection_is_closed(upstream: FakeUpstream) -> None:
+    server = await start_proxy(upstream.url, replace={"idle_timeout": 1.0, "read_header_timeout": 30.0})
+    try:
+        reader, writer = await connect(port_of(server))
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" not in head  # kept alive
+        assert await closed_within(reader, 4.0)  # then closed once idle ~1 s
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_one_client_holds_its_share_of_the_port_and_others_still_get_through(upstream: FakeUpstream) -> None:
+    server = await start_proxy(upstream.url, replace={"max_connections": 12, "max_connections_per_client": 6,
+                                                      "read_header_timeout": 30.0})
+    port = port_of(server)
+    held: list[asyncio.StreamWriter] = []
+    try:
+        for _ in range(6):
+            held.append((await connect(port, "127.0.0.1"))[1])
+        reader, writer = await connect(port, "127.0.0.1")  # a 7th from the same client
+        assert (await asyncio.wait_for(reader.read(), 10)).startswith(b"HTTP/1.1 503")
+        writer.close()
+        reader, writer = await connect(port, "127.0.0.2")  # another client is served meanwhile
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert (await asyncio.wait_for(reader.read(), 10)).startswith(b"HTTP/1.1 200")
+        writer.close()
+        for source in ("127.0.0.2",) * 6:
+            held.append((await connect(port, source))[1])
+        reader, writer = await connect(port, "127.0.0.3")  # 12 open: the port is full for everyone
+        assert (await asyncio.wait_for(reader.read(), 10)).startswith(b"HTTP/1.1 503")
+        writer.close()
+        assert server.stats.refused == {"per_client": 1, "max_connections": 1}
+    finally:
+        for w in held:
+            w.close()
+        await asyncio.sleep(0.2)
+        open_after = server.connections.total
+        await server.stop()
+    assert open_after == 0  # every closed connection left its count
+
+
+# -- 8. bad requests: answered, counted, logged a line a minute at most, never their bytes ---------------------
+
+
+async def test_a_flood_of_bad_requests_is_counted_not_logged_line_by_line(
+        upstream: FakeUpstream, caplog: pytest.LogCaptureFixture) -> None:
+    server = await start_proxy(upstream.url)
+    port = port_of(server)
+    bad = [
+        b"\x1b[31mEVIL\x1b[0m / HTTP/1.1\r\nHost: x\r\n\r\n",  # not a method: escape sequences for a terminal
+        b"GET / HTTP/1.1\r\nHost: x\r\nEVIL\x1b]0;owned\x07 no colon\r\n\r\n",  # a header without ':'
+        b"GET http://EVIL.example/\x1b[2J HTTP/1.1\r\nHost: x\r\n\r\n",  # absolute-form
+    ]
+
+    async def send(request: bytes) -> bytes:
+        reader, writer = await connect(port)
+        writer.write(request)
+        try:
+            return await asyncio.wait_for(reader.read(), 10)
+        finally:
+            writer.close()
+
+    try:
+        with caplog.at_level(logging.DEBUG):
+            answers = await asyncio.gather(*(send(bad[i % len(bad)]) for i in range(300)))
+        assert all(a.split(b" ", 2)[1] == b"400" for a in answers), {a[:40] for a in answers}
+        assert sum(server.stats.bad_requests.values()) == 300
+        assert upstream.seen == []
+        lines = [r for r in caplog.records if r.levelno >= logging.INFO]
+        assert 1 <= len(lines) <= 2, [r.getMessage() for r in lines]  # not 300
+        text = "\n".join(r.getMessage() + str(r.exc_info or "") for r in caplog.records)
+        assert "EVIL" not in text and "\x1b" not in text and "\\x1b" not in text  # no client bytes, escaped or not
+    finally:
+        await server.stop()
