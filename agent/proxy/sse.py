@@ -189,7 +189,7 @@ def interpret_chunk(obj: Any) -> ChunkInfo:
     return ChunkInfo(outputs, finish, prompt, completion)
 
 
-def interpret_body(body: bytes) -> ChunkInfo:
+def interpret_body(body: bytes | bytearray) -> ChunkInfo:
     """A non-streamed completion: the same reading over the whole JSON document."""
     if len(body) > LARGE_JSON_BYTES:
         return scan_large(body, streamed=False)
@@ -210,7 +210,7 @@ _USAGE_FIELD = re.compile(rb'"(prompt_tokens|completion_tokens)"\s*:\s*(\d{1,12}
 _USAGE_SPAN = 4096  # `usage` is a flat object of a few numbers (and small nested details)
 
 
-def scan_large(data: bytes, streamed: bool) -> ChunkInfo:
+def scan_large(data: bytes | bytearray, streamed: bool) -> ChunkInfo:
     """A large chunk or body read by scanning: its last finish reason, its usage, and (streamed) one output
     per choice. Nothing is decoded, so a malformed document gives what its text shows."""
     finishes = [m.group(1) for m in _FINISH.finditer(data)]

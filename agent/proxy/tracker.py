@@ -140,7 +140,7 @@ class RequestTracker:
         self.status: int | None = None
         self.stream = False
         self._parser: sse.SSEParser | None = None
-        self._body: list[bytes] | None = None
+        self._body: bytearray | None = None  # one buffer, read in place at the end: never joined (a 2nd copy)
         self._body_size = 0
         self._first: float | None = None
         self._last: float | None = None
@@ -164,7 +164,7 @@ class RequestTracker:
             self.stream = True
             self._parser = sse.SSEParser()
         else:
-            self._body = []
+            self._body = bytearray()
 
     def on_bytes(self, t: float, data: bytes) -> None:
         """Response bytes as they reached the proxy at time t."""
@@ -186,7 +186,7 @@ class RequestTracker:
                 self.release()  # too large to read: relayed, not counted
             else:
                 self._hold(self._body_size)
-                self._body.append(data)
+                self._body += data
 
     def _hold(self, size: int) -> None:
         """This request now holds `size` bytes of copies: reserve the difference, or give it back."""
@@ -238,7 +238,7 @@ class RequestTracker:
 
     def finish(self, t: float, outcome: str = COMPLETE, upstream_error: str | None = None) -> RequestRecord:
         if self._body is not None and outcome == COMPLETE:
-            self._apply(sse.interpret_body(b"".join(self._body)))  # no first token before the end: no TTFT
+            self._apply(sse.interpret_body(self._body))  # no first token before the end: no TTFT
         if self._completion is not None:
             output, counted_by = self._completion, "usage"
         elif self.stream:

@@ -122,7 +122,7 @@ class HeldCopies:
 def copies(tracker: object) -> int:
     body = getattr(tracker, "_body", None)
     parser = getattr(tracker, "_parser", None)
-    return (sum(map(len, body)) if body else 0) + (parser.buffered if parser is not None else 0)
+    return (len(body) if body else 0) + (parser.buffered if parser is not None else 0)
 
 
 async def held_answers_upstream(kind: str, size: int, hold: float) -> tuple[object, str]:
