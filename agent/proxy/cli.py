@@ -78,20 +78,39 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
 
 async def run(config: pc.ProxyConfig) -> None:
-    """Serve until SIGINT or SIGTERM."""
-    from rooflight.agent.proxy.server import ProxyServer
+    """Serve until SIGINT or SIGTERM: the relay on an event loop and thread of its own (agent/proxy/thread.py),
+    /metrics on this one, so scrapes never queue in front of a token."""
+    from rooflight.agent.proxy.server import ProxyServer, serve_metrics
+    from rooflight.agent.proxy.thread import ProxyThread
 
     server = ProxyServer(config)
+    proxy = ProxyThread(server)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    await server.start()
     try:
-        await stop.wait()
+        await proxy.start(serve_metrics=False)
+    except OSError as exc:
+        raise _bind_error("--listen", config.listen, exc) from None
+    try:
+        try:
+            metrics = await serve_metrics(server)
+        except OSError as exc:
+            raise _bind_error("--metrics-listen", config.metrics_listen, exc) from None
+        try:
+            await stop.wait()
+        finally:
+            await metrics.cleanup()
     finally:
-        await server.stop()
+        await proxy.stop()
+
+
+def _bind_error(flag: str, listen: str, exc: OSError) -> ConfigError:
+    why = exc.strerror or str(exc)
+    return ConfigError(f"{flag} {listen}: cannot listen there ({why}); stop the other process or choose another"
+                       " address or port")
 
 
 def register(sub: Any) -> argparse.ArgumentParser:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -135,8 +135,8 @@ class ProxyServer:
             self._refresher = asyncio.create_task(self._refresh_loop())
         if lag_probe:
             self._lag_probe = asyncio.create_task(self._probe_loop_lag())
-        log.info("proxy on %s -> %s; metrics on %s/metrics", self.proxy_url, public_url(self.config.upstream),
-                 self.metrics_url or self.config.metrics_listen)
+        log.info("proxy on %s -> %s", self.proxy_url, public_url(self.config.upstream)
+                 + (f"; metrics on {self.metrics_url}/metrics" if self.metrics_url else ""))
 
     async def stop(self) -> None:
         for task in (self._refresher, self._lag_probe):
@@ -166,9 +166,7 @@ class ProxyServer:
             site = web.TCPSite(runner, host, port)
             await site.start()
             server = site._server  # type: ignore[assignment]
-        bound = server.sockets[0].getsockname()  # type: ignore[union-attr]
-        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        return f"http://{shown}:{bound[1]}"
+        return _url(server.sockets[0].getsockname())  # type: ignore[union-attr]
 
     async def _listen_for_clients(self, runner: web.AppRunner, host: str, port: int) -> asyncio.AbstractServer:
         loop, config = asyncio.get_running_loop(), self.config
@@ -413,6 +411,27 @@ class ProxyServer:
             self.stats.accounting_error()
         finally:
             self._release(tracker)
+
+
+async def serve_metrics(server: ProxyServer) -> web.AppRunner:
+    """`server`'s /metrics and /-/healthy on the running loop (`rooflight proxy`: not the relay's loop); the
+    caller cleans the runner up. A failed bind raises OSError."""
+    runner = web.AppRunner(server.metrics_app(), access_log=None, handle_signals=False, shutdown_timeout=1.0,
+                           logger=_ServerLog())
+    await runner.setup()
+    host, port = split_listen(server.config.metrics_listen)
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    log.info("proxy metrics on %s/metrics", _url(runner.addresses[0]))
+    return runner
+
+
+def _url(bound: Any) -> str:
+    shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+    return f"http://{shown}:{bound[1]}"
 
 
 async def _stream(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:

@@ -117,6 +117,21 @@ def test_a_bad_flag_exits_2_with_what_to_fix() -> None:
     assert done.returncode == 2 and "write http://HOST:PORT" in done.stderr
 
 
+@pytest.mark.parametrize("busy_flag", ["--listen", "--metrics-listen"])
+def test_a_port_in_use_exits_2_with_what_to_fix(busy_flag: str) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"127.0.0.1:{taken.getsockname()[1]}"
+        ports = {"--listen": f"127.0.0.1:{free_port()}", "--metrics-listen": f"127.0.0.1:{free_port()}", busy_flag: busy}
+        done = subprocess.run([sys.executable, "-m", "rooflight.agent.proxy.cli", "--upstream", "http://127.0.0.1:9",
+                               *(x for kv in ports.items() for x in kv)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"{busy_flag} {busy}: cannot listen there" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
 async def test_the_command_serves_until_sigterm() -> None:
     up = FakeUpstream(scripts={"m": Script(ttft=0.01, gaps=(0.01,) * 3)})
     await up.start()
