@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import sys
 import threading
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from rooflight.agent.proxy.server import ProxyServer
 
 SWITCH_INTERVAL = 0.001  # seconds; Python's default is 0.005
+log = logging.getLogger("rooflight.proxy")
 
 
 class ProxyThread:
@@ -60,6 +62,8 @@ class ProxyThread:
         except BaseException as exc:  # noqa: BLE001 (reported to start(), which re-raises it)
             if not started.done():
                 started.set_exception(exc)
+            else:  # it was serving: say so, the agent goes on without its proxy
+                log.error("the proxy stopped: %s: %s", type(exc).__name__, exc)
         finally:
             if not started.done():
                 started.set_exception(RuntimeError("the proxy's thread ended before it started"))
