@@ -28,7 +28,6 @@ import shutil
 import socket
 import sys
 import time
-from pathlib import Path
 
 import aiohttp
 import psutil
