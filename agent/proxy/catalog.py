@@ -29,6 +29,9 @@ GOODPUT_RATE = "rooflight_client_goodput_requests_per_second"
 SLO_TARGET = "rooflight_client_slo_target_seconds"
 UPSTREAM_ERRORS = "rooflight_client_upstream_errors_total"
 ACCOUNTING_ERRORS = "rooflight_client_accounting_errors_total"
+OVER_BUDGET = "rooflight_client_accounting_over_budget_total"
+REFUSED = "rooflight_client_connections_refused_total"
+BAD_REQUESTS = "rooflight_client_bad_requests_total"
 
 # Histogram key (as --buckets spells it) -> exported name, and the SLO key whose targets become edges.
 HISTOGRAMS = {"ttft": TTFT_HISTOGRAM, "itl": ITL_HISTOGRAM, "tpot": TPOT_HISTOGRAM, "e2e": E2E_HISTOGRAM}
@@ -89,6 +92,12 @@ CATALOG: tuple[MetricDef, ...] = (
        "timeout (connect timeout: 504), disconnected (broke off mid-response)."),
     counter(ACCOUNTING_ERRORS, TARGET, "", "Failures of the proxy's own accounting; the traffic still flowed, the request "
        "went uncounted or partly counted."),
+    counter(OVER_BUDGET, TARGET, "", "Answers relayed unaccounted because the copies the accounting reads answers from "
+       "(JSON bodies, unfinished SSE events) held at once reached their total budget (64 MiB)."),
+    counter(REFUSED, ("target", "reason"), "", "Connections the proxy's port refused or closed: max_connections or "
+       "per_client (answered 503), header_timeout (no complete request headers in time)."),
+    counter(BAD_REQUESTS, ("target", "reason"), "", "Requests answered 400 without reaching the upstream: malformed "
+       "(not valid HTTP), target (not a path), unsendable (a target or header the proxy cannot send on)."),
 )
 
 BY_NAME = {d.name: d for d in CATALOG}

@@ -42,6 +42,15 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--windows", metavar="LIST", help=f"percentile and goodput windows (default {pc.DEFAULT_WINDOWS})")
     p.add_argument("--percentiles", metavar="LIST", help=f"exported percentiles (default {pc.DEFAULT_PERCENTILES})")
     p.add_argument("--connect-timeout", metavar="SECONDS", help="upstream connect timeout (default 10s); no read timeout")
+    p.add_argument("--read-header-timeout", metavar="SECONDS",
+                   help="a request's headers must arrive within this of its first byte (default 10s)")
+    p.add_argument("--idle-timeout", metavar="SECONDS", help="close a keep-alive connection idle this long (default 60s)")
+    p.add_argument("--max-connections", metavar="N", help="connections open on --listen at once (default 4096)")
+    p.add_argument("--max-connections-per-client", metavar="N",
+                   help="of them, held by one IP address (default half of --max-connections)")
+    p.add_argument("--upstream-credentials-for-anonymous", action="store_true",
+                   help="add --upstream's user:password to requests that carry no Authorization of their own"
+                        " (anyone who reaches --listen is lent them); without it a user:password is refused")
     p.add_argument("--check-only", action="store_true", help="validate the flags and exit")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -52,6 +61,9 @@ def config_from_args(args: argparse.Namespace) -> pc.ProxyConfig:
         args.upstream, listen=args.listen, metrics_listen=args.metrics_listen, slos=args.slo,
         tenant_header=args.tenant_header, tenant_top=args.tenant_top, buckets=args.buckets,
         windows=args.windows, percentiles=args.percentiles, connect_timeout=args.connect_timeout,
+        upstream_credentials_for_anonymous=args.upstream_credentials_for_anonymous,
+        read_header_timeout=args.read_header_timeout, idle_timeout=args.idle_timeout,
+        max_connections=args.max_connections, max_connections_per_client=args.max_connections_per_client,
     )
 
 
@@ -66,20 +78,39 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
 
 async def run(config: pc.ProxyConfig) -> None:
-    """Serve until SIGINT or SIGTERM."""
-    from rooflight.agent.proxy.server import ProxyServer
+    """Serve until SIGINT or SIGTERM: the relay on an event loop and thread of its own (agent/proxy/thread.py),
+    /metrics on this one, so scrapes never queue in front of a token."""
+    from rooflight.agent.proxy.server import ProxyServer, serve_metrics
+    from rooflight.agent.proxy.thread import ProxyThread
 
     server = ProxyServer(config)
+    proxy = ProxyThread(server)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    await server.start()
     try:
-        await stop.wait()
+        await proxy.start(serve_metrics=False)
+    except OSError as exc:
+        raise _bind_error("--listen", config.listen, exc) from None
+    try:
+        try:
+            metrics = await serve_metrics(server)
+        except OSError as exc:
+            raise _bind_error("--metrics-listen", config.metrics_listen, exc) from None
+        try:
+            await stop.wait()
+        finally:
+            await metrics.cleanup()
     finally:
-        await server.stop()
+        await proxy.stop()
+
+
+def _bind_error(flag: str, listen: str, exc: OSError) -> ConfigError:
+    why = exc.strerror or str(exc)
+    return ConfigError(f"{flag} {listen}: cannot listen there ({why}); stop the other process or choose another"
+                       " address or port")
 
 
 def register(sub: Any) -> argparse.ArgumentParser:

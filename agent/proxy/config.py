@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy.catalog import DEFAULT_BUCKETS, HISTOGRAMS
@@ -28,7 +29,7 @@ DEFAULT_PERCENTILES = "50,90,99"
 
 @dataclass(frozen=True, slots=True)
 class ProxyConfig:
-    upstream: str  # the OpenAI-compatible server's base URL, without a trailing slash
+    upstream: str  # the OpenAI-compatible server's base URL, without a trailing slash or user:password
     listen: str = DEFAULT_LISTEN
     metrics_listen: str = DEFAULT_METRICS_LISTEN
     slos: tuple[SLO, ...] = ()
@@ -40,8 +41,16 @@ class ProxyConfig:
     connect_timeout: float = 10.0
     max_buffered_body: int = 16 * 1024 * 1024  # request bodies up to this are read whole, larger ones streamed
     max_buffered_total: int = 64 * 1024 * 1024  # all bodies read whole at once; past it a body is streamed too
+    max_accounting_total: int = 64 * 1024 * 1024  # the accounting's copies of answers held at once, in total
     refresh: float = 1.0  # seconds between snapshots of the exports
+    read_header_timeout: float = 10.0  # a request's headers, from its first byte (or the connection's start)
+    idle_timeout: float = 60.0  # a keep-alive connection between requests
+    max_connections: int = 4096  # open on the proxy's port at once
+    max_connections_per_client: int = 2048  # of them, held by one IP address
     name: str = ""  # the `target` label when given (`rooflight run`: the engine target's own name)
+    # The Authorization value made from --upstream's user:password, added to requests that carry none of
+    # their own (only with --upstream-credentials-for-anonymous: anyone who reaches the port is lent it).
+    upstream_auth: str | None = field(default=None, repr=False)
 
     @property
     def target(self) -> str:
@@ -61,6 +70,11 @@ def build(
     windows: str | None = None,
     percentiles: str | None = None,
     connect_timeout: Any = None,
+    upstream_credentials_for_anonymous: bool = False,
+    read_header_timeout: Any = None,
+    idle_timeout: Any = None,
+    max_connections: Any = None,
+    max_connections_per_client: Any = None,
 ) -> ProxyConfig:
     """Flags (strings as typed) -> a validated ProxyConfig."""
     listen = listen or DEFAULT_LISTEN
@@ -70,6 +84,7 @@ def build(
                           "so /metrics needs its own port")
     return ProxyConfig(
         upstream=parse_upstream(upstream),
+        upstream_auth=lent_credentials(upstream or "", upstream_credentials_for_anonymous),
         listen=listen,
         metrics_listen=metrics_listen,
         slos=parse_slos(list(slos or ())),
@@ -79,7 +94,34 @@ def build(
         windows=parse_windows(windows or DEFAULT_WINDOWS, "--windows"),
         percentiles=parse_percentiles(percentiles or DEFAULT_PERCENTILES, "--percentiles", required=True),
         connect_timeout=parse_duration(connect_timeout if connect_timeout is not None else "10s", "--connect-timeout"),
+        **parse_port_limits(read_header_timeout, idle_timeout, max_connections, max_connections_per_client),
     )
+
+
+def parse_port_limits(read_header_timeout: Any, idle_timeout: Any, max_connections: Any,
+                      max_connections_per_client: Any) -> dict[str, Any]:
+    """The proxy port's limits (agent/proxy/limits.py); the per-client share defaults to half the cap."""
+    header = parse_duration(read_header_timeout if read_header_timeout is not None else "10s", "--read-header-timeout")
+    idle = parse_duration(idle_timeout if idle_timeout is not None else "60s", "--idle-timeout")
+    for value, what in ((header, "--read-header-timeout"), (idle, "--idle-timeout")):
+        if not 0 < value <= 3600:
+            raise ConfigError(f"{what}: {value:g} s: give a time between 1ms and 1h, e.g. {what} 10s")
+    cap = _whole(max_connections, "--max-connections", 4096, 1, 1_000_000)
+    share = _whole(max_connections_per_client, "--max-connections-per-client", max(1, cap // 2), 1, cap)
+    return {"read_header_timeout": header, "idle_timeout": idle, "max_connections": cap,
+            "max_connections_per_client": share}
+
+
+def _whole(value: Any, what: str, default: int, low: int, high: int) -> int:
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}: {value!r} is not a whole number") from None
+    if not low <= number <= high:
+        raise ConfigError(f"{what}: {number} must be between {low} and {high}")
+    return number
 
 
 def for_agent(agent: AgentConfig) -> ProxyConfig | None:
@@ -91,6 +133,10 @@ def for_agent(agent: AgentConfig) -> ProxyConfig | None:
     if agent.proxy_listen is None or agent.proxy_upstream is None:
         return None
     upstream = parse_upstream(agent.proxy_upstream, "--proxy-upstream")
+    if _credentials(agent.proxy_upstream) is not None:
+        raise ConfigError("--proxy-upstream has a user:password: the proxy would lend it to every client that"
+                          " connects without its own Authorization; remove it (clients send their own), or run"
+                          " `rooflight proxy --upstream-credentials-for-anonymous` to mean exactly that")
     same = [t.name for t in agent.targets if _endpoint(t.url) == _endpoint(upstream)]
     return ProxyConfig(
         upstream=upstream,
@@ -121,6 +167,10 @@ def _endpoint(url: str) -> tuple[str, int | None]:
 def parse_upstream(url: str | None, what: str = "--upstream") -> str:
     if not url:
         raise ConfigError(f"{what} is required: the OpenAI-compatible server's URL, e.g. http://127.0.0.1:8000")
+    rest = url.strip().partition("://")[2]
+    if "@" in rest[min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest)):]:
+        raise ConfigError(f"{what}: its user:password part holds an unescaped '/', '?' or '#' (or the path holds '@'):"
+                          " percent-encode them in the password (/ -> %2F, ? -> %3F, # -> %23, @ -> %40)")
     try:
         parts = urlsplit(url.strip())
     except ValueError:  # "Invalid IPv6 URL": an unclosed '[' or a ']' out of place
@@ -134,7 +184,35 @@ def parse_upstream(url: str | None, what: str = "--upstream") -> str:
         parts.port  # noqa: B018 (raises on a bad port)
     except ValueError:
         raise ConfigError(f"{what} {redacted_url(url)!r}: the port is not a number between 0 and 65535") from None
-    return url.strip().rstrip("/")
+    if "@" in parts.netloc:
+        parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])  # never in the URL requests are sent to
+    return urlunsplit(parts).rstrip("/")
+
+
+def _credentials(url: str | None) -> tuple[str, str] | None:
+    """The (user, password) of a URL's user:password part, percent-decoded; None when it has none."""
+    if not url:
+        return None
+    parts = urlsplit(url.strip())
+    if "@" not in parts.netloc:
+        return None
+    user, _, password = parts.netloc.rpartition("@")[0].partition(":")
+    return unquote(user), unquote(password)
+
+
+def lent_credentials(url: str, for_anonymous: bool) -> str | None:
+    """The Authorization value to add to requests without one, from --upstream's user:password.
+
+    Never implied: credentials in the URL would be lent to anyone who reaches the proxy's port, so they
+    need --upstream-credentials-for-anonymous, and are refused (exit 2) without it."""
+    credentials = _credentials(url)
+    if credentials is None:
+        return None
+    if not for_anonymous:
+        raise ConfigError("--upstream has a user:password: the proxy would lend it to every client that connects"
+                          " without its own Authorization; add --upstream-credentials-for-anonymous to mean"
+                          " exactly that, or remove it (clients send their own Authorization)")
+    return "Basic " + base64.b64encode(":".join(credentials).encode()).decode("ascii")  # RFC 7617, UTF-8
 
 
 def parse_buckets(items: Sequence[str] | None, what: str = "--buckets") -> dict[str, tuple[float, ...]]:

@@ -10,9 +10,12 @@ cut too, so it sees the same truncated response it would have seen directly.
 
 Memory is bounded: request bodies are read whole (to keep their Content-Length) only while the bodies held
 at once stay under `max_buffered_total`, else streamed like large ones; the response is never buffered, and
-the accounting's SSE parser holds one event at most (sse.MAX_EVENT_BYTES). A request the proxy cannot relay
+the accounting's copies of answers (a JSON body, an SSE parser's unfinished event) are bounded per answer
+and, in total, by `max_accounting_total` (past it an answer is relayed unaccounted, and counted). A request the proxy cannot relay
 (an absolute-form target) gets 400, an upstream reason with control characters is relayed without them,
-and an upstream answer that cannot be relayed at all gets 502: one log line each, never a traceback.
+and an upstream answer that cannot be relayed at all gets 502: counted, logged one line a minute at most
+without the client's bytes, never a traceback. The port's header and idle timeouts and its connection
+cap with a per-client share are agent/proxy/limits.py's.
 
 Accounting second: a `RequestTracker` sees each piece just before it is written to the client (its time is
 when it reached the proxy); every call into it, and the record it makes at the end, is guarded, so an
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -33,11 +36,13 @@ from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
+from rooflight.agent.proxy import limits
 from rooflight.agent.proxy import tracker as tr
 from rooflight.agent.proxy.config import ProxyConfig
 from rooflight.agent.proxy.exposition import ClientCollector, registry_for
 from rooflight.agent.proxy.stats import EMPTY, ClientSnapshot, ClientStats, StatsConfig
 from rooflight.agent.proxy.tenants import tenant_key
+from rooflight.agent.proxy.tracker import ByteBudget
 from rooflight.agent.sampling.clock import Clock, SystemClock
 from rooflight.agent.sampling.config import public_url, split_listen
 from rooflight.agent.signals.token_gaps import ClientGaps
@@ -74,28 +79,6 @@ def safe_reason(reason: str | None) -> str | None:
     return "".join(ch for ch in reason if ch in _REASON_CHARS).strip()
 
 
-class ByteBudget:
-    """Bytes of request bodies held at once: a reservation is taken before a body is read whole."""
-
-    __slots__ = ("limit", "held", "peak")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held = 0
-        self.peak = 0  # the most held at once since start, for tests and debugging
-
-    def take(self, size: int) -> bool:
-        """Reserve `size` bytes; False (nothing reserved) when that would pass the limit."""
-        if self.held + size > self.limit:
-            return False
-        self.held += size
-        self.peak = max(self.peak, self.held)
-        return True
-
-    def give(self, size: int) -> None:
-        self.held -= size
-
-
 class ProxyServer:
     """The proxy app, its metrics app, and the stats they share (one event loop, no locks)."""
 
@@ -113,9 +96,13 @@ class ProxyServer:
         self.registry = registry_for(lambda: self.snapshot)
         self._session: aiohttp.ClientSession | None = None
         self._runners: list[web.AppRunner] = []
+        self._servers: list[asyncio.AbstractServer] = []  # the proxy's port (its runner has no site)
+        self.connections = limits.ConnectionShares(config.max_connections, config.max_connections_per_client)
+        self.events = limits.Events(self._count_event)
         self._refresher: asyncio.Task[None] | None = None
         self._lag_probe: asyncio.Task[None] | None = None
         self.body_budget = ByteBudget(config.max_buffered_total)
+        self.accounting_budget = ByteBudget(config.max_accounting_total)  # copies of answers, to read them
         self.proxy_url = ""
         self.metrics_url = ""
 
@@ -140,7 +127,7 @@ class ProxyServer:
             skip_auto_headers=SKIP_AUTO_HEADERS,
             cookie_jar=aiohttp.DummyCookieJar(),  # cookies are the clients', never shared between them
         )
-        self.proxy_url = await self._serve(self.proxy_app(), self.config.listen)
+        self.proxy_url = await self._serve(self.proxy_app(), self.config.listen, clients=True)
         if serve_metrics:
             self.metrics_url = await self._serve(self.metrics_app(), self.config.metrics_listen)
         self.refresh_now()
@@ -148,34 +135,55 @@ class ProxyServer:
             self._refresher = asyncio.create_task(self._refresh_loop())
         if lag_probe:
             self._lag_probe = asyncio.create_task(self._probe_loop_lag())
-        log.info("proxy on %s -> %s; metrics on %s/metrics", self.proxy_url, public_url(self.config.upstream),
-                 self.metrics_url or self.config.metrics_listen)
+        log.info("proxy on %s -> %s", self.proxy_url, public_url(self.config.upstream)
+                 + (f"; metrics on {self.metrics_url}/metrics" if self.metrics_url else ""))
 
     async def stop(self) -> None:
         for task in (self._refresher, self._lag_probe):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        for server in self._servers:
+            server.close()  # stop accepting; the runner's cleanup closes the open connections
+        self._servers.clear()
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
         if self._session is not None:
             await self._session.close()
 
-    async def _serve(self, app: web.Application, listen: str) -> str:
+    async def _serve(self, app: web.Application, listen: str, *, clients: bool = False) -> str:
         host, port = split_listen(listen)
         # handler_cancellation: a client that disconnects cancels its handler, which closes the upstream request.
         # auto_decompress=False: a compressed request body is relayed as it came.
         runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
                                auto_decompress=False, shutdown_timeout=1.0, logger=_ServerLog())
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        await site.start()
         self._runners.append(runner)
-        sock = site._server.sockets[0]  # type: ignore[union-attr]
-        bound = sock.getsockname()
-        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        return f"http://{shown}:{bound[1]}"
+        if clients:  # the proxy's port: every connection through the limits (agent/proxy/limits.py)
+            server = await self._listen_for_clients(runner, host, port)
+        else:
+            site = web.TCPSite(runner, host, port)
+            await site.start()
+            server = site._server  # type: ignore[assignment]
+        return _url(server.sockets[0].getsockname())  # type: ignore[union-attr]
+
+    async def _listen_for_clients(self, runner: web.AppRunner, host: str, port: int) -> asyncio.AbstractServer:
+        loop, config = asyncio.get_running_loop(), self.config
+
+        def handler(client: str) -> limits.ProxyHandler:
+            return limits.ProxyHandler(runner.server, loop=loop, client=client, shares=self.connections,
+                                       events=self.events, read_header_timeout=config.read_header_timeout,
+                                       keepalive_timeout=config.idle_timeout, access_log=None, logger=_ServerLog(),
+                                       auto_decompress=False)
+
+        server = await loop.create_server(lambda: limits.Gate(handler, self.connections, self.events),
+                                          host or None, port, backlog=1024)
+        self._servers.append(server)
+        return server
+
+    def _count_event(self, kind: str, reason: str) -> None:
+        (self.stats.refused if kind == "refused" else self.stats.bad_requests)[reason] += 1
 
     def refresh_now(self) -> ClientSnapshot:
         try:
@@ -237,7 +245,7 @@ class ProxyServer:
             outcome = tr.CLIENT_DISCONNECTED
             return exc.response
         except _BadRequest as exc:
-            log.info("proxy: 400 for %s %.200r: %s", request.method, request.raw_path, exc)
+            self.events.bad_request(exc.reason, request.remote, exc.why)
             if tracker is not None:
                 tracker = self._guard(tracker, tracker.on_response, 400, "text/plain")
             return web.Response(status=400, text=f"rooflight proxy: {exc}\n")
@@ -258,23 +266,23 @@ class ProxyServer:
     async def _relay(self, request: web.Request, tracker: tr.RequestTracker | None) -> web.StreamResponse:
         assert self._session is not None, "ProxyServer.start() was not awaited"
         if not request.raw_path.startswith("/"):  # absolute-form (RFC 9112 3.2.2) or asterisk-form
-            raise _BadRequest("the request target must be a path (origin-form): this is a reverse proxy")
+            raise _BadRequest(limits.NOT_A_PATH, "the request target must be a path (origin-form): this is a reverse proxy")
         try:
             url = URL(self.config.upstream + request.raw_path, encoded=True)
         except ValueError as exc:
-            raise _BadRequest(f"the request target is not a valid path ({exc})") from None
+            raise _BadRequest(limits.NOT_A_PATH, "the request target is not a valid path", exc) from None
         reserved = 0
         try:
             body, reserved = await self._body(request)
             upstream = await self._session.request(
-                request.method, url, headers=forward_headers(request.headers), data=body, allow_redirects=False,
+                request.method, url, headers=self._upstream_headers(request), data=body, allow_redirects=False,
             )
         except asyncio.TimeoutError as exc:
             raise _UpstreamFailed(504, "timeout", exc) from None
         except aiohttp.ClientError as exc:
             raise _UpstreamFailed(502, "connect", exc) from None
         except ValueError as exc:  # yarl or aiohttp refusing what the client sent (the target, a header)
-            raise _BadRequest(f"the request cannot be relayed ({exc})") from None
+            raise _BadRequest(limits.UNSENDABLE, "the request cannot be relayed", exc) from None
         finally:
             self.body_budget.give(reserved)  # sent (or failed): the body is no longer held
         try:
@@ -284,6 +292,13 @@ class ProxyServer:
             raise
         upstream.release()  # read to the end: the connection goes back to the pool
         return response
+
+    def _upstream_headers(self, request: web.Request) -> CIMultiDict[str]:
+        """The client's headers to send on; --upstream's credentials only where the client sent none."""
+        headers = forward_headers(request.headers)
+        if self.config.upstream_auth is not None and "Authorization" not in headers:
+            headers["Authorization"] = self.config.upstream_auth
+        return headers
 
     async def _respond(self, request: web.Request, upstream: aiohttp.ClientResponse,
                        tracker: tr.RequestTracker | None) -> web.StreamResponse:
@@ -313,6 +328,8 @@ class ProxyServer:
             if tracker is not None:
                 try:
                     tracker.on_bytes(now(), data)
+                except tr.OverBudget:
+                    tracker = self._over_budget(tracker)
                 except Exception:
                     tracker = self._drop(tracker)
             sent = now()
@@ -350,7 +367,8 @@ class ProxyServer:
         try:
             header = self.config.tenant_header
             tenant = tenant_key(request.headers.get(header)) if header else None
-            return tr.RequestTracker(start, tr.classify_route(request.method, request.path), tenant, self.client_gaps)
+            return tr.RequestTracker(start, tr.classify_route(request.method, request.path), tenant, self.client_gaps,
+                                     self.accounting_budget)
         except Exception:
             log.debug("proxy accounting failed at request start", exc_info=True)
             self.stats.accounting_error()
@@ -368,7 +386,20 @@ class ProxyServer:
         """The tracker failed: count it, and relay the rest of this request unaccounted."""
         log.debug("proxy accounting failed mid-request", exc_info=True)
         self.stats.accounting_error()
+        self._release(tracker)
         return None
+
+    def _over_budget(self, tracker: tr.RequestTracker) -> None:
+        """The accounting's memory budget is spent: relay the rest of this answer unaccounted, and count it."""
+        self.stats.over_budget += 1
+        self._release(tracker)
+        return None
+
+    def _release(self, tracker: tr.RequestTracker) -> None:
+        try:
+            tracker.release()
+        except Exception:
+            log.debug("proxy accounting failed to release a request's copies", exc_info=True)
 
     def _record(self, tracker: tr.RequestTracker | None, outcome: str, reason: str | None) -> None:
         if tracker is None:
@@ -378,6 +409,29 @@ class ProxyServer:
         except Exception:
             log.debug("proxy accounting failed at request end", exc_info=True)
             self.stats.accounting_error()
+        finally:
+            self._release(tracker)
+
+
+async def serve_metrics(server: ProxyServer) -> web.AppRunner:
+    """`server`'s /metrics and /-/healthy on the running loop (`rooflight proxy`: not the relay's loop); the
+    caller cleans the runner up. A failed bind raises OSError."""
+    runner = web.AppRunner(server.metrics_app(), access_log=None, handle_signals=False, shutdown_timeout=1.0,
+                           logger=_ServerLog())
+    await runner.setup()
+    host, port = split_listen(server.config.metrics_listen)
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    log.info("proxy metrics on %s/metrics", _url(runner.addresses[0]))
+    return runner
+
+
+def _url(bound: Any) -> str:
+    shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+    return f"http://{shown}:{bound[1]}"
 
 
 async def _stream(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
@@ -389,29 +443,37 @@ async def _stream(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
 
 
 class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """aiohttp's server log, where a request its parser rejects (it answered 400) is one line, not a traceback:
-    anyone can send one, and the log must not fill with them."""
+    """aiohttp's server log, where a request its parser rejects (it answered 400) is not a traceback but a
+    rate-limited line without the request's bytes: anyone can send one, and the log must not fill with them.
+    (The proxy's own port counts them first, in limits.ProxyHandler; this is the metrics port's.)"""
 
     def __init__(self) -> None:
         super().__init__(logging.getLogger("aiohttp.server"), {})
 
     def exception(self, msg: object, *args: object, exc_info: object = True, **kwargs: object) -> None:
         if isinstance(exc_info, HttpProcessingError):
-            text = " ".join(line.strip() for line in str(exc_info.message).splitlines() if line.strip())
-            self.warning("%s: bad request (%s): %.300r", str(msg) % args if args else msg, exc_info.code, text)
+            _PARSER_REFUSALS.note(f"not a valid HTTP request ({exc_info.code})", None)
             return
         super().exception(msg, *args, exc_info=exc_info, **kwargs)  # type: ignore[arg-type]
 
 
+_UNRELAYABLE = limits.RefusalLog("answered 502 to")
+_PARSER_REFUSALS = limits.RefusalLog("answered 400 to")
+
+
 def _unrelayable(request: web.Request, exc: ValueError) -> _UpstreamFailed:
     """An upstream answer aiohttp will not write: 502, as for one its client would not parse ("connect")."""
-    log.warning("proxy: 502 for %s %.200r: the upstream's answer cannot be relayed: %s", request.method,
-                request.raw_path, exc)
+    _UNRELAYABLE.note(f"the upstream's answer cannot be relayed ({type(exc).__name__})", request.remote)
     return _UpstreamFailed(502, "connect", exc)
 
 
 class _BadRequest(Exception):
-    """The client's request cannot be relayed as sent: it gets 400."""
+    """The client's request cannot be relayed as sent: it gets 400 (saying why, `detail` included: the
+    answer goes to the client who sent it), counted by `reason`; the log gets `why` alone, never the bytes."""
+
+    def __init__(self, reason: str, why: str, detail: BaseException | None = None) -> None:
+        super().__init__(f"{why} ({detail})" if detail is not None else why)
+        self.reason, self.why = reason, why
 
 
 class _UpstreamFailed(Exception):

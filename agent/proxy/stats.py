@@ -103,6 +103,9 @@ class ClientStats:
         self._slo_good: Counter[Labels] = Counter()
         self._upstream_errors: Counter[str] = Counter()
         self.accounting_errors = 0
+        self.over_budget = 0  # answers relayed unaccounted: the accounting's memory budget was spent
+        self.refused: Counter[str] = Counter()  # connections refused on the proxy's port, by reason
+        self.bad_requests: Counter[str] = Counter()  # requests answered 400, by reason
         self._histograms: dict[tuple[str, str], _Histogram] = {}
         self._exact = {key: ExactWindows(config.windows) for key in ("ttft", "tpot", "e2e")}
         self._gaps = GapSketch(config.windows)
@@ -186,6 +189,9 @@ class ClientStats:
                     counters.append((c.SLO_GOOD, (target, name, tenant), float(self._slo_good.get((name, tenant), 0))))
         counters += [(c.UPSTREAM_ERRORS, (target, k), float(v)) for k, v in sorted(self._upstream_errors.items())]
         counters.append((c.ACCOUNTING_ERRORS, (target,), float(self.accounting_errors)))
+        counters.append((c.OVER_BUDGET, (target,), float(self.over_budget)))
+        counters += [(c.REFUSED, (target, k), float(v)) for k, v in sorted(self.refused.items())]
+        counters += [(c.BAD_REQUESTS, (target, k), float(v)) for k, v in sorted(self.bad_requests.items())]
         gauges: list[tuple[str, Labels, float]] = [(c.IN_FLIGHT, (target,), float(self.in_flight))]
         gauges += self._percentile_gauges(now)
         gauges += self._goodput_gauges(now)

@@ -10,6 +10,10 @@ Output tokens come from the response's `usage` when it has one (`counted_by="usa
 output-bearing chunks (`counted_by="chunks"`: one per choice that carries text, which undercounts where an
 engine sends several tokens per chunk, e.g. under speculative decoding). Prompt tokens only come from
 `usage`: the proxy has no tokenizer.
+
+Memory: what a tracker copies to read an answer (a non-streamed JSON body, up to MAX_BODY_COPY, and its
+SSE parser's unfinished event) is reserved in a `ByteBudget` shared by every request; when the budget
+is spent, `on_bytes` raises OverBudget and the caller relays the rest of that answer unaccounted.
 """
 
 from __future__ import annotations
@@ -24,6 +28,33 @@ from rooflight.agent.signals.token_gaps import ClientGaps
 INFERENCE_ROUTES = {"/chat/completions": "chat", "/completions": "completions"}
 KNOWN_FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call", "abort"})
 MAX_BODY_COPY = 8 * 1024 * 1024  # a non-streamed body larger than this is relayed but not read
+
+class ByteBudget:
+    """Bytes held at once by all requests, for one purpose (request bodies read whole, or the accounting's
+    copies of answers): a reservation is taken before the bytes are held, given back when they are not."""
+
+    __slots__ = ("limit", "held", "peak")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.peak = 0  # the most held at once since start, for tests and debugging
+
+    def take(self, size: int) -> bool:
+        """Reserve `size` bytes; False (nothing reserved) when that would pass the limit."""
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        self.peak = max(self.peak, self.held)
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
+
+
+class OverBudget(Exception):
+    """The accounting's copies of answers held at once reached their budget: this answer goes unaccounted."""
+
 
 # Outcomes of a request, as the proxy saw it end.
 COMPLETE = "complete"
@@ -98,16 +129,18 @@ class RequestTracker:
     """Accumulates one request as its response bytes go by; `finish` turns it into a RequestRecord."""
 
     __slots__ = ("route", "tenant", "start", "status", "stream", "_parser", "_body", "_body_size",
-                 "_first", "_last", "_itl", "_chunks", "_finish", "_prompt", "_completion", "_error", "_gaps", "_held")
+                 "_first", "_last", "_itl", "_chunks", "_finish", "_prompt", "_completion", "_error", "_gaps", "_held",
+                 "_budget", "_reserved")
 
-    def __init__(self, start: float, route: str, tenant: str | None = None, gaps: ClientGaps | None = None) -> None:
+    def __init__(self, start: float, route: str, tenant: str | None = None, gaps: ClientGaps | None = None,
+                 budget: ByteBudget | None = None) -> None:
         self.route = route
         self.tenant = tenant
         self.start = start
         self.status: int | None = None
         self.stream = False
         self._parser: sse.SSEParser | None = None
-        self._body: list[bytes] | None = None
+        self._body: bytearray | None = None  # one buffer, read in place at the end: never joined (a 2nd copy)
         self._body_size = 0
         self._first: float | None = None
         self._last: float | None = None
@@ -119,6 +152,8 @@ class RequestTracker:
         self._error = False
         self._gaps = gaps  # shared by every request: the head-of-line detector reads them live
         self._held = 0.0  # seconds the client's socket held the proxy back since the last token
+        self._budget = budget  # shared by every request: the accounting's copies of answers, in total
+        self._reserved = 0  # bytes of it this request holds
 
     def on_response(self, status: int, content_type: str) -> None:
         """Headers arrived: an event stream is timed per chunk, a JSON body read at the end."""
@@ -129,7 +164,7 @@ class RequestTracker:
             self.stream = True
             self._parser = sse.SSEParser()
         else:
-            self._body = []
+            self._body = bytearray()
 
     def on_bytes(self, t: float, data: bytes) -> None:
         """Response bytes as they reached the proxy at time t."""
@@ -142,12 +177,36 @@ class RequestTracker:
                 if info.finish_reason is not None or info.prompt_tokens is not None or \
                         info.completion_tokens is not None or info.error:
                     self._apply(info)
+            buffered = self._parser.buffered
+            if buffered != self._reserved:
+                self._hold(buffered)
         elif self._body is not None:
             self._body_size += len(data)
             if self._body_size > MAX_BODY_COPY:
-                self._body = None  # too large to read: relayed, not counted
+                self.release()  # too large to read: relayed, not counted
             else:
-                self._body.append(data)
+                self._hold(self._body_size)
+                self._body += data
+
+    def _hold(self, size: int) -> None:
+        """This request now holds `size` bytes of copies: reserve the difference, or give it back."""
+        more = size - self._reserved
+        if self._budget is not None:
+            if more > 0 and not self._budget.take(more):
+                self.release()
+                raise OverBudget(f"the accounting's copies of answers held at once reached {self._budget.limit} bytes")
+            if more < 0:
+                self._budget.give(-more)
+        self._reserved = size
+
+    def release(self) -> None:
+        """Drop the copies and give their reservation back (the request is finished or no longer read)."""
+        self._body = None
+        if self._parser is not None:
+            self._parser.reset()
+        if self._budget is not None and self._reserved:
+            self._budget.give(self._reserved)
+        self._reserved = 0
 
     def on_held(self, seconds: float) -> None:
         """The proxy waited `seconds` for the client to take bytes (its socket buffers were full): the next
@@ -179,7 +238,7 @@ class RequestTracker:
 
     def finish(self, t: float, outcome: str = COMPLETE, upstream_error: str | None = None) -> RequestRecord:
         if self._body is not None and outcome == COMPLETE:
-            self._apply(sse.interpret_body(b"".join(self._body)))  # no first token before the end: no TTFT
+            self._apply(sse.interpret_body(self._body))  # no first token before the end: no TTFT
         if self._completion is not None:
             output, counted_by = self._completion, "usage"
         elif self.stream:

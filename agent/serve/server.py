@@ -38,6 +38,7 @@ from rooflight.agent.errors import ConfigError
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.proxy.config import ProxyConfig
 from rooflight.agent.proxy.server import ProxyServer
+from rooflight.agent.proxy.thread import ProxyThread
 from rooflight.agent.serve.page import add_status_routes
 from rooflight.agent.sampling.config import public_url as _public_url
 from rooflight.agent.sampling.config import split_listen
@@ -478,13 +479,14 @@ def bind_error(exc: OSError, host: str, port: int) -> str:
     return f"listen address {shown}: cannot listen there ({exc.strerror or exc})"
 
 
-async def start_proxy(proxy: ProxyServer) -> None:
-    """Start the client-side proxy without a /metrics port of its own; a failed bind is a ConfigError."""
+async def start_proxy(proxy: ProxyThread) -> None:
+    """Start the client-side proxy, on a loop and thread of its own (scrapes here never queue in front of its
+    streams' tokens), without a /metrics port of its own; a failed bind is a ConfigError."""
     try:
-        await proxy.start(serve_metrics=False, lag_probe=bool(proxy.config.name))  # it fronts a target: its detector reads the gaps
+        # it fronts a target: its detector reads the gaps
+        await proxy.start(serve_metrics=False, lag_probe=bool(proxy.server.config.name))
     except OSError as exc:
-        await proxy.stop()
-        host, port = split_listen(proxy.config.listen)
+        host, port = split_listen(proxy.server.config.listen)
         raise ConfigError(f"proxy_listen: {bind_error(exc, host, port)}") from None
 
 
@@ -492,9 +494,10 @@ async def serve(agent: Any, host: str, port: int, *, security: Any = None,
                 limits: ServerLimits = ServerLimits(), proxy: ProxyConfig | None = None) -> None:
     """Serve the agent until SIGINT/SIGTERM; `security` (webconfig.WebSecurity) adds TLS and auth.
 
-    With `proxy` (`rooflight run --proxy-listen`), the client-side proxy runs on this event loop and its
-    rooflight_client_* metrics are on this /metrics; TLS, auth and the limits here are the agent's port's
-    only, the proxy relays its clients' requests as they come (docs/proxy.md).
+    With `proxy` (`rooflight run --proxy-listen`), the client-side proxy runs on an event loop and thread of
+    its own (agent/proxy/thread.py) and its rooflight_client_* metrics are on this /metrics; TLS, auth and
+    the limits here are the agent's port's only, the proxy relays its clients' requests as they come
+    (docs/proxy.md).
     Both addresses are bound before the agent starts, so a bad --listen or --proxy-listen stops the
     start (ConfigError)."""
     middlewares: list[Callable[..., Awaitable[web.StreamResponse]]] = (
@@ -508,14 +511,15 @@ async def serve(agent: Any, host: str, port: int, *, security: Any = None,
                     "target=%r, and head-of-line is judged by the engines' ITL buckets, not the proxy's gaps",
                     public_url(proxy.upstream), proxy.target)
     collectors = [proxy_server.collector()] if proxy_server is not None else []
+    proxy_thread = ProxyThread(proxy_server) if proxy_server is not None else None
     runner = web.AppRunner(build_app(agent, middlewares=middlewares, collectors=collectors), access_log=None,
                            handle_signals=False, keepalive_timeout=limits.idle_timeout, max_line_size=MAX_LINE_SIZE,
                            max_field_size=MAX_FIELD_SIZE, max_headers=MAX_HEADERS)
     server = await listen(runner, host, port, ssl_context=ssl_context, limits=limits)
     undo_quiet = quiet_accept_errors(asyncio.get_running_loop())
     try:
-        if proxy_server is not None:
-            await start_proxy(proxy_server)
+        if proxy_thread is not None:
+            await start_proxy(proxy_thread)
         await runner.setup()
         await server.start_serving()
         if security is not None:
@@ -535,8 +539,8 @@ async def serve(agent: Any, host: str, port: int, *, security: Any = None,
     finally:
         server.close()
         try:
-            if proxy_server is not None:
-                await proxy_server.stop()
+            if proxy_thread is not None:
+                await proxy_thread.stop()
         finally:
             await runner.cleanup()
             undo_quiet()

@@ -10,24 +10,27 @@ parsed, a garbage collection, /metrics rendered) makes every stream's next gap l
 the engine did not cause it. The proxy also records how late its own loop woke (`loop_lag`), and
 `stall_between` takes the worst lag from the worst gap of the same span.
 
-Per gap: a compare, and a new slot every 1 / `slots_per_second` s; memory: one (slot, worst) per slot that
-saw a value over `keep_seconds`. No clock is read: callers pass times (the proxy's and the sampler's
-clocks are the same monotonic clock in one process), so tests drive it with a fake one.
+Per gap: a compare under a lock (the proxy adds from its own thread, the sampler reads from the agent's
+loop), and a new slot every 1 / `slots_per_second` s; memory: one (slot, worst) per slot that saw a value
+over `keep_seconds`. No clock is read: callers pass times (the proxy's and the sampler's clocks are the
+same monotonic clock in one process), so tests drive it with a fake one.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections import deque
 
 
 class SlotMaxima:
     """The largest value seen in each 1 / `slots_per_second` s slot, for `worst_between`."""
 
-    __slots__ = ("slots_per_second", "keep_seconds", "_closed", "_open_index", "_open_until", "_open_worst")
+    __slots__ = ("slots_per_second", "keep_seconds", "_closed", "_open_index", "_open_until", "_open_worst", "_lock")
 
     def __init__(self, keep_seconds: float = 60.0, slots_per_second: int = 10) -> None:
         self.slots_per_second, self.keep_seconds = slots_per_second, keep_seconds
+        self._lock = threading.Lock()  # one writer thread (the proxy's), one reader (the sampler's loop)
         self._closed: deque[tuple[int, float]] = deque()
         self._open_index: int | None = None
         self._open_until = float("-inf")
@@ -35,22 +38,24 @@ class SlotMaxima:
 
     def add(self, t: float, value: float) -> None:
         """A value seen at `t` (for the proxy: a token arrived `value` seconds after its stream's previous one)."""
-        if t >= self._open_until:
-            self._open(t)
-        if value > self._open_worst:
-            self._open_worst = value
+        with self._lock:
+            if t >= self._open_until:
+                self._open(t)
+            if value > self._open_worst:
+                self._open_worst = value
 
     def worst_between(self, start: float, end: float) -> float | None:
         """The largest value seen in [start, end], widened to whole slots; None when none was seen then."""
         first, last = self._slot(start), self._slot(end)
         worst: float | None = None
-        if self._open_index is not None and first <= self._open_index <= last:
-            worst = self._open_worst
-        for index, value in reversed(self._closed):
-            if index < first:
-                break
-            if index <= last and (worst is None or value > worst):
-                worst = value
+        with self._lock:
+            if self._open_index is not None and first <= self._open_index <= last:
+                worst = self._open_worst
+            for index, value in reversed(self._closed):
+                if index < first:
+                    break
+                if index <= last and (worst is None or value > worst):
+                    worst = value
         return worst
 
     def _open(self, t: float) -> None:

@@ -33,7 +33,8 @@ def test_flags_become_a_config() -> None:
     args = parse("--upstream", "http://127.0.0.1:8000/", "--listen", "0.0.0.0:8100", "--metrics-listen", ":9750",
                  "--slo", "ttft=0.5,tpot=0.05", "--slo", "ttft=2s,tpot=100ms,e2e=30", "--tenant-header", "X-Tenant-Id",
                  "--tenant-top", "5", "--buckets", "itl=0.004,0.002,0.008", "--windows", "30s,2m",
-                 "--percentiles", "50,99.9", "--connect-timeout", "2s")
+                 "--percentiles", "50,99.9", "--connect-timeout", "2s", "--read-header-timeout", "5s",
+                 "--idle-timeout", "30s", "--max-connections", "100")
     config = cli.config_from_args(args)
     assert config.upstream == "http://127.0.0.1:8000" and config.target == "127.0.0.1:8000"
     assert [s.name for s in config.slos] == ["ttft=0.5,tpot=0.05", "ttft=2,tpot=0.1,e2e=30"]
@@ -41,12 +42,17 @@ def test_flags_become_a_config() -> None:
     assert config.buckets["itl"] == (0.002, 0.004, 0.008) and config.buckets["ttft"] == DEFAULT_BUCKETS["ttft"]
     assert config.windows == {"30s": 30.0, "2m": 120.0} and config.percentiles == ("50", "99.9")
     assert config.connect_timeout == 2.0 and args.func is cli.cmd_proxy
+    assert (config.read_header_timeout, config.idle_timeout) == (5.0, 30.0)
+    assert (config.max_connections, config.max_connections_per_client) == (100, 50)  # a share: half the cap
 
 
 def test_defaults() -> None:
     config = cli.config_from_args(parse("--upstream", "https://llm.internal"))
     assert config.listen == "127.0.0.1:8100" and config.metrics_listen == "127.0.0.1:9748"
     assert config.slos == () and config.tenant_header is None and config.percentiles == ("50", "90", "99")
+    assert (config.read_header_timeout, config.idle_timeout) == (10.0, 60.0)
+    assert (config.max_connections, config.max_connections_per_client) == (4096, 2048)
+    assert config.upstream_auth is None
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -69,6 +75,11 @@ def test_defaults() -> None:
     (["--upstream", "http://x", "--windows", ","], "at least one"),
     (["--upstream", "http://x", "--percentiles", "100"], "between 0 and 100"),
     (["--upstream", "http://x", "--connect-timeout", "0"], "more than zero"),
+    (["--upstream", "http://x", "--read-header-timeout", "2h"], "between 1ms and 1h"),
+    (["--upstream", "http://x", "--idle-timeout", "soon"], "not a duration"),
+    (["--upstream", "http://x", "--max-connections", "0"], "between 1 and"),
+    (["--upstream", "http://x", "--max-connections", "10", "--max-connections-per-client", "11"], "between 1 and 10"),
+    (["--upstream", "http://u:p@x"], "--upstream-credentials-for-anonymous"),
 ])
 def test_bad_flags_say_what_to_fix(argv: list[str], says: str) -> None:
     with pytest.raises(ConfigError, match=says):
@@ -104,6 +115,21 @@ def test_a_bad_flag_exits_2_with_what_to_fix() -> None:
     done = subprocess.run([sys.executable, "-m", "rooflight.agent.proxy.cli", "--upstream", "localhost:8000"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "write http://HOST:PORT" in done.stderr
+
+
+@pytest.mark.parametrize("busy_flag", ["--listen", "--metrics-listen"])
+def test_a_port_in_use_exits_2_with_what_to_fix(busy_flag: str) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"127.0.0.1:{taken.getsockname()[1]}"
+        ports = {"--listen": f"127.0.0.1:{free_port()}", "--metrics-listen": f"127.0.0.1:{free_port()}", busy_flag: busy}
+        done = subprocess.run([sys.executable, "-m", "rooflight.agent.proxy.cli", "--upstream", "http://127.0.0.1:9",
+                               *(x for kv in ports.items() for x in kv)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"{busy_flag} {busy}: cannot listen there" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 async def test_the_command_serves_until_sigterm() -> None:

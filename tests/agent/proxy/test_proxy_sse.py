@@ -153,3 +153,37 @@ def test_a_large_answer_is_scanned_to_what_decoding_it_gives(chat: bool) -> None
         decoded.finish_reason, decoded.prompt_tokens, decoded.completion_tokens) == ("length", 123, 3000)
     event = sse.interpret_event(sse.SSEEvent(data=data))
     assert event.outputs == decoded.outputs == 1 and event.finish_reason == "length"
+
+
+# -- cost: linear in the bytes fed, however they are cut ---------------------------------------------------
+
+
+def _cpu_to_feed(pieces: list[bytes]) -> tuple[float, int]:
+    """CPU seconds (this thread's) to feed `pieces` to a fresh parser, and the events it gave."""
+    import time
+
+    parser = sse.SSEParser()
+    start = time.thread_time()
+    events = 0
+    for piece in pieces:
+        events += len(parser.feed(piece))
+    return time.thread_time() - start, events
+
+
+def _cut(data: bytes, size: int) -> list[bytes]:
+    return [data[i:i + size] for i in range(0, len(data), size)]
+
+
+def test_a_long_line_in_small_reads_costs_no_more_than_short_lines_in_the_same_reads() -> None:
+    """A line cut into many reads is kept as its pieces, not re-copied on every read: 2 MiB in 512-byte
+    reads cost 1 GiB of copying when each read re-joined the unfinished line (quadratic)."""
+    size, read = 2 * 1024 * 1024, 512
+    long_line = b"data: " + b"x" * (size - 8) + b"\n\n"
+    short = b"data: " + b"y" * 120 + b"\n\n"
+    short_lines = short * (size // len(short))
+    _cpu_to_feed(_cut(short_lines, read))  # warm up
+    baseline, short_events = min(_cpu_to_feed(_cut(short_lines, read)) for _ in range(3))
+    cost, long_events = min(_cpu_to_feed(_cut(long_line, read)) for _ in range(3))
+    assert (short_events, long_events) == (size // len(short), 1)
+    # Linear: the long line is no dearer than the short lines (it makes fewer events); quadratic was 30x+.
+    assert cost <= 5 * baseline + 0.005, (cost, baseline)

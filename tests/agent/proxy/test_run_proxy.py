@@ -309,6 +309,7 @@ def test_environment_twins_and_config_file_keys(tmp_path: Path) -> None:
     (["--proxy-listen", "0.0.0.0:9999", "--listen", "127.0.0.1:9999"], "share port 9999"),
     (["--proxy-listen", ":8100", "--engine-url", "http://127.0.0.1:8001"], "--proxy-upstream URL"),
     (["--proxy-listen", ":8100", "--proxy-upstream", "127.0.0.1:8000"], "--proxy-upstream '127.0.0.1:8000': write http://"),
+    (["--proxy-listen", ":8100", "--proxy-upstream", "http://u:pw@127.0.0.1:8000"], "--proxy-upstream has a user:password"),
     (["--proxy-listen", ":8100", "--slo", "p99=1"], "keys ttft, tpot, e2e"),
     (["--proxy-listen", ":8100", "--slo", "ttft=1", "--slo", "ttft=1s"], "twice"),
     (["--proxy-listen", ":8100", "--tenant-header", "bad name"], "header name"),

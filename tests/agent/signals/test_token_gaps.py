@@ -48,3 +48,36 @@ def test_a_stall_is_the_worst_gap_less_what_the_proxys_own_loop_added() -> None:
     assert gaps.stall_between(12.0, 12.5) is None  # no token: nothing to judge
     gaps.add(12.2, 0.1)
     assert gaps.stall_between(12.0, 12.5) == 0.0  # never below 0
+
+
+def test_gaps_added_from_one_thread_are_read_from_another() -> None:
+    """The proxy adds from its own thread (`rooflight run --proxy-listen`) while the sampler reads."""
+    import sys
+    import threading
+
+    gaps = ClientGaps(keep_seconds=1.0, slots_per_second=1000)  # a slot per ms: the deque changes all the time
+    stop = threading.Event()
+
+    def proxy() -> None:
+        t = 0.0
+        while not stop.is_set():
+            t += 0.0005
+            gaps.add(t, 0.01)
+
+    errors: list[BaseException] = []
+    writer = threading.Thread(target=proxy)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    writer.start()
+    try:
+        for _ in range(3000):
+            try:
+                gaps.stall_between(0.0, 1e9)
+            except RuntimeError as exc:  # deque mutated during iteration
+                errors.append(exc)
+                break
+    finally:
+        stop.set()
+        writer.join()
+        sys.setswitchinterval(interval)
+    assert errors == []

@@ -1,0 +1,195 @@
+"""What a client can hold on the proxy's port: time to send its headers, time idle, and connections.
+
+Anyone who reaches the port can open connections and send nothing, or headers a byte at a time: without
+bounds 1,000 header tricklers and 3,000 idle sockets were held at 200 s (issue 29). Here:
+
+- a request's headers must arrive within `read_header_timeout` s of its first byte (or of the connection,
+  for the first request); the body and the response take as long as they take (a queued LLM request may
+  wait minutes for its first token);
+- a keep-alive connection idle between requests is closed after `idle_timeout` s;
+- at most `max_connections` connections are open at once, and one client (an IP address) holds at most
+  `max_connections_per_client` of them, so one client flooding the port leaves the rest to the others.
+  A connection past either is answered 503 and closed.
+
+Refusals and bad requests are counted (rooflight_client_connections_refused_total,
+rooflight_client_bad_requests_total) and logged as one line per REFUSAL_LOG_SECONDS at most, with a count
+and the client's address, never the bytes it sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable
+
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
+
+log = logging.getLogger("rooflight.proxy")
+
+REFUSAL_LOG_SECONDS = 60.0
+BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 42\r\n"
+        b"Connection: close\r\n\r\nrooflight proxy: too many open connections\n")
+
+# Refusal and bad-request reasons, the label values of the two counters.
+MAX_CONNECTIONS = "max_connections"
+PER_CLIENT = "per_client"
+HEADER_TIMEOUT = "header_timeout"
+MALFORMED = "malformed"  # aiohttp's parser refused it (answered 400)
+NOT_A_PATH = "target"  # the request target is not a path this reverse proxy can relay
+UNSENDABLE = "unsendable"  # a target or header the proxy's HTTP client will not send on
+
+
+class RefusalLog:
+    """One log line per `every` s at most, counting the refusals it stood for: anyone who can reach the port
+    can make the proxy refuse requests, and that must not fill the logs. The line names the client's address
+    and the proxy's own words for the refusal, never what the client sent."""
+
+    def __init__(self, what: str, every: float = REFUSAL_LOG_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self._what, self._every, self._clock = what, every, clock
+        self._last: float | None = None
+        self._held = 0
+
+    def note(self, why: str, client: str | None) -> None:
+        now = self._clock()
+        if self._last is not None and now - self._last < self._every:
+            self._held += 1
+            return
+        more = f" (and {self._held} more since the last such line)" if self._held else ""
+        log.warning("proxy: %s %s: %s%s", self._what, client or "?", why, more)
+        self._last, self._held = now, 0
+
+
+class ConnectionShares:
+    """Open connections, in total and per client address: admit() says yes or why not, leave() forgets one."""
+
+    def __init__(self, cap: int, per_client: int) -> None:
+        self.cap, self.per_client = cap, per_client
+        self.total = 0
+        self._by_client: dict[str, int] = {}
+
+    def admit(self, client: str) -> str | None:
+        """Count one more connection of `client` and return None, or the reason it is refused."""
+        if self.total >= self.cap:
+            return MAX_CONNECTIONS
+        held = self._by_client.get(client, 0)
+        if held >= self.per_client:
+            return PER_CLIENT
+        self.total += 1
+        self._by_client[client] = held + 1
+        return None
+
+    def leave(self, client: str) -> None:
+        self.total -= 1
+        held = self._by_client[client] - 1
+        if held:
+            self._by_client[client] = held
+        else:
+            del self._by_client[client]
+
+
+class Events:
+    """Where the port's refusals go: counted by the caller's `count(kind, reason)`, logged rate-limited."""
+
+    def __init__(self, count: Callable[[str, str], None]) -> None:
+        self._count = count
+        self._refused = RefusalLog("refused a connection from")
+        self._bad = RefusalLog("answered 400 to")
+
+    def refused(self, reason: str, client: str | None, why: str) -> None:
+        self._count("refused", reason)
+        self._refused.note(why, client)
+
+    def bad_request(self, reason: str, client: str | None, why: str) -> None:
+        self._count("bad_request", reason)
+        self._bad.note(why, client)
+
+
+class ProxyHandler(RequestHandler):
+    """aiohttp's connection handler with a read-header timeout, a place in ConnectionShares, and bad
+    requests counted and answered without a log line each."""
+
+    __slots__ = ("_client", "_shares", "_events", "_header_timeout", "_deadline", "_busy")
+
+    def __init__(self, manager: Any, *, client: str, shares: ConnectionShares, events: Events,
+                 read_header_timeout: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._client, self._shares, self._events = client, shares, events
+        self._header_timeout = read_header_timeout
+        self._deadline: asyncio.TimerHandle | None = None
+        self._busy = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._busy:
+            self._arm()
+        super().data_received(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        if self._shares is not None:
+            self._shares.leave(self._client)
+            self._shares = None  # type: ignore[assignment]  # counted once
+        super().connection_lost(exc)
+
+    async def _handle_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        self._busy = True
+        self._disarm()
+        try:
+            return await super()._handle_request(request, *args, **kwargs)
+        finally:
+            self._busy = False
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> Any:
+        if not isinstance(exc, HttpProcessingError):
+            return super().handle_error(request, status, exc, message)
+        from aiohttp import web  # aiohttp.web imports this module's base: import late, once, here
+
+        self._events.bad_request(MALFORMED, self._client, "not a valid HTTP request")
+        response = web.Response(status=400, text="rooflight proxy: not a valid HTTP request\n")
+        response.force_close()
+        return response
+
+    def _arm(self) -> None:
+        if self._deadline is None and self._header_timeout > 0:
+            self._deadline = self._loop.call_later(self._header_timeout, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _headers_late(self) -> None:
+        self._deadline = None
+        if self._busy or self.transport is None:
+            return
+        self._events.refused(HEADER_TIMEOUT, self._client,
+                             f"no complete request headers within {self._header_timeout:g} s; closed")
+        self.force_close()
+
+
+class Gate(asyncio.Protocol):
+    """The first protocol of every accepted connection: admits it against ConnectionShares and hands it to a
+    ProxyHandler, or answers 503 and closes it."""
+
+    def __init__(self, make: Callable[[str], ProxyHandler], shares: ConnectionShares, events: Events) -> None:
+        self._make, self._shares, self._events = make, shares, events
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        client = str(peer[0]) if isinstance(peer, (tuple, list)) and peer else "?"
+        refused = self._shares.admit(client)
+        if refused is not None:
+            limit = self._shares.cap if refused == MAX_CONNECTIONS else self._shares.per_client
+            self._events.refused(refused, client, f"over {limit} open connections ({refused}); answered 503")
+            transport.write(BUSY)  # type: ignore[attr-defined]
+            transport.close()
+            return
+        handler = self._make(client)
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
