@@ -35,7 +35,8 @@ price of everyone's tokens).
 Per-rank rules keep the scrape's topology labels (RulesConfig.kept_labels), as every rule does; the
 fleet rules aggregate the replicas away by model, on purpose, within one service scope (cluster,
 namespace: RulesConfig.service_labels), so prod and staging never average into one. docs/deploy.md
-(section Autoscaling) explains the thresholds the deploy/k8s/autoscaling examples put on the saturation record.
+(section Autoscaling) explains the thresholds the deploy/k8s/autoscaling examples put on the saturation
+demand record, and docs/physics.md (section Demand past the wall) why it counts the queue.
 """
 
 from __future__ import annotations
