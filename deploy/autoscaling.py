@@ -10,7 +10,12 @@ or a query that reads a recording rule rules/ no longer generates. So, for every
   rendered as the adapter renders it, reads only recording rules of rules/;
 - a ScaledObject's prometheus triggers: their metadata against schemas/keda-prometheus-trigger.schema.json
   (written from KEDA's docs), and their query reads only recording rules of rules/;
-- a HorizontalPodAutoscaler's Pods and Object metrics: each is served by an adapter rule among the documents.
+- a HorizontalPodAutoscaler's Pods and Object metrics: each is served by an adapter rule among the documents;
+- every query (a trigger's, an adapter rule's rendered metricsQuery) that reads a per-role record
+  (`..._role:...`) pins one role (`role="decode"`): a sum over roles adds a prefill pool's walls to a
+  decode pool's; and none scales on the saturation record, which is held to 1 (a `_ratio`): a pool at
+  the wall with 100 queued would ask for x1/threshold a cold start; the saturation demand record is the
+  same number while nothing queues and counts the queue past 1 (rules/capacity.py).
 
 Run by deploy/validate_manifests.py (deploy/validate.sh); tests/deploy/test_autoscaling.py runs the
 same functions on the checked-in examples and evaluates their queries with promtool.
@@ -36,6 +41,8 @@ ADAPTER_FILE = "config.yaml"
 # A recording rule's level:metric:operations name (prometheus.io/docs/practices/rules).
 RECORD = re.compile(r"(?<![\w:])[a-z][a-z0-9_]*:[a-z][a-z0-9_]*:[a-z0-9_]+(?![\w:])")
 SERIES_NAME = re.compile(r"^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")
+ROLES = ("both", "prefill", "decode")  # agent/signals/headroom.py ROLES
+CAPPED = "rooflight_saturation"  # the metric part of the saturation records: held to 0..1
 # What the adapter puts in a metricsQuery for a request about pods a and b in namespace llm.
 SAMPLE_REQUEST = {"LabelMatchers": 'namespace="llm",pod=~"a|b"', "GroupBy": "pod"}
 
@@ -70,6 +77,19 @@ def record_errors(query: str, known: Iterable[str]) -> list[str]:
     if not named:
         return [f"reads no Rooflight recording rule: {query}"]
     return [f"reads {name}, which rules/ does not generate" for name in sorted(named - set(known))]
+
+
+def signal_errors(query: str) -> list[str]:
+    """A query on per-role records must pin one role, and must not scale on the capped saturation."""
+    errors = []
+    named = RECORD.findall(query)
+    if any(name.split(":")[0].endswith("_role") for name in named) and not any(
+            f'role="{role}"' in query for role in ROLES):
+        errors.append(f"reads a per-role record without a role matcher (role=\"decode\", ...): {query}")
+    for name in sorted({n for n in named if n.split(":")[1] == CAPPED}):
+        errors.append(f"scales on {name}, held to 1: a burst behind the wall asks for only x1/threshold a "
+                      f"cold start; read {name.replace(':' + CAPPED + ':', ':' + CAPPED + '_demand:')}")
+    return errors
 
 
 def render_metrics_query(template: str, series: str, request: dict[str, str] = SAMPLE_REQUEST) -> str:
@@ -113,7 +133,7 @@ def adapter_errors(config: Any, known: Iterable[str]) -> list[str]:
         if not re.fullmatch(pattern, series):
             errors.append(f"rules/{i}: name.matches {pattern!r} does not match its series {series}")
         query = render_metrics_query(rule["metricsQuery"], series)
-        errors += [f"rules/{i} metricsQuery: {e}" for e in record_errors(query, known)]
+        errors += [f"rules/{i} metricsQuery: {e}" for e in record_errors(query, known) + signal_errors(query)]
     return errors
 
 
@@ -125,7 +145,8 @@ def keda_errors(doc: dict[str, Any], known: Iterable[str]) -> list[str]:
             continue
         metadata = trigger.get("metadata") or {}
         errors += [f"triggers/{i}/metadata/{e}" for e in schema_errors(KEDA_TRIGGER_SCHEMA, metadata)]
-        errors += [f"triggers/{i} query: {e}" for e in record_errors(str(metadata.get("query", "")), known)]
+        query = str(metadata.get("query", ""))
+        errors += [f"triggers/{i} query: {e}" for e in record_errors(query, known) + signal_errors(query)]
     return errors
 
 

@@ -8,8 +8,14 @@ The agent exports, per target and window (docs/metrics.md, section Capacity, cos
 `rooflight_gpu_hour_cost{target}` (the configured price of one GPU-hour). From them:
 
     per rank   target_engine_model_rank_role:rooflight_saturation:max1m
-                   = max_over_time(saturation{window="1m"}[1m]): what KEDA and an HPA scale on
+                   = max_over_time(saturation{window="1m"}[1m]): the pool's steady state
     fleet      model_role:rooflight_saturation:avg1m, :max1m    the pool's mean and its hottest rank
+    per rank   target_engine_model_rank_role:rooflight_saturation_demand:max1m
+                   = max_over_time(saturation_demand{window="1m"}[1m]): what KEDA and an HPA scale on;
+                     the saturation while nothing queues, past 1 with the queue behind the wall
+    fleet      model_role:rooflight_saturation_demand:avg1m, :sum1m
+                   the pool's mean (what its autoscaler steers to) and its walls' worth of work: ceil() of
+                   the sum / the target is the pods an HPA asks for
     fleet      model_phase:rooflight_groups_needed:rate5m
                    = the model's tokens/s of the phase / the mean capacity per group of that phase
     per rank   target_engine_model_rank:rooflight_gpu_hour_cost:sum = price per GPU-hour x TP
@@ -29,7 +35,8 @@ price of everyone's tokens).
 Per-rank rules keep the scrape's topology labels (RulesConfig.kept_labels), as every rule does; the
 fleet rules aggregate the replicas away by model, on purpose, within one service scope (cluster,
 namespace: RulesConfig.service_labels), so prod and staging never average into one. docs/deploy.md
-(section Autoscaling) explains the thresholds the deploy/k8s/autoscaling examples put on the saturation record.
+(section Autoscaling) explains the thresholds the deploy/k8s/autoscaling examples put on the saturation
+demand record, and docs/physics.md (section Demand past the wall) why it counts the queue.
 """
 
 from __future__ import annotations
@@ -58,6 +65,17 @@ def saturation_record(config: RulesConfig) -> str:
 def fleet_saturation_record(config: RulesConfig, how: str) -> str:
     """The pool's `avg` or `max` saturation by model and role."""
     return record_name(("model", "role"), "rooflight_saturation", f"{how}{window_suffix(config.saturation_window)}")
+
+
+def demand_record(config: RulesConfig) -> str:
+    """The per-rank burst signal: the agent's saturation demand over `saturation_window`, its max over as long."""
+    return record_name(ROLE_LEVEL, "rooflight_saturation_demand", f"max{window_suffix(config.saturation_window)}")
+
+
+def fleet_demand_record(config: RulesConfig, how: str) -> str:
+    """The pool's `avg` or `sum` saturation demand by model and role."""
+    return record_name(("model", "role"), "rooflight_saturation_demand",
+                       f"{how}{window_suffix(config.saturation_window)}")
 
 
 def groups_needed_record(config: RulesConfig) -> str:
@@ -91,6 +109,20 @@ def saturation_rules(config: RulesConfig) -> list[Rule]:
         _record(per_rank, f"max by ({labels(keep(config, *ROLE_LEVEL))}) (\n  max_over_time({source}[{w}])\n)"),
         _record(fleet_saturation_record(config, "avg"), f"avg by ({fleet_by(config, 'model', 'role')}) ({per_rank})"),
         _record(fleet_saturation_record(config, "max"), f"max by ({fleet_by(config, 'model', 'role')}) ({per_rank})"),
+    ]
+
+
+def demand_rules(config: RulesConfig) -> list[Rule]:
+    """Per rank as the saturation record, then the pool's mean and sum by model and role (one service
+    scope: fleet_by), so prod's queue never asks for staging's pods."""
+    w = config.saturation_window
+    per_rank = demand_record(config)
+    source = series(names.SATURATION_DEMAND, config.agent_selector, f'window="{w}"')
+    by = fleet_by(config, "model", "role")
+    return [
+        _record(per_rank, f"max by ({labels(keep(config, *ROLE_LEVEL))}) (\n  max_over_time({source}[{w}])\n)"),
+        _record(fleet_demand_record(config, "avg"), f"avg by ({by}) ({per_rank})"),
+        _record(fleet_demand_record(config, "sum"), f"sum by ({by}) ({per_rank})"),
     ]
 
 
@@ -138,5 +170,5 @@ def cost_rules(config: RulesConfig) -> list[Rule]:
 
 
 def capacity_rules(config: RulesConfig) -> list[Rule]:
-    """Saturation, groups needed and cost, in dependency order."""
-    return [*saturation_rules(config), groups_needed_rule(config), *cost_rules(config)]
+    """Saturation, its demand, groups needed and cost, in dependency order."""
+    return [*saturation_rules(config), *demand_rules(config), groups_needed_rule(config), *cost_rules(config)]

@@ -135,6 +135,7 @@ def render_signals(f: _Families, wk: tuple[str, ...], sig: WindowSignals) -> Non
     for resource, value in sig.headroom.items():
         f.add(n.HEADROOM, (*wk, resource), _nonneg(value))
     f.add(n.SATURATION, (*wk, sig.role), _nonneg(sig.saturation))
+    f.add(n.SATURATION_DEMAND, (*wk, sig.role), _nonneg(sig.demand))
     if sig.binding is not None and sig.saturation is not None:
         f.add(n.SATURATION_BINDING, (*wk, sig.role, sig.binding), 1.0)
     if sig.capacity is not None:

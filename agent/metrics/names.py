@@ -58,6 +58,7 @@ REQUEST_QUEUE_TIME = "rooflight_request_queue_time_seconds"  # by percentile: ar
 HEADROOM = "rooflight_headroom_ratio"  # by resource: 0 at the wall, 1 idle
 SATURATION = "rooflight_saturation_ratio"  # by role: 1 - the role's smallest headroom
 SATURATION_BINDING = "rooflight_saturation_binding_info"  # 1; resource = the one that binds
+SATURATION_DEMAND = "rooflight_saturation_demand"  # by role: saturation x (running + waiting) / running, past 1
 CAPACITY_REQUESTS = "rooflight_capacity_requests_per_second"  # sustainable at the current mix
 CAPACITY_DECODE_TOKENS = "rooflight_capacity_decode_tokens_per_second"  # requests/s capacity x mean output
 CAPACITY_PHASE_TOKENS = "rooflight_capacity_phase_tokens_per_second"  # by phase: one phase alone

@@ -94,6 +94,7 @@ class WindowValues:
     ttft: Mapping[str, float] = field(default_factory=dict)  # by percentile
     itl: Mapping[str, float] = field(default_factory=dict)  # by percentile
     mean_running: float | None = None
+    mean_waiting: float | None = None  # requests queued for admission, time-weighted (headroom.saturation_demand)
     mean_kv_usage: float | None = None
     mean_live_kv_bytes: float | None = None
     prefill_tokens_per_step: float | None = None
@@ -170,6 +171,7 @@ def derive_window(
         ttft=ttft_percentiles,
         itl=itl_percentiles,
         mean_running=running,
+        mean_waiting=mean(first, last, WAITING),
         mean_kv_usage=kv_usage,
         mean_live_kv_bytes=live_kv,
         prefill_tokens_per_step=(

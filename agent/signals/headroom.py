@@ -17,6 +17,9 @@ Headroom is 1 at idle and 0 at the wall, so an autoscaler can act on one number:
 - ttft_slo, itl_slo: 1 - the window's p99 / the SLO threshold, where a threshold is set.
 Saturation = 1 - the smallest headroom among the resources of the target's role (ROLE_RESOURCES): 1 at
 the first wall; `binding` names that resource.
+Demand = saturation x (mean running + mean waiting) / mean running: what the binding wall would read if the
+queued requests ran too (saturation_demand). Equal to saturation while nothing queues, past 1 once the
+queue grows behind the wall, so an autoscaler asks for the pods the queue needs in one step.
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ class WindowSignals:
     headroom: Mapping[str, float] = field(default_factory=dict)  # by resource, 0..1
     saturation: float | None = None  # 1 - the role's smallest headroom
     binding: str | None = None  # the resource of that smallest headroom
+    demand: float | None = None  # saturation x (running + waiting) / running: past 1 with a queue
     capacity: Capacity | None = None
     gpu_time_share: Mapping[str, float] = field(default_factory=dict)  # by phase, adds up to 1
     cost_per_million_tokens: Mapping[str, float] = field(default_factory=dict)  # by phase, its share of the bill
@@ -202,6 +206,23 @@ def saturation(headroom: Mapping[str, float], role: str) -> tuple[float | None, 
         return None, None
     low, resource = min(known, key=lambda item: item[0])
     return 1.0 - low, resource
+
+
+def saturation_demand(sat: float | None, mean_running: float | None,
+                      mean_waiting: float | None) -> float | None:
+    """The saturation the binding wall would read if the queued requests ran too: sat x (R + W) / R.
+
+    Every wall of a role grows with the sequences it holds at the window's mix (KV occupancy and the batch
+    in proportion, decode and prefill load with the tokens those sequences ask for), so each running
+    sequence costs sat / R of the wall and the W waiting behind it would cost W x sat / R more: at the
+    batch wall N this is (R + W) / N, at the KV wall (R + W) x context / cache size (docs/physics.md,
+    section Demand past the wall). Equal to sat without a queue; sat itself where nothing runs (a
+    starting or hung engine: no running sequence to price the queue by; the stall alert's business)."""
+    if sat is None:
+        return None
+    if not mean_waiting or mean_waiting <= 0 or not mean_running or mean_running <= 0:
+        return sat
+    return sat * (mean_running + mean_waiting) / mean_running
 
 
 def capacity(w: WindowValues, constants: TargetConstants | None, batch_max: float | None,
@@ -376,7 +397,8 @@ def window_signals(w: WindowValues, constants: TargetConstants | None, batch_max
     tp = constants.tensor_parallel_size if constants is not None else 1
     share = gpu_time_share(w, constants, settings)
     return WindowSignals(
-        window=w.window, role=settings.role, headroom=room, saturation=sat, binding=binding, capacity=cap,
+        window=w.window, role=settings.role, headroom=room, saturation=sat, binding=binding,
+        demand=saturation_demand(sat, w.mean_running, w.mean_waiting), capacity=cap,
         gpu_time_share=share,
         cost_per_million_tokens=cost_per_million_tokens(w, tp, settings.gpu_hour_cost, share),
         blended_cost_per_million_tokens=blended_cost_per_million_tokens(w, tp, settings.gpu_hour_cost),

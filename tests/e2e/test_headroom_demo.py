@@ -77,6 +77,11 @@ async def test_queue_drives_batch_headroom_to_zero_with_kv_to_spare(demo) -> Non
     assert s.headroom["batch"] == pytest.approx(0.0, abs=0.02)
     assert s.headroom["kv"] > 0.3
     assert s.binding == "batch" and s.saturation == pytest.approx(1.0, abs=0.02)
+    # The queue behind the cap: the demand counts it past 1, saturation x (running + waiting) / running
+    w = view.windows[0]
+    assert w.mean_running and w.mean_waiting and w.mean_waiting > 1
+    assert s.demand == pytest.approx(s.saturation * (w.mean_running + w.mean_waiting) / w.mean_running)
+    assert s.demand > 2 and s.saturation <= 1.0  # 14 req/s offered to a cap of 16: ~180 wait, demand ~12
 
 
 async def test_steady_stays_comfortably_away_from_every_wall(demo) -> None:

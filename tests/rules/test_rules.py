@@ -601,13 +601,22 @@ def test_capacity_records_read_the_agents_windows_and_keep_the_replica() -> None
     rules = _capacity(config)
     assert list(rules) == [
         "target_engine_model_rank_role:rooflight_saturation:max1m", "model_role:rooflight_saturation:avg1m",
-        "model_role:rooflight_saturation:max1m", "model_phase:rooflight_groups_needed:rate5m",
+        "model_role:rooflight_saturation:max1m", "target_engine_model_rank_role:rooflight_saturation_demand:max1m",
+        "model_role:rooflight_saturation_demand:avg1m", "model_role:rooflight_saturation_demand:sum1m",
+        "model_phase:rooflight_groups_needed:rate5m",
         "target_engine_model_rank:rooflight_gpu_hour_cost:sum", "model:rooflight_gpu_hour_cost:sum",
         "model_phase:rooflight_cost_per_million_tokens:rate5m",
     ]  # fmt: skip
     signal = rules["target_engine_model_rank_role:rooflight_saturation:max1m"]
     assert f'max_over_time({names.SATURATION}{{window="1m"}}[1m])' in signal
     assert clauses(signal) == [("by", (*config.kept_labels, "target", "engine", "model", "rank", "role"))]
+    # The burst signal: the same per-rank level, and the pool's records within one service scope.
+    demand = rules["target_engine_model_rank_role:rooflight_saturation_demand:max1m"]
+    assert f'max_over_time({names.SATURATION_DEMAND}{{window="1m"}}[1m])' in demand
+    assert clauses(demand) == clauses(signal)
+    for how in ("avg", "sum"):
+        pool = rules[f"model_role:rooflight_saturation_demand:{how}1m"]
+        assert clauses(pool) == [("by", (*config.service_labels, "model", "role"))], pool
     assert f'{names.CAPACITY_PHASE_TOKENS}{{window="5m"}} > 0' in rules["model_phase:rooflight_groups_needed:rate5m"]
     cost = rules["model_phase:rooflight_cost_per_million_tokens:rate5m"]
     assert "and on (cluster, namespace, pod, instance, job, target, engine, model, rank)" in cost
@@ -622,6 +631,8 @@ def test_capacity_windows_and_selector_follow_the_flags(capsys: pytest.CaptureFi
     assert "record: target_engine_model_rank_role:rooflight_saturation:max10s" in text
     assert 'max_over_time(rooflight_saturation_ratio{job="rooflight", window="10s"}[10s])' in text
     assert "avg by (cluster, namespace, job, model, role) (target_engine_model_rank_role:rooflight_saturation:max10s)" in text
+    assert 'max_over_time(rooflight_saturation_demand{job="rooflight", window="10s"}[10s])' in text
+    assert "sum by (cluster, namespace, job, model, role) (target_engine_model_rank_role:rooflight_saturation_demand:max10s)" in text
     assert 'rooflight_capacity_phase_tokens_per_second{job="rooflight", window="1m"} > 0' in text
     assert 'max by (cluster, namespace, pod, instance, job, target) (rooflight_gpu_hour_cost{job="rooflight"})' in text
     assert run_rules(rooflight_rules(["--saturation-window", "1m30s"])) == 2

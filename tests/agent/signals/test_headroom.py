@@ -176,13 +176,13 @@ def test_capacity_needs_traffic_and_constants() -> None:
 # --- exact values on a scripted engine ---
 
 def _vllm_page(*, running: float, kv: float, prompt: float, generation: float, steps: float, preemptions: float,
-               ttft_in_1s: float, itl_in_25ms: float, transferred: float = 0.0) -> str:
+               ttft_in_1s: float, itl_in_25ms: float, transferred: float = 0.0, waiting: float = 0.0) -> str:
     """A vLLM page: a 400,000-token cache (25,000 blocks of 16), every TTFT in (0.5, 1] s, every ITL in
     (10, 25] ms."""
     lab = 'engine="0",model_name="m"'
     lines = [
         "# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{lab}}} {running}",
-        "# TYPE vllm:num_requests_waiting gauge", f"vllm:num_requests_waiting{{{lab}}} 0",
+        "# TYPE vllm:num_requests_waiting gauge", f"vllm:num_requests_waiting{{{lab}}} {waiting}",
         "# TYPE vllm:kv_cache_usage_perc gauge", f"vllm:kv_cache_usage_perc{{{lab}}} {kv}",
         "# TYPE vllm:cache_config_info gauge",
         'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="25000"} 1.0',
@@ -208,19 +208,19 @@ def _vllm_page(*, running: float, kv: float, prompt: float, generation: float, s
 
 
 async def _scripted(engine: FakeEngine, preemptions: float = 0.0, transferred: float = 0.0,
-                    spec: tuple[str, str] = ("", ""), **flags: object) -> TargetView:
+                    spec: tuple[str, str] = ("", ""), waiting: float = 0.0, **flags: object) -> TargetView:
     """Two samples 10 s apart: 20 running at 4% occupancy, 10 req/s of 600 prompt + 250 output tokens."""
     clock = FakeClock()
     settings = {"engine_url": [engine.url], "nvml": False, "process": False, "interval": "1s", "windows": "10s",
                 "model": "ref-8b", "gpu": "h100-sxm", "batch_max": 256, **flags}
     async with started_agent(build({}, {}, settings), loops=False, clock=clock) as agent:
         engine.body = _vllm_page(running=20, kv=0.04, prompt=0, generation=0, steps=0, preemptions=0,
-                                 ttft_in_1s=0, itl_in_25ms=0) + spec[0]
+                                 ttft_in_1s=0, itl_in_25ms=0, waiting=waiting) + spec[0]
         await agent.sample_engines_once()
         clock.advance(10.0)
         engine.body = _vllm_page(running=20, kv=0.04, prompt=60_000, generation=25_000, steps=400,
                                  preemptions=preemptions, ttft_in_1s=100, itl_in_25ms=2_500,
-                                 transferred=transferred) + spec[1]
+                                 transferred=transferred, waiting=waiting) + spec[1]
         await agent.sample_engines_once()
         (target,) = agent.snapshot.targets
         return target
@@ -287,6 +287,26 @@ async def test_a_preemption_in_the_window_puts_kv_at_the_wall(fake_engine: FakeE
     target = await _scripted(fake_engine, preemptions=3)
     (s,) = target.series[0].signals
     assert s.headroom["kv"] == 0.0 and (s.saturation, s.binding) == (1.0, "kv")
+
+
+async def test_a_queue_behind_the_wall_reaches_the_exposition_past_1(fake_engine: FakeEngine) -> None:
+    # The scripted engine preempting (kv headroom 0, saturation 1) with 30 requests waiting behind its 20
+    # running: the demand is 1 x (20 + 30) / 20 = 2.5, exported beside a saturation that stays at 1.
+    target = await _scripted(fake_engine, preemptions=3, waiting=30)
+    (w,) = target.series[0].windows
+    assert (w.mean_running, w.mean_waiting) == (20.0, 30.0)
+    (s,) = target.series[0].signals
+    assert (s.saturation, s.binding, s.demand) == (1.0, "kv", 2.5)
+    samples = _served(target)
+    assert samples[(n.SATURATION, (("role", "both"),))] == 1.0
+    assert samples[(n.SATURATION_DEMAND, (("role", "both"),))] == 2.5
+
+
+async def test_without_a_queue_the_demand_is_the_saturation(fake_engine: FakeEngine) -> None:
+    target = await _scripted(fake_engine)
+    (s,) = target.series[0].signals
+    assert s.saturation is not None and s.saturation < 1 and s.demand == s.saturation
+    assert _served(target)[(n.SATURATION_DEMAND, (("role", "both"),))] == pytest.approx(s.saturation)
 
 
 async def test_a_decode_pool_is_judged_by_its_own_walls(fake_engine: FakeEngine) -> None:
@@ -406,6 +426,37 @@ def test_one_engine_doing_both_phases_spends_one_pool_of_gpu_seconds() -> None:
     assert decode.headroom["decode_bandwidth"] == pytest.approx(1 - decode_load)
     prefill = hr.window_signals(_steady(), REF, 256, 400_000, hr.SignalSettings(role="prefill"))
     assert prefill.headroom["prefill_compute"] == pytest.approx(1 - prefill_load)
+
+
+# --- demand: the saturation the binding wall would read if the queue ran too (docs/physics.md) ---
+
+def test_saturation_demand_prices_the_queue_at_the_running_sequences_share_of_the_wall() -> None:
+    # kv binds at occupancy 0.6 with 30 running: each sequence holds 0.02 of the cache, so 10 more waiting
+    # would fill 0.8 of it: 0.6 x (30 + 10) / 30 = 0.8
+    assert hr.saturation_demand(0.6, 30.0, 10.0) == pytest.approx(0.8)
+    # a pool at its wall (1.0) with 12 running and 25 waiting a pod: 37 / 12 = 3.08 walls' worth
+    assert hr.saturation_demand(1.0, 12.0, 25.0) == pytest.approx(37 / 12)
+    # no queue, no running sequence to price it by, or no saturation: nothing to add
+    assert hr.saturation_demand(0.6, 30.0, 0.0) == 0.6
+    assert hr.saturation_demand(0.6, 30.0, None) == 0.6
+    assert hr.saturation_demand(0.0, 0.0, 8.0) == 0.0
+    assert hr.saturation_demand(None, 30.0, 10.0) is None
+
+
+def test_at_the_kv_wall_the_demand_is_running_plus_waiting_over_the_walls_batch() -> None:
+    # The decode pool above at its KV wall (N = 500 sequences of 800 tokens in 400,000 tokens) with 100
+    # waiting: saturation stays 1 (a _ratio), the demand is (500 + 100) / 500 = 1.2 walls' worth.
+    step = (W + 500 * 800 * KV_TOKEN) / (BW * 0.7)
+    at_wall = _window(requests_per_second=500 / step / 250, tokens_per_second={"prefill": 0.0, "decode": 500 / step},
+                      mean_running=500.0, mean_waiting=100.0, mean_kv_usage=1.0,
+                      mean_live_kv_bytes=500 * 800 * KV_TOKEN)
+    s = hr.window_signals(at_wall, REF, 1024, 400_000, hr.SignalSettings(role="decode"))
+    assert (s.saturation, s.binding) == (pytest.approx(1.0), "kv")
+    assert s.demand == pytest.approx(1.2)
+    # below the wall the same queue adds in proportion: the steady window (0.373) with 5 waiting behind 20
+    steady = hr.window_signals(_steady(mean_waiting=5.0), REF, 256, 400_000, hr.SignalSettings())
+    assert steady.demand == pytest.approx(steady.saturation * 25 / 20)
+    assert round(steady.demand, 3) == 0.466
 
 
 @pytest.mark.parametrize("role", ["prefill", "both"])
