@@ -15,6 +15,7 @@ from typing import Any
 from rooflight.agent.metrics import names as n
 from rooflight.agent.proxy import catalog as client
 from rooflight.agent.signals.detectors import DetectorThresholds
+from rooflight.rules.config import VLLM_ITL_BUCKETS, VLLM_TTFT_BUCKETS, RulesConfig
 
 from .panels import (
     ALERT,
@@ -41,9 +42,20 @@ from .panels import (
 UID = "rooflight-overview"
 
 # SLO thresholds must be bucket boundaries the engine exposes (vLLM's TTFT and ITL buckets, spelled as
-# vLLM writes them); a threshold between buckets would silently match nothing.
-TTFT_SLO_BUCKETS = ["0.1", "0.25", "0.5", "0.75", "1.0", "2.5", "5.0"]
-ITL_SLO_BUCKETS = ["0.025", "0.05", "0.075", "0.1", "0.15", "0.2", "0.3", "0.5"]
+# vLLM writes them); a threshold between buckets would silently match nothing. The defaults are the rules'
+# (rules/config.py), so the attainment shown judges by the threshold the burn alerts page on.
+_RULES = RulesConfig()
+
+
+def _edges(buckets: tuple[float, ...], low: float, high: float) -> list[str]:
+    """The engine's bucket edges from low to high, as Python (and so vLLM's client) prints them."""
+    return [repr(float(b)) for b in buckets if low <= b <= high]
+
+
+TTFT_SLO_BUCKETS = _edges(VLLM_TTFT_BUCKETS, 0.1, 5.0)
+ITL_SLO_BUCKETS = _edges(VLLM_ITL_BUCKETS, 0.025, 0.5)
+TTFT_SLO_DEFAULT = repr(float(_RULES.ttft.threshold_seconds))
+ITL_SLO_DEFAULT = repr(float(_RULES.itl.threshold_seconds))
 
 # The detector's own thresholds, drawn as lines on the panels that show its inputs.
 HOL = DetectorThresholds()
@@ -323,10 +335,10 @@ def dashboard() -> dict[str, Any]:
     ), 12, 8)
 
     variables = engine_variables() + [
-        custom_variable("ttft_slo", "TTFT SLO (s)", TTFT_SLO_BUCKETS, "1.0",
-                        "TTFT objective; must be one of the engine's histogram bucket bounds."),
-        custom_variable("itl_slo", "ITL SLO (s)", ITL_SLO_BUCKETS, "0.1",
-                        "ITL objective; must be one of the engine's histogram bucket bounds."),
+        custom_variable("ttft_slo", "TTFT SLO (s)", TTFT_SLO_BUCKETS, TTFT_SLO_DEFAULT,
+                        "TTFT threshold; one of the engine's histogram bucket bounds. Default: the TTFT burn alerts'."),
+        custom_variable("itl_slo", "ITL SLO (s)", ITL_SLO_BUCKETS, ITL_SLO_DEFAULT,
+                        "ITL threshold; one of the engine's histogram bucket bounds. Default: the ITL burn alerts'."),
     ]
     return build(UID, "Rooflight / Serving overview",
                  "SLO attainment, TTFT/ITL percentiles, head-of-line blocking, per-phase throughput, the queue "

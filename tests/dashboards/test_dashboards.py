@@ -457,3 +457,21 @@ def test_promstack_scrapes_and_stops_cleanly(tmp_path: Path) -> None:
             os.kill(pid, 0)
     finally:
         stop_process(server)
+
+
+# -- the SLO variables default to the alerts' thresholds -----------------------------------------------
+
+def test_slo_variables_default_to_the_rules_thresholds() -> None:
+    """The overview's TTFT and ITL SLO variables start where RooflightTTFTBudgetBurn and RooflightITLBudgetBurn
+    judge (rules/config.py), spelled as the engine spells the bucket edge, and offer only bucket edges."""
+    from rooflight.rules.config import VLLM_ITL_BUCKETS, VLLM_TTFT_BUCKETS, RulesConfig
+
+    config = RulesConfig()
+    variables = {v["name"]: v for v in dashboards()["rooflight-overview.json"]["templating"]["list"]}
+    for name, slo, edges in (("ttft_slo", config.ttft, VLLM_TTFT_BUCKETS), ("itl_slo", config.itl, VLLM_ITL_BUCKETS)):
+        var = variables[name]
+        assert float(var["current"]["value"]) == slo.threshold_seconds, name
+        offered = [o["value"] for o in var["options"]]
+        assert var["current"]["value"] in offered and [o["value"] for o in var["options"] if o["selected"]] == [
+            var["current"]["value"]], name
+        assert all(float(v) in edges and v == repr(float(v)) for v in offered), (name, offered)
