@@ -32,12 +32,14 @@ from .panels import (
     build,
     custom_variable,
     engine_variables,
+    info_table,
     native,
     query,
     sel,
     single,
     ts,
 )
+from .shared import active_alerts, slo_row
 
 UID = "rooflight-overview"
 
@@ -159,6 +161,52 @@ def _client_row(g: Grid) -> None:
     ), 8, 8)
 
 
+def _capacity_row(g: Grid) -> None:
+    """How close each pod is to its first wall, which wall, and what it could carry: the autoscaler's input."""
+    g.row("Capacity (the autoscaler's input)")
+    g.add(ts(
+        "Saturation by role",
+        "rooflight_saturation_ratio over $window: 1 - the smallest headroom among the resources of the engine's "
+        "role (both: all; prefill: prefill compute and the TTFT SLO; decode: KV, batch, decode bandwidth and the "
+        "ITL SLO), per pod. 1 (the red line) is the first wall. The autoscaling examples (deploy/k8s/autoscaling, "
+        "docs/deploy.md) scale a pool on the rules' model_role:rooflight_saturation:max1m of it: held near or "
+        "above their target, add replicas (or check why the autoscaler does not); the Binding resource table "
+        "says which lever a replica-count change cannot replace.",
+        "percentunit", [query(f"{n.SATURATION}{sel(WINDOWED)}", "{{pod}} {{role}} {{model}} r{{rank}}", "A")],
+        thresholds=[(None, "transparent"), (1.0, "red")],
+    ), 12, 8)
+    g.add(ts(
+        "Headroom by resource",
+        "rooflight_headroom_ratio over $window, one line per resource, per pod: 1 idle, 0 at that wall. kv "
+        "(1 - KV occupancy, 0 if it preempted), batch (1 - running / cap), decode_bandwidth and prefill_compute "
+        "(the roofline's room), ttft_slo and itl_slo (1 - p99 / the SLO, where --ttft-slo/--itl-slo are set). "
+        "The lowest line is the wall you meet first: kv, raise the KV pool or shorten contexts; batch, raise "
+        "max_num_seqs; the compute or bandwidth roof, add replicas.",
+        "percentunit", [query(f"{n.HEADROOM}{sel(WINDOWED)}", "{{pod}} {{resource}} {{model}} r{{rank}}", "A")],
+        max_val=1,
+    ), 12, 8)
+    g.add(ts(
+        "Predicted capacity vs load",
+        "Requests/s each pod's engine could sustain at the window's prompt/output mix before its first wall "
+        "(rooflight_capacity_requests_per_second, from the roofline) beside the requests/s it serves now "
+        "(rooflight_requests_per_second), per pod. Load near capacity: scale out before the queue grows; "
+        "capacity falling at steady load: the mix moved to longer prompts or outputs (Requests row).",
+        "reqps", [
+            query(f"{n.CAPACITY_REQUESTS}{sel(WINDOWED)}", f"{WHO} capacity", "A"),
+            query(f"{n.REQUESTS_PER_SECOND}{sel(WINDOWED)}", f"{WHO} load", "B"),
+        ],
+    ), 12, 8)
+    g.add(info_table(
+        "Binding resource",
+        "Which resource sets each pod's saturation now (rooflight_saturation_binding_info: one row per pod, "
+        "model, rank and role, the resource column names the wall). kv or batch: a memory or configuration "
+        "lever on the KV cache and batch dashboard; decode_bandwidth or prefill_compute: the roofline, more "
+        "replicas; ttft_slo or itl_slo: latency, see the rows above.",
+        query(f"{n.SATURATION_BINDING}{sel(WINDOWED)}", WHO, "A", instant=True, table=True),
+        ("Time", "Value", "__name__", "job", "instance", "window"),
+    ), 12, 8)
+
+
 def dashboard() -> dict[str, Any]:
     g = Grid()
     g.row("SLOs and goodput")
@@ -194,6 +242,8 @@ def dashboard() -> dict[str, Any]:
         "none", query(f'count(ALERTS{{{ALERT}, alertstate="firing"}}) or vector(0)', "firing", "A", instant=True),
         thresholds=[(None, "green"), (1, "red")],
     ), 6, 5)
+
+    slo_row(g)
 
     g.row("Latency")
     g.add(ts(
@@ -285,6 +335,19 @@ def dashboard() -> dict[str, Any]:
         ],
     ), 12, 8)
 
+    g.add(ts(
+        "Speculative decoding acceptance",
+        "Accepted / proposed draft tokens over $window (rooflight_spec_decode_acceptance_ratio: vLLM, TRT-LLM, "
+        "llama.cpp with a draft model or n-gram speculation), per pod. Every rejected draft token is decode work "
+        "thrown away: below ~0.5 speculation costs more than it saves (fewer speculative tokens, a better draft "
+        "model, or turn it off for this traffic); a drop after a prompt-mix change means the draft no longer "
+        "matches. Under speculation ITL counts per output event, which can carry several tokens. Blank when the "
+        "engine does not speculate.",
+        "percentunit", [query(f"{n.SPEC_DECODE_ACCEPTANCE}{sel(WINDOWED)}", WHO, "A")], max_val=1,
+    ), 24, 8)
+
+    _capacity_row(g)
+
     g.row("Requests")
     g.add(ts(
         "Prompt length p50 / p90 / p99",
@@ -303,13 +366,7 @@ def dashboard() -> dict[str, Any]:
         "each sequence's KV grows.",
         "short", _percentiles(n.REQUEST_OUTPUT_TOKENS, "output"),
     ), 12, 8)
-    g.add(ts(
-        "Active Rooflight alerts",
-        "Each firing or pending Rooflight alert as a line at 1, named with its pod. Empty is good. The alert "
-        "names say which limit binds: HeadOfLineBlocking (prefill stalls decode), BatchCapacityCapped (the KV "
-        "wall), LowDecodeMBU. Service-level alerts (SLO burn) have no pod and show whichever pod is selected.",
-        "short", [query(f"ALERTS{{{ALERT}}}", "{{alertname}} {{alertstate}} {{pod}} {{target}}", "A")],
-    ), 24, 6)
+    active_alerts(g)
 
     g.row("Agent and sources")
     g.add(ts(

@@ -22,6 +22,7 @@ from rooflight.dashboards.metrics import (
     declared_rooflight_metrics,
     metric_names,
     pending_gpu_metrics,
+    record_names,
 )
 from rooflight.rules.config import TOPOLOGY_LABELS
 import promstack
@@ -43,6 +44,12 @@ def engine_sample_names() -> set[str]:
                 if line and not line.startswith("#"):
                     found.add(re.split(r"[{ ]", line, maxsplit=1)[0])
     return found
+
+
+def shipped_records() -> set[str]:
+    """The recording rules rules/rooflight.rules.yaml ships."""
+    doc = yaml.safe_load((ROOT / "rules" / "rooflight.rules.yaml").read_text(encoding="utf-8"))
+    return {rule["record"] for group in doc["groups"] for rule in group["rules"] if "record" in rule}
 
 
 def rule_exprs() -> Iterator[tuple[str, str]]:
@@ -127,7 +134,8 @@ SINGLE_SERIES = {
     ("rooflight-overview.json", "Firing Rooflight alerts"): "one count for the whole selection",
     ("rooflight-roofline.json", "Decode intensity vs batch"): "x and y joined on time: one series each",
 }
-_SELECTOR = re.compile(r"(?<![A-Za-z0-9_:\"'])(rooflight_[a-z0-9_]+|vllm:[a-z0-9_:]+|sglang:[a-z0-9_:]+|ALERTS"
+_SELECTOR = re.compile(r"(?<![A-Za-z0-9_:\"'])([a-z][a-z0-9_]*:rooflight_[a-z0-9_]+:[a-z0-9_]+"
+                       r"|rooflight_[a-z0-9_]+|vllm:[a-z0-9_:]+|sglang:[a-z0-9_:]+|ALERTS"
                        r"|up(?=\{))"
                        r"(?![A-Za-z0-9_:])(\{[^}]*\})?")
 _AGGREGATION = re.compile(r"\b(sum|max|min|avg|count|group)\s*(?:(by|without)\s*\(([^)]*)\))?\s*\(")
@@ -135,6 +143,16 @@ _AGGREGATION = re.compile(r"\b(sum|max|min|avg|count|group)\s*(?:(by|without)\s*
 
 def _matcher(label: str) -> str:
     return f'{label}=~"${label}"'
+
+
+def _service_level(metric: str) -> bool:
+    """A recording rule summed over replicas (no pod): its level names no target."""
+    return ":rooflight_" in metric and not metric.startswith("target")
+
+
+def _through_agents(expr: str) -> bool:
+    """Kept to the selected agents' services by service() or fleet()."""
+    return any(expr.endswith(helper("x").removeprefix("(x)")) for helper in (conventions.service, conventions.fleet))
 
 
 def test_topology_labels_are_the_rules_ones() -> None:
@@ -170,7 +188,11 @@ def test_every_series_is_filtered_by_the_selection(name: str) -> None:
             where = f"{title}/{ref}: {metric}{braces}"
             if metric == "ALERTS":
                 assert braces.startswith("{" + conventions.ALERT), where
-            elif metric.startswith("rooflight_") or metric == "up":
+            elif _service_level(metric):  # summed over replicas: by where it runs, the rest through the agents
+                assert braces == "{" + (conventions.SERVICE if metric.startswith("model_name:")
+                                        else conventions.FLEET) + "}", where
+                assert _through_agents(expr), f"{where}: not through service() or fleet()"
+            elif metric.startswith("rooflight_") or metric == "up" or ":rooflight_" in metric:
                 assert all(m in braces for m in scrape), where
             else:  # the engine's own series: by pod here, by the agent's variables through native()
                 assert all(m in braces for m in pod) and 'model_name=~"$model"' in braces, where
@@ -195,7 +217,10 @@ def test_aggregations_keep_the_pod_and_legends_name_it(name: str) -> None:
                 else:
                     assert single, f"{where}: {op}(...) drops the pod"
             if p["type"] in ("timeseries", "stat") and not single:
-                assert "{{pod}}" in t["legendFormat"], f"{where}: the legend does not name the pod"
+                if _through_agents(t["expr"]):  # a service-level record: no pod, the service and model named
+                    assert "{{namespace}}" in t["legendFormat"] and re.search(r"\{\{model(_name)?\}\}", t["legendFormat"]), where
+                else:
+                    assert "{{pod}}" in t["legendFormat"], f"{where}: the legend does not name the pod"
 
 
 def test_the_selector_check_catches_a_missing_filter() -> None:
@@ -213,7 +238,7 @@ def test_links_carry_the_selection_to_the_other_dashboards(name: str) -> None:
     [link] = d["links"]
     assert link["type"] == "dashboards" and link["tags"] == ["rooflight"]
     assert link["includeVars"] and link["keepTime"] and "placement" not in link
-    assert all("rooflight" in other["tags"] for other in dashboards().values())  # the link finds all four
+    assert all("rooflight" in other["tags"] for other in dashboards().values())  # the link finds every one
 
 
 @pytest.mark.parametrize("name", sorted(generate.DASHBOARDS))
@@ -394,6 +419,26 @@ def test_every_queried_metric_is_exported_by_the_agent_or_an_engine() -> None:
     unknown = {m: where for m, where in used.items() if m not in known}
     assert unknown == {}
     assert len(used) > 25
+
+
+def test_record_names_are_extracted_from_promql() -> None:
+    expr = ('(model_name:rooflight_ttft_slo_errors:ratio_rate5m{model_name=~"x:rooflight_y:z"} / 0.01) and on '
+            '(cluster) rooflight_requests_running + job:rooflight_x:rate1m')
+    assert record_names(expr) == {"model_name:rooflight_ttft_slo_errors:ratio_rate5m", "job:rooflight_x:rate1m"}
+    assert record_names("rooflight_mbu_ratio + vllm:num_requests_running") == set()
+
+
+def test_every_record_a_panel_reads_is_a_shipped_rule() -> None:
+    """A panel reading a recording rule reads one rules/rooflight.rules.yaml records (a renamed record fails here)."""
+    shipped = shipped_records()
+    used: dict[str, str] = {}
+    for name, d in dashboards().items():
+        for title, ref, expr in exprs(d):
+            used.update({r: f"{name}/{title}/{ref}" for r in record_names(expr)})
+    assert {r: where for r, where in used.items() if r not in shipped} == {}
+    # the fleet records (kept per cluster, namespace and job), the SLO records and the availability records
+    for level in ("model:", "model_phase:", "model_role:", "model_name:", "target:"):
+        assert any(r.startswith(level) for r in used), level
 
 
 def test_extra_gpu_gauges_are_exported_by_the_agent() -> None:
