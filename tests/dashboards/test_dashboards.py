@@ -520,3 +520,86 @@ def test_slo_variables_default_to_the_rules_thresholds() -> None:
         assert var["current"]["value"] in offered and [o["value"] for o in var["options"] if o["selected"]] == [
             var["current"]["value"]], name
         assert all(float(v) in edges and v == repr(float(v)) for v in offered), (name, offered)
+
+
+# -- operations: capacity, SLO burn, fleet, cost, speculative decoding, KV transfer --------------------
+
+def _panel_metrics(p: dict) -> set[str]:
+    return set().union(*(metric_names(t["expr"]) | record_names(t["expr"]) for t in p["targets"]))
+
+
+def test_capacity_row_shows_the_autoscalers_input_per_pod() -> None:
+    row = {p["title"]: p for p in _rows(dashboards()["rooflight-overview.json"])["Capacity (the autoscaler's input)"]}
+    assert _panel_metrics(row["Saturation by role"]) == {"rooflight_saturation_ratio"}
+    assert _panel_metrics(row["Headroom by resource"]) == {"rooflight_headroom_ratio"}
+    assert _panel_metrics(row["Predicted capacity vs load"]) == {"rooflight_capacity_requests_per_second",
+                                                                  "rooflight_requests_per_second"}
+    assert _panel_metrics(row["Binding resource"]) == {"rooflight_saturation_binding_info"}
+    for p in row.values():
+        assert all('window="$window"' in t["expr"] for t in p["targets"]), p["title"]
+    steps = row["Saturation by role"]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [s["value"] for s in steps if s["value"] is not None] == [1.0]  # the first wall
+
+
+def _burn_panels(name: str) -> dict[str, dict]:
+    return {p["title"]: p for p in _rows(dashboards()[name])["SLO burn rate and error budget"]}
+
+
+def test_slo_row_shows_each_alerts_ratio_per_window_over_its_budget() -> None:
+    """Each burn panel divides the record of every burn window by the budget its alert uses (rules/config.py),
+    and marks the lowest paging factor; the error budget panel reads the longest window."""
+    from rooflight.rules import availability, slo
+    from rooflight.rules.config import RulesConfig
+
+    config = RulesConfig()
+    windows = slo.slo_windows(config)
+    wanted = {
+        "Burn rate: TTFT": (lambda w: slo.error_record(config, config.ttft, w), config.ttft.budget),
+        "Burn rate: ITL": (lambda w: slo.error_record(config, config.itl, w), config.itl.budget),
+        "Burn rate: engine availability": (lambda w: availability.request_record(config, w),
+                                           1 - config.request_error_objective),
+        "Burn rate: client availability (proxy)": (availability.client_record, 1 - config.client_error_objective),
+    }
+    row = _burn_panels("rooflight-overview.json")
+    for title, (record, budget) in wanted.items():
+        targets = row[title]["targets"]
+        assert [record_names(t["expr"]) for t in targets] == [{record(w)} for w in windows], title
+        for t, w in zip(targets, windows):
+            assert re.search(rf"\}} / {re.escape(f'{budget:.10g}')}\)?( and |$)", t["expr"]), (title, t["expr"])
+            assert t["legendFormat"].endswith(f" {w}"), title
+        lines = [s["value"] for s in row[title]["fieldConfig"]["defaults"]["thresholds"]["steps"] if s["value"]]
+        assert lines == [1.0, min(r.factor for r in config.burn_windows if r.severity == "critical")], title
+    left = row[f"Error budget left ({windows[-1]} window)"]
+    assert [record_names(t["expr"]) for t in left["targets"]] == [{record(windows[-1])} for record, _ in wanted.values()]
+
+
+def test_shared_panels_are_the_same_on_every_dashboard_that_shows_them() -> None:
+    """The SLO row and the alert list are written once (dashboards/shared.py): equal but for id and place."""
+    def strip(p: dict) -> dict:
+        return {k: v for k, v in p.items() if k not in ("id", "gridPos")}
+
+    for title in _burn_panels("rooflight-overview.json"):
+        assert strip(_burn_panels("rooflight-overview.json")[title]) == strip(_burn_panels("rooflight-fleet.json")[title])
+    alerts = [strip(p) for d in dashboards().values() for p in panels(d) if p["title"] == "Active Rooflight alerts"]
+    assert len(alerts) == 2 and alerts[0] == alerts[1]
+
+
+def test_fleet_dashboard_reads_the_fleet_records_and_the_cost_signals() -> None:
+    board = dashboards()["rooflight-fleet.json"]
+    used = set().union(*(_panel_metrics(p) for p in panels(board) if p["type"] != "row"))
+    for level in ("model:", "model_phase:", "model_role:"):
+        assert any(r.startswith(level) for r in used), level
+    assert {"rooflight_cost_per_million_tokens", "rooflight_blended_cost_per_million_tokens",
+            "rooflight_gpu_time_share_ratio", "model_phase:rooflight_cost_per_million_tokens:rate5m",
+            "model:rooflight_gpu_hour_cost:sum", "model_role:rooflight_saturation:max1m",
+            "model_role:rooflight_saturation:avg1m", "model_phase:rooflight_groups_needed:rate5m"} <= used
+
+
+def test_speculative_decoding_and_kv_transfer_families_are_on_a_panel() -> None:
+    """Every spec-decode and KV-transfer family the agent's catalog declares is shown somewhere."""
+    from rooflight.agent.metrics.catalog import all_defs
+
+    families = {d.name for d in all_defs() if d.name.startswith(("rooflight_spec_decode", "rooflight_kv_transfer"))}
+    assert len(families) >= 5
+    shown = set().union(*(_panel_metrics(p) for d in dashboards().values() for p in panels(d) if p["type"] != "row"))
+    assert families - shown == set()
