@@ -66,8 +66,9 @@ def _pool_row(g: Grid) -> None:
     g.add(ts(
         "Pool MFU by phase",
         f"The pool's MFU per phase over {RULES.rate_window} ({MFU}): FLOPs the tokens took over the peak of every "
-        "GPU in the pool. Judge prefill by it (40-60% is strong); decode MFU is small by nature. A prefill pool "
-        "low here while its TTFT burns is queueing, not compute: see the burn rows and Pool saturation.",
+        "GPU in the pool. Judge prefill by it (40-60% is strong); decode MFU is small by nature. Prefill MFU low "
+        "while the TTFT burns points at queueing or admission rather than compute (Pool saturation, and the "
+        "overview's Queue time vs prefill time).",
         "percentunit", [_fleet(MFU, f"{FLEET_WHO} {{{{phase}}}}", "A")], max_val=1,
     ), 8, 8)
 
@@ -76,10 +77,11 @@ def _capacity_row(g: Grid) -> None:
     g.row("Pool capacity")
     g.add(ts(
         "Pool saturation by role",
-        f"Saturation of each model's pool per role over {RULES.saturation_window}: the mean of its replicas "
-        f"({SATURATION_AVG}, what an HPA's average sees) and the worst replica ({SATURATION_MAX}, what the KEDA "
-        "examples scale on). 1 (red line) is the first wall. Mean far below max: the load is unevenly spread "
-        "(router, session affinity), fix that before scaling; both high: add replicas of that role.",
+        f"Saturation of each model's pool per role over {RULES.saturation_window}: the mean of its ranks "
+        f"({SATURATION_AVG}, what the autoscaling examples steer to their threshold) and its hottest rank "
+        f"({SATURATION_MAX}). 1 (red line) is the first wall. Mean far below the hottest: the load is unevenly "
+        "spread (router, session affinity), fix that before scaling; the mean held above the threshold: the "
+        "pool is not getting the replicas it asks for (the autoscaler's max, quota, free GPUs).",
         "percentunit", [
             _fleet(SATURATION_AVG, f"{FLEET_WHO} {{{{role}}}} mean", "A"),
             _fleet(SATURATION_MAX, f"{FLEET_WHO} {{{{role}}}} worst", "B"),
@@ -88,7 +90,7 @@ def _capacity_row(g: Grid) -> None:
     g.add(ts(
         "Groups needed by phase",
         f"The pool's tokens/s per phase over what one group of that phase carries alone ({GROUPS_NEEDED}: the "
-        "agents' capacity_phase_tokens_per_second over their 5m window), per model: how many prefill and decode "
+        f"agents' capacity_phase_tokens_per_second over their {RULES.capacity_window} window), per model: how many prefill and decode "
         "groups (model copies) today's load needs. Above the groups you run: scale that phase; far below: "
         "shrink it, or move GPUs to the other phase in a disaggregated deployment.",
         "short", [_fleet(GROUPS_NEEDED, f"{FLEET_WHO} {{{{phase}}}}", "A")],
@@ -101,8 +103,8 @@ def _cost_row(g: Grid) -> None:
         "Cost per million tokens by phase",
         "What a million tokens of each phase cost over $window (rooflight_cost_per_million_tokens: the GPU-hour "
         "price x GPUs x the phase's share of GPU time / its tokens), per pod, in the currency of "
-        "--gpu-hour-cost; blank where it is not set. Decode is usually the dear phase: raising its batch (MBU) "
-        "lowers it; prefill's falls with prefix-cache hits.",
+        "--gpu-hour-cost; blank where it is not set. Decode is usually the dear phase: a bigger batch (higher "
+        "MBU) lowers it, as do shorter outputs; a phase dearer on one pod than on its peers is idle there.",
         "short", [query(f"{n.COST_PER_MILLION_TOKENS}{sel(WINDOWED)}", f"{WHO} {{{{phase}}}}", "A")],
     ), 8, 8)
     g.add(ts(

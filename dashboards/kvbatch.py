@@ -44,9 +44,10 @@ def _kv_transfer_row(g: Grid) -> None:
         "KV transfer intake",
         "Prompt tokens per second whose KV cache arrived from a prefill instance over the KV connector instead "
         "of being prefilled here (rooflight_kv_transfer_tokens_per_second: vLLM's prompt tokens by source "
-        "external_kv_transfer), over $window, per pod. On a decode pool it should follow the request rate; it "
-        "dropping to 0 while requests keep arriving means transfers fail and decode prefills locally (or waits: "
-        "the deferred waiting reason above). 0 on an engine that serves both phases.",
+        "external_kv_transfer), over $window, per pod. On a decode pool it should follow the request rate; "
+        "falling to 0 while requests keep arriving means transfers fail or the connector is misconfigured: "
+        "prompts are prefilled here instead (Tokens/s on the overview) or wait (the deferred reason in Waiting "
+        "requests by reason). 0 on an engine that serves both phases.",
         "short", [query(f"{n.KV_TRANSFER_TOKENS}{sel(WINDOWED)}", WHO, "A")],
     ), 8, 8)
     g.add(ts(

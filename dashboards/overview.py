@@ -169,9 +169,10 @@ def _capacity_row(g: Grid) -> None:
         "rooflight_saturation_ratio over $window: 1 - the smallest headroom among the resources of the engine's "
         "role (both: all; prefill: prefill compute and the TTFT SLO; decode: KV, batch, decode bandwidth and the "
         "ITL SLO), per pod. 1 (the red line) is the first wall. The autoscaling examples (deploy/k8s/autoscaling, "
-        "docs/deploy.md) scale a pool on the rules' model_role:rooflight_saturation:max1m of it: held near or "
-        "above their target, add replicas (or check why the autoscaler does not); the Binding resource table "
-        "says which lever a replica-count change cannot replace.",
+        "docs/deploy.md section Autoscaling) scale each pool so its pods' mean sits at their threshold: a pool "
+        "held above it is not getting the replicas it asks for (the autoscaler's max, quota, GPUs); one pod far "
+        "above the others is uneven routing. The Binding resource table says which wall, and whether a "
+        "setting fixes it rather than replicas.",
         "percentunit", [query(f"{n.SATURATION}{sel(WINDOWED)}", "{{pod}} {{role}} {{model}} r{{rank}}", "A")],
         thresholds=[(None, "transparent"), (1.0, "red")],
     ), 12, 8)
@@ -339,8 +340,8 @@ def dashboard() -> dict[str, Any]:
         "Speculative decoding acceptance",
         "Accepted / proposed draft tokens over $window (rooflight_spec_decode_acceptance_ratio: vLLM, TRT-LLM, "
         "llama.cpp with a draft model or n-gram speculation), per pod. Every rejected draft token is decode work "
-        "thrown away: below ~0.5 speculation costs more than it saves (fewer speculative tokens, a better draft "
-        "model, or turn it off for this traffic); a drop after a prompt-mix change means the draft no longer "
+        "thrown away: when it reads low, propose fewer speculative tokens, pick a draft closer to the model, or "
+        "turn speculation off for this traffic; a drop after a prompt-mix change means the draft no longer "
         "matches. Under speculation ITL counts per output event, which can carry several tokens. Blank when the "
         "engine does not speculate.",
         "percentunit", [query(f"{n.SPEC_DECODE_ACCEPTANCE}{sel(WINDOWED)}", WHO, "A")], max_val=1,
