@@ -26,6 +26,7 @@ TTFT_S = 0.02
 GAP_S = 0.005
 PAUSE_S = 0.1  # between one client's requests
 UNAVAILABLE_EVERY = 10  # the upstream's share of 503s: one in ten
+SERVED = web.AppKey("served", itertools.count)  # requests the fake upstream has answered
 
 
 def _event(payload: dict) -> bytes:
@@ -34,7 +35,7 @@ def _event(payload: dict) -> bytes:
 
 async def _completion(request: web.Request) -> web.StreamResponse:
     await request.read()
-    if next(request.app["served"]) % UNAVAILABLE_EVERY == UNAVAILABLE_EVERY - 1:
+    if next(request.app[SERVED]) % UNAVAILABLE_EVERY == UNAVAILABLE_EVERY - 1:
         return web.json_response({"error": {"message": "overloaded", "type": "server_error"}}, status=503)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
@@ -74,7 +75,7 @@ class ClientTraffic:
 
     async def _serve(self) -> str:
         app = web.Application()
-        app["served"] = itertools.count()
+        app[SERVED] = itertools.count()
         app.router.add_post("/v1/completions", _completion)
         self._runner, url = await serve_app(app, access_log=None)
         return url
