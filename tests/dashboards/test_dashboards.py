@@ -229,6 +229,11 @@ def test_the_selector_check_catches_a_missing_filter() -> None:
     assert metric == "rooflight_mbu_ratio" and _matcher("pod") not in braces
     assert _AGGREGATION.findall("max(x) + sum by (le) (y) + max_over_time(z[1m])") == [
         ("max", "", ""), ("sum", "by", "le")]
+    # a record summed over replicas must go through service() or fleet(); a per-replica one is filtered as ours
+    [(record, _)] = _SELECTOR.findall('model:rooflight_mbu:ratio_rate5m{cluster=~"$cluster"} / 2')
+    assert _service_level(record) and not _through_agents(f"{record} / 2")
+    assert _through_agents(conventions.fleet(record)) and _through_agents(conventions.service(record))
+    assert not _service_level("target:rooflight_client_request_errors:ratio_rate5m")
 
 
 @pytest.mark.parametrize("name", sorted(generate.DASHBOARDS))
