@@ -1,5 +1,9 @@
 """Serving overview: is the service meeting its latency SLOs, and is each phase keeping up?
 
+The SLO row under the attainment shows how fast each SLO the rules alert on burns its budget, per window
+(dashboards/shared.py, also on the Fleet dashboard); the Capacity row, how close each pod is to its first
+wall, the number the autoscaling examples scale on.
+
 TTFT belongs to prefill (plus queueing), ITL to decode; throughput is shown per phase, never combined,
 because a combined number hides the phase split every diagnosis starts from. Head-of-line blocking gets
 a row of its own: the ITL tail, the prefill work per step, the tail inflation and the detector's verdict,
@@ -399,5 +403,5 @@ def dashboard() -> dict[str, Any]:
                         "ITL threshold; one of the engine's histogram bucket bounds. Default: the ITL burn alerts'."),
     ]
     return build(UID, "Rooflight / Serving overview",
-                 "SLO attainment, TTFT/ITL percentiles, head-of-line blocking, per-phase throughput, the queue "
-                 "and request lengths, per pod.", variables, g)
+                 "SLO attainment and burn rate, TTFT/ITL percentiles, head-of-line blocking, per-phase "
+                 "throughput, the queue, capacity and saturation, and request lengths, per pod.", variables, g)
