@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from . import gpu, kvbatch, overview, roofline
+from . import fleet, gpu, kvbatch, overview, roofline
 
 JSON_DIR = Path(__file__).resolve().parent / "json"
 
@@ -21,6 +21,7 @@ DASHBOARDS: dict[str, Callable[[], dict[str, Any]]] = {
     "rooflight-roofline.json": roofline.dashboard,
     "rooflight-kv-batch.json": kvbatch.dashboard,
     "rooflight-gpu.json": gpu.dashboard,
+    "rooflight-fleet.json": fleet.dashboard,
 }
 
 

@@ -29,6 +29,7 @@ from .panels import (
     build,
     engine_variables,
     gpu_variable,
+    kv_pool_bytes,
     query,
     sel,
     ts,
@@ -94,8 +95,7 @@ def dashboard() -> dict[str, Any]:
         "bytes", [
             query(_per_pod(n.GPU_MEMORY_USED), "{{pod}} memory used", "A"),
             query(_per_pod(n.GPU_MEMORY_TOTAL), "{{pod}} memory total", "B"),
-            query(f"sum by ({BY_SCRAPE}) ({n.KV_CAPACITY_TOKENS}{sel(TARGET)} * on ({BY_TARGET}, model) group_left "
-                  f"max by ({BY_TARGET}, model) ({n.MODEL_KV_BYTES_PER_TOKEN}{sel(TARGET)}))", "{{pod}} KV pool", "C"),
+            query(f"sum by ({BY_SCRAPE}) ({kv_pool_bytes(TARGET, TARGET)})", "{{pod}} KV pool", "C"),
             query(f"sum by ({BY_SCRAPE}) ({n.KV_LIVE_BYTES}{sel(TARGET)})", "{{pod}} KV live", "D"),
             query(f"sum by ({BY_SCRAPE}) (max by ({BY_TARGET}) ({n.MODEL_WEIGHT_BYTES}{sel(TARGET)}))",
                   "{{pod}} weights", "E"),

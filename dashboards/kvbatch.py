@@ -16,7 +16,6 @@ from rooflight.agent.metrics import names as n
 
 from .panels import (
     BY_SERIES,
-    BY_TARGET,
     ENGINE,
     MODEL,
     WHO,
@@ -25,6 +24,7 @@ from .panels import (
     build,
     engine_variables,
     info_table,
+    kv_pool_bytes,
     query,
     sel,
     ts,
@@ -35,6 +35,40 @@ UID = "rooflight-kv-batch"
 # Columns of the settings table that say nothing there: the instant, the info metric's value 1, its name,
 # and the agent's own scrape (job, instance: the pod names it already).
 _SETTINGS_HIDDEN = ("Time", "Value", "__name__", "job", "instance")
+
+
+def _kv_transfer_row(g: Grid) -> None:
+    """Prefill/decode disaggregation: the KV the decode pool receives over its connector, and how fast."""
+    g.row("KV transfer (disaggregated prefill/decode)")
+    g.add(ts(
+        "KV transfer intake",
+        "Prompt tokens per second whose KV cache arrived from a prefill instance over the KV connector instead "
+        "of being prefilled here (rooflight_kv_transfer_tokens_per_second: vLLM's prompt tokens by source "
+        "external_kv_transfer), over $window, per pod. On a decode pool it should follow the request rate; "
+        "falling to 0 while requests keep arriving means transfers fail or the connector is misconfigured: "
+        "prompts are prefilled here instead (Tokens/s on the overview) or wait (the deferred reason in Waiting "
+        "requests by reason). 0 on an engine that serves both phases.",
+        "short", [query(f"{n.KV_TRANSFER_TOKENS}{sel(WINDOWED)}", WHO, "A")],
+    ), 8, 8)
+    g.add(ts(
+        "KV transfer bandwidth",
+        "KV bytes per second the connector delivered (those tokens x K+V bytes per token, all TP ranks: "
+        "rooflight_kv_transfer_bytes_per_second) and the mean speed of one transfer as the engine measures it "
+        "(rooflight_kv_transfer_speed_bytes_per_second, SGLang), per pod. A per-transfer speed far below the "
+        "interconnect's (NVLink, RDMA) points at the transport (TCP fallback, a congested NIC), not the engine.",
+        "Bps", [
+            query(f"{n.KV_TRANSFER_BYTES}{sel(WINDOWED)}", f"{WHO} delivered", "A"),
+            query(f"{n.KV_TRANSFER_SPEED}{sel(WINDOWED)}", f"{WHO} per transfer", "B"),
+        ],
+    ), 8, 8)
+    g.add(ts(
+        "KV transfer latency",
+        "Mean time of one KV transfer between prefill and decode instances over $window, as the engine measures "
+        "it (rooflight_kv_transfer_latency_seconds, SGLang), per pod. It adds to every request's TTFT on a "
+        "disaggregated pool: rising with a flat prompt length means the transport or the prefill side's send "
+        "queue is the bottleneck. Blank where the engine reports no transfer times (vLLM).",
+        "s", [query(f"{n.KV_TRANSFER_LATENCY}{sel(WINDOWED)}", WHO, "A")],
+    ), 8, 8)
 
 
 def dashboard() -> dict[str, Any]:
@@ -115,10 +149,11 @@ def dashboard() -> dict[str, Any]:
         "token, per pod. Every byte shaved off a token's cache (GQA, FP8 KV) converts directly into batch.",
         "bytes", [
             query(f"{n.KV_LIVE_BYTES}{sel(ENGINE)}", f"{WHO} live", "A"),
-            query(f"{n.KV_CAPACITY_TOKENS}{sel(ENGINE)} * on ({BY_TARGET}, model) group_left "
-                  f"max by ({BY_TARGET}, model) ({n.MODEL_KV_BYTES_PER_TOKEN}{sel(MODEL)})", f"{WHO} pool", "B"),
+            query(kv_pool_bytes(ENGINE, MODEL), f"{WHO} pool", "B"),
         ],
     ), 24, 8)
+
+    _kv_transfer_row(g)
 
     g.row("Engine settings")
     g.add(info_table(
@@ -136,4 +171,5 @@ def dashboard() -> dict[str, Any]:
     ), 24, 6)
     return build(UID, "Rooflight / KV cache and batch",
                  "KV occupancy, preemptions, prefix-cache hits, batch against its cap and the KV ceiling on "
-                 "concurrency, and the engine's memory and scheduler settings, per pod.", engine_variables(), g)
+                 "concurrency, KV transfers between prefill and decode pools, and the engine's memory and "
+                 "scheduler settings, per pod.", engine_variables(), g)

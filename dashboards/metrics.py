@@ -1,10 +1,11 @@
 """Which metric names a dashboard may query, and how to find the names inside a PromQL string.
 
-Owns three things: the list of extra NVML gauges the GPU dashboard reads (`rooflight_gpu_<key>`, kept here
+Owns four things: the list of extra NVML gauges the GPU dashboard reads (`rooflight_gpu_<key>`, kept here
 in one place so the registry test can hold the exposition to it); the names a Rooflight process can export
 (the agent's catalog and the proxy's, `rooflight_client_*`, histograms with their _bucket/_sum/_count
-series); and `metric_names()`, which pulls every metric name out of an expression so tests can check each
-one against them and the recorded engine expositions.
+series); `metric_names()`, which pulls every metric name out of an expression so tests can check each one against
+them and the recorded engine expositions; and `record_names()`, the recording rules an expression reads,
+to check against the rules rules/ ships.
 """
 
 from __future__ import annotations
@@ -52,6 +53,15 @@ _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
 def metric_names(expr: str) -> set[str]:
     """Every metric name an expression selects (string literals, e.g. label values, are ignored)."""
     return set(_NAME.findall(_STRING.sub('""', expr)))
+
+
+# A recording rule's level:metric:operations name (prometheus.io/docs/practices/rules), for one of ours.
+_RECORD = re.compile(r"(?<![A-Za-z0-9_:\"'])([a-z][a-z0-9_]*:rooflight_[a-z0-9_]+:[a-z0-9_]+)(?![A-Za-z0-9_:])")
+
+
+def record_names(expr: str) -> set[str]:
+    """Every Rooflight recording rule an expression selects (`model:rooflight_mbu:ratio_rate5m`)."""
+    return set(_RECORD.findall(_STRING.sub('""', expr)))
 
 
 def declared_rooflight_metrics() -> set[str]:

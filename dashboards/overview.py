@@ -1,5 +1,9 @@
 """Serving overview: is the service meeting its latency SLOs, and is each phase keeping up?
 
+The SLO row under the attainment shows how fast each SLO the rules alert on burns its budget, per window
+(dashboards/shared.py, also on the Fleet dashboard); the Capacity row, how close each pod is to its first
+wall, the number the autoscaling examples scale on.
+
 TTFT belongs to prefill (plus queueing), ITL to decode; throughput is shown per phase, never combined,
 because a combined number hides the phase split every diagnosis starts from. Head-of-line blocking gets
 a row of its own: the ITL tail, the prefill work per step, the tail inflation and the detector's verdict,
@@ -15,6 +19,7 @@ from typing import Any
 from rooflight.agent.metrics import names as n
 from rooflight.agent.proxy import catalog as client
 from rooflight.agent.signals.detectors import DetectorThresholds
+from rooflight.rules.config import VLLM_ITL_BUCKETS, VLLM_TTFT_BUCKETS, RulesConfig
 
 from .panels import (
     ALERT,
@@ -31,19 +36,32 @@ from .panels import (
     build,
     custom_variable,
     engine_variables,
+    info_table,
     native,
     query,
     sel,
     single,
     ts,
 )
+from .shared import active_alerts, slo_row
 
 UID = "rooflight-overview"
 
 # SLO thresholds must be bucket boundaries the engine exposes (vLLM's TTFT and ITL buckets, spelled as
-# vLLM writes them); a threshold between buckets would silently match nothing.
-TTFT_SLO_BUCKETS = ["0.1", "0.25", "0.5", "0.75", "1.0", "2.5", "5.0"]
-ITL_SLO_BUCKETS = ["0.025", "0.05", "0.075", "0.1", "0.15", "0.2", "0.3", "0.5"]
+# vLLM writes them); a threshold between buckets would silently match nothing. The defaults are the rules'
+# (rules/config.py), so the attainment shown judges by the threshold the burn alerts page on.
+_RULES = RulesConfig()
+
+
+def _edges(buckets: tuple[float, ...], low: float, high: float) -> list[str]:
+    """The engine's bucket edges from low to high, as Python (and so vLLM's client) prints them."""
+    return [repr(float(b)) for b in buckets if low <= b <= high]
+
+
+TTFT_SLO_BUCKETS = _edges(VLLM_TTFT_BUCKETS, 0.1, 5.0)
+ITL_SLO_BUCKETS = _edges(VLLM_ITL_BUCKETS, 0.025, 0.5)
+TTFT_SLO_DEFAULT = repr(float(_RULES.ttft.threshold_seconds))
+ITL_SLO_DEFAULT = repr(float(_RULES.itl.threshold_seconds))
 
 # The detector's own thresholds, drawn as lines on the panels that show its inputs.
 HOL = DetectorThresholds()
@@ -147,6 +165,53 @@ def _client_row(g: Grid) -> None:
     ), 8, 8)
 
 
+def _capacity_row(g: Grid) -> None:
+    """How close each pod is to its first wall, which wall, and what it could carry: the autoscaler's input."""
+    g.row("Capacity (the autoscaler's input)")
+    g.add(ts(
+        "Saturation by role",
+        "rooflight_saturation_ratio over $window: 1 - the smallest headroom among the resources of the engine's "
+        "role (both: all; prefill: prefill compute and the TTFT SLO; decode: KV, batch, decode bandwidth and the "
+        "ITL SLO), per pod. 1 (the red line) is the first wall. The autoscaling examples (deploy/k8s/autoscaling, "
+        "docs/deploy.md section Autoscaling) scale each pool so its pods' mean sits at their threshold: a pool "
+        "held above it is not getting the replicas it asks for (the autoscaler's max, quota, GPUs); one pod far "
+        "above the others is uneven routing. The Binding resource table says which wall, and whether a "
+        "setting fixes it rather than replicas.",
+        "percentunit", [query(f"{n.SATURATION}{sel(WINDOWED)}", "{{pod}} {{role}} {{model}} r{{rank}}", "A")],
+        thresholds=[(None, "transparent"), (1.0, "red")],
+    ), 12, 8)
+    g.add(ts(
+        "Headroom by resource",
+        "rooflight_headroom_ratio over $window, one line per resource, per pod: 1 idle, 0 at that wall. kv "
+        "(1 - KV occupancy, 0 if it preempted), batch (1 - running / cap), decode_bandwidth and prefill_compute "
+        "(the roofline's room), ttft_slo and itl_slo (1 - p99 / the SLO, where --ttft-slo/--itl-slo are set). "
+        "The lowest line is the wall you meet first: kv, raise the KV pool or shorten contexts; batch, raise "
+        "max_num_seqs; the compute or bandwidth roof, add replicas.",
+        "percentunit", [query(f"{n.HEADROOM}{sel(WINDOWED)}", "{{pod}} {{resource}} {{model}} r{{rank}}", "A")],
+        max_val=1,
+    ), 12, 8)
+    g.add(ts(
+        "Predicted capacity vs load",
+        "Requests/s each pod's engine could sustain at the window's prompt/output mix before its first wall "
+        "(rooflight_capacity_requests_per_second, from the roofline) beside the requests/s it serves now "
+        "(rooflight_requests_per_second), per pod. Load near capacity: scale out before the queue grows; "
+        "capacity falling at steady load: the mix moved to longer prompts or outputs (Requests row).",
+        "reqps", [
+            query(f"{n.CAPACITY_REQUESTS}{sel(WINDOWED)}", f"{WHO} capacity", "A"),
+            query(f"{n.REQUESTS_PER_SECOND}{sel(WINDOWED)}", f"{WHO} load", "B"),
+        ],
+    ), 12, 8)
+    g.add(info_table(
+        "Binding resource",
+        "Which resource sets each pod's saturation now (rooflight_saturation_binding_info: one row per pod, "
+        "model, rank and role, the resource column names the wall). kv or batch: a memory or configuration "
+        "lever on the KV cache and batch dashboard; decode_bandwidth or prefill_compute: the roofline, more "
+        "replicas; ttft_slo or itl_slo: latency, see the rows above.",
+        query(f"{n.SATURATION_BINDING}{sel(WINDOWED)}", WHO, "A", instant=True, table=True),
+        ("Time", "Value", "__name__", "job", "instance", "window"),
+    ), 12, 8)
+
+
 def dashboard() -> dict[str, Any]:
     g = Grid()
     g.row("SLOs and goodput")
@@ -182,6 +247,8 @@ def dashboard() -> dict[str, Any]:
         "none", query(f'count(ALERTS{{{ALERT}, alertstate="firing"}}) or vector(0)', "firing", "A", instant=True),
         thresholds=[(None, "green"), (1, "red")],
     ), 6, 5)
+
+    slo_row(g)
 
     g.row("Latency")
     g.add(ts(
@@ -273,6 +340,19 @@ def dashboard() -> dict[str, Any]:
         ],
     ), 12, 8)
 
+    g.add(ts(
+        "Speculative decoding acceptance",
+        "Accepted / proposed draft tokens over $window (rooflight_spec_decode_acceptance_ratio: vLLM, TRT-LLM, "
+        "llama.cpp with a draft model or n-gram speculation), per pod. Every rejected draft token is decode work "
+        "thrown away: when it reads low, propose fewer speculative tokens, pick a draft closer to the model, or "
+        "turn speculation off for this traffic; a drop after a prompt-mix change means the draft no longer "
+        "matches. Under speculation ITL counts per output event, which can carry several tokens. Blank when the "
+        "engine does not speculate.",
+        "percentunit", [query(f"{n.SPEC_DECODE_ACCEPTANCE}{sel(WINDOWED)}", WHO, "A")], max_val=1,
+    ), 24, 8)
+
+    _capacity_row(g)
+
     g.row("Requests")
     g.add(ts(
         "Prompt length p50 / p90 / p99",
@@ -291,13 +371,7 @@ def dashboard() -> dict[str, Any]:
         "each sequence's KV grows.",
         "short", _percentiles(n.REQUEST_OUTPUT_TOKENS, "output"),
     ), 12, 8)
-    g.add(ts(
-        "Active Rooflight alerts",
-        "Each firing or pending Rooflight alert as a line at 1, named with its pod. Empty is good. The alert "
-        "names say which limit binds: HeadOfLineBlocking (prefill stalls decode), BatchCapacityCapped (the KV "
-        "wall), LowDecodeMBU. Service-level alerts (SLO burn) have no pod and show whichever pod is selected.",
-        "short", [query(f"ALERTS{{{ALERT}}}", "{{alertname}} {{alertstate}} {{pod}} {{target}}", "A")],
-    ), 24, 6)
+    active_alerts(g)
 
     g.row("Agent and sources")
     g.add(ts(
@@ -323,11 +397,11 @@ def dashboard() -> dict[str, Any]:
     ), 12, 8)
 
     variables = engine_variables() + [
-        custom_variable("ttft_slo", "TTFT SLO (s)", TTFT_SLO_BUCKETS, "1.0",
-                        "TTFT objective; must be one of the engine's histogram bucket bounds."),
-        custom_variable("itl_slo", "ITL SLO (s)", ITL_SLO_BUCKETS, "0.1",
-                        "ITL objective; must be one of the engine's histogram bucket bounds."),
+        custom_variable("ttft_slo", "TTFT SLO (s)", TTFT_SLO_BUCKETS, TTFT_SLO_DEFAULT,
+                        "TTFT threshold; one of the engine's histogram bucket bounds. Default: the TTFT burn alerts'."),
+        custom_variable("itl_slo", "ITL SLO (s)", ITL_SLO_BUCKETS, ITL_SLO_DEFAULT,
+                        "ITL threshold; one of the engine's histogram bucket bounds. Default: the ITL burn alerts'."),
     ]
     return build(UID, "Rooflight / Serving overview",
-                 "SLO attainment, TTFT/ITL percentiles, head-of-line blocking, per-phase throughput, the queue "
-                 "and request lengths, per pod.", variables, g)
+                 "SLO attainment and burn rate, TTFT/ITL percentiles, head-of-line blocking, per-phase "
+                 "throughput, the queue, capacity and saturation, and request lengths, per pod.", variables, g)

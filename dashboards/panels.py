@@ -74,6 +74,18 @@ GPU = SCRAPE + ', gpu=~"$gpu"'
 # scrape: filtered by pod here, and by the agent-side variables through `native()`.
 NATIVE = POD + ', model_name=~"$model"'
 BY_NATIVE = BY_POD + ", instance, model_name"  # one engine's one model
+# Service-level records (rules/: the SLO error ratios per model_name, the fleet records per model) sum over
+# replicas, so they have no pod. They are filtered by where they run and reach the pod, job and target
+# variables through the selected agents of the same cluster and namespace (`service()`, `fleet()`). The
+# SLO records keep the engine's scrape job, which need not be the agent's, so they are matched on cluster
+# and namespace alone; the fleet records are the agent's own series and keep its job.
+SERVICE_LABELS: tuple[str, ...] = ("cluster", "namespace")
+FLEET_LABELS: tuple[str, ...] = (*SERVICE_LABELS, "job", "model")
+SERVICE = _matchers(*SERVICE_LABELS) + ', model_name=~"$model"'
+FLEET = _matchers(*FLEET_LABELS)
+# Legends of service-level series: where the service runs and its model.
+SERVICE_WHO = "{{cluster}}/{{namespace}} {{model_name}}"
+FLEET_WHO = "{{cluster}}/{{namespace}} {{model}}"
 # Alerts: a service-level alert (SLO burn) has no pod; `pod=~"$pod|"` keeps it when a pod is chosen.
 ALERT = 'alertname=~"Rooflight.*", cluster=~"$cluster", namespace=~"$namespace", pod=~"$pod|"'
 # Legends name the pod first; the rest tells a pod's targets, models and ranks apart.
@@ -94,6 +106,29 @@ def native(expr: str) -> str:
     `by (BY_NATIVE)`). Without Kubernetes neither side has them, and PromQL matches the empty values.
     """
     return f"({expr}) and on ({BY_POD}) {n.REQUESTS_RUNNING}{sel(ENGINE)}"
+
+
+def service(expr: str) -> str:
+    """A service-level SLO record's expression, kept to the services (cluster, namespace) of the selected agents.
+
+    `expr` reads records by SERVICE and keeps cluster and namespace; outside Kubernetes both sides lack them
+    and PromQL matches the empty values.
+    """
+    return f"({expr}) and on ({', '.join(SERVICE_LABELS)}) {n.REQUESTS_RUNNING}{sel(ENGINE)}"
+
+
+def fleet(expr: str) -> str:
+    """A fleet record's expression (per model, summed over replicas), kept to the selected agents' models."""
+    return f"({expr}) and on ({', '.join(FLEET_LABELS)}) {n.REQUESTS_RUNNING}{sel(ENGINE)}"
+
+
+def kv_pool_bytes(capacity: str, per_token: str) -> str:
+    """The KV pool in bytes, capacity tokens x bytes per token, per (target, model, rank) of each agent.
+
+    `capacity` selects the per-rank capacity, `per_token` the per-model constant (no rank label: a rank
+    matcher there would match nothing once a rank is chosen)."""
+    return (f"{n.KV_CAPACITY_TOKENS}{sel(capacity)} * on ({BY_TARGET}, model) group_left "
+            f"max by ({BY_TARGET}, model) ({n.MODEL_KV_BYTES_PER_TOKEN}{sel(per_token)})")
 
 
 def query(expr: str, legend: str, ref: str, *, instant: bool = False, table: bool = False) -> prometheus.Dataquery:

@@ -2,14 +2,16 @@
 
 The client-side panels read the proxy's `rooflight_client_*` series, which only exist while requests flow
 through a `rooflight proxy`. This owns that traffic: a fake OpenAI-compatible server on 127.0.0.1 that
-streams every completion as TOKENS SSE chunks GAP_S apart (then usage and [DONE]), and one client loop
-per proxy that streams a request after another, both on an asyncio loop in a daemon thread, so the test
+streams every completion as TOKENS SSE chunks GAP_S apart (then usage and [DONE]) but answers every
+UNAVAILABLE_EVERY-th request 503 (so the client availability SLO's error ratio has errors to count), and
+one client loop per proxy that streams a request after another, both on an asyncio loop in a daemon thread, so the test
 thread stays free to query Prometheus. Imported as a sibling module by test_dashboards_e2e.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 from typing import Sequence
@@ -23,6 +25,8 @@ TOKENS = 8
 TTFT_S = 0.02
 GAP_S = 0.005
 PAUSE_S = 0.1  # between one client's requests
+UNAVAILABLE_EVERY = 10  # the upstream's share of 503s: one in ten
+SERVED = web.AppKey("served", itertools.count)  # requests the fake upstream has answered
 
 
 def _event(payload: dict) -> bytes:
@@ -31,6 +35,8 @@ def _event(payload: dict) -> bytes:
 
 async def _completion(request: web.Request) -> web.StreamResponse:
     await request.read()
+    if next(request.app[SERVED]) % UNAVAILABLE_EVERY == UNAVAILABLE_EVERY - 1:
+        return web.json_response({"error": {"message": "overloaded", "type": "server_error"}}, status=503)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     await asyncio.sleep(TTFT_S)
@@ -53,7 +59,8 @@ class ClientTraffic:
     def __init__(self) -> None:
         self.url = ""
         self.completed = 0
-        self.failed = 0  # answered with another status than 200
+        self.unavailable = 0  # answered 503: the upstream's, relayed by the proxy
+        self.failed = 0  # answered with another status than 200 or 503
         self.refused = 0  # not answered: the proxy not listening yet
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -68,6 +75,7 @@ class ClientTraffic:
 
     async def _serve(self) -> str:
         app = web.Application()
+        app[SERVED] = itertools.count()
         app.router.add_post("/v1/completions", _completion)
         self._runner, url = await serve_app(app, access_log=None)
         return url
@@ -84,7 +92,8 @@ class ClientTraffic:
                     async with http.post(url + "/v1/completions", json=body) as r:
                         await r.read()
                         self.completed += r.status == 200
-                        self.failed += r.status != 200
+                        self.unavailable += r.status == 503
+                        self.failed += r.status not in (200, 503)
                 except aiohttp.ClientError:
                     self.refused += 1
                 await asyncio.sleep(PAUSE_S)

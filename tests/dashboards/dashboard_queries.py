@@ -18,7 +18,7 @@ VARIABLES = {
     "$__rate_interval": "15s", "$__interval": "1s", "$__range": "1m",
     "$cluster": ".*", "$namespace": ".*", "$job": ".*", "$pod": ".*", "$instance": ".*",
     "$target": ".*", "$model": ".*", "$rank": ".*", "$gpu": ".*",
-    "$window": "10s", "$dtype": "bf16", "$ttft_slo": "1.0", "$itl_slo": "0.1",
+    "$window": "10s", "$dtype": "bf16", "$ttft_slo": "2.5", "$itl_slo": "0.1",
 }
 _LABEL_VALUES = re.compile(r"label_values\((.+), *(\w+)\)")
 

@@ -22,6 +22,7 @@ from rooflight.dashboards.metrics import (
     declared_rooflight_metrics,
     metric_names,
     pending_gpu_metrics,
+    record_names,
 )
 from rooflight.rules.config import TOPOLOGY_LABELS
 import promstack
@@ -43,6 +44,12 @@ def engine_sample_names() -> set[str]:
                 if line and not line.startswith("#"):
                     found.add(re.split(r"[{ ]", line, maxsplit=1)[0])
     return found
+
+
+def shipped_records() -> set[str]:
+    """The recording rules rules/rooflight.rules.yaml ships."""
+    doc = yaml.safe_load((ROOT / "rules" / "rooflight.rules.yaml").read_text(encoding="utf-8"))
+    return {rule["record"] for group in doc["groups"] for rule in group["rules"] if "record" in rule}
 
 
 def rule_exprs() -> Iterator[tuple[str, str]]:
@@ -127,7 +134,8 @@ SINGLE_SERIES = {
     ("rooflight-overview.json", "Firing Rooflight alerts"): "one count for the whole selection",
     ("rooflight-roofline.json", "Decode intensity vs batch"): "x and y joined on time: one series each",
 }
-_SELECTOR = re.compile(r"(?<![A-Za-z0-9_:\"'])(rooflight_[a-z0-9_]+|vllm:[a-z0-9_:]+|sglang:[a-z0-9_:]+|ALERTS"
+_SELECTOR = re.compile(r"(?<![A-Za-z0-9_:\"'])([a-z][a-z0-9_]*:rooflight_[a-z0-9_]+:[a-z0-9_]+"
+                       r"|rooflight_[a-z0-9_]+|vllm:[a-z0-9_:]+|sglang:[a-z0-9_:]+|ALERTS"
                        r"|up(?=\{))"
                        r"(?![A-Za-z0-9_:])(\{[^}]*\})?")
 _AGGREGATION = re.compile(r"\b(sum|max|min|avg|count|group)\s*(?:(by|without)\s*\(([^)]*)\))?\s*\(")
@@ -135,6 +143,16 @@ _AGGREGATION = re.compile(r"\b(sum|max|min|avg|count|group)\s*(?:(by|without)\s*
 
 def _matcher(label: str) -> str:
     return f'{label}=~"${label}"'
+
+
+def _service_level(metric: str) -> bool:
+    """A recording rule summed over replicas (no pod): its level names no target."""
+    return ":rooflight_" in metric and not metric.startswith("target")
+
+
+def _through_agents(expr: str) -> bool:
+    """Kept to the selected agents' services by service() or fleet()."""
+    return any(expr.endswith(helper("x").removeprefix("(x)")) for helper in (conventions.service, conventions.fleet))
 
 
 def test_topology_labels_are_the_rules_ones() -> None:
@@ -170,7 +188,11 @@ def test_every_series_is_filtered_by_the_selection(name: str) -> None:
             where = f"{title}/{ref}: {metric}{braces}"
             if metric == "ALERTS":
                 assert braces.startswith("{" + conventions.ALERT), where
-            elif metric.startswith("rooflight_") or metric == "up":
+            elif _service_level(metric):  # summed over replicas: by where it runs, the rest through the agents
+                assert braces == "{" + (conventions.SERVICE if metric.startswith("model_name:")
+                                        else conventions.FLEET) + "}", where
+                assert _through_agents(expr), f"{where}: not through service() or fleet()"
+            elif metric.startswith("rooflight_") or metric == "up" or ":rooflight_" in metric:
                 assert all(m in braces for m in scrape), where
             else:  # the engine's own series: by pod here, by the agent's variables through native()
                 assert all(m in braces for m in pod) and 'model_name=~"$model"' in braces, where
@@ -195,7 +217,10 @@ def test_aggregations_keep_the_pod_and_legends_name_it(name: str) -> None:
                 else:
                     assert single, f"{where}: {op}(...) drops the pod"
             if p["type"] in ("timeseries", "stat") and not single:
-                assert "{{pod}}" in t["legendFormat"], f"{where}: the legend does not name the pod"
+                if _through_agents(t["expr"]):  # a service-level record: no pod, the service and model named
+                    assert "{{namespace}}" in t["legendFormat"] and re.search(r"\{\{model(_name)?\}\}", t["legendFormat"]), where
+                else:
+                    assert "{{pod}}" in t["legendFormat"], f"{where}: the legend does not name the pod"
 
 
 def test_the_selector_check_catches_a_missing_filter() -> None:
@@ -204,6 +229,11 @@ def test_the_selector_check_catches_a_missing_filter() -> None:
     assert metric == "rooflight_mbu_ratio" and _matcher("pod") not in braces
     assert _AGGREGATION.findall("max(x) + sum by (le) (y) + max_over_time(z[1m])") == [
         ("max", "", ""), ("sum", "by", "le")]
+    # a record summed over replicas must go through service() or fleet(); a per-replica one is filtered as ours
+    [(record, _)] = _SELECTOR.findall('model:rooflight_mbu:ratio_rate5m{cluster=~"$cluster"} / 2')
+    assert _service_level(record) and not _through_agents(f"{record} / 2")
+    assert _through_agents(conventions.fleet(record)) and _through_agents(conventions.service(record))
+    assert not _service_level("target:rooflight_client_request_errors:ratio_rate5m")
 
 
 @pytest.mark.parametrize("name", sorted(generate.DASHBOARDS))
@@ -213,7 +243,7 @@ def test_links_carry_the_selection_to_the_other_dashboards(name: str) -> None:
     [link] = d["links"]
     assert link["type"] == "dashboards" and link["tags"] == ["rooflight"]
     assert link["includeVars"] and link["keepTime"] and "placement" not in link
-    assert all("rooflight" in other["tags"] for other in dashboards().values())  # the link finds all four
+    assert all("rooflight" in other["tags"] for other in dashboards().values())  # the link finds every one
 
 
 @pytest.mark.parametrize("name", sorted(generate.DASHBOARDS))
@@ -396,6 +426,26 @@ def test_every_queried_metric_is_exported_by_the_agent_or_an_engine() -> None:
     assert len(used) > 25
 
 
+def test_record_names_are_extracted_from_promql() -> None:
+    expr = ('(model_name:rooflight_ttft_slo_errors:ratio_rate5m{model_name=~"x:rooflight_y:z"} / 0.01) and on '
+            '(cluster) rooflight_requests_running + job:rooflight_x:rate1m')
+    assert record_names(expr) == {"model_name:rooflight_ttft_slo_errors:ratio_rate5m", "job:rooflight_x:rate1m"}
+    assert record_names("rooflight_mbu_ratio + vllm:num_requests_running") == set()
+
+
+def test_every_record_a_panel_reads_is_a_shipped_rule() -> None:
+    """A panel reading a recording rule reads one rules/rooflight.rules.yaml records (a renamed record fails here)."""
+    shipped = shipped_records()
+    used: dict[str, str] = {}
+    for name, d in dashboards().items():
+        for title, ref, expr in exprs(d):
+            used.update({r: f"{name}/{title}/{ref}" for r in record_names(expr)})
+    assert {r: where for r, where in used.items() if r not in shipped} == {}
+    # the fleet records (kept per cluster, namespace and job), the SLO records and the availability records
+    for level in ("model:", "model_phase:", "model_role:", "model_name:", "target:"):
+        assert any(r.startswith(level) for r in used), level
+
+
 def test_extra_gpu_gauges_are_exported_by_the_agent() -> None:
     assert pending_gpu_metrics() == set()
 
@@ -457,3 +507,104 @@ def test_promstack_scrapes_and_stops_cleanly(tmp_path: Path) -> None:
             os.kill(pid, 0)
     finally:
         stop_process(server)
+
+
+# -- the SLO variables default to the alerts' thresholds -----------------------------------------------
+
+def test_slo_variables_default_to_the_rules_thresholds() -> None:
+    """The overview's TTFT and ITL SLO variables start where RooflightTTFTBudgetBurn and RooflightITLBudgetBurn
+    judge (rules/config.py), spelled as the engine spells the bucket edge, and offer only bucket edges."""
+    from rooflight.rules.config import VLLM_ITL_BUCKETS, VLLM_TTFT_BUCKETS, RulesConfig
+
+    config = RulesConfig()
+    variables = {v["name"]: v for v in dashboards()["rooflight-overview.json"]["templating"]["list"]}
+    for name, slo, edges in (("ttft_slo", config.ttft, VLLM_TTFT_BUCKETS), ("itl_slo", config.itl, VLLM_ITL_BUCKETS)):
+        var = variables[name]
+        assert float(var["current"]["value"]) == slo.threshold_seconds, name
+        offered = [o["value"] for o in var["options"]]
+        assert var["current"]["value"] in offered and [o["value"] for o in var["options"] if o["selected"]] == [
+            var["current"]["value"]], name
+        assert all(float(v) in edges and v == repr(float(v)) for v in offered), (name, offered)
+
+
+# -- operations: capacity, SLO burn, fleet, cost, speculative decoding, KV transfer --------------------
+
+def _panel_metrics(p: dict) -> set[str]:
+    return set().union(*(metric_names(t["expr"]) | record_names(t["expr"]) for t in p["targets"]))
+
+
+def test_capacity_row_shows_the_autoscalers_input_per_pod() -> None:
+    row = {p["title"]: p for p in _rows(dashboards()["rooflight-overview.json"])["Capacity (the autoscaler's input)"]}
+    assert _panel_metrics(row["Saturation by role"]) == {"rooflight_saturation_ratio"}
+    assert _panel_metrics(row["Headroom by resource"]) == {"rooflight_headroom_ratio"}
+    assert _panel_metrics(row["Predicted capacity vs load"]) == {"rooflight_capacity_requests_per_second",
+                                                                  "rooflight_requests_per_second"}
+    assert _panel_metrics(row["Binding resource"]) == {"rooflight_saturation_binding_info"}
+    for p in row.values():
+        assert all('window="$window"' in t["expr"] for t in p["targets"]), p["title"]
+    steps = row["Saturation by role"]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [s["value"] for s in steps if s["value"] is not None] == [1.0]  # the first wall
+
+
+def _burn_panels(name: str) -> dict[str, dict]:
+    return {p["title"]: p for p in _rows(dashboards()[name])["SLO burn rate and error budget"]}
+
+
+def test_slo_row_shows_each_alerts_ratio_per_window_over_its_budget() -> None:
+    """Each burn panel divides the record of every burn window by the budget its alert uses (rules/config.py),
+    and marks the lowest paging factor; the error budget panel reads the longest window."""
+    from rooflight.rules import availability, slo
+    from rooflight.rules.config import RulesConfig
+
+    config = RulesConfig()
+    windows = slo.slo_windows(config)
+    wanted = {
+        "Burn rate: TTFT": (lambda w: slo.error_record(config, config.ttft, w), config.ttft.budget),
+        "Burn rate: ITL": (lambda w: slo.error_record(config, config.itl, w), config.itl.budget),
+        "Burn rate: engine availability": (lambda w: availability.request_record(config, w),
+                                           1 - config.request_error_objective),
+        "Burn rate: client availability (proxy)": (availability.client_record, 1 - config.client_error_objective),
+    }
+    row = _burn_panels("rooflight-overview.json")
+    for title, (record, budget) in wanted.items():
+        targets = row[title]["targets"]
+        assert [record_names(t["expr"]) for t in targets] == [{record(w)} for w in windows], title
+        for t, w in zip(targets, windows):
+            assert re.search(rf"\}} / {re.escape(f'{budget:.10g}')}\)?( and |$)", t["expr"]), (title, t["expr"])
+            assert t["legendFormat"].endswith(f" {w}"), title
+        lines = [s["value"] for s in row[title]["fieldConfig"]["defaults"]["thresholds"]["steps"] if s["value"]]
+        assert lines == [1.0, min(r.factor for r in config.burn_windows if r.severity == "critical")], title
+    left = row[f"Error budget left ({windows[-1]} window)"]
+    assert [record_names(t["expr"]) for t in left["targets"]] == [{record(windows[-1])} for record, _ in wanted.values()]
+
+
+def test_shared_panels_are_the_same_on_every_dashboard_that_shows_them() -> None:
+    """The SLO row and the alert list are written once (dashboards/shared.py): equal but for id and place."""
+    def strip(p: dict) -> dict:
+        return {k: v for k, v in p.items() if k not in ("id", "gridPos")}
+
+    for title in _burn_panels("rooflight-overview.json"):
+        assert strip(_burn_panels("rooflight-overview.json")[title]) == strip(_burn_panels("rooflight-fleet.json")[title])
+    alerts = [strip(p) for d in dashboards().values() for p in panels(d) if p["title"] == "Active Rooflight alerts"]
+    assert len(alerts) == 2 and alerts[0] == alerts[1]
+
+
+def test_fleet_dashboard_reads_the_fleet_records_and_the_cost_signals() -> None:
+    board = dashboards()["rooflight-fleet.json"]
+    used = set().union(*(_panel_metrics(p) for p in panels(board) if p["type"] != "row"))
+    for level in ("model:", "model_phase:", "model_role:"):
+        assert any(r.startswith(level) for r in used), level
+    assert {"rooflight_cost_per_million_tokens", "rooflight_blended_cost_per_million_tokens",
+            "rooflight_gpu_time_share_ratio", "model_phase:rooflight_cost_per_million_tokens:rate5m",
+            "model:rooflight_gpu_hour_cost:sum", "model_role:rooflight_saturation:max1m",
+            "model_role:rooflight_saturation:avg1m", "model_phase:rooflight_groups_needed:rate5m"} <= used
+
+
+def test_speculative_decoding_and_kv_transfer_families_are_on_a_panel() -> None:
+    """Every spec-decode and KV-transfer family the agent's catalog declares is shown somewhere."""
+    from rooflight.agent.metrics.catalog import all_defs
+
+    families = {d.name for d in all_defs() if d.name.startswith(("rooflight_spec_decode", "rooflight_kv_transfer"))}
+    assert len(families) >= 5
+    shown = set().union(*(_panel_metrics(p) for d in dashboards().values() for p in panels(d) if p["type"] != "row"))
+    assert families - shown == set()

@@ -9,10 +9,11 @@ topology labels tell the two apart. The agent's and the engine's scrape of one p
 (one pod, two ports) and differ in `instance`. Each pod also runs a `rooflight proxy` in front of a fake
 streaming server (client_traffic.py), with clients streaming through it all along; its series are scraped
 with the agent's labels, instance included, as they come when the agent runs the proxy itself (one
-sidecar, one scrape), and its `target` is rewritten like the agent's.
+sidecar, one scrape), and its `target` is rewritten like the agent's. Prometheus evaluates the shipped
+recording rules (rules/rooflight.rules.yaml, its alerts left out), which the SLO and fleet panels read.
 
-- With every variable at All, every query returns data (but for the metrics in ABSENT, each with its
-  reason), and every query that keeps the pod returns both pods.
+- With every variable at All, every query returns data (but for the metrics and records in ABSENT, each
+  with its reason), and every query that keeps the pod returns both pods.
 - Each of cluster, namespace, job, pod and instance set to pod llm-0's value (the others at All) narrows
   every query to llm-0: every row that carries `pod` is llm-0's, and a row without it (an aggregate by
   design) equals the same query with every topology variable set to llm-0, at the same instant.
@@ -24,25 +25,38 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 from typing import Any, Sequence
 
 import pytest
+import yaml
 
-from rooflight.dashboards.metrics import metric_names, pending_gpu_metrics
+from rooflight.dashboards.metrics import metric_names, pending_gpu_metrics, record_names
 import promstack
 from demo_procs import start_demo, start_rooflight, stop_process
 from client_traffic import ClientTraffic
 from dashboard_queries import dashboards, exprs, fill, query_variables
+from support import ROOT
 
 SHARED_TARGET = "127.0.0.1:8000"
+RULES = ROOT / "rules" / "rooflight.rules.yaml"
 PODS = {
     "llm-0": {"cluster": "east", "namespace": "chat", "job": "chat/llm"},
     "llm-1": {"cluster": "west", "namespace": "batch", "job": "batch/llm"},
 }
 NARROWING = ("cluster", "namespace", "job", "pod", "instance")
-# Metrics whose queries may answer nothing on the steady demo, with the reason (a query that answers is checked).
+# Metrics and recording rules whose queries may answer nothing on the steady demo, with the reason (a query
+# that answers is checked all the same).
 ABSENT = {
-    "ALERTS": "no rules are loaded here, and no Rooflight alert would fire on the steady scenario",
+    "ALERTS": "only the recording rules are loaded here, and no Rooflight alert would fire on the steady scenario",
+    "rooflight_spec_decode_acceptance_ratio": "the simulated vLLM runs no speculative decoding",
+    "rooflight_kv_transfer_latency_seconds": "SGLang's transfer times; the demo is a vLLM",
+    "rooflight_kv_transfer_speed_bytes_per_second": "SGLang's transfer speeds; the demo is a vLLM",
+    "rooflight_cost_per_million_tokens": "`rooflight demo` takes no --gpu-hour-cost",
+    "rooflight_blended_cost_per_million_tokens": "`rooflight demo` takes no --gpu-hour-cost",
+    "model:rooflight_gpu_hour_cost:sum": "`rooflight demo` takes no --gpu-hour-cost",
+    "model_phase:rooflight_cost_per_million_tokens:rate5m": "`rooflight demo` takes no --gpu-hour-cost",
+    "model_phase:rooflight_groups_needed:rate5m": "reads the agent's 5m window, exported once 5 minutes are sampled",
 }
 
 needs_prometheus = pytest.mark.skipif(not promstack.available(), reason="Debian's prometheus is not installed")
@@ -52,8 +66,9 @@ class TwoPodStack(promstack.PromStack):
     """Scrapes each pod's agent and engine as one job, with the pod's topology labels on both targets; a
     pod's proxy metrics, when given, with the agent's labels and instance (one sidecar, one scrape)."""
 
-    def __init__(self, pods: dict[str, tuple[str, str]], proxies: dict[str, str] | None = None) -> None:
-        super().__init__([agent for agent, _ in pods.values()])
+    def __init__(self, pods: dict[str, tuple[str, str]], proxies: dict[str, str] | None = None,
+                 rule_files: Sequence[Path] = ()) -> None:
+        super().__init__([agent for agent, _ in pods.values()], rule_files)
         self.pods = pods  # pod -> (agent host:port, engine host:port)
         self.proxies = proxies or {}  # pod -> its proxy's metrics host:port
 
@@ -86,6 +101,14 @@ def _proxy_url(proc: subprocess.Popen[bytes]) -> str:
     return "http://" + args[args.index("--listen") + 1]
 
 
+def _recording_rules(path: Path) -> Path:
+    """The shipped rule file's recording rules alone (the panels read them; its alerts are tested in rules/)."""
+    doc = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    groups = [{**g, "rules": [r for r in g["rules"] if "record" in r]} for g in doc["groups"]]
+    path.write_text(yaml.safe_dump({"groups": [g for g in groups if g["rules"]]}), encoding="utf-8")
+    return path
+
+
 def _values(pod: str, agent: str) -> dict[str, str]:
     """The variable values that select `pod` alone, one variable at a time."""
     return {**PODS[pod], "pod": pod, "instance": agent}
@@ -110,7 +133,7 @@ def test_the_stack_gives_each_pod_its_labels_and_one_shared_target() -> None:
 
 @pytest.mark.prometheus
 @needs_prometheus
-def test_every_query_answers_for_both_pods_and_each_variable_narrows_to_one() -> None:
+def test_every_query_answers_for_both_pods_and_each_variable_narrows_to_one(tmp_path: Path) -> None:
     ports = {pod: (f"127.0.0.1:{promstack.free_port()}", f"127.0.0.1:{promstack.free_port()}") for pod in PODS}
     proxy_metrics = {pod: f"127.0.0.1:{promstack.free_port()}" for pod in PODS}
     traffic = ClientTraffic()
@@ -119,7 +142,7 @@ def test_every_query_answers_for_both_pods_and_each_variable_narrows_to_one() ->
     proxies = [_start_proxy(upstream, proxy_metrics[pod]) for pod in PODS]
     traffic.drive([_proxy_url(proc) for proc in proxies])
     try:
-        with TwoPodStack(ports, proxy_metrics) as prom:
+        with TwoPodStack(ports, proxy_metrics, [_recording_rules(tmp_path / "records.yaml")]) as prom:
             # the tail inflation needs 30 s of agent samples (3 x the shortest window) before it is exported
             for metric in ("rooflight_mbu_ratio", "rooflight_itl_tail_inflation_ratio", "rooflight_client_goodput_ratio"):
                 deadline = time.monotonic() + 90
@@ -137,7 +160,7 @@ def test_every_query_answers_for_both_pods_and_each_variable_narrows_to_one() ->
                     where = f"{name}/{title}/{ref}"
                     everything = prom.query(fill(expr), at)
                     if not everything:
-                        if not metric_names(expr) & (set(ABSENT) | pending_gpu_metrics()):
+                        if not (metric_names(expr) | record_names(expr)) & (set(ABSENT) | pending_gpu_metrics()):
                             empty.append(f"{where}: {fill(expr)}")
                         continue
                     pods = {r["metric"]["pod"] for r in everything if "pod" in r["metric"]}
@@ -167,6 +190,7 @@ def test_every_query_answers_for_both_pods_and_each_variable_narrows_to_one() ->
                 assert offered[var] == {want[var]}, (var, offered[var])
             assert offered["target"] == {SHARED_TARGET}
             assert traffic.completed > 100 and traffic.failed == 0, (traffic.completed, traffic.failed)
+            assert traffic.unavailable >= traffic.completed // 20, (traffic.completed, traffic.unavailable)
     finally:
         traffic.stop()
         for proc in demos + proxies:
