@@ -1,0 +1,223 @@
+"""The Dynamo deployments of the real-engine stage, each run once and observed from every side.
+
+Owns the choreography (as tests/real_engine/setups.py does for vLLM): start the frontend and the
+mocker workers (one process each), a real Prometheus scraping the frontend and the workers, and the
+agent given only their URLs; let the agent see an idle baseline; drive bounded streaming load
+(bench/loadgen.py) through the frontend while polling every page; then read everything at one quiet
+moment. The tests only assert on the returned DynamoRun.
+
+The agent's window is 30 s (`--windows 30s`, interval 0.5 s): read ~31 s after the agent started, it
+begins before the load and ends after it, so inside it every counter's increase is the whole load's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.loadgen import LoadReport, LoadSpec, run_load
+from deploy import MODEL, READY_TIMEOUT_S, frontend_process, mocker_process, system_port
+from procs import ManagedProcess, agent_process, free_port, http_text
+from promserver import prometheus_process, scalar, wait_for_samples
+from scrape import Poller, Samples, parse
+
+WINDOW = "30s"
+WINDOW_S = 30.0
+BASELINE_S = 4.0
+AGENT_READY_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Worker:
+    name: str  # page key: "worker", "prefill", "decode"
+    flags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    name: str
+    workers: tuple[Worker, ...]
+    load: dict
+    router_mode: str = "round-robin"
+    agent_flags: tuple[str, ...] = ()
+    proxy: bool = False  # the load goes through `rooflight proxy` (the agent's --proxy-listen) in front
+
+
+# The mocker's pool: 128 blocks of 16 tokens (2,048 tokens), so 6 requests of ~60 + 160 tokens fill
+# two thirds of it; --max-num-seqs 8 is the batch cap the frontend publishes.
+POOL = ("--num-gpu-blocks-override", "128", "--block-size", "16", "--max-num-seqs", "8")
+AGGREGATED = Deployment(
+    "agg", (Worker("worker", POOL),),
+    dict(requests=18, concurrency=6, max_tokens=160, prompt_words=40, chat_every=3, model=MODEL),
+)
+# Prefill pool roomy, decode pool capped at 2 sequences: 8 concurrent long generations queue at the
+# decode worker while the prefill worker finishes each 40-word prompt in one step and idles.
+DISAGGREGATED = Deployment(
+    "disagg",
+    (Worker("prefill", ("--disaggregation-mode", "prefill", *POOL)),
+     Worker("decode", ("--disaggregation-mode", "decode", "--num-gpu-blocks-override", "256", "--block-size", "16",
+                       "--max-num-seqs", "2"))),
+    dict(requests=12, concurrency=8, max_tokens=200, prompt_words=40, model=MODEL),
+    router_mode="kv",
+)
+PROXIED = Deployment(
+    "proxy", (Worker("worker", POOL),),
+    dict(requests=18, concurrency=6, max_tokens=160, prompt_words=40, chat_every=3, model=MODEL),
+    proxy=True,
+)
+
+
+@dataclass
+class DynamoRun:
+    deployment: Deployment
+    ports: dict[str, int]  # "frontend", each worker's name, "agent", "prometheus", "proxy"
+    load: LoadReport
+    before: dict[str, Samples]  # every Dynamo page just before the load
+    after: dict[str, Samples]  # every Dynamo page at read_time (quiet)
+    raw_after: dict[str, str]  # the same pages as text (fixture capture)
+    raw_during: dict[str, str]  # each page once in the middle of the load
+    agent_after: Samples
+    read_time: float
+    agent_started: float
+    agent_pages: list[tuple[float, Samples]] = field(default_factory=list)
+    pages: dict[str, list[tuple[float, Samples]]] = field(default_factory=dict)  # polled during the run
+    prom_queries: dict[str, float | None] = field(default_factory=dict)
+    processes: list[ManagedProcess] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def target(self, page: str) -> str:
+        """The agent's `target` label for a page (host:port, its default)."""
+        return f"127.0.0.1:{self.ports[page]}"
+
+    def url(self, page: str) -> str:
+        return f"http://127.0.0.1:{self.ports[page]}/metrics"
+
+
+def _wait_model(port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if f'"{MODEL}"' in http_text(f"http://127.0.0.1:{port}/v1/models", timeout=2):
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"the frontend never listed model {MODEL!r}")
+
+
+def _wait_engines_up(agent_port: int, count: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = parse(http_text(f"http://127.0.0.1:{agent_port}/metrics"))
+        up = [v for (n, ls), v in s.items() if n == "rooflight_source_up" and ("source", "engine") in ls]
+        if len(up) >= count and all(v == 1.0 for v in up):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"the agent never reported {count} engines up")
+
+
+def run_deployment(python: str, model_dir: Path, run_dir: Path, dep: Deployment,
+                   started: list[ManagedProcess]) -> DynamoRun:
+    """Run one deployment; every process started is appended to `started` (the caller stops them)."""
+    base = run_dir / f"dynamo-{dep.name}"
+    timings: dict[str, float] = {}
+    t = time.monotonic()
+    ports = {"frontend": free_port()}
+    frontend = frontend_process(python, base, ports["frontend"], dep.router_mode)
+    started.append(frontend.start())
+    procs = [frontend]
+    for w in dep.workers:
+        ports[w.name] = system_port()
+        proc = mocker_process(python, model_dir, base, w.name, ports[w.name], w.flags)
+        started.append(proc.start())
+        procs.append(proc)
+    frontend.wait_http(f"http://127.0.0.1:{ports['frontend']}/health", READY_TIMEOUT_S)
+    for proc, w in zip(procs[1:], dep.workers):
+        proc.wait_http(f"http://127.0.0.1:{ports[w.name]}/metrics", READY_TIMEOUT_S)
+    _wait_model(ports["frontend"], READY_TIMEOUT_S)
+    time.sleep(2.0)  # every worker registered (the model is listed at the first)
+    # The frontend creates its request counters and histograms at a model's first request; a window
+    # starting before that has no first value to take a rate from (as Prometheus's rate() would not).
+    asyncio.run(run_load(LoadSpec(url=f"http://127.0.0.1:{ports['frontend']}", requests=len(dep.workers),
+                                  concurrency=1, max_tokens=4, prompt_words=8, model=MODEL)))
+    timings["dynamo_ready_s"] = time.monotonic() - t
+
+    pages = ["frontend", *(w.name for w in dep.workers)]
+    prom = prometheus_process(base, dep.name, {p: f"127.0.0.1:{ports[p]}" for p in pages})
+    started.append(prom.start())
+    procs.append(prom)
+    ports["prometheus"] = prom.port
+
+    t = time.monotonic()
+    ports["agent"] = free_port()
+    extra = [a for p in pages[1:] for a in ("--engine-url", f"http://127.0.0.1:{ports[p]}")]
+    extra += ["--windows", WINDOW, *dep.agent_flags]
+    if dep.proxy:
+        ports["proxy"] = free_port()
+        extra += ["--proxy-listen", f"127.0.0.1:{ports['proxy']}",
+                  "--proxy-upstream", f"http://127.0.0.1:{ports['frontend']}"]
+    agent = agent_process(ports["frontend"], model_dir, base, dep.name, ports["agent"], extra=tuple(extra))
+    started.append(agent.start())
+    procs.append(agent)
+    agent.wait_http(f"http://127.0.0.1:{ports['agent']}/metrics", AGENT_READY_TIMEOUT_S)
+    _wait_engines_up(ports["agent"], len(pages))
+    agent_started = time.time()
+    prom.wait_http(f"http://127.0.0.1:{prom.port}/-/ready", 30)
+    wait_for_samples(prom.port, "dynamo_frontend_time_to_first_token_seconds_count")
+    prom_ready = time.time()
+    timings["agent_and_prometheus_ready_s"] = time.monotonic() - t
+
+    agent_poll = Poller(f"http://127.0.0.1:{ports['agent']}/metrics").start()
+    polls = {p: Poller(f"http://127.0.0.1:{ports[p]}/metrics").start() for p in pages}
+    # The Prometheus checks read the buckets 0.5 s before the load: at least two scrapes in by then.
+    time.sleep(max(0.0, agent_started + BASELINE_S - time.time(), prom_ready + 2.5 - time.time()))
+    before = {p: parse(http_text(f"http://127.0.0.1:{ports[p]}/metrics")) for p in pages}
+
+    t = time.monotonic()
+    load_url = f"http://127.0.0.1:{ports['proxy' if dep.proxy else 'frontend']}"
+    raw_during: dict[str, str] = {}
+
+    async def load_and_capture() -> LoadReport:
+        task = asyncio.create_task(run_load(LoadSpec(url=load_url, **dep.load)))
+        await asyncio.sleep(2.0)
+        for p in pages:
+            raw_during[p] = await asyncio.to_thread(http_text, f"http://127.0.0.1:{ports[p]}/metrics")
+        return await task
+
+    report = asyncio.run(load_and_capture())
+    timings["load_s"] = time.monotonic() - t
+
+    quiet_at = max(report.ended + 3.0, agent_started + WINDOW_S + 1.0)
+    assert report.started > quiet_at - WINDOW_S + 1.0, "the load started outside the agent's window"
+    time.sleep(max(0.0, quiet_at - time.time()))
+    read_time = time.time()
+    agent_after = parse(http_text(f"http://127.0.0.1:{ports['agent']}/metrics"))
+    raw_after = {p: http_text(f"http://127.0.0.1:{ports[p]}/metrics") for p in pages}
+    run = DynamoRun(
+        deployment=dep, ports=ports, load=report, before=before,
+        after={p: parse(text) for p, text in raw_after.items()}, raw_after=raw_after, raw_during=raw_during,
+        agent_after=agent_after, read_time=read_time, agent_started=agent_started,
+        agent_pages=agent_poll.stop(), pages={p: poll.stop() for p, poll in polls.items()},
+        processes=procs, timings=timings,
+    )
+    _frontend_quantiles(run)
+    return run
+
+
+FRONTEND_HISTOGRAMS = {"ttft": "dynamo_frontend_time_to_first_token_seconds",
+                       "itl": "dynamo_frontend_inter_token_latency_seconds"}
+PERCENTILES = ("50", "90", "99")
+
+
+def _frontend_quantiles(run: DynamoRun) -> None:
+    """histogram_quantile by the real Prometheus over the frontend's bucket deltas of the load (the
+    buckets at the quiet read minus those just before the load; both quiet moments)."""
+    before = run.load.started - 0.5
+    for key, metric in FRONTEND_HISTOGRAMS.items():
+        for p in PERCENTILES:
+            # last_over_time: the value at `before` even if one 1 s scrape missed it on the busy cores.
+            expr = (f'histogram_quantile({int(p) / 100}, sum by (le) ({metric}_bucket{{job="frontend"}})'
+                    f' - sum by (le) (last_over_time({metric}_bucket{{job="frontend"}}[15s] @ {before:.3f})))')
+            run.prom_queries[f"{key}:{p}"] = scalar(run.ports["prometheus"], expr, at=run.read_time)
