@@ -25,6 +25,7 @@ from scrape import Poller, Samples, parse
 
 WINDOW = "30s"
 WINDOW_S = 30.0
+SHORT_WINDOW = "10s"  # the saturation checks: a window inside the load
 BASELINE_S = 4.0
 AGENT_READY_TIMEOUT_S = 30.0
 
@@ -33,6 +34,8 @@ AGENT_READY_TIMEOUT_S = 30.0
 class Worker:
     name: str  # page key: "worker", "prefill", "decode"
     flags: tuple[str, ...]
+    role: str | None = None  # the agent's `role` setting for this target (a config file's targets entry)
+    batch_max: int | None = None  # the agent's `batch_max` (the mocker's vllm:* page does not carry it)
 
 
 @dataclass(frozen=True)
@@ -56,10 +59,10 @@ AGGREGATED = Deployment(
 # decode worker while the prefill worker finishes each 40-word prompt in one step and idles.
 DISAGGREGATED = Deployment(
     "disagg",
-    (Worker("prefill", ("--disaggregation-mode", "prefill", *POOL)),
+    (Worker("prefill", ("--disaggregation-mode", "prefill", *POOL), role="prefill"),
      Worker("decode", ("--disaggregation-mode", "decode", "--num-gpu-blocks-override", "256", "--block-size", "16",
-                       "--max-num-seqs", "2"))),
-    dict(requests=12, concurrency=8, max_tokens=200, prompt_words=40, model=MODEL),
+                       "--max-num-seqs", "2"), role="decode", batch_max=2)),
+    dict(requests=16, concurrency=8, max_tokens=200, prompt_words=40, model=MODEL),
     router_mode="kv",
 )
 PROXIED = Deployment(
@@ -152,8 +155,15 @@ def run_deployment(python: str, model_dir: Path, run_dir: Path, dep: Deployment,
 
     t = time.monotonic()
     ports["agent"] = free_port()
-    extra = [a for p in pages[1:] for a in ("--engine-url", f"http://127.0.0.1:{ports[p]}")]
-    extra += ["--windows", WINDOW, *dep.agent_flags]
+    extra = [a for w in dep.workers if w.role is None for a in ("--engine-url", f"http://127.0.0.1:{ports[w.name]}")]
+    roles = [w for w in dep.workers if w.role is not None]
+    if roles:
+        config = base / "agent.yaml"
+        config.write_text("targets:\n" + "".join(
+            f"  - {{url: 'http://127.0.0.1:{ports[w.name]}', role: {w.role}"
+            + (f", batch_max: {w.batch_max}" if w.batch_max else "") + "}\n" for w in roles))
+        extra += ["--config", str(config)]
+    extra += ["--windows", f"{SHORT_WINDOW},{WINDOW}", *dep.agent_flags]
     if dep.proxy:
         ports["proxy"] = free_port()
         extra += ["--proxy-listen", f"127.0.0.1:{ports['proxy']}",

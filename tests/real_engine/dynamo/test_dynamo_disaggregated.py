@@ -1,0 +1,75 @@
+"""The agent against a real disaggregated Dynamo deployment: a prefill mocker and a decode mocker behind
+the frontend (KV router), under a load that saturates the decode pool (2 sequences, 8 concurrent long
+generations) and leaves the prefill pool idle between 40-word prompts.
+
+The roles come from the agent's per-target `role` setting (a config file): Dynamo 1.6.1's decode
+worker page is the same as an aggregated worker's, and the prefill worker's says only
+`dynamo_component="prefill"` (docs/engines.md "Dynamo in CI"). The mocker's decode page has no batch
+cap, so the decode target also gets `batch_max: 2` (its --max-num-seqs).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from runs import SHORT_WINDOW
+from scrape import select, total
+
+pytestmark = pytest.mark.real_engine
+
+
+def _during(run, inside: float = 3.0):
+    return [(t, a) for t, a in run.agent_pages if run.load.started + inside < t < run.load.ended - 1]
+
+
+def test_the_pages_say_which_worker_is_which(disagg_run):
+    """What Dynamo itself says: the prefill worker's component is `prefill`, the decode worker's
+    `backend` with the vllm:* families; the frontend knows each worker's type."""
+    prefill, decode = disagg_run.after["prefill"], disagg_run.after["decode"]
+    assert select(prefill, "dynamo_component_requests_total", dynamo_component="prefill", dynamo_endpoint="generate")
+    assert not [n for (n, _) in prefill if n.startswith("vllm:")]  # the prefill mocker exports no vllm:* families
+    assert select(decode, "vllm:num_requests_running")
+    assert select(decode, "dynamo_component_requests_total", dynamo_component="backend", dynamo_endpoint="generate")
+    fe = disagg_run.after["frontend"]
+    assert {dict(ls)["worker_type"] for (n, ls) in fe if n == "dynamo_frontend_worker_active_decode_blocks"} == {
+        "prefill", "decode"}
+    # every request went through both pools
+    n = len(disagg_run.load.ok) + len(disagg_run.deployment.workers)  # + the warm-up requests
+    assert total(prefill, "dynamo_component_requests_total", dynamo_endpoint="generate") == n
+    assert total(decode, "dynamo_component_requests_total", dynamo_endpoint="generate") == n
+
+
+def test_decode_pool_saturated_on_its_batch_and_says_so(disagg_run):
+    """The decode worker's own page shows the queue (2 running, more waiting); the agent's decode
+    target's saturation over a 10 s window inside the load (the mean batch over it against the cap of 2)
+    reaches 0.9 with role decode and binding resource batch."""
+    dc = disagg_run.target("decode")
+    waiting = [total(s, "vllm:num_requests_waiting") for _, s in disagg_run.pages["decode"]]
+    assert max(waiting) >= 4, waiting
+    saturated = []
+    for _, agent in _during(disagg_run, inside=10.5):
+        sat = select(agent, "rooflight_saturation_ratio", target=dc, window=SHORT_WINDOW, role="decode")
+        binding = [dict(ls)["resource"] for (n, ls), v in agent.items() if n == "rooflight_saturation_binding_info"
+                   and ("target", dc) in ls and ("window", SHORT_WINDOW) in ls and v == 1.0]
+        if sat and sat[0] >= 0.9:
+            saturated.append(binding)
+    assert saturated, "the decode target never reached saturation 0.9 during the load"
+    assert all(b == ["batch"] for b in saturated), saturated
+
+
+def test_prefill_pool_not_saturated(disagg_run):
+    """The prefill worker finishes each prompt at once: its own page shows at most a couple in flight,
+    and the agent never calls its target saturated (the prefill mocker's page has no token counters
+    or latency histograms, so its prefill_compute and ttft_slo headrooms cannot be computed at all:
+    the agent gives it no saturation rather than a made-up one)."""
+    pf = disagg_run.target("prefill")
+    inflight = [total(s, "dynamo_component_inflight_requests", dynamo_endpoint="generate")
+                for _, s in disagg_run.pages["prefill"]]
+    assert max(inflight) <= 3, inflight
+    for _, agent in _during(disagg_run):
+        for v in select(agent, "rooflight_saturation_ratio", target=pf):
+            assert v < 0.5, v
+        for v in select(agent, "rooflight_headroom_ratio", target=pf):
+            assert v > 0.5, v
+        running = select(agent, "rooflight_requests_running", target=pf)
+        assert running and running[0] <= 3, running
