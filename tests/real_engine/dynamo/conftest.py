@@ -20,7 +20,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from procs import ManagedProcess  # noqa: E402
-from runs import AGGREGATED, DISAGGREGATED, PROXIED, Deployment, DynamoRun, run_deployment  # noqa: E402
+from runs import AGGREGATED, DISAGGREGATED, Deployment, DynamoRun, run_deployment  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -63,8 +63,3 @@ def agg_run(dynamo_python, dynamo_model, run_dir, started) -> DynamoRun:
 @pytest.fixture(scope="session")
 def disagg_run(dynamo_python, dynamo_model, run_dir, started) -> DynamoRun:
     return _observe(DISAGGREGATED, dynamo_python, dynamo_model, run_dir, started)
-
-
-@pytest.fixture(scope="session")
-def proxy_run(dynamo_python, dynamo_model, run_dir, started) -> DynamoRun:
-    return _observe(PROXIED, dynamo_python, dynamo_model, run_dir, started)

@@ -13,6 +13,8 @@ begins before the load and ends after it, so inside it every counter's increase 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +47,7 @@ class Deployment:
     load: dict
     router_mode: str = "round-robin"
     agent_flags: tuple[str, ...] = ()
-    proxy: bool = False  # the load goes through `rooflight proxy` (the agent's --proxy-listen) in front
+    proxy: bool = False  # the load goes through `rooflight proxy` (its own process) in front of the frontend
 
 
 # The mocker's pool: 128 blocks of 16 tokens (2,048 tokens), so 6 requests of ~60 + 160 tokens fill
@@ -54,6 +56,7 @@ POOL = ("--num-gpu-blocks-override", "128", "--block-size", "16", "--max-num-seq
 AGGREGATED = Deployment(
     "agg", (Worker("worker", POOL),),
     dict(requests=18, concurrency=6, max_tokens=160, prompt_words=40, chat_every=3, model=MODEL),
+    proxy=True,
 )
 # Prefill pool roomy, decode pool capped at 2 sequences: 8 concurrent long generations queue at the
 # decode worker while the prefill worker finishes each 40-word prompt in one step and idles.
@@ -65,13 +68,6 @@ DISAGGREGATED = Deployment(
     dict(requests=16, concurrency=8, max_tokens=200, prompt_words=40, model=MODEL),
     router_mode="kv",
 )
-PROXIED = Deployment(
-    "proxy", (Worker("worker", POOL),),
-    dict(requests=18, concurrency=6, max_tokens=160, prompt_words=40, chat_every=3, model=MODEL),
-    proxy=True,
-)
-
-
 @dataclass
 class DynamoRun:
     deployment: Deployment
@@ -87,6 +83,8 @@ class DynamoRun:
     agent_pages: list[tuple[float, Samples]] = field(default_factory=list)
     pages: dict[str, list[tuple[float, Samples]]] = field(default_factory=dict)  # polled during the run
     prom_queries: dict[str, float | None] = field(default_factory=dict)
+    proxy_before: Samples = field(default_factory=dict)  # `rooflight proxy`'s /metrics just before the load
+    proxy_after: Samples = field(default_factory=dict)  # ... at read_time
     processes: list[ManagedProcess] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -164,13 +162,15 @@ def run_deployment(python: str, model_dir: Path, run_dir: Path, dep: Deployment,
             + (f", batch_max: {w.batch_max}" if w.batch_max else "") + "}\n" for w in roles))
         extra += ["--config", str(config)]
     extra += ["--windows", f"{SHORT_WINDOW},{WINDOW}", *dep.agent_flags]
-    if dep.proxy:
-        ports["proxy"] = free_port()
-        extra += ["--proxy-listen", f"127.0.0.1:{ports['proxy']}",
-                  "--proxy-upstream", f"http://127.0.0.1:{ports['frontend']}"]
     agent = agent_process(ports["frontend"], model_dir, base, dep.name, ports["agent"], extra=tuple(extra))
     started.append(agent.start())
     procs.append(agent)
+    if dep.proxy:
+        ports["proxy"], ports["proxy_metrics"] = free_port(), free_port()
+        proxy = proxy_process(ports["frontend"], base, ports["proxy"], ports["proxy_metrics"])
+        started.append(proxy.start())
+        procs.append(proxy)
+        proxy.wait_http(f"http://127.0.0.1:{ports['proxy_metrics']}/metrics", AGENT_READY_TIMEOUT_S)
     agent.wait_http(f"http://127.0.0.1:{ports['agent']}/metrics", AGENT_READY_TIMEOUT_S)
     _wait_engines_up(ports["agent"], len(pages))
     agent_started = time.time()
@@ -184,6 +184,8 @@ def run_deployment(python: str, model_dir: Path, run_dir: Path, dep: Deployment,
     # The Prometheus checks read the buckets 0.5 s before the load: at least two scrapes in by then.
     time.sleep(max(0.0, agent_started + BASELINE_S - time.time(), prom_ready + 2.5 - time.time()))
     before = {p: parse(http_text(f"http://127.0.0.1:{ports[p]}/metrics")) for p in pages}
+    proxy_page = f"http://127.0.0.1:{ports.get('proxy_metrics')}/metrics"
+    proxy_before = parse(http_text(proxy_page)) if dep.proxy else {}
 
     t = time.monotonic()
     load_url = f"http://127.0.0.1:{ports['proxy' if dep.proxy else 'frontend']}"
@@ -205,15 +207,40 @@ def run_deployment(python: str, model_dir: Path, run_dir: Path, dep: Deployment,
     read_time = time.time()
     agent_after = parse(http_text(f"http://127.0.0.1:{ports['agent']}/metrics"))
     raw_after = {p: http_text(f"http://127.0.0.1:{ports[p]}/metrics") for p in pages}
+    proxy_after = parse(http_text(proxy_page)) if dep.proxy else {}
     run = DynamoRun(
         deployment=dep, ports=ports, load=report, before=before,
         after={p: parse(text) for p, text in raw_after.items()}, raw_after=raw_after, raw_during=raw_during,
         agent_after=agent_after, read_time=read_time, agent_started=agent_started,
         agent_pages=agent_poll.stop(), pages={p: poll.stop() for p, poll in polls.items()},
-        processes=procs, timings=timings,
+        processes=procs, timings=timings, proxy_before=proxy_before, proxy_after=proxy_after,
     )
+    _capture(run)
     _frontend_quantiles(run)
     return run
+
+
+PROXY_SLO = "ttft=0.5,tpot=0.05"
+
+
+def proxy_process(upstream_port: int, run_dir: Path, port: int, metrics_port: int) -> ManagedProcess:
+    """`rooflight proxy` (this interpreter's install) in front of the frontend."""
+    argv = [sys.executable, "-m", "rooflight", "proxy", "--upstream", f"http://127.0.0.1:{upstream_port}",
+            "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
+            "--slo", PROXY_SLO, "--log-level", "warning"]
+    return ManagedProcess(name="proxy", argv=argv, log_path=run_dir / f"proxy-{port}.log", port=port,
+                          env_drop_prefixes=("ROOFLIGHT_",))
+
+
+def _capture(run: DynamoRun) -> None:
+    """With ROOFLIGHT_DYNAMO_CAPTURE_DIR set, keep each page read mid-load as <deployment>-<page>.prom:
+    how tests/fixtures/engine-samples/dynamo-1.6.1-*.prom were recorded (their README)."""
+    out = os.environ.get("ROOFLIGHT_DYNAMO_CAPTURE_DIR")
+    if not out:
+        return
+    Path(out).mkdir(parents=True, exist_ok=True)
+    for page, text in run.raw_during.items():
+        (Path(out) / f"{run.deployment.name}-{page}.prom").write_text(text)
 
 
 FRONTEND_HISTOGRAMS = {"ttft": "dynamo_frontend_time_to_first_token_seconds",
