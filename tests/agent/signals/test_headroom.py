@@ -347,3 +347,22 @@ async def test_no_energy_where_a_gpu_does_not_report_it() -> None:
     assert hr.gpu_energy_watts(histories.values(), 10.0) is None  # a partial sum would overstate tokens/J
     assert hr.gpu_energy_watts([histories[nvml.gpus[0].uuid]], 10.0) == 0.0  # the counter did not move
     assert hr.tokens_per_joule(_window(tokens_per_second={"decode": 10.0}, energy_watts=None)) == {}
+
+
+async def test_a_dynamo_prefill_workers_page_gives_its_role_unless_the_setting_does(fake_engine: FakeEngine) -> None:
+    """A real Dynamo 1.6.1 prefill worker's page (component `prefill`): the agent takes role prefill from it;
+    a `role` setting still wins; a decode worker's page (an aggregated worker's) leaves both."""
+    from support import sample_text
+
+    async def role_of(page: str, **flags: object) -> str:
+        settings = {"engine_url": [fake_engine.url], "nvml": False, "process": False, "interval": "1s",
+                    "windows": "10s", "model": "ref-8b", "gpu": "h100-sxm", **flags}
+        async with started_agent(build({}, {}, settings), loops=False, clock=FakeClock()) as agent:
+            fake_engine.body = sample_text(page)
+            await agent.sample_engines_once()
+            (target,) = agent.snapshot.targets
+            return target.signal_settings.role
+
+    assert await role_of("dynamo-1.6.1-mocker-prefill-load.prom") == "prefill"
+    assert await role_of("dynamo-1.6.1-mocker-prefill-load.prom", role="decode") == "decode"
+    assert await role_of("dynamo-1.6.1-mocker-decode-load.prom") == "both"
