@@ -13,7 +13,9 @@ begins before the load and ends after it, so inside it every counter's increase 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -62,7 +64,7 @@ AGGREGATED = Deployment(
 # decode worker while the prefill worker finishes each 40-word prompt in one step and idles.
 DISAGGREGATED = Deployment(
     "disagg",
-    (Worker("prefill", ("--disaggregation-mode", "prefill", *POOL), role="prefill"),
+    (Worker("prefill", ("--disaggregation-mode", "prefill", *POOL)),  # its page says prefill (component)
      Worker("decode", ("--disaggregation-mode", "decode", "--num-gpu-blocks-override", "256", "--block-size", "16",
                        "--max-num-seqs", "2"), role="decode", batch_max=2)),
     dict(requests=16, concurrency=8, max_tokens=200, prompt_words=40, model=MODEL),
@@ -85,6 +87,8 @@ class DynamoRun:
     prom_queries: dict[str, float | None] = field(default_factory=dict)
     proxy_before: Samples = field(default_factory=dict)  # `rooflight proxy`'s /metrics just before the load
     proxy_after: Samples = field(default_factory=dict)  # ... at read_time
+    plan: dict = field(default_factory=dict)  # `rooflight plan --from-live AGENT --rate R --json` at read_time
+    sustained_rate: float = 0.0  # requests/s the deployment served over the load
     processes: list[ManagedProcess] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -206,6 +210,8 @@ def run_deployment(python: str, model_dir: Path, run_dir: Path, dep: Deployment,
     time.sleep(max(0.0, quiet_at - time.time()))
     read_time = time.time()
     agent_after = parse(http_text(f"http://127.0.0.1:{ports['agent']}/metrics"))
+    sustained = len(report.ok) / max(1e-9, report.ended - report.started)
+    plan = _plan(ports["agent"], sustained)
     raw_after = {p: http_text(f"http://127.0.0.1:{ports[p]}/metrics") for p in pages}
     proxy_after = parse(http_text(proxy_page)) if dep.proxy else {}
     run = DynamoRun(
@@ -214,10 +220,22 @@ def run_deployment(python: str, model_dir: Path, run_dir: Path, dep: Deployment,
         agent_after=agent_after, read_time=read_time, agent_started=agent_started,
         agent_pages=agent_poll.stop(), pages={p: poll.stop() for p, poll in polls.items()},
         processes=procs, timings=timings, proxy_before=proxy_before, proxy_after=proxy_after,
+        plan=plan, sustained_rate=sustained,
     )
     _capture(run)
     _frontend_quantiles(run)
     return run
+
+
+def _plan(agent_port: int, rate: float) -> dict:
+    """`rooflight plan --from-live` on the agent's 30 s window: its pool sizing for the rate served."""
+    out = subprocess.run(
+        [sys.executable, "-m", "rooflight", "plan", "--from-live", f"http://127.0.0.1:{agent_port}",
+         "--window", WINDOW, "--rate", f"{rate:.4f}", "--json"],
+        capture_output=True, text=True, timeout=60, env={k: v for k, v in os.environ.items()
+                                                          if not k.startswith("ROOFLIGHT_")})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
 
 
 PROXY_SLO = "ttft=0.5,tpot=0.05"

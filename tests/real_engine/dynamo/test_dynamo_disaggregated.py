@@ -2,10 +2,11 @@
 the frontend (KV router), under a load that saturates the decode pool (2 sequences, 8 concurrent long
 generations) and leaves the prefill pool idle between 40-word prompts.
 
-The roles come from the agent's per-target `role` setting (a config file): Dynamo 1.6.1's decode
-worker page is the same as an aggregated worker's, and the prefill worker's says only
-`dynamo_component="prefill"` (docs/engines.md "Dynamo in CI"). The mocker's decode page has no batch
-cap, so the decode target also gets `batch_max: 2` (its --max-num-seqs).
+Roles: the prefill worker's page says `dynamo_component="prefill"`, which the agent takes as role prefill
+(tests/collectors/test_dynamo_recorded.py on this page); Dynamo 1.6.1's decode worker page is the same as
+an aggregated worker's, so the decode target gets `role: decode` in the agent's config file
+(docs/engines.md "Dynamo in CI"). The mocker's decode page has no batch cap, so it also gets
+`batch_max: 2` (its --max-num-seqs).
 """
 
 from __future__ import annotations
@@ -73,3 +74,20 @@ def test_prefill_pool_not_saturated(disagg_run):
             assert v > 0.5, v
         running = select(agent, "rooflight_requests_running", target=pf)
         assert running and running[0] <= 3, running
+
+
+def test_plan_pool_sizing_against_what_the_mocker_sustained(disagg_run):
+    """`rooflight plan --from-live --rate R` at the rate this deployment served (its decode pool saturated
+    throughout): reported, not asserted beyond a loose bound. The agent's capacities are the roofline's for
+    the model it was given (the tiny Llama on the h100-sxm profile), an upper bound the mocker's timing
+    model (a full-size model's step times) stays far below; so plan can never ask for more groups than the
+    one prefill and one decode worker that sustained it (docs/engines.md "Dynamo in CI")."""
+    pools = disagg_run.plan["pools"]
+    served_decode = total(disagg_run.after["frontend"], "dynamo_frontend_output_tokens_total") - total(
+        disagg_run.before["frontend"], "dynamo_frontend_output_tokens_total")
+    wall = disagg_run.load.ended - disagg_run.load.started
+    print(f"\n[dynamo plan] rate {disagg_run.sustained_rate:.3f} req/s; mocker decode pool sustained "
+          f"{served_decode / wall:.1f} tok/s at batch 2; plan: {pools}")
+    assert pools["capacity_source"] == "live"
+    assert 1 <= pools["prefill_groups"] <= 1 and 1 <= pools["decode_groups"] <= 1
+    assert pools["decode_capacity_per_group"] >= served_decode / wall
