@@ -20,7 +20,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from procs import ManagedProcess  # noqa: E402
-from runs import AGGREGATED, DISAGGREGATED, Deployment, DynamoRun, run_deployment  # noqa: E402
+from dynamo_runs import AGGREGATED, DISAGGREGATED, Deployment, DynamoRun, run_deployment  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -1,21 +1,22 @@
 """The agent against a real Dynamo frontend and one mocker worker, given only their URLs: it recognises
 the engine, and its percentiles, phase rates, KV occupancy and request counts equal Dynamo's own.
 
-Interval: the agent's 30 s window at the quiet read (runs.py), which starts before the load and ends
+Interval: the agent's 30 s window at the quiet read (dynamo_runs.py), which starts before the load and ends
 after it, so every counter's increase inside it is the whole load's. The agent's span is between its
-first and last sample inside the last 30 s: 29.5-30 s at --interval 0.5, hence 3%.
+first and last sample inside the last 30 s: 29.5-30 s at --interval 0.5 when its loop keeps time, one
+measured run at 29.0 s on the busy 2-core machine.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from runs import WINDOW, WINDOW_S
+from dynamo_runs import WINDOW, WINDOW_S
 from scrape import one, select, total
 
 pytestmark = pytest.mark.real_engine
 
-SPAN_TOL = 0.03
+MAX_LATE_S = 4.0  # the agent's first sample inside the window, late by a stalled loop at most this
 
 
 def _delta(run, page: str, name: str) -> float:
@@ -42,15 +43,19 @@ def test_counters_equal_the_frontend_counters(agg_run):
 
 
 def test_phase_rates_equal_the_frontend_counters_and_the_client(agg_run):
+    """Both phases share one span, so their rates' ratio is the counters' increases' ratio exactly; each
+    rate is the whole load's increase over the agent's span, which is the window (30 s) at most and
+    shorter only by a late first sample on the busy cores (26 s allowed)."""
     agent, fe, load = agg_run.agent_after, agg_run.target("frontend"), agg_run.load
-    expected = {"decode": _delta(agg_run, "frontend", "dynamo_frontend_output_tokens_total") / WINDOW_S,
-                "prefill": _delta(agg_run, "frontend", "dynamo_frontend_input_sequence_tokens_sum") / WINDOW_S}
-    client = {"decode": load.completion_tokens / WINDOW_S, "prefill": load.prompt_tokens / WINDOW_S}
-    assert expected["decode"] > 0 and expected["prefill"] > 0
+    increase = {"decode": _delta(agg_run, "frontend", "dynamo_frontend_output_tokens_total"),
+                "prefill": _delta(agg_run, "frontend", "dynamo_frontend_input_sequence_tokens_sum")}
+    assert (increase["decode"], increase["prefill"]) == (load.completion_tokens, load.prompt_tokens)
+    got = {phase: one(agent, "rooflight_tokens_per_second", phase=phase, window=WINDOW, target=fe)
+           for phase in ("prefill", "decode")}
+    assert got["prefill"] / got["decode"] == pytest.approx(increase["prefill"] / increase["decode"], rel=1e-9)
     for phase in ("prefill", "decode"):
-        got = one(agent, "rooflight_tokens_per_second", phase=phase, window=WINDOW, target=fe)
-        assert got == pytest.approx(expected[phase], rel=SPAN_TOL), phase
-        assert got == pytest.approx(client[phase], rel=SPAN_TOL), phase
+        span = increase[phase] / got[phase]
+        assert WINDOW_S - MAX_LATE_S <= span <= WINDOW_S * (1 + 1e-3), (phase, span)
 
 
 @pytest.mark.parametrize("key,agent_name", [("ttft", "rooflight_ttft_seconds"), ("itl", "rooflight_itl_seconds")])

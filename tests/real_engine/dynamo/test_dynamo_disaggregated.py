@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from runs import SHORT_WINDOW
+from dynamo_runs import SHORT_WINDOW
 from scrape import select, total
 
 pytestmark = pytest.mark.real_engine

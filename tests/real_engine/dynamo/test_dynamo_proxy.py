@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from runs import PROXY_SLO
+from dynamo_runs import PROXY_SLO
 from scrape import bucket_delta, total
 
 pytestmark = pytest.mark.real_engine

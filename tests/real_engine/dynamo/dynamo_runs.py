@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.loadgen import LoadReport, LoadSpec, run_load
-from deploy import MODEL, READY_TIMEOUT_S, frontend_process, mocker_process, system_port
+from dynamo_deploy import MODEL, READY_TIMEOUT_S, frontend_process, mocker_process, system_port
 from procs import ManagedProcess, agent_process, free_port, http_text
 from promserver import prometheus_process, scalar, wait_for_samples
 from scrape import Poller, Samples, parse
