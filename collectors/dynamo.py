@@ -4,10 +4,13 @@ Dynamo has two kinds of pages (docs/engines.md "Dynamo"):
 - a **worker** (system port, `DYN_SYSTEM_PORT`): `dynamo_component_*` plus the engine's own registry
   passed through (`vllm:*`, `sglang:*`, `trtllm_*`). The engine's adapter reads its families; this
   module adds what only Dynamo says, where the engine said nothing:
-  running <- `dynamo_component_inflight_requests{model}`; kv_usage_ratio <-
+  running <- `dynamo_component_inflight_requests` of the `generate` endpoint (1.6 also counts the KV
+  router's `worker_kv_query_source_*` queries per endpoint, and drops the `model` label); kv_usage_ratio <-
   `dynamo_component_kvstats_gpu_cache_usage_percent` (a 0..1 ratio despite its name), only while
   `kvstats_total_blocks` > 0 (before the worker publishes KV stats both read 0, which is not an
-  occupancy). EngineInfo.labels gets `backend` (the passed-through engine) and `dynamo_component`.
+  occupancy; 1.6 exports neither). EngineInfo.labels gets `backend` (the passed-through engine) and
+  `dynamo_component`; a component named `prefill` is a disaggregated prefill worker: EngineInfo.role
+  "prefill" (a decode worker's page is an aggregated worker's, so it says nothing).
 - a **frontend** (`python -m dynamo.frontend`): `dynamo_frontend_*` per `model`, one EngineSeries
   per model (rank "0"): running = `inflight_requests`, waiting = `queued_requests`, batch_max =
   `model_max_num_seqs`, kv_capacity_tokens = `model_total_kv_blocks` x `model_kv_cache_block_size`,
@@ -66,6 +69,8 @@ PASSED_THROUGH: tuple[EngineAdapter, ...] = (vllm, sglang, trtllm)  # detection 
 
 _F = "dynamo_frontend_"
 _C = "dynamo_component_"
+GENERATE = "generate"  # the endpoint that serves requests (1.6 adds the router's worker_kv_query_source_*)
+PREFILL_COMPONENT = "prefill"  # a disaggregated prefill worker's component (its decode peer's is `backend`)
 INFLIGHT = _C + "inflight_requests"
 KV_USAGE = _C + "kvstats_gpu_cache_usage_percent"
 KV_TOTAL_BLOCKS = _C + "kvstats_total_blocks"
@@ -123,10 +128,11 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
 
 def _worker(exp: expfmt.Selection, sample: EngineSample, backend: str) -> EngineSample:
     inflight: dict[str, float] = {}
-    for s in exp.get(INFLIGHT):
+    served = [s for s in exp.get(INFLIGHT) if s.labels.get("dynamo_endpoint") == GENERATE] or exp.get(INFLIGHT)
+    for s in served:
         if good(s.value):
             m = s.labels.get("model", "")
-            inflight[m.lower()] = inflight.get(m.lower(), 0.0) + s.value  # summed over endpoints
+            inflight[m.lower()] = inflight.get(m.lower(), 0.0) + s.value  # summed over workers
     total = _last(exp, KV_TOTAL_BLOCKS)
     usage = _last(exp, KV_USAGE) if total else None
     series = []
@@ -142,7 +148,8 @@ def _worker(exp: expfmt.Selection, sample: EngineSample, backend: str) -> Engine
     labels = {**sample.info.labels, "role": "worker", "backend": backend}
     if component:
         labels["dynamo_component"] = component
-    return replace(sample, engine=ENGINE, series=tuple(series), info=replace(sample.info, labels=labels))
+    role = "prefill" if component == PREFILL_COMPONENT else sample.info.role
+    return replace(sample, engine=ENGINE, series=tuple(series), info=replace(sample.info, labels=labels, role=role))
 
 
 def _last(exp: expfmt.Selection, name: str) -> float | None:

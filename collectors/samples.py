@@ -70,6 +70,9 @@ class EngineInfo:
     kv_cache_dtype: str | None = None
     tensor_parallel_size: int | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    # A disaggregated pool's part where the page itself says ("prefill" or "decode"; e.g. a Dynamo worker
+    # whose component is `prefill`); the agent takes it where neither the setting nor the info endpoint says.
+    role: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

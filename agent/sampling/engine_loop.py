@@ -351,9 +351,11 @@ class EngineLoop:
             log.warning("target %s: could not derive the %s; exported without them", self.target.name, what)
 
     def _signal_settings(self) -> SignalSettings:
-        """The target's role (its setting, else the engine's info), SLOs and GPU price, for its signals."""
+        """The target's role (its setting, else the engine's info endpoint, else its page), SLOs and GPU
+        price, for its signals."""
         t = self.target
-        return SignalSettings(role=role_for(t.role, self.hints.role), ttft_slo=t.ttft_slo, itl_slo=t.itl_slo,
+        page_role = self.latest.info.role if self.latest is not None else None
+        return SignalSettings(role=role_for(t.role, self.hints.role or page_role), ttft_slo=t.ttft_slo, itl_slo=t.itl_slo,
                               gpu_hour_cost=t.gpu_hour_cost)
 
     def _series_view(self, series: EngineSeries, constants: TargetConstants, count_dropped: bool = False) -> SeriesView:

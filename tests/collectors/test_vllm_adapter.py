@@ -15,7 +15,10 @@ from rooflight.collectors.samples import MAX_SETTING_CHARS, EngineSeries
 from support import SAMPLES
 
 VLLM_FILES = sorted(SAMPLES.glob("vllm-*.prom"))
-OTHER_FILES = sorted(set(SAMPLES.glob("*.prom")) - set(VLLM_FILES))
+# A Dynamo worker serving vLLM (or its mocker) passes vLLM's families through: the Dynamo adapter goes
+# first in detection (docs/engines.md), and vLLM's reads them, so those pages are vLLM's here too.
+VLLM_IN_DYNAMO = {SAMPLES / "dynamo-1.6.1-mocker-agg-load.prom", SAMPLES / "dynamo-1.6.1-mocker-decode-load.prom"}
+OTHER_FILES = sorted(set(SAMPLES.glob("*.prom")) - set(VLLM_FILES) - VLLM_IN_DYNAMO)
 
 
 def read(path: Path) -> vllm.EngineSample:

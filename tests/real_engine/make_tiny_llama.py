@@ -8,6 +8,8 @@ request generates exactly max_tokens and the counts are predictable.
 
 Run with the vLLM venv's python (it has torch, transformers, tokenizers, safetensors):
     HF_HUB_OFFLINE=1 python make_tiny_llama.py OUT_DIR
+`--no-weights` writes the tokenizer and config.json only (no torch needed): what Dynamo's mocker
+reads (the Dynamo stage, .ci/dynamo.sh).
 """
 
 from __future__ import annotations
@@ -83,9 +85,18 @@ def build_tokenizer(out: str):  # -> PreTrainedTokenizerFast
 
 def build_model(out: str, hf_tok) -> int:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    cfg = LlamaConfig(
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(llama_config(hf_tok)).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    return sum(p.numel() for p in model.parameters())
+
+
+def llama_config(hf_tok):  # -> LlamaConfig
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
         vocab_size=len(hf_tok),
         rms_norm_eps=1e-5,
         bos_token_id=hf_tok.bos_token_id,
@@ -93,19 +104,21 @@ def build_model(out: str, hf_tok) -> int:
         pad_token_id=hf_tok.pad_token_id,
         tie_word_embeddings=False,
         torch_dtype="bfloat16",
+        architectures=["LlamaForCausalLM"],  # Dynamo's model card refuses a config.json without it
         **SHAPE,
     )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    model.save_pretrained(out, safe_serialization=True)
-    return sum(p.numel() for p in model.parameters())
 
 
 def main(argv: list[str]) -> int:
-    out = argv[1] if len(argv) > 1 else "tiny-llama"
+    args = [a for a in argv[1:] if a != "--no-weights"]
+    out = args[0] if args else "tiny-llama"
     os.makedirs(out, exist_ok=True)
     hf_tok = build_tokenizer(out)
-    params = build_model(out, hf_tok)
+    if "--no-weights" in argv:
+        llama_config(hf_tok).save_pretrained(out)
+        params = None
+    else:
+        params = build_model(out, hf_tok)
     print(json.dumps({"out": out, "parameters": params, "vocab_size": len(hf_tok), **SHAPE}))
     return 0
 

@@ -570,3 +570,22 @@ def test_a_preempting_window_is_judged_at_the_finished_requests_mix() -> None:
     # without a preemption the token mix stands (it is exact in steady state and needs no finished request)
     calm = replace(w, preemptions_per_second=0.0)
     assert round(hr.capacity(calm, REF, 256, 400_000, hr.SignalSettings()).requests_per_second, 1) == 26.8
+
+
+async def test_a_dynamo_prefill_workers_page_gives_its_role_unless_the_setting_does(fake_engine: FakeEngine) -> None:
+    """A real Dynamo 1.6.1 prefill worker's page (component `prefill`): the agent takes role prefill from it;
+    a `role` setting still wins; a decode worker's page (an aggregated worker's) leaves both."""
+    from support import sample_text
+
+    async def role_of(page: str, **flags: object) -> str:
+        settings = {"engine_url": [fake_engine.url], "nvml": False, "process": False, "interval": "1s",
+                    "windows": "10s", "model": "ref-8b", "gpu": "h100-sxm", **flags}
+        async with started_agent(build({}, {}, settings), loops=False, clock=FakeClock()) as agent:
+            fake_engine.body = sample_text(page)
+            await agent.sample_engines_once()
+            (target,) = agent.snapshot.targets
+            return target.signal_settings.role
+
+    assert await role_of("dynamo-1.6.1-mocker-prefill-load.prom") == "prefill"
+    assert await role_of("dynamo-1.6.1-mocker-prefill-load.prom", role="decode") == "decode"
+    assert await role_of("dynamo-1.6.1-mocker-decode-load.prom") == "both"
