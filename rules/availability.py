@@ -45,11 +45,13 @@ def request_rules(config: RulesConfig) -> list[Rule]:
     """Failed (aborted, errored) over finished, per service and model, for every burn window."""
     by = slo_by(config)
     failed, finished = config.requests_failed, config.requests_finished
-    return [
-        {"record": request_record(config, w),
-         "expr": f"sum by ({by}) (rate({failed}[{w}]))\n/\nsum by ({by}) (rate({finished}[{w}]))"}
-        for w in slo_windows(config)
-    ]
+    rules: list[Rule] = []
+    for w in slo_windows(config):
+        total = f"sum by ({by}) (rate({finished}[{w}]))"
+        # 0, not nothing, where no failure series exists yet: a panel and a burn row read a healthy 0
+        bad = f"(sum by ({by}) (rate({failed}[{w}])) or 0 * {total})"
+        rules.append({"record": request_record(config, w), "expr": f"{bad}\n/\n{total}"})
+    return rules
 
 
 def client_rules(config: RulesConfig) -> list[Rule]:
@@ -61,8 +63,10 @@ def client_rules(config: RulesConfig) -> list[Rule]:
     cut = series(catalog.REQUESTS, sel, INFERENCE, 'status!~"5.."', 'finish_reason="upstream_error"')
     rules: list[Rule] = []
     for w in slo_windows(config):
-        failed = f"sum by ({by}) (rate({server}[{w}]) or rate({cut}[{w}]))"
-        rules.append({"record": client_record(w), "expr": f"{failed}\n/\nsum by ({by}) (rate({total}[{w}]))"})
+        all_ = f"sum by ({by}) (rate({total}[{w}]))"
+        # 0, not nothing, while no request has failed (no 5xx series exists until one does)
+        failed = f"(sum by ({by}) (rate({server}[{w}]) or rate({cut}[{w}])) or 0 * {all_})"
+        rules.append({"record": client_record(w), "expr": f"{failed}\n/\n{all_}"})
     return rules
 
 
