@@ -187,6 +187,7 @@ def _frontend(exp: expfmt.Selection) -> tuple[EngineSeries, ...]:
                 batch_max_requests=gauges[F_BATCH_MAX].get(m),
                 kv_capacity_tokens=blocks * size if blocks and size else None,
                 prompt_tokens_total=prompt.get(m),
+                prompt_tokens_include_cache_hits=m in prompt,  # all prompt tokens, cache hits included
                 generation_tokens_total=generation.get(m),
                 ttft=ttft.get(m),
                 itl=itl.get(m),
