@@ -93,6 +93,9 @@ class ModelSpec:
     # token and multiplies nothing. 0 for tied embeddings and for the nominal reference shapes, whose
     # worked numbers count every weight as streamed and multiplied (docs/physics.md, Weight bytes).
     embedding_params: float = 0.0
+    # The LM head's matmul (the tied table where embeddings are tied): engines run it only for the
+    # positions that need logits, the last of each prefill and every decode token. 0 for the nominal shapes.
+    lm_head_params: float = 0.0
     mla_qk_head_dim: int | None = None  # MLA: query/key dims per head (nope + rope); None: head_dim
     mla_v_head_dim: int | None = None  # MLA: value dims per head; None: head_dim
 
@@ -128,6 +131,12 @@ class ModelSpec:
         """Active parameters a token multiplies with: P_active without the untied input embedding
         table (a lookup, not a matmul). The live MFU's 2 x P (docs/physics.md, Live ratios)."""
         return self.params_active - self.embedding_params
+
+    @property
+    def prefill_matmul_params(self) -> float:
+        """Parameters a prompt token that needs no logits multiplies with: matmul_params_active without the
+        LM head, which runs once per prefill (its last position), not per prompt token."""
+        return self.matmul_params_active - self.lm_head_params
 
     def decode_weight_bytes(self, tokens_per_step: float, expert_ranks: float = 1.0) -> float:
         """Weight bytes one engine step that runs `tokens_per_step` tokens reads on one model copy: the
@@ -600,6 +609,8 @@ def from_hf_config(cfg: Mapping[str, Any], *, source: str, name: str | None = No
         window_layers=_windows(r, layers), notes=notes,
         embedding_params=float(sum(t.params for t in tensors if t.kind == "embedding"))
         if any(t.kind == "lm_head" for t in tensors) else 0.0,
+        lm_head_params=float(sum(t.params for t in tensors if t.kind == "lm_head")
+                             or sum(t.params for t in tensors if t.kind == "embedding")),
         mla_qk_head_dim=_num(r, "qk_nope_head_dim") + _num(r, "qk_rope_head_dim") if r.has("kv_lora_rank") else None,
         mla_v_head_dim=_num(r, "v_head_dim", default=_num(r, "qk_nope_head_dim")) if r.has("kv_lora_rank") else None)
     if low_bit and not override and scheme is None:  # torch_dtype itself names a low-bit dtype
@@ -722,7 +733,7 @@ def _build_presets() -> Mapping[str, ModelSpec]:
             spec = dataclasses.replace(  # every nominal weight in the weight dtype
                 spec, params_total=float(nominal), params_active=float(nominal), linear_params=float(nominal),
                 shared_weight_bytes=nominal * dtype_bytes(spec.weight_dtype), expert_weight_bytes=0.0,
-                embedding_params=0.0)
+                embedding_params=0.0, lm_head_params=0.0)
         out[key] = spec
     return MappingProxyType(out)
 

@@ -166,7 +166,8 @@ def derive_window(
     mbu, mfu, dropped = _in_range(
         _mbu(constants, live_kv, steps, per_step if per_step is not None else max(running or 0.0, 1.0),
              _draft_passes_per_step(first, last)),
-        _mfu(constants, tokens, computed, mean_prompt, hit_ratio, context))
+        _mfu(constants, tokens, computed, mean_prompt, hit_ratio, context,
+             _prefills_per_second(first, last, histogram_delta(first, last, TTFT))))
     ttft, itl = histogram_delta(first, last, TTFT), histogram_delta(first, last, ITL)
     (ttft_percentiles, ttft_tail), (itl_percentiles, itl_tail) = (
         _percentiles_and_tail(ttft, percentiles), _percentiles_and_tail(itl, percentiles))
@@ -341,6 +342,17 @@ def _mean_prompt(first: Point, last: Point) -> float | None:
     return mean_length if mean_length is not None and mean_length > 0 else None
 
 
+def _prefills_per_second(first: Point, last: Point, ttft: CorrectedHistogram | None) -> float:
+    """Prefills that produced logits per second: requests that got their first token (TTFT observations),
+    else requests that finished (the prompt-length histogram's count); 0 where neither is on the page."""
+    seconds = last.t - first.t
+    first_tokens = _observation_rate(ttft, seconds)
+    if first_tokens is not None:
+        return first_tokens
+    finished = increase(first, last, PROMPT_LENGTH_COUNT)
+    return max(0.0, finished) / seconds if finished is not None and seconds > 0 else 0.0
+
+
 def _decode_context_layer_tokens(kv_usage: float | None, capacity: float | None, running: float | None,
                                  constants: TargetConstants | None) -> float | None:
     """Layer-tokens one running sequence's cache holds (what each of its decode tokens attends to, summed
@@ -377,11 +389,13 @@ def _mbu(
 
 
 def _mfu(constants: TargetConstants | None, tokens: Mapping[str, float], computed_prefill: float | None,
-         mean_prompt: float | None, hit_ratio: float | None, decode_context: float | None) -> dict[str, float]:
+         mean_prompt: float | None, hit_ratio: float | None, decode_context: float | None,
+         prefills_per_second: float = 0.0) -> dict[str, float]:
     """Empty where the model or the GPU's peak is unknown (see _mbu). Per token: 2 x the parameters it
     multiplies with (not the input embedding table), plus its attention scores and values: a prefill token
     over the mean prompt's causal triangle (the cached prefix attended to, not recomputed), a decode token
-    over its sequence's cache (docs/physics.md, Live MFU)."""
+    over its sequence's cache; the LM head once per prefill, not per prompt token (docs/physics.md, Live
+    ratios)."""
     peak = constants.peak_flops if constants is not None else None
     if constants is None or constants.model is None or peak is None:
         return {}
@@ -394,7 +408,9 @@ def _mfu(constants: TargetConstants | None, tokens: Mapping[str, float], compute
             cached = mean_prompt * (hit_ratio or 0.0)
             fresh = mean_prompt - cached
             attention = model.attention_flops(cached, mean_prompt) / fresh if fresh > 0 else 0.0
-        out["prefill"] = computed_prefill * (linear + attention) / peak
+        prompt_linear = physics.FLOPS_PER_PARAM_PER_TOKEN * model.prefill_matmul_params
+        logits = physics.FLOPS_PER_PARAM_PER_TOKEN * model.lm_head_params * prefills_per_second
+        out["prefill"] = (computed_prefill * (prompt_linear + attention) + logits) / peak
     if "decode" in tokens:
         attention = model.attention_flops_per_pair * decode_context if decode_context else 0.0
         out["decode"] = tokens["decode"] * (linear + attention) / peak

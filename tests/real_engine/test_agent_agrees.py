@@ -122,16 +122,16 @@ def agent_flops_by_phase(shape: dict, active_params: float, requests: list[tuple
                          block_size: float) -> dict[str, tuple[float, float]]:
     """The agent's formula (docs/physics.md, section Live ratios), as (low, high) per phase: each token
     2 x the parameters it multiplies (the active ones less the untied input table, V x D: a lookup) plus
-    attention at 4*q*d*L per context token. Prefill: every prompt token over the mean prompt's causal
-    triangle, (P + 1) / 2, P the window's mean prompt (exact: low = high). Decode: n tokens over their
-    sequence's cache, which the agent reads from KV occupancy in whole blocks: from the true p + k context
-    (low) to a block more per sequence (high)."""
+    attention at 4*q*d*L per context token. Prefill: every prompt token without the LM head (V x D), over
+    the mean prompt's causal triangle, (P + 1) / 2, P the window's mean prompt, and the LM head once per
+    request (exact: low = high). Decode: n tokens over their sequence's cache, which the agent reads from KV
+    occupancy in whole blocks: from the true p + k context (low) to a block more per sequence (high)."""
     L, D, V, q, d = (shape[k] for k in ("L", "D", "V", "q", "d"))
     matmul = 2 * (active_params - V * D)
     pair = 4 * q * d * L
     prompts = sum(p for p, _ in requests)
     mean_prompt = prompts / len(requests)
-    prefill = prompts * (matmul + pair * (mean_prompt + 1) / 2)
+    prefill = prompts * (matmul - 2 * V * D + pair * (mean_prompt + 1) / 2) + len(requests) * 2 * V * D
     decode = sum(n * matmul + pair * sum(p + k for k in range(n)) for p, n in requests)
     extra = pair * block_size * sum(n for _, n in requests)
     return {"prefill": (prefill, prefill), "decode": (decode, decode + extra)}
@@ -149,8 +149,8 @@ def test_mfu_agrees_with_vllm_estimated_flops(normal_run, tiny_model):
     counter is checked against its formula first (we read it right); then the agent's per-phase FLOPs
     against the agent's formula on the client's exact per-request token counts, and the ratio of the two
     formulas per phase is what differs by design (docs/physics.md, section A peer: vLLM's own counters):
-    vLLM counts the prefill attention square (p^2) where the agent counts the causal triangle, an
-    unembedding per prefill rather than per prompt token, and n - 1 decode tokens."""
+    vLLM counts the prefill attention square (p^2) where the agent counts the causal triangle of the mean
+    prompt, the norms not at all, and n - 1 decode tokens."""
     agent = normal_run.agent()
     peak = one(agent, "rooflight_gpu_peak_flops", dtype="bf16")
     tp = total(agent, "rooflight_tensor_parallel_size") or 1.0

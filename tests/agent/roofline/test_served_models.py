@@ -42,6 +42,9 @@ def test_llama_3_8b_embedding_is_a_lookup_not_streamed_nor_multiplied() -> None:
     # 2 x P multiplies 8,030,261,248 - 525,336,576 = 7,504,924,672 weights: the old count was 7.0% high
     assert m.matmul_params_active == 7_504_924_672
     assert m.params_active / m.matmul_params_active == pytest.approx(1.070, abs=5e-4)
+    # a prompt token that needs no logits skips the LM head (128,256 x 4,096) too: 6,979,588,096
+    assert m.lm_head_params == 128_256 * 4_096
+    assert m.prefill_matmul_params == 6_979_588_096
     # a batch-1 step reads 16,060,522,496 - 1,050,673,152 (the table) + 8,192 (one bf16 row) B
     assert m.decode_weight_bytes(1) == 16_060_522_496 - 1_050_673_152 + 4_096 * 2
     assert m.decode_weight_bytes(256) == 16_060_522_496 - 1_050_673_152 + 256 * 4_096 * 2
@@ -68,7 +71,9 @@ def test_tied_embeddings_and_the_reference_shapes_keep_every_weight() -> None:
     # The design documents' reference 8B counts all 8e9 nominal weights (16 GB): the switch that keeps
     # `rooflight plan` and the docs' worked MBU 16e9 x 146 / 3.35e12 = 0.697 as they are.
     ref = preset("ref-8b")
-    assert ref.decode_weight_bytes(1) == 16e9 and ref.matmul_params_active == 8e9
+    assert ref.decode_weight_bytes(1) == 16e9 and ref.matmul_params_active == ref.prefill_matmul_params == 8e9
+    # a tied table is still the LM head a prefill runs once: Llama-3.2-1B's 128,256 x 2,048
+    assert preset("llama-3.2-1b").lm_head_params == 128_256 * 2_048
 
 
 # --- item 5: attention FLOPs ---

@@ -83,12 +83,14 @@ def expected_mbu(rank: str, tp: int) -> float:
 
 def expected_mfu(rank: str, phase: str, tp: int, peak: float = H100_BF16) -> float:
     """tokens/s x (2 x params multiplied + attention) / (dense peak x TP): docs/physics.md, sections MFU and
-    Live ratios. The page has no prompt lengths (no prefill attention); a decode token attends to its
-    sequence's cache: KV occupancy x capacity / running tokens in each of 32 layers."""
+    Live ratios. The page has no prompt lengths (no prefill attention) and no TTFT (no prefills seen to run
+    the LM head, which a prompt token skips); a decode token attends to its sequence's cache: KV occupancy x
+    capacity / running tokens in each of 32 layers."""
     r = RANKS[rank]
     tokens = r[phase] / GROWTH / SECONDS
     attention = LLAMA3_8B_ATTENTION * 32 * r["kv"] * r["capacity"] / r["running"] if phase == "decode" else 0.0
-    return tokens * (2 * (LLAMA3_8B_PARAMS - LLAMA3_8B_EMBEDDING) + attention) / (peak * tp)
+    lm_head = LLAMA3_8B_EMBEDDING if phase == "prefill" else 0  # the same 128,256 x 4,096 shape
+    return tokens * (2 * (LLAMA3_8B_PARAMS - LLAMA3_8B_EMBEDDING - lm_head) + attention) / (peak * tp)
 
 
 Metrics = list[tuple[str, dict[str, str], float]]

@@ -74,11 +74,17 @@ def test_a_prefill_chunk_in_the_step_counts_its_tokens() -> None:
 
 # --- item 4: the input embedding table is neither streamed nor multiplied ---
 
-def test_llama_3_8b_prefill_mfu_multiplies_7_5b_weights_not_8_03b() -> None:
-    # 200,000 prompt tokens in 10 s: 20,000 x 2 x 7,504,924,672 / 989e12 = 0.3035 (0.3248 counting the table)
-    w = _window(_series(), _series(prompt_tokens_total=200_000.0, steps_total=100.0), _constants("llama-3-8b"))
-    assert w.mfu["prefill"] == pytest.approx(20_000 * 2 * 7_504_924_672 / PEAK)
-    assert round(w.mfu["prefill"], 4) == 0.3035
+def test_llama_3_8b_prefill_mfu_multiplies_7_0b_weights_a_prompt_token_not_8_03b() -> None:
+    # 200,000 prompt tokens of 100 requests (their first tokens: TTFT observations) in 10 s. A prompt token
+    # multiplies 8,030,261,248 - 525,336,576 (the input table, a lookup) - 525,336,576 (the LM head, run for a
+    # prefill's last position only) = 6,979,588,096 weights; the LM head once a prefill:
+    # (20,000 x 2 x 6,979,588,096 + 10 x 2 x 525,336,576) / 989e12 = 0.2823 (0.3248 counting both per token)
+    first_tokens = Histogram(buckets=((float("inf"), 100.0),), count=100.0, sum=10.0)
+    start = _series(ttft=Histogram(buckets=((float("inf"), 0.0),), count=0.0, sum=0.0))
+    end = _series(prompt_tokens_total=200_000.0, steps_total=100.0, ttft=first_tokens)
+    w = _window(start, end, _constants("llama-3-8b"))
+    assert w.mfu["prefill"] == pytest.approx((20_000 * 2 * 6_979_588_096 + 10 * 2 * 525_336_576) / PEAK)
+    assert round(w.mfu["prefill"], 4) == 0.2823
     # the reference 8B of the design documents still gives their 0.324
     ref = _window(_series(), _series(prompt_tokens_total=200_000.0, steps_total=100.0), _constants("ref-8b"))
     assert round(ref.mfu["prefill"], 3) == 0.324
@@ -96,13 +102,14 @@ def test_llama_3_8b_decode_mbu_streams_a_row_a_token_of_the_table() -> None:
 
 def test_prefill_mfu_counts_the_attention_of_8k_prompts() -> None:
     # 20,000 prompt tok/s of 8,192-token prompts: attention 32 layers x 16,384 x 8,193 / 2 = 2.1477e9 FLOPs a
-    # token beside 2 x 7,504,924,672: MFU = 20,000 x (15,009,849,344 + 2,147,745,792) / 989e12 = 0.3470
+    # token beside 2 x 6,979,588,096, and the LM head for 1 prefill a second (10 prompts finished in 10 s):
+    # MFU = (20,000 x (13,959,176,192 + 2,147,745,792) + 2 x 525,336,576) / 989e12 = 0.3257
     start = _series(prompt_length=_prompts(0, 0))
     end = _series(prompt_tokens_total=200_000.0, steps_total=100.0, prompt_length=_prompts(10, 81_920))
     w = _window(start, end, _constants("llama-3-8b"))
     attention = 32 * 16_384 * 8193 / 2
-    assert w.mfu["prefill"] == pytest.approx(20_000 * (2 * 7_504_924_672 + attention) / PEAK)
-    assert round(w.mfu["prefill"], 4) == 0.3470
+    assert w.mfu["prefill"] == pytest.approx((20_000 * (2 * 6_979_588_096 + attention) + 2 * 525_336_576) / PEAK)
+    assert round(w.mfu["prefill"], 4) == 0.3257
 
 
 def test_cached_prefix_is_attended_to_not_recomputed() -> None:
@@ -114,7 +121,8 @@ def test_cached_prefix_is_attended_to_not_recomputed() -> None:
                   prefix_cache_queries_total=81_920.0, prefix_cache_hits_total=40_960.0)
     w = _window(start, end, _constants("llama-3-8b"))
     assert w.prefill_tokens_basis == "computed"
-    assert w.mfu["prefill"] == pytest.approx(10_000 * (2 * 7_504_924_672 + 32 * 16_384 * 6144.5) / PEAK)
+    assert w.mfu["prefill"] == pytest.approx(
+        (10_000 * (2 * 6_979_588_096 + 32 * 16_384 * 6144.5) + 2 * 525_336_576) / PEAK)
 
 
 def test_decode_mfu_counts_attention_over_each_sequences_cache() -> None:
@@ -130,15 +138,15 @@ def test_decode_mfu_counts_attention_over_each_sequences_cache() -> None:
 
 def test_hits_are_taken_out_of_a_prompt_counter_that_counts_them() -> None:
     # an older vLLM: prompt_tokens_total counts all 200,000 prompt tokens, 75% of them prefix-cache hits
-    # (prefix_cache_hits / queries): 5,000 tok/s computed, MFU = 5,000 x 2 x 7,504,924,672 / 989e12 = 0.0759
-    # (0.3035 counted as work: 4x)
+    # (prefix_cache_hits / queries): 5,000 tok/s computed, MFU = 5,000 x 2 x 6,979,588,096 / 989e12 = 0.0706
+    # (0.2823 counted as work: 4x)
     start = _series(prompt_tokens_include_cache_hits=True, prefix_cache_queries_total=0.0, prefix_cache_hits_total=0.0)
     end = _series(prompt_tokens_total=200_000.0, steps_total=100.0, prompt_tokens_include_cache_hits=True,
                   prefix_cache_queries_total=200_000.0, prefix_cache_hits_total=150_000.0)
     w = _window(start, end, _constants("llama-3-8b"))
     assert w.prefill_tokens_basis == "hits_subtracted"
     assert w.tokens_per_second["prefill"] == 20_000  # the engine's counter, as exported
-    assert w.mfu["prefill"] == pytest.approx(5_000 * 2 * 7_504_924_672 / PEAK)
+    assert w.mfu["prefill"] == pytest.approx(5_000 * 2 * 6_979_588_096 / PEAK)
 
 
 def test_a_prompt_counter_with_hits_and_nothing_to_tell_them_is_marked() -> None:
@@ -147,7 +155,7 @@ def test_a_prompt_counter_with_hits_and_nothing_to_tell_them_is_marked() -> None
     end = _series(prompt_tokens_total=200_000.0, steps_total=100.0, prompt_tokens_include_cache_hits=True)
     w = _window(start, end, _constants("llama-3-8b"))
     assert w.prefill_tokens_basis == "includes_cache_hits"
-    assert w.mfu["prefill"] == pytest.approx(20_000 * 2 * 7_504_924_672 / PEAK)
+    assert w.mfu["prefill"] == pytest.approx(20_000 * 2 * 6_979_588_096 / PEAK)
     plain = _window(_series(), _series(prompt_tokens_total=200_000.0, steps_total=100.0), _constants("llama-3-8b"))
     assert plain.prefill_tokens_basis == "computed"
 
