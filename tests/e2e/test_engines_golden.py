@@ -304,3 +304,13 @@ def _check_sglang_dp_ranks(m: Metrics) -> None:
     assert _value(m, "rooflight_tokens_per_second", phase="prefill", **rank0) == pytest.approx(900 / GROWTH / SECONDS)
     assert _value(m, "rooflight_steps_per_second", **rank0) == pytest.approx(730 / GROWTH / SECONDS)
     assert _value(m, "rooflight_preemptions_per_second", **rank1) == pytest.approx(6 / GROWTH / SECONDS)
+
+
+async def test_vllm_pages_a_hybrid_models_kv_by_attention_type_group(fake_engine: FakeEngine) -> None:
+    """Gemma-2-9B (21 sliding + 21 full layers) behind vLLM: its hybrid KV-cache manager pages one group of
+    21 layers per pool token, so live KV = 0.005860090343059454 x 1,048,576 x 21 x 8,192 B (2 x 8 KV heads
+    x 256 x 2 B a layer), half the all-layer count (docs/physics.md, section Live ratios)."""
+    config = _config([fake_engine.url], **{"0": {"model": "gemma-2-9b"}})
+    text = await _observe([fake_engine], [(VLLM_PAGE, second_page("vllm", VLLM_PAGE))], config)
+    live = _value(_metrics(text), "rooflight_kv_cache_live_bytes", engine="vllm")
+    assert live == pytest.approx(0.005860090343059454 * 1048576 * 21 * 8192, rel=1e-9)
