@@ -121,10 +121,8 @@ class ModelSpec:
         under uniform routing (batch 1 reads only the active experts; large batches nearly all)."""
         if not self.n_experts:
             return self.weight_bytes
-        touched = 1.0 - (1.0 - self.n_experts_active / self.n_experts) ** max(batch, 0.0)
-        experts = (self.expert_weight_bytes if self.expert_weight_bytes is not None
-                   else self.expert_params * dtype_bytes(self.weight_dtype))
-        return self.weight_bytes - experts + experts * touched
+        experts = self._routed_expert_bytes
+        return self.weight_bytes - experts + experts * self._touched(batch)
 
     @property
     def matmul_params_active(self) -> float:
@@ -184,7 +182,7 @@ class ModelSpec:
         every layer): all of them. Grouped, as vLLM's hybrid KV-cache manager allocates a model with
         more than one attention type (full + sliding window, chunked): layers are split into groups
         of one type of `group` layers each, and a page holds one group's layers; group is the fewest
-        layers of any type, or the most when the counts are within 1.25x (docs/physics.md, Live KV)."""
+        layers of any type, or the most when the counts are within 1.25x (docs/physics.md, Live ratios)."""
         kinds = [n for n in (self.full_attention_layers, *(n for _, n in self.window_layers)) if n > 0]
         if not grouped or len(kinds) < 2:
             return self.n_layers

@@ -89,7 +89,7 @@ def kv_layer_tokens(context_tokens: float, full_layers: int,
 def attended_tokens(positions: float, window: float = math.inf) -> float:
     """Token pairs the first `positions` tokens of a sequence attend to in one layer under a causal mask:
     sum over j = 1..n of min(j, window), n(n + 1)/2 without a window. A chunk at positions s..e-1 attends
-    to attended_tokens(e) - attended_tokens(s) (docs/physics.md, Live MFU)."""
+    to attended_tokens(e) - attended_tokens(s) (docs/physics.md, Live ratios)."""
     n = max(positions, 0.0)
     if n <= window:
         return n * (n + 1) / 2

@@ -156,19 +156,17 @@ def derive_window(
     running = mean(first, last, RUNNING)
     live_kv = live_kv_bytes(kv_usage, kv_capacity_tokens, constants)
     prompt_increase, step_increase = increase(first, last, PROMPT), increase(first, last, STEPS)
+    ttft, itl = histogram_delta(first, last, TTFT), histogram_delta(first, last, ITL)
     hit_ratio = prefix_cache_hit_ratio(first, last)
     computed, basis = computed_prefill(tokens.get("prefill"), hit_ratio, PROMPT_INCLUDES_HITS in last.gauges)
-    per_step = physics.moe_tokens_per_step(
-        _scaled(prompt_increase, computed / tokens["prefill"]) if computed and tokens.get("prefill") else prompt_increase,
-        increase(first, last, GENERATION), step_increase, increase(first, last, ITERATION_TOKENS))
-    context = _decode_context_layer_tokens(kv_usage, kv_capacity_tokens, running, constants)
+    per_step = _tokens_per_step(first, last, computed / tokens["prefill"] if computed and tokens.get("prefill") else 1.0)
     mean_prompt = _mean_prompt(first, last)
     mbu, mfu, dropped = _in_range(
         _mbu(constants, live_kv, steps, per_step if per_step is not None else max(running or 0.0, 1.0),
              _draft_passes_per_step(first, last)),
-        _mfu(constants, tokens, computed, mean_prompt, hit_ratio, context,
-             _prefills_per_second(first, last, histogram_delta(first, last, TTFT))))
-    ttft, itl = histogram_delta(first, last, TTFT), histogram_delta(first, last, ITL)
+        _mfu(constants, tokens, computed, mean_prompt, hit_ratio,
+             _decode_context_layer_tokens(kv_usage, kv_capacity_tokens, running, constants),
+             _prefills_per_second(first, last, ttft)))
     (ttft_percentiles, ttft_tail), (itl_percentiles, itl_tail) = (
         _percentiles_and_tail(ttft, percentiles), _percentiles_and_tail(itl, percentiles))
     transferred = rate(first, last, KV_TRANSFER)
@@ -334,6 +332,14 @@ def computed_prefill(prompt_rate: float | None, hit_ratio: float | None,
     if hit_ratio is not None:
         return prompt_rate * (1.0 - hit_ratio), "hits_subtracted"
     return prompt_rate, "includes_cache_hits"
+
+
+def _tokens_per_step(first: Point, last: Point, computed_share: float) -> float | None:
+    """Tokens one engine step ran over the window (physics.moe_tokens_per_step); `computed_share` of the
+    prompt counter's tokens were computed (the rest prefix-cache hits, which run through no expert)."""
+    return physics.moe_tokens_per_step(
+        _scaled(increase(first, last, PROMPT), computed_share), increase(first, last, GENERATION),
+        increase(first, last, STEPS), increase(first, last, ITERATION_TOKENS))
 
 
 def _mean_prompt(first: Point, last: Point) -> float | None:
