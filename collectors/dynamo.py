@@ -5,9 +5,10 @@ Dynamo has two kinds of pages (docs/engines.md "Dynamo"):
   passed through (`vllm:*`, `sglang:*`, `trtllm_*`). The engine's adapter reads its families; this
   module adds what only Dynamo says, where the engine said nothing:
   running <- `dynamo_component_inflight_requests{model}`; kv_usage_ratio <-
-  `dynamo_component_kvstats_gpu_cache_usage_percent` (a 0..1 ratio despite its name), only while
-  `kvstats_total_blocks` > 0 (before the worker publishes KV stats both read 0, which is not an
-  occupancy). EngineInfo.labels gets `backend` (the passed-through engine) and `dynamo_component`.
+  `dynamo_component_kvstats_gpu_cache_usage_percent` (a 0..1 ratio despite its name), and
+  prefix_cache_hit_ratio <- `kvstats_gpu_prefix_cache_hit_rate` (0..1), only while
+  `kvstats_total_blocks` > 0 (before the worker publishes KV stats they read 0, which is not an
+  occupancy nor a hit rate). EngineInfo.labels gets `backend` (the passed-through engine) and `dynamo_component`.
 - a **frontend** (`python -m dynamo.frontend`): `dynamo_frontend_*` per `model`, one EngineSeries
   per model (rank "0"): running = `inflight_requests`, waiting = `queued_requests`, batch_max =
   `model_max_num_seqs`, kv_capacity_tokens = `model_total_kv_blocks` x `model_kv_cache_block_size`,
@@ -56,7 +57,7 @@ COVERAGE: dict[str, str] = {
     "ttft": "`dynamo_frontend_time_to_first_token_seconds` (at the HTTP edge)",
     "itl": "`dynamo_frontend_inter_token_latency_seconds`",
     "tensor_parallel_size": "none at the frontend (worker: the engine's)",
-    "prefix_cache_hits_total": "none at the frontend (worker: the engine's)",
+    "prefix_cache_hits_total": "none at the frontend (worker: the engine's, else `dynamo_component_kvstats_gpu_prefix_cache_hit_rate`)",
     "prompt_length": "none: not read yet (`dynamo_frontend_input_sequence_tokens` histogram; worker: the engine's)",
     "output_length": "none: not read yet (`dynamo_frontend_output_sequence_tokens` histogram; worker: the engine's)",
     "queue_time": "none at the frontend (worker: the engine's)",
@@ -69,6 +70,7 @@ _C = "dynamo_component_"
 INFLIGHT = _C + "inflight_requests"
 KV_USAGE = _C + "kvstats_gpu_cache_usage_percent"
 KV_TOTAL_BLOCKS = _C + "kvstats_total_blocks"
+PREFIX_HIT_RATE = _C + "kvstats_gpu_prefix_cache_hit_rate"
 F_RUNNING = _F + "inflight_requests"
 F_WAITING = _F + "queued_requests"
 F_BATCH_MAX = _F + "model_max_num_seqs"
@@ -86,6 +88,7 @@ NAMES: frozenset[str] = frozenset(
         INFLIGHT,
         KV_USAGE,
         KV_TOTAL_BLOCKS,
+        PREFIX_HIT_RATE,
         F_RUNNING,
         F_WAITING,
         F_BATCH_MAX,
@@ -129,6 +132,7 @@ def _worker(exp: expfmt.Selection, sample: EngineSample, backend: str) -> Engine
             inflight[m.lower()] = inflight.get(m.lower(), 0.0) + s.value  # summed over endpoints
     total = _last(exp, KV_TOTAL_BLOCKS)
     usage = _last(exp, KV_USAGE) if total else None
+    hit_rate = _last(exp, PREFIX_HIT_RATE) if total else None
     series = []
     for s in sample.series:
         series.append(
@@ -136,6 +140,8 @@ def _worker(exp: expfmt.Selection, sample: EngineSample, backend: str) -> Engine
                 s,
                 running=s.running if s.running is not None else inflight.get(s.model.lower()),
                 kv_usage_ratio=s.kv_usage_ratio if s.kv_usage_ratio is not None else usage,
+                prefix_cache_hit_ratio=(s.prefix_cache_hit_ratio if s.prefix_cache_hit_ratio is not None
+                                        or s.prefix_cache_queries_total is not None else hit_rate),
             )
         )
     component = next((s.labels["dynamo_component"] for s in exp.get(INFLIGHT) if "dynamo_component" in s.labels), None)

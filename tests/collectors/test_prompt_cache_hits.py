@@ -45,3 +45,15 @@ def test_sglang_realtime_counters_are_computed_tokens_and_finish_time_ones_are_n
     old = "\n".join(line for line in page.splitlines() if not re.match(r"(# \w+ )?sglang:realtime_tokens", line))
     s_old = _parse(sglang, old).series[0]  # type: ignore[attr-defined]
     assert s_old.prompt_tokens_include_cache_hits is (s_old.prompt_tokens_total is not None)
+
+
+def test_a_dynamo_worker_lends_its_prefix_hit_rate_where_the_engine_keeps_none() -> None:
+    # trtllm's page here has no prefix-cache accounting; Dynamo's KV stats say 0.4 once it publishes them
+    page = sample_text("dynamo-trtllm-worker-2req.prom")
+    published = re.sub(r"(dynamo_component_kvstats_total_blocks\{[^}]*\}) 0", r"\1 100", page)
+    published = re.sub(r"(dynamo_component_kvstats_gpu_prefix_cache_hit_rate\{[^}]*\}) 0", r"\1 0.4", published)
+    assert published != page
+    s = _parse(dynamo, published).series[0]  # type: ignore[attr-defined]
+    assert s.prefix_cache_hit_ratio == 0.4
+    unpublished = re.sub(r"(dynamo_component_kvstats_gpu_prefix_cache_hit_rate\{[^}]*\}) 0", r"\1 0.4", page)
+    assert _parse(dynamo, unpublished).series[0].prefix_cache_hit_ratio is None  # type: ignore[attr-defined]
