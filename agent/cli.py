@@ -65,6 +65,11 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    "constants: its MBU/MFU stay absent; h100-sxm where no GPU is seen)")
     p.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size: GPUs one model copy spans (default: what the engine says, "
                    "else the GPUs its processes use / its data-parallel ranks, else 1; the engine wins over this)")
+    p.add_argument("--ep", type=int, metavar="N", help="expert-parallel size of a MoE engine (vLLM --enable-expert-parallel: "
+                   "data-parallel x tensor-parallel size): each copy holds 1/(ep/tp) of the routed experts (default: 1)")
+    p.add_argument("--draft-model", metavar="PRESET", help="speculative decoding's draft model (a preset or Hugging Face id): "
+                   "its weights join MBU once per draft token a step")
+    p.add_argument("--draft-model-config", metavar="PATH", help="the draft model's config.json (instead of --draft-model)")
     p.add_argument("--batch-max", type=int, metavar="N", help="the engine's batch cap (vLLM max_num_seqs) where /metrics lacks it")
     p.add_argument("--pid", type=int, help="the engine's PID, for its CPU and memory (default: found by the URL's port)")
     p.add_argument("--listen", metavar="HOST:PORT", help=f"where to serve /metrics (default {cfg.DEFAULT_LISTEN})")
@@ -108,8 +113,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _flag_settings(args: argparse.Namespace) -> dict[str, Any]:
-    keys = ("engine", "metrics_path", "model", "model_config", "weight_dtype", "kv_dtype", "gpu", "tp",
-            "batch_max", "pid", "listen", "interval", "scrape_timeout", "windows", "percentiles", "nvml", "gpus", "process",
+    keys = ("engine", "metrics_path", "model", "model_config", "weight_dtype", "kv_dtype", "gpu", "tp", "ep",
+            "draft_model", "draft_model_config", "batch_max", "pid", "listen", "interval", "scrape_timeout", "windows", "percentiles", "nvml", "gpus", "process",
             "web_config", "read_header_timeout", "max_connections", "target_name", "proxy_listen", "proxy_upstream",
             "tenant_header", "tenant_top", "role", "ttft_slo", "itl_slo", "gpu_hour_cost")
     out = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
@@ -144,6 +149,18 @@ def load_config(args: argparse.Namespace, environ: dict[str, str] | None = None)
     return cfg.build(file_settings, env, _flag_settings(args))
 
 
+def draft_for(target: cfg.TargetConfig) -> Any:
+    """The target's speculative-decoding draft model (--draft-model / --draft-model-config), or None."""
+    if not (target.draft_model or target.draft_model_config):
+        return None
+    from rooflight.agent.roofline.plan import resolve_model
+
+    try:
+        return resolve_model(target.draft_model, target.draft_model_config, None, None)
+    except ConfigError as e:
+        raise ConfigError(f"target {target.name}: draft model: {e}") from None
+
+
 def resolve_models(config: cfg.AgentConfig) -> dict[str, tuple[Any, str | None]]:
     """Load every model given by preset or config.json now, so a bad one stops the start (exit 2)."""
     from rooflight.agent.roofline.gpus import get_profile
@@ -153,6 +170,7 @@ def resolve_models(config: cfg.AgentConfig) -> dict[str, tuple[Any, str | None]]
     for t in config.targets:
         if t.gpu:
             get_profile(t.gpu)
+        draft_for(t)  # a bad draft model stops the start too
         if t.model_config:
             spec = load_config_json(t.model_config, weight_dtype=t.weight_dtype, kv_dtype=t.kv_dtype)
             out[t.name] = (spec, f"config.json:{t.model_config}")

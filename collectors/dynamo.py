@@ -6,11 +6,12 @@ Dynamo has two kinds of pages (docs/engines.md "Dynamo"):
   module adds what only Dynamo says, where the engine said nothing:
   running <- `dynamo_component_inflight_requests` of the `generate` endpoint (1.6 also counts the KV
   router's `worker_kv_query_source_*` queries per endpoint, and drops the `model` label); kv_usage_ratio <-
-  `dynamo_component_kvstats_gpu_cache_usage_percent` (a 0..1 ratio despite its name), only while
-  `kvstats_total_blocks` > 0 (before the worker publishes KV stats both read 0, which is not an
-  occupancy; 1.6 exports neither). EngineInfo.labels gets `backend` (the passed-through engine) and
-  `dynamo_component`; a component named `prefill` is a disaggregated prefill worker: EngineInfo.role
-  "prefill" (a decode worker's page is an aggregated worker's, so it says nothing).
+  `dynamo_component_kvstats_gpu_cache_usage_percent` (a 0..1 ratio despite its name), and
+  prefix_cache_hit_ratio <- `kvstats_gpu_prefix_cache_hit_rate` (0..1), only while `kvstats_total_blocks` > 0
+  (before the worker publishes KV stats they read 0, which is not an occupancy nor a hit rate; 1.6 exports
+  none of them). EngineInfo.labels gets `backend` (the passed-through engine) and `dynamo_component`; a
+  component named `prefill` is a disaggregated prefill worker: EngineInfo.role "prefill" (a decode worker's
+  page is an aggregated worker's, so it says nothing).
 - a **frontend** (`python -m dynamo.frontend`): `dynamo_frontend_*` per `model`, one EngineSeries
   per model (rank "0"): running = `inflight_requests`, waiting = `queued_requests`, batch_max =
   `model_max_num_seqs`, kv_capacity_tokens = `model_total_kv_blocks` x `model_kv_cache_block_size`,
@@ -59,7 +60,7 @@ COVERAGE: dict[str, str] = {
     "ttft": "`dynamo_frontend_time_to_first_token_seconds` (at the HTTP edge)",
     "itl": "`dynamo_frontend_inter_token_latency_seconds`",
     "tensor_parallel_size": "none at the frontend (worker: the engine's)",
-    "prefix_cache_hits_total": "none at the frontend (worker: the engine's)",
+    "prefix_cache_hits_total": "none at the frontend (worker: the engine's, else `dynamo_component_kvstats_gpu_prefix_cache_hit_rate`)",
     "prompt_length": "none: not read yet (`dynamo_frontend_input_sequence_tokens` histogram; worker: the engine's)",
     "output_length": "none: not read yet (`dynamo_frontend_output_sequence_tokens` histogram; worker: the engine's)",
     "queue_time": "none at the frontend (worker: the engine's)",
@@ -74,6 +75,7 @@ PREFILL_COMPONENT = "prefill"  # a disaggregated prefill worker's component (its
 INFLIGHT = _C + "inflight_requests"
 KV_USAGE = _C + "kvstats_gpu_cache_usage_percent"
 KV_TOTAL_BLOCKS = _C + "kvstats_total_blocks"
+PREFIX_HIT_RATE = _C + "kvstats_gpu_prefix_cache_hit_rate"
 F_RUNNING = _F + "inflight_requests"
 F_WAITING = _F + "queued_requests"
 F_BATCH_MAX = _F + "model_max_num_seqs"
@@ -91,6 +93,7 @@ NAMES: frozenset[str] = frozenset(
         INFLIGHT,
         KV_USAGE,
         KV_TOTAL_BLOCKS,
+        PREFIX_HIT_RATE,
         F_RUNNING,
         F_WAITING,
         F_BATCH_MAX,
@@ -135,6 +138,7 @@ def _worker(exp: expfmt.Selection, sample: EngineSample, backend: str) -> Engine
             inflight[m.lower()] = inflight.get(m.lower(), 0.0) + s.value  # summed over workers
     total = _last(exp, KV_TOTAL_BLOCKS)
     usage = _last(exp, KV_USAGE) if total else None
+    hit_rate = _last(exp, PREFIX_HIT_RATE) if total else None
     series = []
     for s in sample.series:
         series.append(
@@ -142,6 +146,8 @@ def _worker(exp: expfmt.Selection, sample: EngineSample, backend: str) -> Engine
                 s,
                 running=s.running if s.running is not None else inflight.get(s.model.lower()),
                 kv_usage_ratio=s.kv_usage_ratio if s.kv_usage_ratio is not None else usage,
+                prefix_cache_hit_ratio=(s.prefix_cache_hit_ratio if s.prefix_cache_hit_ratio is not None
+                                        or s.prefix_cache_queries_total is not None else hit_rate),
             )
         )
     component = next((s.labels["dynamo_component"] for s in exp.get(INFLIGHT) if "dynamo_component" in s.labels), None)
@@ -194,6 +200,7 @@ def _frontend(exp: expfmt.Selection) -> tuple[EngineSeries, ...]:
                 batch_max_requests=gauges[F_BATCH_MAX].get(m),
                 kv_capacity_tokens=blocks * size if blocks and size else None,
                 prompt_tokens_total=prompt.get(m),
+                prompt_tokens_include_cache_hits=m in prompt,  # all prompt tokens, cache hits included
                 generation_tokens_total=generation.get(m),
                 ttft=ttft.get(m),
                 itl=itl.get(m),

@@ -41,6 +41,9 @@ class EngineSeries:
     kv_usage_ratio: float | None = None
     kv_capacity_tokens: float | None = None
     prompt_tokens_total: float | None = None  # computed prefill tokens (cache hits excluded where known)
+    # True where prompt_tokens_total counts prefix-cache hits as prompt tokens (the engine has no counter
+    # of computed ones): the physics takes the hit ratio out, or marks prefill MFU as overstated.
+    prompt_tokens_include_cache_hits: bool = False
     generation_tokens_total: float | None = None
     steps_total: float | None = None
     preemptions_total: float | None = None

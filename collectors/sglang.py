@@ -21,7 +21,8 @@ Normalization:
   `realtime_tokens_total{mode="decode"}`: updated per prefill batch and per decode log interval.
   Only where the page has no realtime counter (SGLang before 2025) the finish-time counters
   `prompt_tokens_total` / `generation_tokens_total` stand in; they step when a request ends, and
-  the prompt one counts cache hits too. extra["token_counters"] says which: 1 = realtime,
+  the prompt one counts cache hits too (prompt_tokens_include_cache_hits: the physics takes the
+  `cache_hit_rate` gauge's mean out of prefill work). extra["token_counters"] says which: 1 = realtime,
   0 = finish-time.
 - steps_total = sum over `mode` of `cuda_graph_passes_total` (every forward pass, CUDA graph or
   not); absent in old versions (None).
@@ -255,6 +256,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
                 kv_usage_ratio=_one(gauges[KV_USAGE], key),
                 kv_capacity_tokens=_one(gauges[KV_CAPACITY], key),
                 prompt_tokens_total=prompt,
+                prompt_tokens_include_cache_hits=prompt is not None and not modes,  # the finish-time counter
                 generation_tokens_total=generation,
                 steps_total=math.fsum(steps.values()) if steps else None,
                 preemptions_total=_one(retracted, key),

@@ -15,7 +15,8 @@ Normalization, true counters only:
   `tgi_request_generated_tokens_sum`: cumulative sums of per-request observations (the `_sum` of a
   histogram or summary is a true counter; its quantiles are not). Input lengths are observed when
   a request is validated, generated lengths when it finishes, so both step per request. TGI has no
-  prefix-cache accounting, so prompt tokens include any a cache served;
+  prefix-cache accounting, so prompt tokens include any a cache served (prompt_tokens_include_cache_hits:
+  the physics marks its prefill MFU as possibly counting hits as work);
 - steps_total = sum over `method` of `tgi_batch_inference_count` (one per prefill or decode step);
 - not supported, left None: preemptions (none), batch cap (`--max-batch-size` is a launcher flag
   on neither /metrics nor /info), TTFT (TGI has none) and ITL: `tgi_request_mean_time_per_token_duration`
@@ -160,6 +161,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
         waiting=_sum(exp, WAITING),
         kv_capacity_tokens=_sum(exp, KV_CAPACITY),
         prompt_tokens_total=_sum(exp, PROMPT),
+        prompt_tokens_include_cache_hits=True,
         generation_tokens_total=_sum(exp, GENERATION),
         steps_total=math.fsum(steps.values()) if steps else None,
         prompt_length=_histogram(exp, PROMPT_LENGTH),

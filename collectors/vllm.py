@@ -9,7 +9,9 @@ Normalization:
   absent, as in pre-DP builds).
 - prompt_tokens_total = `prompt_tokens_by_source_total{source="local_compute"}` (the tokens actually
   prefilled) when exported, else `prompt_tokens_total` (all prompt tokens, cache hits included).
-  Both raw counters stay in `extra` (see EXTRA_KEYS) so the physics can tell them apart.
+  Both raw counters stay in `extra` (see EXTRA_KEYS) so the physics can tell them apart; with the
+  second, prompt_tokens_include_cache_hits is set and the physics takes the prefix-cache hit ratio
+  (`prefix_cache_hits` / `queries`) out of prefill work.
 - steps_total = `iteration_tokens_total_count` (one observation per engine step);
   extra["iteration_tokens_sum"] = its `_sum` (tokens scheduled over those steps).
 - kv_capacity_tokens comes from `cache_config_info`, which carries `engine` but no `model_name`:
@@ -222,6 +224,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
                 kv_usage_ratio=kv_usage.get(key),
                 kv_capacity_tokens=kv_capacity_tokens(config) if config is not None else None,
                 prompt_tokens_total=prompt,
+                prompt_tokens_include_cache_hits=prompt is not None and "local_compute" not in sources,
                 generation_tokens_total=generation.get(key),
                 steps_total=steps.get(key),
                 preemptions_total=preemptions.get(key),

@@ -118,6 +118,8 @@ def render_series(f: _Families, target: TargetView, view: SeriesView) -> None:
         f.add(n.KV_TRANSFER_LATENCY, wk, _nonneg(w.kv_transfer_latency_seconds))
         f.add(n.KV_TRANSFER_SPEED, wk, _nonneg(w.kv_transfer_speed_bytes_per_second))
         f.add(n.PREFIX_CACHE_HIT_RATIO, wk, _nonneg(w.prefix_cache_hit_ratio))
+        if w.prefill_tokens_basis is not None and "prefill" in w.mfu:
+            f.add(n.PREFILL_TOKENS_BASIS, (*wk, w.prefill_tokens_basis), 1.0)
         for name, by_percentile in ((n.REQUEST_PROMPT_TOKENS, w.prompt_length),
                                     (n.REQUEST_OUTPUT_TOKENS, w.output_length),
                                     (n.REQUEST_QUEUE_TIME, w.queue_time)):

@@ -50,6 +50,7 @@ KV_TRANSFER_BYTES = "rooflight_kv_transfer_bytes_per_second"  # those tokens x K
 KV_TRANSFER_LATENCY = "rooflight_kv_transfer_latency_seconds"  # mean time of one KV transfer (SGLang)
 KV_TRANSFER_SPEED = "rooflight_kv_transfer_speed_bytes_per_second"  # mean speed of one KV transfer (SGLang)
 PREFIX_CACHE_HIT_RATIO = "rooflight_prefix_cache_hit_ratio"  # prompt tokens found in the prefix cache / looked up
+PREFILL_TOKENS_BASIS = "rooflight_prefill_tokens_basis_info"  # 1; basis = what prefill MFU counts as work
 REQUEST_PROMPT_TOKENS = "rooflight_request_prompt_tokens"  # by percentile: prompt length per request
 REQUEST_OUTPUT_TOKENS = "rooflight_request_output_tokens"  # by percentile: output length per request
 REQUEST_QUEUE_TIME = "rooflight_request_queue_time_seconds"  # by percentile: arrival to first scheduling

@@ -15,6 +15,27 @@ class TargetConstants:
     gpu_source: str  # "flag", "nvml" or "default": how the profile was chosen
     tensor_parallel_size: int = 1
     gpu_note: str = ""  # why there is no profile (gpus.unknown_gpu_reason), for the log and gpu_info
+    # GPUs the routed experts are spread over (expert parallelism); 1 or tp: every copy holds all of them.
+    expert_parallel_size: int = 1
+    draft: ModelSpec | None = None  # a speculative-decoding draft model, streamed k times a step
+    kv_pool_grouped: bool = False  # the engine groups layers by attention type in its KV pool (vLLM)
+
+    @property
+    def expert_ranks(self) -> float:
+        """Model copies (data-parallel ranks of tp GPUs each) that share one set of routed experts under
+        expert parallelism: ep / tp, at least 1. Each copy holds 1/that of the experts and its step runs
+        the tokens of all of them through those experts (docs/physics.md, Expert parallelism)."""
+        return max(1.0, self.expert_parallel_size / self.tensor_parallel_size)
+
+    @property
+    def kv_bytes_per_pool_token(self) -> float | None:
+        """K+V bytes one token of the engine's KV pool holds, summed over the TP GPUs: the layers one
+        pool page holds (ModelSpec.kv_pool_layers) x bytes per layer and token; None without a model."""
+        if self.model is None:
+            return None
+        tp = self.tensor_parallel_size
+        layers = self.model.kv_pool_layers(self.kv_pool_grouped)
+        return self.model.kv_bytes_per_token_per_gpu(tp) * tp * layers / self.model.n_layers
 
     @property
     def gpu_key(self) -> str:

@@ -36,6 +36,8 @@ from rooflight.agent.roofline import physics as ph
 from rooflight.agent.roofline.config_reader import ConfigReader
 from rooflight.agent.roofline.quantization import QuantScheme, WeightFormat, parse_scheme
 
+FLOPS_PER_MULTIPLY_ADD = 2.0
+
 DTYPE_BYTES: Mapping[str, float] = MappingProxyType(
     {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5})
 
@@ -87,6 +89,15 @@ class ModelSpec:
     expert_weight_bytes: float | None = None  # the routed experts, as stored
     window_layers: tuple[tuple[int, int], ...] = ()  # (window tokens, layers) of local-attention layers
     notes: tuple[str, ...] = ()  # how the checkpoint was read, for the plan and the logs
+    # The input embedding table when it is not also the LM head (untied): a lookup reads one row per
+    # token and multiplies nothing. 0 for tied embeddings and for the nominal reference shapes, whose
+    # worked numbers count every weight as streamed and multiplied (docs/physics.md, Weight bytes).
+    embedding_params: float = 0.0
+    # The LM head's matmul (the tied table where embeddings are tied): engines run it only for the
+    # positions that need logits, the last of each prefill and every decode token. 0 for the nominal shapes.
+    lm_head_params: float = 0.0
+    mla_qk_head_dim: int | None = None  # MLA: query/key dims per head (nope + rope); None: head_dim
+    mla_v_head_dim: int | None = None  # MLA: value dims per head; None: head_dim
 
     @property
     def is_mla(self) -> bool:
@@ -110,10 +121,73 @@ class ModelSpec:
         under uniform routing (batch 1 reads only the active experts; large batches nearly all)."""
         if not self.n_experts:
             return self.weight_bytes
-        touched = 1.0 - (1.0 - self.n_experts_active / self.n_experts) ** max(batch, 0.0)
-        experts = (self.expert_weight_bytes if self.expert_weight_bytes is not None
-                   else self.expert_params * dtype_bytes(self.weight_dtype))
-        return self.weight_bytes - experts + experts * touched
+        experts = self._routed_expert_bytes
+        return self.weight_bytes - experts + experts * self._touched(batch)
+
+    @property
+    def matmul_params_active(self) -> float:
+        """Active parameters a token multiplies with: P_active without the untied input embedding
+        table (a lookup, not a matmul). The live MFU's 2 x P (docs/physics.md, Live ratios)."""
+        return self.params_active - self.embedding_params
+
+    @property
+    def prefill_matmul_params(self) -> float:
+        """Parameters a prompt token that needs no logits multiplies with: matmul_params_active without the
+        LM head, which runs once per prefill (its last position), not per prompt token."""
+        return self.matmul_params_active - self.lm_head_params
+
+    def decode_weight_bytes(self, tokens_per_step: float, expert_ranks: float = 1.0) -> float:
+        """Weight bytes one engine step that runs `tokens_per_step` tokens reads on one model copy: the
+        untied input embedding table only one row per token; MoE: the experts the step's tokens touch.
+        Under expert parallelism (`expert_ranks` copies share one set of experts, each holding 1/that),
+        a copy holds experts / expert_ranks and the tokens of every copy reach them:
+        touched(tokens x expert_ranks) of its share."""
+        tokens = max(tokens_per_step, 0.0)
+        rows = tokens * self.hidden_size * dtype_bytes(self.act_dtype)
+        table = self.embedding_params * dtype_bytes(self.act_dtype)
+        dense = self.weight_bytes - table + min(rows, table)
+        if not self.n_experts:
+            return dense
+        experts = self._routed_expert_bytes
+        ranks = max(expert_ranks, 1.0)
+        return dense - experts + experts / ranks * self._touched(tokens * ranks)
+
+    @property
+    def _routed_expert_bytes(self) -> float:
+        return (self.expert_weight_bytes if self.expert_weight_bytes is not None
+                else self.expert_params * dtype_bytes(self.weight_dtype))
+
+    def _touched(self, tokens: float) -> float:
+        """Expected share of an MoE layer's experts at least one of `tokens` tokens routes to (uniform)."""
+        return 1.0 - (1.0 - self.n_experts_active / self.n_experts) ** max(tokens, 0.0)
+
+    def attention_flops(self, start: float, end: float) -> float:
+        """FLOPs of the attention scores and weighted values (QK^T and AV, 2 FLOPs a multiply-add)
+        for the tokens at positions start..end-1 of one sequence, each attending to every earlier
+        token and itself (a window layer: to at most its window). Not in 2 x P: no weight does it."""
+        layers = [(math.inf, self.full_attention_layers), *self.window_layers]
+        attended = sum(n * (ph.attended_tokens(end, w) - ph.attended_tokens(start, w)) for w, n in layers)
+        return self.attention_flops_per_pair * attended
+
+    @property
+    def attention_flops_per_pair(self) -> float:
+        """FLOPs of one token attending to one cached token in one layer: every query head's score
+        (q.k) and weighted value, 2 x heads x (qk dims + v dims); MLA with its unabsorbed head dims."""
+        qk = self.mla_qk_head_dim or self.head_dim
+        v = self.mla_v_head_dim or self.head_dim
+        return FLOPS_PER_MULTIPLY_ADD * self.n_heads * (qk + v)
+
+    def kv_pool_layers(self, grouped: bool) -> int:
+        """Layers whose K+V one token of the engine's KV pool holds. Ungrouped (one page layout for
+        every layer): all of them. Grouped, as vLLM's hybrid KV-cache manager allocates a model with
+        more than one attention type (full + sliding window, chunked): layers are split into groups
+        of one type of `group` layers each, and a page holds one group's layers; group is the fewest
+        layers of any type, or the most when the counts are within 1.25x (docs/physics.md, Live ratios)."""
+        kinds = [n for n in (self.full_attention_layers, *(n for _, n in self.window_layers)) if n > 0]
+        if not grouped or len(kinds) < 2:
+            return self.n_layers
+        fewest, most = min(kinds), max(kinds)
+        return most if most < fewest * 1.25 else fewest
 
     @property
     def kv_bytes_per_layer_token(self) -> float:
@@ -530,7 +604,13 @@ def from_hf_config(cfg: Mapping[str, Any], *, source: str, name: str | None = No
         act_dtype=act, compute_dtype=gemm or act,
         linear_params=float(sum(t.params for t in tensors if t.kind == "linear")),
         shared_weight_bytes=shared, expert_weight_bytes=experts,
-        window_layers=_windows(r, layers), notes=notes)
+        window_layers=_windows(r, layers), notes=notes,
+        embedding_params=float(sum(t.params for t in tensors if t.kind == "embedding"))
+        if any(t.kind == "lm_head" for t in tensors) else 0.0,
+        lm_head_params=float(sum(t.params for t in tensors if t.kind == "lm_head")
+                             or sum(t.params for t in tensors if t.kind == "embedding")),
+        mla_qk_head_dim=_num(r, "qk_nope_head_dim") + _num(r, "qk_rope_head_dim") if r.has("kv_lora_rank") else None,
+        mla_v_head_dim=_num(r, "v_head_dim", default=_num(r, "qk_nope_head_dim")) if r.has("kv_lora_rank") else None)
     if low_bit and not override and scheme is None:  # torch_dtype itself names a low-bit dtype
         spec = spec.with_dtypes(low_bit, None)
     return spec.with_dtypes(weight_dtype, kv_dtype)
@@ -650,7 +730,8 @@ def _build_presets() -> Mapping[str, ModelSpec]:
         if nominal:  # the reference shapes: round parameter counts, as docs/physics.md computes
             spec = dataclasses.replace(  # every nominal weight in the weight dtype
                 spec, params_total=float(nominal), params_active=float(nominal), linear_params=float(nominal),
-                shared_weight_bytes=nominal * dtype_bytes(spec.weight_dtype), expert_weight_bytes=0.0)
+                shared_weight_bytes=nominal * dtype_bytes(spec.weight_dtype), expert_weight_bytes=0.0,
+                embedding_params=0.0, lm_head_params=0.0)
         out[key] = spec
     return MappingProxyType(out)
 

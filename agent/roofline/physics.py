@@ -86,6 +86,31 @@ def kv_layer_tokens(context_tokens: float, full_layers: int,
     return full_layers * context_tokens + sum(n * min(context_tokens, w) for w, n in windowed_layers)
 
 
+def attended_tokens(positions: float, window: float = math.inf) -> float:
+    """Token pairs the first `positions` tokens of a sequence attend to in one layer under a causal mask:
+    sum over j = 1..n of min(j, window), n(n + 1)/2 without a window. A chunk at positions s..e-1 attends
+    to attended_tokens(e) - attended_tokens(s) (docs/physics.md, Live ratios)."""
+    n = max(positions, 0.0)
+    if n <= window:
+        return n * (n + 1) / 2
+    return window * (window + 1) / 2 + (n - window) * window
+
+
+def moe_tokens_per_step(prefill_tokens: float | None, decode_tokens: float | None, steps: float | None,
+                        scheduled_tokens: float | None = None) -> float | None:
+    """Tokens one engine step routes through the experts, over a window: the engine's own count of
+    tokens scheduled per step where it keeps one (vLLM's iteration_tokens), else prompt + generated
+    tokens per step; never below 1 (a step that ran had a token). None without steps: the window's
+    mean running count is not a step's batch (it counts idle time as batch 0)."""
+    if not steps or steps <= 0:
+        return None
+    if scheduled_tokens is not None and scheduled_tokens > 0:
+        return max(1.0, scheduled_tokens / steps)
+    if prefill_tokens is None and decode_tokens is None:
+        return None
+    return max(1.0, ((prefill_tokens or 0.0) + (decode_tokens or 0.0)) / steps)
+
+
 def weight_stream_seconds(weight_bytes: float, peak_bandwidth: float) -> float:
     """Time to read the weights once: the floor of any forward pass, prefill included."""
     return weight_bytes / peak_bandwidth

@@ -38,7 +38,10 @@ class WeightFormat:
 class Patterns:
     """Module-name patterns: `re:<regex>` (re.match), globs with * or ?, else a dotted name that
     matches itself and anything inside it ('model.layers.0' matches 'model.layers.0.mlp.up_proj',
-    'self_attn' matches every attention projection, 'lm_head' matches the LM head)."""
+    'self_attn' matches every attention projection, 'lm_head' matches the LM head). A glob, like a
+    name, matches a module and its children: gpt-oss's 'model.layers.*.self_attn' keeps every
+    attention projection 16-bit, as the module it names holds them (transformers and vLLM skip a
+    module's children with it)."""
 
     def __init__(self, patterns: Sequence[str], where: str) -> None:
         if len(patterns) > MAX_PATTERNS:
@@ -55,7 +58,11 @@ class Patterns:
         if self.plain and any(".".join(parts[i:j]) in self.plain
                               for i in range(len(parts)) for j in range(i + 1, len(parts) + 1)):
             return True
-        return any(fnmatchcase(name, g) for g in self.globs) or any(r.match(name) for r in self.regexes)
+        if self.globs:
+            prefixes = [".".join(parts[:j]) for j in range(len(parts), 0, -1)]
+            if any(fnmatchcase(p, g) for g in self.globs for p in prefixes):
+                return True
+        return any(r.match(name) for r in self.regexes)
 
 
 def _compile(pattern: str, where: str) -> re.Pattern[str]:

@@ -49,6 +49,9 @@ class TargetConfig:
     gpu: str | None = None  # a GPU profile key; None = from NVML (a GPU with no profile: none), else h100-sxm
     tp: int | None = None  # where the engine does not say; None = NVML's GPUs / DP ranks, else 1
     batch_max: int | None = None  # the engine's batch cap where its /metrics does not say
+    ep: int | None = None  # expert-parallel size: GPUs the routed experts are spread over (DP+EP MoE)
+    draft_model: str | None = None  # speculative decoding's draft model: a preset or a Hugging Face id
+    draft_model_config: str | None = None  # ... or its config.json
     pid: int | None = None  # the engine's process, for CPU/RSS (else found by the URL's port)
     # Capacity signals (agent/signals/headroom.py, docs/metrics.md section Capacity, cost and energy).
     role: str | None = None  # prefill, decode or both; None = what the engine says, else both
@@ -570,11 +573,14 @@ def _target(entry: Mapping[str, Any], shared: Mapping[str, Any]) -> TargetConfig
     if values.get("model") and values.get("model_config"):
         raise ConfigError(f"target {shown}: give --model or --model-config, not both")
     target = TargetConfig(url=url, name=str(values.get("name") or target_name(url)))
-    for key in ("engine", "metrics_path", "model", "model_config", "weight_dtype", "kv_dtype", "gpu"):
+    if values.get("draft_model") and values.get("draft_model_config"):
+        raise ConfigError(f"target {shown}: give --draft-model or --draft-model-config, not both")
+    for key in ("engine", "metrics_path", "model", "model_config", "weight_dtype", "kv_dtype", "gpu",
+                "draft_model", "draft_model_config"):
         if values.get(key) is not None:
             target = replace(target, **{key: str(values[key])})
     _check_engine(target)
-    for key in ("tp", "batch_max", "pid"):
+    for key in ("tp", "batch_max", "pid", "ep"):
         if values.get(key) is not None:
             target = replace(target, **{key: _positive_int(values[key], key)})
     return _signal_settings(target, values)

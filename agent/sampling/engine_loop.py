@@ -310,6 +310,8 @@ class EngineLoop:
         model = self._model_with_engine_dtypes()
         info_tp = self.latest.info.tensor_parallel_size if self.latest else None
         constants = self._constants_for(self.target, model, _first(self.hints.tensor_parallel_size, info_tp))
+        # vLLM's hybrid KV-cache manager pages a hybrid model's layers by attention type (docs/physics.md, Live ratios)
+        constants = replace(constants, kv_pool_grouped=self._adapter is not None and self._adapter.ENGINE == "vllm")
         fresh = (
             self.latest is not None
             and self.state.last_success_monotonic is not None

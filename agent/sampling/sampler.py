@@ -61,6 +61,7 @@ class Agent:
         self._warned_default_gpu = False
         self._warned_unknown_gpus: set[str] = set()  # NVML names whose missing constants were logged
         self._tp_said: dict[str, tuple[int, str]] = {}  # target -> the (TP, rule) last logged
+        self._drafts: dict[str, ModelSpec] = {}  # target -> its speculative-decoding draft model
         self._gpu_history: dict[str, SeriesHistory] = {}  # by UUID: measured DRAM bandwidth over time
         self._nvml_collector: Any = None
         self._process_collectors: dict[str, Any] = {}
@@ -173,7 +174,18 @@ class Agent:
     def _constants_for(self, target: TargetConfig, model: ModelSpec | None, engine_tp: float | None) -> TargetConstants:
         profile, source, note = self._profile_for(target)
         tp = self._tp_for(target, engine_tp)
-        return TargetConstants(model=model, gpu=profile, gpu_source=source, tensor_parallel_size=tp, gpu_note=note)
+        return TargetConstants(model=model, gpu=profile, gpu_source=source, tensor_parallel_size=tp, gpu_note=note,
+                               expert_parallel_size=target.ep or 1, draft=self._draft_for(target))
+
+    def _draft_for(self, target: TargetConfig) -> ModelSpec | None:
+        """The target's draft model, read once (checked at start by the CLI: a bad one exits 2)."""
+        if not (target.draft_model or target.draft_model_config):
+            return None
+        if target.name not in self._drafts:
+            from rooflight.agent.roofline.plan import resolve_model
+
+            self._drafts[target.name] = resolve_model(target.draft_model, target.draft_model_config, None, None)
+        return self._drafts[target.name]
 
     def gpus_of(self, target: TargetConfig) -> GpuAssignment | None:
         """The target's GPUs among those NVML shows now, and the rule that found them: its process tree's

@@ -38,6 +38,11 @@ KV_TRANSFER_GBPS_SUM, KV_TRANSFER_GBPS_COUNT = "kv_transfer_speed_gb_s_sum", "kv
 TTFT, ITL = "ttft", "itl"
 PREFIX_QUERIES, PREFIX_HITS = "prefix_cache_queries", "prefix_cache_hits"  # prompt tokens looked up / found
 PREFIX_HIT_RATIO = "prefix_cache_hit_ratio"  # the engine's own gauge, where it keeps no counters
+PROMPT_LENGTH_SUM, PROMPT_LENGTH_COUNT = "prompt_length_sum", "prompt_length_count"  # its histogram's
+ITERATION_TOKENS = "iteration_tokens"  # tokens the engine scheduled, summed over its steps (vLLM)
+DRAFTS = "spec_drafts"  # speculative proposals (one per sequence and step that drafted)
+# 1 while the engine's prompt counter counts prefix-cache hits as prompt tokens (EngineSeries)
+PROMPT_INCLUDES_HITS = "prompt_includes_cache_hits"
 PROMPT_LENGTH, OUTPUT_LENGTH, QUEUE_TIME = "prompt_length", "output_length", "queue_time"  # per request
 # Those two histograms' sums and counts, kept as counters: the finished requests' mean prompt and output.
 FINISHED, FINISHED_PROMPT, FINISHED_OUTPUT = "finished_requests", "finished_prompt_tokens", "finished_output_tokens"
@@ -57,6 +62,10 @@ def history_inputs(
         STEPS: series.steps_total,
         PREEMPTIONS: series.preemptions_total,
         DRAFT: series.extra.get("spec_decode_num_draft_tokens_total"),
+        DRAFTS: series.extra.get("spec_decode_num_drafts_total"),
+        ITERATION_TOKENS: series.extra.get("iteration_tokens_sum"),
+        PROMPT_LENGTH_SUM: series.prompt_length.sum if series.prompt_length else None,
+        PROMPT_LENGTH_COUNT: series.prompt_length.count if series.prompt_length else None,
         ACCEPTED: series.extra.get("spec_decode_num_accepted_tokens_total"),
         DRAFTS: series.extra.get("spec_decode_num_drafts_total"),
         KV_TRANSFER: series.extra.get("prompt_tokens_external_kv_transfer_total"),
@@ -72,6 +81,7 @@ def history_inputs(
     }
     gauges = {RUNNING: series.running, WAITING: series.waiting, KV_USAGE: series.kv_usage_ratio,
               PREFIX_HIT_RATIO: series.prefix_cache_hit_ratio,
+              PROMPT_INCLUDES_HITS: 1.0 if series.prompt_tokens_include_cache_hits else None,
               KV_TRANSFER_MS: series.extra.get("kv_transfer_latency_ms"),
               KV_TRANSFER_GBPS: series.extra.get("kv_transfer_speed_gb_s")}
     histograms = {TTFT: series.ttft, ITL: series.itl, PROMPT_LENGTH: series.prompt_length,
@@ -117,6 +127,12 @@ class WindowValues:
     kv_transfer_latency_seconds: float | None = None  # mean KV transfer time (SGLang disaggregated)
     kv_transfer_speed_bytes_per_second: float | None = None  # mean KV transfer speed (SGLang disaggregated)
     prefix_cache_hit_ratio: float | None = None  # prompt tokens found in the prefix cache / looked up
+    # What prefill MFU counts as prefill work: "computed" (the engine counts computed prompt tokens),
+    # "hits_subtracted" (all prompt tokens x (1 - the window's hit ratio)), "includes_cache_hits" (all
+    # prompt tokens, the engine telling nothing of its cache: MFU may overstate). None without prefill.
+    prefill_tokens_basis: str | None = None
+    tokens_per_step: float | None = None  # tokens one step ran (MoE expert coverage), over the window
+    mean_prompt_tokens: float | None = None  # of the requests that finished in the window (prefill attention)
     # Per-request distributions by percentile, over the requests that finished in the window.
     prompt_length: Mapping[str, float] = field(default_factory=dict)  # prompt tokens per request
     output_length: Mapping[str, float] = field(default_factory=dict)  # output tokens per request
@@ -154,8 +170,17 @@ def derive_window(
     running = mean(first, last, RUNNING)
     live_kv = live_kv_bytes(kv_usage, kv_capacity_tokens, constants)
     prompt_increase, step_increase = increase(first, last, PROMPT), increase(first, last, STEPS)
-    mbu, mfu, dropped = _in_range(_mbu(constants, live_kv, steps, running), _mfu(constants, tokens))
     ttft, itl = histogram_delta(first, last, TTFT), histogram_delta(first, last, ITL)
+    hit_ratio = prefix_cache_hit_ratio(first, last)
+    computed, basis = computed_prefill(tokens.get("prefill"), hit_ratio, PROMPT_INCLUDES_HITS in last.gauges)
+    per_step = _tokens_per_step(first, last, computed / tokens["prefill"] if computed and tokens.get("prefill") else 1.0)
+    mean_prompt = _mean_prompt(first, last)
+    mbu, mfu, dropped = _in_range(
+        _mbu(constants, live_kv, steps, per_step if per_step is not None else max(running or 0.0, 1.0),
+             _draft_passes_per_step(first, last)),
+        _mfu(constants, tokens, computed, mean_prompt, hit_ratio,
+             _decode_context_layer_tokens(kv_usage, kv_capacity_tokens, running, constants),
+             _prefills_per_second(first, last, ttft)))
     (ttft_percentiles, ttft_tail), (itl_percentiles, itl_tail) = (
         _percentiles_and_tail(ttft, percentiles), _percentiles_and_tail(itl, percentiles))
     transferred = rate(first, last, KV_TRANSFER)
@@ -190,7 +215,10 @@ def derive_window(
                                                           KV_TRANSFER_MS), 1e-3),
         kv_transfer_speed_bytes_per_second=_scaled(
             transfer_mean(first, last, KV_TRANSFER_GBPS_SUM, KV_TRANSFER_GBPS_COUNT, KV_TRANSFER_GBPS), 1e9),
-        prefix_cache_hit_ratio=prefix_cache_hit_ratio(first, last),
+        prefix_cache_hit_ratio=hit_ratio,
+        prefill_tokens_basis=basis,
+        tokens_per_step=per_step,
+        mean_prompt_tokens=mean_prompt,
         prompt_length=_percentiles(histogram_delta(first, last, PROMPT_LENGTH), percentiles),
         output_length=_percentiles(histogram_delta(first, last, OUTPUT_LENGTH), percentiles),
         queue_time=_percentiles(histogram_delta(first, last, QUEUE_TIME), percentiles),
@@ -312,15 +340,16 @@ def maximum(history: SeriesHistory, first: Point, name: str) -> float | None:
 def live_kv_bytes(
     kv_usage: float | None, capacity: float | None, constants: TargetConstants | None
 ) -> float | None:
-    """Live KV bytes = occupancy x capacity in tokens x K+V bytes per token, summed over the TP GPUs.
+    """Live KV bytes = occupancy x capacity in tokens x K+V bytes per pool token, summed over the TP GPUs.
 
     Heads shard across GPUs, so the sum is the model's per-token bytes; where every GPU holds all of it
-    (an MLA latent, or fewer KV heads than GPUs) each GPU streams its own copy.
+    (an MLA latent, or fewer KV heads than GPUs) each GPU streams its own copy. A pool token holds the
+    layers the engine pages together: every layer, or one attention-type group of a hybrid model under
+    vLLM's hybrid KV-cache manager (TargetConstants.kv_bytes_per_pool_token).
     """
     if kv_usage is None or capacity is None or constants is None or constants.model is None:
         return None
-    tp = constants.tensor_parallel_size
-    return kv_usage * capacity * constants.model.kv_bytes_per_token_per_gpu(tp) * tp
+    return kv_usage * capacity * constants.kv_bytes_per_pool_token  # type: ignore[operator]
 
 
 def _phase_rates(first: Point, last: Point) -> dict[str, float]:
@@ -332,25 +361,107 @@ def _phase_rates(first: Point, last: Point) -> dict[str, float]:
     return out
 
 
+def computed_prefill(prompt_rate: float | None, hit_ratio: float | None,
+                     includes_hits: bool) -> tuple[float | None, str | None]:
+    """(prompt tokens/s the engine computed, how that was known) from its prompt-token rate. Where the
+    counter counts prefix-cache hits too, the window's hit ratio takes them out; where nothing tells
+    the hit ratio, the rate stays as counted and says so ("includes_cache_hits")."""
+    if prompt_rate is None:
+        return None, None
+    if not includes_hits:
+        return prompt_rate, "computed"
+    if hit_ratio is not None:
+        return prompt_rate * (1.0 - hit_ratio), "hits_subtracted"
+    return prompt_rate, "includes_cache_hits"
+
+
+def _tokens_per_step(first: Point, last: Point, computed_share: float) -> float | None:
+    """Tokens one engine step ran over the window (physics.moe_tokens_per_step); `computed_share` of the
+    prompt counter's tokens were computed (the rest prefix-cache hits, which run through no expert)."""
+    return physics.moe_tokens_per_step(
+        _scaled(increase(first, last, PROMPT), computed_share), increase(first, last, GENERATION),
+        increase(first, last, STEPS), increase(first, last, ITERATION_TOKENS))
+
+
+def _mean_prompt(first: Point, last: Point) -> float | None:
+    """Mean prompt length of the requests that finished in the window (their histogram's sum / count)."""
+    mean_length = _ratio(increase(first, last, PROMPT_LENGTH_SUM), increase(first, last, PROMPT_LENGTH_COUNT))
+    return mean_length if mean_length is not None and mean_length > 0 else None
+
+
+def _prefills_per_second(first: Point, last: Point, ttft: CorrectedHistogram | None) -> float:
+    """Prefills that produced logits per second: requests that got their first token (TTFT observations),
+    else requests that finished (the prompt-length histogram's count); 0 where neither is on the page."""
+    seconds = last.t - first.t
+    first_tokens = _observation_rate(ttft, seconds)
+    if first_tokens is not None:
+        return first_tokens
+    finished = increase(first, last, PROMPT_LENGTH_COUNT)
+    return max(0.0, finished) / seconds if finished is not None and seconds > 0 else 0.0
+
+
+def _decode_context_layer_tokens(kv_usage: float | None, capacity: float | None, running: float | None,
+                                 constants: TargetConstants | None) -> float | None:
+    """Layer-tokens one running sequence's cache holds (what each of its decode tokens attends to, summed
+    over layers): occupancy x pool tokens x layers a pool token holds / mean running sequences."""
+    if kv_usage is None or capacity is None or not running or running <= 0 or constants is None or constants.model is None:
+        return None
+    return kv_usage * capacity * constants.model.kv_pool_layers(constants.kv_pool_grouped) / running
+
+
+def _draft_passes_per_step(first: Point, last: Point) -> float | None:
+    """Draft-model forward passes per engine step: draft tokens per proposal (k) over the window; every
+    step is taken to draft while any did. None without speculative decoding."""
+    drafts = increase(first, last, DRAFTS)
+    return _ratio(increase(first, last, DRAFT), drafts)
+
+
 def _mbu(
-    constants: TargetConstants | None, live_kv: float | None, steps: float | None, running: float | None
+    constants: TargetConstants | None, live_kv: float | None, steps: float | None, tokens_per_step: float,
+    draft_passes: float | None = None,
 ) -> float | None:
     """None where an input is unknown, the GPU's included: an unknown GPU has no bandwidth peak, and
-    another GPU's would be a wrong denominator (docs/physics.md, section GPU constants)."""
+    another GPU's would be a wrong denominator (docs/physics.md, section GPU constants).
+
+    Weights per step: what a step of `tokens_per_step` tokens reads (MoE: the experts those tokens touch;
+    the input embedding table one row a token; expert parallelism: this copy's share of the experts), plus
+    a draft model's weights once per draft pass."""
     peak = constants.peak_bandwidth if constants is not None else None
     if constants is None or constants.model is None or live_kv is None or steps is None or peak is None:
         return None
-    weights = constants.model.weight_bytes_streamed(running or 1.0)  # MoE: the experts the batch touches
+    weights = constants.model.decode_weight_bytes(tokens_per_step, constants.expert_ranks)
+    if constants.draft is not None and draft_passes:
+        weights += draft_passes * constants.draft.decode_weight_bytes(tokens_per_step)
     return physics.mbu(weights, live_kv, steps, peak)
 
 
-def _mfu(constants: TargetConstants | None, tokens: Mapping[str, float]) -> dict[str, float]:
-    """Empty where the model or the GPU's peak is unknown (see _mbu)."""
+def _mfu(constants: TargetConstants | None, tokens: Mapping[str, float], computed_prefill: float | None,
+         mean_prompt: float | None, hit_ratio: float | None, decode_context: float | None,
+         prefills_per_second: float = 0.0) -> dict[str, float]:
+    """Empty where the model or the GPU's peak is unknown (see _mbu). Per token: 2 x the parameters it
+    multiplies with (not the input embedding table), plus its attention scores and values: a prefill token
+    over the mean prompt's causal triangle (the cached prefix attended to, not recomputed), a decode token
+    over its sequence's cache; the LM head once per prefill, not per prompt token (docs/physics.md, Live
+    ratios)."""
     peak = constants.peak_flops if constants is not None else None
     if constants is None or constants.model is None or peak is None:
         return {}
-    active = constants.model.params_active
-    return {phase: physics.mfu(tps, active, peak) for phase, tps in tokens.items()}
+    model = constants.model
+    linear = physics.FLOPS_PER_PARAM_PER_TOKEN * model.matmul_params_active
+    out = {}
+    if "prefill" in tokens and computed_prefill is not None:
+        attention = 0.0
+        if mean_prompt:
+            cached = mean_prompt * (hit_ratio or 0.0)
+            fresh = mean_prompt - cached
+            attention = model.attention_flops(cached, mean_prompt) / fresh if fresh > 0 else 0.0
+        prompt_linear = physics.FLOPS_PER_PARAM_PER_TOKEN * model.prefill_matmul_params
+        logits = physics.FLOPS_PER_PARAM_PER_TOKEN * model.lm_head_params * prefills_per_second
+        out["prefill"] = (computed_prefill * (prompt_linear + attention) + logits) / peak
+    if "decode" in tokens:
+        attention = model.attention_flops_per_pair * decode_context if decode_context else 0.0
+        out["decode"] = tokens["decode"] * (linear + attention) / peak
+    return out
 
 
 def _decode_intensity(

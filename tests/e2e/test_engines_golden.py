@@ -53,6 +53,8 @@ GAUGE_COUNTERS = {
 # Published constants, written here rather than read from the agent's tables.
 H100_BANDWIDTH, H100_BF16 = 3.35e12, 989e12  # bytes/s and dense FLOP/s of one H100 SXM
 LLAMA3_8B_PARAMS = 8_030_261_248
+LLAMA3_8B_TABLE = 128_256 * 4_096  # the untied input embedding table: a lookup, not multiplied nor streamed
+ATTENTION_PAIR = 2 * 32 * (128 + 128)  # FLOPs of one query token on one cached token, one layer (32 heads of 128)
 # Mixtral-8x7B (config.json: 32 layers, hidden 4096, 32 heads / 8 KV heads of 128, 8 experts of
 # intermediate 14336, top-2, vocab 32000, untied embeddings), bf16:
 MIXTRAL_EXPERT_PARAMS = 32 * 8 * 3 * 4096 * 14336  # 45,097,156,608: every layer's gate/up/down per expert
@@ -198,8 +200,17 @@ def _check_trtllm_tp2(m: Metrics) -> None:
     assert _value(m, "rooflight_tokens_per_second", phase="decode", **series) == pytest.approx(decode, rel=1e-9)
     assert _value(m, "rooflight_tokens_per_second", phase="prefill", **series) == pytest.approx(prefill, rel=1e-9)
     two_gpus = 2 * H100_BF16  # one model copy spans both GPUs: MFU is over both peaks
+    # a decode token attends to its sequence's cache: 0.625 x 4096 x 32 tokens / 12 running, in 32 layers;
+    # no prompt lengths on the page, so no prefill attention; a prompt token skips the LM head (the table's
+    # shape), run once for each of the 320 / GROWTH first tokens in the window
+    context = 0.625 * 4096 * 32 / 12 * 32
+    prefills = 320 / GROWTH / SECONDS
     for phase, rate in (("decode", decode), ("prefill", prefill)):
-        expected = rate * 2 * LLAMA3_8B_PARAMS / two_gpus
+        if phase == "decode":
+            flops = rate * (2 * (LLAMA3_8B_PARAMS - LLAMA3_8B_TABLE) + ATTENTION_PAIR * context)
+        else:
+            flops = rate * 2 * (LLAMA3_8B_PARAMS - 2 * LLAMA3_8B_TABLE) + prefills * 2 * LLAMA3_8B_TABLE
+        expected = flops / two_gpus
         assert _value(m, "rooflight_mfu_ratio", phase=phase, **series) == pytest.approx(expected, rel=1e-9)
     # decode intensity: 12 x 2P / (weights + live KV), whole model (fp8 KV: 2 x 32 x 8 x 128 x 1 bytes/token)
     live_kv = 0.625 * 4096 * 32 * (2 * 32 * 8 * 128 * 1)
@@ -258,19 +269,23 @@ async def test_one_agent_two_engines_mixtral_tp2_and_dp_ranks(fake_engine: FakeE
 
 def _check_mixtral_tp2(m: Metrics) -> None:
     """vllm-cpu-load-c16.prom: 16 running, 508 engine steps, 8096 generated tokens, KV 0.005860090343059454
-    of 1048576 tokens. A decode step reads the shared weights, the experts its 16 sequences touch
-    (1 - (1 - 2/8)^16 of them under uniform routing), and the live KV, against both GPUs' bandwidth."""
+    of 1048576 tokens, 9784 tokens in those steps. A step reads the shared weights but the input table (a row
+    a token of it), the experts its 19.3 tokens touch (1 - (1 - 2/8)^19.3 of them under uniform routing), and
+    the live KV, against both GPUs' bandwidth."""
     series = {"engine": "vllm", "rank": "0", "window": "10s", "target": "ENGINE0"}
     assert _value(m, "rooflight_tensor_parallel_size", target="ENGINE0") == 2
     steps = 508 / GROWTH / SECONDS
-    touched = 1 - (1 - 2 / 8) ** 16
-    read = (2 * MIXTRAL_SHARED_PARAMS + 2 * MIXTRAL_EXPERT_PARAMS * touched
+    step_tokens = 9784 / 508
+    touched = 1 - (1 - 2 / 8) ** step_tokens
+    table = 32000 * 4096
+    read = (2 * (MIXTRAL_SHARED_PARAMS - table) + step_tokens * 4096 * 2 + 2 * MIXTRAL_EXPERT_PARAMS * touched
             + 0.005860090343059454 * 1048576 * MIXTRAL_KV_BYTES_PER_TOKEN)
     assert _value(m, "rooflight_steps_per_second", **series) == pytest.approx(steps, rel=1e-9)
     assert _value(m, "rooflight_mbu_ratio", **series) == pytest.approx(read * steps / (2 * H100_BANDWIDTH), rel=1e-9)
     active = MIXTRAL_SHARED_PARAMS + MIXTRAL_EXPERT_PARAMS * 2 / 8  # 12,879,925,248: two of eight experts
     decode = 8096 / GROWTH / SECONDS
-    expected_mfu = decode * 2 * active / (2 * H100_BF16)
+    context = 0.005860090343059454 * 1048576 / 16 * 32  # layer-tokens a decode token attends to
+    expected_mfu = decode * (2 * (active - table) + ATTENTION_PAIR * context) / (2 * H100_BF16)
     assert _value(m, "rooflight_mfu_ratio", phase="decode", **series) == pytest.approx(expected_mfu, rel=1e-9)
 
 
@@ -283,8 +298,19 @@ def _check_sglang_dp_ranks(m: Metrics) -> None:
     rank1 = {**rank0, "rank": "1"}
     for series, decode in ((rank0, 5000 / GROWTH / SECONDS), (rank1, 2000 / GROWTH / SECONDS)):
         assert _value(m, "rooflight_tokens_per_second", phase="decode", **series) == pytest.approx(decode, rel=1e-9)
-        expected = decode * 2 * LLAMA3_8B_PARAMS / (2 * H100_BF16)
+        # no KV occupancy x capacity on this page to size a decode token's attention: the weights' 2P alone
+        expected = decode * 2 * (LLAMA3_8B_PARAMS - LLAMA3_8B_TABLE) / (2 * H100_BF16)
         assert _value(m, "rooflight_mfu_ratio", phase="decode", **series) == pytest.approx(expected, rel=1e-9)
     assert _value(m, "rooflight_tokens_per_second", phase="prefill", **rank0) == pytest.approx(900 / GROWTH / SECONDS)
     assert _value(m, "rooflight_steps_per_second", **rank0) == pytest.approx(730 / GROWTH / SECONDS)
     assert _value(m, "rooflight_preemptions_per_second", **rank1) == pytest.approx(6 / GROWTH / SECONDS)
+
+
+async def test_vllm_pages_a_hybrid_models_kv_by_attention_type_group(fake_engine: FakeEngine) -> None:
+    """Gemma-2-9B (21 sliding + 21 full layers) behind vLLM: its hybrid KV-cache manager pages one group of
+    21 layers per pool token, so live KV = 0.005860090343059454 x 1,048,576 x 21 x 8,192 B (2 x 8 KV heads
+    x 256 x 2 B a layer), half the all-layer count (docs/physics.md, section Live ratios)."""
+    config = _config([fake_engine.url], **{"0": {"model": "gemma-2-9b"}})
+    text = await _observe([fake_engine], [(VLLM_PAGE, second_page("vllm", VLLM_PAGE))], config)
+    live = _value(_metrics(text), "rooflight_kv_cache_live_bytes", engine="vllm")
+    assert live == pytest.approx(0.005860090343059454 * 1048576 * 21 * 8192, rel=1e-9)

@@ -44,13 +44,17 @@ H100_BANDWIDTH, H100_BF16 = 3.35e12, 989e12  # one H100 SXM: HBM bytes/s, dense 
 A10_BF16 = 125e12  # one A10, dense bf16 FLOP/s
 LLAMA3_8B_PARAMS = 8_030_261_248
 LLAMA3_8B_WEIGHT_BYTES = 2 * LLAMA3_8B_PARAMS  # bf16
+LLAMA3_8B_EMBEDDING = 128_256 * 4_096  # the untied input table: a row a token read, no matmul
 LLAMA3_8B_KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 KV heads of 128, bf16
+LLAMA3_8B_ATTENTION = 2 * 32 * (128 + 128)  # FLOPs a query token spends on one cached token in one layer
 
 # vllm-dp2-tp1.prom, per `engine` (DP rank): running, KV occupancy, KV capacity in tokens, engine steps,
 # generated tokens and computed (not cached) prompt tokens on the first page.
 RANKS = {
-    "0": {"kv": 0.25, "capacity": 320_000, "steps": 5000, "decode": 120_000, "prefill": 30_000},
-    "1": {"kv": 0.1, "capacity": 320_000, "steps": 4000, "decode": 32_000, "prefill": 8_000},
+    "0": {"kv": 0.25, "capacity": 320_000, "steps": 5000, "decode": 120_000, "prefill": 30_000, "running": 24,
+          "step_tokens": 160_000},
+    "1": {"kv": 0.1, "capacity": 320_000, "steps": 4000, "decode": 32_000, "prefill": 8_000, "running": 8,
+          "step_tokens": 40_000},
 }
 
 
@@ -68,17 +72,25 @@ def grown(page: str) -> str:
 
 
 def expected_mbu(rank: str, tp: int) -> float:
-    """(weights + live KV) x steps/s / (HBM peak x TP): docs/physics.md, section MBU."""
+    """(weights a step reads + live KV) x steps/s / (HBM peak x TP): docs/physics.md, section MBU; a step
+    reads the input table's rows of its tokens (iteration tokens / steps), not the whole table."""
     r = RANKS[rank]
     live_kv = r["kv"] * r["capacity"] * LLAMA3_8B_KV_BYTES_PER_TOKEN
     steps = r["steps"] / GROWTH / SECONDS
-    return (LLAMA3_8B_WEIGHT_BYTES + live_kv) * steps / (H100_BANDWIDTH * tp)
+    weights = LLAMA3_8B_WEIGHT_BYTES - 2 * LLAMA3_8B_EMBEDDING + r["step_tokens"] / r["steps"] * 4_096 * 2
+    return (weights + live_kv) * steps / (H100_BANDWIDTH * tp)
 
 
 def expected_mfu(rank: str, phase: str, tp: int, peak: float = H100_BF16) -> float:
-    """tokens/s x 2 x params / (dense peak x TP): docs/physics.md, section MFU."""
-    tokens = RANKS[rank][phase] / GROWTH / SECONDS
-    return tokens * 2 * LLAMA3_8B_PARAMS / (peak * tp)
+    """tokens/s x (2 x params multiplied + attention) / (dense peak x TP): docs/physics.md, sections MFU and
+    Live ratios. The page has no prompt lengths (no prefill attention) and no TTFT (no prefills seen to run
+    the LM head, which a prompt token skips); a decode token attends to its sequence's cache: KV occupancy x
+    capacity / running tokens in each of 32 layers."""
+    r = RANKS[rank]
+    tokens = r[phase] / GROWTH / SECONDS
+    attention = LLAMA3_8B_ATTENTION * 32 * r["kv"] * r["capacity"] / r["running"] if phase == "decode" else 0.0
+    lm_head = LLAMA3_8B_EMBEDDING if phase == "prefill" else 0  # the same 128,256 x 4,096 shape
+    return tokens * (2 * (LLAMA3_8B_PARAMS - LLAMA3_8B_EMBEDDING - lm_head) + attention) / (peak * tp)
 
 
 Metrics = list[tuple[str, dict[str, str], float]]
@@ -157,8 +169,10 @@ async def test_vllm_data_parallel_ranks_are_tp1_each_over_its_own_gpu(fake_engin
         for phase in ("decode", "prefill"):
             got = values(m, "rooflight_mfu_ratio", phase=phase, **series)
             assert got == [pytest.approx(expected_mfu(rank, phase, tp=1), rel=1e-9)]
-    # rank 0 by hand: (16.06 GB + 0.25 x 320,000 x 131,072 B) x 50 steps/s / 3.35 TB/s
-    assert expected_mbu("0", tp=1) == pytest.approx((16_060_522_496 + 10_485_760_000) * 50 / 3.35e12, rel=1e-12)
+    # rank 0 by hand: (16.06 GB - 1.05 GB of input table + 32 rows of 8 KiB + 0.25 x 320,000 x 131,072 B)
+    # x 50 steps/s / 3.35 TB/s
+    assert expected_mbu("0", tp=1) == pytest.approx(
+        (16_060_522_496 - 1_050_673_152 + 262_144 + 10_485_760_000) * 50 / 3.35e12, rel=1e-12)
 
 
 async def test_a_sidecar_exports_its_engines_gpus_and_links_them_to_its_target(fake_engine: FakeEngine) -> None:
