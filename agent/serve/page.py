@@ -9,12 +9,16 @@ app as /metrics, so the web config's TLS and basic auth cover them like every ot
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
 from functools import lru_cache
 from importlib import resources
 
 from aiohttp import web
 
 from rooflight.agent.sampling.sampler import Agent
+from rooflight.agent.serve.roofline_svg import STYLE as SVG_STYLE
 from rooflight.agent.serve.roofline_svg import render_roofline
 from rooflight.agent.serve.status import History, find_target, status_dict
 
@@ -43,8 +47,27 @@ def page_html() -> str:
     return html.replace("/*STATUS_CSS*/", css).replace("/*STATUS_JS*/", js)
 
 
+def _sha256(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+@lru_cache(maxsize=1)
+def page_csp() -> str:
+    """The page's Content-Security-Policy: its own inline script and styles by hash (and the chart's style,
+    which arrives inside the fetched SVG), fetches to this agent only, no frames, forms or plugins."""
+    html = page_html()
+    scripts = [_sha256(m) for m in re.findall(r"<script>(.*?)</script>", html, re.S)]
+    styles = [_sha256(m) for m in re.findall(r"<style>(.*?)</style>", html, re.S)] + [_sha256(SVG_STYLE)]
+    return (f"default-src 'none'; script-src {' '.join(scripts)}; style-src {' '.join(styles)}; "
+            "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+SVG_CSP = f"default-src 'none'; style-src {_sha256(SVG_STYLE)}; frame-ancestors 'none'"
+
+
 async def status_page(request: web.Request) -> web.Response:
-    return web.Response(text=page_html(), content_type="text/html", charset="utf-8")
+    return web.Response(text=page_html(), content_type="text/html", charset="utf-8",
+                        headers={"Content-Security-Policy": page_csp()})
 
 
 def _status(request: web.Request) -> dict:
@@ -64,4 +87,4 @@ async def roofline_svg(request: web.Request) -> web.Response:
     if target is None and name is not None:
         raise web.HTTPNotFound(text="no such target\n")
     return web.Response(text=render_roofline(target), content_type="image/svg+xml", charset="utf-8",
-                        headers=NO_STORE)
+                        headers={**NO_STORE, "Content-Security-Policy": SVG_CSP})

@@ -63,9 +63,24 @@ def build_app(agent: Agent, *, manage_agent: bool = True, collectors: Sequence[C
     app.router.add_get("/-/healthy", healthy)
     app.router.add_get("/-/ready", ready)
     app.router.add_get("/api/v1/snapshot", snapshot_json)
+    app.on_response_prepare.append(_security_headers)
     if manage_agent:
         app.cleanup_ctx.append(_agent_lifecycle)
     return app
+
+
+# On every answer (a handler's own CSP, the status page's, wins; so does a web config's http_server_config):
+# nothing the agent serves runs script or may be framed, and no browser guesses a type the agent did not send.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+}
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
 
 
 # /metrics is rendered on one thread of its own, never on the event loop: a big page (many engine series,
@@ -295,7 +310,7 @@ class _Handler(RequestHandler):
             return super().handle_error(request, status, exc, message)
         status, reason = self._refusal(exc)
         REFUSALS.note(f"{status} {reason}", request.remote)
-        response = web.Response(status=status, text=f"{reason}\n")
+        response = web.Response(status=status, text=f"{reason}\n", headers=SECURITY_HEADERS)
         response.force_close()
         return response
 
