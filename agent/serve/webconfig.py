@@ -333,6 +333,7 @@ class FailureLimiter:
 
 
 OK, DENIED, LIMITED = 200, 401, 429
+WEB_HEADERS = web.RequestKey("web_headers", Mapping)  # where the server finds http_server_config.headers
 
 
 class BasicAuth:
@@ -523,6 +524,7 @@ class WebSecurity:
     ) -> web.StreamResponse:
         self.maybe_reload()
         config = self.config
+        request[WEB_HEADERS] = config.headers  # a streamed answer is sent before this returns: see server.py
         status = OK
         if config.users:
             client = request.remote or ""
