@@ -166,3 +166,74 @@ async def test_a_client_that_never_reads_is_closed_at_the_send_deadline(monkeypa
         assert got < len(PAGE) / 2, got  # closed midway, not held open until it read everything
         assert time.monotonic() - start < 10
         assert await _scrape_from("127.0.0.1", port) == 200  # a reading client still gets the page
+
+
+# -- 11. /api/v1/status: bounded, built once per snapshot, off the event loop -----------------------------
+def many_models_page(models: int) -> str:
+    """The recorded vLLM page with each of its model's series repeated for `models` model names."""
+    from support import ROOT
+
+    out = []
+    for line in (ROOT / "tests" / "fixtures" / "engine-samples" / "vllm-cpu-load-c16.prom").read_text().splitlines():
+        if 'model_name="tiny-llama"' in line and not line.startswith("#"):
+            out += [line.replace('model_name="tiny-llama"', f'model_name="m{i:03d}"') for i in range(models)]
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+async def test_status_history_shares_a_total_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    import aiohttp
+
+    from rooflight.agent.serve import status
+    from support import FakeEngine, started_agent
+
+    monkeypatch.setattr(status, "HISTORY_TOTAL_POINTS", 64, raising=False)
+    engine = FakeEngine(body=many_models_page(16))
+    await engine.start()
+    config = build({}, {}, {"engine_url": [engine.url], "nvml": False, "process": False, "interval": "1",
+                            "windows": "10s", "scrape_timeout": "2"})
+    try:
+        async with started_agent(config, loops=False) as agent:
+            port = free_port()
+            async with serve_task(agent, port), aiohttp.ClientSession() as s:
+                await asyncio.sleep(0.3)
+                for _ in range(20):
+                    await agent.sample_engines_once()
+                    async with s.get(f"http://127.0.0.1:{port}/api/v1/status") as r:
+                        body = await r.json()
+        series = [x for t in body["targets"] for x in t["series"]]
+        points = sum(len(x["history"]["t"]) for x in series)
+        assert len(series) >= 16  # 16 models, a series per model and engine
+        assert points <= len(series) * 8, points  # 64 shared, MIN_POINTS (8) at least each; before: 20 each
+        assert all(len(x["history"]["t"]) >= 2 for x in series)
+    finally:
+        await engine.stop()
+
+
+async def test_pollers_share_one_status_build_made_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    import aiohttp
+
+    from rooflight.agent.serve import page
+
+    builds: list[str] = []
+    real = page.status_dict
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        builds.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(page, "status_dict", spy)
+    async with _serving() as port, aiohttp.ClientSession() as s:
+        async def poll() -> None:
+            for _ in range(20):
+                async with s.get(f"http://127.0.0.1:{port}/api/v1/status") as r:
+                    assert r.status == 200
+                    await r.read()
+
+        await asyncio.gather(*(poll() for _ in range(10)))
+    # the agent's snapshot changes at most once a second (1 s interval, failing engine): 200 polls, a few builds
+    assert 1 <= len(builds) <= 20, len(builds)
+    assert threading.main_thread().name not in builds, builds
