@@ -33,6 +33,7 @@ def _fill(h: SeriesHistory, seconds: int) -> None:
 
 def test_one_series_of_big_histograms_keeps_within_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(windows, "HISTOGRAM_BYTES_PER_SERIES", 256 * 1024, raising=False)
+    monkeypatch.setattr(windows, "HISTOGRAM_BYTES_TOTAL", 2**40, raising=False)  # other tests' histories aside
     h = SeriesHistory(retention=330, dense=15)
     _fill(h, 660)
     held = sum(8 * len(c.counts) for p in h.points() for c in p.histograms.values())
