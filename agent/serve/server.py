@@ -214,7 +214,9 @@ async def send_page(request: web.Request, body: bytes, headers: dict[str, str]) 
         REFUSALS.note(f"did not read /metrics within {SEND_SECONDS:g} s; closed", request.remote)
         if request.transport is not None:
             request.transport.abort()
-        raise ConnectionResetError("client too slow") from None
+        return response  # aiohttp takes the closed transport as a client gone, quietly
+    except ConnectionError:  # the client went away mid-page: nothing to answer, nothing to log
+        return response
     await response.write_eof()
     return response
 
