@@ -345,7 +345,8 @@ class RefusalLog:
 
 REFUSALS = RefusalLog()
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 21\r\n"
-         b"Connection: close\r\n\r\ntoo many connections\n")
+         + "".join(f"{k}: {v}\r\n" for k, v in SECURITY_HEADERS.items()).encode()
+         + b"Connection: close\r\n\r\ntoo many connections\n")
 
 
 class _Handler(RequestHandler):

@@ -114,6 +114,10 @@ async def test_one_address_alone_is_still_capped() -> None:
         await asyncio.sleep(0.1)
         try:
             assert await _scrape_from("127.0.0.2", port) == 503
+            reader, writer = await _open_from("127.0.0.2", port)
+            refused = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            assert b"X-Content-Type-Options: nosniff" in refused and b"X-Frame-Options: DENY" in refused
             assert await _scrape_from("127.0.0.1", port) == 200  # another address takes one of the idle four
         finally:
             for _, writer in held:
