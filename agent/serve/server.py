@@ -205,6 +205,9 @@ async def send_page(request: web.Request, body: bytes, headers: dict[str, str]) 
     response = web.StreamResponse(headers=headers)
     response.content_length = len(body)
     await response.prepare(request)
+    if request.method == "HEAD":  # the headers alone: a body would be read as the next answer
+        await response.write_eof()
+        return response
     view = memoryview(body)
     try:
         async with asyncio.timeout(SEND_SECONDS):

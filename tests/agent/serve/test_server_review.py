@@ -240,3 +240,27 @@ async def test_pollers_share_one_status_build_made_off_the_event_loop(monkeypatc
     # the agent's snapshot changes at most once a second (1 s interval, failing engine): 200 polls, a few builds
     assert 1 <= len(builds) <= 20, len(builds)
     assert threading.main_thread().name not in builds, builds
+
+
+async def test_head_and_every_encoding_of_metrics_answer_well() -> None:
+    """/metrics is sent by hand now (a chunk at a time): HEAD gets no body, gzip only when asked."""
+    import gzip
+
+    import aiohttp
+
+    async with _serving() as port, aiohttp.ClientSession(auto_decompress=False) as s:
+        url = f"http://127.0.0.1:{port}/metrics"
+        async with s.head(url, headers={"Accept-Encoding": "gzip"}) as r:
+            assert r.status == 200 and int(r.headers["Content-Length"]) > 0
+            assert await r.read() == b""
+        async with s.get(url, headers={"Accept-Encoding": "gzip"}) as r:  # the same connection, still in step
+            assert r.headers["Content-Encoding"] == "gzip"
+            assert b"rooflight_build_info" in gzip.decompress(await r.read())
+        for encoding in ("identity", "gzip;q=0", ""):
+            async with s.get(url, headers={"Accept-Encoding": encoding}) as r:
+                assert "Content-Encoding" not in r.headers, encoding
+                assert b"rooflight_build_info" in await r.read()
+        async with s.get(url, headers={"Accept": "application/openmetrics-text; version=1.0.0",
+                                       "Accept-Encoding": "identity"}) as r:
+            assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+            assert (await r.read()).rstrip().endswith(b"# EOF")
