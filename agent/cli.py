@@ -192,11 +192,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.web_config:
         from rooflight.agent.serve.webconfig import WebSecurity
 
-        security = WebSecurity(config.web_config)  # a bad file stops the start here: exit 2
-    elif not _loopback(config.listen_host):
-        log.warning("listening on %s with no web config: anyone who can reach it reads /metrics and the status"
-                    " page; give --web-config (TLS, basic auth) or listen on 127.0.0.1 (docs/security.md)",
-                    config.listen)
+        security = WebSecurity(config.web_config)  # a bad or empty file stops the start here: exit 2
+    if (security is None or not security.config.users) and not _loopback(config.listen_host):
+        log.warning("listening on %s with %s: anyone who can reach it reads /metrics and the status"
+                    " page; give --web-config with basic_auth_users, or listen on 127.0.0.1 (docs/security.md)",
+                    config.listen, "no web config" if security is None else "a web config without basic_auth_users")
     if args.check_only:
         print(f"configuration ok: {len(config.targets)} target(s), listen {config.listen}{_proxy_line(proxy)}")
         return 0

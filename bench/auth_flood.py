@@ -6,7 +6,8 @@ page (so /metrics is well over aiohttp's 4 KiB gzip-in-a-thread threshold). This
 clients that send a wrong password back to back, and one scraper that sends the right one with
 `Accept-Encoding: gzip`, as Prometheus does, for a bounded time; over HTTP, then over TLS.
 
-Reports, per mode: the scraper's p50/p99/max latency, the bad clients' requests per second and the
+Reports, per mode: the scraper's p50/p99/max latency (and, measured first on the same agent for half as
+long, its p50/p99 with no flood: the baseline, and the flood's p99 over it), the bad clients' requests per second and the
 statuses they got (401 after a bcrypt check, 429 once their IP is over the failure limit).
 
     python bench/auth_flood.py --bad-clients 40 --seconds 10
@@ -133,7 +134,6 @@ async def _bad_client(url: str, ssl_ctx: ssl.SSLContext | bool, n: int, stop: fl
 async def _flood(url: str, ssl_ctx: ssl.SSLContext | bool, bad_clients: int, seconds: float,
                  every: float) -> dict[str, Any]:
     headers = {**_basic("prometheus", PASSWORD), "Accept-Encoding": "gzip"}
-    latencies: list[float] = []
     statuses: dict[int, int] = {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60), headers=headers,
                                      auto_decompress=True) as good:
@@ -141,16 +141,11 @@ async def _flood(url: str, ssl_ctx: ssl.SSLContext | bool, bad_clients: int, sec
             assert r.status == 200, r.status
             assert r.headers.get("Content-Encoding") == "gzip", "the scrape was not gzipped"
             size = len(await r.read())
+        quiet = await _scrapes(good, url, ssl_ctx, time.monotonic() + seconds / 2, every)  # the baseline, no flood
         stop = time.monotonic() + seconds
         tasks = [asyncio.create_task(_bad_client(url, ssl_ctx, n, stop, statuses)) for n in range(bad_clients)]
         await asyncio.sleep(min(1.0, seconds / 4))  # let the flood build up first
-        while time.monotonic() < stop:
-            start = time.monotonic()
-            async with good.get(url, ssl=ssl_ctx) as r:
-                await r.read()
-                assert r.status == 200, f"the authenticated scrape got {r.status}"
-            latencies.append(time.monotonic() - start)
-            await asyncio.sleep(every)
+        latencies = await _scrapes(good, url, ssl_ctx, stop, every)
         await asyncio.gather(*tasks)
     bad = sum(statuses.values())
     return {
@@ -159,9 +154,26 @@ async def _flood(url: str, ssl_ctx: ssl.SSLContext | bool, bad_clients: int, sec
         "scrape_p50_ms": round(1000 * percentile(latencies, 50), 1),
         "scrape_p99_ms": round(1000 * percentile(latencies, 99), 1),
         "scrape_max_ms": round(1000 * max(latencies), 1) if latencies else float("nan"),
+        "no_flood_p50_ms": round(1000 * percentile(quiet, 50), 1),
+        "no_flood_p99_ms": round(1000 * percentile(quiet, 99), 1),
+        "p99_over_no_flood": round(percentile(latencies, 99) / percentile(quiet, 99), 2) if quiet else float("nan"),
         "bad_requests_per_s": round(bad / seconds, 1),
         "bad_statuses": {str(k): v for k, v in sorted(statuses.items())},
     }
+
+
+async def _scrapes(good: aiohttp.ClientSession, url: str, ssl_ctx: ssl.SSLContext | bool, stop: float,
+                   every: float) -> list[float]:
+    """Authenticated gzip scrapes every `every` s until `stop`: their latencies."""
+    latencies = []
+    while time.monotonic() < stop:
+        start = time.monotonic()
+        async with good.get(url, ssl=ssl_ctx) as r:
+            await r.read()
+            assert r.status == 200, f"the authenticated scrape got {r.status}"
+        latencies.append(time.monotonic() - start)
+        await asyncio.sleep(every)
+    return latencies
 
 
 async def run(bad_clients: int = 40, seconds: float = 10.0, cost: int = 12, modes: tuple[str, ...] = ("http", "tls"),

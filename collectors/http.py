@@ -98,16 +98,22 @@ async def fetch_json(
 
 
 def _public(url: str) -> str:
-    """The URL as messages show it: without user:password."""
+    """The URL as messages show it: without user:password, query (`?token=...`) or fragment."""
     scheme, sep, rest = url.partition("://")
-    netloc, slash, path = rest.partition("/")
-    return f"{scheme}{sep}{netloc.rpartition('@')[2]}{slash}{path}" if sep else url
+    if not sep:
+        return url.partition("#")[0].partition("?")[0]
+    netloc, slash, path = rest.partition("#")[0].partition("?")[0].partition("/")
+    return f"{scheme}{sep}{netloc.rpartition('@')[2]}{slash}{path}"
 
 
 def _scrub(text: str, url: str) -> str:
-    """A library's error text with the URL's user:password, if any, masked."""
-    userinfo = url.partition("://")[2].partition("/")[0].rpartition("@")[0]
-    return text.replace(userinfo, "***") if userinfo else text
+    """A library's error text with the URL's user:password, query and fragment, if any, masked."""
+    before_fragment, _, fragment = url.partition("#")
+    query = before_fragment.partition("?")[2]
+    userinfo = url.partition("://")[2].partition("/")[0].partition("?")[0].partition("#")[0].rpartition("@")[0]
+    for secret in sorted((s for s in (userinfo, query, fragment) if s), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 async def _read_capped(response: aiohttp.ClientResponse, max_bytes: int, url: str) -> bytes:

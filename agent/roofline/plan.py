@@ -505,7 +505,9 @@ LIVE_NAMES = {
     "capacity_phase": "rooflight_capacity_phase_tokens_per_second",
     "cost": "rooflight_cost_per_million_tokens", "joule": "rooflight_tokens_per_joule",
 }
-MAX_LIVE_BYTES = 16 * 1024 * 1024
+MAX_LIVE_BYTES = 16 * 1024 * 1024  # read at most this of a page ...
+MAX_LIVE_KEPT_BYTES = 4 * 1024 * 1024  # ... and keep at most this of its lines of LIVE_NAMES (an agent: ~1 MB)
+_LIVE_CHUNK = 64 * 1024
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -593,12 +595,23 @@ def _put(fields: dict[str, Any], kind: str, labels: dict[str, str], value: float
         fields["binding"] = labels.get("resource")
 
 
+def _shown(text: object) -> str:
+    """A label value as a terminal may print it: characters that are not printable (escape sequences that
+    retitle, clear or rewrite the screen, line breaks that forge lines) are shown as \\xNN / \\uNNNN."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def format_live(series: list[LiveSeries]) -> str:
+    """The live signals as text; every label value from the page goes through _shown (the agent may be hostile)."""
     if not series:
         return "The agent serves no windowed signals yet (no engine sampled, or its windows not yet covered)."
     lines = []
     for s in series:
-        lines.append(f"{s.target} ({s.engine}, {s.model}, rank {s.rank}), window {s.window}, role {s.role or '?'}")
+        lines.append(f"{_shown(s.target)} ({_shown(s.engine)}, {_shown(s.model)}, rank {_shown(s.rank)}), window "
+                     f"{_shown(s.window)}, role {_shown(s.role or '?')}")
         tps = s.tokens_per_second
         mix = s.mix()
         if s.requests_per_second is not None:
@@ -606,68 +619,124 @@ def format_live(series: list[LiveSeries]) -> str:
             lines.append(f"  now                     {sig(s.requests_per_second)} req/s; "
                          f"{sig(tps.get('prefill', 0.0))} prefill + {sig(tps.get('decode', 0.0))} decode tok/s{each}")
         if s.capacity_requests_per_second is not None:
-            alone = ", ".join(f"{sig(v)} {k}" for k, v in s.capacity_phase_tokens_per_second.items())
+            alone = ", ".join(f"{sig(v)} {_shown(k)}" for k, v in s.capacity_phase_tokens_per_second.items())
             lines.append(f"  capacity at this mix    {sig(s.capacity_requests_per_second)} req/s, "
                          f"{sig(s.capacity_decode_tokens_per_second or 0.0)} decode tok/s before the first wall"
                          + (f" (one phase alone: {alone} tok/s)" if alone else ""))
         if s.headroom:
-            lines.append("  headroom                " + ", ".join(f"{k} {v:.2f}" for k, v in s.headroom.items()))
+            lines.append("  headroom                " + ", ".join(f"{_shown(k)} {v:.2f}" for k, v in s.headroom.items()))
         if s.saturation is not None:
-            lines.append(f"  saturation              {s.saturation:.2f} (binding: {s.binding or '?'})")
+            lines.append(f"  saturation              {s.saturation:.2f} (binding: {_shown(s.binding or '?')})")
         for phase, cost in s.cost_per_million_tokens.items():
-            lines.append(f"  cost                    {sig(cost)} per 1M {phase} tokens")
+            lines.append(f"  cost                    {sig(cost)} per 1M {_shown(phase)} tokens")
         for phase, tpj in s.tokens_per_joule.items():
-            lines.append(f"  energy                  {sig(tpj)} {phase} tokens per joule")
+            lines.append(f"  energy                  {sig(tpj)} {_shown(phase)} tokens per joule")
     return "\n".join(lines)
 
 
-def _no_redirects() -> Any:
-    """A urllib handler that answers a 3xx as the HTTPError it is and never follows it (imported late: the
-    CLI's start stays quick)."""
-    import urllib.request
-
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
-            return None
-
-    return NoRedirect()
-
-
 def fetch_live(url: str, timeout: float = 10.0) -> str:
-    """The agent's /metrics (at `url`, or `url`/metrics when the URL has no path); ConfigError if unreadable.
+    """The lines of LIVE_NAMES on the agent's /metrics (at `url`, or `url`/metrics when the URL has no path);
+    ConfigError if unreadable.
 
-    A user:password in the URL is sent as basic auth and never printed."""
+    Bounded against a hostile server: `timeout` is the deadline of the whole exchange, not of each read
+    (a byte every few seconds cannot keep it going), at most MAX_LIVE_BYTES are read, and only the lines
+    live_series reads are kept, at most MAX_LIVE_KEPT_BYTES of them. A user:password in the URL is sent as
+    basic auth and never printed; a redirect is not followed (it would carry the credentials elsewhere)."""
     import base64
-    import urllib.error
-    import urllib.request
+    import http.client
+    import socket
+    import threading
     from urllib.parse import urlsplit, urlunsplit
 
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
         raise ConfigError("--from-live: write the agent's URL, e.g. http://127.0.0.1:9746")
-    netloc = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
+    netloc = parts.hostname if port is None else f"{parts.hostname}:{port}"
     path = parts.path if parts.path not in ("", "/") else "/metrics"
     shown = urlunsplit((parts.scheme, netloc, path, "", ""))
-    request = urllib.request.Request(urlunsplit((parts.scheme, netloc, path, parts.query, "")),
-                                     headers={"Accept": "text/plain"})
+    headers = {"Accept": "text/plain", "Host": netloc}
     if parts.username is not None:
         token = f"{parts.username}:{parts.password or ''}".encode()
-        request.add_header("Authorization", "Basic " + base64.b64encode(token).decode())
-    opener = urllib.request.build_opener(_no_redirects())  # a redirect would carry the Authorization elsewhere
+        headers["Authorization"] = "Basic " + base64.b64encode(token).decode()
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = kind(parts.hostname, port, timeout=timeout)
+    expired = threading.Event()
+
+    def expire() -> None:  # the deadline: whatever read is waiting ends now
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
     try:
-        with opener.open(request, timeout=timeout) as response:
-            body = response.read(MAX_LIVE_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        if 300 <= exc.code < 400:
-            raise ConfigError(f"--from-live {shown}: HTTP {exc.code}, a redirect; not followed (it could send the"
-                              " credentials to another server): give the agent's own URL") from None
-        raise ConfigError(f"--from-live {shown}: HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ConfigError(f"--from-live {shown}: cannot read it ({type(reason).__name__})") from None
-    if len(body) > MAX_LIVE_BYTES:
-        raise ConfigError(f"--from-live {shown}: larger than {MAX_LIVE_BYTES // (1024 * 1024)} MiB; not an agent's page")
-    return body.decode("utf-8", errors="replace")
+        conn.request("GET", urlunsplit(("", "", path, parts.query, "")), headers=headers)
+        response = conn.getresponse()
+        if 300 <= response.status < 400:
+            raise ConfigError(f"--from-live {shown}: HTTP {response.status}, a redirect; not followed (it could send"
+                              " the credentials to another server): give the agent's own URL")
+        if response.status != 200:
+            raise ConfigError(f"--from-live {shown}: HTTP {response.status}")
+        kept = _wanted_lines(response, shown, expired)
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set():
+            raise ConfigError(f"--from-live {shown}: no whole answer within {timeout:g} s") from None
+        raise ConfigError(f"--from-live {shown}: cannot read it ({type(exc).__name__})") from None
+    finally:
+        timer.cancel()
+        conn.close()
+    if expired.is_set():
+        raise ConfigError(f"--from-live {shown}: no whole answer within {timeout:g} s")
+    return kept
+
+
+def _wanted_lines(response: Any, shown: str, expired: Any) -> str:
+    """The page's lines that name one of LIVE_NAMES (samples and their # TYPE / # HELP), read a chunk at a time."""
+    names = tuple(LIVE_NAMES.values())
+    kept: list[bytes] = []
+    size = held = 0
+    rest = b""
+    while not expired.is_set():
+        chunk = response.read1(_LIVE_CHUNK)
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > MAX_LIVE_BYTES:
+            raise ConfigError(f"--from-live {shown}: larger than {MAX_LIVE_BYTES // (1024 * 1024)} MiB; not an agent's page")
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            if _names_one_of(line, names):
+                held += len(line) + 1
+                if held > MAX_LIVE_KEPT_BYTES:
+                    raise ConfigError(f"--from-live {shown}: more than {MAX_LIVE_KEPT_BYTES // (1024 * 1024)} MiB of"
+                                      " signal lines; not an agent's page")
+                kept.append(line)
+        if len(rest) > MAX_LIVE_KEPT_BYTES:
+            raise ConfigError(f"--from-live {shown}: a line longer than {MAX_LIVE_KEPT_BYTES // (1024 * 1024)} MiB;"
+                              " not an agent's page")
+    if rest and _names_one_of(rest, names):
+        kept.append(rest)
+    return b"\n".join(kept).decode("utf-8", errors="replace") + "\n"
+
+
+def _names_one_of(line: bytes, names: tuple[str, ...]) -> bool:
+    text = line[:200].decode("utf-8", errors="replace")
+    if text.startswith(("# TYPE ", "# HELP ")):
+        text = text[7:]
+    for name in names:
+        if text.startswith(name) and text[len(name):len(name) + 1] in ("{", " "):
+            return True
+    return False
 
 
 def run_capacity(args: argparse.Namespace) -> int:

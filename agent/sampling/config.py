@@ -353,6 +353,7 @@ def build(file_settings: Mapping[str, Any], env: Mapping[str, Any], flags: Mappi
     """Merge the three layers (flags win) and validate."""
     merged: dict[str, Any] = {}
     for layer in (file_settings, env, flags):
+        _check_names(layer)
         merged.update({k: v for k, v in layer.items() if v is not None})
     unknown = set(merged) - _AGENT_KEYS - _TARGET_KEYS - {"targets", "engine_url", "config", "target_name"}
     if unknown:
@@ -527,6 +528,24 @@ def _check_detectors(thresholds: Mapping[str, float]) -> None:
     DetectorThresholds(**thresholds)  # its own checks raise ConfigError with the reason
 
 
+def _check_names(settings: Any, where: str = "") -> None:
+    """Every setting name is text: a YAML key like `1:` or `null:` is a ConfigError, not a TypeError later."""
+    if not isinstance(settings, Mapping):
+        raise ConfigError(f"{where or 'the settings'}: must be a mapping of setting names to values")
+    odd = sorted({type(k).__name__ for k in settings if not isinstance(k, str)})
+    if odd:
+        raise ConfigError(f"{where or 'the settings'}: a setting name must be text, not {', '.join(odd)};"
+                          " check the config file's indentation and keys")
+
+
+def _shape(entry: Any) -> str:
+    """What a bad `targets` entry is, without its values (a URL there may carry a password or a token)."""
+    if isinstance(entry, Mapping):
+        keys = ", ".join(sorted(repr(k)[:40] for k in entry)[:10])
+        return f"a mapping with keys {keys}" if keys else "an empty mapping"
+    return f"a {type(entry).__name__}"
+
+
 def _targets(merged: Mapping[str, Any], shared: Mapping[str, Any]) -> tuple[TargetConfig, ...]:
     entries: list[Mapping[str, Any]] = []
     listed = merged.get("targets") or []
@@ -534,7 +553,7 @@ def _targets(merged: Mapping[str, Any], shared: Mapping[str, Any]) -> tuple[Targ
         raise ConfigError("`targets` must be a list of mappings, each with a `url`")
     for entry in listed:
         if not isinstance(entry, Mapping) or "url" not in entry:
-            raise ConfigError(f"each entry of `targets` needs a `url`, got {entry!r}")
+            raise ConfigError(f"each entry of `targets` needs a `url`, got {_shape(entry)}")
         entries.append(entry)
     urls = merged.get("engine_url") or []
     if not isinstance(urls, (str, list, tuple)) or not all(isinstance(u, str) for u in ([urls] if isinstance(urls, str) else urls)):

@@ -39,6 +39,7 @@ from rooflight.agent.signals.detectors import (
     Verdicts,
     evaluate,
 )
+from rooflight.agent.signals.bounds import within_physics
 from rooflight.agent.signals.headroom import SignalSettings, role_for
 from rooflight.agent.sampling.health import KV_USAGE_OUT_OF_RANGE, SourceState
 from rooflight.agent.metrics.snapshot import SeriesView, TargetView
@@ -363,8 +364,9 @@ class EngineLoop:
     def _series_view(self, series: EngineSeries, constants: TargetConstants, count_dropped: bool = False) -> SeriesView:
         key = (series.model, series.rank)
         history = self._histories.get(key)
-        windows = (self._shortest_window(series, history, constants, count_dropped)
-                   + self._longer_windows(key, series, history, constants, count_dropped))
+        windows = tuple(within_physics(w, constants) for w in (
+            self._shortest_window(series, history, constants, count_dropped)
+            + self._longer_windows(key, series, history, constants, count_dropped)))
         batch_max = _first(self.target.batch_max, series.batch_max_requests, self.hints.batch_max_requests)
         live = derive.live_kv_bytes(series.kv_usage_ratio, series.kv_capacity_tokens, constants)
         tail = self._itl_tail(series, history)

@@ -5,7 +5,9 @@ rises to the ridge point and meets the flat compute roof (peak FLOP/s); the live
 points and `rooflight plan`'s ceilings for the current batch sit under them. The same markup is served
 at /roofline.svg (a Grafana text panel, a wiki) and inlined into the status page, so both show one chart.
 
-Every text is escaped; colours are the Okabe-Ito palette (colour-blind safe) and follow the reader's
+Every text is escaped, and characters XML 1.0 forbids (C0 controls but tab and line breaks, C1 controls,
+lone surrogates, U+FFFE/U+FFFF) are shown as U+FFFD, so a model or target name holding them cannot make
+the chart ill-formed (a browser then draws nothing); colours are the Okabe-Ito palette (colour-blind safe) and follow the reader's
 light or dark scheme; markers differ by shape as well as colour. Elements carry `data-intensity` and
 `data-flops` so a test (or a script) can read the plotted values back.
 """
@@ -13,6 +15,7 @@ light or dark scheme; markers differ by shape as well as colour. Elements carry 
 from __future__ import annotations
 
 import math
+import re
 from html import escape
 from typing import Any, Iterable, Mapping
 
@@ -37,6 +40,14 @@ STYLE = """
 .rl-roofline .rl-cap{fill:none;stroke:var(--rl-cap);stroke-width:2}
 .rl-roofline .rl-gap{stroke:var(--rl-ceiling);stroke-width:1.5;stroke-dasharray:2 3}
 """
+
+
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+
+
+def _text(value: object) -> str:
+    """`value` as XML character data or an attribute value: escaped, and characters XML forbids replaced."""
+    return escape(_NOT_XML.sub("\ufffd", str(value)))
 
 
 def _log(x: float) -> float:
@@ -111,12 +122,12 @@ def _grid(scale: _Scale) -> list[str]:
         x = scale.x(10.0 ** e)
         out.append(f'<line class="rl-grid" x1="{_f(x)}" y1="{TOP}" x2="{_f(x)}" y2="{HEIGHT - BOTTOM}"/>')
         out.append(f'<text class="rl-muted" x="{_f(x)}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">'
-                   f'{escape(_tick_label(e))}</text>')
+                   f'{_text(_tick_label(e))}</text>')
     for e in range(math.ceil(scale.y_lo), math.floor(scale.y_hi) + 1):
         y = scale.y(10.0 ** e)
         out.append(f'<line class="rl-grid" x1="{LEFT}" y1="{_f(y)}" x2="{WIDTH - RIGHT}" y2="{_f(y)}"/>')
         out.append(f'<text class="rl-muted" x="{LEFT - 6}" y="{_f(y + 4)}" text-anchor="end">'
-                   f'{escape(_tick_label(e))}</text>')
+                   f'{_text(_tick_label(e))}</text>')
     out.append(f'<line class="rl-axis" x1="{LEFT}" y1="{HEIGHT - BOTTOM}" x2="{WIDTH - RIGHT}" '
                f'y2="{HEIGHT - BOTTOM}"/>')
     out.append(f'<line class="rl-axis" x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{HEIGHT - BOTTOM}"/>')
@@ -135,14 +146,14 @@ def _roofs(scale: _Scale, roof: Mapping[str, Any]) -> list[str]:
     return [
         f'<polyline class="rl-roof" data-peak-flops="{peak!r}" data-peak-bandwidth="{bw!r}" '
         f'points="{_f(scale.x(x0))},{_f(scale.y(x0 * bw))} {_f(rx)},{_f(ry)} {_f(scale.x(x1))},{_f(ry)}">'
-        f'<title>memory roof {escape(si(bw, "B/s"))}, compute roof {escape(si(peak, "FLOP/s"))}</title></polyline>',
+        f'<title>memory roof {_text(si(bw, "B/s"))}, compute roof {_text(si(peak, "FLOP/s"))}</title></polyline>',
         f'<line class="rl-ridge" data-intensity="{ridge!r}" x1="{_f(rx)}" y1="{_f(ry)}" x2="{_f(rx)}" '
         f'y2="{HEIGHT - BOTTOM}"/>',
-        f'<text class="rl-muted" x="{_f(rx + 4)}" y="{HEIGHT - BOTTOM - 6}">ridge {escape(si(ridge))} FLOP/B</text>',
+        f'<text class="rl-muted" x="{_f(rx + 4)}" y="{HEIGHT - BOTTOM - 6}">ridge {_text(si(ridge))} FLOP/B</text>',
         f'<text class="rl-muted" x="{_f(scale.x(x1) - 4)}" y="{_f(ry - 6)}" text-anchor="end">'
-        f'compute roof {escape(si(peak, "FLOP/s"))}</text>',
+        f'compute roof {_text(si(peak, "FLOP/s"))}</text>',
         f'<text class="rl-muted" x="{_f(scale.x(x0) + 6)}" y="{_f(scale.y(x0 * bw) - 8)}">'
-        f'memory roof {escape(si(bw, "B/s"))}</text>',
+        f'memory roof {_text(si(bw, "B/s"))}</text>',
     ]
 
 
@@ -211,13 +222,13 @@ def _plotted(scale: _Scale, points: list[tuple[str, str, Mapping[str, Any]]]) ->
         x, y = scale.x(p["intensity"]), scale.y(p["flops"])
         text = _short(k, p) + (f" ({lbl})" if lbl and k == "decode" else "")
         tx, ty, anchor = _label_at(x, y, text, taken)
-        labels.append(f'<text x="{_f(tx)}" y="{_f(ty)}" text-anchor="{anchor}">{escape(text)}</text>')
+        labels.append(f'<text x="{_f(tx)}" y="{_f(ty)}" text-anchor="{anchor}">{_text(text)}</text>')
     for k, lbl, p in placed:
         x, y = scale.x(p["intensity"]), scale.y(p["flops"])
-        data = (f' data-kind="{k}" data-series="{escape(lbl)}" data-intensity="{p["intensity"]!r}"'
+        data = (f' data-kind="{k}" data-series="{_text(lbl)}" data-intensity="{p["intensity"]!r}"'
                 f' data-flops="{p["flops"]!r}"')
         out.append(f'<g class="rl-point rl-point-{k}"{data}>{_marker(k, x, y)}>'
-                   f'<title>{escape(_describe(k, lbl, p))}</title></{_tag(k)}></g>')
+                   f'<title>{_text(_describe(k, lbl, p))}</title></{_tag(k)}></g>')
     return out + labels
 
 
@@ -241,8 +252,8 @@ def _legend() -> str:
 
 def _frame(body: list[str], title: str) -> str:
     return (f'<svg xmlns="http://www.w3.org/2000/svg" class="rl-roofline" width="{WIDTH}" height="{HEIGHT}" '
-            f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(title)}">'
-            f'<title>{escape(title)}</title><style>{STYLE}</style>'
+            f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{_text(title)}">'
+            f'<title>{_text(title)}</title><style>{STYLE}</style>'
             f'<rect class="rl-bg" width="{WIDTH}" height="{HEIGHT}"/>{"".join(body)}</svg>\n')
 
 
@@ -255,13 +266,13 @@ def render_roofline(target: Mapping[str, Any] | None) -> str:
     title = f"Roofline of {target['name']}"
     if not roof:
         return _frame([f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle">'
-                       f'{escape(target["name"])}: no GPU profile yet</text>'], title)
+                       f'{_text(target["name"])}: no GPU profile yet</text>'], title)
     points = _points(target)
     scale = _Scale(axis_ranges(roof, points))
     gpu = f"{roof['tensor_parallel_size']} x {roof['gpu_name']} ({roof['compute_dtype']})"
     body = [*_grid(scale), *_roofs(scale, roof), *_plotted(scale, points), _legend(),
             f'<text class="rl-muted" x="{WIDTH - RIGHT - 4}" y="{HEIGHT - BOTTOM - 22}" text-anchor="end">'
-            f'{escape(gpu)}</text>']
+            f'{_text(gpu)}</text>']
     if not any(k == "decode" for k, _, _ in points):
         body.append(f'<text class="rl-muted" x="{(LEFT + WIDTH - RIGHT) / 2:.1f}" y="{HEIGHT / 2}" '
                     'text-anchor="middle">no decode point yet: the window is filling, or the engine is idle</text>')

@@ -17,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import errno
+import gzip
 import logging
 import signal
 import socket
 import ssl
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 
@@ -40,6 +42,7 @@ from rooflight.agent.proxy.config import ProxyConfig
 from rooflight.agent.proxy.server import ProxyServer
 from rooflight.agent.proxy.thread import ProxyThread
 from rooflight.agent.serve.page import add_status_routes
+from rooflight.agent.serve.webconfig import WEB_HEADERS
 from rooflight.agent.sampling.config import public_url as _public_url
 from rooflight.agent.sampling.config import split_listen
 from rooflight.agent.sampling.sampler import Agent
@@ -59,14 +62,31 @@ def build_app(agent: Agent, *, manage_agent: bool = True, collectors: Sequence[C
     registry = registry_for(lambda: agent.snapshot)
     for collector in collectors:
         registry.register(collector)
-    app.router.add_get("/metrics", metrics_handler(registry))
+    app.router.add_get("/metrics", metrics_handler(registry, same_page_while=None if collectors else lambda: agent.snapshot))
     add_status_routes(app, agent)
     app.router.add_get("/-/healthy", healthy)
     app.router.add_get("/-/ready", ready)
     app.router.add_get("/api/v1/snapshot", snapshot_json)
+    app.on_response_prepare.append(_security_headers)
     if manage_agent:
         app.cleanup_ctx.append(_agent_lifecycle)
     return app
+
+
+# On every answer (a handler's own CSP, the status page's, wins; so does a web config's http_server_config):
+# nothing the agent serves runs script or may be framed, and no browser guesses a type the agent did not send.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+}
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    for name, value in request.get(WEB_HEADERS, {}).items():  # the web config's, on streamed answers too
+        response.headers[name] = value
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
 
 
 # /metrics is rendered on one thread of its own, never on the event loop: a big page (many engine series,
@@ -109,17 +129,100 @@ class _Only:
                 yield part
 
 
-def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def handle(request: web.Request) -> web.Response:
+SEND_CHUNK = 64 * 1024  # bytes of a page handed to the socket at a time: what a client that stops reading holds
+SEND_SECONDS = 30.0  # the most a client may take to read one answer of /metrics; then it is closed
+
+
+class PageCache:
+    """The current snapshot's rendered /metrics pages (plain and gzip, text and OpenMetrics), made once per
+    snapshot and shared by every scrape of it: N scrapers cost one render and one gzip, and a page sent to
+    N clients is one bytes object, not N. Used on the render thread only."""
+
+    def __init__(self) -> None:
+        self._snapshot: object = None
+        self._pages: dict[tuple[str, bool], tuple[bytes, str]] = {}
+
+    def get(self, snapshot: object, key: tuple[str, bool], make: Callable[[], tuple[bytes, str]]) -> tuple[bytes, str]:
+        if snapshot is not self._snapshot:
+            self._snapshot, self._pages = snapshot, {}
+        if key not in self._pages:
+            self._pages[key] = make()
+        return self._pages[key]
+
+
+def _page(registry: CollectorRegistry, accept: str, names: Sequence[str], gzipped: bool) -> tuple[bytes, str]:
+    body, content_type = render_metrics(registry, accept, names)
+    return (gzip.compress(body, compresslevel=6) if gzipped else body), content_type
+
+
+def wants_gzip(accept_encoding: str) -> bool:
+    """Whether Accept-Encoding allows gzip (Prometheus sends `gzip`); `gzip;q=0` refuses it."""
+    for part in accept_encoding.lower().split(","):
+        coding, _, params = part.strip().partition(";")
+        if coding.strip() in ("gzip", "x-gzip"):
+            q = params.strip()
+            return not (q.startswith("q=") and _quality(q[2:]) == 0.0)
+    return False
+
+
+def _quality(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return 1.0
+
+
+def metrics_handler(registry: CollectorRegistry, same_page_while: Callable[[], object] | None = None
+                    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """/metrics: rendered (and gzipped when asked) on the render thread; with `same_page_while` (the current
+    snapshot: nothing else feeds the page), once per snapshot for every scraper. The page goes out
+    SEND_CHUNK at a time within SEND_SECONDS, so a client that asks and never reads holds one chunk, not the
+    page, and is closed at the deadline."""
+    cache = PageCache()
+
+    async def handle(request: web.Request) -> web.StreamResponse:
         accept = ",".join(request.headers.getall("Accept", []))
         names = request.query.getall("name[]", [])
-        body, content_type = await asyncio.get_running_loop().run_in_executor(
-            _render_pool(), render_metrics, registry, accept, names)
-        response = web.Response(body=body, headers={"Content-Type": content_type})
-        response.enable_compression()  # gzip when asked, as Prometheus does
-        return response
+        gzipped = wants_gzip(",".join(request.headers.getall("Accept-Encoding", [])))
+        if same_page_while is not None and not names:
+            snapshot = same_page_while()
+            encoder_type = choose_encoder(accept)[1]
+            job: Callable[[], tuple[bytes, str]] = lambda: cache.get(  # noqa: E731
+                snapshot, (encoder_type, gzipped), lambda: _page(registry, accept, names, gzipped))
+        else:
+            job = lambda: _page(registry, accept, names, gzipped)  # noqa: E731
+        body, content_type = await asyncio.get_running_loop().run_in_executor(_render_pool(), job)
+        headers = {"Content-Type": content_type, "Vary": "Accept-Encoding"}
+        if gzipped:
+            headers["Content-Encoding"] = "gzip"
+        return await send_page(request, body, headers)
 
     return handle
+
+
+async def send_page(request: web.Request, body: bytes, headers: dict[str, str]) -> web.StreamResponse:
+    """Send `body` a chunk at a time (each waits for the socket to drain), closing a client that takes
+    longer than SEND_SECONDS."""
+    response = web.StreamResponse(headers=headers)
+    response.content_length = len(body)
+    await response.prepare(request)
+    if request.method == "HEAD":  # the headers alone: a body would be read as the next answer
+        await response.write_eof()
+        return response
+    view = memoryview(body)
+    try:
+        async with asyncio.timeout(SEND_SECONDS):
+            for start in range(0, len(body), SEND_CHUNK):
+                await response.write(view[start:start + SEND_CHUNK])
+    except TimeoutError:
+        REFUSALS.note(f"did not read /metrics within {SEND_SECONDS:g} s; closed", request.remote)
+        if request.transport is not None:
+            request.transport.abort()
+        return response  # aiohttp takes the closed transport as a client gone, quietly
+    except ConnectionError:  # the client went away mid-page: nothing to answer, nothing to log
+        return response
+    await response.write_eof()
+    return response
 
 
 async def _agent_lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -246,7 +349,8 @@ class RefusalLog:
 
 REFUSALS = RefusalLog()
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 21\r\n"
-         b"Connection: close\r\n\r\ntoo many connections\n")
+         + "".join(f"{k}: {v}\r\n" for k, v in SECURITY_HEADERS.items()).encode()
+         + b"Connection: close\r\n\r\ntoo many connections\n")
 
 
 class _Handler(RequestHandler):
@@ -277,6 +381,11 @@ class _Handler(RequestHandler):
                 self._line_done = newline >= 0
         super().data_received(data)
 
+    @property
+    def in_request(self) -> bool:
+        """Handling a request (its answer may still be going out): not a connection to close for room."""
+        return self._busy
+
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()
         if self._made:
@@ -296,7 +405,7 @@ class _Handler(RequestHandler):
             return super().handle_error(request, status, exc, message)
         status, reason = self._refusal(exc)
         REFUSALS.note(f"{status} {reason}", request.remote)
-        response = web.Response(status=status, text=f"{reason}\n")
+        response = web.Response(status=status, text=f"{reason}\n", headers=SECURITY_HEADERS)
         response.force_close()
         return response
 
@@ -333,23 +442,55 @@ class OpenSockets:
 
     Counting the connections aiohttp knows of is not enough: with TLS it learns of one only after the
     handshake, so clients that connect and never handshake were uncounted and could use up every file
-    descriptor. A closed socket is dropped lazily, when the count reaches the cap."""
+    descriptor. A closed socket is dropped lazily, when the count reaches the cap.
+
+    At the cap, places are shared by client address: a newcomer takes the place of the oldest connection
+    not in a request (idle, trickling its headers or its TLS handshake) of the address holding the most,
+    when that address holds at least two more than the newcomer's; otherwise it is refused. So one address
+    re-opening hundreds of tricklers costs its own connections, and Prometheus still gets in."""
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
-        self._open: set[asyncio.BaseTransport] = set()
+        self._open: dict[asyncio.BaseTransport, str] = {}  # transport -> client address, oldest first
+        self._handlers: dict[asyncio.BaseTransport, _Handler] = {}
 
     def admit(self, transport: asyncio.BaseTransport) -> bool:
-        """Count `transport` and say yes, or say no when `cap` sockets are still open."""
+        """Count `transport` and say yes, or say no when `cap` sockets are still open and none can give way."""
+        client = _peer(transport) or "?"
         if len(self._open) >= self.cap:
-            self._open = {t for t in self._open if _holds_socket(t)}
-        if len(self._open) >= self.cap:
+            self._prune()
+        if len(self._open) >= self.cap and not self._make_room(client):
             return False
-        self._open.add(transport)
+        self._open[transport] = client
         return True
 
+    def serving(self, transport: asyncio.BaseTransport, handler: _Handler) -> None:
+        """`transport` is now served by `handler` (after the TLS handshake, with TLS): it can tell a request."""
+        if transport in self._open:
+            self._handlers[transport] = handler
+
+    def _prune(self) -> None:
+        self._open = {t: c for t, c in self._open.items() if _holds_socket(t)}
+        self._handlers = {t: h for t, h in self._handlers.items() if t in self._open}
+
+    def _make_room(self, client: str) -> bool:
+        held = Counter(self._open.values())
+        top, most = held.most_common(1)[0]
+        if most < held.get(client, 0) + 2:
+            return False  # nobody holds more than the newcomer would: the cap is shared fairly already
+        for transport, owner in self._open.items():
+            handler = self._handlers.get(transport)
+            if owner == top and (handler is None or not handler.in_request):
+                del self._open[transport]
+                self._handlers.pop(transport, None)
+                REFUSALS.note(f"over {self.cap} open connections; closed one of the {most} held by this address"
+                              " (not in a request) to let another address in", top)
+                transport.abort()  # type: ignore[attr-defined]
+                return True
+        return False
+
     def __len__(self) -> int:
-        self._open = {t for t in self._open if _holds_socket(t)}
+        self._prune()
         return len(self._open)
 
 
@@ -384,6 +525,7 @@ class _Gate(asyncio.Protocol):
         if self._ssl is None:
             handler = self._make()
             transport.set_protocol(handler)
+            self._sockets.serving(transport, handler)
             handler.connection_made(transport)
             return
         transport.pause_reading()  # type: ignore[attr-defined]  # nothing reaches the gate before the handshake
@@ -408,6 +550,7 @@ class _Gate(asyncio.Protocol):
         if tls is None:
             transport.abort()  # type: ignore[attr-defined]
             return
+        self._sockets.serving(transport, handler)
         handler.connection_made(tls)
 
 

@@ -39,7 +39,8 @@ from rooflight.agent.signals.derive import WindowValues
 # the rules package, so it keeps its own copy rather than importing upwards.
 RUNBOOK_BASE_URL = "https://github.com/rooflight/rooflight/blob/main/docs/runbooks.md"
 
-HISTORY_POINTS = 300  # per series: five minutes at the default 1 s interval
+HISTORY_POINTS = 300  # per series: five minutes at the default 1 s interval ...
+HISTORY_TOTAL_POINTS = 4096  # ... all series together: 128 series keep 32 points each (the answer's size bound)
 HISTORY_FIELDS = ("mbu", "mfu_prefill", "mfu_decode", "tokens_prefill", "tokens_decode", "ttft_p99", "itl_p99",
                   "kv_usage", "running", "waiting", "preemptions_per_second")
 
@@ -105,6 +106,7 @@ def _nums(values: Mapping[str, float]) -> dict[str, float]:
 # -- history ---------------------------------------------------------------------------------------
 
 SeriesKey = tuple[str, str, str]  # target, model, rank
+MIN_POINTS = 8  # a sparkline's fewest points, however many series share the budget
 
 
 @dataclass
@@ -112,11 +114,14 @@ class History:
     """Sparkline values of recent snapshots, per series: a bounded ring filled only when a client asks.
 
     Nobody looking costs nothing; while the page is open (it polls every second) the ring follows the
-    agent's samples. A series that leaves the snapshot takes its ring with it, so memory is bounded by
-    the agent's own series cap times HISTORY_POINTS.
+    agent's samples. A series that leaves the snapshot takes its ring with it, and the rings share
+    `total` points (each keeps at most `points`, and at least MIN_POINTS), so memory and the size of
+    /api/v1/status are bounded whatever the number of series: one series keeps five minutes, 128 keep 32
+    samples each.
     """
 
     points: int = HISTORY_POINTS
+    total: int | None = None  # None: HISTORY_TOTAL_POINTS
     _rings: dict[SeriesKey, Deque[tuple[float, tuple[float | None, ...]]]] = field(default_factory=dict)
     _errors: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
     _last_error: dict[tuple[str, str], tuple[float | None, str]] = field(default_factory=dict)
@@ -124,12 +129,16 @@ class History:
     def record(self, snap: Snapshot) -> None:
         """Add the snapshot's values to each series' ring, once per engine sample."""
         live: set[SeriesKey] = set()
+        count = sum(len(target.series) for target in snap.targets)
+        each = min(self.points, max(MIN_POINTS, (self.total or HISTORY_TOTAL_POINTS) // max(1, count)))
         for target in snap.targets:
             t = _engine_time(snap, target.name)
             for view in target.series:
                 key = (target.name, view.series.model, view.series.rank)
                 live.add(key)
-                ring = self._rings.setdefault(key, deque(maxlen=self.points))
+                ring = self._rings.setdefault(key, deque(maxlen=each))
+                if ring.maxlen != each:  # the number of series changed: the share did too (newest kept)
+                    ring = self._rings[key] = deque(ring, maxlen=each)
                 if t is not None and (not ring or t > ring[-1][0]):
                     ring.append((t, history_values(view)))
         for key in set(self._rings) - live:

@@ -29,9 +29,14 @@ check is remembered (at most CACHE_MAX, least recently used out) under an HMAC o
 stored hash) keyed by a per-process random secret, as exporter-toolkit does; a changed hash or password
 misses the cache. Failures are never cached. Checks run on their own AUTH_THREADS daemon thread (a
 check in progress never holds up a stop), not the event loop's default executor (aiohttp gzips /metrics there), and at most AUTH_QUEUE wait or run
-at once; a client (by IP) gets FAIL_BURST failed checks, then one per 1/FAIL_PER_SECOND s, and past that
-is answered 429 at once, without bcrypt. An unknown user is checked against a stand-in hash of the
-configured users' (highest) cost, so timing does not reveal which users exist; a cost above MAX_COST is
+at once, at most AUTH_PER_CLIENT of them one client's; waiting checks are served one client at a time in
+turn, so a client with a backlog delays another by one check, not by its backlog. A client (by IP) gets
+FAIL_BURST failed checks, then one per 1/FAIL_PER_SECOND s, and past that is answered 429 without
+bcrypt, after LIMITED_DELAY (a flood's loop then spins at 1/LIMITED_DELAY per connection). Every check
+costs what one at the configured users' highest cost does: an unknown user is checked against a stand-in
+hash of that cost, and a check of a user whose hash is cheaper (cost c) is topped up with stand-in checks
+of costs c, c+1, ..., max-1 (2^c + 2^c + 2^(c+1) + ... + 2^(max-1) = 2^max), so timing reveals neither which users exist nor their
+costs; a cost above MAX_COST is
 refused at load (a cost-31 hash takes days to check), and so is a reload that brings one. Nothing here logs a password or a
 hash, and a YAML error reports its line and kind, not the line's text.
 """
@@ -41,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import concurrent.futures
 import hashlib
 import hmac
 import logging
@@ -51,7 +57,7 @@ import secrets
 import ssl
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
@@ -82,7 +88,9 @@ _CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CE
 _BCRYPT_PREFIXES = (b"$2a$", b"$2b$", b"$2y$")
 CACHE_MAX = 256  # remembered successful credentials
 AUTH_THREADS = 1  # bcrypt checks run at once: at most one core, whatever the load
-AUTH_QUEUE = 8  # bcrypt checks running or waiting, all clients together; past it: 429
+AUTH_QUEUE = 32  # bcrypt checks running or waiting, all clients together; past it: 429
+AUTH_PER_CLIENT = 2  # ... of which one client IP may hold; past it: 429, and the attempt is spent
+LIMITED_DELAY = 1.0  # seconds a 429 waits before it is sent: a looping client then costs ~nothing
 FAIL_BURST = 10  # failed checks one client IP may make at once ...
 FAIL_PER_SECOND = 1.0  # ... and then at this rate; past it: 429 without bcrypt
 MAX_CLIENTS_TRACKED = 4096  # client IPs whose failures are remembered (least recently seen out)
@@ -120,14 +128,23 @@ def load(path: str | os.PathLike[str]) -> WebConfig:
 
 def parse(data: Any, *, base: Path, where: str = "web config") -> WebConfig:
     """Validate the parsed YAML of a web config; file paths resolve against `base` and must exist."""
-    if data is None:
-        return WebConfig()
-    if not isinstance(data, dict):
+    if data is not None and not isinstance(data, dict):
         raise ConfigError(f"{where}: the top level must be a mapping ({', '.join(sorted(_TOP_KEYS))})")
+    data = data or {}
     _no_unknown(data, _TOP_KEYS, where)
+    if "basic_auth_users" in data and not data["basic_auth_users"]:
+        raise ConfigError(f"{where}: basic_auth_users is empty, which would serve with authentication off;"
+                          " add a user (name: bcrypt hash) or remove the key")
     tls = _tls(data.get("tls_server_config"), base, f"{where}: tls_server_config")
     users = _users(data.get("basic_auth_users"), f"{where}: basic_auth_users")
     headers = _headers(data.get("http_server_config"), f"{where}: http_server_config")
+    if tls is None and not users and not headers:
+        # An empty file given as --web-config is a mistake, not a wish for no security: serving without TLS
+        # and auth would then look configured and not be.
+        raise ConfigError(f"{where}: configures nothing (no tls_server_config, basic_auth_users or"
+                          " http_server_config), so it would serve with authentication off and without TLS;"
+                          " add basic_auth_users or tls_server_config, or drop --web-config (web_config) to"
+                          " serve plain HTTP on purpose")
     return WebConfig(tls=tls, users=users, headers=headers)
 
 
@@ -316,6 +333,7 @@ class FailureLimiter:
 
 
 OK, DENIED, LIMITED = 200, 401, 429
+WEB_HEADERS = web.RequestKey("web_headers", Mapping)  # where the server finds http_server_config.headers
 
 
 class BasicAuth:
@@ -327,21 +345,29 @@ class BasicAuth:
         # AUTH_THREADS (one) daemon thread: a check still running cannot keep a stopping agent alive.
         self._pool = DaemonThreadExecutor("rooflight-auth")
         self._pending = 0
+        self._per_client: dict[str, int] = {}  # checks running or waiting, per client (the loop's count)
+        self._turns: OrderedDict[str, deque[Callable[[], None]]] = OrderedDict()  # client -> its waiting checks
+        self._turns_lock = threading.Lock()
         self.limiter = FailureLimiter()
         import bcrypt
 
         self._bcrypt = bcrypt
         self._cost = DEFAULT_COST
+        self._top_up_to = MIN_COST  # the users' highest cost once prepare() knows them: no top-ups before
         self._dummies: dict[int, bytes] = {}
         self._dummy_lock = threading.Lock()
 
     def prepare(self, users: Mapping[str, bytes], *, now: bool = True) -> None:
-        """Make the stand-in hash for unknown users at the users' (highest) cost: now, or on the pool."""
+        """Make the stand-in hashes: for unknown users at the users' (highest) cost, and the top-ups of the
+        cheaper users' costs (see the module docstring); now, or on the pool."""
         self._cost = max((bcrypt_cost(h) for h in users.values()), default=DEFAULT_COST)
-        if now:
-            self.dummy(self._cost)
-        else:
-            self._pool.submit(self.dummy, self._cost)
+        costs = {self._cost, *(c for h in users.values() for c in top_up_costs(bcrypt_cost(h), self._cost))}
+        self._top_up_to = self._cost
+        for cost in sorted(costs):
+            if now:
+                self.dummy(cost)
+            else:
+                self._pool.submit(self.dummy, cost)
 
     def dummy(self, cost: int) -> bytes:
         """A bcrypt hash of a random password at `cost`, made once per cost."""
@@ -367,14 +393,20 @@ class BasicAuth:
             return OK
         if not self.limiter.take(client):
             return LIMITED
+        if self._per_client.get(client, 0) >= AUTH_PER_CLIENT:
+            return LIMITED  # its own backlog is full: the attempt is spent, the others' share untouched
         if self._pending >= AUTH_QUEUE:
-            self.limiter.give_back(client)
+            self.limiter.give_back(client)  # everyone's queue is full: not this client's doing
             return LIMITED
         self._pending += 1
+        self._per_client[client] = self._per_client.get(client, 0) + 1
         try:
-            ok = await asyncio.get_running_loop().run_in_executor(self._pool, self._verify, password, hashed)
+            ok = await asyncio.wrap_future(self._in_turn(client, lambda: self._verify(password, hashed)))
         finally:
             self._pending -= 1
+            left = self._per_client.pop(client) - 1
+            if left:
+                self._per_client[client] = left
         if not ok:
             return DENIED
         self.limiter.give_back(client)
@@ -383,12 +415,46 @@ class BasicAuth:
             self._ok.popitem(last=False)
         return OK
 
+    def _in_turn(self, client: str, check: Callable[[], bool]) -> concurrent.futures.Future[bool]:
+        """Run `check` on the pool when `client`'s turn comes: clients with waiting checks take turns."""
+        done: concurrent.futures.Future[bool] = concurrent.futures.Future()
+
+        def job() -> None:
+            if done.set_running_or_notify_cancel():
+                try:
+                    done.set_result(check())
+                except BaseException as exc:  # handed to the waiting request
+                    done.set_exception(exc)
+
+        with self._turns_lock:
+            self._turns.setdefault(client, deque()).append(job)
+        self._pool.submit(self._next_turn)  # one submission per check: each runs the next client's oldest
+        return done
+
+    def _next_turn(self) -> None:
+        with self._turns_lock:
+            client, jobs = next(iter(self._turns.items()))
+            job = jobs.popleft()
+            if jobs:
+                self._turns.move_to_end(client)  # its next check waits for every other client's
+            else:
+                del self._turns[client]
+        job()
+
     def _verify(self, password: bytes, hashed: bytes | None) -> bool:
         try:
             ok = self._bcrypt.checkpw(password, hashed or self.dummy(self._cost))
         except ValueError:  # a password bcrypt refuses (e.g. a NUL byte) is simply wrong
             return False
+        if hashed is not None:
+            for cost in top_up_costs(bcrypt_cost(hashed), self._top_up_to):  # as long as one at the top cost
+                self._bcrypt.checkpw(b"x", self.dummy(cost))
         return ok and hashed is not None
+
+
+def top_up_costs(cost: int, target: int) -> list[int]:
+    """Stand-in checks that bring one check at `cost` to the time of one at `target`: c, c+1, ..., target-1."""
+    return list(range(cost, target))
 
 
 def _decode(header: str | None) -> tuple[str, bytes] | None:
@@ -458,6 +524,7 @@ class WebSecurity:
     ) -> web.StreamResponse:
         self.maybe_reload()
         config = self.config
+        request[WEB_HEADERS] = config.headers  # a streamed answer is sent before this returns: see server.py
         status = OK
         if config.users:
             client = request.remote or ""
@@ -467,6 +534,7 @@ class WebSecurity:
                 status=401, text="Unauthorized\n", headers={"WWW-Authenticate": 'Basic realm="rooflight"'}
             )
         elif status == LIMITED:
+            await asyncio.sleep(LIMITED_DELAY)  # a client looping on 429 now costs the agent ~nothing
             response = web.Response(status=429, text="Too many failed logins; try again later\n",
                                     headers={"Retry-After": str(self.auth.limiter.retry_after(client))})
         else:

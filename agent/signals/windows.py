@@ -28,6 +28,16 @@ values shifted by 1e-9 per scrape, measured: 84 -> 277 MB in 150 s) would keep a
 point while no window can rate it (histogram_delta needs one layout). It is left out of every point
 until a whole retention passes without a change, so the points hold at most a few layouts. (The adapters
 also drop a histogram of over expfmt.MAX_HISTOGRAM_BUCKETS buckets.)
+
+Histogram counts are the bulk of a point (5 histograms of 255 buckets: 10 KB a point, 3.3 MB a series over
+a 5 m retention at 1 Hz; with 25 such models the review measured the agent grow from 80 to 157 MB). Their
+memory is bounded in total: the histories holding histograms share HISTOGRAM_BYTES_TOTAL (32 MiB), each
+at most HISTOGRAM_BYTES_PER_SERIES (4 MiB), and a history past its share keeps fewer, evenly spaced
+points (those older than the dense span first), never fewer than MIN_POINTS (8). With at most
+expfmt.MAX_HISTOGRAM_BUCKETS (256) buckets a histogram, that floor is 16 KiB a histogram a series, so the
+total stays within HISTOGRAM_BYTES_TOTAL for the default 128 series of up to 16 histograms. An ordinary
+vLLM page (~800 bytes of counts a point) never reaches the share; a page of huge histograms gets
+coarser window edges, not more memory.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import bisect
 import itertools
 import math
 import operator
+import weakref
 from dataclasses import dataclass
 from array import array
 from typing import Iterator, Mapping, Sequence
@@ -45,6 +56,9 @@ from rooflight.collectors.samples import Histogram
 MAX_PLAUSIBLE_RATE = 1e9  # per second, for any counter (see the module docstring)
 COUNTER_REGRESS_LIMIT = 3  # backward steps of one counter within the retention that make it unreliable
 LAYOUT_CHANGE_LIMIT = 3  # bucket layout changes of one histogram within the retention that make it unstable
+HISTOGRAM_BYTES_TOTAL = 32 * 2**20  # bucket counts held by every history together ...
+HISTOGRAM_BYTES_PER_SERIES = 4 * 2**20  # ... and by one (see the module docstring)
+MIN_POINTS = 8  # a history keeps at least these, whatever its histograms cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +162,44 @@ class SeriesHistory:
         self._times.append(t)
         self._prune(t)
         self._thin(t)
+        self._fit_histograms(point)
         return point
+
+    def histogram_bytes(self) -> int:
+        """Bytes of histogram counts the points hold (each point's arrays are its own)."""
+        return sum(8 * len(h.counts) for p in self._points for h in p.histograms.values())
+
+    def _fit_histograms(self, point: Point) -> None:
+        """Keep the points' histogram counts within this history's share of HISTOGRAM_BYTES_TOTAL."""
+        per_point = sum(8 * len(h.counts) for h in point.histograms.values())
+        if not per_point:
+            return
+        _HISTOGRAM_HOLDERS.add(self)
+        share = min(HISTOGRAM_BYTES_PER_SERIES, HISTOGRAM_BYTES_TOTAL // max(1, len(_HISTOGRAM_HOLDERS)))
+        keep = max(MIN_POINTS, share // per_point)
+        if len(self._points) <= keep:
+            return
+        target = max(2, keep * 3 // 4)  # room for a few appends before thinning again
+        young = bisect.bisect_left(self._times, point.t - self.dense)
+        old_room = target - (len(self._points) - young)
+        if young >= 2 and old_room >= MIN_POINTS // 2:
+            self._space(0, young, old_room)  # the dense span (the short window's edges) stays whole
+        else:
+            self._space(0, len(self._points), target)
+        self._settled = 0
+
+    def _space(self, start: int, end: int, count: int) -> None:
+        """Thin points[start:end] to about `count`, evenly in time, keeping its first and last."""
+        span = self._times[end - 1] - self._times[start]
+        step = span / max(1, count - 1)
+        kept = [start]
+        for i in range(start + 1, end - 1):
+            if self._times[i] - self._times[kept[-1]] >= step:
+                kept.append(i)
+        if end - 1 > start:
+            kept.append(end - 1)
+        self._points[start:end] = [self._points[i] for i in kept]
+        self._times[start:end] = [self._times[i] for i in kept]
 
     def window(self, seconds: float) -> tuple[Point, Point] | None:
         """First and last point inside the last `seconds`; None until the points span half of it."""
@@ -259,6 +310,9 @@ class SeriesHistory:
             del self._points[:cut]
             del self._times[:cut]
             self._settled = max(0, self._settled - cut)
+
+
+_HISTOGRAM_HOLDERS: "weakref.WeakSet[SeriesHistory]" = weakref.WeakSet()  # histories holding histograms
 
 
 def _next_integrals(prev: Point | None, t: float) -> dict[str, float]:

@@ -192,8 +192,9 @@ _SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(
 _KEYS = st.sampled_from(["engine_url", "interval", "scrape_timeout", "windows", "percentiles", "listen", "nvml",
                          "model", "gpu", "tp", "batch_max", "max_body_bytes", "detectors", "targets", "engine",
                          "bogus", "process", "nvml_interval"])
-_SETTINGS = st.dictionaries(_KEYS, st.one_of(_SCALAR, st.lists(_SCALAR, max_size=3),
-                                             st.dictionaries(st.text(max_size=6), _SCALAR, max_size=2)), max_size=6)
+_SETTINGS = st.dictionaries(st.one_of(_KEYS, st.integers(0, 3), st.none()),  # YAML reads `1:` and `null:` as such
+                            st.one_of(_SCALAR, st.lists(_SCALAR, max_size=3),
+                                      st.dictionaries(st.text(max_size=6), _SCALAR, max_size=2)), max_size=6)
 
 
 @FUZZ

@@ -135,6 +135,15 @@ def _open(browser: Any, url: str, *, width: int = 1280, scheme: str = "light") -
     return context, page, console
 
 
+def _wait_until(page: Any, expression: str, seconds: float) -> None:
+    """Poll `expression` with page.evaluate: wait_for_function compiles its predicate with eval in the page,
+    which the page's Content-Security-Policy (no 'unsafe-eval') refuses."""
+    deadline = time.monotonic() + seconds
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"not true within {seconds} s: {expression}"
+        page.wait_for_timeout(50)
+
+
 def _wait_for_decode_point(page: Any, seconds: float = 40.0) -> None:
     page.wait_for_selector("figure.roofline g.rl-point-decode", timeout=seconds * 1000)
 
@@ -168,7 +177,7 @@ def _same_moment(page: Any, url: str, attempts: int = 30) -> tuple[list[dict], d
     for attempt in range(1, attempts + 1):
         before = page.get_attribute("body", "data-created")
         page.click("#pause")  # resume
-        page.wait_for_function(f"document.body.dataset.created !== {json.dumps(before)}", timeout=5000)
+        _wait_until(page, f"document.body.dataset.created !== {json.dumps(before)}", seconds=5)
         page.click("#pause")  # pause on the fresh render
         metrics = _metrics(url)
         numbers = page.evaluate(READ_NUMBERS)

@@ -154,7 +154,9 @@ async def test_mbu_and_mfu_above_their_physical_range_are_dropped_and_counted(ri
         page = _set(PAGE, STEPS, 508.0 + steps_per_s * INTERVAL * i)
         page = _set(page, GENERATION, 8096.0 + tokens_per_s * INTERVAL * i)
         m = await rig.sample(page)
-    assert _values(m, "rooflight_steps_per_second")  # the rates themselves are exported
+    # the rates go with them, and all that is derived from them (issue 29, item 16; test_physical_bounds.py)
+    assert _values(m, "rooflight_steps_per_second") == []
+    assert _values(m, "rooflight_tokens_per_second", phase="decode") == []
     assert _values(m, "rooflight_mbu_ratio") == []
     assert _values(m, "rooflight_mfu_ratio", phase="decode") == []
     windows = len(rig.agent.config.windows)

@@ -192,9 +192,10 @@ async def test_a_reload_without_users_keeps_the_old_ones(tmp_path: Path, caplog:
     assert await security.auth.check(_basic("prometheus", "wrong"), security.config.users, "10.2.0.1") is False
 
 
-def test_a_web_config_without_users_from_the_start_is_fine(tmp_path: Path) -> None:
-    security = webconfig.WebSecurity(_write(tmp_path / "web.yml", ""))
-    assert not security.config.users
+def test_a_web_config_without_users_from_the_start_is_refused(tmp_path: Path) -> None:
+    """An empty file would serve without auth (issue 29, item 2; tests/agent/serve/test_auth_review.py)."""
+    with pytest.raises(ConfigError, match="authentication off"):
+        webconfig.WebSecurity(_write(tmp_path / "web.yml", ""))
 
 
 # -- serving through serve() -------------------------------------------------------------------------------
