@@ -65,6 +65,8 @@ REPLACEMENTS = [  # (sentinel text, Helm expression); most specific first
     # Topology labels lead every by()/on() list they are in, so each sentinel is followed by ", ".
     (f"{SERVICE_LABEL}, {REPLICA_LABEL}, ", "{{ $keep }}"),
     (f"{SERVICE_LABEL}, ", "{{ $service }}"),
+    # the SLO alerts' worst-replica query: the replica labels alone, and the first of them to print
+    (f"{REPLICA_LABEL}, ", "{{ $replicas }}"),
     (HISTOGRAMS["ttft"], "{{ $ttftHistogram }}"),
     (HISTOGRAMS["itl"], "{{ $itlHistogram }}"),
     (REQUESTS["failed"], "{{ $failedRequests }}"),
@@ -202,6 +204,8 @@ def helm_prometheus_rule() -> str:
         f"{{{{- if {V}.enabled }}}}\n"
         '{{- $keep := include "rooflight.ruleLabels" (dict "root" $ "service" false) }}\n'
         '{{- $service := include "rooflight.ruleLabels" (dict "root" $ "service" true) }}\n'
+        f'{{{{- $replicaList := default (list "instance") {V}.replicaLabels }}}}\n'
+        '{{- $replicas := printf "%s, " (join ", " $replicaList) }}\n'
         + _histograms()
         + "".join(f"{{{{- ${slo}ByModel := default dict {V}.{slo}.byModel }}}}\n" for slo in BY_MODEL)
         + "apiVersion: monitoring.coreos.com/v1\n"

@@ -27,7 +27,7 @@ from rooflight.rules.alerts import alert
 from rooflight.rules.config import LatencySLO, RulesConfig
 from rooflight.rules.promql import labels, le_matcher, number, record_name, series, window_suffix
 from rooflight.rules.recording import Rule
-from rooflight.rules.templates import same
+from rooflight.rules.templates import first_sample, same
 
 GUARD_ALERT = "RooflightSLOBucketMissing"
 
@@ -100,6 +100,20 @@ def _dashboard(config: RulesConfig) -> tuple[str, tuple[tuple[str, str], ...]]:
     return ("overview", (*same("cluster", "namespace"), ("model", config.slo_model_label)))
 
 
+def replicas(config: RulesConfig) -> tuple[str, ...]:
+    """The labels that tell the service's replicas apart (instance where none is configured)."""
+    return config.replica_labels or ("instance",)
+
+
+def worst_replica(config: RulesConfig, slo: LatencySLO, window: str) -> str:
+    """A sentence naming the replica with the highest p99 over `window`: the SLO pools its replicas, on-call
+    needs the one to look at (its pod, else its instance)."""
+    by = labels((*replicas(config), "le"))
+    p99 = (f"topk(1, histogram_quantile(0.99, sum by ({by}) "
+           f"(rate({slo.histogram}_bucket{{%[1]s}}[{window}]))) > 0)")  # > 0: not NaN where a replica saw none
+    return f" Worst replica by p99 over {window}: {first_sample(p99, unit=' s')}."
+
+
 def burn_alerts(config: RulesConfig, slo: LatencySLO) -> list[Rule]:
     rules: list[Rule] = []
     for row in config.burn_windows:
@@ -125,7 +139,8 @@ def burn_alerts(config: RulesConfig, slo: LatencySLO) -> list[Rule]:
                 f"The {slo.title} SLO error budget is burning {speed}.",
                 f"{_where(config)}: {{{{ $value | humanizePercentage }}}} of {slo.title} observations over the "
                 f"last {row.long} exceeded {threshold_text(config, slo)}s (objective: {slo.objective * 100:g}% within it); "
-                f"burn rate above {row.factor:g}x, confirmed over {row.short}.",
+                f"burn rate above {row.factor:g}x, confirmed over {row.short}."
+                + worst_replica(config, slo, row.short),
                 {"long": row.long, "short": row.short},
                 dashboard=_dashboard(config),
             )

@@ -47,6 +47,16 @@ def first_label(query: str, label: str, *args: str, missing: str = "none") -> st
     )
 
 
+def first_sample(query: str, *args: str, unit: str = "", missing: str = "unknown") -> str:
+    """The labels of the first sample of `query` run now, each as `name value` (only those it has), then its
+    value in parentheses: a topk(1, ...) by replica names the worst one however the replicas are labelled."""
+    return (
+        f"{{{{ with {_printf(query, args)} | query }}}}{{{{ with . | first }}}}"
+        f"{{{{ range $k, $v := .Labels }}}}{{{{ $k }}}} {{{{ $v }}}} {{{{ end }}}}"
+        f"({{{{ .Value | printf \"%.3g\" }}}}{unit}){{{{ end }}}}{{{{ else }}}}{missing}{{{{ end }}}}"
+    )
+
+
 def dashboard_link(url: str, variables: tuple[tuple[str, str], ...]) -> str:
     """`url` with each dashboard variable set to the alert's label of that name, where the alert has it.
 

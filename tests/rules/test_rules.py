@@ -179,7 +179,7 @@ def test_template_queries_name_the_alerts_own_series() -> None:
         description = rule["annotations"]["description"]
         for query in re.findall(r'\{\{ with printf "([^"]*)"', description):
             queried += 1
-            selectors = re.findall(r"(rooflight_\w+)\{([^}]*)\}", query)
+            selectors = re.findall(r"(rooflight_\w+|vllm:\w+|sglang:\w+)\{([^}]*)\}", query)
             assert selectors and all(inner.startswith("%[1]s") for _, inner in selectors), (rule["alert"], query)
             assert description.startswith(templates.SELF), rule["alert"]
     assert queried >= 10
