@@ -103,6 +103,7 @@ CATALOG: tuple[MetricDef, ...] = (
     gauge(n.BATCH_CAPACITY_CAPPED, SERIES, "", "1 while the batch is capped by KV capacity: occupancy pinned near 1, preemptions climbing, requests waiting."),
     gauge(n.BATCH_ADMISSION_BOUND, SERIES, "", "1 while requests wait although the batch is well below its cap and KV has room."),
     gauge(n.BATCH_AT_CONFIGURED_MAX, SERIES, "", "1 while running = the configured batch cap with KV room: a config lever, not the memory wall."),
+    gauge(n.ENGINE_STALLED, SERIES, "", "1 while requests were held (running or waiting) through the last stall_seconds (30 s) and the engine ran no step and produced no token in them, its /metrics answering: hung, not slow."),
     # Constants.
     gauge(n.GPU_INFO, ("gpu", "uuid", "name", "profile", "source", "reason"), "", "1 per GPU; profile = the constants profile its NVML name matches, or unknown (no constants on file: the MBU and MFU of a target on it are absent, never another GPU's peaks); source = nvml, flag or default; reason = why a GPU is unknown, empty otherwise."),
     gauge(n.TARGET_GPU_INFO, ("target", "gpu", "uuid", "rule"), "", "1 per GPU a target's engine uses: join GPU series to a target on uuid. rule = how they were found: nvml_pids (NVML's compute processes include the engine's process tree), cuda_visible_devices (the engine's CUDA_VISIBLE_DEVICES), all_visible (no engine PID maps to a GPU: every GPU the agent sees)."),

@@ -163,6 +163,7 @@ def render_verdicts(f: _Families, key: tuple[str, ...], verdicts: object) -> Non
         (n.BATCH_CAPACITY_CAPPED, "capacity_capped"),
         (n.BATCH_ADMISSION_BOUND, "admission_bound"),
         (n.BATCH_AT_CONFIGURED_MAX, "at_configured_max"),
+        (n.ENGINE_STALLED, "engine_stalled"),
     )
     for name, attr in flags:
         value = getattr(verdicts, attr, None)

@@ -133,3 +133,4 @@ HEAD_OF_LINE_SOURCE = "rooflight_head_of_line_source"  # 1 for the ITL source th
 BATCH_CAPACITY_CAPPED = "rooflight_batch_capacity_capped"  # 0/1: the KV wall
 BATCH_ADMISSION_BOUND = "rooflight_batch_admission_bound"  # 0/1: waiting, batch below cap, KV has room
 BATCH_AT_CONFIGURED_MAX = "rooflight_batch_at_configured_max"  # 0/1: running = cap, KV has room
+ENGINE_STALLED = "rooflight_engine_stalled"  # 0/1: requests held, no step and no token for stall_seconds

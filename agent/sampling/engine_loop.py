@@ -579,6 +579,7 @@ def _verdicts(
         waiting=series.waiting,
         waiting_min_short=derive.minimum(history, first, derive.WAITING) if first else None,
         batch_max=batch_max,
+        **derive.stall_inputs(history, thresholds.stall_seconds),
     )
     return evaluate(inputs, thresholds)
 

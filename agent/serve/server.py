@@ -302,7 +302,8 @@ def _target_dict(t: Any) -> dict[str, Any]:
 def _verdicts_dict(verdicts: Any) -> dict[str, Any] | None:
     if verdicts is None:
         return None
-    keys = ("head_of_line", "itl_inflation", "capacity_capped", "admission_bound", "at_configured_max")
+    keys = ("head_of_line", "itl_inflation", "capacity_capped", "admission_bound", "at_configured_max",
+            "engine_stalled")
     return {k: getattr(verdicts, k, None) for k in keys}
 
 

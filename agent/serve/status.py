@@ -73,6 +73,10 @@ DETECTORS: tuple[Detector, ...] = (
              "The batch reached its configured cap (max_num_seqs) while KV has room: a config lever, "
              "not the hardware.",
              "RooflightBatchAdmissionBound", names.BATCH_AT_CONFIGURED_MAX),
+    Detector("engine_stalled", "Engine stalled",
+             "Requests are held and the engine has run no step and produced no token for half a minute while its "
+             "metrics still answer: hung, not slow.",
+             "RooflightEngineStalled", names.ENGINE_STALLED),
 )
 
 # The /metrics name of each number the page shows, so the page can say which series it is showing.

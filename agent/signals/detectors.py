@@ -26,6 +26,10 @@ blocking and Batch verdicts); what to do about each is in docs/runbooks.md:
   cap and KV had room (occupancy below `kv_room_usage`). Something upstream of the batch is binding.
 - batch at its configured maximum (`BATCH_AT_CONFIGURED_MAX`): running reached the cap while KV had room.
   A config lever (max_num_seqs and friends), not the wall.
+- engine stalled (`ENGINE_STALLED`): requests held (running or waiting, never 0) through the last
+  `stall_seconds` and not one engine step nor one prompt or generated token in them, from an engine whose
+  /metrics answered every sample. Hung, not slow: a slow engine still moves its counters. The Prometheus
+  alert RooflightEngineStalled (rules/health.py) pages on the same condition over minutes.
 
 Every verdict is three-valued: True, False, or None when the inputs cannot tell. Conditions combine with
 Kleene logic, so one input that rules a verdict out gives False even if another input is missing.
@@ -63,6 +67,9 @@ class DetectorThresholds:
     admission_min_waiting: minimum queue over the short window: the queue persisted, not a blip.
     admission_max_batch_fraction: running / cap below this is "well below its cap".
     kv_room_usage: KV occupancy below this means KV has room (admission-bound, at-configured-max).
+    stall_seconds: how long requests must be held with no step and no token for the engine to be stalled.
+        Longer than any one engine step: chunked prefill keeps steps well under a second; a whole 100k-token
+        prompt on a slow GPU takes seconds, not half a minute.
     """
 
     hol_inflation: float = 3.0
@@ -76,6 +83,7 @@ class DetectorThresholds:
     admission_min_waiting: float = 1.0
     admission_max_batch_fraction: float = 0.5
     kv_room_usage: float = 0.8
+    stall_seconds: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.hol_inflation > 1.0:
@@ -92,6 +100,7 @@ class DetectorThresholds:
             "capacity_min_preemptions_per_second",
             "capacity_min_waiting",
             "admission_min_waiting",
+            "stall_seconds",
         ):
             value = getattr(self, name)
             if not value >= 0.0:
@@ -113,6 +122,9 @@ class DetectorInputs:
     waiting_min_short: float | None  # minimum queue over the short window
     batch_max: float | None  # configured batch cap (max_num_seqs etc.)
     itl_source: str = ITL_FROM_ENGINE  # where itl_worst_recent and its baseline come from
+    # Over the last `stall_seconds` (None while the history is shorter, or a count is missing):
+    held_min_stall: float | None = None  # the least running + waiting seen in it
+    progress_stall: float | None = None  # engine steps + prompt + generated tokens it gained
 
 
 @dataclass(frozen=True)
@@ -125,6 +137,7 @@ class Verdicts:
     admission_bound: bool | None
     at_configured_max: bool | None
     itl_source: str = ITL_FROM_ENGINE  # which ITL source judged head-of-line
+    engine_stalled: bool | None = None
 
 
 def _all(*conditions: bool | None) -> bool | None:
@@ -204,6 +217,14 @@ def at_configured_max(inputs: DetectorInputs, t: DetectorThresholds) -> bool | N
     )
 
 
+def engine_stalled(inputs: DetectorInputs) -> bool | None:
+    """Requests held through the stall window and no step or token in it: hung, not slow."""
+    return _all(
+        _above(inputs.held_min_stall, 0.0),
+        None if inputs.progress_stall is None else inputs.progress_stall <= 0.0,
+    )
+
+
 def evaluate(inputs: DetectorInputs, thresholds: DetectorThresholds) -> Verdicts:
     """Every detector on one set of windowed inputs."""
     hol, factor = head_of_line(inputs, thresholds)
@@ -214,4 +235,5 @@ def evaluate(inputs: DetectorInputs, thresholds: DetectorThresholds) -> Verdicts
         admission_bound=admission_bound(inputs, thresholds),
         at_configured_max=at_configured_max(inputs, thresholds),
         itl_source=inputs.itl_source,
+        engine_stalled=engine_stalled(inputs),
     )

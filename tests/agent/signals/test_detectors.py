@@ -23,6 +23,8 @@ HEALTHY = DetectorInputs(
     waiting=0.0,
     waiting_min_short=0.0,
     batch_max=256.0,
+    held_min_stall=40.0,  # 40 running throughout the last 30 s
+    progress_stall=30 * (150 + 2000 + 6000),  # 150 steps, 2,000 decode and 6,000 prompt tokens a second
 )
 
 UNKNOWN = DetectorInputs(**{f.name: None for f in dataclasses.fields(DetectorInputs) if f.name != "itl_source"})
@@ -40,6 +42,7 @@ def test_healthy_batch_raises_nothing() -> None:
         capacity_capped=False,
         admission_bound=False,
         at_configured_max=False,
+        engine_stalled=False,
     )
 
 
@@ -216,3 +219,24 @@ def test_thresholds_are_configurable() -> None:
 def test_nonsense_thresholds_are_config_errors(bad: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
         DetectorThresholds(**bad)
+
+
+# Engine stalled ---------------------------------------------------------------------------------------
+
+def test_requests_held_and_nothing_moved_is_a_stalled_engine() -> None:
+    # 8 running and 20 waiting through the last 30 s, not one step or token: hung
+    assert evaluate(with_(held_min_stall=28.0, progress_stall=0.0), T).engine_stalled is True
+
+
+def test_a_slow_engine_or_an_idle_one_is_not_stalled() -> None:
+    # one token in 30 s is slow, not hung; nothing held is idle, whatever the counters do
+    assert evaluate(with_(held_min_stall=28.0, progress_stall=1.0), T).engine_stalled is False
+    assert evaluate(with_(held_min_stall=0.0, progress_stall=0.0), T).engine_stalled is False
+
+
+def test_a_stall_unknown_until_the_history_covers_the_window() -> None:
+    assert evaluate(with_(held_min_stall=None, progress_stall=0.0), T).engine_stalled is None
+    assert evaluate(with_(held_min_stall=28.0, progress_stall=None), T).engine_stalled is None
+    assert evaluate(with_(held_min_stall=0.0, progress_stall=None), T).engine_stalled is False  # idle rules it out
+    with pytest.raises(ConfigError):
+        DetectorThresholds(stall_seconds=-1.0)
