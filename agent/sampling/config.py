@@ -591,7 +591,12 @@ def _target(entry: Mapping[str, Any], shared: Mapping[str, Any]) -> TargetConfig
         raise ConfigError(f"target {shown}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
     if values.get("model") and values.get("model_config"):
         raise ConfigError(f"target {shown}: give --model or --model-config, not both")
-    target = TargetConfig(url=url, name=str(values.get("name") or target_name(url)))
+    name = str(values.get("name") or target_name(url))
+    if len(name) > MAX_TARGET_NAME or not name.isprintable() or name != name.strip():
+        # the name is a label value and is printed in every log line of the target: no control characters
+        raise ConfigError(f"target {shown}: `name` must be at most {MAX_TARGET_NAME} printable characters without "
+                          "surrounding spaces (got " + ascii(name)[:80] + ")")
+    target = TargetConfig(url=url, name=name)
     if values.get("draft_model") and values.get("draft_model_config"):
         raise ConfigError(f"target {shown}: give --draft-model or --draft-model-config, not both")
     for key in ("engine", "metrics_path", "model", "model_config", "weight_dtype", "kv_dtype", "gpu",

@@ -296,3 +296,17 @@ def test_plan_from_live_on_a_page_that_is_not_prometheus_text_exits_2(capsys: py
     finally:
         httpd.shutdown()
     assert code == 2 and "not a Prometheus text page" in err, err
+
+
+def test_a_target_name_with_control_characters_is_refused_with_a_clear_error(tmp_path) -> None:
+    """A target's name is a label value and is printed in every log line about it: an escape sequence in it
+    would reach the operator's terminal. It is refused at start (exit 2), shown escaped."""
+    import subprocess
+    from support import rooflight_exe
+
+    config = tmp_path / "rooflight.yaml"
+    config.write_text('targets:\n  - url: http://127.0.0.1:8000\n    name: "evil\\u001b[2Jname"\n')
+    run = subprocess.run([rooflight_exe(), "run", "--config", str(config), "--check-only"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "printable" in run.stderr and "\x1b" not in run.stderr and "\\x1b" in run.stderr
