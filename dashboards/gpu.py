@@ -154,7 +154,7 @@ def _health(g: Grid) -> None:
     g.add(ts(
         "XID and uncorrectable ECC errors",
         "XID critical-error events and uncorrectable (double-bit) ECC errors per 10 minutes, per GPU and pod "
-        "(the last XID code is rooflight_gpu_xid_last_code, quoted by the alert). A hardware-class XID (48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140) or "
+        "(the last XID code is rooflight_gpu_xid_last_code, quoted by the alert). A hardware-class XID (48, 64, 74, 79, 94, 95, 119, 120, 140) or "
         "any uncorrectable ECC error pages (RooflightGPUHardwareXid, RooflightGPUUncorrectableECC); "
         "application XIDs (13, 31, 43, 45) show here only.",
         "short", [

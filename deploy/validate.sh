@@ -97,6 +97,11 @@ kinds() { grep -h '^kind:' "$@" | sort -u | tr '\n' ' '; }
 if grep -q '^kind: \(PrometheusRule\|ConfigMap\)' "$out/helm-examples-vllm-pool-without-monitoring.yaml"; then
   echo "FAIL an engine release without monitoring still renders rules or dashboards" >&2; exit 1
 fi
+# An autoscaled pool (replicas: null) leaves the count to its autoscaler and still gets its PDB.
+if grep -q '^  replicas:' "$out/helm-examples-vllm-prefill-pool.yaml" \
+   || ! grep -q '^kind: PodDisruptionBudget' "$out/helm-examples-vllm-prefill-pool.yaml"; then
+  echo "FAIL the autoscaled prefill pool renders a replica count, or no PodDisruptionBudget" >&2; exit 1
+fi
 # No topology labels at all (a single Prometheus that adds none): the rules keep only the agent's labels.
 "$helm" template no-topology deploy/helm/rooflight --set prometheusRule.topologyLabels=null \
   --show-only templates/prometheusrule.yaml > "$out/helm-no-topology.yaml"

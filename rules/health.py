@@ -21,12 +21,12 @@ from rooflight.rules.promql import labels, number, series
 from rooflight.rules.recording import Rule, keep, rank_labels
 from rooflight.rules.templates import query_value, same
 
-# XID codes whose cause is the GPU or its links, not the application (NVIDIA's XID catalogue): double-bit
-# ECC (48), row-remap events and failures (63, 64), NVLink (74), fallen off the bus (79), high single-bit
-# ECC rate (92), contained and uncontained ECC (94, 95), GSP timeouts and errors (119, 120), unrecovered ECC
-# (140). Others (13, 31, 43, 45: an application's fault, a killed context) page nobody; they show on the
-# GPU dashboard.
-HARDWARE_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140)
+# XID codes whose cause is the GPU or its links and that need a reset or a replacement now (NVIDIA's XID
+# catalogue): double-bit ECC (48), a row-remap failure (64), NVLink (74), fallen off the bus (79), contained and
+# uncontained ECC (94, 95), GSP timeouts and errors (119, 120), unrecovered ECC (140). A row-remap recording
+# event (63) and a high single-bit ECC rate (92) ask for a reset when convenient (RooflightGPURowRemapPending
+# covers the first); application faults (13, 31, 43, 45) page nobody. All show on the GPU dashboard.
+HARDWARE_XIDS = (48, 64, 74, 79, 94, 95, 119, 120, 140)
 # nvmlClocksEventReason bits that mean the GPU is protecting itself: HW slowdown (8), SW thermal (32), HW
 # thermal (64), HW power brake (128). SW power cap (4) is a busy GPU at its power limit: normal, not alerted.
 SLOWDOWN_BITS = (8, 32, 64, 128)
@@ -56,8 +56,9 @@ def stall_expr(config: RulesConfig) -> str:
     from an engine whose /metrics answers (one that does not is RooflightEngineDown's: the agent keeps its
     last gauges, which would read as held work).
 
-    The value is the requests held now. `unless` on the steps keeps an engine that exports no step counter
-    judged by its tokens alone.
+    The value is the requests held now. The engine must export its steps (`rooflight_engine_steps_total`): an
+    engine that counts tokens only when a request ends (TensorRT-LLM) shows no progress for as long as its
+    longest request runs, which is not a hang; without a step counter the stall cannot be told.
     """
     w, sel = config.engine_stalled_window, config.agent_selector
     on = labels(keep(config, *rank_labels(config)))
@@ -69,8 +70,8 @@ def stall_expr(config: RulesConfig) -> str:
         f"(min_over_time({running}[{w}]) + on ({on}) min_over_time({waiting}[{w}]) > 0)\n"
         f"unless on ({on})\n"
         f"(increase({prompt}[{w}]) + on ({on}) increase({generation}[{w}]) > 0)\n"
-        f"unless on ({on})\n"
-        f"(increase({series(names.ENGINE_STEPS, sel)}[{w}]) > 0)\n"
+        f"and on ({on})\n"
+        f"(increase({series(names.ENGINE_STEPS, sel)}[{w}]) == 0)\n"
         f"and on ({labels(keep(config, 'target'))})\n"
         f"({series(names.SOURCE_UP, sel, ENGINE_SOURCE)} == 1)"
     )

@@ -87,6 +87,12 @@ def test_values_defaults_are_the_rules_defaults() -> None:
     assert (rule["agentDown"]["for"], rule["agentAbsent"]["for"], rule["sourceDown"]["for"]) == (
         config.agent_down_for, config.agent_absent_for, config.source_down_for,
     )
+    assert (rule["engineStartTimeout"]["for"], rule["engineStalled"]["for"], rule["gpuHot"]["celsius"]) == (
+        config.engine_start_budget, config.engine_stalled_for, config.gpu_temperature_celsius,
+    )
+    # the load budget the alert allows is the startup probe's
+    probe = values["engine"]["startupProbe"]
+    assert f'{probe["periodSeconds"] * probe["failureThreshold"] // 60}m' == rule["engineStartTimeout"]["for"]
     assert rule["engine"] == "vllm" and rule["ttft"]["byModel"] == {} == rule["itl"]["byModel"]
     for monitor in ("podMonitor", "serviceMonitor"):
         assert {"scrapeTimeout", "relabelings", "metricRelabelings"} <= set(values[monitor])

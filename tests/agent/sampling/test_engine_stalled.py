@@ -42,3 +42,12 @@ async def test_an_engine_that_keeps_generating_is_never_stalled() -> None:
         for _ in range(80):  # 40 s, one token a sample
             tokens += 1
             assert _stalled(await rig.sample(_with_generated(PAGE, tokens))) in (None, 0.0)
+
+
+async def test_an_engine_that_counts_no_steps_is_never_judged_stalled() -> None:
+    """Without a step counter (TensorRT-LLM counts tokens only when a request ends) flat counters with work held
+    are long requests as much as a hang: the detector says nothing rather than a false 1."""
+    no_steps = "\n".join(line for line in PAGE.splitlines() if "iteration_tokens" not in line) + "\n"
+    async with scripted_agent(no_steps, interval=0.5, windows="5s,60s") as rig:
+        for _ in range(80):  # 40 s of the same page: 16 running, nothing moves
+            assert _stalled(await rig.sample(no_steps)) is None
