@@ -116,15 +116,20 @@ def recording_rules(config: RulesConfig) -> list[Rule]:
         # the model on purpose, but within one service scope (cluster, namespace: fleet_labels): prod and
         # staging are two fleets, never one sum.
         _record(fleet_tokens_record(config), f"sum by ({fleet_by(config, 'model', 'phase')}) ({tokens})"),
+        # Each side only over the ranks that have both: a rank whose agent missed a scrape has no instant
+        # peak for that evaluation while rate() still has its counter, and its bytes over the others'
+        # peaks would read up to twice the fleet's MBU.
         _record(
             f"model:rooflight_mbu:ratio_rate{w}",
-            f"sum by ({fleet_by(config, 'model')}) ({stream})\n"
-            f"/ on ({fleet_by(config, 'model')}) sum by ({fleet_by(config, 'model')}) ({peak_bw})",
+            f"sum by ({fleet_by(config, 'model')}) ({stream} and on ({by_rank}) {peak_bw})\n"
+            f"/ on ({fleet_by(config, 'model')})\n"
+            f"sum by ({fleet_by(config, 'model')}) ({peak_bw} and on ({by_rank}) {stream})",
         ),
         _record(
             f"model_phase:rooflight_mfu:ratio_rate{w}",
-            f"sum by ({fleet_by(config, 'model', 'phase')}) ({flops})\n"
-            f"/ on ({fleet_by(config, 'model')}) group_left sum by ({fleet_by(config, 'model')}) ({peak_flops})",
+            f"sum by ({fleet_by(config, 'model', 'phase')}) ({flops} and on ({by_rank}) {peak_flops})\n"
+            f"/ on ({fleet_by(config, 'model')}) group_left\n"
+            f"sum by ({fleet_by(config, 'model')}) ({peak_flops} and on ({by_rank}) {flops})",
         ),
     ]
 
