@@ -242,7 +242,8 @@ class WorkTotals:
 
     Counters, so Prometheus can rate them and sum them across replicas: the recording rules' MBU is
     rate(streamed_bytes) / the copy's peak bandwidth, one definition with the agent's own (docs/physics.md,
-    Recording rules). None / absent until the model is known; then kept, and only ever added to.
+    section Live ratios, The recording rules). None / absent until the model is known; then kept, and only
+    ever added to.
     """
 
     at: float  # time of the last point counted
