@@ -1,11 +1,14 @@
-"""Recording rules that recompute MBU, MFU and per-phase tokens/s in PromQL from the agent's counters.
+"""Recording rules for MBU, MFU and per-phase tokens/s in PromQL, from the agent's counters.
 
-The agent exports its own windowed ratios, but a ratio cannot be averaged across agents. These rules
-rebuild numerator and denominator separately from the exported counters and constants, per rank, and
-aggregate each side by model, so a fleet's MBU is sum(bytes/s) / sum(peak bytes/s), never avg(ratio):
+The agent exports its own windowed ratios, but a ratio cannot be averaged across agents. It also
+exports the numerators as counters: the bytes its engine's steps read and the FLOPs by phase, exactly
+as its own MBU and MFU count them (agent/signals/derive.py: weights a step touches, live KV by the
+engine's KV groups, draft model, expert share; matmuls, attention, prefix-cache hits left out). These
+rules rate those counters and divide by the peaks, per rank, and aggregate each side by model, so a
+fleet's MBU is sum(bytes/s) / sum(peak bytes/s), never avg(ratio), and a number has one definition:
 
-    MBU        = (weight_bytes + avg kv_usage x capacity x kv_bytes_per_token) x rate(steps) / (bw x tp)
-    MFU{phase} = rate(tokens{phase}) x 2 x params{active} / (peak_flops x tp)
+    MBU        = rate(rooflight_model_streamed_bytes_total) / (peak bandwidth x tp)
+    MFU{phase} = rate(rooflight_model_flops_total{phase}) / (peak FLOP/s x tp)
 
 Every per-rank aggregation and join also keeps the scrape's topology labels (RulesConfig.kept_labels:
 cluster, namespace, pod, instance, job by default). Two replicas' sidecars both export
@@ -70,8 +73,8 @@ def recording_rules(config: RulesConfig) -> list[Rule]:
     peak_flops = record_name(rank, names.GPU_PEAK_FLOPS, "sum")
     mfu = record_name(rank_phase, "rooflight_mfu", f"ratio_rate{w}")
 
-    def rate(metric: str) -> str:
-        return f"sum by ({by_rank}) (rate({series(metric, sel)}[{config.rate_window}]))"
+    def rate(metric: str, by: str = by_rank) -> str:
+        return f"sum by ({by}) (rate({series(metric, sel)}[{config.rate_window}]))"
 
     def const(metric: str, on: str, *extra: str) -> str:
         return f"max by ({on}) ({series(metric, sel, *extra)})"
@@ -79,7 +82,6 @@ def recording_rules(config: RulesConfig) -> list[Rule]:
     # One series per rank with value 1, to hang the per-GPU constants on.
     ranks = f"group by ({by_rank}) ({series(names.ENGINE_STEPS, sel)})"
     tp = const(names.TENSOR_PARALLEL_SIZE, on_model)
-    active_params = const(names.MODEL_PARAMETERS, on_model, 'kind="active"')
 
     return [
         _record(steps, rate(names.ENGINE_STEPS)),
@@ -89,18 +91,10 @@ def recording_rules(config: RulesConfig) -> list[Rule]:
             "or\n"
             f'label_replace({rate(names.GENERATION_TOKENS)}, "phase", "decode", "", "")',
         ),
-        _record(
-            kv_live,
-            f"max by ({by_rank}) (avg_over_time({series(names.KV_USAGE, sel)}[{config.rate_window}]))\n"
-            f"* on ({by_rank}) max by ({by_rank}) ({series(names.KV_CAPACITY_TOKENS, sel)})\n"
-            f"* on ({on_model}) group_left {const(names.MODEL_KV_BYTES_PER_TOKEN, on_model)}",
-        ),
-        # Bytes a decode step streams (all weights once, plus every live KV byte), times steps per second.
-        _record(
-            stream,
-            f"(\n  {kv_live}\n  + on ({on_model}) group_left {const(names.MODEL_WEIGHT_BYTES, on_model)}\n)\n"
-            f"* on ({by_rank}) {steps}",
-        ),
+        # Live KV bytes as the agent counts them (the engine's KV groups), over the window.
+        _record(kv_live, f"max by ({by_rank}) (avg_over_time({series(names.KV_LIVE_BYTES, sel)}[{config.rate_window}]))"),
+        # Bytes the engine's steps read per second (weights a step touches and live KV, as the agent's MBU).
+        _record(stream, rate(names.STREAMED_BYTES)),
         # Peak bandwidth of the GPUs one model copy spans: per-GPU peak x tensor-parallel size.
         _record(
             peak_bw,
@@ -109,11 +103,8 @@ def recording_rules(config: RulesConfig) -> list[Rule]:
             f"* on ({on_model}) group_left {tp}",
         ),
         _record(mbu, f"{stream}\n/ on ({by_rank}) {peak_bw}"),
-        _record(
-            flops,
-            f"2 * {tokens}\n"
-            f"* on ({on_model}) group_left {active_params}",
-        ),
+        # FLOP/s by phase, as the agent's MFU counts them.
+        _record(flops, rate(names.FLOPS, labels(keep(config, *rank_phase)))),
         _record(
             peak_flops,
             f"{ranks}\n"
@@ -125,15 +116,20 @@ def recording_rules(config: RulesConfig) -> list[Rule]:
         # the model on purpose, but within one service scope (cluster, namespace: fleet_labels): prod and
         # staging are two fleets, never one sum.
         _record(fleet_tokens_record(config), f"sum by ({fleet_by(config, 'model', 'phase')}) ({tokens})"),
+        # Each side only over the ranks that have both: a rank whose agent missed a scrape has no instant
+        # peak for that evaluation while rate() still has its counter, and its bytes over the others'
+        # peaks would read up to twice the fleet's MBU.
         _record(
             f"model:rooflight_mbu:ratio_rate{w}",
-            f"sum by ({fleet_by(config, 'model')}) ({stream})\n"
-            f"/ on ({fleet_by(config, 'model')}) sum by ({fleet_by(config, 'model')}) ({peak_bw})",
+            f"sum by ({fleet_by(config, 'model')}) ({stream} and on ({by_rank}) {peak_bw})\n"
+            f"/ on ({fleet_by(config, 'model')})\n"
+            f"sum by ({fleet_by(config, 'model')}) ({peak_bw} and on ({by_rank}) {stream})",
         ),
         _record(
             f"model_phase:rooflight_mfu:ratio_rate{w}",
-            f"sum by ({fleet_by(config, 'model', 'phase')}) ({flops})\n"
-            f"/ on ({fleet_by(config, 'model')}) group_left sum by ({fleet_by(config, 'model')}) ({peak_flops})",
+            f"sum by ({fleet_by(config, 'model', 'phase')}) ({flops} and on ({by_rank}) {peak_flops})\n"
+            f"/ on ({fleet_by(config, 'model')}) group_left\n"
+            f"sum by ({fleet_by(config, 'model')}) ({peak_flops} and on ({by_rank}) {flops})",
         ),
     ]
 

@@ -96,6 +96,10 @@ def render_series(f: _Families, target: TargetView, view: SeriesView) -> None:
     f.add(n.GENERATION_TOKENS, key, _nonneg(s.generation_tokens_total))
     f.add(n.ENGINE_STEPS, key, _nonneg(s.steps_total))
     f.add(n.PREEMPTIONS, key, _nonneg(s.preemptions_total))
+    if view.work is not None:
+        f.add(n.STREAMED_BYTES, key, _nonneg(view.work.streamed_bytes))
+        for phase, value in sorted(view.work.flops.items()):
+            f.add(n.FLOPS, (*key, phase), _nonneg(value))
     for w in view.windows:
         wk = (*key, w.window)
         for phase, value in sorted(w.tokens_per_second.items()):

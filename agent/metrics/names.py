@@ -32,6 +32,10 @@ PROMPT_TOKENS = "rooflight_prompt_tokens_total"
 GENERATION_TOKENS = "rooflight_generation_tokens_total"
 ENGINE_STEPS = "rooflight_engine_steps_total"
 PREEMPTIONS = "rooflight_preemptions_total"
+# The engine's work as MBU and MFU count it (counters: the recording rules rate and sum them; MBU = rate /
+# (peak bandwidth x TP), MFU = rate / (peak FLOP/s x TP)).
+STREAMED_BYTES = "rooflight_model_streamed_bytes_total"
+FLOPS = "rooflight_model_flops_total"  # by phase
 
 # Windowed, derived by the agent (label: window; plus phase / percentile where named).
 TOKENS_PER_SECOND = "rooflight_tokens_per_second"

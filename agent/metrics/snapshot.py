@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from rooflight.agent.roofline.constants import TargetConstants
-from rooflight.agent.signals.derive import WindowValues
+from rooflight.agent.signals.derive import WindowValues, WorkTotals
 from rooflight.agent.signals.headroom import SignalSettings, WindowSignals, series_signals
 from rooflight.collectors.gpu_map import GpuAssignment
 from rooflight.collectors.samples import EngineSeries, GpuSample, ProcessSample
@@ -34,6 +34,7 @@ class SeriesView:
     # The engine's memory and scheduler settings (its page's for this rank, over its info endpoint's),
     # as label name -> value: rooflight_engine_config_info.
     settings: Mapping[str, str] = field(default_factory=dict)
+    work: WorkTotals | None = None  # bytes and FLOPs as MBU and MFU count them, since the agent began (counters)
 
 
 DEFAULT_SIGNAL_SETTINGS = SignalSettings()

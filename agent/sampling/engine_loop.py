@@ -138,6 +138,7 @@ class EngineLoop:
         self._tails: dict[tuple[str, str], dict[str, TailBaseline]] = {}  # by series, then ITL source
         self._last_stall: dict[tuple[str, str], float] = {}
         self._long: dict[tuple[str, str], _LongWindows] = {}  # by series, derived at most once a second
+        self._work: dict[tuple[str, str], derive.WorkTotals] = {}  # by series: the work counters' totals
         self._shortest, self._longer = _split_windows(config.windows)
         self._long_every = min([LONG_WINDOWS_EVERY_SECONDS,
                                 *(LONG_WINDOWS_STALE_SHARE * seconds for seconds in self._longer.values())])
@@ -302,6 +303,7 @@ class EngineLoop:
             self._tails.pop(key, None)
             self._last_stall.pop(key, None)
             self._long.pop(key, None)
+            self._work.pop(key, None)
         if regressed:  # one error per sample, however many counters
             self.state.note("counter_regress", f"counters going backwards repeatedly, their rates withheld: "
                             f"{', '.join(sorted(regressed)[:5])}{' ...' if len(regressed) > 5 else ''}")
@@ -364,9 +366,11 @@ class EngineLoop:
     def _series_view(self, series: EngineSeries, constants: TargetConstants, count_dropped: bool = False) -> SeriesView:
         key = (series.model, series.rank)
         history = self._histories.get(key)
-        windows = tuple(within_physics(w, constants) for w in (
-            self._shortest_window(series, history, constants, count_dropped)
-            + self._longer_windows(key, series, history, constants, count_dropped)))
+        shortest = tuple(within_physics(w, constants)
+                         for w in self._shortest_window(series, history, constants, count_dropped))
+        windows = shortest + tuple(within_physics(w, constants)
+                                   for w in self._longer_windows(key, series, history, constants, count_dropped))
+        work = self._count_work(key, history, shortest)
         batch_max = _first(self.target.batch_max, series.batch_max_requests, self.hints.batch_max_requests)
         live = derive.live_kv_bytes(series.kv_usage_ratio, series.kv_capacity_tokens, constants)
         tail = self._itl_tail(series, history)
@@ -374,7 +378,17 @@ class EngineLoop:
         verdicts = self._hold_head_of_line((series.model, series.rank), verdicts)
         self._mark_rising_edges((series.model, series.rank), verdicts)
         return SeriesView(series=series, windows=windows, verdicts=verdicts, batch_max=batch_max, live_kv_bytes=live,
-                          settings=_settings(self.hints, series))
+                          settings=_settings(self.hints, series), work=work)
+
+    def _count_work(self, key: tuple[str, str], history: SeriesHistory | None,
+                    shortest: tuple[derive.WindowValues, ...]) -> derive.WorkTotals | None:
+        """The series' work counters with the latest sample's interval added (once per sample)."""
+        interval = history.last_interval() if history is not None else None
+        if interval is None:
+            return self._work.get(key)
+        totals = derive.accumulate_work(self._work.get(key), *interval, shortest[0] if shortest else None)
+        self._work[key] = totals
+        return totals
 
     def _shortest_window(self, series: EngineSeries, history: SeriesHistory | None, constants: TargetConstants,
                          count_dropped: bool) -> tuple[derive.WindowValues, ...]:

@@ -100,6 +100,10 @@ class WindowValues:
     preemptions_per_second: float | None = None
     mbu: float | None = None
     mfu: Mapping[str, float] = field(default_factory=dict)  # by phase
+    # The numerators of MBU and MFU: bytes the engine's steps read per second, and FLOP/s by phase, as the
+    # ratios count them (absent where the model is unknown, or where the ratio was withheld as impossible).
+    streamed_bytes_per_second: float | None = None
+    flops_per_second: Mapping[str, float] = field(default_factory=dict)
     decode_intensity: float | None = None
     ttft: Mapping[str, float] = field(default_factory=dict)  # by percentile
     itl: Mapping[str, float] = field(default_factory=dict)  # by percentile
@@ -175,12 +179,17 @@ def derive_window(
     computed, basis = computed_prefill(tokens.get("prefill"), hit_ratio, PROMPT_INCLUDES_HITS in last.gauges)
     per_step = _tokens_per_step(first, last, computed / tokens["prefill"] if computed and tokens.get("prefill") else 1.0)
     mean_prompt = _mean_prompt(first, last)
-    mbu, mfu, dropped = _in_range(
-        _mbu(constants, live_kv, steps, per_step if per_step is not None else max(running or 0.0, 1.0),
-             _draft_passes_per_step(first, last)),
-        _mfu(constants, tokens, computed, mean_prompt, hit_ratio,
-             _decode_context_layer_tokens(kv_usage, kv_capacity_tokens, running, constants),
-             _prefills_per_second(first, last, ttft)))
+    streamed = _streamed_bytes_per_second(
+        constants, live_kv, steps, per_step if per_step is not None else max(running or 0.0, 1.0),
+        _draft_passes_per_step(first, last))
+    flops = _flops_per_second(constants, tokens, computed, mean_prompt, hit_ratio,
+                              _decode_context_layer_tokens(kv_usage, kv_capacity_tokens, running, constants),
+                              _prefills_per_second(first, last, ttft))
+    mbu, mfu, dropped = _in_range(_per_peak(streamed, constants.peak_bandwidth if constants else None),
+                                  _per_peak_by_phase(flops, constants.peak_flops if constants else None))
+    # The work counted for the counters is what the ratios count, without the ratios withheld.
+    streamed = None if MBU_OUT_OF_RANGE in dropped else streamed
+    flops = {phase: v for phase, v in flops.items() if phase in mfu or MFU_OUT_OF_RANGE not in dropped}
     (ttft_percentiles, ttft_tail), (itl_percentiles, itl_tail) = (
         _percentiles_and_tail(ttft, percentiles), _percentiles_and_tail(itl, percentiles))
     transferred = rate(first, last, KV_TRANSFER)
@@ -192,6 +201,8 @@ def derive_window(
         preemptions_per_second=rate(first, last, PREEMPTIONS),
         mbu=mbu,
         mfu=mfu,
+        streamed_bytes_per_second=streamed,
+        flops_per_second=flops,
         decode_intensity=_decode_intensity(constants, running, live_kv),
         ttft=ttft_percentiles,
         itl=itl_percentiles,
@@ -223,6 +234,50 @@ def derive_window(
         output_length=_percentiles(histogram_delta(first, last, OUTPUT_LENGTH), percentiles),
         queue_time=_percentiles(histogram_delta(first, last, QUEUE_TIME), percentiles),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkTotals:
+    """The engine's work as MBU and MFU count it, summed over every sample since the agent began counting.
+
+    Counters, so Prometheus can rate them and sum them across replicas: the recording rules' MBU is
+    rate(streamed_bytes) / the copy's peak bandwidth, one definition with the agent's own (docs/physics.md,
+    section Live ratios, The recording rules). None / absent until the model is known; then kept, and only
+    ever added to.
+    """
+
+    at: float  # time of the last point counted
+    streamed_bytes: float | None = None
+    flops: Mapping[str, float] = field(default_factory=dict)  # by phase
+
+
+def accumulate_work(totals: WorkTotals | None, previous: Point, latest: Point,
+                    shortest: WindowValues | None) -> WorkTotals:
+    """`totals` plus the work between the last two points: each counter's increase over them (steps,
+    prompt tokens, generated tokens) x the work one of them did over the shortest window (its bytes per
+    step, FLOPs per token), so the counters follow the engine's steps as they happen while a unit's work
+    is the one the exported ratios used. Points already counted add nothing."""
+    if totals is not None and latest.t <= totals.at:
+        return totals
+    if totals is None:
+        totals = WorkTotals(at=previous.t)
+    streamed, flops = totals.streamed_bytes, dict(totals.flops)
+    if shortest is not None:
+        if shortest.streamed_bytes_per_second is not None:
+            streamed = (streamed or 0.0) + _work(shortest.streamed_bytes_per_second, shortest.steps_per_second,
+                                                 increase(previous, latest, STEPS))
+        for phase, counter in (("prefill", PROMPT), ("decode", GENERATION)):
+            if phase in shortest.flops_per_second:
+                flops[phase] = flops.get(phase, 0.0) + _work(
+                    shortest.flops_per_second[phase], shortest.tokens_per_second.get(phase),
+                    increase(previous, latest, counter))
+    return WorkTotals(at=latest.t, streamed_bytes=streamed, flops=flops)
+
+
+def _work(work_per_second: float, units_per_second: float | None, units: float | None) -> float:
+    """The work of `units` steps or tokens at the window's work per unit; 0 without any."""
+    per_unit = _ratio(work_per_second, units_per_second)
+    return per_unit * units if per_unit is not None and units is not None and units > 0 else 0.0
 
 
 def prefix_cache_hit_ratio(first: Point, last: Point) -> float | None:
@@ -433,35 +488,33 @@ def _draft_passes_per_step(first: Point, last: Point) -> float | None:
     return _ratio(increase(first, last, DRAFT), drafts)
 
 
-def _mbu(
+def _streamed_bytes_per_second(
     constants: TargetConstants | None, live_kv: float | None, steps: float | None, tokens_per_step: float,
     draft_passes: float | None = None,
 ) -> float | None:
-    """None where an input is unknown, the GPU's included: an unknown GPU has no bandwidth peak, and
-    another GPU's would be a wrong denominator (docs/physics.md, section GPU constants).
+    """Bytes the engine's steps read per second, as MBU counts them (MBU = this / the copy's peak
+    bandwidth); None where an input is unknown.
 
     Weights per step: what a step of `tokens_per_step` tokens reads (MoE: the experts those tokens touch;
     the input embedding table one row a token; expert parallelism: this copy's share of the experts), plus
-    a draft model's weights once per draft pass."""
-    peak = constants.peak_bandwidth if constants is not None else None
-    if constants is None or constants.model is None or live_kv is None or steps is None or peak is None:
+    a draft model's weights once per draft pass; and every live KV byte."""
+    if constants is None or constants.model is None or live_kv is None or steps is None:
         return None
     weights = constants.model.decode_weight_bytes(tokens_per_step, constants.expert_ranks)
     if constants.draft is not None and draft_passes:
         weights += draft_passes * constants.draft.decode_weight_bytes(tokens_per_step)
-    return physics.mbu(weights, live_kv, steps, peak)
+    return (weights + live_kv) * steps
 
 
-def _mfu(constants: TargetConstants | None, tokens: Mapping[str, float], computed_prefill: float | None,
-         mean_prompt: float | None, hit_ratio: float | None, decode_context: float | None,
-         prefills_per_second: float = 0.0) -> dict[str, float]:
-    """Empty where the model or the GPU's peak is unknown (see _mbu). Per token: 2 x the parameters it
-    multiplies with (not the input embedding table), plus its attention scores and values: a prefill token
-    over the mean prompt's causal triangle (the cached prefix attended to, not recomputed), a decode token
-    over its sequence's cache; the LM head once per prefill, not per prompt token (docs/physics.md, Live
-    ratios)."""
-    peak = constants.peak_flops if constants is not None else None
-    if constants is None or constants.model is None or peak is None:
+def _flops_per_second(constants: TargetConstants | None, tokens: Mapping[str, float],
+                      computed_prefill: float | None, mean_prompt: float | None, hit_ratio: float | None,
+                      decode_context: float | None, prefills_per_second: float = 0.0) -> dict[str, float]:
+    """FLOP/s by phase, as MFU counts them (MFU = this / the copy's peak FLOP/s); empty without a model.
+    Per token: 2 x the parameters it multiplies with (not the input embedding table), plus its attention
+    scores and values: a prefill token over the mean prompt's causal triangle (the cached prefix attended
+    to, not recomputed), a decode token over its sequence's cache; the LM head once per prefill, not per
+    prompt token (docs/physics.md, Live ratios)."""
+    if constants is None or constants.model is None:
         return {}
     model = constants.model
     linear = physics.FLOPS_PER_PARAM_PER_TOKEN * model.matmul_params_active
@@ -474,11 +527,22 @@ def _mfu(constants: TargetConstants | None, tokens: Mapping[str, float], compute
             attention = model.attention_flops(cached, mean_prompt) / fresh if fresh > 0 else 0.0
         prompt_linear = physics.FLOPS_PER_PARAM_PER_TOKEN * model.prefill_matmul_params
         logits = physics.FLOPS_PER_PARAM_PER_TOKEN * model.lm_head_params * prefills_per_second
-        out["prefill"] = (computed_prefill * (prompt_linear + attention) + logits) / peak
+        out["prefill"] = computed_prefill * (prompt_linear + attention) + logits
     if "decode" in tokens:
         attention = model.attention_flops_per_pair * decode_context if decode_context else 0.0
-        out["decode"] = tokens["decode"] * (linear + attention) / peak
+        out["decode"] = tokens["decode"] * (linear + attention)
     return out
+
+
+def _per_peak(work: float | None, peak: float | None) -> float | None:
+    """A utilization: work per second over the peak of the GPUs one model copy spans. None where either is
+    unknown, the GPU's peak included: another GPU's would be a wrong denominator (docs/physics.md, section
+    GPU constants)."""
+    return work / peak if work is not None and peak else None
+
+
+def _per_peak_by_phase(work: Mapping[str, float], peak: float | None) -> dict[str, float]:
+    return {phase: v / peak for phase, v in work.items()} if peak else {}
 
 
 def _decode_intensity(

@@ -212,6 +212,10 @@ class SeriesHistory:
             return None
         return first, last
 
+    def last_interval(self) -> tuple[Point, Point] | None:
+        """The last two points (the interval the latest sample added); None before the second."""
+        return (self._points[-2], self._points[-1]) if len(self._points) >= 2 else None
+
     def points_since(self, first: Point) -> Iterator[Point]:
         i = bisect.bisect_left(self._times, first.t)
         return iter(self._points[i:])

@@ -62,13 +62,16 @@ SHORT = replace(
 
 # Recording rule vs agent, same nominal 1m window, computed from different samples: the agent's value
 # comes from its own 1 s samples up to ~2 s before Prometheus scraped it, and rate() extrapolates 1 s
-# scrapes to the window's edges, so the two windows are offset by up to ~3 s of 60. Where the rate is
-# smooth that is <1% (measured 0.01-1%); kv-wall's prefill arrives in lumps (a preempted sequence's
-# recompute is thousands of tokens at once), and one instant measured 8% apart. So both sides are
-# averaged over SMOOTH of evaluations (after the 1m window is full on both), which divides that noise,
-# and must agree within 10%. A real disagreement (a wrong constant, TP, a phase swap, fp8 KV bytes
-# counted twice) is 2x or a steady offset well past that.
-TOLERANCE = 0.10
+# scrapes to the window's edges, so the two windows are offset by up to ~3 s of 60. kv-wall's prefill
+# arrives in lumps (a preempted sequence's recompute is thousands of tokens at once), and one instant
+# measured 8% apart. So both sides are averaged over SMOOTH of evaluations (after the 1m window is full
+# on both), which divides that noise. The rules rate the agent's own work counters
+# (rooflight_model_streamed_bytes_total, rooflight_model_flops_total), so MBU and MFU disagree no more
+# than tokens/s does: over three runs MBU -1.4% to +0.1%, MFU -2.6% to +0.3%, tokens/s -2.1% to +0.9%.
+# The rules that rebuilt them from constants read MBU +1.3% and +5.7%, prefill MFU +10.4% and +12.9%
+# (`pytest -s tests/e2e/test_alerts_e2e.py` prints each; docs/physics.md, Live ratios, The recording
+# rules). 5%: twice the noise, under the old error.
+TOLERANCE = 0.05
 SMOOTH = "20s"
 
 SCENARIOS = ("head-of-line", "kv-wall")

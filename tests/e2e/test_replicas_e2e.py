@@ -38,7 +38,7 @@ SHARED_TARGET = "127.0.0.1:8000"
 CONFIG = replace(RulesConfig(), rate_window="1m")  # the agent's 1m window, so the two compare directly
 MBU_RULE = record_name(rank_labels(CONFIG), "rooflight_mbu", "ratio_rate1m")
 FLEET_RULE = "model:rooflight_mbu:ratio_rate1m"
-TOLERANCE = 0.10  # see test_alerts_e2e.py: window offsets of ~3 s in 60, averaged over SMOOTH
+TOLERANCE = 0.05  # see test_alerts_e2e.py (measured here -0.7% to +0.1%; the old rules read +6.0% and +6.2%)
 SMOOTH = "20s"
 MIN_SCRAPED_SECONDS = 85.0  # a full 1m window on both sides, then SMOOTH and a margin
 SEEDS = (1, 2)

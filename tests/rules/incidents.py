@@ -8,10 +8,13 @@ through the shipped rules/rooflight.rules.yaml with promtool and reads `ALERTS{a
 check: exactly the alerts listed fire, each naming its pod, and nothing else. docs/incidents.md is this
 catalogue as a table (generated from it, and checked).
 
-The numbers: Llama-3-8B (16e9 weight bytes, 131,072 KV bytes per token) on one H100 (3.35e12 B/s). A
-healthy pod runs 145 engine steps/s with 16 requests and its KV pool (100,000 tokens) 40% full: its weights
-alone stream 16e9 x 145 / 3.35e12 = 69% of the bandwidth, well above the low-MBU line (30%). It finishes 10
-requests/s, every first token within 2.5 s and every token within 0.1 s (the SLO thresholds).
+The numbers: Llama-3-8B (16.06e9 weight bytes, 131,072 KV bytes per token) on one H100 (3.35e12 B/s). A
+healthy pod runs 145 engine steps/s with 16 requests and its KV pool (100,000 tokens) 40% full. Its agent
+counts what a step reads as its MBU does (rooflight_model_streamed_bytes_total): the weights less the input
+embedding table with one row of it a token (15.0103e9 B at 55 tokens a step) plus the 5.24288e9 B of live
+KV, 20.2532e9 B; x 145 / 3.35e12 = 88% of the bandwidth (the weights alone 65%), well above the low-MBU
+line (30%). It finishes 10 requests/s, every first token within 2.5 s and every token within 0.1 s (the SLO
+thresholds).
 """
 
 from __future__ import annotations
@@ -126,7 +129,9 @@ RANK_SERIES = ("rooflight_engine_steps_total", "rooflight_generation_tokens_tota
                "rooflight_requests_running", "rooflight_requests_waiting", "rooflight_kv_cache_usage_ratio",
                "rooflight_kv_cache_capacity_tokens", "rooflight_batch_occupancy_ratio", "rooflight_preemptions_total",
                "rooflight_head_of_line_blocking", "rooflight_itl_tail_inflation_ratio",
-               "rooflight_batch_capacity_capped", "rooflight_batch_admission_bound")
+               "rooflight_batch_capacity_capped", "rooflight_batch_admission_bound",
+               "rooflight_model_streamed_bytes_total")
+BYTES_PER_STEP = 20.2532e9  # what a healthy pod's step reads, as its agent counts it (see the module docstring)
 TTFT, ITL = "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"
 # The series that exist only once the engine answers: the agent's per-rank series and the engine's own.
 ENGINE_FED = (*RANK_SERIES, "vllm:")
@@ -135,7 +140,7 @@ ENGINE_FED = (*RANK_SERIES, "vllm:")
 def healthy_pod(pod: str) -> Series:
     """Every series one healthy pod gives Prometheus: the agent's, its GPU's and the engine's own."""
     values = (rising(145 * 60), rising(2000 * 60), rising(6000 * 60), flat(16), flat(0), flat(0.4), flat(100000),
-              flat(0.06), flat(0), flat(0), flat(1.1), flat(0), flat(0))
+              flat(0.06), flat(0), flat(0), flat(1.1), flat(0), flat(0), rising(BYTES_PER_STEP * 145 * 60))
     s: Series = {rank(pod, m): v for m, v in zip(RANK_SERIES, values)}
     s |= {
         up(pod): flat(1),
@@ -190,6 +195,7 @@ def quiet(*at: str) -> tuple[Check, ...]:
 def _hung(pod: str, at: int) -> Series:
     """The engine stops at minute `at` holding 8 running and 20 waiting; its /metrics still answers."""
     s = {rank(pod, "rooflight_engine_steps_total"): stops(145 * 60, at),
+         rank(pod, "rooflight_model_streamed_bytes_total"): stops(BYTES_PER_STEP * 145 * 60, at),
          rank(pod, "rooflight_generation_tokens_total"): stops(2000 * 60, at),
          rank(pod, "rooflight_prompt_tokens_total"): stops(6000 * 60, at),
          rank(pod, "rooflight_requests_running"): change(16, at, 8),
@@ -202,6 +208,7 @@ def _hung(pod: str, at: int) -> Series:
 
 def _idle(pod: str) -> Series:
     s = {rank(pod, m): flat(v) for m, v in (("rooflight_engine_steps_total", 5e5), ("rooflight_generation_tokens_total", 9e5),
+                                            ("rooflight_model_streamed_bytes_total", 5e5 * BYTES_PER_STEP),
                                             ("rooflight_prompt_tokens_total", 7e5), ("rooflight_requests_running", 0),
                                             ("rooflight_kv_cache_usage_ratio", 0), ("rooflight_batch_occupancy_ratio", 0))}
     s |= {engine(pod, f"{TTFT}_count"): flat(5000), engine(pod, f"{TTFT}_bucket", le="2.5"): flat(5000),
@@ -235,6 +242,7 @@ def _crash_loop(pod: str, at: int) -> Series:
     tail = (cycle * ((SAMPLES - at) // len(cycle) + 1))[: SAMPLES - at]
     s = {agent(pod, "rooflight_source_up", source="engine", target=pod): f"{flat(1, at)} {' '.join(tail)}"}
     s |= {k: stops(per, at) for k, per in ((rank(pod, "rooflight_engine_steps_total"), 145 * 60),
+                                           (rank(pod, "rooflight_model_streamed_bytes_total"), BYTES_PER_STEP * 145 * 60),
                                            (rank(pod, "rooflight_generation_tokens_total"), 2000 * 60),
                                            (rank(pod, "rooflight_prompt_tokens_total"), 6000 * 60))}
     return s
@@ -355,7 +363,8 @@ INCIDENTS: tuple[Incident, ...] = (
              "RooflightGPUThrottled, RooflightGPUHot (warning)", "20 min"),
     Incident("One of two replicas degraded", "llm-b decodes at 20 steps/s from the start (a slow node) while "
              "llm-a is healthy.",
-             fleet(llm_b={rank(B, "rooflight_engine_steps_total"): rising(20 * 60)}),
+             fleet(llm_b={rank(B, "rooflight_engine_steps_total"): rising(20 * 60),
+                          rank(B, "rooflight_model_streamed_bytes_total"): rising(BYTES_PER_STEP * 20 * 60)}),
              (Check("30m"), Check("40m", fires(("RooflightLowDecodeMBU", "warning", B, "")))),
              "RooflightLowDecodeMBU (warning), naming llm-b only", "35 min"),
     Incident("Engine histograms missing", "Prometheus does not scrape the engines' /metrics (only the agents'): "
