@@ -747,6 +747,10 @@ def run_capacity(args: argparse.Namespace) -> int:
     if series is not None:
         out["live"] = [dataclasses.asdict(s) for s in series]
         text.append(format_live(series))
+    elif args.rate is not None:  # sizing from the model's physics: the calculator the pools come from, first
+        plan = _calculator(args)
+        out["plan"] = plan_to_dict(plan)
+        text.append(format_plan(plan))
     if args.rate is not None:
         pools = _pools_for(args, series)
         out["pools"] = dataclasses.asdict(pools)
@@ -784,6 +788,13 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> Poo
                            gpus_per_group=gpus, decode_batch=batch, kv_bytes_per_request=kv)
 
 
+def _calculator(args: argparse.Namespace) -> Plan:
+    model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
+    return build_plan(model, get_profile(args.gpu), tp=args.tp, context_tokens=args.context, batch=args.batch,
+                      prompt_tokens=args.prompt_tokens, prefill_mfu=args.prefill_mfu,
+                      reserved_bytes_per_gpu=args.reserved_gb * 1e9)
+
+
 def run_plan(args: argparse.Namespace) -> int:
     """Entry point of `rooflight plan`; prints text or JSON, returns the exit code."""
     if getattr(args, "list", False):
@@ -791,10 +802,7 @@ def run_plan(args: argparse.Namespace) -> int:
         return 0
     if getattr(args, "from_live", None) or getattr(args, "rate", None) is not None:
         return run_capacity(args)
-    model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
-    plan = build_plan(model, get_profile(args.gpu), tp=args.tp, context_tokens=args.context,
-                      batch=args.batch, prompt_tokens=args.prompt_tokens, prefill_mfu=args.prefill_mfu,
-                      reserved_bytes_per_gpu=args.reserved_gb * 1e9)
+    plan = _calculator(args)
     print(json.dumps(plan_to_dict(plan), indent=2) if args.json else format_plan(plan))
     return 0
 
