@@ -166,22 +166,25 @@ async def test_a_wrong_password_costs_the_same_for_cheap_and_dear_users(served) 
     cheap = bcrypt.hashpw(b"pw-cheap", bcrypt.gensalt(rounds=4)).decode()
     dear = bcrypt.hashpw(b"pw-dear", bcrypt.gensalt(rounds=10)).decode()
     async with served({"cheap": cheap, "dear": dear}) as base:
-        async def median(user: str, address: str) -> float:
-            times = []
-            async with _from(address) as session:
-                for i in range(5):  # under FAIL_BURST: each a real check
+        users = {"dear": "127.0.0.3", "cheap": "127.0.0.4", "nobody": "127.0.0.5"}
+        times: dict[str, list[float]] = {user: [] for user in users}
+        sessions = {user: _from(address) for user, address in users.items()}
+        opened = {user: await cm.__aenter__() for user, cm in sessions.items()}
+        try:
+            for i in range(5):  # under FAIL_BURST: each a real check; the users interleaved, so load hits all
+                for user, session in opened.items():
                     start = time.perf_counter()
                     async with session.get(base + "/metrics", headers=_basic(user, f"wrong{i}")) as r:
                         assert r.status == 401
-                    times.append(time.perf_counter() - start)
-            return statistics.median(times)
-
-        dear_s = await median("dear", "127.0.0.3")
-        cheap_s = await median("cheap", "127.0.0.4")
-        nobody_s = await median("nobody", "127.0.0.5")
-        # cost 4 alone is 64x cheaper than cost 10; topped up, the three agree within 2x
-        assert 0.5 < cheap_s / dear_s < 2, (cheap_s, dear_s)
-        assert 0.5 < nobody_s / dear_s < 2, (nobody_s, dear_s)
+                    times[user].append(time.perf_counter() - start)
+        finally:
+            for cm in sessions.values():
+                await cm.__aexit__(None, None, None)
+        dear_s, cheap_s, nobody_s = (statistics.median(times[u]) for u in ("dear", "cheap", "nobody"))
+        # cost 4 alone is 64x cheaper than cost 10 (a ratio of 0.016); topped up, the three agree: within 4x
+        # either way on a loaded machine, 16x away from what the leak reads
+        assert 0.25 < cheap_s / dear_s < 4, (cheap_s, dear_s)
+        assert 0.25 < nobody_s / dear_s < 4, (nobody_s, dear_s)
         async with _from("127.0.0.6") as session:  # the right passwords still work for both
             for user, pw in (("cheap", "pw-cheap"), ("dear", "pw-dear")):
                 async with session.get(base + "/-/healthy", headers=_basic(user, pw)) as r:
