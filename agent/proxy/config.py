@@ -45,6 +45,7 @@ class ProxyConfig:
     refresh: float = 1.0  # seconds between snapshots of the exports
     read_header_timeout: float = 10.0  # a request's headers, from its first byte (or the connection's start)
     idle_timeout: float = 60.0  # a keep-alive connection between requests
+    read_body_timeout: float = 10.0  # the longest wait for the next byte of a request's body
     max_connections: int = 4096  # open on the proxy's port at once
     max_connections_per_client: int = 2048  # of them, held by one IP address
     name: str = ""  # the `target` label when given (`rooflight run`: the engine target's own name)
@@ -75,6 +76,7 @@ def build(
     idle_timeout: Any = None,
     max_connections: Any = None,
     max_connections_per_client: Any = None,
+    read_body_timeout: Any = None,
 ) -> ProxyConfig:
     """Flags (strings as typed) -> a validated ProxyConfig."""
     listen = listen or DEFAULT_LISTEN
@@ -94,21 +96,23 @@ def build(
         windows=parse_windows(windows or DEFAULT_WINDOWS, "--windows"),
         percentiles=parse_percentiles(percentiles or DEFAULT_PERCENTILES, "--percentiles", required=True),
         connect_timeout=parse_duration(connect_timeout if connect_timeout is not None else "10s", "--connect-timeout"),
-        **parse_port_limits(read_header_timeout, idle_timeout, max_connections, max_connections_per_client),
+        **parse_port_limits(read_header_timeout, idle_timeout, max_connections, max_connections_per_client,
+                            read_body_timeout),
     )
 
 
 def parse_port_limits(read_header_timeout: Any, idle_timeout: Any, max_connections: Any,
-                      max_connections_per_client: Any) -> dict[str, Any]:
+                      max_connections_per_client: Any, read_body_timeout: Any = None) -> dict[str, Any]:
     """The proxy port's limits (agent/proxy/limits.py); the per-client share defaults to half the cap."""
     header = parse_duration(read_header_timeout if read_header_timeout is not None else "10s", "--read-header-timeout")
     idle = parse_duration(idle_timeout if idle_timeout is not None else "60s", "--idle-timeout")
-    for value, what in ((header, "--read-header-timeout"), (idle, "--idle-timeout")):
+    body = parse_duration(read_body_timeout if read_body_timeout is not None else "10s", "--read-body-timeout")
+    for value, what in ((header, "--read-header-timeout"), (idle, "--idle-timeout"), (body, "--read-body-timeout")):
         if not 0 < value <= 3600:
             raise ConfigError(f"{what}: {value:g} s: give a time between 1ms and 1h, e.g. {what} 10s")
     cap = _whole(max_connections, "--max-connections", 4096, 1, 1_000_000)
     share = _whole(max_connections_per_client, "--max-connections-per-client", max(1, cap // 2), 1, cap)
-    return {"read_header_timeout": header, "idle_timeout": idle, "max_connections": cap,
+    return {"read_header_timeout": header, "idle_timeout": idle, "read_body_timeout": body, "max_connections": cap,
             "max_connections_per_client": share}
 
 

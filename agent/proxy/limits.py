@@ -4,8 +4,10 @@ Anyone who reaches the port can open connections and send nothing, or headers a 
 bounds 1,000 header tricklers and 3,000 idle sockets were held at 200 s (issue 29). Here:
 
 - a request's headers must arrive within `read_header_timeout` s of its first byte (or of the connection,
-  for the first request); the body and the response take as long as they take (a queued LLM request may
-  wait minutes for its first token);
+  for the first request), and its body must not pause more than `read_body_timeout` s between bytes
+  (server.py reads it so; a body announced and never sent held its connection, and an upstream one,
+  forever); the response takes as long as it takes (a queued LLM request may wait minutes for its first
+  token);
 - a keep-alive connection idle between requests is closed after `idle_timeout` s;
 - at most `max_connections` connections are open at once, and one client (an IP address) holds at most
   `max_connections_per_client` of them, so one client flooding the port leaves the rest to the others.
@@ -36,6 +38,7 @@ BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConten
 MAX_CONNECTIONS = "max_connections"
 PER_CLIENT = "per_client"
 HEADER_TIMEOUT = "header_timeout"
+BODY_TIMEOUT = "body_timeout"  # a request's body sent no byte for read_body_timeout s
 MALFORMED = "malformed"  # aiohttp's parser refused it (answered 400)
 NOT_A_PATH = "target"  # the request target is not a path this reverse proxy can relay
 UNSENDABLE = "unsendable"  # a target or header the proxy's HTTP client will not send on
