@@ -74,7 +74,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if args.check_only:
         slos = ", ".join(s.name for s in config.slos) or "none"
-        print(f"configuration ok: {config.listen} -> {config.upstream}, metrics on {config.metrics_listen}, SLOs: {slos}")
+        print(f"configuration ok: {pc.printable(config.listen)} -> {pc.shown_url(config.upstream)}, metrics on {config.metrics_listen}, SLOs: {slos}")
         return 0
     asyncio.run(run(config))
     return 0

@@ -178,19 +178,37 @@ def parse_upstream(url: str | None, what: str = "--upstream") -> str:
     try:
         parts = urlsplit(url.strip())
     except ValueError:  # "Invalid IPv6 URL": an unclosed '[' or a ']' out of place
-        raise ConfigError(f"{what} {redacted_url(url)!r}: not a valid URL; an IPv6 address goes in brackets,"
+        raise ConfigError(f"{what} '{shown_url(url)}': not a valid URL; an IPv6 address goes in brackets,"
                           " e.g. http://[::1]:8000") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{what} {redacted_url(url)!r}: write http://HOST:PORT (or https://), e.g. http://127.0.0.1:8000")
+        raise ConfigError(f"{what} '{shown_url(url)}': write http://HOST:PORT (or https://), e.g. http://127.0.0.1:8000")
     if parts.query or parts.fragment:
-        raise ConfigError(f"{what} {redacted_url(url)!r}: give the base URL only, without ?query or #fragment")
+        raise ConfigError(f"{what} '{shown_url(url)}': give the base URL only, without ?query or #fragment")
     try:
         parts.port  # noqa: B018 (raises on a bad port)
     except ValueError:
-        raise ConfigError(f"{what} {redacted_url(url)!r}: the port is not a number between 0 and 65535") from None
+        raise ConfigError(f"{what} '{shown_url(url)}': the port is not a number between 0 and 65535") from None
     if "@" in parts.netloc:
         parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])  # never in the URL requests are sent to
     return urlunsplit(parts).rstrip("/")
+
+
+def shown_url(url: str) -> str:
+    """The upstream URL as a message or log line may show it: no user:password, query or fragment (a
+    `?token=` is a secret too), and no raw control character (an escape sequence would reach a terminal)."""
+    shown = redacted_url(url.strip())
+    scheme, sep, rest = shown.partition("://")
+    cut = min((i for i in map(rest.find, "?#") if i >= 0), default=-1)
+    if cut >= 0:
+        rest = rest[:cut] + ("?..." if rest[cut] == "?" else "#...")
+    return printable(f"{scheme}{sep}{rest}")
+
+
+def printable(text: str) -> str:
+    """`text` with every non-printable character written as a Python escape (\\x1b, \\u200b)."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def _credentials(url: str | None) -> tuple[str, str] | None:

@@ -39,13 +39,13 @@ from yarl import URL
 
 from rooflight.agent.proxy import limits
 from rooflight.agent.proxy import tracker as tr
-from rooflight.agent.proxy.config import ProxyConfig
+from rooflight.agent.proxy.config import ProxyConfig, shown_url
 from rooflight.agent.proxy.exposition import ClientCollector, registry_for
 from rooflight.agent.proxy.stats import EMPTY, ClientSnapshot, ClientStats, StatsConfig
 from rooflight.agent.proxy.tenants import tenant_key
 from rooflight.agent.proxy.tracker import ByteBudget
 from rooflight.agent.sampling.clock import Clock, SystemClock
-from rooflight.agent.sampling.config import public_url, split_listen
+from rooflight.agent.sampling.config import split_listen
 from rooflight.agent.signals.token_gaps import ClientGaps
 
 log = logging.getLogger("rooflight.proxy")
@@ -137,7 +137,7 @@ class ProxyServer:
             self._refresher = asyncio.create_task(self._refresh_loop())
         if lag_probe:
             self._lag_probe = asyncio.create_task(self._probe_loop_lag())
-        log.info("proxy on %s -> %s", self.proxy_url, public_url(self.config.upstream)
+        log.info("proxy on %s -> %s", self.proxy_url, shown_url(self.config.upstream)
                  + (f"; metrics on {self.metrics_url}/metrics" if self.metrics_url else ""))
 
     async def stop(self) -> None:

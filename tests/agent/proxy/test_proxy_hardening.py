@@ -360,3 +360,26 @@ async def test_a_body_that_stops_arriving_is_closed_and_counted(upstream: FakeUp
             w.close()
     finally:
         await server.stop()
+
+
+# -- 7b. what an error message or --check-only shows of the upstream URL ------------------------------------------
+
+
+@pytest.mark.parametrize("what", ["--upstream", "--proxy-upstream"])
+def test_a_query_or_fragment_of_the_upstream_is_not_echoed(what: str) -> None:
+    from rooflight.agent.proxy.config import parse_upstream
+
+    for url in ("http://127.0.0.1:8000/v1?token=sk-SECRET", "http://127.0.0.1:8000/v1#sk-SECRET",
+                "http://127.0.0.1:8000/v1?a=1#sk-SECRET"):
+        with pytest.raises(ConfigError, match="without .query or #fragment") as info:
+            parse_upstream(url, what)
+        assert "SECRET" not in str(info.value) and "127.0.0.1:8000/v1" in str(info.value)
+
+
+def test_check_only_escapes_control_characters_in_the_upstream(capsys: pytest.CaptureFixture[str]) -> None:
+    from rooflight.agent.proxy import cli as proxy_cli
+    from test_proxy_cli import parse
+
+    assert proxy_cli.cmd_proxy(parse("--upstream", "http://127.0.0.1:8000/v1\x1b[2J\x07", "--check-only")) == 0
+    out = capsys.readouterr().out
+    assert "configuration ok" in out and "\x1b" not in out and "\x07" not in out and "\\x1b[2J" in out
