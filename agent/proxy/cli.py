@@ -88,6 +88,9 @@ async def run(config: pc.ProxyConfig) -> None:
 
     server = ProxyServer(config)
     proxy = ProxyThread(server)
+    from rooflight.agent.proxy.limits import quiet_accept_errors
+
+    quiet_accept_errors(asyncio.get_running_loop())  # /metrics' loop; the relay's installs its own
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

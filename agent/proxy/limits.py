@@ -196,3 +196,53 @@ class Gate(asyncio.Protocol):
         handler = self._make(client)
         transport.set_protocol(handler)
         handler.connection_made(transport)
+
+
+# -- the open-file limit ---------------------------------------------------------------------------------
+
+FD_RESERVE = 256  # open files kept for everything but the relay: the agent's port and scrapes, logs, NVML
+_ACCEPT_FAILED = "socket.accept() out of system resource"
+ACCEPT_FAILURES = RefusalLog("cannot accept")
+
+
+def fit_to_open_files(cap: int, per_client: int, soft_limit: int) -> tuple[int, int]:
+    """(cap, per_client) lowered so that each connection's two sockets (the client's and the upstream's)
+    plus FD_RESERVE fit in `soft_limit` open files (RLIMIT_NOFILE; negative means unlimited). Past the
+    limit asyncio's accept fails in a loop, a traceback each (103,197 in 3 s at `ulimit -n 1024`)."""
+    if soft_limit < 0:
+        return cap, per_client
+    fits = max(1, (soft_limit - FD_RESERVE) // 2)
+    if cap <= fits:
+        return cap, per_client
+    return fits, max(1, min(per_client, fits * per_client // cap))
+
+
+def open_file_limit() -> int:
+    """The soft RLIMIT_NOFILE, -1 when unlimited or unknown."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return -1
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return -1 if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+    """Log asyncio's "socket.accept() out of system resource" (a traceback per failed accept, thousands a
+    second when the open files run out) as one line a minute; anything else as before. Returns the undo.
+    (The agent's own loop has agent/serve's twin; the proxy's loop is its own and needs this one.)"""
+    previous = loop.get_exception_handler()
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if str(context.get("message", "")).startswith(_ACCEPT_FAILED):
+            exc = context.get("exception")
+            why = getattr(exc, "strerror", None) or type(exc).__name__
+            ACCEPT_FAILURES.note(f"{why}; raise the open-file limit (ulimit -n) or lower --max-connections",
+                                 "new connections")
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handle)
+    return lambda: loop.set_exception_handler(previous)

@@ -106,6 +106,7 @@ class ProxyServer:
         self.accounting_budget = ByteBudget(config.max_accounting_total)  # copies of answers, to read them
         self.proxy_url = ""
         self.metrics_url = ""
+        self._undo_quiet: Any = None  # the loop's accept-error handler, put back by stop()
 
     def collector(self) -> ClientCollector:
         """For an agent that serves these metrics on its own /metrics (`rooflight run` with a proxy)."""
@@ -119,11 +120,13 @@ class ProxyServer:
         `rooflight run` passes serve_metrics=False: the agent serves `collector()` on its own /metrics; and
         lag_probe=True where a head-of-line detector reads `client_gaps` (nothing else needs the probe).
         A failed bind raises OSError; call stop() to release what was already set up."""
+        self._undo_quiet = limits.quiet_accept_errors(asyncio.get_running_loop())
+        self._fit_to_open_files()
         self._session = aiohttp.ClientSession(
             # keepalive under uvicorn's 5 s (vLLM, SGLang): the proxy drops an idle connection before the
             # upstream does, so a request never goes out on one the upstream is closing.
             # limit: one upstream socket per client connection at most (each streamed body held one, unbounded).
-            connector=aiohttp.TCPConnector(limit=self.config.max_connections, ttl_dns_cache=60, keepalive_timeout=4.0),
+            connector=aiohttp.TCPConnector(limit=self.connections.cap, ttl_dns_cache=60, keepalive_timeout=4.0),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout),
             auto_decompress=False,
             skip_auto_headers=SKIP_AUTO_HEADERS,
@@ -140,7 +143,21 @@ class ProxyServer:
         log.info("proxy on %s -> %s", self.proxy_url, shown_url(self.config.upstream)
                  + (f"; metrics on {self.metrics_url}/metrics" if self.metrics_url else ""))
 
+    def _fit_to_open_files(self) -> None:
+        """Lower the connection cap to what the open-file limit holds, saying so once."""
+        limit, shares = limits.open_file_limit(), self.connections
+        cap, per_client = limits.fit_to_open_files(shares.cap, shares.per_client, limit)
+        if cap < shares.cap:
+            log.warning("proxy: at most %d connections (%d per client), not %d: the open-file limit (ulimit -n) is"
+                        " %d, and each connection takes two (client and upstream) plus %d kept for the rest;"
+                        " raise the limit to keep --max-connections", cap, per_client, shares.cap, limit,
+                        limits.FD_RESERVE)
+            shares.cap, shares.per_client = cap, per_client
+
     async def stop(self) -> None:
+        if self._undo_quiet is not None:
+            self._undo_quiet()
+            self._undo_quiet = None
         for task in (self._refresher, self._lag_probe):
             if task is not None:
                 task.cancel()
