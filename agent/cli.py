@@ -212,8 +212,10 @@ def _proxy_line(proxy: Any) -> str:
     """`--check-only`'s words for the proxy: where it listens, where it relays, its SLOs."""
     if proxy is None:
         return ""
+    from rooflight.agent.proxy.config import shown_url
+
     slos = ", ".join(s.name for s in proxy.slos) or "none"
-    return f"; proxy {proxy.listen} -> {cfg.public_url(proxy.upstream)} (target {proxy.target}), SLOs: {slos}"
+    return f"; proxy {proxy.listen} -> {shown_url(proxy.upstream)} (target {proxy.target}), SLOs: {slos}"
 
 
 def _loopback(host: str) -> bool:

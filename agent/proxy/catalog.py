@@ -95,7 +95,8 @@ CATALOG: tuple[MetricDef, ...] = (
     counter(OVER_BUDGET, TARGET, "", "Answers relayed unaccounted because the copies the accounting reads answers from "
        "(JSON bodies, unfinished SSE events) held at once reached their total budget (64 MiB)."),
     counter(REFUSED, ("target", "reason"), "", "Connections the proxy's port refused or closed: max_connections or "
-       "per_client (answered 503), header_timeout (no complete request headers in time)."),
+       "per_client (answered 503), header_timeout (no complete request headers in time), body_timeout (a request "
+       "body that paused longer than --read-body-timeout)."),
     counter(BAD_REQUESTS, ("target", "reason"), "", "Requests answered 400 without reaching the upstream: malformed "
        "(not valid HTTP), target (not a path), unsendable (a target or header the proxy cannot send on)."),
 )

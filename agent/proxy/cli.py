@@ -44,6 +44,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connect-timeout", metavar="SECONDS", help="upstream connect timeout (default 10s); no read timeout")
     p.add_argument("--read-header-timeout", metavar="SECONDS",
                    help="a request's headers must arrive within this of its first byte (default 10s)")
+    p.add_argument("--read-body-timeout", metavar="SECONDS",
+                   help="close a connection whose request body sends no byte for this long (default 10s)")
     p.add_argument("--idle-timeout", metavar="SECONDS", help="close a keep-alive connection idle this long (default 60s)")
     p.add_argument("--max-connections", metavar="N", help="connections open on --listen at once (default 4096)")
     p.add_argument("--max-connections-per-client", metavar="N",
@@ -64,6 +66,7 @@ def config_from_args(args: argparse.Namespace) -> pc.ProxyConfig:
         upstream_credentials_for_anonymous=args.upstream_credentials_for_anonymous,
         read_header_timeout=args.read_header_timeout, idle_timeout=args.idle_timeout,
         max_connections=args.max_connections, max_connections_per_client=args.max_connections_per_client,
+        read_body_timeout=args.read_body_timeout,
     )
 
 
@@ -71,7 +74,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if args.check_only:
         slos = ", ".join(s.name for s in config.slos) or "none"
-        print(f"configuration ok: {config.listen} -> {config.upstream}, metrics on {config.metrics_listen}, SLOs: {slos}")
+        print(f"configuration ok: {pc.printable(config.listen)} -> {pc.shown_url(config.upstream)}, metrics on {config.metrics_listen}, SLOs: {slos}")
         return 0
     asyncio.run(run(config))
     return 0
@@ -85,6 +88,9 @@ async def run(config: pc.ProxyConfig) -> None:
 
     server = ProxyServer(config)
     proxy = ProxyThread(server)
+    from rooflight.agent.proxy.limits import quiet_accept_errors
+
+    quiet_accept_errors(asyncio.get_running_loop())  # /metrics' loop; the relay's installs its own
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -45,6 +45,7 @@ class ProxyConfig:
     refresh: float = 1.0  # seconds between snapshots of the exports
     read_header_timeout: float = 10.0  # a request's headers, from its first byte (or the connection's start)
     idle_timeout: float = 60.0  # a keep-alive connection between requests
+    read_body_timeout: float = 10.0  # the longest wait for the next byte of a request's body
     max_connections: int = 4096  # open on the proxy's port at once
     max_connections_per_client: int = 2048  # of them, held by one IP address
     name: str = ""  # the `target` label when given (`rooflight run`: the engine target's own name)
@@ -75,6 +76,7 @@ def build(
     idle_timeout: Any = None,
     max_connections: Any = None,
     max_connections_per_client: Any = None,
+    read_body_timeout: Any = None,
 ) -> ProxyConfig:
     """Flags (strings as typed) -> a validated ProxyConfig."""
     listen = listen or DEFAULT_LISTEN
@@ -94,21 +96,23 @@ def build(
         windows=parse_windows(windows or DEFAULT_WINDOWS, "--windows"),
         percentiles=parse_percentiles(percentiles or DEFAULT_PERCENTILES, "--percentiles", required=True),
         connect_timeout=parse_duration(connect_timeout if connect_timeout is not None else "10s", "--connect-timeout"),
-        **parse_port_limits(read_header_timeout, idle_timeout, max_connections, max_connections_per_client),
+        **parse_port_limits(read_header_timeout, idle_timeout, max_connections, max_connections_per_client,
+                            read_body_timeout),
     )
 
 
 def parse_port_limits(read_header_timeout: Any, idle_timeout: Any, max_connections: Any,
-                      max_connections_per_client: Any) -> dict[str, Any]:
+                      max_connections_per_client: Any, read_body_timeout: Any = None) -> dict[str, Any]:
     """The proxy port's limits (agent/proxy/limits.py); the per-client share defaults to half the cap."""
     header = parse_duration(read_header_timeout if read_header_timeout is not None else "10s", "--read-header-timeout")
     idle = parse_duration(idle_timeout if idle_timeout is not None else "60s", "--idle-timeout")
-    for value, what in ((header, "--read-header-timeout"), (idle, "--idle-timeout")):
+    body = parse_duration(read_body_timeout if read_body_timeout is not None else "10s", "--read-body-timeout")
+    for value, what in ((header, "--read-header-timeout"), (idle, "--idle-timeout"), (body, "--read-body-timeout")):
         if not 0 < value <= 3600:
             raise ConfigError(f"{what}: {value:g} s: give a time between 1ms and 1h, e.g. {what} 10s")
     cap = _whole(max_connections, "--max-connections", 4096, 1, 1_000_000)
     share = _whole(max_connections_per_client, "--max-connections-per-client", max(1, cap // 2), 1, cap)
-    return {"read_header_timeout": header, "idle_timeout": idle, "max_connections": cap,
+    return {"read_header_timeout": header, "idle_timeout": idle, "read_body_timeout": body, "max_connections": cap,
             "max_connections_per_client": share}
 
 
@@ -174,19 +178,37 @@ def parse_upstream(url: str | None, what: str = "--upstream") -> str:
     try:
         parts = urlsplit(url.strip())
     except ValueError:  # "Invalid IPv6 URL": an unclosed '[' or a ']' out of place
-        raise ConfigError(f"{what} {redacted_url(url)!r}: not a valid URL; an IPv6 address goes in brackets,"
+        raise ConfigError(f"{what} '{shown_url(url)}': not a valid URL; an IPv6 address goes in brackets,"
                           " e.g. http://[::1]:8000") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{what} {redacted_url(url)!r}: write http://HOST:PORT (or https://), e.g. http://127.0.0.1:8000")
+        raise ConfigError(f"{what} '{shown_url(url)}': write http://HOST:PORT (or https://), e.g. http://127.0.0.1:8000")
     if parts.query or parts.fragment:
-        raise ConfigError(f"{what} {redacted_url(url)!r}: give the base URL only, without ?query or #fragment")
+        raise ConfigError(f"{what} '{shown_url(url)}': give the base URL only, without ?query or #fragment")
     try:
         parts.port  # noqa: B018 (raises on a bad port)
     except ValueError:
-        raise ConfigError(f"{what} {redacted_url(url)!r}: the port is not a number between 0 and 65535") from None
+        raise ConfigError(f"{what} '{shown_url(url)}': the port is not a number between 0 and 65535") from None
     if "@" in parts.netloc:
         parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])  # never in the URL requests are sent to
     return urlunsplit(parts).rstrip("/")
+
+
+def shown_url(url: str) -> str:
+    """The upstream URL as a message or log line may show it: no user:password, query or fragment (a
+    `?token=` is a secret too), and no raw control character (an escape sequence would reach a terminal)."""
+    shown = redacted_url(url.strip())
+    scheme, sep, rest = shown.partition("://")
+    cut = min((i for i in map(rest.find, "?#") if i >= 0), default=-1)
+    if cut >= 0:
+        rest = rest[:cut] + ("?..." if rest[cut] == "?" else "#...")
+    return printable(f"{scheme}{sep}{rest}")
+
+
+def printable(text: str) -> str:
+    """`text` with every non-printable character written as a Python escape (\\x1b, \\u200b)."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def _credentials(url: str | None) -> tuple[str, str] | None:

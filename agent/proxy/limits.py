@@ -4,8 +4,10 @@ Anyone who reaches the port can open connections and send nothing, or headers a 
 bounds 1,000 header tricklers and 3,000 idle sockets were held at 200 s (issue 29). Here:
 
 - a request's headers must arrive within `read_header_timeout` s of its first byte (or of the connection,
-  for the first request); the body and the response take as long as they take (a queued LLM request may
-  wait minutes for its first token);
+  for the first request), and its body must not pause more than `read_body_timeout` s between bytes
+  (server.py reads it so; a body announced and never sent held its connection, and an upstream one,
+  forever); the response takes as long as it takes (a queued LLM request may wait minutes for its first
+  token);
 - a keep-alive connection idle between requests is closed after `idle_timeout` s;
 - at most `max_connections` connections are open at once, and one client (an IP address) holds at most
   `max_connections_per_client` of them, so one client flooding the port leaves the rest to the others.
@@ -36,6 +38,7 @@ BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConten
 MAX_CONNECTIONS = "max_connections"
 PER_CLIENT = "per_client"
 HEADER_TIMEOUT = "header_timeout"
+BODY_TIMEOUT = "body_timeout"  # a request's body sent no byte for read_body_timeout s
 MALFORMED = "malformed"  # aiohttp's parser refused it (answered 400)
 NOT_A_PATH = "target"  # the request target is not a path this reverse proxy can relay
 UNSENDABLE = "unsendable"  # a target or header the proxy's HTTP client will not send on
@@ -193,3 +196,53 @@ class Gate(asyncio.Protocol):
         handler = self._make(client)
         transport.set_protocol(handler)
         handler.connection_made(transport)
+
+
+# -- the open-file limit ---------------------------------------------------------------------------------
+
+FD_RESERVE = 256  # open files kept for everything but the relay: the agent's port and scrapes, logs, NVML
+_ACCEPT_FAILED = "socket.accept() out of system resource"
+ACCEPT_FAILURES = RefusalLog("cannot accept")
+
+
+def fit_to_open_files(cap: int, per_client: int, soft_limit: int) -> tuple[int, int]:
+    """(cap, per_client) lowered so that each connection's two sockets (the client's and the upstream's)
+    plus FD_RESERVE fit in `soft_limit` open files (RLIMIT_NOFILE; negative means unlimited). Past the
+    limit asyncio's accept fails in a loop, a traceback each (103,197 in 3 s at `ulimit -n 1024`)."""
+    if soft_limit < 0:
+        return cap, per_client
+    fits = max(1, (soft_limit - FD_RESERVE) // 2)
+    if cap <= fits:
+        return cap, per_client
+    return fits, max(1, min(per_client, fits * per_client // cap))
+
+
+def open_file_limit() -> int:
+    """The soft RLIMIT_NOFILE, -1 when unlimited or unknown."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return -1
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return -1 if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+    """Log asyncio's "socket.accept() out of system resource" (a traceback per failed accept, thousands a
+    second when the open files run out) as one line a minute; anything else as before. Returns the undo.
+    (The agent's own loop has agent/serve's twin; the proxy's loop is its own and needs this one.)"""
+    previous = loop.get_exception_handler()
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if str(context.get("message", "")).startswith(_ACCEPT_FAILED):
+            exc = context.get("exception")
+            why = getattr(exc, "strerror", None) or type(exc).__name__
+            ACCEPT_FAILURES.note(f"{why}; raise the open-file limit (ulimit -n) or lower --max-connections",
+                                 "new connections")
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handle)
+    return lambda: loop.set_exception_handler(previous)

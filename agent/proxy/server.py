@@ -14,7 +14,8 @@ the accounting's copies of answers (a JSON body, an SSE parser's unfinished even
 and, in total, by `max_accounting_total` (past it an answer is relayed unaccounted, and counted). A request the proxy cannot relay
 (an absolute-form target) gets 400, an upstream reason with control characters is relayed without them,
 and an upstream answer that cannot be relayed at all gets 502: counted, logged one line a minute at most
-without the client's bytes, never a traceback. The port's header and idle timeouts and its connection
+without the client's bytes, never a traceback. A request body that pauses `read_body_timeout` s closes its
+connection (`_stream`). The port's header and idle timeouts and its connection
 cap with a per-client share are agent/proxy/limits.py's.
 
 Accounting second: a `RequestTracker` sees each piece just before it is written to the client (its time is
@@ -38,13 +39,13 @@ from yarl import URL
 
 from rooflight.agent.proxy import limits
 from rooflight.agent.proxy import tracker as tr
-from rooflight.agent.proxy.config import ProxyConfig
+from rooflight.agent.proxy.config import ProxyConfig, shown_url
 from rooflight.agent.proxy.exposition import ClientCollector, registry_for
 from rooflight.agent.proxy.stats import EMPTY, ClientSnapshot, ClientStats, StatsConfig
 from rooflight.agent.proxy.tenants import tenant_key
 from rooflight.agent.proxy.tracker import ByteBudget
 from rooflight.agent.sampling.clock import Clock, SystemClock
-from rooflight.agent.sampling.config import public_url, split_listen
+from rooflight.agent.sampling.config import split_listen
 from rooflight.agent.signals.token_gaps import ClientGaps
 
 log = logging.getLogger("rooflight.proxy")
@@ -105,6 +106,7 @@ class ProxyServer:
         self.accounting_budget = ByteBudget(config.max_accounting_total)  # copies of answers, to read them
         self.proxy_url = ""
         self.metrics_url = ""
+        self._undo_quiet: Any = None  # the loop's accept-error handler, put back by stop()
 
     def collector(self) -> ClientCollector:
         """For an agent that serves these metrics on its own /metrics (`rooflight run` with a proxy)."""
@@ -118,10 +120,13 @@ class ProxyServer:
         `rooflight run` passes serve_metrics=False: the agent serves `collector()` on its own /metrics; and
         lag_probe=True where a head-of-line detector reads `client_gaps` (nothing else needs the probe).
         A failed bind raises OSError; call stop() to release what was already set up."""
+        self._undo_quiet = limits.quiet_accept_errors(asyncio.get_running_loop())
+        self._fit_to_open_files()
         self._session = aiohttp.ClientSession(
             # keepalive under uvicorn's 5 s (vLLM, SGLang): the proxy drops an idle connection before the
             # upstream does, so a request never goes out on one the upstream is closing.
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, keepalive_timeout=4.0),
+            # limit: one upstream socket per client connection at most (each streamed body held one, unbounded).
+            connector=aiohttp.TCPConnector(limit=self.connections.cap, ttl_dns_cache=60, keepalive_timeout=4.0),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout),
             auto_decompress=False,
             skip_auto_headers=SKIP_AUTO_HEADERS,
@@ -135,10 +140,24 @@ class ProxyServer:
             self._refresher = asyncio.create_task(self._refresh_loop())
         if lag_probe:
             self._lag_probe = asyncio.create_task(self._probe_loop_lag())
-        log.info("proxy on %s -> %s", self.proxy_url, public_url(self.config.upstream)
+        log.info("proxy on %s -> %s", self.proxy_url, shown_url(self.config.upstream)
                  + (f"; metrics on {self.metrics_url}/metrics" if self.metrics_url else ""))
 
+    def _fit_to_open_files(self) -> None:
+        """Lower the connection cap to what the open-file limit holds, saying so once."""
+        limit, shares = limits.open_file_limit(), self.connections
+        cap, per_client = limits.fit_to_open_files(shares.cap, shares.per_client, limit)
+        if cap < shares.cap:
+            log.warning("proxy: at most %d connections (%d per client), not %d: the open-file limit (ulimit -n) is"
+                        " %d, and each connection takes two (client and upstream) plus %d kept for the rest;"
+                        " raise the limit to keep --max-connections", cap, per_client, shares.cap, limit,
+                        limits.FD_RESERVE)
+            shares.cap, shares.per_client = cap, per_client
+
     async def stop(self) -> None:
+        if self._undo_quiet is not None:
+            self._undo_quiet()
+            self._undo_quiet = None
         for task in (self._refresher, self._lag_probe):
             if task is not None:
                 task.cancel()
@@ -349,17 +368,39 @@ class ProxyServer:
         """The body to send and the bytes reserved for it in `body_budget` (the caller gives them back).
 
         Read whole (its Content-Length kept) when small and the budget has room; else streamed, which
-        holds only what aiohttp's flow control lets in, so many large uploads at once stay bounded."""
+        holds only what aiohttp's flow control lets in, so many large uploads at once stay bounded.
+        Either way a pause of read_body_timeout s between bytes closes the connection (`_body_late`)."""
         if not request.body_exists:
             return None, 0
         size = request.content_length
         if size is not None and size <= self.config.max_buffered_body and self.body_budget.take(size):
             try:
-                return await request.read(), size
+                return b"".join([chunk async for chunk in self._stream(request)]), size
             except BaseException:
                 self.body_budget.give(size)
                 raise
-        return _stream(request.content), 0
+        return self._stream(request), 0
+
+    async def _stream(self, request: web.Request) -> AsyncIterator[bytes]:
+        """The body's pieces as they come; no piece within read_body_timeout s closes the connection."""
+        readany, wait = request.content.readany, self.config.read_body_timeout
+        while True:
+            try:
+                data = await asyncio.wait_for(readany(), wait)
+            except asyncio.TimeoutError:
+                raise self._body_late(request) from None
+            if not data:
+                return
+            yield data
+
+    def _body_late(self, request: web.Request) -> "_ClientGone":
+        """The client stopped sending its body: count it, close its connection (which cancels this handler and,
+        with it, the upstream request), and end the relay."""
+        self.events.refused(limits.BODY_TIMEOUT, request.remote,
+                            f"no request body byte within {self.config.read_body_timeout:g} s; closed")
+        if request.transport is not None:
+            request.transport.close()
+        return _ClientGone(web.Response(status=408))
 
     # -- accounting, guarded ---------------------------------------------------------------------
 
@@ -432,14 +473,6 @@ async def serve_metrics(server: ProxyServer) -> web.AppRunner:
 def _url(bound: Any) -> str:
     shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
     return f"http://{shown}:{bound[1]}"
-
-
-async def _stream(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    while True:
-        data = await content.readany()
-        if not data:
-            return
-        yield data
 
 
 class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]

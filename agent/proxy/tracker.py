@@ -14,11 +14,17 @@ engine sends several tokens per chunk, e.g. under speculative decoding). Prompt 
 Memory: what a tracker copies to read an answer (a non-streamed JSON body, up to MAX_BODY_COPY, and its
 SSE parser's unfinished event) is reserved in a `ByteBudget` shared by every request; when the budget
 is spent, `on_bytes` raises OverBudget and the caller relays the rest of that answer unaccounted.
+The gaps between tokens are bounded per stream instead (`TokenGaps`): the first EXACT_GAPS exactly
+(64 KiB), the rest as counts in 0.5%-wide buckets (at most ~5,000 of them from 1 us to 1 day, in
+practice a few dozen); an endless stream kept 8 bytes a token forever.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 from array import array
+from typing import Iterator
 from dataclasses import dataclass, field
 
 from rooflight.agent.proxy import sse
@@ -27,6 +33,11 @@ from rooflight.agent.signals.token_gaps import ClientGaps
 # Routes the proxy times; anything else passes through and is only counted.
 INFERENCE_ROUTES = {"/chat/completions": "chat", "/completions": "completions"}
 KNOWN_FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call", "abort"})
+EXACT_GAPS = 8192  # gaps a stream keeps exactly (8 bytes each); the rest are counted per FOLD_ALPHA bucket
+FOLD_ALPHA = 0.005  # a folded gap is read back within 0.5% of its value
+_FOLD_GAMMA = (1 + FOLD_ALPHA) / (1 - FOLD_ALPHA)
+_FOLD_INV_LOG = 1.0 / math.log(_FOLD_GAMMA)
+_ZERO_BELOW = 1e-6  # gaps below 1 us are tokens that arrived in one read: 0
 MAX_BODY_COPY = 8 * 1024 * 1024  # a non-streamed body larger than this is relayed but not read
 
 class ByteBudget:
@@ -73,6 +84,48 @@ def classify_route(method: str, path: str) -> str:
     return "other"
 
 
+class TokenGaps:
+    """One stream's gaps between output-bearing chunks, in bounded memory: the first EXACT_GAPS as they were,
+    then counts per bucket FOLD_ALPHA wide (relative), each read back as its bucket's midpoint. Iterating
+    yields every gap (the histograms and percentiles see each one); len() counts them."""
+
+    __slots__ = ("exact", "folded", "zeros", "_n")
+
+    def __init__(self, gaps: Iterator[float] | tuple[float, ...] = ()) -> None:
+        self.exact = array("d")
+        self.folded: dict[int, int] = {}
+        self.zeros = 0  # folded gaps below 1 us
+        self._n = 0
+        for gap in gaps:
+            self.append(gap)
+
+    def append(self, gap: float) -> None:
+        self._n += 1
+        if len(self.exact) < EXACT_GAPS:
+            self.exact.append(gap)
+        elif gap < _ZERO_BELOW:
+            self.zeros += 1
+        else:
+            i = math.ceil(math.log(gap) * _FOLD_INV_LOG)
+            self.folded[i] = self.folded.get(i, 0) + 1
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[float]:
+        yield from self.exact
+        for _ in range(self.zeros):
+            yield 0.0
+        for i, count in self.folded.items():
+            value = 2 * _FOLD_GAMMA ** i / (_FOLD_GAMMA + 1)
+            for _ in range(count):
+                yield value
+
+    def held_bytes(self) -> int:
+        """What this record holds, roughly: the exact array and the folded buckets."""
+        return self.exact.buffer_info()[1] * self.exact.itemsize + sys.getsizeof(self.folded) + 64 * len(self.folded)
+
+
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
     """A finished request: everything the exports need, nothing the traffic needs."""
@@ -86,7 +139,7 @@ class RequestRecord:
     stream: bool
     finish_reason: str  # normalised label value (see finish_label)
     ttft: float | None = None
-    itl: array = field(default_factory=lambda: array("d"))  # every gap between output-bearing chunks
+    itl: TokenGaps = field(default_factory=TokenGaps)  # every gap between output-bearing chunks, bounded
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     counted_by: str | None = None  # usage or chunks; None when the output was not counted
@@ -144,7 +197,7 @@ class RequestTracker:
         self._body_size = 0
         self._first: float | None = None
         self._last: float | None = None
-        self._itl = array("d")
+        self._itl = TokenGaps()
         self._chunks = 0
         self._finish: str | None = None
         self._prompt: int | None = None

@@ -321,3 +321,65 @@ async def test_a_flood_of_bad_requests_is_counted_not_logged_line_by_line(
         assert "EVIL" not in text and "\x1b" not in text and "\\x1b" not in text  # no client bytes, escaped or not
     finally:
         await server.stop()
+
+
+# -- 5b. a request whose body never comes (issue 29's second review) --------------------------------------------
+
+
+async def test_a_body_that_stops_arriving_is_closed_and_counted(upstream: FakeUpstream) -> None:
+    """Headers were timed, bodies were not: a request that announced a body and sent none (or a byte every
+    5 s) held its connection, and an upstream connection, forever. Now no body byte for read_body_timeout
+    closes it, counted as refused (body_timeout)."""
+    server = await start_proxy(upstream.url, replace={"read_body_timeout": 1.0, "read_header_timeout": 30.0})
+    port = port_of(server)
+    heads = [
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\nx",  # streamed, then nothing
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n",  # buffered, never sent
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n",
+    ]
+    try:
+        conns = [await connect(port) for _ in heads]
+        for (_, writer), head in zip(conns, heads):
+            writer.write(head)
+        start = asyncio.get_running_loop().time()
+        closed = await asyncio.gather(*(closed_within(r, 6.0) for r, _ in conns))
+        took = asyncio.get_running_loop().time() - start
+        assert all(closed) and took < 6.0  # at ~1 s; 6x to spare
+        assert server.stats.refused == {"body_timeout": 3}
+        assert server._session is not None and server._session.connector is not None
+        assert 0 < server._session.connector.limit <= server.config.max_connections  # upstream sockets bounded
+        # A slow body that keeps coming is relayed: a byte every 0.25 s against a 1 s timeout.
+        reader, writer = await connect(port)
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\n")
+        for byte in b"hello":
+            await asyncio.sleep(0.25)
+            writer.write(bytes([byte]))
+        answer = await asyncio.wait_for(reader.read(), 10)
+        assert answer.startswith(b"HTTP/1.1 200") and b'"length": 5' in answer
+        for _, w in conns + [(reader, writer)]:
+            w.close()
+    finally:
+        await server.stop()
+
+
+# -- 7b. what an error message or --check-only shows of the upstream URL ------------------------------------------
+
+
+@pytest.mark.parametrize("what", ["--upstream", "--proxy-upstream"])
+def test_a_query_or_fragment_of_the_upstream_is_not_echoed(what: str) -> None:
+    from rooflight.agent.proxy.config import parse_upstream
+
+    for url in ("http://127.0.0.1:8000/v1?token=sk-SECRET", "http://127.0.0.1:8000/v1#sk-SECRET",
+                "http://127.0.0.1:8000/v1?a=1#sk-SECRET"):
+        with pytest.raises(ConfigError, match="without .query or #fragment") as info:
+            parse_upstream(url, what)
+        assert "SECRET" not in str(info.value) and "127.0.0.1:8000/v1" in str(info.value)
+
+
+def test_check_only_escapes_control_characters_in_the_upstream(capsys: pytest.CaptureFixture[str]) -> None:
+    from rooflight.agent.proxy import cli as proxy_cli
+    from test_proxy_cli import parse
+
+    assert proxy_cli.cmd_proxy(parse("--upstream", "http://127.0.0.1:8000/v1\x1b[2J\x07", "--check-only")) == 0
+    out = capsys.readouterr().out
+    assert "configuration ok" in out and "\x1b" not in out and "\x07" not in out and "\\x1b[2J" in out
