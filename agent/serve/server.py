@@ -205,12 +205,12 @@ async def send_page(request: web.Request, body: bytes, headers: dict[str, str]) 
     longer than SEND_SECONDS."""
     response = web.StreamResponse(headers=headers)
     response.content_length = len(body)
-    await response.prepare(request)
-    if request.method == "HEAD":  # the headers alone: a body would be read as the next answer
-        await response.write_eof()
-        return response
     view = memoryview(body)
     try:
+        await response.prepare(request)  # raises when the client reset while its page was rendered
+        if request.method == "HEAD":  # the headers alone: a body would be read as the next answer
+            await response.write_eof()
+            return response
         async with asyncio.timeout(SEND_SECONDS):
             for start in range(0, len(body), SEND_CHUNK):
                 await response.write(view[start:start + SEND_CHUNK])
@@ -219,7 +219,10 @@ async def send_page(request: web.Request, body: bytes, headers: dict[str, str]) 
         if request.transport is not None:
             request.transport.abort()
         return response  # aiohttp takes the closed transport as a client gone, quietly
-    except ConnectionError:  # the client went away mid-page: nothing to answer, nothing to log
+    except ConnectionError:  # the client went away: nothing to answer; counted, logged rate-limited
+        GONE.note("went away before its /metrics answer was sent", request.remote)
+        if request.transport is not None:
+            request.transport.abort()
         return response
     await response.write_eof()
     return response
@@ -332,23 +335,29 @@ class RefusalLog:
 
     Anyone who can reach the port can make the agent refuse requests; that must not fill the logs."""
 
-    def __init__(self, every: float = REFUSAL_LOG_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, every: float = REFUSAL_LOG_SECONDS, clock: Callable[[], float] = time.monotonic,
+                 *, what: str = "refused a client", kind: str = "refusal(s)") -> None:
         self._every = every
         self._clock = clock
+        self._what, self._kind = what, kind
         self._last: float | None = None
         self._held = 0
+        self.total = 0  # every note since the start, logged or not
 
     def note(self, what: str, client: str | None) -> None:
         now = self._clock()
+        self.total += 1
         if self._last is not None and now - self._last < self._every:
             self._held += 1
             return
-        more = f" (and {self._held} other refusal(s) since the last such line)" if self._held else ""
-        log.warning("refused a client at %s: %s%s", client or "?", what, more)
+        more = f" (and {self._held} other {self._kind} since the last such line)" if self._held else ""
+        log.warning("%s at %s: %s%s", self._what, client or "?", what, more)
         self._last, self._held = now, 0
 
 
 REFUSALS = RefusalLog()
+# Clients that reset before their /metrics answer went out: anyone can make thousands a second.
+GONE = RefusalLog(what="a client went away", kind="such client(s)")
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 21\r\n"
          + "".join(f"{k}: {v}\r\n" for k, v in SECURITY_HEADERS.items()).encode()
          + b"Connection: close\r\n\r\ntoo many connections\n")
