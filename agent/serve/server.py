@@ -454,10 +454,13 @@ class OpenSockets:
     handshake, so clients that connect and never handshake were uncounted and could use up every file
     descriptor. A closed socket is dropped lazily, when the count reaches the cap.
 
-    At the cap, places are shared by client address: a newcomer takes the place of the oldest connection
-    not in a request (idle, trickling its headers or its TLS handshake) of the address holding the most,
-    when that address holds at least two more than the newcomer's; otherwise it is refused. So one address
-    re-opening hundreds of tricklers costs its own connections, and Prometheus still gets in."""
+    At the cap, places are shared by client address: a newcomer takes the place of the newest connection
+    not in a request (idle, trickling its headers or its TLS handshake, or waiting out a delayed 429) of
+    the address holding the most, when that address holds at least two more than the newcomer's; otherwise
+    it is refused. So one address re-opening hundreds of tricklers costs its own connections, and Prometheus
+    still gets in; and the newest goes, not the oldest: an address's long-lived keep-alive is a scraper's
+    (an attacker behind the same NAT as Prometheus would otherwise have its session closed, then its
+    reconnect refused), while tricklers are new."""
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
@@ -488,7 +491,7 @@ class OpenSockets:
         top, most = held.most_common(1)[0]
         if most < held.get(client, 0) + 2:
             return False  # nobody holds more than the newcomer would: the cap is shared fairly already
-        for transport, owner in self._open.items():
+        for transport, owner in reversed(self._open.items()):  # newest first: keep the long-lived sessions
             handler = self._handlers.get(transport)
             if owner == top and (handler is None or not handler.in_request):
                 del self._open[transport]
