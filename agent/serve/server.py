@@ -366,13 +366,14 @@ _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConte
 class _Handler(RequestHandler):
     """aiohttp's connection handler with a read-header timeout, a connection cap and quiet refusals."""
 
-    __slots__ = ("_limits", "_deadline", "_busy", "_first_line", "_line_done", "_made")
+    __slots__ = ("_limits", "_deadline", "_busy", "_waiting", "_first_line", "_line_done", "_made")
 
     def __init__(self, manager: Any, *, loop: asyncio.AbstractEventLoop, limits: ServerLimits, **kwargs: Any) -> None:
         super().__init__(manager, loop=loop, **kwargs)
         self._limits = limits
         self._deadline: asyncio.TimerHandle | None = None
         self._busy = False
+        self._waiting = False  # waiting out a delayed 429 (webconfig.py): nothing owed, a place to give up
         self._first_line = 0  # bytes of the current request line so far: tells 414 from 431
         self._line_done = False
         self._made = False  # a TLS handshake that fails reports a lost connection that was never made
@@ -393,8 +394,15 @@ class _Handler(RequestHandler):
 
     @property
     def in_request(self) -> bool:
-        """Handling a request (its answer may still be going out): not a connection to close for room."""
-        return self._busy
+        """Handling a request (its answer may still be going out): not a connection to close for room.
+
+        A client waiting out its delayed 429 is not: a flood that keeps every connection in that wait
+        would otherwise hold the whole cap against everyone else's logins."""
+        return self._busy and not self._waiting
+
+    def set_waiting(self, waiting: bool) -> None:
+        """Mark the current request as only waiting out a delay (webconfig.LIMITED_DELAY): evictable."""
+        self._waiting = waiting
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()
@@ -407,7 +415,7 @@ class _Handler(RequestHandler):
         try:
             return await super()._handle_request(request, *args, **kwargs)
         finally:
-            self._busy, self._first_line, self._line_done = False, 0, False
+            self._busy, self._waiting, self._first_line, self._line_done = False, False, 0, False
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
