@@ -205,12 +205,12 @@ async def send_page(request: web.Request, body: bytes, headers: dict[str, str]) 
     longer than SEND_SECONDS."""
     response = web.StreamResponse(headers=headers)
     response.content_length = len(body)
-    await response.prepare(request)
-    if request.method == "HEAD":  # the headers alone: a body would be read as the next answer
-        await response.write_eof()
-        return response
     view = memoryview(body)
     try:
+        await response.prepare(request)  # raises when the client reset while its page was rendered
+        if request.method == "HEAD":  # the headers alone: a body would be read as the next answer
+            await response.write_eof()
+            return response
         async with asyncio.timeout(SEND_SECONDS):
             for start in range(0, len(body), SEND_CHUNK):
                 await response.write(view[start:start + SEND_CHUNK])
@@ -219,7 +219,10 @@ async def send_page(request: web.Request, body: bytes, headers: dict[str, str]) 
         if request.transport is not None:
             request.transport.abort()
         return response  # aiohttp takes the closed transport as a client gone, quietly
-    except ConnectionError:  # the client went away mid-page: nothing to answer, nothing to log
+    except ConnectionError:  # the client went away: nothing to answer; counted, logged rate-limited
+        GONE.note("went away before its /metrics answer was sent", request.remote)
+        if request.transport is not None:
+            request.transport.abort()
         return response
     await response.write_eof()
     return response
@@ -332,23 +335,29 @@ class RefusalLog:
 
     Anyone who can reach the port can make the agent refuse requests; that must not fill the logs."""
 
-    def __init__(self, every: float = REFUSAL_LOG_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, every: float = REFUSAL_LOG_SECONDS, clock: Callable[[], float] = time.monotonic,
+                 *, what: str = "refused a client", kind: str = "refusal(s)") -> None:
         self._every = every
         self._clock = clock
+        self._what, self._kind = what, kind
         self._last: float | None = None
         self._held = 0
+        self.total = 0  # every note since the start, logged or not
 
     def note(self, what: str, client: str | None) -> None:
         now = self._clock()
+        self.total += 1
         if self._last is not None and now - self._last < self._every:
             self._held += 1
             return
-        more = f" (and {self._held} other refusal(s) since the last such line)" if self._held else ""
-        log.warning("refused a client at %s: %s%s", client or "?", what, more)
+        more = f" (and {self._held} other {self._kind} since the last such line)" if self._held else ""
+        log.warning("%s at %s: %s%s", self._what, client or "?", what, more)
         self._last, self._held = now, 0
 
 
 REFUSALS = RefusalLog()
+# Clients that reset before their /metrics answer went out: anyone can make thousands a second.
+GONE = RefusalLog(what="a client went away", kind="such client(s)")
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 21\r\n"
          + "".join(f"{k}: {v}\r\n" for k, v in SECURITY_HEADERS.items()).encode()
          + b"Connection: close\r\n\r\ntoo many connections\n")
@@ -357,13 +366,14 @@ _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConte
 class _Handler(RequestHandler):
     """aiohttp's connection handler with a read-header timeout, a connection cap and quiet refusals."""
 
-    __slots__ = ("_limits", "_deadline", "_busy", "_first_line", "_line_done", "_made")
+    __slots__ = ("_limits", "_deadline", "_busy", "_waiting", "_first_line", "_line_done", "_made")
 
     def __init__(self, manager: Any, *, loop: asyncio.AbstractEventLoop, limits: ServerLimits, **kwargs: Any) -> None:
         super().__init__(manager, loop=loop, **kwargs)
         self._limits = limits
         self._deadline: asyncio.TimerHandle | None = None
         self._busy = False
+        self._waiting = False  # waiting out a delayed 429 (webconfig.py): nothing owed, a place to give up
         self._first_line = 0  # bytes of the current request line so far: tells 414 from 431
         self._line_done = False
         self._made = False  # a TLS handshake that fails reports a lost connection that was never made
@@ -384,8 +394,15 @@ class _Handler(RequestHandler):
 
     @property
     def in_request(self) -> bool:
-        """Handling a request (its answer may still be going out): not a connection to close for room."""
-        return self._busy
+        """Handling a request (its answer may still be going out): not a connection to close for room.
+
+        A client waiting out its delayed 429 is not: a flood that keeps every connection in that wait
+        would otherwise hold the whole cap against everyone else's logins."""
+        return self._busy and not self._waiting
+
+    def set_waiting(self, waiting: bool) -> None:
+        """Mark the current request as only waiting out a delay (webconfig.LIMITED_DELAY): evictable."""
+        self._waiting = waiting
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()
@@ -398,7 +415,7 @@ class _Handler(RequestHandler):
         try:
             return await super()._handle_request(request, *args, **kwargs)
         finally:
-            self._busy, self._first_line, self._line_done = False, 0, False
+            self._busy, self._waiting, self._first_line, self._line_done = False, False, 0, False
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -445,10 +462,13 @@ class OpenSockets:
     handshake, so clients that connect and never handshake were uncounted and could use up every file
     descriptor. A closed socket is dropped lazily, when the count reaches the cap.
 
-    At the cap, places are shared by client address: a newcomer takes the place of the oldest connection
-    not in a request (idle, trickling its headers or its TLS handshake) of the address holding the most,
-    when that address holds at least two more than the newcomer's; otherwise it is refused. So one address
-    re-opening hundreds of tricklers costs its own connections, and Prometheus still gets in."""
+    At the cap, places are shared by client address: a newcomer takes the place of the newest connection
+    not in a request (idle, trickling its headers or its TLS handshake, or waiting out a delayed 429) of
+    the address holding the most, when that address holds at least two more than the newcomer's; otherwise
+    it is refused. So one address re-opening hundreds of tricklers costs its own connections, and Prometheus
+    still gets in; and the newest goes, not the oldest: an address's long-lived keep-alive is a scraper's
+    (an attacker behind the same NAT as Prometheus would otherwise have its session closed, then its
+    reconnect refused), while tricklers are new."""
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
@@ -479,7 +499,7 @@ class OpenSockets:
         top, most = held.most_common(1)[0]
         if most < held.get(client, 0) + 2:
             return False  # nobody holds more than the newcomer would: the cap is shared fairly already
-        for transport, owner in self._open.items():
+        for transport, owner in reversed(self._open.items()):  # newest first: keep the long-lived sessions
             handler = self._handlers.get(transport)
             if owner == top and (handler is None or not handler.in_request):
                 del self._open[transport]

@@ -32,7 +32,8 @@ check in progress never holds up a stop), not the event loop's default executor 
 at once, at most AUTH_PER_CLIENT of them one client's; waiting checks are served one client at a time in
 turn, so a client with a backlog delays another by one check, not by its backlog. A client (by IP) gets
 FAIL_BURST failed checks, then one per 1/FAIL_PER_SECOND s, and past that is answered 429 without
-bcrypt, after LIMITED_DELAY (a flood's loop then spins at 1/LIMITED_DELAY per connection). Every check
+bcrypt, after LIMITED_DELAY (a flood's loop then spins at 1/LIMITED_DELAY per connection; during the wait the
+connection gives way at the connection cap, so the waits hold no place another address needs). Every check
 costs what one at the configured users' highest cost does: an unknown user is checked against a stand-in
 hash of that cost, and a check of a user whose hash is cheaper (cost c) is topped up with stand-in checks
 of costs c, c+1, ..., max-1 (2^c + 2^c + 2^(c+1) + ... + 2^(max-1) = 2^max), so timing reveals neither which users exist nor their
@@ -534,7 +535,7 @@ class WebSecurity:
                 status=401, text="Unauthorized\n", headers={"WWW-Authenticate": 'Basic realm="rooflight"'}
             )
         elif status == LIMITED:
-            await asyncio.sleep(LIMITED_DELAY)  # a client looping on 429 now costs the agent ~nothing
+            await _limited_wait(request)  # a client looping on 429 now costs the agent ~nothing
             response = web.Response(status=429, text="Too many failed logins; try again later\n",
                                     headers={"Retry-After": str(self.auth.limiter.retry_after(client))})
         else:
@@ -548,3 +549,16 @@ class WebSecurity:
         import signal
 
         loop.add_signal_handler(signal.SIGHUP, self.reload)
+
+
+async def _limited_wait(request: web.Request) -> None:
+    """Wait LIMITED_DELAY before a 429, the connection marked as giving way at the connection cap meanwhile
+    (server.py's handler: set_waiting): a flood's delayed 429s then never hold places another address needs."""
+    mark: Callable[[bool], None] | None = getattr(request.protocol, "set_waiting", None)
+    if mark is not None:
+        mark(True)
+    try:
+        await asyncio.sleep(LIMITED_DELAY)
+    finally:
+        if mark is not None:
+            mark(False)
