@@ -45,22 +45,28 @@ UNSENDABLE = "unsendable"  # a target or header the proxy's HTTP client will not
 
 
 class RefusalLog:
-    """One log line per `every` s at most, counting the refusals it stood for: anyone who can reach the port
-    can make the proxy refuse requests, and that must not fill the logs. The line names the client's address
-    and the proxy's own words for the refusal, never what the client sent."""
+    """One log line per `every` s at most, counting the refusals it stood for: anyone who can reach a port
+    can make the proxy or the agent refuse requests, and that must not fill the logs. The line names the
+    client's address and our own words for the refusal, never what the client sent. Shared by the proxy and
+    the agent's server (agent/serve imports it: the proxy sits lower)."""
 
-    def __init__(self, what: str, every: float = REFUSAL_LOG_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
-        self._what, self._every, self._clock = what, every, clock
+    def __init__(self, what: str = "refused a client at", every: float = REFUSAL_LOG_SECONDS,
+                 clock: Callable[[], float] = time.monotonic, *, kind: str = "refusal(s)",
+                 logger: logging.Logger | None = None) -> None:
+        self._what, self._every, self._clock, self._kind = what, every, clock, kind
+        self._log = logger or logging.getLogger("rooflight")  # the proxy's pass their own
         self._last: float | None = None
         self._held = 0
+        self.total = 0  # every note since the start, logged or not
 
     def note(self, why: str, client: str | None) -> None:
         now = self._clock()
+        self.total += 1
         if self._last is not None and now - self._last < self._every:
             self._held += 1
             return
-        more = f" (and {self._held} more since the last such line)" if self._held else ""
-        log.warning("proxy: %s %s: %s%s", self._what, client or "?", why, more)
+        more = f" (and {self._held} other {self._kind} since the last such line)" if self._held else ""
+        self._log.warning("%s %s: %s%s", self._what, client or "?", why, more)
         self._last, self._held = now, 0
 
 
@@ -97,8 +103,8 @@ class Events:
 
     def __init__(self, count: Callable[[str, str], None]) -> None:
         self._count = count
-        self._refused = RefusalLog("refused a connection from")
-        self._bad = RefusalLog("answered 400 to")
+        self._refused = RefusalLog("proxy: refused a connection from", logger=log)
+        self._bad = RefusalLog("proxy: answered 400 to", logger=log)
 
     def refused(self, reason: str, client: str | None, why: str) -> None:
         self._count("refused", reason)
@@ -202,7 +208,7 @@ class Gate(asyncio.Protocol):
 
 FD_RESERVE = 256  # open files kept for everything but the relay: the agent's port and scrapes, logs, NVML
 _ACCEPT_FAILED = "socket.accept() out of system resource"
-ACCEPT_FAILURES = RefusalLog("cannot accept")
+ACCEPT_FAILURES = RefusalLog("proxy: cannot accept", logger=log)
 
 
 def fit_to_open_files(cap: int, per_client: int, soft_limit: int) -> tuple[int, int]:
@@ -227,18 +233,21 @@ def open_file_limit() -> int:
     return -1 if soft == resource.RLIM_INFINITY else int(soft)
 
 
-def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+def quiet_accept_errors(loop: asyncio.AbstractEventLoop, failures: Callable[[], RefusalLog] | None = None,
+                        advice: str = "raise the open-file limit (ulimit -n) or lower --max-connections",
+                        ) -> Callable[[], None]:
     """Log asyncio's "socket.accept() out of system resource" (a traceback per failed accept, thousands a
-    second when the open files run out) as one line a minute; anything else as before. Returns the undo.
-    (The agent's own loop has agent/serve's twin; the proxy's loop is its own and needs this one.)"""
+    second when the open files run out) as one line a minute in `failures()` (this module's ACCEPT_FAILURES
+    by default); anything else as before. Returns the undo. Each loop needs its own: the agent's server, the
+    proxy's relay and the standalone proxy's /metrics."""
     previous = loop.get_exception_handler()
+    failures = failures or (lambda: ACCEPT_FAILURES)
 
     def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         if str(context.get("message", "")).startswith(_ACCEPT_FAILED):
             exc = context.get("exception")
             why = getattr(exc, "strerror", None) or type(exc).__name__
-            ACCEPT_FAILURES.note(f"{why}; raise the open-file limit (ulimit -n) or lower --max-connections",
-                                 "new connections")
+            failures().note(f"cannot accept new connections ({why}); {advice}", "new connections")
         elif previous is not None:
             previous(loop, context)
         else:

@@ -490,8 +490,8 @@ class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
         super().exception(msg, *args, exc_info=exc_info, **kwargs)  # type: ignore[arg-type]
 
 
-_UNRELAYABLE = limits.RefusalLog("answered 502 to")
-_PARSER_REFUSALS = limits.RefusalLog("answered 400 to")
+_UNRELAYABLE = limits.RefusalLog("proxy: answered 502 to", logger=log)
+_PARSER_REFUSALS = limits.RefusalLog("proxy: answered 400 to", logger=log)
 
 
 def _unrelayable(request: web.Request, exc: ValueError) -> _UpstreamFailed:

@@ -38,7 +38,9 @@ from prometheus_client.registry import Collector
 from rooflight.agent import __version__
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.metrics.exposition import registry_for
+from rooflight.agent.proxy import limits
 from rooflight.agent.proxy.config import ProxyConfig
+from rooflight.agent.proxy.limits import RefusalLog
 from rooflight.agent.proxy.server import ProxyServer
 from rooflight.agent.proxy.thread import ProxyThread
 from rooflight.agent.serve.page import add_status_routes
@@ -318,7 +320,6 @@ async def snapshot_json(request: web.Request) -> web.Response:
 MAX_LINE_SIZE = 4096
 MAX_FIELD_SIZE = 4096
 MAX_HEADERS = 64
-REFUSAL_LOG_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,34 +331,9 @@ class ServerLimits:
     idle_timeout: float = 120.0  # a keep-alive connection between requests (Prometheus scrapes every 15-60 s)
 
 
-class RefusalLog:
-    """One log line per REFUSAL_LOG_SECONDS at most, counting the refusals it stood for.
-
-    Anyone who can reach the port can make the agent refuse requests; that must not fill the logs."""
-
-    def __init__(self, every: float = REFUSAL_LOG_SECONDS, clock: Callable[[], float] = time.monotonic,
-                 *, what: str = "refused a client", kind: str = "refusal(s)") -> None:
-        self._every = every
-        self._clock = clock
-        self._what, self._kind = what, kind
-        self._last: float | None = None
-        self._held = 0
-        self.total = 0  # every note since the start, logged or not
-
-    def note(self, what: str, client: str | None) -> None:
-        now = self._clock()
-        self.total += 1
-        if self._last is not None and now - self._last < self._every:
-            self._held += 1
-            return
-        more = f" (and {self._held} other {self._kind} since the last such line)" if self._held else ""
-        log.warning("%s at %s: %s%s", self._what, client or "?", what, more)
-        self._last, self._held = now, 0
-
-
 REFUSALS = RefusalLog()
 # Clients that reset before their /metrics answer went out: anyone can make thousands a second.
-GONE = RefusalLog(what="a client went away", kind="such client(s)")
+GONE = RefusalLog("a client went away at", kind="such client(s)")
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 21\r\n"
          + "".join(f"{k}: {v}\r\n" for k, v in SECURITY_HEADERS.items()).encode()
          + b"Connection: close\r\n\r\ntoo many connections\n")
@@ -576,27 +552,12 @@ class _Gate(asyncio.Protocol):
 
 
 ACCEPT_FAILURES = RefusalLog()
-_ACCEPT_FAILED = "socket.accept() out of system resource"
 
 
 def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
-    """Log asyncio's "socket.accept() out of system resource" (a traceback per failed accept, thousands a
-    second under a flood) as one rate-limited line; everything else as before. Returns the undo."""
-    previous = loop.get_exception_handler()
-
-    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if str(context.get("message", "")).startswith(_ACCEPT_FAILED):
-            exc = context.get("exception")
-            why = getattr(exc, "strerror", None) or type(exc).__name__
-            ACCEPT_FAILURES.note(f"cannot accept new connections ({why}); raise the open-file limit"
-                                 " (ulimit -n) above max_connections or lower max_connections", None)
-        elif previous is not None:
-            previous(loop, context)
-        else:
-            loop.default_exception_handler(context)
-
-    loop.set_exception_handler(handle)
-    return lambda: loop.set_exception_handler(previous)
+    """The proxy's handler (agent/proxy/limits.py), logging in this server's ACCEPT_FAILURES."""
+    return limits.quiet_accept_errors(loop, lambda: ACCEPT_FAILURES,
+                                      "raise the open-file limit (ulimit -n) above max_connections or lower it")
 
 
 def _peer(transport: asyncio.BaseTransport) -> str | None:

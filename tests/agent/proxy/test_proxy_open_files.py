@@ -92,7 +92,7 @@ async def test_accept_failures_on_the_proxys_loop_are_one_line_not_a_traceback_e
 
     from rooflight.agent.proxy import limits
 
-    monkeypatch.setattr(limits, "ACCEPT_FAILURES", limits.RefusalLog("cannot accept"))  # none logged yet
+    monkeypatch.setattr(limits, "ACCEPT_FAILURES", limits.RefusalLog("proxy: cannot accept", logger=limits.log))  # none logged yet
     loop = asyncio.get_running_loop()
     undo = limits.quiet_accept_errors(loop)
     try:
