@@ -96,11 +96,18 @@ class _LongWindows(NamedTuple):
 
 
 class ItlTail(NamedTuple):
-    """The worst ITL since the previous sample, its recent median, and which source measured both."""
+    """The worst ITL since the previous sample, its recent median, and which source measured both; and
+    the largest step since the previous sample with its recent median (None where the engine does not
+    tell its steps' sizes)."""
 
     worst: float | None
     baseline: float | None
     source: str
+    largest_step: float | None = None
+    largest_step_baseline: float | None = None
+
+
+_STEP_SIZES = "steps"  # the tail baseline of the largest step, beside those of the ITL sources
 
 
 ConstantsFor = Callable[[TargetConfig, Any, Any], TargetConstants]
@@ -441,20 +448,24 @@ class EngineLoop:
 
         At the agent's resolution (1 s) one stalled step is a visible share of the tokens, where in a
         10 s or 1 m window its few observations vanish below p99. The proxy cannot tell which model or
-        rank a stream ran on, so it judges only a target with one series.
+        rank a stream ran on, so it judges only a target with one series. With either source, the largest
+        step since the previous sample against its own median (where the engine tells its steps' sizes)
+        says whether a step far larger than usual, a long prompt run whole, came with the stall.
         """
         if history is None:
             return ItlTail(None, None, ITL_FROM_ENGINE)
         now, since = self.clock.monotonic(), 1.5 * self.config.interval
         span = history.window(since)
         delta = histogram_delta(*span, derive.ITL) if span else None
+        steps = histogram_delta(*span, derive.STEP_TOKENS) if span else None
         key = (series.model, series.rank)
+        largest = self._tail_against_baseline(key, _STEP_SIZES, now, worst_bound(steps) if steps else None)
         engine = self._tail_against_baseline(key, ITL_FROM_ENGINE, now, worst_bound(delta) if delta else None)
         if self.client_gaps is not None and len(self._histories) == 1:
             proxy = self._tail_against_baseline(key, ITL_FROM_PROXY, now, self.client_gaps.stall_between(now - since, now))
             if proxy.worst is not None and proxy.baseline:  # 0: the streams arrive in bursts, no gaps to judge
-                return proxy
-        return engine
+                return proxy._replace(largest_step=largest.worst, largest_step_baseline=largest.baseline)
+        return engine._replace(largest_step=largest.worst, largest_step_baseline=largest.baseline)
 
     def _tail_against_baseline(self, key: tuple[str, str], source: str, now: float, worst: float | None) -> ItlTail:
         shortest = min(self.config.windows.values())
@@ -569,6 +580,8 @@ def _verdicts(
         itl_worst_recent=tail.worst,
         itl_worst_baseline=tail.baseline,
         itl_source=tail.source,
+        step_tokens_largest_recent=tail.largest_step,
+        step_tokens_largest_baseline=tail.largest_step_baseline,
         prefill_tokens_per_step_short=short.prefill_tokens_per_step,
         kv_usage=series.kv_usage_ratio,
         kv_usage_peak_short=derive.maximum(history, first, derive.KV_USAGE) if first else None,

@@ -8,9 +8,14 @@ blocking and Batch verdicts); what to do about each is in docs/runbooks.md:
   the worst ITL since the previous sample (the ITL histogram's highest bucket that gained
   observations) inflates to at least `hol_inflation` x its own recent median (the median of that worst
   over the longest window) while prefill work is in the batch (computed prompt tokens per step over the
-  short window at least `hol_min_prefill_tokens_per_step`). One long prompt run whole stalls every
-  decode for one step; at the agent's 1 s resolution that step is visible, where its few observations
-  vanish below p99 in a 10 s or 1 m window. The sampler holds the flag up `hol_hold_seconds` after the
+  short window at least `hol_min_prefill_tokens_per_step`) and, where the engine says how many tokens
+  each step ran (vLLM's iteration_tokens_total), the largest step since the previous sample inflated to
+  at least `hol_step_inflation` x its own recent median too: the stall came with a step far larger than
+  usual, which is what a long prompt run whole is. Without that, any stall of a busy host (a starved
+  API server, a noisy neighbour) while short prompts keep arriving would count, and on a shared CPU
+  host those stalls dwarf a prefill's (docs/physics.md, section Head-of-line blocking). One long prompt
+  run whole stalls every decode for one step; at the agent's 1 s resolution that step is visible, where
+  its few observations vanish below p99 in a 10 s or 1 m window. The sampler holds the flag up `hol_hold_seconds` after the
   stall so a 15-30 s Prometheus scrape sees it. Not while the engine preempts (short-window rate above
   `hol_max_preemptions_per_second`): a preempted sequence's next token comes seconds later and its
   recompute is prefill, so the tail inflates at the KV wall too; that is the capacity-capped verdict's
@@ -49,6 +54,9 @@ class DetectorThresholds:
 
     hol_inflation: worst-ITL / its recent median at which stutter counts as blocking. A long prompt run
         whole stretches one step ~43x (260 ms against a 6 ms baseline); chunked prefill brings that to ~4x.
+    hol_step_inflation: the largest step since the previous sample / its recent median (tokens a step
+        ran, where the engine tells them) at which the stall counts as a prefill's. vLLM's step buckets
+        are powers of two, so 3 asks for a step two buckets above the usual largest one (4x).
     hol_hold_seconds: how long the flag stays up after the last stall (a stall lasts one step).
     hol_min_prefill_tokens_per_step: computed prompt tokens per engine step (short-window average) that
         count as prefill work in the batch. One 8,000-token prompt over 10 s of 6 ms steps averages ~5.
@@ -66,6 +74,7 @@ class DetectorThresholds:
     """
 
     hol_inflation: float = 3.0
+    hol_step_inflation: float = 3.0
     hol_hold_seconds: float = 30.0
     hol_min_prefill_tokens_per_step: float = 1.0
     hol_min_itl_seconds: float = 0.0
@@ -78,8 +87,9 @@ class DetectorThresholds:
     kv_room_usage: float = 0.8
 
     def __post_init__(self) -> None:
-        if not self.hol_inflation > 1.0:
-            raise ConfigError(f"hol_inflation must be above 1 (got {self.hol_inflation})")
+        for name in ("hol_inflation", "hol_step_inflation"):
+            if not getattr(self, name) > 1.0:
+                raise ConfigError(f"{name} must be above 1 (got {getattr(self, name)})")
         for name in ("capacity_kv_usage", "admission_max_batch_fraction", "kv_room_usage"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
@@ -113,6 +123,10 @@ class DetectorInputs:
     waiting_min_short: float | None  # minimum queue over the short window
     batch_max: float | None  # configured batch cap (max_num_seqs etc.)
     itl_source: str = ITL_FROM_ENGINE  # where itl_worst_recent and its baseline come from
+    # The largest step since the previous sample (tokens, bucket upper bound) and the median of that
+    # largest over the longest window; both None where the engine does not say what its steps ran.
+    step_tokens_largest_recent: float | None = None
+    step_tokens_largest_baseline: float | None = None
 
 
 @dataclass(frozen=True)
@@ -154,22 +168,37 @@ _RATIO_SLACK = 1e-9
 
 def itl_inflation(itl_worst_recent: float | None, itl_worst_baseline: float | None) -> float | None:
     """Worst ITL now over its own recent median; None when either is unknown or the median is not positive."""
-    if itl_worst_recent is None or itl_worst_baseline is None or itl_worst_baseline <= 0.0:
+    return _over_median(itl_worst_recent, itl_worst_baseline)
+
+
+def _over_median(recent: float | None, median: float | None) -> float | None:
+    if recent is None or median is None or median <= 0.0:
         return None
-    return itl_worst_recent / itl_worst_baseline
+    return recent / median
 
 
 def head_of_line(inputs: DetectorInputs, t: DetectorThresholds) -> tuple[bool | None, float | None]:
-    """The ITL tail inflated against its median while prefill work shared the batch."""
+    """The ITL tail inflated against its median while prefill work shared the batch, in a span whose
+    largest step (where the engine tells it) inflated against its own median too."""
     factor = itl_inflation(inputs.itl_worst_recent, inputs.itl_worst_baseline)
     preemptions = inputs.preemptions_per_second_short
     verdict = _all(
         _at_least(factor, t.hol_inflation * (1.0 - _RATIO_SLACK)),
         _at_least(inputs.itl_worst_recent, t.hol_min_itl_seconds),
         _at_least(inputs.prefill_tokens_per_step_short, t.hol_min_prefill_tokens_per_step),
+        _a_step_far_larger_than_usual(inputs, t),
         True if preemptions is None else preemptions <= t.hol_max_preemptions_per_second,
     )
     return verdict, factor
+
+
+def _a_step_far_larger_than_usual(inputs: DetectorInputs, t: DetectorThresholds) -> bool | None:
+    """The largest step since the previous sample at least `hol_step_inflation` x its recent median;
+    True (no say) where the engine does not tell its steps' sizes, None while their median is unknown."""
+    recent, baseline = inputs.step_tokens_largest_recent, inputs.step_tokens_largest_baseline
+    if recent is None and baseline is None:
+        return True
+    return _at_least(_over_median(recent, baseline), t.hol_step_inflation * (1.0 - _RATIO_SLACK))
 
 
 def capacity_capped(inputs: DetectorInputs, t: DetectorThresholds) -> bool | None:
