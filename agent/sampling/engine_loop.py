@@ -43,7 +43,7 @@ from rooflight.agent.signals.headroom import SignalSettings, role_for
 from rooflight.agent.sampling.health import KV_USAGE_OUT_OF_RANGE, SourceState
 from rooflight.agent.metrics.snapshot import SeriesView, TargetView
 from rooflight.agent.signals.token_gaps import ClientGaps
-from rooflight.agent.signals.windows import SeriesHistory, histogram_delta, worst_bound
+from rooflight.agent.signals.windows import Point, SeriesHistory, histogram_delta, increase, worst_bound
 from rooflight.collectors import engines, expfmt
 from rooflight.collectors.common import (
     INFO_OUT_OF_RANGE,
@@ -108,6 +108,9 @@ class ItlTail(NamedTuple):
 
 
 _STEP_SIZES = "steps"  # the tail baseline of the largest step, beside those of the ITL sources
+# The usual largest step: the value 60% of the recent prefill seconds' largest steps stay at or under
+# (signals/baseline.py says why not their median; docs/physics.md, section Head-of-line blocking).
+STEP_BASELINE_QUANTILE = 0.6
 
 
 ConstantsFor = Callable[[TargetConfig, Any, Any], TargetConstants]
@@ -457,9 +460,8 @@ class EngineLoop:
         now, since = self.clock.monotonic(), 1.5 * self.config.interval
         span = history.window(since)
         delta = histogram_delta(*span, derive.ITL) if span else None
-        steps = histogram_delta(*span, derive.STEP_TOKENS) if span else None
         key = (series.model, series.rank)
-        largest = self._tail_against_baseline(key, _STEP_SIZES, now, worst_bound(steps) if steps else None)
+        largest = self._largest_step(key, span, now)
         engine = self._tail_against_baseline(key, ITL_FROM_ENGINE, now, worst_bound(delta) if delta else None)
         if self.client_gaps is not None and len(self._histories) == 1:
             proxy = self._tail_against_baseline(key, ITL_FROM_PROXY, now, self.client_gaps.stall_between(now - since, now))
@@ -467,12 +469,30 @@ class EngineLoop:
                 return proxy._replace(largest_step=largest.worst, largest_step_baseline=largest.baseline)
         return engine._replace(largest_step=largest.worst, largest_step_baseline=largest.baseline)
 
-    def _tail_against_baseline(self, key: tuple[str, str], source: str, now: float, worst: float | None) -> ItlTail:
-        shortest = min(self.config.windows.values())
+    def _largest_step(self, key: tuple[str, str], span: tuple[Point, Point] | None, now: float) -> ItlTail:
+        """The largest step since the previous sample (tokens, its bucket's bound) and the usual largest
+        step of the seconds that ran a prefill (STEP_BASELINE_QUANTILE of them; docs/physics.md, section
+        Head-of-line blocking). A second of decode steps alone joins no baseline: against it, any
+        admitted prompt would look large."""
+        steps = histogram_delta(*span, derive.STEP_TOKENS) if span else None
+        largest = worst_bound(steps) if steps else None
+        prefilled = increase(*span, derive.PROMPT) if span else None
+        joins = largest if prefilled is None or prefilled > 0 else None
+        tail = self._tail_for(key, _STEP_SIZES, STEP_BASELINE_QUANTILE)
+        baseline = tail.median()  # before this value joins: the baseline is the recent past
+        tail.add(now, joins)
+        return ItlTail(largest, baseline, _STEP_SIZES)
+
+    def _tail_for(self, key: tuple[str, str], source: str, quantile: float = 0.5) -> TailBaseline:
         tails = self._tails.setdefault(key, {})
         tail = tails.get(source)
         if tail is None:
-            tail = tails[source] = TailBaseline(keep_seconds=max(self.config.windows.values()), min_span=3 * shortest)
+            tail = tails[source] = TailBaseline(keep_seconds=max(self.config.windows.values()),
+                                                min_span=3 * min(self.config.windows.values()), quantile=quantile)
+        return tail
+
+    def _tail_against_baseline(self, key: tuple[str, str], source: str, now: float, worst: float | None) -> ItlTail:
+        tail = self._tail_for(key, source)
         baseline = tail.median()  # before this value joins: the baseline is the recent past
         tail.add(now, worst)
         return ItlTail(worst, baseline, source)

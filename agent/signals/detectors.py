@@ -9,9 +9,10 @@ blocking and Batch verdicts); what to do about each is in docs/runbooks.md:
   observations) inflates to at least `hol_inflation` x its own recent median (the median of that worst
   over the longest window) while prefill work is in the batch (computed prompt tokens per step over the
   short window at least `hol_min_prefill_tokens_per_step`) and, where the engine says how many tokens
-  each step ran (vLLM's iteration_tokens_total), the largest step since the previous sample inflated to
-  at least `hol_step_inflation` x its own recent median too: the stall came with a step far larger than
-  usual, which is what a long prompt run whole is. Without that, any stall of a busy host (a starved
+  each step ran (vLLM's iteration_tokens_total), the largest step since the previous sample grew to at
+  least `hol_step_inflation` x the usual largest step (of the recent seconds that ran a prefill, the
+  value 60% of them stay at or under): the stall came with a step far larger than usual, which is what
+  a long prompt run whole is. Without that, any stall of a busy host (a starved
   API server, a noisy neighbour) while short prompts keep arriving would count, and on a shared CPU
   host those stalls dwarf a prefill's (docs/physics.md, section Head-of-line blocking). One long prompt
   run whole stalls every decode for one step; at the agent's 1 s resolution that step is visible, where
@@ -54,8 +55,8 @@ class DetectorThresholds:
 
     hol_inflation: worst-ITL / its recent median at which stutter counts as blocking. A long prompt run
         whole stretches one step ~43x (260 ms against a 6 ms baseline); chunked prefill brings that to ~4x.
-    hol_step_inflation: the largest step since the previous sample / its recent median (tokens a step
-        ran, where the engine tells them) at which the stall counts as a prefill's. vLLM's step buckets
+    hol_step_inflation: the largest step since the previous sample / the usual largest step (tokens a
+        step ran, where the engine tells them) at which the stall counts as a prefill's. vLLM's step buckets
         are powers of two, so 3 asks for a step two buckets above the usual largest one (4x).
     hol_hold_seconds: how long the flag stays up after the last stall (a stall lasts one step).
     hol_min_prefill_tokens_per_step: computed prompt tokens per engine step (short-window average) that
@@ -123,8 +124,8 @@ class DetectorInputs:
     waiting_min_short: float | None  # minimum queue over the short window
     batch_max: float | None  # configured batch cap (max_num_seqs etc.)
     itl_source: str = ITL_FROM_ENGINE  # where itl_worst_recent and its baseline come from
-    # The largest step since the previous sample (tokens, bucket upper bound) and the median of that
-    # largest over the longest window; both None where the engine does not say what its steps ran.
+    # The largest step since the previous sample (tokens, bucket upper bound) and the usual largest step
+    # over the longest window (the sampler's baseline); both None where the engine does not tell its steps.
     step_tokens_largest_recent: float | None = None
     step_tokens_largest_baseline: float | None = None
 
@@ -179,7 +180,7 @@ def _over_median(recent: float | None, median: float | None) -> float | None:
 
 def head_of_line(inputs: DetectorInputs, t: DetectorThresholds) -> tuple[bool | None, float | None]:
     """The ITL tail inflated against its median while prefill work shared the batch, in a span whose
-    largest step (where the engine tells it) inflated against its own median too."""
+    largest step (where the engine tells it) grew far past the usual largest step."""
     factor = itl_inflation(inputs.itl_worst_recent, inputs.itl_worst_baseline)
     preemptions = inputs.preemptions_per_second_short
     verdict = _all(
@@ -193,8 +194,8 @@ def head_of_line(inputs: DetectorInputs, t: DetectorThresholds) -> tuple[bool | 
 
 
 def _a_step_far_larger_than_usual(inputs: DetectorInputs, t: DetectorThresholds) -> bool | None:
-    """The largest step since the previous sample at least `hol_step_inflation` x its recent median;
-    True (no say) where the engine does not tell its steps' sizes, None while their median is unknown."""
+    """The largest step since the previous sample at least `hol_step_inflation` x the usual largest step;
+    True (no say) where the engine does not tell its steps' sizes, None while the usual one is unknown."""
     recent, baseline = inputs.step_tokens_largest_recent, inputs.step_tokens_largest_baseline
     if recent is None and baseline is None:
         return True

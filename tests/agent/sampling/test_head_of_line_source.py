@@ -36,6 +36,8 @@ class ScriptedVllm:
         self.stalled = 0
         self.stalled_far = 0  # seconds whose ITLs landed in (0.075, 0.1]: 4x the usual bucket
         self.long_steps = 0  # steps that ran a long prompt whole: (1024, 2048] tokens
+        self.wave_steps = 0  # steps that admitted eight short prompts at once: (256, 512] tokens
+        self.prompt_tokens = 0
 
     def page(self) -> str:
         lines = []
@@ -51,13 +53,14 @@ class ScriptedVllm:
     def _series(self, name: str, lab: str) -> list[str]:
         steps = STEPS_PER_S * self.seconds
         values = {"num_requests_running": 8, "num_requests_waiting": 0, "kv_cache_usage_perc": 0.3,
-                  "prompt_tokens_total": PROMPT_PER_S * self.seconds, "generation_tokens_total": 8 * steps,
+                  "prompt_tokens_total": self.prompt_tokens, "generation_tokens_total": 8 * steps,
                   "num_preemptions_total": 0}
         if name in values:
             return [f"vllm:{name}{{{lab}}} {values[name]}"]
         if name == "iteration_tokens_total":
-            usual = steps - self.long_steps
-            cumulative = (("8", 0), ("16", usual), ("1024", usual), ("2048", steps), ("+Inf", steps))
+            usual = steps - self.long_steps - self.wave_steps
+            cumulative = (("8", 0), ("16", usual), ("512", usual + self.wave_steps), ("1024", usual + self.wave_steps),
+                          ("2048", steps), ("+Inf", steps))
             return [f'vllm:{name}_bucket{{{lab},le="{le}"}} {n}' for le, n in cumulative] + [
                 f"vllm:{name}_count{{{lab}}} {steps}", f"vllm:{name}_sum{{{lab}}} 0"]
         normal = 8 * STEPS_PER_S * (self.seconds - self.stalled - self.stalled_far)
@@ -75,15 +78,19 @@ class Run:
         self.rig, self.vllm, self.gaps = rig, vllm, gaps
 
     async def second(self, *, stall: bool = False, client_gaps: tuple[float, ...] = NORMAL_GAPS,
-                     long_prompt: bool = True, far: bool = False) -> tuple[Verdicts, ...]:
+                     long_prompt: bool = True, far: bool = False, prompts: int = PROMPT_PER_S,
+                     wave: bool = False) -> tuple[Verdicts, ...]:
         """One second of decoding (the proxy's gaps arrive through it), then the agent's sample. A stall is a
         long prompt's (one step of it in the second) unless `long_prompt` is False: the host's; `far` puts
-        its ITLs in the engine's 0.1 s bucket (4x) instead of 0.05 s (2x)."""
+        its ITLs in the engine's 0.1 s bucket (4x) instead of 0.05 s (2x). `prompts` computed prompt tokens
+        arrive in the second; `wave` puts one step of (256, 512] tokens in it (eight prompts admitted at once)."""
         start = self.rig.clock.now
         self.vllm.seconds += 1
         self.vllm.stalled += stall and not far
         self.vllm.stalled_far += stall and far
         self.vllm.long_steps += stall and long_prompt
+        self.vllm.wave_steps += wave
+        self.vllm.prompt_tokens += prompts
         if self.gaps is not None:
             gaps = client_gaps + ((STALL_GAP,) if stall else ())
             for i, gap in enumerate(gaps):
@@ -206,4 +213,22 @@ async def test_the_engine_buckets_flag_a_long_prompt_stall_and_not_a_stalled_hos
         await run.second()
     (prompt,) = await run.second(stall=True, far=True)
     assert prompt.itl_inflation == pytest.approx(0.1 / 0.025)
+    assert prompt.head_of_line is True
+
+
+async def test_the_usual_largest_step_is_that_of_the_seconds_that_ran_a_prefill(run_with) -> None:
+    """Streams that finish together: a second admits a wave of eight prompts (a step of up to 512 tokens),
+    the next decodes only (no prompt, steps of 16). Against every second's largest step a wave would read
+    32x; the decode-only seconds join no baseline, so the usual largest step is the wave's, and a host stall
+    in a wave's second is not head-of-line; a long prompt's step (2048, 4x) still is."""
+    run = await run_with(proxy=False)
+    for i in range(BASELINE_SECONDS):
+        await run.second(prompts=400 if i % 2 else 0, wave=bool(i % 2))
+    await run.second(prompts=0)
+    (host,) = await run.second(stall=True, far=True, long_prompt=False, prompts=400, wave=True)
+    assert host.itl_inflation == pytest.approx(0.1 / 0.025)
+    assert host.head_of_line is False
+    for _ in range(2):
+        await run.second(prompts=0)
+    (prompt,) = await run.second(stall=True, far=True, prompts=1700)
     assert prompt.head_of_line is True

@@ -105,7 +105,8 @@ def test_absolute_floor_ignores_harmless_jitter() -> None:
 # Recorded on a real vLLM (the tiny model on CPU, 2 cores not pinned, load average 12-16; docs/physics.md,
 # section Head-of-line blocking): eight streams of ~50-token prompts, 256 tokens each, the agent at 2 Hz.
 # Per sample: the worst ITL bucket since the previous sample and its median; the largest step's bucket
-# (vLLM's iteration_tokens_total) since the previous sample and its median; prefill per step over 10 s.
+# (vLLM's iteration_tokens_total) since the previous sample and the usual largest step (the 60th
+# percentile over the seconds that ran a prefill, as the sampler keeps it); prefill per step over 10 s.
 # The eight streams finish together and the next eight are admitted in one step: ~400 tokens, the 512
 # bucket, is the usual largest step.
 QUIET_STALLS = [  # control phase, no long prompt: the host stalled the API server, no step grew
