@@ -111,6 +111,8 @@ _STEP_SIZES = "steps"  # the tail baseline of the largest step, beside those of 
 # The usual largest step: the value 60% of the recent prefill seconds' largest steps stay at or under
 # (signals/baseline.py says why not their median; docs/physics.md, section Head-of-line blocking).
 STEP_BASELINE_QUANTILE = 0.6
+# How far back a step far larger than usual is looked for, against the stall since the previous sample.
+STEP_LOOKBACK_SECONDS = 2.0
 
 
 ConstantsFor = Callable[[TargetConfig, Any, Any], TargetConstants]
@@ -461,7 +463,7 @@ class EngineLoop:
         span = history.window(since)
         delta = histogram_delta(*span, derive.ITL) if span else None
         key = (series.model, series.rank)
-        largest = self._largest_step(key, span, now)
+        largest = self._largest_step(key, span, history.window(max(since, STEP_LOOKBACK_SECONDS)), now)
         engine = self._tail_against_baseline(key, ITL_FROM_ENGINE, now, worst_bound(delta) if delta else None)
         if self.client_gaps is not None and len(self._histories) == 1:
             proxy = self._tail_against_baseline(key, ITL_FROM_PROXY, now, self.client_gaps.stall_between(now - since, now))
@@ -469,19 +471,22 @@ class EngineLoop:
                 return proxy._replace(largest_step=largest.worst, largest_step_baseline=largest.baseline)
         return engine._replace(largest_step=largest.worst, largest_step_baseline=largest.baseline)
 
-    def _largest_step(self, key: tuple[str, str], span: tuple[Point, Point] | None, now: float) -> ItlTail:
-        """The largest step since the previous sample (tokens, its bucket's bound) and the usual largest
-        step of the seconds that ran a prefill (STEP_BASELINE_QUANTILE of them; docs/physics.md, section
-        Head-of-line blocking). A second of decode steps alone joins no baseline: against it, any
-        admitted prompt would look large."""
+    def _largest_step(self, key: tuple[str, str], span: tuple[Point, Point] | None,
+                      lookback: tuple[Point, Point] | None, now: float) -> ItlTail:
+        """The largest step over the last STEP_LOOKBACK_SECONDS (tokens, its bucket's bound) and the usual
+        largest step of the seconds that ran a prefill (STEP_BASELINE_QUANTILE of them; docs/physics.md,
+        section Head-of-line blocking). A second of decode steps alone joins no baseline: against it, any
+        admitted prompt would look large. The step is looked for further back than the stall: the
+        proxy times a gap when its token arrives, the engine's counters show the step when a scrape
+        reads them, and on a busy host the two can fall a sample apart."""
         steps = histogram_delta(*span, derive.STEP_TOKENS) if span else None
-        largest = worst_bound(steps) if steps else None
         prefilled = increase(*span, derive.PROMPT) if span else None
-        joins = largest if prefilled is None or prefilled > 0 else None
+        joins = worst_bound(steps) if steps and (prefilled is None or prefilled > 0) else None
+        recent = histogram_delta(*lookback, derive.STEP_TOKENS) if lookback else None
         tail = self._tail_for(key, _STEP_SIZES, STEP_BASELINE_QUANTILE)
         baseline = tail.median()  # before this value joins: the baseline is the recent past
         tail.add(now, joins)
-        return ItlTail(largest, baseline, _STEP_SIZES)
+        return ItlTail(worst_bound(recent) if recent else None, baseline, _STEP_SIZES)
 
     def _tail_for(self, key: tuple[str, str], source: str, quantile: float = 0.5) -> TailBaseline:
         tails = self._tails.setdefault(key, {})

@@ -232,3 +232,16 @@ async def test_the_usual_largest_step_is_that_of_the_seconds_that_ran_a_prefill(
         await run.second(prompts=0)
     (prompt,) = await run.second(stall=True, far=True, prompts=1700)
     assert prompt.head_of_line is True
+
+
+async def test_a_step_one_sample_before_the_stall_still_explains_it(run_with) -> None:
+    """The proxy times a gap when its token arrives, the engine's counters show the step when a scrape reads
+    them: on a busy host a long prompt's step can land a sample before the stall the proxy saw."""
+    run = await run_with(proxy=True)
+    for _ in range(BASELINE_SECONDS):
+        await run.second()
+    run.vllm.long_steps += 1  # the long prompt's step, read in this second's page
+    await run.second()
+    (late,) = await run.second(stall=True, long_prompt=False)  # its stall, read by the proxy a second later
+    assert late.itl_source == ITL_FROM_PROXY
+    assert late.head_of_line is True
