@@ -97,8 +97,8 @@ class _LongWindows(NamedTuple):
 
 class ItlTail(NamedTuple):
     """The worst ITL since the previous sample, its recent median, and which source measured both; and
-    the largest step since the previous sample with its recent median (None where the engine does not
-    tell its steps' sizes)."""
+    the largest step of the last STEP_LOOKBACK_SECONDS with the usual largest step (None where the engine
+    does not tell its steps' sizes)."""
 
     worst: float | None
     baseline: float | None
@@ -454,8 +454,8 @@ class EngineLoop:
         At the agent's resolution (1 s) one stalled step is a visible share of the tokens, where in a
         10 s or 1 m window its few observations vanish below p99. The proxy cannot tell which model or
         rank a stream ran on, so it judges only a target with one series. With either source, the largest
-        step since the previous sample against its own median (where the engine tells its steps' sizes)
-        says whether a step far larger than usual, a long prompt run whole, came with the stall.
+        recent step against the usual largest one (where the engine tells its steps' sizes) says whether a
+        step far larger than usual, a long prompt run whole, came with the stall.
         """
         if history is None:
             return ItlTail(None, None, ITL_FROM_ENGINE)

@@ -115,7 +115,9 @@ QUIET_STALLS = [  # control phase, no long prompt: the host stalled the API serv
     (0.075, 0.025, 1024.0, 512.0, 1.27),  # 3x; two waves' prompts in one step: one bucket up (2x)
     (0.075, 0.01, 512.0, 512.0, 1.27),  # 7.5x; a wave admitted as usual
 ]
-LONG_PROMPT = (0.05, 0.01, 2048.0, 512.0, 1.2)  # a 1,700-token prompt run whole: 5x the ITL, 4x the step
+# A 1,700-token prompt run whole: 5x the ITL, 4x the step; over 10 s, 0.89 prompt tokens a step (under
+# the window rule's 1: the step says there was prefill, the average over 10 s does not).
+LONG_PROMPT = (0.05, 0.01, 2048.0, 512.0, 0.89)
 
 
 def recorded(itl: float, itl_median: float, step: float, step_median: float, prefill: float) -> DetectorInputs:
@@ -144,6 +146,13 @@ def test_the_largest_step_must_inflate_as_far_as_hol_step_inflation() -> None:
     lenient = DetectorThresholds(hol_step_inflation=1.5)
     assert evaluate(with_(itl_worst_recent=0.260, step_tokens_largest_recent=4096.0,
                           step_tokens_largest_baseline=2048.0), lenient).head_of_line is True
+
+
+def test_where_steps_are_told_a_step_far_larger_than_usual_is_the_prefill_the_window_average_misses() -> None:
+    assert evaluate(with_(itl_worst_recent=0.260, step_tokens_largest_recent=2048.0, step_tokens_largest_baseline=512.0,
+                          prefill_tokens_per_step_short=0.0), T).head_of_line is True
+    assert evaluate(with_(itl_worst_recent=0.260, step_tokens_largest_recent=512.0, step_tokens_largest_baseline=512.0,
+                          prefill_tokens_per_step_short=50.0), T).head_of_line is False
 
 
 def test_without_step_sizes_the_short_window_prefill_alone_judges() -> None:
