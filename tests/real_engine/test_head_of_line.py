@@ -28,8 +28,8 @@ largest-step condition the control flagged 33-47% of the samples at load 12-16 (
 Head-of-line blocking). What must hold, on a busy 2-core machine: no flag in the control phase, and no
 flag in the whole run but within a few seconds of a long prompt, from either agent. How many long
 prompts are caught is printed, not asserted: it is how many of their stalls (~50 ms) the buckets show
-above the host's, 1 of 6 at load 22-25 (docs/physics.md); that every long prompt is caught is asserted
-where the proxy sees the gaps (hol_run).
+above the host's, 2-4 of 5 at load 10-20 (docs/physics.md); that every long prompt whose stall shows is
+caught is asserted where the proxy sees the gaps (hol_run).
 """
 
 from __future__ import annotations
