@@ -49,6 +49,9 @@ class EngineSeries:
     preemptions_total: float | None = None
     ttft: Histogram | None = None
     itl: Histogram | None = None
+    # Tokens each engine step ran, one observation per step (vLLM's iteration_tokens_total): the
+    # head-of-line detector's largest step since the previous sample (docs/physics.md).
+    step_tokens: Histogram | None = None
     # Prefix cache, in prompt tokens: looked up, and found (hits). Where an engine keeps no counters,
     # its own ratio gauge (SGLang's cache_hit_rate: the last prefill batch only) stands in.
     prefix_cache_queries_total: float | None = None

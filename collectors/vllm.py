@@ -13,7 +13,8 @@ Normalization:
   second, prompt_tokens_include_cache_hits is set and the physics takes the prefix-cache hit ratio
   (`prefix_cache_hits` / `queries`) out of prefill work.
 - steps_total = `iteration_tokens_total_count` (one observation per engine step);
-  extra["iteration_tokens_sum"] = its `_sum` (tokens scheduled over those steps).
+  extra["iteration_tokens_sum"] = its `_sum` (tokens scheduled over those steps); step_tokens = its
+  buckets (the largest step since the previous sample, for the head-of-line detector).
 - kv_capacity_tokens comes from `cache_config_info`, which carries `engine` but no `model_name`:
   it is joined on the rank. `kv_cache_size_tokens` when the label holds a number, else
   num_gpu_blocks x block_size.
@@ -123,6 +124,7 @@ _PROMPT = "vllm:prompt_tokens_total"
 _PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 _GENERATION = "vllm:generation_tokens_total"
 _STEPS = "vllm:iteration_tokens_total_count"
+_STEP_TOKENS = "vllm:iteration_tokens_total"  # its buckets: the tokens of each step, for head-of-line
 _PREEMPTIONS = "vllm:num_preemptions_total"
 _CACHE_CONFIG = "vllm:cache_config_info"
 _LORA = "vllm:lora_requests_info"
@@ -152,7 +154,7 @@ EXTRA_KEYS: dict[str, tuple[str, ...]] = {
 }
 # prompt_tokens_by_source_total{source=X} also lands in extra as "prompt_tokens_<X>_total".
 
-_HISTOGRAM_BASES = (_TTFT, *_ITL, _PROMPT_LENGTH, _OUTPUT_LENGTH, _QUEUE_TIME)
+_HISTOGRAM_BASES = (_TTFT, *_ITL, _PROMPT_LENGTH, _OUTPUT_LENGTH, _QUEUE_TIME, _STEP_TOKENS)
 NAMES: frozenset[str] = frozenset(
     {
         _RUNNING,
@@ -193,6 +195,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     }
     ttft = expfmt.histograms(exp, _TTFT, _hist_key)
     itl = _first(*(expfmt.histograms(exp, base, _hist_key) for base in _ITL))
+    step_tokens = expfmt.histograms(exp, _STEP_TOKENS, _hist_key)
     requests = {base: expfmt.histograms(exp, base, _hist_key) for base in (_PROMPT_LENGTH, _OUTPUT_LENGTH, _QUEUE_TIME)}
     configs = _cache_configs(exp)
     lora = lora_extra(exp)
@@ -230,6 +233,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
                 preemptions_total=preemptions.get(key),
                 ttft=ttft.get(key),
                 itl=itl.get(key),
+                step_tokens=step_tokens.get(key),
                 prefix_cache_queries_total=extra.get("prefix_cache_queries_total"),
                 prefix_cache_hits_total=extra.get("prefix_cache_hits_total"),
                 prompt_length=requests[_PROMPT_LENGTH].get(key),

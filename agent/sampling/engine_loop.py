@@ -44,7 +44,7 @@ from rooflight.agent.signals.headroom import SignalSettings, role_for
 from rooflight.agent.sampling.health import KV_USAGE_OUT_OF_RANGE, SourceState
 from rooflight.agent.metrics.snapshot import SeriesView, TargetView
 from rooflight.agent.signals.token_gaps import ClientGaps
-from rooflight.agent.signals.windows import SeriesHistory, histogram_delta, worst_bound
+from rooflight.agent.signals.windows import Point, SeriesHistory, histogram_delta, increase, worst_bound
 from rooflight.collectors import engines, expfmt
 from rooflight.collectors.common import (
     INFO_OUT_OF_RANGE,
@@ -97,11 +97,23 @@ class _LongWindows(NamedTuple):
 
 
 class ItlTail(NamedTuple):
-    """The worst ITL since the previous sample, its recent median, and which source measured both."""
+    """The worst ITL since the previous sample, its recent median, and which source measured both; and
+    the largest step of the last STEP_LOOKBACK_SECONDS with the usual largest step (None where the engine
+    does not tell its steps' sizes)."""
 
     worst: float | None
     baseline: float | None
     source: str
+    largest_step: float | None = None
+    largest_step_baseline: float | None = None
+
+
+_STEP_SIZES = "steps"  # the tail baseline of the largest step, beside those of the ITL sources
+# The usual largest step: the value 60% of the recent prefill seconds' largest steps stay at or under
+# (signals/baseline.py says why not their median; docs/physics.md, section Head-of-line blocking).
+STEP_BASELINE_QUANTILE = 0.6
+# How far back a step far larger than usual is looked for, against the stall since the previous sample.
+STEP_LOOKBACK_SECONDS = 2.0
 
 
 ConstantsFor = Callable[[TargetConfig, Any, Any], TargetConstants]
@@ -457,7 +469,9 @@ class EngineLoop:
 
         At the agent's resolution (1 s) one stalled step is a visible share of the tokens, where in a
         10 s or 1 m window its few observations vanish below p99. The proxy cannot tell which model or
-        rank a stream ran on, so it judges only a target with one series.
+        rank a stream ran on, so it judges only a target with one series. With either source, the largest
+        recent step against the usual largest one (where the engine tells its steps' sizes) says whether a
+        step far larger than usual, a long prompt run whole, came with the stall.
         """
         if history is None:
             return ItlTail(None, None, ITL_FROM_ENGINE)
@@ -465,19 +479,41 @@ class EngineLoop:
         span = history.window(since)
         delta = histogram_delta(*span, derive.ITL) if span else None
         key = (series.model, series.rank)
+        largest = self._largest_step(key, span, history.window(max(since, STEP_LOOKBACK_SECONDS)), now)
         engine = self._tail_against_baseline(key, ITL_FROM_ENGINE, now, worst_bound(delta) if delta else None)
         if self.client_gaps is not None and len(self._histories) == 1:
             proxy = self._tail_against_baseline(key, ITL_FROM_PROXY, now, self.client_gaps.stall_between(now - since, now))
             if proxy.worst is not None and proxy.baseline:  # 0: the streams arrive in bursts, no gaps to judge
-                return proxy
-        return engine
+                return proxy._replace(largest_step=largest.worst, largest_step_baseline=largest.baseline)
+        return engine._replace(largest_step=largest.worst, largest_step_baseline=largest.baseline)
 
-    def _tail_against_baseline(self, key: tuple[str, str], source: str, now: float, worst: float | None) -> ItlTail:
-        shortest = min(self.config.windows.values())
+    def _largest_step(self, key: tuple[str, str], span: tuple[Point, Point] | None,
+                      lookback: tuple[Point, Point] | None, now: float) -> ItlTail:
+        """The largest step over the last STEP_LOOKBACK_SECONDS (tokens, its bucket's bound) and the usual
+        largest step of the seconds that ran a prefill (STEP_BASELINE_QUANTILE of them; docs/physics.md,
+        section Head-of-line blocking). A second of decode steps alone joins no baseline: against it, any
+        admitted prompt would look large. The step is looked for further back than the stall: the
+        proxy times a gap when its token arrives, the engine's counters show the step when a scrape
+        reads them, and on a busy host the two can fall a sample apart."""
+        steps = histogram_delta(*span, derive.STEP_TOKENS) if span else None
+        prefilled = increase(*span, derive.PROMPT) if span else None
+        joins = worst_bound(steps) if steps and (prefilled is None or prefilled > 0) else None
+        recent = histogram_delta(*lookback, derive.STEP_TOKENS) if lookback else None
+        tail = self._tail_for(key, _STEP_SIZES, STEP_BASELINE_QUANTILE)
+        baseline = tail.median()  # before this value joins: the baseline is the recent past
+        tail.add(now, joins)
+        return ItlTail(worst_bound(recent) if recent else None, baseline, _STEP_SIZES)
+
+    def _tail_for(self, key: tuple[str, str], source: str, quantile: float = 0.5) -> TailBaseline:
         tails = self._tails.setdefault(key, {})
         tail = tails.get(source)
         if tail is None:
-            tail = tails[source] = TailBaseline(keep_seconds=max(self.config.windows.values()), min_span=3 * shortest)
+            tail = tails[source] = TailBaseline(keep_seconds=max(self.config.windows.values()),
+                                                min_span=3 * min(self.config.windows.values()), quantile=quantile)
+        return tail
+
+    def _tail_against_baseline(self, key: tuple[str, str], source: str, now: float, worst: float | None) -> ItlTail:
+        tail = self._tail_for(key, source)
         baseline = tail.median()  # before this value joins: the baseline is the recent past
         tail.add(now, worst)
         return ItlTail(worst, baseline, source)
@@ -585,6 +621,8 @@ def _verdicts(
         itl_worst_recent=tail.worst,
         itl_worst_baseline=tail.baseline,
         itl_source=tail.source,
+        step_tokens_largest_recent=tail.largest_step,
+        step_tokens_largest_baseline=tail.largest_step_baseline,
         prefill_tokens_per_step_short=short.prefill_tokens_per_step,
         kv_usage=series.kv_usage_ratio,
         kv_usage_peak_short=derive.maximum(history, first, derive.KV_USAGE) if first else None,

@@ -40,6 +40,7 @@ PREFIX_QUERIES, PREFIX_HITS = "prefix_cache_queries", "prefix_cache_hits"  # pro
 PREFIX_HIT_RATIO = "prefix_cache_hit_ratio"  # the engine's own gauge, where it keeps no counters
 PROMPT_LENGTH_SUM, PROMPT_LENGTH_COUNT = "prompt_length_sum", "prompt_length_count"  # its histogram's
 ITERATION_TOKENS = "iteration_tokens"  # tokens the engine scheduled, summed over its steps (vLLM)
+STEP_TOKENS = "step_tokens"  # the histogram of tokens per step (vLLM): head-of-line's largest step
 DRAFTS = "spec_drafts"  # speculative proposals (one per sequence and step that drafted)
 # 1 while the engine's prompt counter counts prefix-cache hits as prompt tokens (EngineSeries)
 PROMPT_INCLUDES_HITS = "prompt_includes_cache_hits"
@@ -85,7 +86,7 @@ def history_inputs(
               KV_TRANSFER_MS: series.extra.get("kv_transfer_latency_ms"),
               KV_TRANSFER_GBPS: series.extra.get("kv_transfer_speed_gb_s")}
     histograms = {TTFT: series.ttft, ITL: series.itl, PROMPT_LENGTH: series.prompt_length,
-                  OUTPUT_LENGTH: series.output_length, QUEUE_TIME: series.queue_time}
+                  OUTPUT_LENGTH: series.output_length, QUEUE_TIME: series.queue_time, STEP_TOKENS: series.step_tokens}
     return counters, gauges, histograms
 
 

@@ -7,10 +7,16 @@ blocking and Batch verdicts); what to do about each is in docs/runbooks.md:
 - head-of-line blocking (`HEAD_OF_LINE_BLOCKING`, with `ITL_INFLATION` = the factor itself):
   the worst ITL since the previous sample (the ITL histogram's highest bucket that gained
   observations) inflates to at least `hol_inflation` x its own recent median (the median of that worst
-  over the longest window) while prefill work is in the batch (computed prompt tokens per step over the
-  short window at least `hol_min_prefill_tokens_per_step`). One long prompt run whole stalls every
-  decode for one step; at the agent's 1 s resolution that step is visible, where its few observations
-  vanish below p99 in a 10 s or 1 m window. The sampler holds the flag up `hol_hold_seconds` after the
+  over the longest window) while prefill work is in the batch: where the engine says how many tokens
+  each step ran (vLLM's iteration_tokens_total), the largest step of the last 2 s grew to at least
+  `hol_step_inflation` x the usual largest step (of the recent seconds that ran a prefill, the value
+  60% of them stay at or under), which is what a long prompt run whole is; elsewhere, computed prompt
+  tokens per step over the short window at least `hol_min_prefill_tokens_per_step`. Without the step,
+  any stall of a busy host (a starved API server, a noisy neighbour) while short prompts keep arriving
+  counts, and on a shared CPU host those stalls dwarf a prefill's (docs/physics.md, section
+  Head-of-line blocking). One long prompt run whole stalls every decode for one step; at the agent's
+  1 s resolution that step is visible, where its few observations vanish below p99 in a 10 s or 1 m
+  window. The sampler holds the flag up `hol_hold_seconds` after the
   stall so a 15-30 s Prometheus scrape sees it. Not while the engine preempts (short-window rate above
   `hol_max_preemptions_per_second`): a preempted sequence's next token comes seconds later and its
   recompute is prefill, so the tail inflates at the KV wall too; that is the capacity-capped verdict's
@@ -53,6 +59,9 @@ class DetectorThresholds:
 
     hol_inflation: worst-ITL / its recent median at which stutter counts as blocking. A long prompt run
         whole stretches one step ~43x (260 ms against a 6 ms baseline); chunked prefill brings that to ~4x.
+    hol_step_inflation: the largest recent step / the usual largest step (tokens a
+        step ran, where the engine tells them) at which the stall counts as a prefill's. vLLM's step buckets
+        are powers of two, so 3 asks for a step two buckets above the usual largest one (4x).
     hol_hold_seconds: how long the flag stays up after the last stall (a stall lasts one step).
     hol_min_prefill_tokens_per_step: computed prompt tokens per engine step (short-window average) that
         count as prefill work in the batch. One 8,000-token prompt over 10 s of 6 ms steps averages ~5.
@@ -73,6 +82,7 @@ class DetectorThresholds:
     """
 
     hol_inflation: float = 3.0
+    hol_step_inflation: float = 3.0
     hol_hold_seconds: float = 30.0
     hol_min_prefill_tokens_per_step: float = 1.0
     hol_min_itl_seconds: float = 0.0
@@ -86,8 +96,9 @@ class DetectorThresholds:
     stall_seconds: float = 30.0
 
     def __post_init__(self) -> None:
-        if not self.hol_inflation > 1.0:
-            raise ConfigError(f"hol_inflation must be above 1 (got {self.hol_inflation})")
+        for name in ("hol_inflation", "hol_step_inflation"):
+            if not getattr(self, name) > 1.0:
+                raise ConfigError(f"{name} must be above 1 (got {getattr(self, name)})")
         for name in ("capacity_kv_usage", "admission_max_batch_fraction", "kv_room_usage"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
@@ -125,6 +136,10 @@ class DetectorInputs:
     # Over the last `stall_seconds` (None while the history is shorter, or a count is missing):
     held_min_stall: float | None = None  # the least running + waiting seen in it
     progress_stall: float | None = None  # engine steps + prompt + generated tokens it gained
+    # The largest step of the last 2 s (tokens, bucket upper bound) and the usual largest step
+    # over the longest window (the sampler's baseline); both None where the engine does not tell its steps.
+    step_tokens_largest_recent: float | None = None
+    step_tokens_largest_baseline: float | None = None
 
 
 @dataclass(frozen=True)
@@ -167,22 +182,38 @@ _RATIO_SLACK = 1e-9
 
 def itl_inflation(itl_worst_recent: float | None, itl_worst_baseline: float | None) -> float | None:
     """Worst ITL now over its own recent median; None when either is unknown or the median is not positive."""
-    if itl_worst_recent is None or itl_worst_baseline is None or itl_worst_baseline <= 0.0:
+    return _over_median(itl_worst_recent, itl_worst_baseline)
+
+
+def _over_median(recent: float | None, median: float | None) -> float | None:
+    if recent is None or median is None or median <= 0.0:
         return None
-    return itl_worst_recent / itl_worst_baseline
+    return recent / median
 
 
 def head_of_line(inputs: DetectorInputs, t: DetectorThresholds) -> tuple[bool | None, float | None]:
-    """The ITL tail inflated against its median while prefill work shared the batch."""
+    """The ITL tail inflated against its median while prefill work shared the batch, in a span whose
+    largest step (where the engine tells it) grew far past the usual largest step."""
     factor = itl_inflation(inputs.itl_worst_recent, inputs.itl_worst_baseline)
     preemptions = inputs.preemptions_per_second_short
     verdict = _all(
         _at_least(factor, t.hol_inflation * (1.0 - _RATIO_SLACK)),
         _at_least(inputs.itl_worst_recent, t.hol_min_itl_seconds),
-        _at_least(inputs.prefill_tokens_per_step_short, t.hol_min_prefill_tokens_per_step),
+        _prefill_in_the_batch(inputs, t),
         True if preemptions is None else preemptions <= t.hol_max_preemptions_per_second,
     )
     return verdict, factor
+
+
+def _prefill_in_the_batch(inputs: DetectorInputs, t: DetectorThresholds) -> bool | None:
+    """Where the engine tells its steps' sizes: a recent step at least `hol_step_inflation` x the usual
+    largest step (None while the usual one is unknown). That is the prefill the stall needs, where an
+    average over 10 s is not: one 1,700-token prompt among 50-token ones read 0.8-0.9 prompt tokens a step
+    on a real vLLM. Elsewhere: computed prompt tokens per step over the short window."""
+    recent, baseline = inputs.step_tokens_largest_recent, inputs.step_tokens_largest_baseline
+    if recent is None and baseline is None:
+        return _at_least(inputs.prefill_tokens_per_step_short, t.hol_min_prefill_tokens_per_step)
+    return _at_least(_over_median(recent, baseline), t.hol_step_inflation * (1.0 - _RATIO_SLACK))
 
 
 def capacity_capped(inputs: DetectorInputs, t: DetectorThresholds) -> bool | None:

@@ -95,6 +95,10 @@ def test_load_recording_numbers() -> None:
     assert s.kv_usage_ratio == pytest.approx(0.005860090343059454)
     assert (s.ttft.count, s.itl.count) == (32.0, 8064.0)
     assert s.batch_max_requests is None  # vLLM does not export max_num_seqs
+    # tokens per step (iteration_tokens_total's buckets): the head-of-line detector's largest step
+    assert s.step_tokens is not None and s.step_tokens.count == s.steps_total
+    assert dict(s.step_tokens.buckets)[16.0] == 503.0
+    assert dict(s.step_tokens.buckets)[1024.0] == 508.0
 
 
 def test_preemption_recording_numbers() -> None:

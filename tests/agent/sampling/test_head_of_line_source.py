@@ -2,9 +2,12 @@
 
 A scripted vLLM over real HTTP, sampled by hand once a second on a FakeClock: 100 decode steps and 500
 computed prompt tokens a second (5 per step: prefill in the batch), every ITL in vLLM's (0.01, 0.025]
-bucket. At the stall, one second's ITLs land in (0.025, 0.05]: the buckets read 0.05 / 0.025 = 2x, under
-the threshold of 3, as vLLM's edges blur a 4 ms -> 60 ms stall (docs/physics.md, section Head-of-line
-blocking). The proxy's gaps for the same seconds: 4-6 ms, then one of 60 ms (10x).
+bucket, every step in the (8, 16] tokens bucket. At the stall, one second's ITLs land in (0.025, 0.05]:
+the buckets read 0.05 / 0.025 = 2x, under the threshold of 3, as vLLM's edges blur a 4 ms -> 60 ms stall
+(docs/physics.md, section Head-of-line blocking). The proxy's gaps for the same seconds: 4-6 ms, then one
+of 60 ms (10x). A long prompt run whole puts one step in the (1024, 2048] bucket, 128x the usual largest
+step; a host that stalls (a starved API server, a noisy neighbour) stretches the gaps with no such step,
+and that is not head-of-line.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ class ScriptedVllm:
         self.ranks = ranks
         self.seconds = 0
         self.stalled = 0
+        self.stalled_far = 0  # seconds whose ITLs landed in (0.075, 0.1]: 4x the usual bucket
+        self.long_steps = 0  # steps that ran a long prompt whole: (1024, 2048] tokens
+        self.wave_steps = 0  # steps that admitted eight short prompts at once: (256, 512] tokens
+        self.prompt_tokens = 0
 
     def page(self) -> str:
         lines = []
@@ -46,15 +53,20 @@ class ScriptedVllm:
     def _series(self, name: str, lab: str) -> list[str]:
         steps = STEPS_PER_S * self.seconds
         values = {"num_requests_running": 8, "num_requests_waiting": 0, "kv_cache_usage_perc": 0.3,
-                  "prompt_tokens_total": PROMPT_PER_S * self.seconds, "generation_tokens_total": 8 * steps,
+                  "prompt_tokens_total": self.prompt_tokens, "generation_tokens_total": 8 * steps,
                   "num_preemptions_total": 0}
         if name in values:
             return [f"vllm:{name}{{{lab}}} {values[name]}"]
         if name == "iteration_tokens_total":
-            return [f'vllm:{name}_bucket{{{lab},le="+Inf"}} {steps}', f"vllm:{name}_count{{{lab}}} {steps}",
-                    f"vllm:{name}_sum{{{lab}}} 0"]
-        normal = 8 * STEPS_PER_S * (self.seconds - self.stalled)
-        cumulative = (("0.01", 0), ("0.025", normal), ("0.05", 8 * steps), ("0.075", 8 * steps), ("+Inf", 8 * steps))
+            usual = steps - self.long_steps - self.wave_steps
+            cumulative = (("8", 0), ("16", usual), ("512", usual + self.wave_steps), ("1024", usual + self.wave_steps),
+                          ("2048", steps), ("+Inf", steps))
+            return [f'vllm:{name}_bucket{{{lab},le="{le}"}} {n}' for le, n in cumulative] + [
+                f"vllm:{name}_count{{{lab}}} {steps}", f"vllm:{name}_sum{{{lab}}} 0"]
+        normal = 8 * STEPS_PER_S * (self.seconds - self.stalled - self.stalled_far)
+        near = 8 * steps - 8 * STEPS_PER_S * self.stalled_far
+        cumulative = (("0.01", 0), ("0.025", normal), ("0.05", near), ("0.075", near), ("0.1", 8 * steps),
+                      ("+Inf", 8 * steps))
         return [f'vllm:{name}_bucket{{{lab},le="{le}"}} {n}' for le, n in cumulative] + [
             f"vllm:{name}_count{{{lab}}} {8 * steps}", f"vllm:{name}_sum{{{lab}}} 0"]
 
@@ -65,11 +77,20 @@ class Run:
     def __init__(self, rig: Rig, vllm: ScriptedVllm, gaps: ClientGaps | None) -> None:
         self.rig, self.vllm, self.gaps = rig, vllm, gaps
 
-    async def second(self, *, stall: bool = False, client_gaps: tuple[float, ...] = NORMAL_GAPS) -> tuple[Verdicts, ...]:
-        """One second of decoding (the proxy's gaps arrive through it), then the agent's sample."""
+    async def second(self, *, stall: bool = False, client_gaps: tuple[float, ...] = NORMAL_GAPS,
+                     long_prompt: bool = True, far: bool = False, prompts: int = PROMPT_PER_S,
+                     wave: bool = False) -> tuple[Verdicts, ...]:
+        """One second of decoding (the proxy's gaps arrive through it), then the agent's sample. A stall is a
+        long prompt's (one step of it in the second) unless `long_prompt` is False: the host's; `far` puts
+        its ITLs in the engine's 0.1 s bucket (4x) instead of 0.05 s (2x). `prompts` computed prompt tokens
+        arrive in the second; `wave` puts one step of (256, 512] tokens in it (eight prompts admitted at once)."""
         start = self.rig.clock.now
         self.vllm.seconds += 1
-        self.vllm.stalled += stall
+        self.vllm.stalled += stall and not far
+        self.vllm.stalled_far += stall and far
+        self.vllm.long_steps += stall and long_prompt
+        self.vllm.wave_steps += wave
+        self.vllm.prompt_tokens += prompts
         if self.gaps is not None:
             gaps = client_gaps + ((STALL_GAP,) if stall else ())
             for i, gap in enumerate(gaps):
@@ -163,3 +184,64 @@ async def test_streams_that_arrive_in_bursts_leave_the_judging_to_the_engine(run
         (burst,) = await run.second(client_gaps=(0.0, 0.0, 0.0))
     assert burst.itl_source == ITL_FROM_ENGINE
     assert burst.itl_inflation == pytest.approx(1.0)
+
+
+async def test_a_stalled_host_without_a_larger_step_is_not_head_of_line_through_the_proxy(run_with) -> None:
+    """The proxy sees a 60 ms gap (10x) but no step ran more than usual: the host stalled, not a prefill."""
+    run = await run_with(proxy=True)
+    for _ in range(BASELINE_SECONDS):
+        await run.second()
+    (host,) = await run.second(stall=True, long_prompt=False)
+    assert host.itl_source == ITL_FROM_PROXY
+    assert host.itl_inflation == pytest.approx(STALL_GAP / max(NORMAL_GAPS))
+    assert host.head_of_line is False
+    for _ in range(2):  # out of the span of 1.5 intervals
+        await run.second()
+    (prompt,) = await run.second(stall=True)
+    assert prompt.head_of_line is True
+
+
+async def test_the_engine_buckets_flag_a_long_prompt_stall_and_not_a_stalled_host(run_with) -> None:
+    run = await run_with(proxy=False)
+    for _ in range(BASELINE_SECONDS):
+        await run.second()
+    (host,) = await run.second(stall=True, far=True, long_prompt=False)
+    assert host.itl_source == ITL_FROM_ENGINE
+    assert host.itl_inflation == pytest.approx(0.1 / 0.025)
+    assert host.head_of_line is False
+    for _ in range(2):
+        await run.second()
+    (prompt,) = await run.second(stall=True, far=True)
+    assert prompt.itl_inflation == pytest.approx(0.1 / 0.025)
+    assert prompt.head_of_line is True
+
+
+async def test_the_usual_largest_step_is_that_of_the_seconds_that_ran_a_prefill(run_with) -> None:
+    """Streams that finish together: a second admits a wave of eight prompts (a step of up to 512 tokens),
+    the next decodes only (no prompt, steps of 16). Against every second's largest step a wave would read
+    32x; the decode-only seconds join no baseline, so the usual largest step is the wave's, and a host stall
+    in a wave's second is not head-of-line; a long prompt's step (2048, 4x) still is."""
+    run = await run_with(proxy=False)
+    for i in range(BASELINE_SECONDS):
+        await run.second(prompts=400 if i % 2 else 0, wave=bool(i % 2))
+    await run.second(prompts=0)
+    (host,) = await run.second(stall=True, far=True, long_prompt=False, prompts=400, wave=True)
+    assert host.itl_inflation == pytest.approx(0.1 / 0.025)
+    assert host.head_of_line is False
+    for _ in range(2):
+        await run.second(prompts=0)
+    (prompt,) = await run.second(stall=True, far=True, prompts=1700)
+    assert prompt.head_of_line is True
+
+
+async def test_a_step_one_sample_before_the_stall_still_explains_it(run_with) -> None:
+    """The proxy times a gap when its token arrives, the engine's counters show the step when a scrape reads
+    them: on a busy host a long prompt's step can land a sample before the stall the proxy saw."""
+    run = await run_with(proxy=True)
+    for _ in range(BASELINE_SECONDS):
+        await run.second()
+    run.vllm.long_steps += 1  # the long prompt's step, read in this second's page
+    await run.second()
+    (late,) = await run.second(stall=True, long_prompt=False)  # its stall, read by the proxy a second later
+    assert late.itl_source == ITL_FROM_PROXY
+    assert late.head_of_line is True

@@ -26,3 +26,24 @@ def test_the_median_is_always_that_of_the_values_held(seed: int) -> None:
         assert tail.median() == expected
         assert tail.median() == expected  # asked again without an add: the same
         assert len(tail) == len(held)
+
+
+def test_a_quantile_gives_the_lowest_value_with_that_share_at_or_under_it() -> None:
+    """The largest step's baseline (0.6): bucket bounds stay bucket bounds, and a mixture of seconds with
+    and without a wave of admissions (64 and 512 tokens, about even) reads the wave, where the median
+    would flip between them (docs/physics.md, section Head-of-line blocking)."""
+    tail = TailBaseline(keep_seconds=60.0, min_span=5.0, quantile=0.6)
+    for t, value in enumerate([64.0, 512.0] * 5):  # ten values: the 6th lowest is the first 512
+        tail.add(float(t), value)
+    assert tail.median() == 512.0
+    tail.add(10.0, 64.0)  # eleven: 6 of 64, 5 of 512; ceil(0.6 x 11) = 7th lowest
+    assert tail.median() == 512.0
+    half = TailBaseline(keep_seconds=60.0, min_span=5.0)
+    for t, value in enumerate([64.0, 512.0] * 5 + [64.0]):
+        half.add(float(t), value)
+    assert half.median() == 64.0
+
+
+def test_a_quantile_outside_0_1_is_refused() -> None:
+    with pytest.raises(ValueError):
+        TailBaseline(keep_seconds=60.0, min_span=5.0, quantile=1.0)

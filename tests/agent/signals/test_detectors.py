@@ -105,6 +105,72 @@ def test_absolute_floor_ignores_harmless_jitter() -> None:
     assert evaluate(with_(itl_worst_recent=0.260), floor).head_of_line is True
 
 
+# Recorded on a real vLLM (the tiny model on CPU, 2 cores not pinned, load average 12-16; docs/physics.md,
+# section Head-of-line blocking): eight streams of ~50-token prompts, 256 tokens each, the agent at 2 Hz.
+# Per sample: the worst ITL bucket since the previous sample and its median; the largest step's bucket
+# (vLLM's iteration_tokens_total) since the previous sample and the usual largest step (the 60th
+# percentile over the seconds that ran a prefill, as the sampler keeps it); prefill per step over 10 s.
+# The eight streams finish together and the next eight are admitted in one step: ~400 tokens, the 512
+# bucket, is the usual largest step.
+QUIET_STALLS = [  # control phase, no long prompt: the host stalled the API server, no step grew
+    (0.3, 0.025, 8.0, 512.0, 2.04),  # 12x; only decode steps in the span, no prompt admitted
+    (0.3, 0.025, 128.0, 512.0, 1.6),  # 12x; a few prompts admitted
+    (0.075, 0.025, 1024.0, 512.0, 1.27),  # 3x; two waves' prompts in one step: one bucket up (2x)
+    (0.075, 0.01, 512.0, 512.0, 1.27),  # 7.5x; a wave admitted as usual
+]
+# A 1,700-token prompt run whole: 5x the ITL, 4x the step; over 10 s, 0.89 prompt tokens a step (under
+# the window rule's 1: the step says there was prefill, the average over 10 s does not).
+LONG_PROMPT = (0.05, 0.01, 2048.0, 512.0, 0.89)
+
+
+def recorded(itl: float, itl_median: float, step: float, step_median: float, prefill: float) -> DetectorInputs:
+    return with_(itl_worst_recent=itl, itl_worst_baseline=itl_median, step_tokens_largest_recent=step,
+                 step_tokens_largest_baseline=step_median, prefill_tokens_per_step_short=prefill)
+
+
+@pytest.mark.parametrize("sample", QUIET_STALLS)
+def test_a_stalled_host_without_a_larger_step_is_not_head_of_line(sample: tuple[float, ...]) -> None:
+    v = evaluate(recorded(*sample), T)
+    assert v.itl_inflation is not None and v.itl_inflation > 2.999  # the ITL alone flags it (0.075 / 0.025 is 2.9999...)
+    assert v.head_of_line is False
+
+
+def test_a_long_prompt_run_whole_grows_the_largest_step_and_is_head_of_line() -> None:
+    v = evaluate(recorded(*LONG_PROMPT), T)
+    assert v.head_of_line is True
+    assert v.itl_inflation == pytest.approx(5.0)
+
+
+def test_the_largest_step_must_inflate_as_far_as_hol_step_inflation() -> None:
+    assert evaluate(with_(itl_worst_recent=0.260, step_tokens_largest_recent=4096.0,
+                          step_tokens_largest_baseline=2048.0), T).head_of_line is False  # 2x: one bucket
+    assert evaluate(with_(itl_worst_recent=0.260, step_tokens_largest_recent=8192.0,
+                          step_tokens_largest_baseline=2048.0), T).head_of_line is True  # 4x: the demo's 8,000
+    lenient = DetectorThresholds(hol_step_inflation=1.5)
+    assert evaluate(with_(itl_worst_recent=0.260, step_tokens_largest_recent=4096.0,
+                          step_tokens_largest_baseline=2048.0), lenient).head_of_line is True
+
+
+def test_where_steps_are_told_a_step_far_larger_than_usual_is_the_prefill_the_window_average_misses() -> None:
+    assert evaluate(with_(itl_worst_recent=0.260, step_tokens_largest_recent=2048.0, step_tokens_largest_baseline=512.0,
+                          prefill_tokens_per_step_short=0.0), T).head_of_line is True
+    assert evaluate(with_(itl_worst_recent=0.260, step_tokens_largest_recent=512.0, step_tokens_largest_baseline=512.0,
+                          prefill_tokens_per_step_short=50.0), T).head_of_line is False
+
+
+def test_without_step_sizes_the_short_window_prefill_alone_judges() -> None:
+    """An engine that does not tell its steps' sizes (SGLang, TGI, ...) is judged as before: the same
+    quiet stall is flagged there, a limit docs/physics.md states."""
+    itl, median, _, _, prefill = QUIET_STALLS[0]
+    assert evaluate(with_(itl_worst_recent=itl, itl_worst_baseline=median, prefill_tokens_per_step_short=prefill),
+                    T).head_of_line is True
+
+
+def test_step_sizes_told_but_their_median_unknown_cannot_tell() -> None:
+    assert evaluate(with_(itl_worst_recent=0.260, step_tokens_largest_recent=2048.0), T).head_of_line is None
+    assert evaluate(with_(step_tokens_largest_recent=2048.0), T).head_of_line is False  # smooth ITL rules it out
+
+
 # Capacity-capped batch ------------------------------------------------------------------------------
 
 CAPPED = dict(kv_usage=1.0, kv_usage_peak_short=0.97, preemptions_per_second_short=0.8, waiting=4.0, running=3.0)
@@ -209,6 +275,7 @@ def test_thresholds_are_configurable() -> None:
     "bad",
     [
         {"hol_inflation": 1.0},
+        {"hol_step_inflation": 0.5},
         {"capacity_kv_usage": 0.0},
         {"kv_room_usage": 1.5},
         {"admission_max_batch_fraction": -0.1},
