@@ -64,7 +64,7 @@ def test_legacy_kvstats_names_are_on_the_january_2026_worker_page() -> None:
     """collectors/dynamo.py still reads kvstats_* for workers before 1.6 (the real-engine names check
     leaves them out as legacy): they must be on a page of that time."""
     text = sample_text("dynamo-trtllm-worker-2req.prom")
-    for name in (dynamo.KV_USAGE, dynamo.KV_TOTAL_BLOCKS):
+    for name in (dynamo.KV_USAGE, dynamo.KV_TOTAL_BLOCKS, dynamo.PREFIX_HIT_RATE):
         assert f"\n{name}{{" in text, name
     for name in (AGG_FRONTEND, AGG_WORKER, PREFILL, DECODE, DISAGG_FRONTEND):
         assert "kvstats_" not in sample_text(name)

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.real_engine
 
 # Read for older workers only: Dynamo 1.6.1's workers (the mocker included) export no kvstats_* families;
 # tests/collectors/test_dynamo_recorded.py finds them on the January 2026 TRT-LLM worker page.
-LEGACY = frozenset({dynamo.KV_USAGE, dynamo.KV_TOTAL_BLOCKS})
+LEGACY = frozenset({dynamo.KV_USAGE, dynamo.KV_TOTAL_BLOCKS, dynamo.PREFIX_HIT_RATE})
 
 
 def _names(pages: list[Samples]) -> set[str]:
