@@ -19,8 +19,11 @@ saw at least `slo_min_requests` requests: two failed requests in a quiet hour ar
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 from rooflight.agent.proxy import catalog
-from rooflight.rules.alerts import PER_SOURCE, SOURCE_WHERE, alert
+from rooflight.rules.alerts import PER_SOURCE, SOURCE_WHERE, Link, alert
 from rooflight.rules.config import RulesConfig
 from rooflight.rules.promql import labels, number, record_name, series, window_suffix
 from rooflight.rules.recording import Rule, keep
@@ -74,54 +77,62 @@ def _enough(by: str, counter: str, window: str, minimum: int) -> str:
     return f"sum by ({by}) (increase({counter}[{window}])) >= {minimum}"
 
 
-def request_alerts(config: RulesConfig) -> list[Rule]:
-    by = slo_by(config)
-    budget = 1.0 - config.request_error_objective
-    where = "/".join(f"{{{{ $labels.{label} }}}}" for label in config.slo_group_by)
+@dataclass(frozen=True)
+class _Burn:
+    """What differs between the two availability SLOs' burn rows; the rows themselves are built once."""
+
+    alert: str
+    record: Callable[[str], str]  # the error-ratio record over a window
+    by: str  # the labels the sample guard joins on
+    counter: str  # the requests a long window must hold `slo_min_requests` of
+    objective: float
+    summary: str  # with {speed}
+    description: str  # with {long}, {short}, {factor}
+    dashboard: Link
+
+
+def _burn_alerts(config: RulesConfig, burn: _Burn) -> list[Rule]:
+    budget = 1.0 - burn.objective
     rules: list[Rule] = []
     for row in config.burn_windows:
         limit = number(row.factor * budget)
         expr = (
-            f"{request_record(config, row.long)} > {limit}\nand\n{request_record(config, row.short)} > {limit}\n"
-            f"and on ({by})\n{_enough(by, config.requests_finished, row.long, config.slo_min_requests)}"
+            f"{burn.record(row.long)} > {limit}\nand\n{burn.record(row.short)} > {limit}\n"
+            f"and on ({burn.by})\n{_enough(burn.by, burn.counter, row.long, config.slo_min_requests)}"
         )
         speed = "fast" if row.severity == "critical" else "steadily"
         rules.append(alert(
-            config, REQUEST_ALERT, expr, row.for_, row.severity,
-            f"The engine's request error budget (aborted and failed requests) is burning {speed}.",
-            f"{where}: {{{{ $value | humanizePercentage }}}} of the requests the engine finished over the last "
-            f"{row.long} were aborted or failed (objective: "
-            f"{config.request_error_objective * 100:g}% finished otherwise); burn rate above {row.factor:g}x, "
-            f"confirmed over {row.short}.",
-            {"long": row.long, "short": row.short},
-            dashboard=("overview", (*same("cluster", "namespace"), ("model", config.slo_model_label))),
+            config, burn.alert, expr, row.for_, row.severity, burn.summary.format(speed=speed),
+            burn.description.format(long=row.long, short=row.short, factor=f"{row.factor:g}"),
+            {"long": row.long, "short": row.short}, dashboard=burn.dashboard,
         ))
     return rules
+
+
+def request_alerts(config: RulesConfig) -> list[Rule]:
+    where = "/".join(f"{{{{{{{{ $labels.{label} }}}}}}}}" for label in config.slo_group_by)
+    return _burn_alerts(config, _Burn(
+        REQUEST_ALERT, lambda w: request_record(config, w), slo_by(config), config.requests_finished,
+        config.request_error_objective,
+        "The engine's request error budget (aborted and failed requests) is burning {speed}.",
+        f"{where}: {{{{{{{{ $value | humanizePercentage }}}}}}}} of the requests the engine finished over the last "
+        f"{{long}} were aborted or failed (objective: {config.request_error_objective * 100:g}% finished "
+        "otherwise); burn rate above {factor}x, confirmed over {short}.",
+        ("overview", (*same("cluster", "namespace"), ("model", config.slo_model_label))),
+    ))
 
 
 def client_alerts(config: RulesConfig) -> list[Rule]:
-    by = labels(keep(config, *CLIENT_LEVEL))
-    budget = 1.0 - config.client_error_objective
-    total = series(catalog.REQUESTS, config.agent_selector, INFERENCE)
-    rules: list[Rule] = []
-    for row in config.burn_windows:
-        limit = number(row.factor * budget)
-        expr = (
-            f"{client_record(row.long)} > {limit}\nand\n{client_record(row.short)} > {limit}\n"
-            f"and on ({by})\n{_enough(by, total, row.long, config.slo_min_requests)}"
-        )
-        speed = "fast" if row.severity == "critical" else "steadily"
-        rules.append(alert(
-            config, CLIENT_ALERT, expr, row.for_, row.severity,
-            f"Clients are getting server errors through the proxy: the error budget is burning {speed}.",
-            f"{SOURCE_WHERE}: {{{{ $value | humanizePercentage }}}} of the inference requests over the last "
-            f"{row.long} were answered 5xx or cut by an upstream error (objective: "
-            f"{config.client_error_objective * 100:g}% served); burn rate above {row.factor:g}x, confirmed over "
-            f"{row.short}.",
-            {"long": row.long, "short": row.short},
-            dashboard=("overview", PER_SOURCE),
-        ))
-    return rules
+    return _burn_alerts(config, _Burn(
+        CLIENT_ALERT, client_record, labels(keep(config, *CLIENT_LEVEL)),
+        series(catalog.REQUESTS, config.agent_selector, INFERENCE), config.client_error_objective,
+        "Clients are getting server errors through the proxy: the error budget is burning {speed}.",
+        SOURCE_WHERE.replace("{", "{{").replace("}", "}}")
+        + ": {{{{ $value | humanizePercentage }}}} of the inference requests over the last {long} were answered "
+        f"5xx or cut by an upstream error (objective: {config.client_error_objective * 100:g}% served); burn rate "
+        "above {factor}x, confirmed over {short}.",
+        ("overview", PER_SOURCE),
+    ))
 
 
 def engine_availability(config: RulesConfig) -> tuple[list[Rule], list[Rule]]:

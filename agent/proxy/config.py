@@ -116,7 +116,7 @@ def parse_port_limits(read_header_timeout: Any, idle_timeout: Any, max_connectio
             "max_connections_per_client": share}
 
 
-def _whole(value: Any, what: str, default: int, low: int, high: int) -> int:
+def _whole(value: Any, what: str, default: int, low: int, high: int, why: str = "") -> int:
     if value is None:
         return default
     try:
@@ -124,7 +124,7 @@ def _whole(value: Any, what: str, default: int, low: int, high: int) -> int:
     except (TypeError, ValueError):
         raise ConfigError(f"{what}: {value!r} is not a whole number") from None
     if not low <= number <= high:
-        raise ConfigError(f"{what}: {number} must be between {low} and {high}")
+        raise ConfigError(f"{what}: {number} must be between {low} and {high}{why}")
     return number
 
 
@@ -267,12 +267,5 @@ def _header_name(name: str | None) -> str | None:
 
 
 def _count(value: Any, what: str, default: int) -> int:
-    if value is None:
-        return default
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what}: {value!r} is not a whole number") from None
-    if number < 0 or number > 1000:
-        raise ConfigError(f"{what}: {number} must be between 0 and 1000 (each is a label value on several series)")
+    return _whole(value, what, default, 0, 1000, " (each is a label value on several series)")
     return number

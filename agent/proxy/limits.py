@@ -115,7 +115,53 @@ class Events:
         self._bad.note(why, client)
 
 
-class ProxyHandler(RequestHandler):
+class HeaderDeadline:
+    """Go's ReadHeaderTimeout for an aiohttp RequestHandler, shared by the proxy's port and the agent's own:
+    `_arm()` when a connection opens or a request ends, `_disarm()` once a request's headers are in. The
+    handler declares the `_deadline` and `_busy` slots, and says its timeout (`_header_seconds`) and what a
+    late client gets (`_headers_late`: counted, logged by its own refusal log, closed)."""
+
+    __slots__ = ()
+    _deadline: asyncio.TimerHandle | None
+    _busy: bool
+
+    def _header_seconds(self) -> float:
+        raise NotImplementedError
+
+    def _headers_late(self) -> None:
+        raise NotImplementedError
+
+    def _arm(self) -> None:
+        seconds = self._header_seconds()
+        if self._deadline is None and seconds > 0:
+            self._deadline = asyncio.get_running_loop().call_later(seconds, self._deadline_passed)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _deadline_passed(self) -> None:
+        self._deadline = None
+        if self._busy or getattr(self, "transport", None) is None:
+            return
+        self._headers_late()
+
+    async def _handle_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        """A request's headers are in: no deadline while it is handled; the next one's starts after."""
+        self._busy = True
+        self._disarm()
+        try:
+            return await super()._handle_request(request, *args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._busy = False
+            self._request_done()
+
+    def _request_done(self) -> None:
+        """What the handler forgets between requests (nothing here)."""
+
+
+class ProxyHandler(HeaderDeadline, RequestHandler):
     """aiohttp's connection handler with a read-header timeout, a place in ConnectionShares, and bad
     requests counted and answered without a log line each."""
 
@@ -145,14 +191,6 @@ class ProxyHandler(RequestHandler):
             self._shares = None  # type: ignore[assignment]  # counted once
         super().connection_lost(exc)
 
-    async def _handle_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        self._busy = True
-        self._disarm()
-        try:
-            return await super()._handle_request(request, *args, **kwargs)
-        finally:
-            self._busy = False
-
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> Any:
         if not isinstance(exc, HttpProcessingError):
@@ -164,19 +202,10 @@ class ProxyHandler(RequestHandler):
         response.force_close()
         return response
 
-    def _arm(self) -> None:
-        if self._deadline is None and self._header_timeout > 0:
-            self._deadline = self._loop.call_later(self._header_timeout, self._headers_late)
-
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+    def _header_seconds(self) -> float:
+        return self._header_timeout
 
     def _headers_late(self) -> None:
-        self._deadline = None
-        if self._busy or self.transport is None:
-            return
         self._events.refused(HEADER_TIMEOUT, self._client,
                              f"no complete request headers within {self._header_timeout:g} s; closed")
         self.force_close()

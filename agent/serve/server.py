@@ -339,7 +339,7 @@ _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConte
          + b"Connection: close\r\n\r\ntoo many connections\n")
 
 
-class _Handler(RequestHandler):
+class _Handler(limits.HeaderDeadline, RequestHandler):
     """aiohttp's connection handler with a read-header timeout, a connection cap and quiet refusals."""
 
     __slots__ = ("_limits", "_deadline", "_busy", "_waiting", "_first_line", "_line_done", "_made")
@@ -385,13 +385,8 @@ class _Handler(RequestHandler):
         if self._made:
             super().connection_lost(exc)
 
-    async def _handle_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        self._busy = True
-        self._disarm()
-        try:
-            return await super()._handle_request(request, *args, **kwargs)
-        finally:
-            self._busy, self._waiting, self._first_line, self._line_done = False, False, 0, False
+    def _request_done(self) -> None:
+        self._waiting, self._first_line, self._line_done = False, 0, False
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -412,20 +407,10 @@ class _Handler(RequestHandler):
             return 431, f"more than {MAX_HEADERS} headers"
         return 400, "not a valid HTTP request"
 
-    def _arm(self) -> None:
-        if self._deadline is None and self._limits.read_header_timeout > 0:
-            loop = asyncio.get_running_loop()
-            self._deadline = loop.call_later(self._limits.read_header_timeout, self._header_timeout)
+    def _header_seconds(self) -> float:
+        return self._limits.read_header_timeout
 
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
-    def _header_timeout(self) -> None:
-        self._deadline = None
-        if self._busy or self.transport is None:
-            return
+    def _headers_late(self) -> None:
         REFUSALS.note(f"no complete request headers within {self._limits.read_header_timeout:g} s; closed",
                       _peer(self.transport))
         self.force_close()
