@@ -13,10 +13,31 @@ from pathlib import Path
 import pytest
 import yaml
 
-from incidents import A, Check, Incident, change, fires, flat, fleet, quiet, rank, stops, without
+from incidents import (A, B, SAMPLES, Check, Incident, absent_until, agent, change, client, engine, fires, flat, fleet,
+                       gpu, quiet, rank, rising, starts, stops, without, _idle)
 from test_incidents import promtool_test
 
 STALLED = ("RooflightEngineStalled", "critical", A, "")
+TTFT = "vllm:time_to_first_token_seconds"
+
+
+def counter(*spans: tuple[int, float]) -> str:
+    """A counter from 0 rising `per_minute` until each span's minute (then the next span's rate), flat after
+    the last span's minute: counter((20, 100), (40, 70), (90, 100))."""
+    values, value, minute = [0.0], 0.0, 0
+    for until, per_minute in spans:
+        for minute in range(minute + 1, until + 1):
+            value += per_minute
+            values.append(value)
+        minute = until
+    values += [value] * (SAMPLES - len(values))
+    return " ".join(str(int(v)) for v in values)
+
+
+def other_route(pod: str, status: str) -> str:
+    """The proxy's counter for requests that are not inference (route other: /v1/models, /health)."""
+    return agent(pod, "rooflight_client_requests_total", target=pod, route="other", stream="false", status=status,
+                 finish_reason="none", tenant="")
 
 
 def _flat_tokens(pod: str, at: int) -> dict[str, str]:
@@ -48,6 +69,77 @@ EDGES: tuple[Incident, ...] = (
                           rank(A, "rooflight_prompt_tokens_total"): flat(7e5),
                           rank(A, "rooflight_requests_running"): change(0, 28, 1)}),
              (Check("29m"), Check("31m", fires(STALLED)))),
+    # -- GPU health: each alert means a state held or an event inside its window (10m), not a sample ever seen.
+    # One minute at 90 C (a fan hiccup): GPUHot wants >= 85 C throughout the 10m window (min_over_time).
+    Incident("A minute hot", "llm-b's GPU reads 90 C for the one minute at 30m.",
+             fleet(llm_b={gpu(B, "rooflight_gpu_temperature_celsius"): f"{flat(62, 30)} 90 {flat(62, SAMPLES - 31)}"}),
+             quiet("30m", "35m")),
+    # XID 79 at 10m: the alert is the counter's increase over the 10m window, so it pages at 11m and is
+    # resolved once 10m has passed without another (at 30m the window 20m-30m holds none).
+    Incident("An XID long ago", "llm-a's GPU reports XID 79 at 10m and nothing after.",
+             fleet(llm_a={gpu(A, "rooflight_gpu_xid_errors_total"): change(0, 10, 1),
+                          gpu(A, "rooflight_gpu_xid_last_code"): absent_until(10, flat(79, SAMPLES - 10))}),
+             (Check("9m"), Check("11m", fires(("RooflightGPUHardwareXid", "critical", A, ""))), Check("30m"))),
+    # Two uncorrectable ECC errors at 30m: paged at once (for 0m), resolved 10m later.
+    Incident("Uncorrectable ECC errors", "llm-b's GPU counts 2 double-bit ECC errors at 30m.",
+             fleet(llm_b={gpu(B, "rooflight_gpu_ecc_uncorrected_errors_total"): change(0, 30, 2)}),
+             (Check("29m"), Check("31m", fires(("RooflightGPUUncorrectableECC", "critical", B, ""))), Check("45m"))),
+    # Clock event reasons 20 = sync boost (16) + SW power cap (4): neither is a slowdown bit (8, 32, 64, 128),
+    # so floor(20 / bit) % 2 is 0 for each (20/8 = 2.5 -> 2 -> even) and the GPU is not throttled.
+    Incident("Sync boost at the power cap", "llm-a's GPU runs in a sync-boost group at its power cap.",
+             fleet(llm_a={gpu(A, "rooflight_gpu_clock_event_reasons"): flat(20)}), quiet("30m", "60m")),
+    # The engines' ITL histograms dropped by relabelling (TTFT kept): the ITL burn alerts are blind, so
+    # RooflightSLOHistogramMissing warns for both pods once its 15m `for` has passed.
+    Incident("ITL histograms missing", "Prometheus keeps the engines' TTFT histograms but not their ITL ones.",
+             without(fleet(), "vllm:inter_token_latency_seconds"),
+             (Check("10m"), Check("20m", fires(("RooflightSLOHistogramMissing", "warning", A, ""),
+                                               ("RooflightSLOHistogramMissing", "warning", B, ""))))),
+    # -- availability and latency burn rates (SRE rows: 1h/5m x14.4 for 2m, 6h/30m x6 for 15m, critical).
+    # From 20m the engine behind llm-a's proxy cuts 30 of 100 streams a minute mid-way (status 200, finish
+    # upstream_error): 30% of requests failed, past 14.4 x 0.1% in both 1h and 5m windows by ~21m -> the
+    # 1h row pages at ~23m, as the catalogue's 502 incident does with the same numbers.
+    Incident("Upstream cuts streams", "From 20m llm-a's upstream drops 30 of 100 streams a minute after the 200.",
+             fleet(llm_a={client(A, "200", "stop"): rising(70), client(A, "200", "upstream_error"): starts(30, 20)}),
+             (Check("20m"), Check("30m", fires(("RooflightClientErrorBudgetBurn", "critical", A, "1h"))))),
+    # 1 in 100 requests a minute answered 502 and marked upstream_error from the start: 1% failed, counted
+    # once. Under the 1h row's 14.4 x 0.1% = 1.44%, over the 6h row's 6 x 0.1% = 0.6%: pending from the
+    # first minutes, the 6h row alone pages after its 15m `for` (the 1d row needs 1h more).
+    Incident("A 1% trickle of 502s", "llm-a's upstream answers 1 of 100 requests a minute 502, cut.",
+             fleet(llm_a={client(A, "200", "stop"): rising(99), client(A, "502", "upstream_error"): rising(1)}),
+             (Check("10m"), Check("20m", fires(("RooflightClientErrorBudgetBurn", "critical", A, "6h"))))),
+    # /v1/models failing 503 (route other) while every chat request succeeds: no inference request failed,
+    # nothing burns.
+    Incident("Non-inference route failing", "llm-a answers /v1/models 503, 50 a minute; chat is fine.",
+             fleet(llm_a={client(A, "200", "stop"): rising(100), other_route(A, "503"): rising(50)}),
+             quiet("20m", "60m")),
+    # A client storm, 30 of 100 requests a minute answered 502 from 20m to 40m, then healthy. At 46m the 1h
+    # window still reads 600 / 4600 = 13% (past 1.44%), but the 5m window 41m-46m has no failure: the 1h row
+    # is over. The 6h row is confirmed by its 30m window (16m-46m: 600 / 3000 = 20% > 0.6%) and still pages.
+    Incident("Client storm that ended", "llm-a's upstream fails 30% with 502 from 20m to 40m, then recovers.",
+             fleet(llm_a={client(A, "200", "stop"): counter((20, 100), (40, 70), (90, 100)),
+                          client(A, "502", "none"): counter((20, 0), (40, 30))}),
+             (Check("46m", fires(("RooflightClientErrorBudgetBurn", "critical", A, "6h"))),)),
+    # The engine's abort storm of the catalogue (300 aborts and 600 finished a minute on each replica), from
+    # 20m to 40m only. At 46m: 1h window 12,000 / 67,200 = 18% (past 14.4 x 1%), its 5m window clean -> the
+    # 1h row is over; 6h row: 18% long, 30m window 12,000 / 48,000 = 25%, both past 6%, pending since ~23m
+    # -> still paging.
+    Incident("Abort storm that ended", "Both replicas abort 300 requests a minute from 20m to 40m.",
+             fleet(llm_a={engine(A, "vllm:request_success_total", finished_reason="abort"): counter((20, 0), (40, 300))},
+                   llm_b={engine(B, "vllm:request_success_total", finished_reason="abort"): counter((20, 0), (40, 300))}),
+             (Check("46m", fires(("RooflightRequestErrorBudgetBurn", "critical", "", "6h"))),)),
+    # A quiet model on one replica, every request aborted, 1 a minute: the 1h window holds 20 requests from
+    # 20m, 100% failed: past 14.4%, confirmed by the 5m window (100%): the 1h row pages at ~22m, before the 6h
+    # row's 15m `for`. The 20-request floor is the long window's: 5 requests in 5m are not too few to confirm.
+    Incident("Every request of a trickle aborted", "llm-a finishes 1 request a minute, each one aborted.",
+             fleet(llm_a={**_idle(A), engine(A, "vllm:request_success_total", finished_reason="abort"): rising(1)},
+                   llm_b=_idle(B)),
+             (Check("15m"), Check("25m", fires(("RooflightRequestErrorBudgetBurn", "critical", "", "1h"))))),
+    # The same trickle, each request's first token later than 2.5 s: the TTFT SLO burns as the abort one did.
+    Incident("Every request of a trickle slow", "llm-a serves 1 request a minute, each first token past 2.5 s.",
+             fleet(llm_a={**_idle(A), engine(A, f"{TTFT}_count"): rising(1),
+                          engine(A, f"{TTFT}_bucket", le="2.5"): flat(0)},
+                   llm_b=_idle(B)),
+             (Check("15m"), Check("25m", fires(("RooflightTTFTBudgetBurn", "critical", "", "1h"))))),
 )
 
 
