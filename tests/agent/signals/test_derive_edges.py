@@ -1,0 +1,27 @@
+"""Live ratios at edges a mutation audit of the derive step found unguarded (issue 30): one 10 s window
+between two samples whose counters are known, each expectation worked by hand in the comments
+(docs/physics.md, section Live ratios). H100 SXM: 3.35e12 B/s."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_derive_served import BW, _constants, _series, _window
+
+
+def test_moe_coverage_counts_the_computed_prompt_tokens_not_the_prefix_cache_hits() -> None:
+    # An older vLLM whose prompt counter counts hits: 400 prompt tokens in 10 s, 300 of them prefix-cache
+    # hits (hits / queries = 0.75), so 100 were computed; 100 steps, each with one decode token. A step ran
+    # (100 + 100) / 100 = 2 tokens through Mixtral's experts (a hit runs through none): 1 - 0.75^2 = 43.75%
+    # of 90,194,313,216 expert bytes = 39,460,012,032, plus 3,211,272,192 - 262,144,000 (the table) + 2 rows
+    # of 8,192 = 42,409,156,608 B a step; 10 steps/s: MBU = 42,409,156,608 x 10 / 3.35e12 = 0.1266.
+    # Counting the hits (5 tokens a step) would read 76% of the experts: MBU 0.205.
+    start = _series(running=1.0, prompt_tokens_include_cache_hits=True, prefix_cache_queries_total=0.0,
+                    prefix_cache_hits_total=0.0)
+    end = _series(running=1.0, prompt_tokens_total=400.0, generation_tokens_total=100.0, steps_total=100.0,
+                  prompt_tokens_include_cache_hits=True, prefix_cache_queries_total=400.0,
+                  prefix_cache_hits_total=300.0)
+    w = _window(start, end, _constants("mixtral-8x7b"))
+    assert w.tokens_per_step == pytest.approx(2.0)
+    assert w.mbu == pytest.approx(42_409_156_608 * 10 / BW)
+    assert round(w.mbu, 4) == 0.1266
