@@ -25,3 +25,12 @@ def test_moe_coverage_counts_the_computed_prompt_tokens_not_the_prefix_cache_hit
     assert w.tokens_per_step == pytest.approx(2.0)
     assert w.mbu == pytest.approx(42_409_156_608 * 10 / BW)
     assert round(w.mbu, 4) == 0.1266
+
+
+@pytest.mark.parametrize(("tp", "ep", "copies"), [(2, 8, 4.0), (8, 8, 1.0), (4, 2, 1.0), (1, 1, 1.0)])
+def test_expert_ranks_are_the_model_copies_that_share_one_set_of_experts(tp: int, ep: int, copies: float) -> None:
+    # EP 8 over copies of TP 2: the routed experts are spread over 8 GPUs, each copy spans 2 of them, so
+    # 8 / 2 = 4 copies share one set (each holds a quarter). EP 8 at TP 8 is one copy holding them all; an
+    # EP smaller than TP still leaves every copy all of them (at least 1).
+    c = _constants("deepseek-v3", tensor_parallel_size=tp, expert_parallel_size=ep)
+    assert c.expert_ranks == copies

@@ -1,0 +1,20 @@
+"""rooflight plan at edges a mutation audit found unguarded (issue 30); each expectation is worked by hand
+in the comments (docs/physics.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rooflight.agent.roofline.gpus import get_profile
+from rooflight.agent.roofline.models import preset
+from rooflight.agent.roofline.plan import build_plan
+
+
+def test_tp_all_reduces_on_a_pcie_gpu_pay_pcies_latency_and_bandwidth() -> None:
+    # 70B at TP4 on L40S (PCIe only): 2 all-reduces x 80 layers, each 25 us + 2 x 3/4 x payload / 25 GB/s.
+    # Batch 128: payload 128 x 8,192 x 2 B = 2,097,152 B -> 125.8 us, so 160 x 150.8 us = 24.1 ms a step
+    # (NVLink's 5 us + 450 GB/s would say 1.92 ms: a TP4 L40S decode step 12x cheaper than it is).
+    plan = build_plan(preset("llama-3-70b"), get_profile("l40s"), tp=4, context_tokens=8000, batch=128,
+                      prompt_tokens=2048)
+    assert plan.tp_allreduce_seconds_at_batch == pytest.approx(160 * (25e-6 + 1.5 * 2_097_152 / 25e9))
+    assert round(plan.tp_allreduce_seconds_at_batch * 1e3, 1) == 24.1
