@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from test_derive_served import BW, _constants, _series, _window
+from rooflight.agent.roofline.constants import TargetConstants
+from rooflight.agent.roofline.models import load_config_json
+from support import MODEL_CONFIGS
+from test_derive_served import BW, H100, PEAK, _constants, _series, _window
 
 
 def test_moe_coverage_counts_the_computed_prompt_tokens_not_the_prefix_cache_hits() -> None:
@@ -34,3 +37,20 @@ def test_expert_ranks_are_the_model_copies_that_share_one_set_of_experts(tp: int
     # EP smaller than TP still leaves every copy all of them (at least 1).
     c = _constants("deepseek-v3", tensor_parallel_size=tp, expert_parallel_size=ep)
     assert c.expert_ranks == copies
+
+
+def test_decode_attention_under_vllms_hybrid_pool_counts_the_layers_a_pool_token_holds() -> None:
+    # Gemma-2-9B under vLLM's hybrid pool: a pool token holds one group of 21 layers (not 42). 10 running
+    # sequences hold half of 100,000 pool tokens: 5,000 each x 21 layers = 105,000 layer-tokens a decode
+    # token attends to, at 2 x 16 heads x (256 + 256) = 16,384 FLOPs a pair. 1,000 decode tokens/s:
+    # 1,000 x 16,384 x 105,000 / 989e12 = 0.001739 of decode MFU from attention (the same window with an
+    # empty cache has none; all 42 layers would read 0.003479).
+    gemma = load_config_json(MODEL_CONFIGS / "gemma-2-9b.json")
+    c = TargetConstants(model=gemma, gpu=H100, gpu_source="flag", kv_pool_grouped=True)
+
+    def decode_mfu(usage: float) -> float:
+        start = _series(running=10.0, kv_usage_ratio=usage)
+        end = _series(running=10.0, kv_usage_ratio=usage, generation_tokens_total=10_000.0, steps_total=1000.0)
+        return _window(start, end, c).mfu["decode"]
+
+    assert decode_mfu(0.5) - decode_mfu(0.0) == pytest.approx(1000 * 16_384 * 105_000 / PEAK)
