@@ -152,3 +152,23 @@ def test_the_edge_pages_exactly_as_the_rules_mean(edge: Incident, tmp_path: Path
     path.write_text(yaml.safe_dump(promtool_test(edge), sort_keys=False))
     run = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True)
     assert run.returncode == 0, f"{edge.name}: {edge.what}\n{run.stdout}{run.stderr}"
+
+
+@pytest.mark.prometheus
+def test_a_healthy_engine_with_no_failure_series_yet_reads_0_errors_not_nothing(tmp_path: Path) -> None:
+    # Both replicas finish 600 requests a minute by length and vLLM has never written an abort or error
+    # series: the engine's error ratio is 0 / 20 requests/s = 0 in every burn window, a value a panel shows
+    # (an empty record is a blank panel and a healthy service that looks unmonitored).
+    healthy = without(fleet(), "vllm:request_success_total") | {
+        engine(pod, "vllm:request_success_total", finished_reason="length"): rising(600) for pod in (A, B)}
+    test = promtool_test(Incident("No failure series", "", healthy, quiet("30m")))
+    checks = test["tests"][0]["promql_expr_test"]
+    for window in ("5m", "1h"):
+        record = f"model_name:rooflight_request_errors:ratio_rate{window}"
+        checks.append({"expr": f"count({record} == 0)", "eval_time": "30m", "exp_samples": [{"labels": "{}", "value": 1}]})
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool not installed")
+    path = tmp_path / "zero_test.yaml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    run = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True)
+    assert run.returncode == 0, f"{run.stdout}{run.stderr}"

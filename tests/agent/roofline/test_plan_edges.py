@@ -7,7 +7,7 @@ import pytest
 
 from rooflight.agent.roofline.gpus import get_profile
 from rooflight.agent.roofline.models import preset
-from rooflight.agent.roofline.plan import build_plan
+from rooflight.agent.roofline.plan import build_plan, shared_groups_for
 
 
 def test_tp_all_reduces_on_a_pcie_gpu_pay_pcies_latency_and_bandwidth() -> None:
@@ -18,3 +18,12 @@ def test_tp_all_reduces_on_a_pcie_gpu_pay_pcies_latency_and_bandwidth() -> None:
                       prompt_tokens=2048)
     assert plan.tp_allreduce_seconds_at_batch == pytest.approx(160 * (25e-6 + 1.5 * 2_097_152 / 25e9))
     assert round(plan.tp_allreduce_seconds_at_batch * 1e3, 1) == 24.1
+
+
+def test_a_shared_pool_prefills_in_the_time_its_decodes_leave() -> None:
+    # 1 request/s, a prompt's prefill 0.1 s on an idle group, and 3.5 groups' worth of decode to share out, at
+    # a 0.5 s TTFT target. 4 groups spend 3.5 / 4 = 87.5% of their time decoding, so a prefill stretches to
+    # 0.1 / 0.125 = 0.8 s, past the target whatever the queue. 5 groups: 0.1 / 0.3 = 0.333 s, and the M/M/5
+    # queue at 1 x 0.333 = 0.33 Erlangs (7% busy) waits past the remaining 0.167 s far under 1% of the time:
+    # 5 groups. (On prefill time alone, 4 groups would do.)
+    assert shared_groups_for(1.0, 0.1, 3.5, 0.5) == 5
