@@ -7,7 +7,7 @@ import pytest
 
 from rooflight.agent.roofline.gpus import get_profile
 from rooflight.agent.roofline.models import preset
-from rooflight.agent.roofline.plan import build_plan, shared_groups_for
+from rooflight.agent.roofline.plan import build_plan, build_pool_plan, shared_groups_for
 
 
 def test_tp_all_reduces_on_a_pcie_gpu_pay_pcies_latency_and_bandwidth() -> None:
@@ -27,3 +27,13 @@ def test_a_shared_pool_prefills_in_the_time_its_decodes_leave() -> None:
     # queue at 1 x 0.333 = 0.33 Erlangs (7% busy) waits past the remaining 0.167 s far under 1% of the time:
     # 5 groups. (On prefill time alone, 4 groups would do.)
     assert shared_groups_for(1.0, 0.1, 3.5, 0.5) == 5
+
+
+def test_one_pool_under_a_groups_work_is_reason_enough_to_share() -> None:
+    # 4 req/s of 2,000 prompt + 2,500 output tokens at 10,000 prefill and 2,500 decode tok/s a group: the
+    # prefill pool would carry 4 x 2,000 / 10,000 = 0.8 of one group's work, the decode pool 4 x 2,500 / 2,500
+    # = 4. A prompt's 0.2 s prefill is past the 50 ms ITL budget, but a prefill pool with under one group's
+    # work idles part of its GPUs: share (either pool under one group is reason enough, not both).
+    p = build_pool_plan(4, 2000, 2500, 10_000, 2_500)
+    assert p.share is True
+    assert any("too small a fleet" in r for r in p.reasons) and not any("within" in r for r in p.reasons)
