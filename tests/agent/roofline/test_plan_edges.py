@@ -52,3 +52,11 @@ def test_a_tp_groups_decode_capacity_pays_its_all_reduces() -> None:
     assert batch == 1
     assert decode == pytest.approx(1 / (memory + 160 * (5e-6 + 1.5 * 16_384 / 450e9)))
     assert round(decode, 2) == 63.06
+
+
+def test_a_shared_pools_queue_may_wait_only_what_the_prefill_leaves_of_the_ttft() -> None:
+    # 12 prompts/s, each 0.2 s of prefill on a group with no decode: 2.4 Erlangs, a 0.5 s p99 TTFT, so a
+    # prompt may queue 0.3 s. Erlang C for 4 groups: a^4/4! x 4/(4 - 2.4) = 3.456 over 1 + 2.4 + 2.88 + 2.304
+    # + 3.456 = 12.04: 0.287; P(wait > 0.3 s) = 0.287 x e^-((20 - 12) x 0.3) = 0.026, past 1%. 5 groups: 0.1135
+    # x e^-(13 x 0.3) = 0.0023: 5 groups. (Letting the queue wait the whole 0.5 s: 0.287 x e^-4 = 0.005, 4.)
+    assert shared_groups_for(12.0, 0.2, 0.0, 0.5) == 5
