@@ -34,6 +34,11 @@ def counter(*spans: tuple[int, float]) -> str:
     return " ".join(str(int(v)) for v in values)
 
 
+def every_third_minute() -> str:
+    """A counter that counts one at every third minute: 20 an hour."""
+    return " ".join(str(m // 3) for m in range(SAMPLES))
+
+
 def other_route(pod: str, status: str) -> str:
     """The proxy's counter for requests that are not inference (route other: /v1/models, /health)."""
     return agent(pod, "rooflight_client_requests_total", target=pod, route="other", stream="false", status=status,
@@ -140,6 +145,18 @@ EDGES: tuple[Incident, ...] = (
                           engine(A, f"{TTFT}_bucket", le="2.5"): flat(0)},
                    llm_b=_idle(B)),
              (Check("15m"), Check("25m", fires(("RooflightTTFTBudgetBurn", "critical", "", "1h"))))),
+    # The floor's edge: a model that finishes exactly 20 requests an hour (one every 3 minutes), each aborted.
+    # Sampled each minute, the 1h window [t - 1h, t] has a sample at both ends from 60m: increase = 20 exactly,
+    # "at least 20" holds; the 5m window always holds one of them (ratio 1). Pending at 60m, paged at 62m
+    # (the 6h row's 15m `for` ends at 75m). At 50m the hour holds 16: quiet.
+    Incident("Exactly 20 requests an hour, all aborted", "llm-a finishes one request every 3 minutes, aborted.",
+             fleet(llm_a={**_idle(A), engine(A, "vllm:request_success_total", finished_reason="abort"):
+                          every_third_minute()}, llm_b=_idle(B)),
+             (Check("50m"), Check("63m", fires(("RooflightRequestErrorBudgetBurn", "critical", "", "1h"))))),
+    Incident("Exactly 20 requests an hour, all slow", "llm-a serves one request every 3 minutes, each past 2.5 s.",
+             fleet(llm_a={**_idle(A), engine(A, f"{TTFT}_count"): every_third_minute(),
+                          engine(A, f"{TTFT}_bucket", le="2.5"): flat(0)}, llm_b=_idle(B)),
+             (Check("50m"), Check("63m", fires(("RooflightTTFTBudgetBurn", "critical", "", "1h"))))),
 )
 
 
