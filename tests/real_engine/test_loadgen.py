@@ -58,9 +58,11 @@ async def test_counts_usage_and_latencies(server):
     assert len(report.ok) == 6
     assert report.prompt_tokens == 42 and report.completion_tokens == 18
     for r in report.ok:
-        assert r.ttft_s == pytest.approx(GAP_S, abs=0.04)
+        # the server waits GAP_S before the first token and GAP_S before the last chunk: the clock can only
+        # read more on a busy machine (0.099 s was seen on CI's shared cores), never less, and not 10x more
+        assert GAP_S * 0.9 <= r.ttft_s < GAP_S * 10, r.ttft_s
         assert len(r.itl_s) == 2  # n - 1 gaps; the 2-token chunk's gap is split over its tokens
-        assert r.itl_s[0] == pytest.approx(r.itl_s[1]) and r.itl_s[0] == pytest.approx(GAP_S / 2, abs=0.02)
+        assert r.itl_s[0] == pytest.approx(r.itl_s[1]) and GAP_S / 2 * 0.9 <= r.itl_s[0] < GAP_S * 5, r.itl_s
 
 
 async def test_stops_by_itself_on_a_hung_server(server):
