@@ -24,6 +24,7 @@ for p in (str(HERE), str(REPO)):
         sys.path.insert(0, p)
 
 from procs import ManagedProcess, port_is_free  # noqa: E402
+from scrape import select  # noqa: E402
 from setups import KVWALL, NORMAL, QUEUE, Observation, Setup, prometheus_quantiles, run_setup  # noqa: E402
 
 
@@ -95,6 +96,23 @@ def queue_run(vllm_python: str, tiny_model: Path, run_dir: Path, started: list[M
     return _observe(QUEUE, vllm_python, tiny_model, run_dir, started)
 
 
+KVWALL_TRIES = 3
+
+
+def _reached_the_wall(obs: Observation) -> bool:
+    """Whether vLLM's own page showed the 10-block pool at 7 of 9 blocks with a preemption during the run."""
+    usage = [v for _, page in obs.vllm_pages for v in select(page, "vllm:kv_cache_usage_perc")]
+    preempted = [v for _, page in obs.vllm_pages for v in select(page, "vllm:num_preemptions_total")]
+    return bool(usage) and max(usage) >= 0.75 and bool(preempted) and max(preempted) > 0
+
+
 @pytest.fixture(scope="session")
 def kvwall_run(vllm_python: str, tiny_model: Path, run_dir: Path, started: list[ManagedProcess]):
-    return _observe(KVWALL, vllm_python, tiny_model, run_dir, started)
+    """The KV-wall setup, run again (at most KVWALL_TRIES times) when vLLM itself never showed the wall: with
+    9 usable blocks, whether a 0.5 s sample catches 7 of them in use is chance (2 runs of 4 missed it on the
+    2-core box this session). The agent's verdicts are judged only on a run where vLLM's page shows the wall."""
+    for attempt in range(1, KVWALL_TRIES + 1):
+        obs = _observe(KVWALL, vllm_python, tiny_model, run_dir, started)
+        if _reached_the_wall(obs) or attempt == KVWALL_TRIES:
+            return obs
+        print(f"\n[kvwall] try {attempt}: vLLM's page never showed the wall; running the setup again")
