@@ -13,21 +13,19 @@ Two views of one promise, each with its own budget:
   A crash-looping engine behind a load balancer burns it while the engine's own counters reset. Its rules
   live in the goodput groups (the proxy's own series, per replica).
 
-Both use the SRE workbook rows of RulesConfig.burn_windows, and a row fires only where the long window
-saw at least `slo_min_requests` requests: two failed requests in a quiet hour are not a burn rate.
+Both use the SRE workbook rows of RulesConfig.burn_windows, built by rules/burn.py with its sample and
+history guards.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 from rooflight.agent.proxy import catalog
-from rooflight.rules.alerts import PER_SOURCE, SOURCE_WHERE, Link, alert
-from rooflight.rules.config import RulesConfig
-from rooflight.rules.promql import labels, number, record_name, series, window_suffix
+from rooflight.rules.alerts import PER_SOURCE, SOURCE_WHERE
+from rooflight.rules.burn import BurnSLO, burn_alerts, slo_windows
+from rooflight.rules.config import BurnWindow, RulesConfig
+from rooflight.rules.promql import labels, record_name, series, window_suffix
 from rooflight.rules.recording import Rule, keep
-from rooflight.rules.slo import slo_by, slo_windows
+from rooflight.rules.slo import slo_by
 from rooflight.rules.templates import same
 
 REQUEST_ALERT = "RooflightRequestErrorBudgetBurn"
@@ -73,65 +71,35 @@ def client_rules(config: RulesConfig) -> list[Rule]:
     return rules
 
 
-def _enough(by: str, counter: str, window: str, minimum: int) -> str:
-    return f"sum by ({by}) (increase({counter}[{window}])) >= {minimum}"
-
-
-@dataclass(frozen=True)
-class _Burn:
-    """What differs between the two availability SLOs' burn rows; the rows themselves are built once."""
-
-    alert: str
-    record: Callable[[str], str]  # the error-ratio record over a window
-    by: str  # the labels the sample guard joins on
-    counter: str  # the requests a long window must hold `slo_min_requests` of
-    objective: float
-    summary: str  # with {speed}
-    description: str  # with {long}, {short}, {factor}
-    dashboard: Link
-
-
-def _burn_alerts(config: RulesConfig, burn: _Burn) -> list[Rule]:
-    budget = 1.0 - burn.objective
-    rules: list[Rule] = []
-    for row in config.burn_windows:
-        limit = number(row.factor * budget)
-        expr = (
-            f"{burn.record(row.long)} > {limit}\nand\n{burn.record(row.short)} > {limit}\n"
-            f"and on ({burn.by})\n{_enough(burn.by, burn.counter, row.long, config.slo_min_requests)}"
-        )
-        speed = "fast" if row.severity == "critical" else "steadily"
-        rules.append(alert(
-            config, burn.alert, expr, row.for_, row.severity, burn.summary.format(speed=speed),
-            burn.description.format(long=row.long, short=row.short, factor=f"{row.factor:g}"),
-            {"long": row.long, "short": row.short}, dashboard=burn.dashboard,
-        ))
-    return rules
-
-
 def request_alerts(config: RulesConfig) -> list[Rule]:
-    where = "/".join(f"{{{{{{{{ $labels.{label} }}}}}}}}" for label in config.slo_group_by)
-    return _burn_alerts(config, _Burn(
-        REQUEST_ALERT, lambda w: request_record(config, w), slo_by(config), config.requests_finished,
-        config.request_error_objective,
-        "The engine's request error budget (aborted and failed requests) is burning {speed}.",
-        f"{where}: {{{{{{{{ $value | humanizePercentage }}}}}}}} of the requests the engine finished over the last "
-        f"{{long}} were aborted or failed (objective: {config.request_error_objective * 100:g}% finished "
-        "otherwise); burn rate above {factor}x, confirmed over {short}.",
-        ("overview", (*same("cluster", "namespace"), ("model", config.slo_model_label))),
+    where = "/".join(f"{{{{ $labels.{label} }}}}" for label in config.slo_group_by)
+    objective = config.request_error_objective
+
+    def description(row: BurnWindow) -> str:
+        return (f"{where}: {{{{ $value | humanizePercentage }}}} of the requests the engine finished over the last "
+                f"{row.long} were aborted or failed (objective: {objective * 100:g}% finished otherwise); "
+                f"burn rate above {row.factor:g}x, confirmed over {row.short}.")
+
+    return burn_alerts(config, BurnSLO(
+        REQUEST_ALERT, 1.0 - objective, lambda w: request_record(config, w), slo_by(config), config.requests_finished,
+        lambda speed: f"The engine's request error budget (aborted and failed requests) is burning {speed}.",
+        description, ("overview", (*same("cluster", "namespace"), ("model", config.slo_model_label))),
     ))
 
 
 def client_alerts(config: RulesConfig) -> list[Rule]:
-    return _burn_alerts(config, _Burn(
-        CLIENT_ALERT, client_record, labels(keep(config, *CLIENT_LEVEL)),
-        series(catalog.REQUESTS, config.agent_selector, INFERENCE), config.client_error_objective,
-        "Clients are getting server errors through the proxy: the error budget is burning {speed}.",
-        SOURCE_WHERE.replace("{", "{{").replace("}", "}}")
-        + ": {{{{ $value | humanizePercentage }}}} of the inference requests over the last {long} were answered "
-        f"5xx or cut by an upstream error (objective: {config.client_error_objective * 100:g}% served); burn rate "
-        "above {factor}x, confirmed over {short}.",
-        ("overview", PER_SOURCE),
+    objective = config.client_error_objective
+
+    def description(row: BurnWindow) -> str:
+        return (f"{SOURCE_WHERE}: {{{{ $value | humanizePercentage }}}} of the inference requests over the last "
+                f"{row.long} were answered 5xx or cut by an upstream error (objective: {objective * 100:g}% served); "
+                f"burn rate above {row.factor:g}x, confirmed over {row.short}.")
+
+    return burn_alerts(config, BurnSLO(
+        CLIENT_ALERT, 1.0 - objective, client_record, labels(keep(config, *CLIENT_LEVEL)),
+        series(catalog.REQUESTS, config.agent_selector, INFERENCE),
+        lambda speed: f"Clients are getting server errors through the proxy: the error budget is burning {speed}.",
+        description, ("overview", PER_SOURCE),
     ))
 
 

@@ -22,11 +22,12 @@ spelling (the `slo` label, e.g. `ttft=0.5,tpot=0.05`) has its own budget.
 from __future__ import annotations
 
 from rooflight.agent.proxy import catalog
-from rooflight.rules.alerts import PER_SOURCE, SOURCE_WHERE, alert
-from rooflight.rules.config import RulesConfig
-from rooflight.rules.promql import labels, number, record_name, series, window_suffix
+from rooflight.rules import burn
+from rooflight.rules.alerts import PER_SOURCE, SOURCE_WHERE
+from rooflight.rules.burn import slo_windows
+from rooflight.rules.config import BurnWindow, RulesConfig
+from rooflight.rules.promql import labels, record_name, series, window_suffix
 from rooflight.rules.recording import Rule, keep
-from rooflight.rules.slo import slo_windows
 from rooflight.rules.templates import query_value
 
 ALERT = "RooflightGoodputBudgetBurn"
@@ -57,35 +58,20 @@ def _judged_rate(window: str) -> str:
 
 
 def burn_alerts(config: RulesConfig) -> list[Rule]:
-    budget = 1.0 - config.goodput_objective
-    rules: list[Rule] = []
-    for row in config.burn_windows:
-        limit = number(row.factor * budget)
-        by = labels(keep(config, *LEVEL))
-        judged = series(catalog.SLO_REQUESTS, config.agent_selector)
-        expr = (
-            f"{error_record(row.long)} > {limit}\nand\n{error_record(row.short)} > {limit}\n"
-            # a burn rate needs a sample: two missed requests in a quiet hour are not one
-            f"and on ({by})\nsum by ({by}) (increase({judged}[{row.long}])) >= {config.slo_min_requests}"
-        )
-        speed = "fast" if row.severity == "critical" else "steadily"
-        rules.append(
-            alert(
-                config,
-                ALERT,
-                expr,
-                row.for_,
-                row.severity,
-                f"The client-side goodput SLO error budget is burning {speed}.",
-                f"{SOURCE_WHERE}: {{{{ $value | humanizePercentage }}}} of the streamed requests over the last "
-                f"{row.long} missed SLO {{{{ $labels.slo }}}} (objective: {config.goodput_objective * 100:g}% "
-                f"meeting every target); burn rate above {row.factor:g}x, confirmed over {row.short}. "
-                f"Judged: {_judged_rate(row.long)}.",
-                {"long": row.long, "short": row.short},
-                dashboard=("overview", PER_SOURCE),
-            )
-        )
-    return rules
+    objective = config.goodput_objective
+
+    def description(row: BurnWindow) -> str:
+        return (f"{SOURCE_WHERE}: {{{{ $value | humanizePercentage }}}} of the streamed requests over the last "
+                f"{row.long} missed SLO {{{{ $labels.slo }}}} (objective: {objective * 100:g}% meeting every "
+                f"target); burn rate above {row.factor:g}x, confirmed over {row.short}. "
+                f"Judged: {_judged_rate(row.long)}.")
+
+    return burn.burn_alerts(config, burn.BurnSLO(
+        ALERT, 1.0 - objective, error_record, labels(keep(config, *LEVEL)),
+        series(catalog.SLO_REQUESTS, config.agent_selector),
+        lambda speed: f"The client-side goodput SLO error budget is burning {speed}.", description,
+        ("overview", PER_SOURCE),
+    ))
 
 
 def goodput_rules(config: RulesConfig) -> tuple[list[Rule], list[Rule]]:

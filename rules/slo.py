@@ -23,21 +23,15 @@ burn alerts read the one record and say each model's threshold; the guard checks
 
 from __future__ import annotations
 
+from rooflight.rules import burn
 from rooflight.rules.alerts import alert
-from rooflight.rules.config import LatencySLO, RulesConfig
-from rooflight.rules.promql import labels, le_matcher, number, record_name, series, window_suffix
+from rooflight.rules.burn import slo_windows
+from rooflight.rules.config import BurnWindow, LatencySLO, RulesConfig
+from rooflight.rules.promql import labels, le_matcher, record_name, series, window_suffix
 from rooflight.rules.recording import Rule
 from rooflight.rules.templates import first_sample, same
 
 GUARD_ALERT = "RooflightSLOBucketMissing"
-
-
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-
-
-def _seconds(window: str) -> float:
-    unit = window.lstrip("0123456789")
-    return float(window[: len(window) - len(unit)]) * _UNIT_SECONDS[unit]
 
 
 def error_record(config: RulesConfig, slo: LatencySLO, window: str) -> str:
@@ -47,12 +41,6 @@ def error_record(config: RulesConfig, slo: LatencySLO, window: str) -> str:
 def slo_by(config: RulesConfig) -> str:
     """The SLO's by()/on() labels: where the service runs, then `slo_group_by` (model_name for vLLM)."""
     return labels(tuple(dict.fromkeys((*config.service_labels, *config.slo_group_by))))
-
-
-def slo_windows(config: RulesConfig) -> list[str]:
-    """Every window any burn row needs, shortest first."""
-    windows = {w for row in config.burn_windows for w in (row.long, row.short)}
-    return sorted(windows, key=_seconds)
 
 
 def _only(config: RulesConfig, model: str) -> str:
@@ -115,37 +103,17 @@ def worst_replica(config: RulesConfig, slo: LatencySLO, window: str) -> str:
 
 
 def burn_alerts(config: RulesConfig, slo: LatencySLO) -> list[Rule]:
-    rules: list[Rule] = []
-    for row in config.burn_windows:
-        limit = number(row.factor * slo.budget)
-        by = slo_by(config)
-        count = series(f"{slo.histogram}_count", slo.selector)
-        expr = (
-            f"{error_record(config, slo, row.long)} > {limit}\n"
-            f"and\n"
-            f"{error_record(config, slo, row.short)} > {limit}\n"
-            # a burn rate needs a sample: two slow requests in a quiet hour are not one
-            f"and on ({by})\n"
-            f"sum by ({by}) (increase({count}[{row.long}])) >= {config.slo_min_requests}"
-        )
-        speed = "fast" if row.severity == "critical" else "steadily"
-        rules.append(
-            alert(
-                config,
-                slo.alert,
-                expr,
-                row.for_,
-                row.severity,
-                f"The {slo.title} SLO error budget is burning {speed}.",
-                f"{_where(config)}: {{{{ $value | humanizePercentage }}}} of {slo.title} observations over the "
-                f"last {row.long} exceeded {threshold_text(config, slo)}s (objective: {slo.objective * 100:g}% within it); "
-                f"burn rate above {row.factor:g}x, confirmed over {row.short}."
-                + worst_replica(config, slo, row.short),
-                {"long": row.long, "short": row.short},
-                dashboard=_dashboard(config),
-            )
-        )
-    return rules
+    def description(row: BurnWindow) -> str:
+        return (f"{_where(config)}: {{{{ $value | humanizePercentage }}}} of {slo.title} observations over the "
+                f"last {row.long} exceeded {threshold_text(config, slo)}s (objective: {slo.objective * 100:g}% "
+                f"within it); burn rate above {row.factor:g}x, confirmed over {row.short}."
+                + worst_replica(config, slo, row.short))
+
+    return burn.burn_alerts(config, burn.BurnSLO(
+        slo.alert, slo.budget, lambda w: error_record(config, slo, w), slo_by(config),
+        series(f"{slo.histogram}_count", slo.selector),
+        lambda speed: f"The {slo.title} SLO error budget is burning {speed}.", description, _dashboard(config),
+    ))
 
 
 def bucket_guard(config: RulesConfig, slo: LatencySLO) -> Rule:

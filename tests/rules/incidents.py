@@ -380,6 +380,11 @@ INCIDENTS: tuple[Incident, ...] = (
              fleet(llm_a=_low_traffic(A, (10, 20, 38), slow=2), llm_b=_idle(B)), quiet("40m", "60m")),
     Incident("Prometheus restart", "Prometheus is down from 40m for 10 minutes: no sample of anything, then "
              "scraping resumes.", _prometheus_restart(fleet(), 40, 10), quiet("51m", "55m", "70m")),
+    Incident("Fresh Prometheus during a slow burn", "Prometheus starts with no data (a new pod on an emptyDir) "
+             "while 8% of first tokens take over 2.5 s on both replicas: a burn of 8x, over the 6h row's 6x and "
+             "under the 1h row's 14.4x, that would spend 5% of the budget only if it lasted six hours.",
+             fleet(llm_a={engine(A, f"{TTFT}_bucket", le="2.5"): rising(552)},
+                   llm_b={engine(B, f"{TTFT}_bucket", le="2.5"): rising(552)}), quiet("30m", "89m")),
     Incident("Agent down", "llm-a's agent crash-loops from 20m: its scrape fails and its series go stale.",
              fleet(llm_a=_agent_gone(A, 20)),
              (Check("21m"), Check("30m", fires(("RooflightAgentDown", "warning", A, "")))),

@@ -107,31 +107,36 @@ EDGES: tuple[Incident, ...] = (
              fleet(llm_a={client(A, "200", "stop"): rising(70), client(A, "200", "upstream_error"): starts(30, 20)}),
              (Check("20m"), Check("30m", fires(("RooflightClientErrorBudgetBurn", "critical", A, "1h"))))),
     # 1 in 100 requests a minute answered 502 and marked upstream_error from the start: 1% failed, counted
-    # once. Under the 1h row's 14.4 x 0.1% = 1.44%, over the 6h row's 6 x 0.1% = 0.6%: pending from the
-    # first minutes, the 6h row alone pages after its 15m `for` (the 1d row needs 1h more).
+    # once. Under the 1h row's 14.4 x 0.1% = 1.44%, over the 6h row's 6 x 0.1% = 0.6%; but the replay's
+    # Prometheus holds 90 minutes, and the 6h row judges only once its window holds history from its start
+    # (rules/burn.py): quiet here, it pages at 6h in rules/tests/availability_test.yaml.
     Incident("A 1% trickle of 502s", "llm-a's upstream answers 1 of 100 requests a minute 502, cut.",
              fleet(llm_a={client(A, "200", "stop"): rising(99), client(A, "502", "upstream_error"): rising(1)}),
-             (Check("10m"), Check("20m", fires(("RooflightClientErrorBudgetBurn", "critical", A, "6h"))))),
+             quiet("10m", "20m", "89m")),
     # /v1/models failing 503 (route other) while every chat request succeeds: no inference request failed,
     # nothing burns.
     Incident("Non-inference route failing", "llm-a answers /v1/models 503, 50 a minute; chat is fine.",
              fleet(llm_a={client(A, "200", "stop"): rising(100), other_route(A, "503"): rising(50)}),
              quiet("20m", "60m")),
-    # A client storm, 30 of 100 requests a minute answered 502 from 20m to 40m, then healthy. At 46m the 1h
-    # window still reads 600 / 4600 = 13% (past 1.44%), but the 5m window 41m-46m has no failure: the 1h row
-    # is over. The 6h row is confirmed by its 30m window (16m-46m: 600 / 3000 = 20% > 0.6%) and still pages.
+    # A client storm, 30 of 100 requests a minute answered 502 from 20m to 40m, then healthy. The 1h row paged
+    # during it (as "Upstream cuts streams" shows). At 46m the 1h window still reads 600 / 4600 = 13% (past
+    # 1.44%), but the 5m window 41m-46m has no failure: the 1h row is over. The 6h row's window holds 46
+    # minutes, not 6 hours, and it waits (rules/burn.py): the replay's Prometheus cannot tell what share of
+    # six hours' requests the 600 failures are. (With six healthy hours behind it, 600 / 36,000 = 1.7% would
+    # keep the 6h row paging: the page on-call already has.)
     Incident("Client storm that ended", "llm-a's upstream fails 30% with 502 from 20m to 40m, then recovers.",
              fleet(llm_a={client(A, "200", "stop"): counter((20, 100), (40, 70), (90, 100)),
                           client(A, "502", "none"): counter((20, 0), (40, 30))}),
-             (Check("46m", fires(("RooflightClientErrorBudgetBurn", "critical", A, "6h"))),)),
+             quiet("46m")),
     # The engine's abort storm of the catalogue (300 aborts and 600 finished a minute on each replica), from
     # 20m to 40m only. At 46m: 1h window 12,000 / 67,200 = 18% (past 14.4 x 1%), its 5m window clean -> the
-    # 1h row is over; 6h row: 18% long, 30m window 12,000 / 48,000 = 25%, both past 6%, pending since ~23m
-    # -> still paging.
+    # 1h row is over. With six hours of history the 6h window would read 12,000 / 388,800 = 3%, under 6 x 1%:
+    # no page; the replay's 46 minutes read 18%, and the 6h row waits for its history (rules/burn.py), so
+    # nothing pages either way.
     Incident("Abort storm that ended", "Both replicas abort 300 requests a minute from 20m to 40m.",
              fleet(llm_a={engine(A, "vllm:request_success_total", finished_reason="abort"): counter((20, 0), (40, 300))},
                    llm_b={engine(B, "vllm:request_success_total", finished_reason="abort"): counter((20, 0), (40, 300))}),
-             (Check("46m", fires(("RooflightRequestErrorBudgetBurn", "critical", "", "6h"))),)),
+             quiet("46m")),
     # A quiet model on one replica, every request aborted, 1 a minute: the 1h window holds 20 requests from
     # 20m, 100% failed: past 14.4%, confirmed by the 5m window (100%): the 1h row pages at ~22m, before the 6h
     # row's 15m `for`. The 20-request floor is the long window's: 5 requests in 5m are not too few to confirm.
