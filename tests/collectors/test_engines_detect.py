@@ -7,13 +7,13 @@ import pytest
 
 from rooflight.collectors import engines
 from rooflight.collectors.errors import ParseError
-from rooflight.collectors.engines import info_paths, parse_info
+from rooflight.collectors.engines import parse_info
 from rooflight.collectors.samples import EngineInfoHints
 from support import SAMPLES, sample_text, synthetic_page
 
 TGI_PAGE, TRTLLM_PAGE = synthetic_page("tgi-3x"), synthetic_page("trtllm-serve-2026")
 DYNAMO_FRONTEND_PAGE, SGLANG_DP_PAGE = synthetic_page("dynamo-frontend"), synthetic_page("sglang-dp2-tp2-pids")
-INFO_PATHS = info_paths()
+INFO_PATHS = {a.ENGINE: a.INFO_PATH for a in engines.adapters() if a.INFO_PATH}
 
 EXPECTED = {
     "dynamo-sglang-worker-1req.prom": "dynamo",
@@ -138,10 +138,10 @@ def test_every_registered_module_is_an_engine_adapter(engine: str) -> None:
     assert adapter.parse_info({"unexpected": ["shape"]}) == EngineInfoHints()
 
 
-def test_a_module_that_breaks_the_protocol_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(engines.ADAPTER_MODULES, "bogus", "rooflight.collectors.common")
-    with pytest.raises(TypeError, match="not an EngineAdapter"):
-        engines.adapter("bogus")
+def test_a_module_that_breaks_the_protocol_is_refused() -> None:
+    with pytest.raises(TypeError, match="common is not an EngineAdapter .missing: ENGINE, "):
+        engines.register("rooflight.collectors.common")
+    assert "common" not in engines.names()
 
 
 def test_auto_probes_metrics_first_then_the_paths_adapters_declare() -> None:
