@@ -172,18 +172,6 @@ def is_json(text: str) -> bool:
     return text.lstrip()[:1] in ("{", "[")
 
 
-def info_paths() -> dict[str, str]:
-    """Engine -> its JSON info route, for the engines that have one."""
-    return {a.ENGINE: a.INFO_PATH for a in adapters() if a.INFO_PATH}
-
-
-def parse_info(engine: str, data: Any) -> EngineInfoHints:
-    """Hints from the decoded JSON of an engine's info route. Unknown engine or odd JSON: empty hints."""
-    if engine not in _load() or not isinstance(data, (dict, list)):
-        return EngineInfoHints()
-    return adapter(engine).parse_info(data)
-
-
 def describe(text: str) -> str:
     """What an unrecognised page holds, in a few words, for the error a user reads."""
     if is_json(text):
