@@ -1,6 +1,6 @@
 """The engine x metric coverage table of docs/engines.md, generated from the adapters' own declarations.
 
-Each adapter declares `COVERAGE` (collectors/engines.py, EngineAdapter): for every normalized field
+Each adapter declares `COVERAGE` (collectors/registry.py, EngineAdapter): for every normalized field
 (EngineSeries, plus EngineInfo.tensor_parallel_size) the wire metric it reads, or "none: <why>"
 where the engine cannot support it (then the agent exports nothing for it, never a zero). This
 module only renders them, one column per registered engine in registry order.

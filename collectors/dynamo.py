@@ -31,12 +31,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rooflight.collectors import engines, expfmt
+from rooflight.collectors import expfmt, registry
 from rooflight.collectors import sglang
 from rooflight.collectors import trtllm
 from rooflight.collectors import vllm
 from rooflight.collectors.common import good, has_samples, histogram_names, openai_models_info, read_page
-from rooflight.collectors.engines import EngineAdapter
+from rooflight.collectors.registry import EngineAdapter
 from rooflight.collectors.samples import EngineInfo, EngineSample, EngineSeries
 
 ENGINE = "dynamo"
@@ -212,4 +212,4 @@ def _frontend(exp: expfmt.Selection) -> tuple[EngineSeries, ...]:
     return tuple(series)
 
 
-engines.register(__name__)
+registry.register(__name__)

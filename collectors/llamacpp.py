@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rooflight.collectors import engines, expfmt
+from rooflight.collectors import expfmt, registry
 from rooflight.collectors.common import MAX_CONTEXT_TOKENS, as_dict, count, good, has_families, nonblank, read_page
 from rooflight.collectors.samples import EngineInfoHints, EngineSample, EngineSeries, settings_from
 
@@ -140,4 +140,4 @@ def parse_info(data: Any) -> EngineInfoHints:
     )
 
 
-engines.register(__name__)
+registry.register(__name__)

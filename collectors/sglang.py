@@ -63,7 +63,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rooflight.collectors import engines, expfmt
+from rooflight.collectors import expfmt, registry
 from rooflight.collectors.common import (
     MAX_CONTEXT_TOKENS,
     MAX_TENSOR_PARALLEL,
@@ -139,9 +139,9 @@ TTFT = _P + "time_to_first_token_seconds"
 ITL = (_P + "inter_token_latency_seconds", _P + "time_per_output_token_seconds")
 CACHE_HIT_RATE = _P + "cache_hit_rate"
 
-SERVICE_FAMILIES = engines.ServiceFamilies(
-    ttft=engines.Histogram(TTFT, TTFT_EDGES),
-    itl=engines.Histogram(ITL[0], ITL_EDGES),
+SERVICE_FAMILIES = registry.ServiceFamilies(
+    ttft=registry.Histogram(TTFT, TTFT_EDGES),
+    itl=registry.Histogram(ITL[0], ITL_EDGES),
     requests_failed=_P + "num_aborted_requests_total",  # read by the rules, not by parse()
     requests_finished=_P + "num_requests_total",
 )
@@ -408,4 +408,4 @@ def info_settings(top: dict, state: dict) -> dict[str, str]:
     return settings_from(merged, INFO_SETTINGS)
 
 
-engines.register(__name__)
+registry.register(__name__)

@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rooflight.collectors import engines, expfmt
+from rooflight.collectors import expfmt, registry
 from rooflight.collectors.common import (
     MAX_CONTEXT_TOKENS,
     as_dict,
@@ -207,4 +207,4 @@ def parse_info(data: Any) -> EngineInfoHints:
     )
 
 
-engines.register(__name__)
+registry.register(__name__)

@@ -30,7 +30,7 @@ the batch cap.
 
 from __future__ import annotations
 
-from rooflight.collectors import engines, expfmt
+from rooflight.collectors import expfmt, registry
 from rooflight.collectors.common import good, has_samples, no_info, product, read_page
 from rooflight.collectors.samples import EngineInfo, EngineSample, EngineSeries
 
@@ -171,4 +171,4 @@ def _by_model(exp: expfmt.Selection, name: str) -> dict[str, float]:
     return {m: vs[max(vs)] for m, vs in per.items() if good(vs[max(vs)])}
 
 
-engines.register(__name__)
+registry.register(__name__)

@@ -32,7 +32,7 @@ Info endpoint: OpenAI `/v1/models` (`data[0].id`); the page itself carries the b
 
 from __future__ import annotations
 
-from rooflight.collectors import engines, expfmt
+from rooflight.collectors import expfmt, registry
 from rooflight.collectors.common import (
     MAX_TENSOR_PARALLEL,
     combine_each,
@@ -200,4 +200,4 @@ def _values(exp: expfmt.Selection, name: str, *, gauge: bool) -> dict[str, float
     return combine_each(per, gauge=gauge)
 
 
-engines.register(__name__)
+registry.register(__name__)

@@ -55,7 +55,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from rooflight.collectors import engines, expfmt
+from rooflight.collectors import expfmt, registry
 from rooflight.collectors.common import (
     MAX_KV_BLOCK_TOKENS,
     MAX_KV_BLOCKS,
@@ -195,12 +195,12 @@ _QUEUE_TIME = "vllm:request_queue_time_seconds"
 
 _REQUEST_SUCCESS = "vllm:request_success_total"  # by finished_reason; read by the rules, not by parse()
 
-SERVICE_FAMILIES = engines.ServiceFamilies(
-    ttft=engines.Histogram(_TTFT, TTFT_EDGES),
-    itl=engines.Histogram(_ITL[0], ITL_EDGES),
+SERVICE_FAMILIES = registry.ServiceFamilies(
+    ttft=registry.Histogram(_TTFT, TTFT_EDGES),
+    itl=registry.Histogram(_ITL[0], ITL_EDGES),
     requests_failed=_REQUEST_SUCCESS + '{finished_reason=~"abort|error"}',
     requests_finished=_REQUEST_SUCCESS,
-    prefill=engines.Histogram("vllm:request_prefill_time_seconds", REQUEST_LATENCY_EDGES),
+    prefill=registry.Histogram("vllm:request_prefill_time_seconds", REQUEST_LATENCY_EDGES),
 )
 
 # extra key -> wire names, preferred first (the second is the deprecated spelling, same unit;
@@ -423,4 +423,4 @@ def _cache_configs(exp: expfmt.Selection) -> dict[str, dict[str, str]]:
     return {s.labels.get("engine", "0"): s.labels for s in exp.get(_CACHE_CONFIG)}
 
 
-engines.register(__name__)
+registry.register(__name__)

@@ -20,7 +20,7 @@ from rooflight.agent.errors import ConfigError
 from rooflight.collectors import engines
 
 # The engine whose families the checked-in rules read (`rooflight rules --engine` picks another). Its
-# histogram names, bucket edges and request counters are its adapter's (collectors/engines.py,
+# histogram names, bucket edges and request counters are its adapter's (collectors/registry.py,
 # ServiceFamilies): the rules ask it, they never spell an engine's family.
 DEFAULT_ENGINE = "vllm"
 # The default SLO targets; each engine's threshold is its largest bucket edge at or below the target

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rooflight.collectors import engines
+from rooflight.collectors import engines, registry
 from rooflight.collectors.errors import ParseError
 from rooflight.collectors.samples import EngineInfoHints
 from support import SAMPLES, sample_text, synthetic_page
@@ -139,7 +139,7 @@ def test_every_registered_module_is_an_engine_adapter(engine: str) -> None:
 
 def test_a_module_that_breaks_the_protocol_is_refused() -> None:
     with pytest.raises(TypeError, match="common is not an EngineAdapter .missing: ENGINE, "):
-        engines.register("rooflight.collectors.common")
+        registry.register("rooflight.collectors.common")
     assert "common" not in engines.names()
 
 

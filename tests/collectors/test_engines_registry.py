@@ -1,4 +1,4 @@
-"""Engines register themselves (collectors/engines.py): every adapter module of collectors/ is in the
+"""Engines register themselves (collectors/registry.py): every adapter module of collectors/ is in the
 registry without anyone naming it in a table, the order is the adapters' own, and no module outside
 collectors/ names an engine's metric family (rules and dashboards ask the adapter)."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rooflight.collectors import engines, vllm
+from rooflight.collectors import engines, registry, vllm
 from support import ROOT
 
 COLLECTORS = ROOT / "collectors"
@@ -35,8 +35,8 @@ def _registered_in_a_fresh_interpreter(first_import: str) -> list[str]:
 
 
 def test_every_adapter_module_registers_itself() -> None:
-    """A new collectors/ module that declares an ENGINE but is not imported by engines._load, or does
-    not end with engines.register(__name__), is missing here."""
+    """A new collectors/ module that declares an ENGINE but is not imported by collectors/engines.py, or
+    does not end with registry.register(__name__), is missing here."""
     declared = {engine for path in COLLECTORS.glob("*.py") if (engine := _declared_engine(path))}
     assert len(declared) >= 7, declared  # the AST scan itself works: dynamo, vllm, sglang, ... are found
     assert set(_registered_in_a_fresh_interpreter("rooflight.collectors.engines")) == declared
@@ -55,9 +55,9 @@ def test_an_engine_name_is_registered_once(monkeypatch: pytest.MonkeyPatch) -> N
     impostor.__dict__.update({k: v for k, v in vars(vllm).items() if not k.startswith("__")})
     monkeypatch.setitem(sys.modules, impostor.__name__, impostor)
     with pytest.raises(ValueError, match="'vllm' is already registered by rooflight.collectors.vllm"):
-        engines.register(impostor.__name__)
+        registry.register(impostor.__name__)
     assert engines.adapter("vllm") is vllm
-    engines.register("rooflight.collectors.vllm")  # the same module again (a reload) is no clash
+    registry.register("rooflight.collectors.vllm")  # the same module again (a reload) is no clash
 
 
 # An engine's own family: its prefix followed by a name (`vllm:time_to_first_token_seconds`). A bare
