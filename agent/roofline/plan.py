@@ -7,8 +7,9 @@ agent/plan_cli.py.
 
 Conventions: whole-model bytes (weights, KV) against the peak of the model's GPUs (tp x per-GPU
 peak); memory is per GPU (each GPU holds 1/tp of the weights and its shard of the KV cache).
-Decimal units in the text (1 GB = 1e9 B), KV per token also in KiB (128 KiB = 131,072 B). Figures
-print to 3 significant digits (sig); docs/physics.md (section Plan ceilings) rounds the same values to 2-3.
+In text (the pools' reasons here, the command's output in agent/plan_cli.py): decimal units (1 GB =
+1e9 B), KV per token also in KiB (128 KiB = 131,072 B), figures to 3 significant digits (sig);
+docs/physics.md (section Plan ceilings) rounds the same values to 2-3.
 """
 
 from __future__ import annotations
