@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     from rooflight.agent.proxy import cli as proxy_cli
 
     proxy_cli.register(sub)
-    for module in ("rooflight.agent.roofline.plan", "rooflight.rules.generate"):
+    for module in ("rooflight.agent.plan_cli", "rooflight.rules.generate"):
         _register_optional(sub, module)
     return parser
 

@@ -32,9 +32,9 @@ from rooflight.collectors.samples import GpuDevice  # noqa: E402
 
 def peaks_for(name: str, memory_total: float | None) -> tuple[float | None, float | None]:
     """The agent's own profile for this NVML name: the same constants the agent's MBU/MFU use."""
-    from rooflight.agent.roofline.gpus import profile_for_nvml_name
+    from rooflight.agent.roofline.gpus import match_nvml_name
 
-    profile = profile_for_nvml_name(name, memory_total)
+    profile = match_nvml_name(name, memory_total).profile
     if profile is None:
         return None, None
     return profile.memory_bandwidth_bytes_per_second, profile.peak_flops_for("bf16")

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rooflight.collectors import expfmt
+from rooflight.collectors import expfmt, registry
 from rooflight.collectors import sglang
 from rooflight.collectors import trtllm
 from rooflight.collectors import vllm
 from rooflight.collectors.common import good, has_samples, histogram_names, openai_models_info, read_page
-from rooflight.collectors.engines import EngineAdapter
+from rooflight.collectors.registry import EngineAdapter
 from rooflight.collectors.samples import EngineInfo, EngineSample, EngineSeries
 
 ENGINE = "dynamo"
@@ -44,6 +44,8 @@ METRICS_PATHS = ("/metrics",)  # the frontend's port, or the worker's DYN_SYSTEM
 DEFAULT_PATH_NOTE = None
 INFO_PATH = "/v1/models"
 parse_info = openai_models_info  # data[0].id
+ORDER = 10  # first: a worker page carries the passed-through engine's families too
+SERVICE_FAMILIES = None  # `rooflight rules --engine` and the dashboards read none of its families
 
 # Worker pages: the passed-through engine's column, plus the two overlays in the docstring.
 # This is the frontend's column (EngineAdapter.COVERAGE).
@@ -208,3 +210,6 @@ def _frontend(exp: expfmt.Selection) -> tuple[EngineSeries, ...]:
             )
         )
     return tuple(series)
+
+
+registry.register(__name__)

@@ -1,82 +1,24 @@
-"""The engine adapters the agent knows, the protocol each one satisfies, and auto-detection.
+"""The engine adapters the agent knows, and auto-detection.
 
-An adapter is a module of collectors/ that satisfies `EngineAdapter` with module-level names: it
-owns every fact about its engine (where the page is, what each normalized field is read from, the
-JSON info endpoint and its parser). Nothing outside the module knows them: the engine loop, the
-detection below and the coverage table of docs/engines.md read them through the protocol. Adding an
-engine is one new module and one line in ADAPTER_MODULES (docs/engines.md "Adding an engine").
+Each adapter (a module of collectors/) satisfies `EngineAdapter` and adds itself to the registry
+(collectors/registry.py) when imported; this module imports them all, below, and serves them to the
+engine loop, the CLI, the coverage table of docs/engines.md, the rules and the dashboards. Nothing
+outside an adapter knows its engine's facts. Adding an engine is one new module and its name in the
+import below (docs/engines.md "Adding an engine"); tests/collectors/test_engines_registry.py fails
+when a module of collectors/ that declares an ENGINE is left out of either.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import re
-from typing import Any, Mapping, Protocol, runtime_checkable
 
-from rooflight.collectors import expfmt
+# Every adapter module, imported for its registry.register() call; the order here does not matter (ORDER does).
+from rooflight.collectors import dynamo, llamacpp, sglang, tgi, triton_trtllm, trtllm, vllm  # noqa: F401
+from rooflight.collectors import expfmt, registry
 from rooflight.collectors.errors import ParseError
-from rooflight.collectors.samples import EngineInfoHints, EngineSample
+from rooflight.collectors.registry import EngineAdapter, Histogram, ServiceFamilies  # noqa: F401 - the API
 
 DEFAULT_METRICS_PATH = "/metrics"  # the Prometheus convention, where `--engine auto` looks first
-
-
-@runtime_checkable
-class EngineAdapter(Protocol):
-    """What the agent needs from an engine's adapter; an adapter module satisfies it with module-level
-    names (the facts are read-only, hence properties here and plain constants there)."""
-
-    @property
-    def ENGINE(self) -> str:  # noqa: N802 - a module constant in the adapter
-        """The `--engine` name and the `engine` label value."""
-        ...
-
-    @property
-    def METRICS_PATHS(self) -> tuple[str, ...]:  # noqa: N802
-        """Where the engine serves its Prometheus text page, preferred first."""
-        ...
-
-    @property
-    def DEFAULT_PATH_NOTE(self) -> str | None:  # noqa: N802
-        """What to tell a user whose /metrics answered JSON, when this engine does that (trtllm-serve)."""
-        ...
-
-    @property
-    def INFO_PATH(self) -> str | None:  # noqa: N802
-        """The JSON route that states what /metrics does not (batch cap, model, context, TP), if any."""
-        ...
-
-    @property
-    def COVERAGE(self) -> Mapping[str, str]:  # noqa: N802
-        """Normalized field -> the wire metric it is read from, or "none: <why>" (docs/engines.md's table)."""
-        ...
-
-    def recognises(self, text: str) -> bool:
-        """True when the page carries this engine's families (cheap: a prefix check, no parse)."""
-        ...
-
-    def parse(self, text: str, *, target: str, timestamp: float, duration: float) -> EngineSample:
-        """The page normalized; ParseError when it holds none of the families read."""
-        ...
-
-    def parse_info(self, data: Any) -> EngineInfoHints:
-        """Hints from the decoded JSON of INFO_PATH; any odd document gives empty hints, never an error."""
-        ...
-
-
-# The registry: engine name -> its module, one line per engine. Order matters for detection: a Dynamo
-# worker passes an engine's metrics through, so it goes first. The others own disjoint prefixes
-# (vllm:, sglang:, trtllm_, nv_trt_llm_/nv_inference_, tgi_, llamacpp:), so their order only decides
-# odd pages that mix engines. The coverage table's columns follow it too.
-ADAPTER_MODULES: dict[str, str] = {
-    "dynamo": "rooflight.collectors.dynamo",
-    "vllm": "rooflight.collectors.vllm",
-    "sglang": "rooflight.collectors.sglang",
-    "trtllm": "rooflight.collectors.trtllm",
-    "triton": "rooflight.collectors.triton_trtllm",
-    "tgi": "rooflight.collectors.tgi",
-    "llamacpp": "rooflight.collectors.llamacpp",
-}
 
 MAX_PREFIX_CHARS = 64  # a family prefix in the "not a known engine" message: real ones are a word
 _FAMILY = re.compile(r"^# (?:TYPE|HELP) ([a-zA-Z_:][a-zA-Z0-9_:]*)", re.MULTILINE)
@@ -84,25 +26,23 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", re.MULTILINE)
 
 
 def names() -> tuple[str, ...]:
-    """Every known engine name, in detection order (no adapter is imported)."""
-    return tuple(ADAPTER_MODULES)
+    """Every known engine name, in detection order."""
+    return tuple(a.ENGINE for a in adapters())
 
 
-@functools.cache
 def adapter(engine: str) -> EngineAdapter:
-    """The adapter for an engine name (`vllm`, `sglang`, ...); TypeError if its module breaks the protocol."""
-    try:
-        module = importlib.import_module(ADAPTER_MODULES[engine])
-    except KeyError:
-        raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ADAPTER_MODULES)}, auto") from None
-    if not isinstance(module, EngineAdapter) or module.ENGINE != engine:
-        raise TypeError(f"{module.__name__} is not an EngineAdapter for {engine!r}")
-    return module
+    """The adapter for an engine name (`vllm`, `sglang`, ...); ValueError naming the known ones if none."""
+    found = next((a for a in registry.registered() if a.ENGINE == engine), None)
+    if found is None:
+        raise ValueError(f"unknown engine {engine!r}; known: {', '.join(names())}, auto")
+    return found
 
 
 def adapters() -> tuple[EngineAdapter, ...]:
-    """Every adapter, in detection order."""
-    return tuple(adapter(engine) for engine in ADAPTER_MODULES)
+    """Every adapter, in detection order: by ORDER. A Dynamo worker passes an engine's metrics through,
+    so Dynamo goes first; the others own disjoint prefixes (vllm:, sglang:, trtllm_, nv_trt_llm_ /
+    nv_inference_, tgi_, llamacpp:), so their order only decides odd pages that mix engines."""
+    return registry.registered()
 
 
 def detect(text: str) -> EngineAdapter:
@@ -127,18 +67,6 @@ def is_json(text: str) -> bool:
     return text.lstrip()[:1] in ("{", "[")
 
 
-def info_paths() -> dict[str, str]:
-    """Engine -> its JSON info route, for the engines that have one."""
-    return {a.ENGINE: a.INFO_PATH for a in adapters() if a.INFO_PATH}
-
-
-def parse_info(engine: str, data: Any) -> EngineInfoHints:
-    """Hints from the decoded JSON of an engine's info route. Unknown engine or odd JSON: empty hints."""
-    if engine not in ADAPTER_MODULES or not isinstance(data, (dict, list)):
-        return EngineInfoHints()
-    return adapter(engine).parse_info(data)
-
-
 def describe(text: str) -> str:
     """What an unrecognised page holds, in a few words, for the error a user reads."""
     if is_json(text):
@@ -150,7 +78,7 @@ def describe(text: str) -> str:
     if not found:
         return "found no metric families at all" if text.strip() else "found an empty page"
     more = f" and {len(found) - 8} more" if len(found) > 8 else ""
-    return f"families found start with: {', '.join(found[:8])}{more}; known engines: {', '.join(ADAPTER_MODULES)}"
+    return f"families found start with: {', '.join(found[:8])}{more}; known engines: {', '.join(names())}"
 
 
 def _prefix(name: str) -> str:
@@ -160,3 +88,4 @@ def _prefix(name: str) -> str:
     else:
         prefix = name.split("_", 1)[0] + "_" if "_" in name else name
     return prefix if len(prefix) <= MAX_PREFIX_CHARS else prefix[:MAX_PREFIX_CHARS] + expfmt.TRUNCATED_MARK
+

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rooflight.collectors import expfmt
+from rooflight.collectors import expfmt, registry
 from rooflight.collectors.common import MAX_CONTEXT_TOKENS, as_dict, count, good, has_families, nonblank, read_page
 from rooflight.collectors.samples import EngineInfoHints, EngineSample, EngineSeries, settings_from
 
@@ -43,6 +43,8 @@ ENGINE = "llamacpp"
 METRICS_PATHS = ("/metrics",)
 DEFAULT_PATH_NOTE = None
 INFO_PATH = "/props"
+ORDER = 70  # its place in detection and in the coverage table (engines.adapters)
+SERVICE_FAMILIES = None  # `rooflight rules --engine` and the dashboards read none of its families
 INFO_SETTINGS: tuple[str, ...] = ("total_slots", "n_ctx")  # /props and its default_generation_settings
 
 # What each normalized field is read from, or why it is missing (EngineAdapter.COVERAGE).
@@ -136,3 +138,6 @@ def parse_info(data: Any) -> EngineInfoHints:
         max_model_len=n_ctx,
         settings=settings_from({"total_slots": slots, "n_ctx": n_ctx}, INFO_SETTINGS),
     )
+
+
+registry.register(__name__)

@@ -63,7 +63,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rooflight.collectors import expfmt
+from rooflight.collectors import expfmt, registry
 from rooflight.collectors.common import (
     MAX_CONTEXT_TOKENS,
     MAX_TENSOR_PARALLEL,
@@ -89,6 +89,7 @@ ENGINE = "sglang"
 METRICS_PATHS = ("/metrics",)
 DEFAULT_PATH_NOTE = None
 INFO_PATH = "/server_info"
+ORDER = 30  # its place in detection and in the coverage table (engines.adapters)
 
 # What each normalized field is read from, or why it is missing (EngineAdapter.COVERAGE).
 COVERAGE: dict[str, str] = {
@@ -110,6 +111,16 @@ COVERAGE: dict[str, str] = {
     "queue_time": "`sglang:queue_time_seconds`",
 }
 
+# SGLang's default bucket edges of its latency histograms (its metrics collector upstream), as the
+# recorded page tests/fixtures/engine-samples/dynamo-sglang-worker-1req.prom carries them.
+TTFT_EDGES = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0,
+)  # fmt: skip
+ITL_EDGES = (
+    0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1, 0.2, 0.4,
+    0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0,
+)  # fmt: skip
+
 _Key = tuple[str, str]  # (model, rank)
 _REPLICA_LABELS = ("pp_rank", "tp_rank", "attn_cp_rank", "moe_ep_rank")
 
@@ -127,6 +138,13 @@ RETRACTED = _P + "num_retracted_requests_total"
 TTFT = _P + "time_to_first_token_seconds"
 ITL = (_P + "inter_token_latency_seconds", _P + "time_per_output_token_seconds")
 CACHE_HIT_RATE = _P + "cache_hit_rate"
+
+SERVICE_FAMILIES = registry.ServiceFamilies(
+    ttft=registry.Histogram(TTFT, TTFT_EDGES),
+    itl=registry.Histogram(ITL[0], ITL_EDGES),
+    requests_failed=_P + "num_aborted_requests_total",  # read by the rules, not by parse()
+    requests_finished=_P + "num_requests_total",
+)
 QUEUE_TIME = _P + "queue_time_seconds"
 PROMPT_LENGTH = _P + "prompt_tokens_histogram"
 OUTPUT_LENGTH = _P + "generation_tokens_histogram"
@@ -388,3 +406,6 @@ def info_settings(top: dict, state: dict) -> dict[str, str]:
                                                             state.get("max_running_requests"))}
     merged = {key: top.get(key) if top.get(key) is not None else effective.get(key) for key in INFO_SETTINGS}
     return settings_from(merged, INFO_SETTINGS)
+
+
+registry.register(__name__)

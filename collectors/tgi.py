@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rooflight.collectors import expfmt
+from rooflight.collectors import expfmt, registry
 from rooflight.collectors.common import (
     MAX_CONTEXT_TOKENS,
     as_dict,
@@ -62,6 +62,8 @@ ENGINE = "tgi"
 METRICS_PATHS = ("/metrics",)
 DEFAULT_PATH_NOTE = None
 INFO_PATH = "/info"
+ORDER = 60  # its place in detection and in the coverage table (engines.adapters)
+SERVICE_FAMILIES = None  # `rooflight rules --engine` and the dashboards read none of its families
 
 # The router settings `/info` states that are kept as settings (the batch budgets are 1.x/2.x only).
 INFO_SETTINGS: tuple[str, ...] = (
@@ -203,3 +205,6 @@ def parse_info(data: Any) -> EngineInfoHints:
         max_model_len=count(top.get("max_total_tokens"), MAX_CONTEXT_TOKENS),
         settings=settings_from(top, INFO_SETTINGS),
     )
+
+
+registry.register(__name__)

@@ -30,7 +30,7 @@ the batch cap.
 
 from __future__ import annotations
 
-from rooflight.collectors import expfmt
+from rooflight.collectors import expfmt, registry
 from rooflight.collectors.common import good, has_samples, no_info, product, read_page
 from rooflight.collectors.samples import EngineInfo, EngineSample, EngineSeries
 
@@ -39,6 +39,8 @@ METRICS_PATHS = ("/metrics",)  # Triton's own metrics port, 8002 by default
 DEFAULT_PATH_NOTE = None
 INFO_PATH = None
 parse_info = no_info
+ORDER = 50  # its place in detection and in the coverage table (engines.adapters)
+SERVICE_FAMILIES = None  # `rooflight rules --engine` and the dashboards read none of its families
 
 # What each normalized field is read from, or why it is missing (EngineAdapter.COVERAGE).
 COVERAGE: dict[str, str] = {
@@ -167,3 +169,6 @@ def _by_model(exp: expfmt.Selection, name: str) -> dict[str, float]:
         v = _version(s.labels)
         versions[v] = versions.get(v, 0.0) + s.value
     return {m: vs[max(vs)] for m, vs in per.items() if good(vs[max(vs)])}
+
+
+registry.register(__name__)

@@ -32,7 +32,7 @@ Info endpoint: OpenAI `/v1/models` (`data[0].id`); the page itself carries the b
 
 from __future__ import annotations
 
-from rooflight.collectors import expfmt
+from rooflight.collectors import expfmt, registry
 from rooflight.collectors.common import (
     MAX_TENSOR_PARALLEL,
     combine_each,
@@ -54,6 +54,8 @@ DEFAULT_PATH_NOTE = (
 )
 INFO_PATH = "/v1/models"
 parse_info = openai_models_info  # data[0].id
+ORDER = 40  # its place in detection and in the coverage table (engines.adapters)
+SERVICE_FAMILIES = None  # `rooflight rules --engine` and the dashboards read none of its families
 
 # What each normalized field is read from, or why it is missing (EngineAdapter.COVERAGE).
 COVERAGE: dict[str, str] = {
@@ -196,3 +198,6 @@ def _values(exp: expfmt.Selection, name: str, *, gauge: bool) -> dict[str, float
         rest = tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine_type")))
         per.setdefault(s.labels.get("model_name", ""), {})[rest] = s.value
     return combine_each(per, gauge=gauge)
+
+
+registry.register(__name__)

@@ -55,7 +55,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from rooflight.collectors import expfmt
+from rooflight.collectors import expfmt, registry
 from rooflight.collectors.common import (
     MAX_KV_BLOCK_TOKENS,
     MAX_KV_BLOCKS,
@@ -76,6 +76,7 @@ ENGINE = "vllm"
 METRICS_PATHS = ("/metrics",)
 DEFAULT_PATH_NOTE = None
 INFO_PATH = "/v1/models"
+ORDER = 20  # its place in detection and in the coverage table (engines.adapters)
 
 # The `cache_config_info` labels exported as settings: the KV pool's size and layout, and what fills
 # it. Not the scheduler's (max_num_seqs, max_num_batched_tokens): vLLM tells those nowhere.
@@ -114,6 +115,64 @@ COVERAGE: dict[str, str] = {
     "queue_time": "`vllm:request_queue_time_seconds`",
 }
 
+# vLLM's default bucket edges (vllm/v1/metrics/buckets.py upstream), as the recorded pages
+# tests/fixtures/engine-samples/vllm-cpu-*.prom carry them: an SLO threshold must be one of them
+# (rules/config.py), and the demo engine observes into them (agent/demo/tally.py).
+TTFT_EDGES = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_EDGES = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_EDGES = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+    960.0, 1920.0, 7680.0,
+)  # fmt: skip
+ITERATION_TOKENS_EDGES = (
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+)  # fmt: skip
+REQUEST_PARAMS_N_EDGES = (1.0, 2.0, 5.0, 10.0, 20.0)
+REQUEST_NUM_PREEMPTIONS_EDGES = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
+
+
+def request_token_edges(max_model_len: int) -> tuple[float, ...]:
+    """vLLM's 1-2-5 series up to max_model_len (1, 2, 5, 10, ..., 5000 for 8192)."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_model_len:
+                return tuple(out)
+            out.append(float(value))
+        exponent += 1
+
+
+def default_histogram_edges(max_model_len: int) -> dict[str, tuple[float, ...]]:
+    """Every histogram a V1 engine exports (family name without `vllm:`) -> its default edges; the
+    token-count ones depend on max_model_len."""
+    tokens = request_token_edges(max_model_len)
+    return {
+        "request_prompt_tokens": tokens,
+        "request_generation_tokens": tokens,
+        "iteration_tokens_total": ITERATION_TOKENS_EDGES,
+        "request_max_num_generation_tokens": tokens,
+        "request_params_n": REQUEST_PARAMS_N_EDGES,
+        "request_params_max_tokens": tokens,
+        "time_to_first_token_seconds": TTFT_EDGES,
+        "inter_token_latency_seconds": ITL_EDGES,
+        "request_time_per_output_token_seconds": ITL_EDGES,
+        "e2e_request_latency_seconds": REQUEST_LATENCY_EDGES,
+        "request_queue_time_seconds": REQUEST_LATENCY_EDGES,
+        "request_inference_time_seconds": REQUEST_LATENCY_EDGES,
+        "request_prefill_time_seconds": REQUEST_LATENCY_EDGES,
+        "request_decode_time_seconds": REQUEST_LATENCY_EDGES,
+        "request_num_preemptions": REQUEST_NUM_PREEMPTIONS_EDGES,
+        "request_prefill_kv_computed_tokens": tokens,
+    }
+
+
 _Key = tuple[str, str]  # (model, rank)
 
 _RUNNING = "vllm:num_requests_running"
@@ -133,6 +192,16 @@ _ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
 _PROMPT_LENGTH = "vllm:request_prompt_tokens"
 _OUTPUT_LENGTH = "vllm:request_generation_tokens"
 _QUEUE_TIME = "vllm:request_queue_time_seconds"
+
+_REQUEST_SUCCESS = "vllm:request_success_total"  # by finished_reason; read by the rules, not by parse()
+
+SERVICE_FAMILIES = registry.ServiceFamilies(
+    ttft=registry.Histogram(_TTFT, TTFT_EDGES),
+    itl=registry.Histogram(_ITL[0], ITL_EDGES),
+    requests_failed=_REQUEST_SUCCESS + '{finished_reason=~"abort|error"}',
+    requests_finished=_REQUEST_SUCCESS,
+    prefill=registry.Histogram("vllm:request_prefill_time_seconds", REQUEST_LATENCY_EDGES),
+)
 
 # extra key -> wire names, preferred first (the second is the deprecated spelling, same unit;
 # pre-0.9 V1 counted prefix-cache blocks, not tokens, so only the hit ratio is comparable there).
@@ -353,3 +422,5 @@ def _cache_configs(exp: expfmt.Selection) -> dict[str, dict[str, str]]:
     """cache_config_info labels per rank (last wins)."""
     return {s.labels.get("engine", "0"): s.labels for s in exp.get(_CACHE_CONFIG)}
 
+
+registry.register(__name__)

@@ -38,9 +38,6 @@ GPU_EXTRA: dict[str, str] = {key: f"{names.PREFIX}gpu_{key}" for key in GPU_EXTR
 # Series Prometheus itself creates (rule evaluation; `up` for every scrape); not exported by anyone.
 PROMETHEUS_BUILTINS: frozenset[str] = frozenset({"ALERTS", "ALERTS_FOR_STATE", "up"})
 
-# Engines whose native series a dashboard may read directly (engine label prefix, with the colon).
-ENGINE_PREFIXES: tuple[str, ...] = ("vllm:", "sglang:")
-
 _NAME = re.compile(
     r"(?<![A-Za-z0-9_:\"'])"  # not inside another identifier or right after a quote
     r"(rooflight_[a-z0-9_]+|vllm:[a-z0-9_:]+|sglang:[a-z0-9_:]+|ALERTS(?:_FOR_STATE)?"

@@ -19,7 +19,7 @@ from typing import Any
 from rooflight.agent.metrics import names as n
 from rooflight.agent.proxy import catalog as client
 from rooflight.agent.signals.detectors import DetectorThresholds
-from rooflight.rules.config import VLLM_ITL_BUCKETS, VLLM_TTFT_BUCKETS, RulesConfig
+from rooflight.rules.config import RulesConfig, service_families
 
 from .panels import (
     ALERT,
@@ -47,10 +47,12 @@ from .shared import active_alerts, slo_row
 
 UID = "rooflight-overview"
 
-# SLO thresholds must be bucket boundaries the engine exposes (vLLM's TTFT and ITL buckets, spelled as
-# vLLM writes them); a threshold between buckets would silently match nothing. The defaults are the rules'
-# (rules/config.py), so the attainment shown judges by the threshold the burn alerts page on.
+# SLO thresholds must be bucket boundaries the engine exposes (the TTFT and ITL buckets of the engine the
+# rules read, vLLM by default, spelled as it writes them); a threshold between buckets would silently
+# match nothing. The defaults are the rules' (rules/config.py), so the attainment shown judges by the
+# threshold the burn alerts page on. The engine's own families are its adapter's (collectors/engines.py).
 _RULES = RulesConfig()
+_FAMILIES = service_families(_RULES.slo_engine)
 
 
 def _edges(buckets: tuple[float, ...], low: float, high: float) -> list[str]:
@@ -58,17 +60,20 @@ def _edges(buckets: tuple[float, ...], low: float, high: float) -> list[str]:
     return [repr(float(b)) for b in buckets if low <= b <= high]
 
 
-TTFT_SLO_BUCKETS = _edges(VLLM_TTFT_BUCKETS, 0.1, 5.0)
-ITL_SLO_BUCKETS = _edges(VLLM_ITL_BUCKETS, 0.025, 0.5)
+TTFT_SLO_BUCKETS = _edges(_RULES.ttft.buckets, 0.1, 5.0)
+ITL_SLO_BUCKETS = _edges(_RULES.itl.buckets, 0.025, 0.5)
 TTFT_SLO_DEFAULT = repr(float(_RULES.ttft.threshold_seconds))
 ITL_SLO_DEFAULT = repr(float(_RULES.itl.threshold_seconds))
 
 # The detector's own thresholds, drawn as lines on the panels that show its inputs.
 HOL = DetectorThresholds()
 
-_TTFT = "vllm:time_to_first_token_seconds"
-_ITL = "vllm:inter_token_latency_seconds"
-_PREFILL = "vllm:request_prefill_time_seconds"
+_TTFT = _RULES.ttft.histogram
+_ITL = _RULES.itl.histogram
+if _FAMILIES.prefill is None:  # the "Queue time vs prefill time" panel reads it
+    raise RuntimeError(f"{_RULES.slo_engine} declares no prefill histogram for the overview dashboard")
+_PREFILL = _FAMILIES.prefill.name
+_FINISHED = _RULES.requests_finished
 _RI = "[$__rate_interval]"
 _ENGINE_WHO = "{{pod}} {{model_name}}"
 _P50_P99 = 'percentile=~"50|99"'
@@ -236,7 +241,7 @@ def dashboard() -> dict[str, Any]:
         "Finished requests per second times TTFT attainment, per pod: an upper bound on goodput, the requests/s "
         "that meet both the TTFT and ITL SLOs. Raising batch raises tokens/s but can lower this; optimize this "
         "number.",
-        "reqps", query(native(f"{_rate_sum('vllm:request_success_total')} * ({_attainment(_TTFT, 'ttft_slo')})"),
+        "reqps", query(native(f"{_rate_sum(_FINISHED)} * ({_attainment(_TTFT, 'ttft_slo')})"),
                        _ENGINE_WHO, "A", instant=True), decimals=2,
     ), 6, 5)
     g.add(single(

@@ -17,7 +17,7 @@ or a query that reads a recording rule rules/ no longer generates. So, for every
   the wall with 100 queued would ask for x1/threshold a cold start; the saturation demand record is the
   same number while nothing queues and counts the queue past 1 (rules/capacity.py).
 
-Run by deploy/validate_manifests.py (deploy/validate.sh); tests/deploy/test_autoscaling.py runs the
+Run by deploy/validate_manifests.py (deploy/validate.sh); tests/deployment/test_autoscaling.py runs the
 same functions on the checked-in examples and evaluates their queries with promtool.
 """
 

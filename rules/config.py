@@ -17,24 +17,16 @@ import re
 from dataclasses import dataclass, field
 
 from rooflight.agent.errors import ConfigError
+from rooflight.collectors import engines
 
-# Default bucket edges of the engines' latency histograms: vLLM's vllm/v1/metrics/buckets.py and SGLang's
-# metrics collector upstream, as the recorded pages in tests/fixtures/engine-samples/ carry them
-# (vllm-cpu-*.prom, dynamo-sglang-worker-1req.prom).
-VLLM_TTFT_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0, 160.0, 640.0, 2560.0,
-)  # fmt: skip
-VLLM_ITL_BUCKETS = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-)  # fmt: skip
-SGLANG_TTFT_BUCKETS = (
-    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0,
-)  # fmt: skip
-SGLANG_ITL_BUCKETS = (
-    0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1, 0.2, 0.4,
-    0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0,
-)  # fmt: skip
+# The engine whose families the checked-in rules read (`rooflight rules --engine` picks another). Its
+# histogram names, bucket edges and request counters are its adapter's (collectors/registry.py,
+# ServiceFamilies): the rules ask it, they never spell an engine's family.
+DEFAULT_ENGINE = "vllm"
+# The default SLO targets; each engine's threshold is its largest bucket edge at or below the target
+# (vLLM: 2.5 s and 0.1 s, SGLang: 2 s and 0.1 s), since a threshold must be an edge.
+TTFT_TARGET_SECONDS = 2.5
+ITL_TARGET_SECONDS = 0.1
 
 # What Prometheus attaches to every scrape on Kubernetes (PodMonitor/ServiceMonitor: namespace, pod,
 # instance, job) plus `cluster`, the label Thanos, Mimir and kube-prometheus-stack use across clusters.
@@ -166,23 +158,50 @@ class DetectorAlert:
             raise ConfigError(f"detector min_fraction must be in (0, 1] (got {self.min_fraction})")
 
 
-def vllm_ttft(
-    threshold_seconds: float = 2.5, objective: float = 0.99, selector: str = "",
-    by_model: tuple[tuple[str, float], ...] = (),
+def service_families(engine: str) -> engines.ServiceFamilies:
+    """The families of `engine` the rules read; ConfigError for an engine whose families they don't know."""
+    try:
+        families = engines.adapter(engine).SERVICE_FAMILIES
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if families is None:
+        raise ConfigError(f"the rules read no {engine} families yet; engines with SLO histograms: {', '.join(slo_engines())}")
+    return families
+
+
+def slo_engines() -> tuple[str, ...]:
+    """The engines whose histograms and request counters `rooflight rules --engine` can read."""
+    return tuple(a.ENGINE for a in engines.adapters() if a.SERVICE_FAMILIES is not None)
+
+
+def default_threshold(target: float, edges: tuple[float, ...]) -> float:
+    """The largest bucket edge at or below `target`: the threshold an engine's histogram can judge."""
+    return max((edge for edge in edges if edge <= target), default=target)
+
+
+def ttft_slo(
+    engine: str = DEFAULT_ENGINE, threshold_seconds: float | None = None, objective: float = 0.99,
+    selector: str = "", by_model: tuple[tuple[str, float], ...] = (),
 ) -> LatencySLO:
+    """The time-to-first-token SLO over `engine`'s own histogram; the default threshold is its edge of TTFT_TARGET_SECONDS."""
+    histogram = service_families(engine).ttft
     return LatencySLO(
-        "ttft", "RooflightTTFTBudgetBurn", "time to first token", "vllm:time_to_first_token_seconds",
-        selector, threshold_seconds, objective, VLLM_TTFT_BUCKETS, by_model,
+        "ttft", "RooflightTTFTBudgetBurn", "time to first token", histogram.name, selector,
+        default_threshold(TTFT_TARGET_SECONDS, histogram.edges) if threshold_seconds is None else threshold_seconds,
+        objective, histogram.edges, by_model,
     )  # fmt: skip
 
 
-def vllm_itl(
-    threshold_seconds: float = 0.1, objective: float = 0.99, selector: str = "",
-    by_model: tuple[tuple[str, float], ...] = (),
+def itl_slo(
+    engine: str = DEFAULT_ENGINE, threshold_seconds: float | None = None, objective: float = 0.99,
+    selector: str = "", by_model: tuple[tuple[str, float], ...] = (),
 ) -> LatencySLO:
+    """The inter-token latency SLO over `engine`'s own histogram; the default threshold is its edge of ITL_TARGET_SECONDS."""
+    histogram = service_families(engine).itl
     return LatencySLO(
-        "itl", "RooflightITLBudgetBurn", "inter-token latency", "vllm:inter_token_latency_seconds",
-        selector, threshold_seconds, objective, VLLM_ITL_BUCKETS, by_model,
+        "itl", "RooflightITLBudgetBurn", "inter-token latency", histogram.name, selector,
+        default_threshold(ITL_TARGET_SECONDS, histogram.edges) if threshold_seconds is None else threshold_seconds,
+        objective, histogram.edges, by_model,
     )  # fmt: skip
 
 
@@ -205,8 +224,8 @@ class RulesConfig:
     slo_group_by: tuple[str, ...] = ("model_name",)
     # The engine's label that names the model, for per-model SLO thresholds (LatencySLO.by_model).
     slo_model_label: str = "model_name"
-    ttft: LatencySLO = field(default_factory=vllm_ttft)
-    itl: LatencySLO = field(default_factory=vllm_itl)
+    ttft: LatencySLO = field(default_factory=ttft_slo)
+    itl: LatencySLO = field(default_factory=itl_slo)
     burn_windows: tuple[BurnWindow, ...] = SRE_WORKBOOK_WINDOWS
     # Client-side goodput (rules/goodput.py): the share of judged requests that must meet every target of
     # each SLO the proxy is given (`--slo`); its burn-rate alerts use the same windows as TTFT and ITL.
@@ -214,13 +233,13 @@ class RulesConfig:
     # Availability (rules/availability.py): the engine's finish reasons counted as failures and the share
     # of finished requests that must end otherwise; the share of the proxy's inference requests that must
     # not be answered 5xx or cut by the upstream.
-    # The engine's failed and finished requests as selectors (rooflight rules --engine picks them: vLLM's
-    # finish counter by reason, SGLang's aborted and processed counters).
-    requests_failed: str = 'vllm:request_success_total{finished_reason=~"abort|error"}'
-    requests_finished: str = "vllm:request_success_total"
+    # The engine's failed and finished requests as selectors (its adapter's ServiceFamilies; rooflight
+    # rules --engine picks them: vLLM's finish counter by reason, SGLang's aborted and processed counters).
+    requests_failed: str = field(default_factory=lambda: service_families(DEFAULT_ENGINE).requests_failed)
+    requests_finished: str = field(default_factory=lambda: service_families(DEFAULT_ENGINE).requests_finished)
     # The agent's `engine` label of the engine whose histograms the SLOs read (rooflight rules --engine):
     # where the agent watches such an engine and Prometheus holds none of its histograms, the SLOs are blind.
-    slo_engine: str = "vllm"
+    slo_engine: str = DEFAULT_ENGINE
     request_error_objective: float = 0.99
     client_error_objective: float = 0.999
     # Every burn-rate row (latency, goodput, availability) fires only where its long window saw at least
@@ -355,5 +374,5 @@ class RulesConfig:
         return f"{self.runbook_base_url}#{alert.lower()}"
 
     def dashboard_url(self, board: str) -> str:
-        """The dashboard's address, without its variables (alerts.dashboard_url adds them)."""
+        """The dashboard's address, without its variables (rules/templates.py dashboard_link adds them)."""
         return f"{self.dashboard_base_url}/d/{DASHBOARD_UIDS[board]}"

@@ -27,21 +27,22 @@ from rooflight.rules.render import render
 HERE = Path(__file__).resolve().parent
 OUTPUTS = {"yaml": HERE / "rooflight.rules.yaml", "prometheusrule": HERE / "rooflight.prometheusrule.yaml"}
 
-# Histogram names, default thresholds and bucket edges per engine (docs/engines.md, section ITL and
-# TPOT per engine; edges in rules/config.py).
-ENGINE_PRESETS: dict[str, dict[str, Any]] = {
-    "vllm": {
-        "ttft": ("vllm:time_to_first_token_seconds", 2.5, cfg.VLLM_TTFT_BUCKETS),
-        "itl": ("vllm:inter_token_latency_seconds", 0.1, cfg.VLLM_ITL_BUCKETS),
-        # (failed, finished) requests for the availability SLO (rules/availability.py)
-        "requests": (cfg.RulesConfig.requests_failed, cfg.RulesConfig.requests_finished),
-    },
-    "sglang": {
-        "ttft": ("sglang:time_to_first_token_seconds", 2.0, cfg.SGLANG_TTFT_BUCKETS),
-        "itl": ("sglang:inter_token_latency_seconds", 0.1, cfg.SGLANG_ITL_BUCKETS),
-        "requests": ("sglang:num_aborted_requests_total", "sglang:num_requests_total"),
-    },
-}
+
+def _preset(engine: str) -> dict[str, Any]:
+    """One engine's histogram names, default thresholds and bucket edges, and (failed, finished)
+    requests for the availability SLO (rules/availability.py), from its adapter's ServiceFamilies."""
+    families = cfg.service_families(engine)
+    return {
+        slo: (h.name, cfg.default_threshold(target, h.edges), h.edges)
+        for slo, h, target in (
+            ("ttft", families.ttft, cfg.TTFT_TARGET_SECONDS), ("itl", families.itl, cfg.ITL_TARGET_SECONDS),
+        )
+    } | {"requests": (families.requests_failed, families.requests_finished)}  # fmt: skip
+
+
+# Per engine whose adapter declares the families the rules read (docs/engines.md, section ITL and
+# TPOT per engine).
+ENGINE_PRESETS: dict[str, dict[str, Any]] = {engine: _preset(engine) for engine in cfg.slo_engines()}
 
 
 def check(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = None) -> int:
@@ -108,7 +109,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--replica-labels", default=",".join(cfg.REPLICA_LABELS),
                    help="the topology labels that tell replicas apart; SLOs sum over them (default %(default)s)")
     p.add_argument("--extra-labels", default="", help="comma list of more labels to keep (region,...)")
-    p.add_argument("--engine", choices=sorted(ENGINE_PRESETS), default="vllm", help="histogram names and edges")
+    p.add_argument("--engine", choices=sorted(ENGINE_PRESETS), default=cfg.DEFAULT_ENGINE, help="histogram names and edges")
     p.add_argument("--engine-selector", default="", help="matchers for the engine's TTFT/ITL histograms")
     p.add_argument("--slo-group-by", default="model_name", help="comma list of labels each SLO is computed by")
     for slo, title in (("ttft", "time to first token"), ("itl", "inter-token latency")):

@@ -1,4 +1,4 @@
-"""The simulated engine's own counters and histograms, with vLLM's exact bucket edges.
+"""The simulated engine's own counters and histograms, with vLLM's exact bucket edges (its adapter's).
 
 The simulator observes tens of thousands of tokens per simulated second, so it keeps plain
 per-bucket counts (one bisect per distinct value, `n` observations at once) instead of calling
@@ -10,31 +10,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-# vLLM's defaults (vllm/v1/metrics/buckets.py upstream), the edges the recorded pages in
-# tests/fixtures/engine-samples/vllm-cpu-*.prom carry.
-REQUEST_LATENCY = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                   120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-TIME_TO_FIRST_TOKEN = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                       7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-INTER_TOKEN_LATENCY = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-                       7.5, 10.0, 20.0, 40.0, 80.0)
-ITERATION_TOKENS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
-                    16384.0)
-REQUEST_PARAMS_N = (1.0, 2.0, 5.0, 10.0, 20.0)
-REQUEST_NUM_PREEMPTIONS = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
-
-
-def request_token_buckets(max_model_len: int) -> tuple[float, ...]:
-    """vLLM's 1-2-5 series up to max_model_len (1, 2, 5, 10, ..., 5000 for 8192)."""
-    out: list[float] = []
-    exponent = 0
-    while True:
-        for mantissa in (1, 2, 5):
-            value = mantissa * 10**exponent
-            if value > max_model_len:
-                return tuple(out)
-            out.append(float(value))
-        exponent += 1
+from rooflight.collectors import vllm
 
 
 @dataclass(slots=True)
@@ -68,38 +44,6 @@ class Buckets:
 
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 
-# Histogram family name (without `vllm:`) -> bucket set name; request_tokens edges depend on max_model_len.
-HISTOGRAMS = {
-    "request_prompt_tokens": "request_tokens",
-    "request_generation_tokens": "request_tokens",
-    "iteration_tokens_total": "iteration_tokens",
-    "request_max_num_generation_tokens": "request_tokens",
-    "request_params_n": "request_params_n",
-    "request_params_max_tokens": "request_tokens",
-    "time_to_first_token_seconds": "time_to_first_token",
-    "inter_token_latency_seconds": "inter_token_latency",
-    "request_time_per_output_token_seconds": "inter_token_latency",
-    "e2e_request_latency_seconds": "request_latency",
-    "request_queue_time_seconds": "request_latency",
-    "request_inference_time_seconds": "request_latency",
-    "request_prefill_time_seconds": "request_latency",
-    "request_decode_time_seconds": "request_latency",
-    "request_num_preemptions": "request_num_preemptions",
-    "request_prefill_kv_computed_tokens": "request_tokens",
-}
-
-
-def _edges(family: str, max_model_len: int) -> tuple[float, ...]:
-    return {
-        "request_tokens": request_token_buckets(max_model_len),
-        "iteration_tokens": ITERATION_TOKENS,
-        "request_params_n": REQUEST_PARAMS_N,
-        "time_to_first_token": TIME_TO_FIRST_TOKEN,
-        "inter_token_latency": INTER_TOKEN_LATENCY,
-        "request_latency": REQUEST_LATENCY,
-        "request_num_preemptions": REQUEST_NUM_PREEMPTIONS,
-    }[family]
-
 
 @dataclass(slots=True)
 class Tally:
@@ -122,7 +66,7 @@ class Tally:
     def __post_init__(self) -> None:
         if not self.histograms:
             self.histograms = {
-                name: Buckets(_edges(family, self.max_model_len)) for name, family in HISTOGRAMS.items()
+                name: Buckets(edges) for name, edges in vllm.default_histogram_edges(self.max_model_len).items()
             }
 
     def observe(self, family: str, value: float, n: float = 1.0) -> None:

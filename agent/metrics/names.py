@@ -124,8 +124,6 @@ ALERTS = (
     "RooflightGPUHot",
 )
 
-WINDOWS_DEFAULT = ("10s", "1m", "5m")
-PERCENTILES_DEFAULT = ("50", "90", "99")
 PHASES = ("prefill", "decode")
 RESOURCES = ("kv", "batch", "decode_bandwidth", "prefill_compute", "ttft_slo", "itl_slo")  # headroom's resource
 ROLES = ("both", "prefill", "decode")  # saturation's role

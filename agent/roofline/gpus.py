@@ -204,12 +204,6 @@ def _has(s: str, token: str) -> bool:
     return re.search(rf"(^| ){re.escape(token)}( |$)", s) is not None
 
 
-def profile_for_nvml_name(name: str, memory_total_bytes: float | None = None) -> GpuProfile | None:
-    """The profile for an NVML device name, or None when the GPU is unknown: never another GPU's
-    constants in its place (match_nvml_name says why). See match_nvml_name."""
-    return match_nvml_name(name, memory_total_bytes).profile
-
-
 def match_nvml_name(name: str, memory_total_bytes: float | None = None) -> GpuMatch:
     """The profile for an NVML device name, or an unknown match with its reason.
 

@@ -149,21 +149,6 @@ def tensor_parallel_allreduce_seconds(n_layers: int, tp: int, latency_seconds: f
     return 0.0 if tp <= 1 else 2 * n_layers * latency_seconds
 
 
-def pipeline_bubble_fraction(stages: int, microbatches: int) -> float:
-    """Idle share of a pipeline: (p - 1) / (m + p - 1)."""
-    return (stages - 1) / (microbatches + stages - 1)
-
-
-def speculative_tokens_per_pass(acceptance: float, draft_tokens: int) -> float:
-    """Expected tokens per verify pass: 1 + a + a^2 + ... + a^k."""
-    return sum(acceptance ** i for i in range(draft_tokens + 1))
-
-
-def static_batch_utilization(output_lengths: Sequence[float]) -> float:
-    """Useful slot-steps / slot-steps when a static batch runs until its longest output finishes."""
-    return sum(output_lengths) / (len(output_lengths) * max(output_lengths))
-
-
 def cost_per_million_tokens(gpu_dollars_per_hour: float, tokens_per_second: float) -> float:
     """$ per 1M tokens = $/hour / (tokens/s x 3600 / 1e6)."""
     return gpu_dollars_per_hour / (tokens_per_second * 3600 / 1e6)

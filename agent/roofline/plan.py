@@ -1,28 +1,27 @@
-"""`rooflight plan`: the serving calculator of docs/physics.md, for one model on one GPU type.
+"""The serving calculator of docs/physics.md, for one model on one GPU type: the Plan and the pools.
 
-Owns the Plan (every figure in base units: bytes, seconds, FLOP, FLOP/s, tokens/s), its human text
-and its JSON form, and the `plan` subcommand. All arithmetic is agent/roofline/physics.py; this module only
-decides which numbers to put in and how to print them.
+Owns the Plan (every figure in base units: bytes, seconds, FLOP, FLOP/s, tokens/s) and the pool sizing
+(PoolPlan). All arithmetic is agent/roofline/physics.py; this module only decides which numbers to put in.
+Pure: the `rooflight plan` command (its flags, its text and JSON, the live agent it reads) is
+agent/plan_cli.py.
 
 Conventions: whole-model bytes (weights, KV) against the peak of the model's GPUs (tp x per-GPU
 peak); memory is per GPU (each GPU holds 1/tp of the weights and its shard of the KV cache).
-Decimal units in the text (1 GB = 1e9 B), KV per token also in KiB (128 KiB = 131,072 B). Figures
-print to 3 significant digits; docs/physics.md (section Plan ceilings) rounds the same values to 2-3.
+In text (the pools' reasons here, the command's output in agent/plan_cli.py): decimal units (1 GB =
+1e9 B), KV per token also in KiB (128 KiB = 131,072 B), figures to 3 significant digits (sig);
+docs/physics.md (section Plan ceilings) rounds the same values to 2-3.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from rooflight.agent.roofline import physics as ph
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY, PROFILES, GpuProfile, get_profile
-from rooflight.agent.roofline.models import PRESETS, ModelSpec, load_config_json, preset, preset_for_hf_id
+from rooflight.agent.roofline.gpus import GpuProfile
+from rooflight.agent.roofline.models import ModelSpec, load_config_json, preset, preset_for_hf_id
 
 NVLINK_ALLREDUCE_SECONDS = 5e-6  # fixed launch-plus-latency floor of one small all-reduce on NVLink
 NVLINK_BYTES_PER_SECOND = 450e9  # one GPU's NVLink 4 bandwidth, one direction (H100/H200 SXM)
@@ -193,89 +192,9 @@ def sig(x: float, digits: int = 3) -> str:
     return f"{r:,.0f}" if abs(r) >= 10 ** (digits - 1) else f"{r:,.{digits}g}".rstrip(".")
 
 
-def _gb(b: float) -> str:
-    return f"{sig(b / 1e9)} GB"
-
-
-def _ms(s: float) -> str:
+def ms(s: float) -> str:
+    """Seconds as milliseconds to 3 significant digits: 0.0104 -> '10.4 ms'."""
     return f"{sig(s * 1e3)} ms"
-
-
-def format_plan(plan: Plan) -> str:
-    """Human text: each line is a number and what it means."""
-    p = plan
-    moe = f" ({sig(p.params_active / 1e9)}B active)" if p.params_active < p.params_total else ""
-    lines = [
-        f"{p.model} on {p.tp} x {p.gpu}: {sig(p.params_total / 1e9)}B params{moe}, "
-        f"weights {p.weight_dtype}, KV cache {p.kv_dtype}; context {p.context_tokens:,} tokens, "
-        f"batch {p.batch}",
-        "",
-        "Memory (per GPU unless said)",
-        f"  weights                 {_gb(p.weight_bytes)} total, {_gb(p.weight_bytes_per_gpu)} per GPU",
-        f"  KV cache per token      {p.kv_bytes_per_token:,.0f} B ({sig(p.kv_bytes_per_token / 1024)} KiB),"
-        " all layers",
-        f"  KV cache per sequence   {_gb(p.kv_bytes_per_sequence)} at {p.context_tokens:,} tokens"
-        + (f" ({p.windowed_layers} of {p.n_layers} layers keep only the last {p.kv_window_tokens:,})"
-           if p.windowed_layers else ""),
-        f"  KV memory left          {_gb(p.kv_bytes_free_per_gpu)} per GPU ({_gb(p.kv_bytes_free_total)}"
-        f" in all), after {_gb(p.reserved_bytes_per_gpu)} reserved for runtime and activations",
-    ]
-    if p.weight_bytes_streamed_per_step < p.weight_bytes:
-        lines.append(f"  MoE weights streamed    {_gb(p.weight_bytes_streamed_per_step)} per step at batch "
-                     f"{p.batch} (the experts its tokens touch; batch 1 reads only the active ones)")
-    if p.fits:
-        lines.append(f"  max concurrent seqs     {p.max_concurrent_sequences:,.0f} at {p.context_tokens:,}"
-                     " tokens each: the batch the KV wall allows")
-    else:
-        lines.append("  DOES NOT FIT            the weights alone exceed this GPU's memory: raise --tp")
-    lines += [
-        "",
-        "Roofline",
-        f"  ridge point             {sig(p.ridge_point)} FLOP/byte: below it a step waits on memory",
-        f"  decode ceiling          {_ms(p.decode_step_seconds_weights_only)}/token, "
-        f"{sig(p.decode_tokens_per_second_weights_only)} tok/s (batch 1, weights only)",
-        f"  decode ceiling at ctx   {_ms(p.decode_step_seconds_at_context)}/token, "
-        f"{sig(p.decode_tokens_per_second_at_context)} tok/s (batch 1, weights + KV at "
-        f"{p.context_tokens:,} tokens)",
-        f"  cache = weights at      {sig(p.kv_weight_crossover_tokens)} tokens of context"
-        if p.kv_weight_crossover_tokens is not None else
-        "  cache = weights at      never: sliding windows cap one sequence's cache below the weights",
-        f"  decode at batch {p.batch:<7} {_ms(p.decode_step_seconds_at_batch)}/step, "
-        f"{sig(p.decode_tokens_per_second_at_batch)} tok/s in all; intensity "
-        f"{sig(p.decode_intensity_at_batch)} FLOP/byte = "
-        f"{sig(100 * p.decode_attainable_fraction_of_peak)}% of peak compute at best",
-    ]
-    if p.tp > 1:
-        lines.append(f"  TP all-reduce           ~{_ms(p.tp_allreduce_seconds_per_token)}/token on NVLink"
-                     " (2 per layer, ~5 us each), on top of the decode step")
-        lines.append(f"  with TP at batch {p.batch:<6} {_ms(p.decode_step_seconds_at_batch_with_tp)}/step, "
-                     f"{sig(p.decode_tokens_per_second_at_batch_with_tp)} tok/s in all (all-reduces "
-                     f"{_ms(p.tp_allreduce_seconds_at_batch)}: latency + the batch's activations over the link)")
-    cross = f"{sig(p.prefill_crossover_tokens)}-token crossover"
-    bound = (f"memory-bound: shorter than the {cross}, it waits on reading the weights"
-             if p.prefill_memory_bound else f"compute-bound: longer than the {cross}")
-    lines += [
-        "",
-        f"Prefill of {p.prompt_tokens:,} tokens ({bound})",
-        f"  work                    {sig(p.prefill_flops / 1e12)} TFLOP, "
-        f"{_ms(p.prefill_compute_seconds_at_roof)} at peak compute",
-        f"  weight streaming        {_ms(p.prefill_weight_seconds)} to read the weights once: the floor "
-        f"of any prompt under {sig(p.prefill_crossover_tokens)} tokens",
-        f"  time                    {_ms(p.prefill_seconds_at_roof)} at the compute roof, "
-        f"{_ms(p.prefill_seconds)} at {sig(100 * p.prefill_mfu)}% MFU (the longer of compute and "
-        "weight streaming)" + (f"; + {_ms(p.prefill_tp_allreduce_seconds)} of TP all-reduces" if p.tp > 1 else ""),
-        "",
-        f"Peaks used: {sig(p.peak_flops / 1e12)} TFLOP/s dense {p.compute_dtype}, "
-        f"{sig(p.peak_bandwidth_bytes_per_second / 1e12)} TB/s ({p.tp} GPU{'s' if p.tp > 1 else ''}). "
-        "Every figure is a roofline bound; measured MBU/MFU say how close a live engine gets.",
-        *(f"Note: {note}" for note in p.notes),
-    ]
-    return "\n".join(lines)
-
-
-def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    """Every field, base units, for `--json` (null where there is no such number)."""
-    return {**dataclasses.asdict(plan), "notes": list(plan.notes)}
 
 
 def resolve_model(model: str | None, model_config: str | None, weight_dtype: str | None,
@@ -295,24 +214,7 @@ def resolve_model(model: str | None, model_config: str | None, weight_dtype: str
     return spec.with_dtypes(weight_dtype, kv_dtype)
 
 
-def format_catalog() -> str:
-    """The model presets and GPU profiles `--model` and `--gpu` accept."""
-    lines = ["Model presets (--model):"]
-    for key, m in PRESETS.items():
-        moe = f", {sig(m.params_active / 1e9)}B active" if m.is_moe else ""
-        window = "".join(f", {n}/{m.n_layers} layers keep {w:,} tokens" for w, n in m.window_layers)
-        lines.append(f"  {key:<18} {sig(m.params_total / 1e9)}B params{moe}, {m.weight_dtype}, "
-                     f"KV {m.kv_bytes_per_token:,.0f} B/token{window}")
-    lines.append("GPU profiles (--gpu), dense per-GPU peaks:")
-    for key, g in PROFILES.items():
-        lines.append(f"  {key:<16} {sig(g.peak_flops['bf16'] / 1e12)} TFLOP/s bf16, "
-                     f"{sig(g.memory_bandwidth_bytes_per_second / 1e12)} TB/s, {sig(g.memory_bytes / 1e9)} GB,"
-                     f" ridge {sig(g.ridge_point)}")
-    return "\n".join(lines)
-
-
 # --- Pools: disaggregated prefill and decode, or one shared pool (docs/physics.md, section Headroom) ---
-
 
 @dataclass(frozen=True)
 class PoolPlan:
@@ -365,7 +267,7 @@ def build_pool_plan(rate: float, prompt_tokens: float, output_tokens: float, pre
     prefill_load, decode_load = prefill_demand / prefill_capacity, decode_demand / decode_capacity  # groups' work
     prefill_groups = ph.servers_for_latency(rate, stall, ttft_slo, TAIL_MISS)
     if prefill_groups is None:
-        raise ConfigError(f"one prompt's prefill takes {_ms(stall)}, at or past the {_ms(ttft_slo)} TTFT target: "
+        raise ConfigError(f"one prompt's prefill takes {ms(stall)}, at or past the {ms(ttft_slo)} TTFT target: "
                           "no number of groups meets it; raise --ttft-slo, --tp or the prefill capacity")
     decode_groups = ph.groups_needed(decode_demand, decode_capacity)
     shared = shared_groups_for(rate, stall, decode_load, ttft_slo)
@@ -375,7 +277,7 @@ def build_pool_plan(rate: float, prompt_tokens: float, output_tokens: float, pre
                        "work: a pool with under one group's work idles most of its GPUs; too small a fleet to "
                        "keep two pools busy")
     if stall <= itl_slo:
-        reasons.append(f"one prompt's prefill takes {_ms(stall)}, within the {_ms(itl_slo)} ITL budget: "
+        reasons.append(f"one prompt's prefill takes {ms(stall)}, within the {ms(itl_slo)} ITL budget: "
                        "a shared pool's decodes barely wait, and the KV hop buys nothing")
     return PoolPlan(
         rate=rate, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
@@ -390,7 +292,7 @@ def build_pool_plan(rate: float, prompt_tokens: float, output_tokens: float, pre
         prefill_seconds_per_prompt=stall, ttft_slo=ttft_slo, itl_slo=itl_slo,
         decode_batch=decode_batch, kv_bytes_per_request=kv_bytes_per_request, share=bool(reasons),
         reasons=tuple(reasons) or (
-            f"one prompt's prefill holds a group {_ms(stall)}, past the {_ms(itl_slo)} ITL budget a shared pool's "
+            f"one prompt's prefill holds a group {ms(stall)}, past the {ms(itl_slo)} ITL budget a shared pool's "
             "decodes would wait: split, and scale each pool on its own signal",),
     )
 
@@ -439,8 +341,8 @@ def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tok
 
     batch = kv_wall if itl_slo is None else _batch_within(step, kv_wall, itl_slo)
     if batch is None:
-        raise ConfigError(f"{model.name} on {tp} x {gpu.key}: one sequence's decode step takes {_ms(step(1.0))}, "
-                          f"past the {_ms(itl_slo or 0.0)} ITL target; raise --itl-slo or --tp")
+        raise ConfigError(f"{model.name} on {tp} x {gpu.key}: one sequence's decode step takes {ms(step(1.0))}, "
+                          f"past the {ms(itl_slo or 0.0)} ITL target; raise --itl-slo or --tp")
     prompt_seconds = (prompt_tokens * ph.prefill_seconds_per_token(model.params_active, peak, prefill_mfu)
                       + tp_allreduce_seconds(model, gpu, tp, prompt_tokens))
     return prompt_tokens / prompt_seconds, batch / step(batch), batch, model.kv_bytes_per_sequence(prompt_tokens)
@@ -458,410 +360,3 @@ def _batch_within(step: Any, most: float, seconds: float) -> float | None:
         mid = (low + high) // 2
         low, high = (mid, high) if step(float(mid)) <= seconds else (low, mid)
     return float(low)
-
-
-def format_pools(p: PoolPlan) -> str:
-    source = {"flags": "as given", "physics": "the roofline of the model on its GPUs", "live": "the live agent"}
-    lines = [
-        f"Pools for {sig(p.rate)} req/s of {sig(p.prompt_tokens)} prompt + {sig(p.output_tokens)} output tokens"
-        f" (p99 TTFT {_ms(p.ttft_slo)}, ITL {_ms(p.itl_slo)})",
-        f"  per group ({p.gpus_per_group} GPU{'s' if p.gpus_per_group > 1 else ''}): "
-        f"{sig(p.prefill_capacity_per_group)} prefill tok/s, {sig(p.decode_capacity_per_group)} decode tok/s "
-        f"({source.get(p.capacity_source, p.capacity_source)}"
-        + (f"; decode batch {p.decode_batch:,.0f}" if p.decode_batch else "") + ")",
-        f"  prefill pool            {_groups(p.prefill_groups)} at {_pct(p.prefill_utilization)} busy: "
-        f"p99 TTFT within {_ms(p.ttft_slo)} ({sig(p.prefill_tokens_per_second)} prompt tok/s / "
-        f"{sig(p.prefill_capacity_per_group)} = {p.prefill_groups_at_full_load} at 100%, where the queue never "
-        "drains)",
-        f"  decode pool             {_groups(p.decode_groups)} at {_pct(p.decode_utilization)} busy "
-        f"({sig(p.decode_tokens_per_second)} output tok/s / {sig(p.decode_capacity_per_group)})",
-        f"  one shared pool         {_groups(p.shared_groups)} at {_pct(p.shared_utilization)} busy "
-        f"({p.shared_groups_at_full_load} at 100%)",
-    ]
-    if p.kv_bytes_per_request is not None:
-        lines.append(f"  KV shipped per request  {_gb(p.kv_bytes_per_request)} (the prompt's cache, prefill to decode)")
-    verdict = (f"share one pool of {_groups(p.shared_groups)}" if p.share else
-               f"split: {p.prefill_groups} prefill + {_groups(p.decode_groups, 'decode group')}")
-    lines += ["", f"Verdict: {verdict}", *(f"  - {r}" for r in p.reasons)]
-    return "\n".join(lines)
-
-
-def _pct(ratio: float) -> str:
-    return f"{sig(100 * ratio)}%"
-
-
-def _groups(n: int, what: str = "group") -> str:
-    return f"{n} {what}{'' if n == 1 else 's'}"
-
-
-# --- A running agent's signals (`--from-live`) ---
-
-# The agent's names (agent/metrics/names.py; this floor cannot import it, a test holds the two equal).
-LIVE_NAMES = {
-    "tokens": "rooflight_tokens_per_second", "requests": "rooflight_requests_per_second",
-    "headroom": "rooflight_headroom_ratio", "saturation": "rooflight_saturation_ratio",
-    "binding": "rooflight_saturation_binding_info", "capacity": "rooflight_capacity_requests_per_second",
-    "capacity_decode": "rooflight_capacity_decode_tokens_per_second",
-    "capacity_phase": "rooflight_capacity_phase_tokens_per_second",
-    "cost": "rooflight_cost_per_million_tokens", "joule": "rooflight_tokens_per_joule",
-}
-MAX_LIVE_BYTES = 16 * 1024 * 1024  # read at most this of a page ...
-MAX_LIVE_KEPT_BYTES = 4 * 1024 * 1024  # ... and keep at most this of its lines of LIVE_NAMES (an agent: ~1 MB)
-_LIVE_CHUNK = 64 * 1024
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-@dataclass(frozen=True)
-class LiveSeries:
-    """One (target, engine, model, rank) of a live agent over one window."""
-
-    target: str
-    engine: str
-    model: str
-    rank: str
-    window: str
-    role: str | None = None
-    requests_per_second: float | None = None
-    tokens_per_second: dict[str, float] = dataclasses.field(default_factory=dict)
-    headroom: dict[str, float] = dataclasses.field(default_factory=dict)
-    saturation: float | None = None
-    binding: str | None = None
-    capacity_requests_per_second: float | None = None
-    capacity_decode_tokens_per_second: float | None = None
-    capacity_phase_tokens_per_second: dict[str, float] = dataclasses.field(default_factory=dict)
-    cost_per_million_tokens: dict[str, float] = dataclasses.field(default_factory=dict)
-    tokens_per_joule: dict[str, float] = dataclasses.field(default_factory=dict)
-
-    def mix(self) -> tuple[float, float] | None:
-        """(mean prompt, mean output) tokens per request: each phase's tokens/s / requests/s."""
-        if not self.requests_per_second:
-            return None
-        r = self.requests_per_second
-        return self.tokens_per_second.get("prefill", 0.0) / r, self.tokens_per_second.get("decode", 0.0) / r
-
-
-def window_seconds(name: str) -> float:
-    """'10s', '1m', '250ms', '1h' in seconds (0 for a name that is not a duration)."""
-    for unit in ("ms", "s", "m", "h"):
-        if name.endswith(unit):
-            try:
-                return float(name[: -len(unit)]) * _UNITS[unit]
-            except ValueError:
-                return 0.0
-    return 0.0
-
-
-def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
-    """Every series' signals over `window` (default: the longest the page has) from an agent's /metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    wanted = {v: k for k, v in LIVE_NAMES.items()}
-    rows: list[tuple[str, dict[str, str], float]] = []
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name in wanted and "window" in sample.labels and math.isfinite(sample.value):
-                    rows.append((wanted[sample.name], sample.labels, sample.value))
-    except (ValueError, TypeError, IndexError, KeyError) as exc:  # prometheus_client's parser raises these
-        raise ConfigError(f"--from-live: not a Prometheus text page the agent serves ({type(exc).__name__});"
-                          " point it at the agent's /metrics") from None
-    windows = {labels["window"] for _, labels, _ in rows}
-    if window is not None and window not in windows:
-        raise ConfigError(f"--window {window}: the agent serves {', '.join(sorted(windows)) or 'no windows yet'}")
-    chosen = window or max(windows, key=window_seconds, default=None)
-    out: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-    for kind, labels, value in rows:
-        if labels["window"] != chosen:
-            continue
-        key = (labels.get("target", ""), labels.get("engine", ""), labels.get("model", ""), labels.get("rank", ""))
-        _put(out.setdefault(key, {}), kind, labels, value)
-    return [LiveSeries(*key, window=chosen or "", **fields) for key, fields in sorted(out.items())]
-
-
-def _put(fields: dict[str, Any], kind: str, labels: dict[str, str], value: float) -> None:
-    by = {"tokens": ("tokens_per_second", "phase"), "headroom": ("headroom", "resource"),
-          "capacity_phase": ("capacity_phase_tokens_per_second", "phase"),
-          "cost": ("cost_per_million_tokens", "phase"), "joule": ("tokens_per_joule", "phase")}
-    single = {"requests": "requests_per_second", "capacity": "capacity_requests_per_second",
-              "capacity_decode": "capacity_decode_tokens_per_second"}
-    if kind in by:
-        name, label = by[kind]
-        fields.setdefault(name, {})[labels.get(label, "")] = value
-    elif kind in single:
-        fields[single[kind]] = value
-    elif kind == "saturation":
-        fields["saturation"], fields["role"] = value, labels.get("role")
-    elif kind == "binding":
-        fields["binding"] = labels.get("resource")
-
-
-def _shown(text: object) -> str:
-    """A label value as a terminal may print it: characters that are not printable (escape sequences that
-    retitle, clear or rewrite the screen, line breaks that forge lines) are shown as \\xNN / \\uNNNN."""
-    text = str(text)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-
-
-def format_live(series: list[LiveSeries]) -> str:
-    """The live signals as text; every label value from the page goes through _shown (the agent may be hostile)."""
-    if not series:
-        return "The agent serves no windowed signals yet (no engine sampled, or its windows not yet covered)."
-    lines = []
-    for s in series:
-        lines.append(f"{_shown(s.target)} ({_shown(s.engine)}, {_shown(s.model)}, rank {_shown(s.rank)}), window "
-                     f"{_shown(s.window)}, role {_shown(s.role or '?')}")
-        tps = s.tokens_per_second
-        mix = s.mix()
-        if s.requests_per_second is not None:
-            each = f" ({sig(mix[0])} prompt + {sig(mix[1])} output tokens each)" if mix else ""
-            lines.append(f"  now                     {sig(s.requests_per_second)} req/s; "
-                         f"{sig(tps.get('prefill', 0.0))} prefill + {sig(tps.get('decode', 0.0))} decode tok/s{each}")
-        if s.capacity_requests_per_second is not None:
-            alone = ", ".join(f"{sig(v)} {_shown(k)}" for k, v in s.capacity_phase_tokens_per_second.items())
-            lines.append(f"  capacity at this mix    {sig(s.capacity_requests_per_second)} req/s, "
-                         f"{sig(s.capacity_decode_tokens_per_second or 0.0)} decode tok/s before the first wall"
-                         + (f" (one phase alone: {alone} tok/s)" if alone else ""))
-        if s.headroom:
-            lines.append("  headroom                " + ", ".join(f"{_shown(k)} {v:.2f}" for k, v in s.headroom.items()))
-        if s.saturation is not None:
-            lines.append(f"  saturation              {s.saturation:.2f} (binding: {_shown(s.binding or '?')})")
-        for phase, cost in s.cost_per_million_tokens.items():
-            lines.append(f"  cost                    {sig(cost)} per 1M {_shown(phase)} tokens")
-        for phase, tpj in s.tokens_per_joule.items():
-            lines.append(f"  energy                  {sig(tpj)} {_shown(phase)} tokens per joule")
-    return "\n".join(lines)
-
-
-def fetch_live(url: str, timeout: float = 10.0) -> str:
-    """The lines of LIVE_NAMES on the agent's /metrics (at `url`, or `url`/metrics when the URL has no path);
-    ConfigError if unreadable.
-
-    Bounded against a hostile server: `timeout` is the deadline of the whole exchange, not of each read
-    (a byte every few seconds cannot keep it going), at most MAX_LIVE_BYTES are read, and only the lines
-    live_series reads are kept, at most MAX_LIVE_KEPT_BYTES of them. A user:password in the URL is sent as
-    basic auth and never printed; a redirect is not followed (it would carry the credentials elsewhere)."""
-    import base64
-    import http.client
-    import socket
-    import threading
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = -1
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
-        raise ConfigError("--from-live: write the agent's URL, e.g. http://127.0.0.1:9746")
-    netloc = parts.hostname if port is None else f"{parts.hostname}:{port}"
-    path = parts.path if parts.path not in ("", "/") else "/metrics"
-    shown = urlunsplit((parts.scheme, netloc, path, "", ""))
-    headers = {"Accept": "text/plain", "Host": netloc}
-    if parts.username is not None:
-        token = f"{parts.username}:{parts.password or ''}".encode()
-        headers["Authorization"] = "Basic " + base64.b64encode(token).decode()
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = kind(parts.hostname, port, timeout=timeout)
-    expired = threading.Event()
-
-    def expire() -> None:  # the deadline: whatever read is waiting ends now
-        expired.set()
-        sock = conn.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    timer = threading.Timer(timeout, expire)
-    timer.daemon = True
-    timer.start()
-    try:
-        conn.request("GET", urlunsplit(("", "", path, parts.query, "")), headers=headers)
-        response = conn.getresponse()
-        if 300 <= response.status < 400:
-            raise ConfigError(f"--from-live {shown}: HTTP {response.status}, a redirect; not followed (it could send"
-                              " the credentials to another server): give the agent's own URL")
-        if response.status != 200:
-            raise ConfigError(f"--from-live {shown}: HTTP {response.status}")
-        kept = _wanted_lines(response, shown, expired)
-    except (OSError, http.client.HTTPException) as exc:
-        if expired.is_set():
-            raise ConfigError(f"--from-live {shown}: no whole answer within {timeout:g} s") from None
-        raise ConfigError(f"--from-live {shown}: cannot read it ({type(exc).__name__})") from None
-    finally:
-        timer.cancel()
-        conn.close()
-    if expired.is_set():
-        raise ConfigError(f"--from-live {shown}: no whole answer within {timeout:g} s")
-    return kept
-
-
-def _wanted_lines(response: Any, shown: str, expired: Any) -> str:
-    """The page's lines that name one of LIVE_NAMES (samples and their # TYPE / # HELP), read a chunk at a time."""
-    names = tuple(LIVE_NAMES.values())
-    kept: list[bytes] = []
-    size = held = 0
-    rest = b""
-    while not expired.is_set():
-        chunk = response.read1(_LIVE_CHUNK)
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > MAX_LIVE_BYTES:
-            raise ConfigError(f"--from-live {shown}: larger than {MAX_LIVE_BYTES // (1024 * 1024)} MiB; not an agent's page")
-        lines = (rest + chunk).split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            if _names_one_of(line, names):
-                held += len(line) + 1
-                if held > MAX_LIVE_KEPT_BYTES:
-                    raise ConfigError(f"--from-live {shown}: more than {MAX_LIVE_KEPT_BYTES // (1024 * 1024)} MiB of"
-                                      " signal lines; not an agent's page")
-                kept.append(line)
-        if len(rest) > MAX_LIVE_KEPT_BYTES:
-            raise ConfigError(f"--from-live {shown}: a line longer than {MAX_LIVE_KEPT_BYTES // (1024 * 1024)} MiB;"
-                              " not an agent's page")
-    if rest and _names_one_of(rest, names):
-        kept.append(rest)
-    return b"\n".join(kept).decode("utf-8", errors="replace") + "\n"
-
-
-def _names_one_of(line: bytes, names: tuple[str, ...]) -> bool:
-    text = line[:200].decode("utf-8", errors="replace")
-    if text.startswith(("# TYPE ", "# HELP ")):
-        text = text[7:]
-    for name in names:
-        if text.startswith(name) and text[len(name):len(name) + 1] in ("{", " "):
-            return True
-    return False
-
-
-def run_capacity(args: argparse.Namespace) -> int:
-    """`plan --from-live URL` and/or `plan --rate R`: the live agent's signals, the pools for a rate."""
-    series = live_series(fetch_live(args.from_live), args.window) if args.from_live else None
-    out: dict[str, Any] = {}
-    text = []
-    if series is not None:
-        out["live"] = [dataclasses.asdict(s) for s in series]
-        text.append(format_live(series))
-    elif args.rate is not None:  # sizing from the model's physics: the calculator the pools come from, first
-        plan = _calculator(args)
-        out["plan"] = plan_to_dict(plan)
-        text.append(format_plan(plan))
-    if args.rate is not None:
-        pools = _pools_for(args, series)
-        out["pools"] = dataclasses.asdict(pools)
-        text.append(format_pools(pools))
-    print(json.dumps(out, indent=2) if args.json else "\n\n".join(text))
-    return 0
-
-
-def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> PoolPlan:
-    """The pools for --rate: the mix from --prompt/--output, else the live one; capacities from the flags,
-    else the live agent's one-phase capacities, else the model's roofline on --gpu."""
-    live = next((s for s in series or () if {"prefill", "decode"} <= set(s.capacity_phase_tokens_per_second)), None)
-    mix = live.mix() if live is not None else None
-    prompt = args.prompt if args.prompt is not None else (mix[0] if mix else None)
-    output = args.output if args.output is not None else (mix[1] if mix else None)
-    if prompt is None or output is None:
-        raise ConfigError("--rate needs --prompt and --output (mean tokens per request), or --from-live with traffic")
-    source, batch, kv, gpus = "flags", None, None, args.tp
-    cp, cd = args.prefill_capacity, args.decode_capacity
-    if cp is None or cd is None:
-        if live is not None:
-            source = "live"
-            cp = cp if cp is not None else live.capacity_phase_tokens_per_second["prefill"]
-            cd = cd if cd is not None else live.capacity_phase_tokens_per_second["decode"]
-        else:
-            source = "physics"
-            model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
-            p_cap, d_cap, batch, kv = physics_capacities(
-                model, get_profile(args.gpu), tp=args.tp, prompt_tokens=prompt, output_tokens=output,
-                batch_max=args.batch_max, prefill_mfu=args.prefill_mfu, decode_mbu=args.decode_mbu,
-                reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo)
-            cp = cp if cp is not None else p_cap
-            cd = cd if cd is not None else d_cap
-    return build_pool_plan(args.rate, prompt, output, cp, cd, itl_slo=args.itl_slo, ttft_slo=args.ttft_slo, source=source,
-                           gpus_per_group=gpus, decode_batch=batch, kv_bytes_per_request=kv)
-
-
-def _calculator(args: argparse.Namespace) -> Plan:
-    model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
-    return build_plan(model, get_profile(args.gpu), tp=args.tp, context_tokens=args.context, batch=args.batch,
-                      prompt_tokens=args.prompt_tokens, prefill_mfu=args.prefill_mfu,
-                      reserved_bytes_per_gpu=args.reserved_gb * 1e9)
-
-
-def run_plan(args: argparse.Namespace) -> int:
-    """Entry point of `rooflight plan`; prints text or JSON, returns the exit code."""
-    if getattr(args, "list", False):
-        print(format_catalog())
-        return 0
-    if getattr(args, "from_live", None) or getattr(args, "rate", None) is not None:
-        return run_capacity(args)
-    plan = _calculator(args)
-    print(json.dumps(plan_to_dict(plan), indent=2) if args.json else format_plan(plan))
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the `plan` subcommand (func=run_plan)."""
-    p = subparsers.add_parser(
-        "plan", help="serving calculator: memory, KV capacity, roofline ceilings for a model on a GPU",
-        description="Work a model on a GPU through the roofline: how much memory the weights and each "
-        "sequence's KV cache take, how many sequences fit, how fast decode can possibly go "
-        "(bandwidth-bound) and how long a prefill takes (compute-bound). Bounds, not measurements.")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", help="preset name or Hugging Face id (default ref-8b, the reference 8B "
-                     "of docs/physics.md, with 8e9 params); presets: llama-3-8b, llama-3-70b, llama-3-405b, qwen3-8b, "
-                     "mixtral-8x7b, deepseek-v3, ...")
-    src.add_argument("--model-config", metavar="PATH", help="a Hugging Face config.json (or its directory)")
-    p.add_argument("--gpu", default=DEFAULT_PROFILE_KEY, help="GPU profile, e.g. h100-sxm, h200, "
-                   "a100-sxm-80gb, l40s (default %(default)s)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size: GPUs one model copy spans; "
-                   "weights and KV heads split across them (default %(default)s)")
-    p.add_argument("--context", type=int, default=8000, help="tokens per sequence (prompt + output) "
-                   "for KV sizing and the decode ceiling at context (default %(default)s)")
-    p.add_argument("--batch", type=int, default=1, help="concurrent sequences for the decode step, "
-                   "throughput and arithmetic intensity (default %(default)s)")
-    p.add_argument("--prompt-tokens", type=int, default=2048, help="prompt length for the prefill "
-                   "estimate (default %(default)s)")
-    p.add_argument("--prefill-mfu", type=float, default=0.5, help="fraction of peak a real prefill "
-                   "reaches; 0.4-0.6 is strong (default %(default)s)")
-    p.add_argument("--weight-dtype", choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"),
-                   help="override the weight dtype: fewer bytes raise the decode ceiling")
-    p.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8", "int8"),
-                   help="override the KV-cache dtype: fp8 halves the cache")
-    p.add_argument("--reserved-gb", type=float, default=4.0, help="GB per GPU kept for runtime and "
-                   "activations, not KV (default %(default)s)")
-    p.add_argument("--json", action="store_true", help="print every figure in base units as JSON")
-    p.add_argument("--list", action="store_true", help="list the model presets and GPU profiles")
-    pools = p.add_argument_group("capacity and pools (docs/physics.md, section Headroom)")
-    pools.add_argument("--rate", type=float, metavar="REQ_PER_S", help="size prefill and decode pools for this "
-                       "request rate, and say whether one shared pool is the better answer")
-    pools.add_argument("--prompt", type=float, metavar="TOKENS", help="mean prompt tokens per request for "
-                       "--rate (default with --from-live: the live mix)")
-    pools.add_argument("--output", type=float, metavar="TOKENS", help="mean output tokens per request for "
-                       "--rate (default with --from-live: the live mix)")
-    pools.add_argument("--prefill-capacity", type=float, metavar="TOK_PER_S", help="prefill tokens/s one "
-                       "group carries (default: the model on --gpu at --prefill-mfu, or the live agent's)")
-    pools.add_argument("--decode-capacity", type=float, metavar="TOK_PER_S", help="decode tokens/s one group "
-                       "carries (default: the roofline at --decode-mbu and the KV wall, or the live agent's)")
-    pools.add_argument("--batch-max", type=int, default=256, help="the decode batch cap for the physics "
-                       "capacity, like vLLM's max_num_seqs (default %(default)s)")
-    pools.add_argument("--decode-mbu", type=float, default=DEFAULT_DECODE_MBU, help="fraction of the "
-                       "bandwidth peak decode reaches; 0.6-0.8 is healthy (default %(default)s)")
-    pools.add_argument("--itl-slo", type=float, default=DEFAULT_ITL_SLO_SECONDS, metavar="SECONDS",
-                       help="the p99 inter-token latency target: the physics decode batch is the largest whose "
-                       "step meets it, and a shared pool's decodes may wait this long for one prompt's prefill "
-                       "(default %(default)s)")
-    pools.add_argument("--ttft-slo", type=float, default=DEFAULT_TTFT_SLO_SECONDS, metavar="SECONDS",
-                       help="the p99 time-to-first-token target the prefill (or shared) pool is sized for, with "
-                       "an M/M/c queue (default %(default)s)")
-    pools.add_argument("--from-live", metavar="URL", help="read a running agent's /metrics (its URL, e.g. "
-                       "http://127.0.0.1:9746): its headroom, saturation and capacity at the live mix")
-    pools.add_argument("--window", metavar="NAME", help="the live window to read, e.g. 1m (default: the longest)")
-    p.set_defaults(func=run_plan)

@@ -17,7 +17,7 @@ PARTS = {"rooflight.agent": ROOT / "agent", "rooflight.collectors": ROOT / "coll
 # Lowest first. A module may import its own floor or a lower one, never a higher one.
 FLOORS = ["rooflight.collectors", "rooflight.agent.errors", "rooflight.agent.roofline", "rooflight.agent.signals",
           "rooflight.agent.metrics", "rooflight.agent.sampling", "rooflight.agent.proxy", "rooflight.agent.serve", "rooflight.agent.demo",
-          "rooflight.rules", "rooflight.dashboards", "rooflight.agent.cli"]
+          "rooflight.rules", "rooflight.dashboards", "rooflight.agent.plan_cli", "rooflight.agent.cli"]
 
 # Subcommands loaded by name at run time (cli.py's optional registrations) are not imports of a lower floor.
 LAZY_BY_NAME = {("rooflight.agent.cli", "rooflight.rules.generate")}

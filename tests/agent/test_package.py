@@ -66,3 +66,26 @@ def test_installed_wheel_runs_and_shadows_nothing(wheel: Path, tmp_path: Path) -
     helped = _isolated(target, "-m", "rooflight", "--help")
     assert helped.returncode == 0, helped.stderr
     assert "usage: rooflight" in helped.stdout and "demo" in helped.stdout
+
+
+def _package_dir(package: str, package_dirs: dict[str, str]) -> Path:
+    """A package's folder in the checkout, by the longest prefix [tool.setuptools.package-dir] maps."""
+    prefix = max((p for p in package_dirs if package == p or package.startswith(p + ".")), key=len)
+    return ROOT / package_dirs[prefix] / package[len(prefix):].lstrip(".").replace(".", "/")
+
+
+def test_every_package_data_glob_matches_a_file() -> None:
+    """A glob that matches nothing says data ships that does not (or never did): each must find a file,
+    "*" in at least one package."""
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dirs = {p: _package_dir(p, setuptools["package-dir"]) for p in setuptools["packages"]}
+    assert all(d.is_dir() for d in dirs.values()), dirs
+    empty = [
+        f"{package}: {glob}"
+        for package, globs in setuptools["package-data"].items()
+        for glob in globs
+        if not any(any(d.glob(glob)) for p, d in dirs.items() if package in ("*", p))
+    ]
+    assert not empty, f"package-data globs that match no file: {empty}"

@@ -49,8 +49,8 @@ def _value(engine: str, page: str, field: str) -> list[object]:
 
 
 def test_every_engine_declares_every_field() -> None:
-    assert set(coverage.ENGINE_MODULES) == set(engines.names())
-    for engine in coverage.ENGINE_MODULES:
+    assert set(coverage.ENGINES) == set(engines.names())
+    for engine in coverage.ENGINES:
         assert set(coverage.coverage(engine)) == set(coverage.FIELDS), engine
     exported = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}
     assert set(coverage.FIELDS.values()) <= exported

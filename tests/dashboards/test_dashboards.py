@@ -514,7 +514,8 @@ def test_promstack_scrapes_and_stops_cleanly(tmp_path: Path) -> None:
 def test_slo_variables_default_to_the_rules_thresholds() -> None:
     """The overview's TTFT and ITL SLO variables start where RooflightTTFTBudgetBurn and RooflightITLBudgetBurn
     judge (rules/config.py), spelled as the engine spells the bucket edge, and offer only bucket edges."""
-    from rooflight.rules.config import VLLM_ITL_BUCKETS, VLLM_TTFT_BUCKETS, RulesConfig
+    from rooflight.collectors.vllm import ITL_EDGES as VLLM_ITL_BUCKETS, TTFT_EDGES as VLLM_TTFT_BUCKETS
+    from rooflight.rules.config import RulesConfig
 
     config = RulesConfig()
     variables = {v["name"]: v for v in dashboards()["rooflight-overview.json"]["templating"]["list"]}

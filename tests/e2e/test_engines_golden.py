@@ -235,7 +235,7 @@ async def test_golden_engine(fake_engine: FakeEngine, engine: str) -> None:
     expected = "dynamo" if engine.startswith("dynamo") else engine
     assert f'engine="{expected}"' in text
     assert 'rooflight_source_up{source="engine",target="ENGINE0"} 1.0' in text
-    if engine in coverage.ENGINE_MODULES and engine != "dynamo":  # dynamo's column is the frontend's
+    if engine in coverage.ENGINES and engine != "dynamo":  # dynamo's column is the frontend's
         for field, cell in coverage.coverage(engine).items():
             if coverage.is_missing(cell) and field != "tensor_parallel_size":  # TP is also a flag (--tp)
                 assert coverage.FIELDS[field] + "{" not in text, f"{engine} cannot say {field}, yet it is exported"

@@ -83,7 +83,7 @@ def test_promtool_unit_tests_pass() -> None:
 @pytest.mark.prometheus
 def test_whole_number_thresholds_match_python_and_go_spellings_of_le(tmp_path: Path) -> None:
     # Python clients write le="1.0", Go clients and Prometheus 2 scrapes of them le="1": both must count.
-    slo = cfg.vllm_ttft(threshold_seconds=1.0)
+    slo = cfg.ttft_slo(threshold_seconds=1.0)
     (tmp_path / "rules.yaml").write_text(render(cfg.RulesConfig(ttft=slo)))
     (tmp_path / "test.yaml").write_text(
         """
@@ -255,7 +255,7 @@ def test_prometheusrule_carries_the_same_groups_and_the_release_label() -> None:
 
 def test_threshold_off_the_bucket_edges_is_refused_at_build_time() -> None:
     with pytest.raises(ConfigError, match="not a bucket edge"):
-        cfg.vllm_ttft(threshold_seconds=2.0)  # vLLM TTFT has 1.0 and 2.5, no 2.0
+        cfg.ttft_slo(threshold_seconds=2.0)  # vLLM TTFT has 1.0 and 2.5, no 2.0
 
 
 def test_rooflight_rules_defaults_print_the_checked_in_file(capsys: pytest.CaptureFixture[str]) -> None:
@@ -344,7 +344,7 @@ def test_inconsistent_alert_parts_are_config_errors() -> None:
     with pytest.raises(ConfigError):
         cfg.BurnWindow("1h", "5m", 14.4, "2m", "page")  # severity is critical/warning/info
     with pytest.raises(ConfigError):
-        cfg.vllm_itl(objective=1.0)
+        cfg.itl_slo(objective=1.0)
 
 
 # Topology labels: replicas, namespaces and clusters never mix -----------------------------------------
@@ -456,7 +456,7 @@ def test_per_model_thresholds_page_each_model_at_its_own_threshold(tmp_path: Pat
 
 
 def test_per_model_thresholds_add_lines_and_leave_the_default_rendering_alone() -> None:
-    slo = cfg.vllm_ttft(by_model=(("qwen-72b", 5.0), ("llama-70b", 10.0)))
+    slo = cfg.ttft_slo(by_model=(("qwen-72b", 5.0), ("llama-70b", 10.0)))
     assert slo.by_model == (("llama-70b", 10.0), ("qwen-72b", 5.0))  # sorted, as Helm ranges over a map
     text = render(cfg.RulesConfig(ttft=slo))
     assert 'model_name!="llama-70b", model_name!="qwen-72b"' in text
@@ -484,12 +484,12 @@ def test_per_model_thresholds_add_lines_and_leave_the_default_rendering_alone() 
 )
 def test_bad_per_model_thresholds_are_config_errors(by_model: tuple[tuple[str, float], ...]) -> None:
     with pytest.raises(ConfigError):
-        cfg.vllm_ttft(by_model=by_model)
+        cfg.ttft_slo(by_model=by_model)
 
 
 def test_per_model_thresholds_need_the_model_label_in_the_slo_grouping() -> None:
     with pytest.raises(ConfigError, match="slo_group_by"):
-        cfg.RulesConfig(ttft=cfg.vllm_ttft(by_model=(("m", 5.0),)), slo_group_by=("tenant",))
+        cfg.RulesConfig(ttft=cfg.ttft_slo(by_model=(("m", 5.0),)), slo_group_by=("tenant",))
 
 
 def test_rooflight_rules_reports_a_malformed_per_model_threshold(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,7 +16,8 @@ from rooflight.agent.cli import main
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.gpus import get_profile
 from rooflight.agent.roofline.models import from_hf_config, load_config_json, preset, preset_for_hf_id
-from rooflight.agent.roofline.plan import build_plan, format_plan
+from rooflight.agent.plan_cli import format_plan
+from rooflight.agent.roofline.plan import build_plan
 from support import MODEL_CONFIGS
 
 FIX = MODEL_CONFIGS

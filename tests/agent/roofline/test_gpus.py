@@ -7,7 +7,7 @@ import pytest
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.roofline.gpus import (DEFAULT_PROFILE_KEY, PROFILES, UNKNOWN_GPU, get_profile, match_nvml_name,
-                                          profile_for_nvml_name, unknown_gpu_reason)
+                                          unknown_gpu_reason)
 from rooflight.agent.roofline.models import preset
 
 REQUIRED = ("a100-sxm-40gb", "a100-sxm-80gb", "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm",
@@ -91,14 +91,14 @@ def test_unknown_key_lists_valid_keys() -> None:
     ("NVIDIA GB300", None, "gb300"),
 ])
 def test_nvml_names(name: str, mem: float | None, key: str) -> None:
-    p = profile_for_nvml_name(name, mem)
+    p = match_nvml_name(name, mem).profile
     assert p is not None and p.key == key
 
 
 @pytest.mark.parametrize("name", ["NVIDIA A10G", "NVIDIA H20-3e", "NVIDIA H800", "NVIDIA A800-SXM4-80GB",
                                   "Quadro RTX 6000", "NVIDIA GeForce RTX 3090", "Tesla T4", ""])
 def test_unknown_or_uncertain_names_give_none(name: str) -> None:
-    assert profile_for_nvml_name(name) is None
+    assert match_nvml_name(name).profile is None
 
 
 def test_unknown_gpus_say_why_and_never_borrow_the_default_profile() -> None:

@@ -13,10 +13,8 @@ from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.gpus import get_profile
 from rooflight.agent.roofline.models import load_config_json, preset
 from rooflight.agent.roofline import physics
-from rooflight.agent.roofline.plan import (
-    LIVE_NAMES, build_plan, build_pool_plan, fetch_live, format_plan, live_series, physics_capacities, plan_to_dict,
-    register, sig, window_seconds,
-)
+from rooflight.agent.plan_cli import fetch_live, format_plan, live_series, plan_to_dict, register, window_seconds
+from rooflight.agent.roofline.plan import build_plan, build_pool_plan, physics_capacities, sig
 from support import MODEL_CONFIGS
 
 FIX = MODEL_CONFIGS
@@ -250,15 +248,7 @@ def test_pool_flags_must_make_sense(capsys: pytest.CaptureFixture[str]) -> None:
                            prefill_mfu=0.5, decode_mbu=0.7, reserved_bytes_per_gpu=4e9)
 
 
-def test_live_names_are_the_agents() -> None:
-    from rooflight.agent.metrics import names as n
-
-    assert LIVE_NAMES == {
-        "tokens": n.TOKENS_PER_SECOND, "requests": n.REQUESTS_PER_SECOND, "headroom": n.HEADROOM,
-        "saturation": n.SATURATION, "binding": n.SATURATION_BINDING, "capacity": n.CAPACITY_REQUESTS,
-        "capacity_decode": n.CAPACITY_DECODE_TOKENS, "capacity_phase": n.CAPACITY_PHASE_TOKENS,
-        "cost": n.COST_PER_MILLION_TOKENS, "joule": n.TOKENS_PER_JOULE,
-    }
+def test_live_windows_are_read_as_the_agent_reads_its_windows() -> None:
     assert [window_seconds(w) for w in ("10s", "1m", "250ms", "1h", "x")] == [10, 60, 0.25, 3600, 0]
 
 

@@ -18,7 +18,7 @@ from typing import Callable
 import pytest
 
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.roofline.plan import fetch_live
+from rooflight.agent.plan_cli import fetch_live
 from support import ROOT
 
 GOOD = ('# TYPE rooflight_tokens_per_second gauge\n'

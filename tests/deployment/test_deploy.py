@@ -21,13 +21,8 @@ import yaml
 
 from rooflight.agent.sampling import config as agent_config
 from deploy import generate
-from rooflight.rules.config import (
-    SGLANG_ITL_BUCKETS,
-    SGLANG_TTFT_BUCKETS,
-    VLLM_ITL_BUCKETS,
-    VLLM_TTFT_BUCKETS,
-    RulesConfig,
-)
+from rooflight.collectors import sglang, vllm
+from rooflight.rules.config import RulesConfig
 from rooflight.rules.generate import ENGINE_PRESETS
 from rooflight.rules.render import render
 from demo_procs import stop_process
@@ -153,7 +148,7 @@ def test_chart_schema_allows_only_the_engines_bucket_edges() -> None:
     rule = schema["properties"]["prometheusRule"]
     assert rule["if"] == {"properties": {"engine": {"const": "sglang"}}, "required": ["engine"]}
     for branch, ttft, itl in (
-        ("else", VLLM_TTFT_BUCKETS, VLLM_ITL_BUCKETS), ("then", SGLANG_TTFT_BUCKETS, SGLANG_ITL_BUCKETS),
+        ("else", vllm.TTFT_EDGES, vllm.ITL_EDGES), ("then", sglang.TTFT_EDGES, sglang.ITL_EDGES),
     ):  # fmt: skip
         for slo, edges in (("ttft", ttft), ("itl", itl)):
             props = rule[branch]["properties"][slo]["properties"]
