@@ -20,7 +20,10 @@ than the engine and NVML (which have their own alerts) stays down.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from rooflight.agent.metrics import names
+from rooflight.agent.signals import registry
 from rooflight.rules.config import DASHBOARD_VARIABLES, DetectorAlert, RulesConfig
 from rooflight.rules.promql import labels, number, series
 from rooflight.rules.recording import Rule, keep, mbu_record, rank_labels
@@ -142,56 +145,47 @@ def admission_bound_description(config: RulesConfig) -> str:
     )
 
 
+# The description of each detector alert that has one written for it; any other detector's alert (one only
+# added to agent/signals/registry.py) says its title and its status-page sentence (generic_description).
+DESCRIPTIONS: dict[str, Callable[[RulesConfig], str]] = {
+    registry.HEAD_OF_LINE.alert: head_of_line_description,
+    registry.CAPACITY_CAPPED.alert: capacity_capped_description,
+    registry.ADMISSION_BOUND.alert: admission_bound_description,
+}
+# Thresholds of a detector alert with no RulesConfig field of its own (a field named like the detector's key).
+DEFAULT_DETECTOR_ALERT = DetectorAlert("10m", 0.5, "10m")
+
+
+def detector_thresholds(config: RulesConfig, d: registry.Detector) -> DetectorAlert:
+    """The RulesConfig field named like the detector's key (head_of_line, ...), else DEFAULT_DETECTOR_ALERT."""
+    thresholds = getattr(config, d.key, DEFAULT_DETECTOR_ALERT)
+    return thresholds if isinstance(thresholds, DetectorAlert) else DEFAULT_DETECTOR_ALERT
+
+
+def generic_description(config: RulesConfig, d: registry.Detector) -> str:
+    return f"{WHERE}: {d.title[0].lower()}{d.title[1:]} during {_share(detector_thresholds(config, d))}. {d.sentence}"
+
+
+def detector_alert(config: RulesConfig, d: registry.Detector) -> Rule:
+    """The alert over a detector's 0/1 gauge, as its registry entry declares it (d.rule)."""
+    assert d.rule is not None, f"detector {d.key} declares no gauge alert"
+    t = detector_thresholds(config, d)
+    describe = DESCRIPTIONS.get(d.alert)
+    return alert(
+        config,
+        d.alert,
+        _detector(config, d.flag.metric, f"{d.rule.over}({series(d.rule.metric, config.agent_selector)}[{t.window}])", t),
+        t.for_,
+        t.severity,
+        d.rule.summary,
+        describe(config) if describe else generic_description(config, d),
+        dashboard=(d.rule.board, PER_TARGET),
+    )
+
+
 def detector_alerts(config: RulesConfig) -> list[Rule]:
-    sel = config.agent_selector
-    hol, cap, adm = config.head_of_line, config.capacity_capped, config.admission_bound
-    return [
-        alert(
-            config,
-            "RooflightHeadOfLineBlocking",
-            _detector(
-                config,
-                names.HEAD_OF_LINE_BLOCKING,
-                f"max_over_time({series(names.ITL_INFLATION, sel)}[{hol.window}])",
-                hol,
-            ),
-            hol.for_,
-            hol.severity,
-            "Prefill work is stalling the decode batch (head-of-line blocking).",
-            head_of_line_description(config),
-            dashboard=("overview", PER_TARGET),
-        ),
-        alert(
-            config,
-            "RooflightBatchCapacityCapped",
-            _detector(
-                config,
-                names.BATCH_CAPACITY_CAPPED,
-                f"avg_over_time({series(names.KV_USAGE, sel)}[{cap.window}])",
-                cap,
-            ),
-            cap.for_,
-            cap.severity,
-            "The batch is capped by KV-cache capacity: occupancy pinned, preemptions climbing, requests waiting.",
-            capacity_capped_description(config),
-            dashboard=("kv-batch", PER_TARGET),
-        ),
-        alert(
-            config,
-            "RooflightBatchAdmissionBound",
-            _detector(
-                config,
-                names.BATCH_ADMISSION_BOUND,
-                f"avg_over_time({series(names.REQUESTS_WAITING, sel)}[{adm.window}])",
-                adm,
-            ),
-            adm.for_,
-            adm.severity,
-            "Requests are queueing while the batch and the KV cache have room (admission-bound).",
-            admission_bound_description(config),
-            dashboard=("kv-batch", PER_TARGET),
-        ),
-    ]
+    """Every detector alert rendered over its gauge, in the registry's order."""
+    return [detector_alert(config, d) for d in registry.gauge_alerts()]
 
 
 def mbu_alert(config: RulesConfig) -> Rule:

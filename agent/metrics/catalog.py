@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from rooflight.agent.metrics import names as n
+from rooflight.agent.signals import registry
 from rooflight.agent.signals.derive import MAX_UTILIZATION
 from rooflight.collectors.common import MIN_PAGE_SAMPLES, SAMPLES_PER_SERIES
 from rooflight.collectors.expfmt import MAX_HISTOGRAM_BUCKETS, MAX_LABEL_VALUE_CHARS
@@ -38,7 +39,7 @@ def counter(name: str, labels: tuple[str, ...], unit: str, help_: str) -> Metric
     return MetricDef(name, "counter", labels, unit, help_)
 
 
-CATALOG: tuple[MetricDef, ...] = (
+_BEFORE_DETECTORS: tuple[MetricDef, ...] = (
     # Health of each source.
     gauge(n.SOURCE_UP, HEALTH, "", "1 if the last sample of this source succeeded, else 0."),
     gauge(n.SOURCE_STARTING, HEALTH, "", "1 until this source's first good sample since the agent started (an engine still loading its weights), then 0 for good: the engine-down alert pages only for an engine that was up."),
@@ -98,14 +99,9 @@ CATALOG: tuple[MetricDef, ...] = (
     gauge(n.COST_PER_MILLION_TOKENS, WINDOWED + ("phase",), "currency/1M tokens", "GPU price per hour x GPUs (TP) x the phase's share of GPU time / (the phase's tokens/s x 3600 / 1e6), where gpu_hour_cost is set; the phases' bills add up to the GPU-hour."),
     gauge(n.BLENDED_COST_PER_MILLION_TOKENS, WINDOWED, "currency/1M tokens", "GPU price per hour x GPUs (TP) / (prompt + output tokens/s x 3600 / 1e6): a million tokens of the current mix, where gpu_hour_cost is set."),
     gauge(n.TOKENS_PER_JOULE, WINDOWED + ("phase",), "tokens/J", "The phase's tokens/s / (the mean power of the target's GPUs over the window (NVML's energy counter) x the phase's share of GPU time); absent where a GPU does not report energy."),
-    # Detectors.
-    gauge(n.HEAD_OF_LINE_BLOCKING, SERIES, "", "1 while the ITL tail inflates against its recent median with prefill work in the batch."),
-    gauge(n.ITL_INFLATION, SERIES, "ratio", "The worst ITL since the agent's previous sample / its own recent median (of that worst, over the longest window); the worst is the upper bound of the highest ITL bucket that gained observations, or the exact worst gap between tokens where the proxy judged."),
-    gauge(n.HEAD_OF_LINE_SOURCE, SERIES + ("source",), "", "Which ITL judged head-of-line (one series per source, 1 for the one that did): proxy = the exact gaps between tokens the client-side proxy relayed (rooflight run --proxy-listen, a target with one series, once 30 s of them are known), engine = the engine's ITL histogram buckets."),
-    gauge(n.BATCH_CAPACITY_CAPPED, SERIES, "", "1 while the batch is capped by KV capacity: occupancy pinned near 1, preemptions climbing, requests waiting."),
-    gauge(n.BATCH_ADMISSION_BOUND, SERIES, "", "1 while requests wait although the batch is well below its cap and KV has room."),
-    gauge(n.BATCH_AT_CONFIGURED_MAX, SERIES, "", "1 while running = the configured batch cap with KV room: a config lever, not the memory wall."),
-    gauge(n.ENGINE_STALLED, SERIES, "", "1 while requests were held (running or waiting) through the last stall_seconds (30 s) and the engine ran no step and produced no token in them, its /metrics answering: hung, not slow."),
+)
+# Then the detectors' rows (detector_defs), then:
+_AFTER_DETECTORS: tuple[MetricDef, ...] = (
     # Constants.
     gauge(n.GPU_INFO, ("gpu", "uuid", "name", "profile", "source", "reason"), "", "1 per GPU; profile = the constants profile its NVML name matches, or unknown (no constants on file: the MBU and MFU of a target on it are absent, never another GPU's peaks); source = nvml, flag or default; reason = why a GPU is unknown, empty otherwise."),
     gauge(n.TARGET_GPU_INFO, ("target", "gpu", "uuid", "rule"), "", "1 per GPU a target's engine uses: join GPU series to a target on uuid. rule = how they were found: nvml_pids (NVML's compute processes include the engine's process tree), cuda_visible_devices (the engine's CUDA_VISIBLE_DEVICES), all_visible (no engine PID maps to a GPU: every GPU the agent sees)."),
@@ -130,6 +126,14 @@ CATALOG: tuple[MetricDef, ...] = (
     gauge("rooflight_engine_process_threads", ("target",), "threads", "Threads in the engine's process tree."),
 )
 
+
+def detector_defs() -> tuple[MetricDef, ...]:
+    """Each detector's series, as the detector registry declares them (agent/signals/registry.py)."""
+    return tuple(gauge(s.metric, SERIES + s.labels, s.unit, s.help)
+                 for d in registry.detectors() for s in d.exported())
+
+
+CATALOG: tuple[MetricDef, ...] = _BEFORE_DETECTORS + detector_defs() + _AFTER_DETECTORS
 BY_NAME = {m.name: m for m in CATALOG}
 
 
@@ -145,7 +149,8 @@ def gpu_extra_defs() -> tuple[MetricDef, ...]:
 
 
 def all_defs() -> tuple[MetricDef, ...]:
-    return CATALOG + gpu_extra_defs()
+    """Every metric the agent exports, in docs/metrics.md's order, the registry's detectors as it holds them now."""
+    return _BEFORE_DETECTORS + detector_defs() + _AFTER_DETECTORS + gpu_extra_defs()
 
 
 def table_of(defs: Iterable[MetricDef]) -> str:

@@ -9,7 +9,6 @@ are agent/metrics/families.py's, shared with the proxy's /metrics.
 
 from __future__ import annotations
 
-import functools
 import platform
 from typing import Callable
 
@@ -21,14 +20,13 @@ from rooflight.agent.metrics import names as n
 from rooflight.agent.metrics.catalog import BY_NAME, MetricDef, all_defs, gpu_extra_defs
 from rooflight.agent.metrics.families import Families, SnapshotCollector, nonneg, registry_of
 from rooflight.agent.metrics.snapshot import SeriesView, Snapshot, TargetView
-from rooflight.agent.signals.detectors import ITL_FROM_ENGINE, ITL_SOURCES
+from rooflight.agent.signals import registry
 from rooflight.agent.signals.headroom import WindowSignals
 from rooflight.collectors.samples import GpuSample
 
 
-@functools.cache
 def _defs() -> dict[str, MetricDef]:
-    """The catalog by name, the NVML collector's deeper readings included (built once: every scrape asks)."""
+    """The catalog by name, the NVML collector's deeper readings and the registry's detectors included."""
     return {d.name: d for d in all_defs()}
 
 
@@ -132,22 +130,21 @@ def render_signals(f: Families, wk: tuple[str, ...], sig: WindowSignals) -> None
 
 
 def render_verdicts(f: Families, key: tuple[str, ...], verdicts: object) -> None:
+    """Every registered detector's flags, then their values, then their choices (agent/signals/registry.py)."""
     if verdicts is None:
         return
-    flags = (
-        (n.HEAD_OF_LINE_BLOCKING, "head_of_line"),
-        (n.BATCH_CAPACITY_CAPPED, "capacity_capped"),
-        (n.BATCH_ADMISSION_BOUND, "admission_bound"),
-        (n.BATCH_AT_CONFIGURED_MAX, "at_configured_max"),
-        (n.ENGINE_STALLED, "engine_stalled"),
-    )
-    for name, attr in flags:
-        value = getattr(verdicts, attr, None)
-        f.add(name, key, None if value is None else float(value))
-    f.add(n.ITL_INFLATION, key, nonneg(getattr(verdicts, "itl_inflation", None)))
-    judged_by = getattr(verdicts, "itl_source", ITL_FROM_ENGINE)
-    for source in ITL_SOURCES:
-        f.add(n.HEAD_OF_LINE_SOURCE, (*key, source), float(source == judged_by))
+    detectors = registry.detectors()
+    for d in detectors:
+        value = getattr(verdicts, d.key, None)
+        f.add(d.flag.metric, key, None if value is None else float(value))
+    for d in detectors:
+        for v in d.values:
+            f.add(v.series.metric, key, nonneg(getattr(verdicts, v.attr, None)))
+    for d in detectors:
+        if d.choice is not None:
+            chosen = getattr(verdicts, d.choice.attr, None) or d.choice.default
+            for choice in d.choice.choices:
+                f.add(d.choice.series.metric, (*key, choice), float(choice == chosen))
 
 
 def render_constants(f: Families, target: TargetView) -> None:
