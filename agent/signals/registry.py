@@ -13,7 +13,7 @@ dashboard panel that draws it and the NVTX mark a rising edge leaves in a profil
 - the sampling loop's NVTX marks (`nvtx_marks()`).
 
 Plain data and small functions only: the detectors' logic is in agent/signals/detectors.py, the order
-of DETECTORS is the order of the page, the catalog and /metrics. docs/architecture.md ("Adding a
+of DETECTORS is the order of the page, the catalog and /metrics. docs/detectors.md ("Adding a
 detector") says which files a new detector touches.
 """
 

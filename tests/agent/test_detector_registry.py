@@ -97,6 +97,15 @@ def test_registry_accessors() -> None:
         registry.by_key("nope")
 
 
+def test_docs_table_lists_every_detector() -> None:
+    """docs/detectors.md's table: one row per registered detector, with its gauge and its alert."""
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)` \|.*$", (ROOT / "docs" / "detectors.md").read_text(),
+                                                         re.M)}
+    assert set(rows) == set(registry.verdict_keys())
+    for d in registry.detectors():
+        assert f"`{d.flag.metric}`" in rows[d.key] and d.alert in rows[d.key], d.key
+
+
 # -- the toy -----------------------------------------------------------------------------------------
 
 @pytest.fixture
