@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from grafana_foundation_sdk.builders import common as common_b
-from grafana_foundation_sdk.builders import dashboard, prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders import dashboard, prometheus, stat, table, timeseries, xychart
 from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
@@ -161,6 +161,19 @@ def _thresholds(steps: list[tuple[float | None, str]]) -> dashboard.ThresholdsCo
     )
 
 
+P = TypeVar("P", timeseries.Panel, stat.Panel, table.Panel, xychart.Panel)
+
+
+def titled(panel: P, title: str, description: str) -> P:
+    """Every panel's head: its title, what it shows and how to read it, and the `$datasource` it queries."""
+    return panel.title(title).description(description).datasource(DS)
+
+
+def log10() -> common_b.ScaleDistributionConfig:
+    """A log-10 axis (ratios that span decades: inflation, intensity)."""
+    return common_b.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(10)
+
+
 def ts(
     title: str,
     description: str,
@@ -174,10 +187,7 @@ def ts(
 ) -> timeseries.Panel:
     """A time series panel with a table legend showing last and max."""
     p = (
-        timeseries.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DS)
+        titled(timeseries.Panel(), title, description)
         .unit(unit)
         .legend(_legend())
         .tooltip(common_b.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI).sort(common.SortOrder.DESCENDING))
@@ -190,7 +200,7 @@ def ts(
     if max_val is not None:
         p = p.max(max_val)
     if log:
-        p = p.scale_distribution(common_b.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(10))
+        p = p.scale_distribution(log10())
     if thresholds:
         p = p.thresholds(_thresholds(thresholds)).thresholds_style(
             common_b.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.LINE)
@@ -219,10 +229,7 @@ def single(
 ) -> stat.Panel:
     """A stat panel showing the last value of one instant query."""
     p = (
-        stat.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DS)
+        titled(stat.Panel(), title, description)
         .unit(unit)
         .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
         .graph_mode(common.BigValueGraphMode.NONE)
@@ -244,10 +251,7 @@ def info_table(title: str, description: str, target: prometheus.Dataquery, hide:
         options={"excludeByName": {column: True for column in hide}, "indexByName": {}, "renameByName": {}},
     )
     return (
-        table.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DS)
+        titled(table.Panel(), title, description)
         .with_target(target)
         .with_transformation(organize)
         .show_header(True)
