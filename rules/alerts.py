@@ -204,9 +204,10 @@ def mbu_alert(config: RulesConfig) -> Rule:
     w = config.rate_window
     steps_per_second = query_value(_rate(names.ENGINE_STEPS, w))
     batch = query_value(f"avg_over_time({_matching(names.REQUESTS_RUNNING)}[{w}])")
+    assert registry.MBU.alert and registry.MBU.board
     return alert(
         config,
-        "RooflightLowDecodeMBU",
+        registry.MBU.alert,
         expr,
         config.low_mbu_for,
         "warning",
@@ -214,7 +215,7 @@ def mbu_alert(config: RulesConfig) -> Rule:
         f"{WHERE}: model bandwidth utilization is {{{{ $value | humanizePercentage }}}} over {w} "
         f"(below {config.low_mbu_threshold:.0%}) with the batch never empty, at {steps_per_second} engine steps/s with "
         f"{batch} requests running on average. A healthy decode streams 60-80%.",
-        dashboard=("roofline", PER_TARGET),
+        dashboard=(registry.MBU.board, PER_TARGET),
     )
 
 

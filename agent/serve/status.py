@@ -28,7 +28,6 @@ from typing import Any, Deque, Iterable, Mapping
 
 from rooflight.agent import __version__
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.metrics import names
 from rooflight.agent.metrics.snapshot import Health, SeriesView, Snapshot, TargetView
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
@@ -47,14 +46,7 @@ HISTORY_FIELDS = ("mbu", "mfu_prefill", "mfu_decode", "tokens_prefill", "tokens_
 
 
 # The /metrics name of each number the page shows, so the page can say which series it is showing.
-METRIC_NAMES = {
-    "mbu": names.MBU, "mfu": names.MFU, "tokens_per_second": names.TOKENS_PER_SECOND, "ttft": names.TTFT,
-    "itl": names.ITL, "preemptions_per_second": names.PREEMPTIONS_PER_SECOND,
-    "decode_intensity": names.DECODE_INTENSITY, "kv_usage_ratio": names.KV_USAGE,
-    "running": names.REQUESTS_RUNNING, "waiting": names.REQUESTS_WAITING, "batch_max": names.BATCH_MAX_REQUESTS,
-    "itl_inflation": names.ITL_INFLATION, "source_up": names.SOURCE_UP,
-    "source_last_success": names.SOURCE_LAST_SUCCESS,
-}
+METRIC_NAMES = registry.page_metrics()
 
 
 def runbook_url(alert: str, base: str = RUNBOOK_BASE_URL) -> str:

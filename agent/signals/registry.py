@@ -1,4 +1,4 @@
-"""Every detector, declared once: what everything that shows a detector reads.
+"""Every detector, and every number the status page shows, declared once: what everything that shows one reads.
 
 One `Detector` entry says what a detector is called (`key`, the `Verdicts` attribute its verdict sits
 in), how people see it (title and sentence on the status page), the series it exports (its 0/1 gauge,
@@ -9,8 +9,11 @@ dashboard panel that draws it and the NVTX mark a rising edge leaves in a profil
 - /api/v1/status and the status page (agent/serve/status.py), /api/v1/snapshot (agent/serve/server.py);
 - the alerts (rules/alerts.py renders a detector's `GaugeAlert`; rules/health.py names its own from here);
 - the dashboards (dashboards/panels.py, `detector_queries`, for every board's detector panel);
-- the runbook checks (tests/rules: every alert here has a section in docs/runbooks.md);
+- the runbook check (tests/agent/test_detector_registry.py: every alert here has a section in docs/runbooks.md);
 - the sampling loop's NVTX marks (`nvtx_marks()`).
+
+A `Family` does the same, more briefly, for a derived number: the status page's name for it, its series,
+and the alert that reads it (the low decode MBU alert, rules/alerts.py).
 
 Plain data and small functions only: the detectors' logic is in agent/signals/detectors.py, the order
 of DETECTORS is the order of the page, the catalog and /metrics. docs/detectors.md ("Adding a
@@ -183,6 +186,37 @@ ENGINE_STALLED = Detector(
 DETECTORS: tuple[Detector, ...] = (HEAD_OF_LINE, CAPACITY_CAPPED, ADMISSION_BOUND, AT_CONFIGURED_MAX, ENGINE_STALLED)
 
 
+@dataclass(frozen=True, slots=True)
+class Family:
+    """A number the agent exports that the status page shows (`key`: its name there, which links it to its
+    series), with the alert that reads it and the dashboard that alert links to, if any."""
+
+    key: str
+    metric: str
+    alert: str | None = None
+    board: str | None = None
+
+
+MBU = Family("mbu", n.MBU, alert="RooflightLowDecodeMBU", board="roofline")
+
+# In the order the page lists them; a detector's values (head_of_line's inflation) join them (page_metrics).
+FAMILIES: tuple[Family, ...] = (
+    MBU,
+    Family("mfu", n.MFU),
+    Family("tokens_per_second", n.TOKENS_PER_SECOND),
+    Family("ttft", n.TTFT),
+    Family("itl", n.ITL),
+    Family("preemptions_per_second", n.PREEMPTIONS_PER_SECOND),
+    Family("decode_intensity", n.DECODE_INTENSITY),
+    Family("kv_usage_ratio", n.KV_USAGE),
+    Family("running", n.REQUESTS_RUNNING),
+    Family("waiting", n.REQUESTS_WAITING),
+    Family("batch_max", n.BATCH_MAX_REQUESTS),
+    Family("source_up", n.SOURCE_UP),
+    Family("source_last_success", n.SOURCE_LAST_SUCCESS),
+)
+
+
 def detectors() -> tuple[Detector, ...]:
     """Every detector, in the page's and the catalog's order (read at call time: a test may add one)."""
     return DETECTORS
@@ -205,9 +239,19 @@ def nvtx_marks() -> tuple[tuple[str, str], ...]:
     return tuple((d.key, d.nvtx) for d in DETECTORS if d.nvtx)
 
 
+def families() -> tuple[Family, ...]:
+    return FAMILIES
+
+
+def page_metrics() -> dict[str, str]:
+    """The series of each number the status page shows, by the page's name for it."""
+    return {**{f.key: f.metric for f in FAMILIES}, **{v.attr: v.series.metric for d in DETECTORS for v in d.values}}
+
+
 def alerts() -> tuple[str, ...]:
-    """Every alert a detector names, each once, in order: each needs a section in docs/runbooks.md."""
-    return tuple(dict.fromkeys(d.alert for d in DETECTORS))
+    """Every alert a detector or a family names, each once, in order: each needs a section in docs/runbooks.md."""
+    named = [d.alert for d in DETECTORS] + [f.alert for f in FAMILIES if f.alert]
+    return tuple(dict.fromkeys(named))
 
 
 def gauge_alerts() -> tuple[Detector, ...]:

@@ -78,11 +78,22 @@ def test_registered_gauge_alerts_are_the_rendered_ones() -> None:
     for d in registry.detectors():
         assert d.alert in rendered, f"{d.key}: no rule renders {d.alert}"
         assert rendered[d.alert]["annotations"]["runbook_url"] == f"{config.runbook_base_url}#{d.runbook_anchor}"
+    for f in registry.families():
+        if f.alert:
+            assert f.alert in rendered and f"/d/rooflight-{f.board}" in rendered[f.alert]["annotations"]["dashboard_url"]
     for d in registry.gauge_alerts():
         assert d.rule is not None
         expr = rendered[d.alert]["expr"]
         assert f"avg_over_time({d.flag.metric}[" in expr and f"{d.rule.over}({d.rule.metric}[" in expr, d.key
         assert rendered[d.alert]["annotations"]["summary"] == d.rule.summary
+
+
+def test_page_metrics_name_exported_series() -> None:
+    """Every number the status page names a series for is one the catalog declares."""
+    declared = {d.name for d in catalog.all_defs()}
+    names = registry.page_metrics()
+    assert names["mbu"] == "rooflight_mbu_ratio" and names["itl_inflation"] == "rooflight_itl_tail_inflation_ratio"
+    assert set(names.values()) <= declared
 
 
 def test_registry_accessors() -> None:
