@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from rooflight.agent.metrics import names as n
-from rooflight.agent.signals import registry
+from rooflight.agent.metrics import registry
 
 from .panels import (
     BY_SERIES,

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Callable
 
 from rooflight.agent.metrics import names
-from rooflight.agent.signals import registry
+from rooflight.agent.metrics import registry
 from rooflight.rules.config import DASHBOARD_VARIABLES, DetectorAlert, RulesConfig
 from rooflight.rules.promql import labels, number, series
 from rooflight.rules.recording import Rule, keep, mbu_record, rank_labels
@@ -146,7 +146,7 @@ def admission_bound_description(config: RulesConfig) -> str:
 
 
 # The description of each detector alert that has one written for it; any other detector's alert (one only
-# added to agent/signals/registry.py) says its title and its status-page sentence (generic_description).
+# added to agent/metrics/registry.py) says its title and its status-page sentence (generic_description).
 DESCRIPTIONS: dict[str, Callable[[RulesConfig], str]] = {
     registry.HEAD_OF_LINE.alert: head_of_line_description,
     registry.CAPACITY_CAPPED.alert: capacity_capped_description,

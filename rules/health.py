@@ -14,7 +14,7 @@ thermal or power-brake slowdown for a share of the window, and temperature.
 from __future__ import annotations
 
 from rooflight.agent.metrics import names
-from rooflight.agent.signals import registry
+from rooflight.agent.metrics import registry
 from rooflight.collectors.nvml import GPU_EXTRA_METRICS
 from rooflight.rules.alerts import PER_TARGET, WHERE, Link, alert
 from rooflight.rules.config import RulesConfig

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from rooflight.agent.metrics import names as n
-from rooflight.agent.signals import registry
+from rooflight.agent.metrics import registry
 from rooflight.agent.signals.derive import MAX_UTILIZATION
 from rooflight.collectors.common import MIN_PAGE_SAMPLES, SAMPLES_PER_SERIES
 from rooflight.collectors.expfmt import MAX_HISTOGRAM_BUCKETS, MAX_LABEL_VALUE_CHARS
@@ -136,7 +136,7 @@ _AFTER_DETECTORS: tuple[MetricDef, ...] = (
 
 
 def detector_defs() -> tuple[MetricDef, ...]:
-    """Each detector's series, as the detector registry declares them (agent/signals/registry.py)."""
+    """Each detector's series, as the detector registry declares them (agent/metrics/registry.py)."""
     return tuple(gauge(s.metric, SERIES + s.labels, s.unit, s.help)
                  for d in registry.detectors() for s in d.exported())
 

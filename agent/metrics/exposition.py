@@ -20,7 +20,7 @@ from rooflight.agent.metrics import names as n
 from rooflight.agent.metrics.catalog import BY_NAME, MetricDef, all_defs, gpu_extra_defs
 from rooflight.agent.metrics.families import Families, SnapshotCollector, nonneg, registry_of
 from rooflight.agent.metrics.snapshot import SeriesView, Snapshot, TargetView
-from rooflight.agent.signals import registry
+from rooflight.agent.metrics import registry
 from rooflight.agent.signals.headroom import WindowSignals
 from rooflight.collectors.samples import GpuSample
 
@@ -130,7 +130,7 @@ def render_signals(f: Families, wk: tuple[str, ...], sig: WindowSignals) -> None
 
 
 def render_verdicts(f: Families, key: tuple[str, ...], verdicts: object) -> None:
-    """Every registered detector's flags, then their values, then their choices (agent/signals/registry.py)."""
+    """Every registered detector's flags, then their values, then their choices (agent/metrics/registry.py)."""
     if verdicts is None:
         return
     detectors = registry.detectors()

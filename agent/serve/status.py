@@ -32,7 +32,7 @@ from rooflight.agent.metrics.snapshot import Health, SeriesView, Snapshot, Targe
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.roofline.plan import build_plan
-from rooflight.agent.signals import registry
+from rooflight.agent.metrics import registry
 from rooflight.agent.signals.derive import WindowValues
 
 # The rules' default runbook_url base (rules/config.py; tests hold the two equal). The agent sits below
@@ -248,7 +248,7 @@ def ceilings(c: TargetConstants | None, view: SeriesView) -> list[dict[str, Any]
 # -- the rest of one series ------------------------------------------------------------------------
 
 def detectors(verdicts: Any) -> list[dict[str, Any]]:
-    """Every registered detector (agent/signals/registry.py): active, clear or unknown (the inputs cannot
+    """Every registered detector (agent/metrics/registry.py): active, clear or unknown (the inputs cannot
     tell), with its sentence and runbook, and the numbers and source its verdict carries."""
     out = []
     for d in registry.detectors():

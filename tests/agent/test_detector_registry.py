@@ -1,4 +1,4 @@
-"""The detector registry (agent/signals/registry.py) is the one place a detector is declared.
+"""The detector registry (agent/metrics/registry.py) is the one place a detector is declared.
 
 - A toy detector added to the registry alone (plus a verdict value for it) shows on /metrics, in the
   catalog, on /api/v1/status and the status page (drawn by the page's script in a real browser, where
@@ -30,7 +30,7 @@ from rooflight.agent.metrics.snapshot import Snapshot
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.sampling.config import build
 from rooflight.agent.serve.server import build_app
-from rooflight.agent.signals import registry
+from rooflight.agent.metrics import registry
 from rooflight.agent.signals.detectors import Verdicts
 from rooflight.dashboards import kvbatch
 from rooflight.rules.config import RulesConfig

@@ -15,6 +15,9 @@ dashboard panel that draws it and the NVTX mark a rising edge leaves in a profil
 A `Family` does the same, more briefly, for a derived number: the status page's name for it, its series,
 and the alert that reads it (the low decode MBU alert, rules/alerts.py).
 
+It sits with the metric names it refers to (agent/metrics), above the detectors' logic (agent/signals),
+so every reader, the sampling loop included, imports it downwards.
+
 Plain data and small functions only: the detectors' logic is in agent/signals/detectors.py, the order
 of DETECTORS is the order of the page, the catalog and /metrics. docs/detectors.md ("Adding a
 detector") says which files a new detector touches.
@@ -226,7 +229,7 @@ def by_key(key: str) -> Detector:
     for d in DETECTORS:
         if d.key == key:
             return d
-    raise KeyError(f"no detector {key!r} in agent/signals/registry.py")
+    raise KeyError(f"no detector {key!r} in agent/metrics/registry.py")
 
 
 def verdict_keys() -> tuple[str, ...]:
