@@ -45,10 +45,6 @@ HISTORY_FIELDS = ("mbu", "mfu_prefill", "mfu_decode", "tokens_prefill", "tokens_
                   "kv_usage", "running", "waiting", "preemptions_per_second")
 
 
-# The /metrics name of each number the page shows, so the page can say which series it is showing.
-METRIC_NAMES = registry.page_metrics()
-
-
 def runbook_url(alert: str, base: str = RUNBOOK_BASE_URL) -> str:
     """The runbook section of an alert: GitHub's anchor of its heading."""
     return f"{base}#{registry.runbook_anchor(alert)}"
@@ -327,7 +323,7 @@ def status_dict(snap: Snapshot, history: History | None = None) -> dict[str, Any
         "created": snap.created,
         "runbook_base_url": RUNBOOK_BASE_URL,
         "history_fields": list(HISTORY_FIELDS),
-        "metric_names": METRIC_NAMES,
+        "metric_names": registry.page_metrics(),  # so the page can say which series each number is
         "health": [health_dict(h, history) for h in snap.health],
         "targets": [target_dict(snap, t, history) for t in snap.targets],
         "gpus": [
