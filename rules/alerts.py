@@ -1,6 +1,7 @@
 """Alerts on the agent's own series (detectors, low decode MBU, sources down) and on its scrape (meta).
 
-Detector alerts read the agent's 0/1 gauges (evaluated every second by the agent, sampled by each
+Detector alerts are the registry's (agent/metrics/registry.py): one per detector that declares a gauge
+alert, in its order, with its summary and dashboard. They read the agent's 0/1 gauges (evaluated every second by the agent, sampled by each
 scrape) as the fraction of a window they were true, so one flicker neither fires nor resets them. Each
 alert's value is the number on-call needs first (peak ITL inflation, KV occupancy, queue length, MBU);
 its description adds the absolute values behind it (seconds, tokens per step, preemptions/s, queue),
