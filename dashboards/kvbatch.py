@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from rooflight.agent.metrics import names as n
+from rooflight.agent.metrics import registry
 
 from .panels import (
     BY_SERIES,
@@ -22,6 +23,7 @@ from .panels import (
     WINDOWED,
     Grid,
     build,
+    detector_panel,
     engine_variables,
     info_table,
     kv_pool_bytes,
@@ -130,16 +132,11 @@ def dashboard() -> dict[str, Any]:
             query(f"{n.REQUESTS_WAITING}{sel(ENGINE)}", f"{WHO} all waiting", "B"),
         ],
     ), 12, 8)
-    g.add(ts(
-        "What limits the batch (detectors)",
+    g.add(detector_panel(
+        "kv-batch", registry.KV_BATCH_PANEL,
         "The agent's detectors, 1 while true, per pod: capacity-capped (KV full, preempting, queue nonempty), "
         "at configured max (running = cap with KV room left: raise the cap), admission-bound (queue nonempty, "
         "batch below cap, KV has room: the scheduler or token budget binds).",
-        "short", [
-            query(f"{n.BATCH_CAPACITY_CAPPED}{sel(ENGINE)}", f"{WHO} capacity-capped", "A"),
-            query(f"{n.BATCH_AT_CONFIGURED_MAX}{sel(ENGINE)}", f"{WHO} at configured max", "B"),
-            query(f"{n.BATCH_ADMISSION_BOUND}{sel(ENGINE)}", f"{WHO} admission-bound", "C"),
-        ], max_val=1,
     ), 12, 8)
 
     g.row("KV bytes")

@@ -35,6 +35,7 @@ from .panels import (
     Grid,
     build,
     custom_variable,
+    detector_panel,
     engine_variables,
     info_table,
     native,
@@ -317,13 +318,12 @@ def dashboard() -> dict[str, Any]:
         "none", [query(f"{n.ITL_INFLATION}{sel(ENGINE)}", WHO, "A")],
         log=True, min_val=None, thresholds=[(None, "transparent"), (HOL.hol_inflation, "red")],
     ), 12, 8)
-    g.add(ts(
-        "Head-of-line detector",
+    g.add(detector_panel(
+        "overview", "Head-of-line detector",
         "rooflight_head_of_line_blocking, 1 while the ITL tail inflation reached its threshold with prefill in "
         "the batch and no preemptions (a preempted sequence's late token is the capacity-capped verdict's, on "
         "the KV cache and batch dashboard). Held 30 s after each stall so a 15-30 s scrape sees it. "
         "RooflightHeadOfLineBlocking fires when it stays 1 for a share of a longer window: recurring stalls.",
-        "short", [query(f"{n.HEAD_OF_LINE_BLOCKING}{sel(ENGINE)}", WHO, "A")], max_val=1,
     ), 12, 8)
 
     g.row("Throughput and queue")

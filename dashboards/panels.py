@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from grafana_foundation_sdk.builders import common as common_b
-from grafana_foundation_sdk.builders import dashboard, prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders import dashboard, prometheus, stat, table, timeseries, xychart
 from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
@@ -38,6 +38,7 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 
 from rooflight.agent.metrics import names as n
+from rooflight.agent.metrics import registry
 
 SCHEMA_VERSION = 39  # Grafana 10.4 to 13 load it; 12+ migrate it in the backend
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -160,6 +161,19 @@ def _thresholds(steps: list[tuple[float | None, str]]) -> dashboard.ThresholdsCo
     )
 
 
+P = TypeVar("P", timeseries.Panel, stat.Panel, table.Panel, xychart.Panel)
+
+
+def titled(panel: P, title: str, description: str) -> P:
+    """Every panel's head: its title, what it shows and how to read it, and the `$datasource` it queries."""
+    return panel.title(title).description(description).datasource(DS)
+
+
+def log10() -> common_b.ScaleDistributionConfig:
+    """A log-10 axis (ratios that span decades: inflation, intensity)."""
+    return common_b.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(10)
+
+
 def ts(
     title: str,
     description: str,
@@ -173,10 +187,7 @@ def ts(
 ) -> timeseries.Panel:
     """A time series panel with a table legend showing last and max."""
     p = (
-        timeseries.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DS)
+        titled(timeseries.Panel(), title, description)
         .unit(unit)
         .legend(_legend())
         .tooltip(common_b.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI).sort(common.SortOrder.DESCENDING))
@@ -189,7 +200,7 @@ def ts(
     if max_val is not None:
         p = p.max(max_val)
     if log:
-        p = p.scale_distribution(common_b.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(10))
+        p = p.scale_distribution(log10())
     if thresholds:
         p = p.thresholds(_thresholds(thresholds)).thresholds_style(
             common_b.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.LINE)
@@ -197,6 +208,14 @@ def ts(
     for t in targets:
         p = p.with_target(t)
     return p
+
+
+def detector_panel(board: str, title: str, description: str) -> timeseries.Panel:
+    """A panel of detector gauges, 1 while true, per series: one line for each detector whose registry entry
+    draws it in this board's panel of this title (agent/metrics/registry.py), ordered by its refId."""
+    targets = [query(f"{d.flag.metric}{sel(ENGINE)}", f"{WHO} {d.panel.legend}".rstrip(), d.panel.ref)
+               for d in registry.panel_lines(board, title) if d.panel is not None]
+    return ts(title, description, "short", targets, max_val=1)
 
 
 def single(
@@ -210,10 +229,7 @@ def single(
 ) -> stat.Panel:
     """A stat panel showing the last value of one instant query."""
     p = (
-        stat.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DS)
+        titled(stat.Panel(), title, description)
         .unit(unit)
         .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
         .graph_mode(common.BigValueGraphMode.NONE)
@@ -235,10 +251,7 @@ def info_table(title: str, description: str, target: prometheus.Dataquery, hide:
         options={"excludeByName": {column: True for column in hide}, "indexByName": {}, "renameByName": {}},
     )
     return (
-        table.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DS)
+        titled(table.Panel(), title, description)
         .with_target(target)
         .with_transformation(organize)
         .show_header(True)

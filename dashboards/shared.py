@@ -9,7 +9,8 @@ SLOs (TTFT, ITL, availability) are the service's: summed over replicas, one seri
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 from rooflight.rules import availability, slo
 from rooflight.rules.config import RulesConfig
@@ -26,13 +27,50 @@ _PAGE = min(row.factor for row in RULES.burn_windows if row.severity == "critica
 _BURN_LINES = [(None, "transparent"), (1.0, "orange"), (_PAGE, "red")]
 
 
-def _burn(record: Callable[[str], str], selector: str, budget: float, who: str, *, per_service: bool) -> list[Any]:
-    """One query per burn window: the window's error ratio over the budget."""
-    out = []
-    for ref, w in zip(_REFS, _WINDOWS):
-        expr = f"{record(w)}{sel(selector)} / {number(budget)}"
-        out.append(query(service(expr) if per_service else expr, f"{who} {w}", ref))
-    return out
+@dataclass(frozen=True)
+class _Slo:
+    """One SLO the rules alert on, as its burn panel and its line in the budget panel show it."""
+
+    title: str  # the burn panel's
+    short: str  # its line's legend in the budget panel, after `who`
+    record: Callable[[str], str]  # the recording rule of its error ratio over a window
+    selector: str
+    budget: float
+    who: str
+    per_service: bool  # a service-level record (summed over replicas), kept to the selected agents' services
+    before: str  # the burn panel's description, before and after the text every burn panel shares
+    after: str
+
+    def ratio(self, window: str, minus_from: str = "") -> str:
+        """The window's error ratio over the budget (`minus_from` 1: the budget left)."""
+        expr = f"{minus_from}{self.record(window)}{sel(self.selector)} / {number(self.budget)}"
+        return service(expr) if self.per_service else expr
+
+
+def _slos() -> tuple[_Slo, ...]:
+    latency = tuple(
+        _Slo(f"Burn rate: {short}", short, lambda w, s=slo_def: slo.error_record(RULES, s, w), SERVICE, slo_def.budget,
+             SERVICE_WHO, True,
+             f"The engine's {slo_def.title} SLO ({slo_def.objective:.3g} of observations within "
+             f"{slo_def.threshold_seconds:g} s, the {slo_def.alert} rules), per service (cluster, namespace) and "
+             "model, summed over its replicas.", "Which pod: the Latency and Head-of-line rows.")
+        for short, slo_def in (("TTFT", RULES.ttft), ("ITL", RULES.itl))
+    )
+    return (
+        *latency,
+        _Slo("Burn rate: engine availability", "availability", lambda w: availability.request_record(RULES, w),
+             SERVICE, 1 - RULES.request_error_objective, SERVICE_WHO, True,
+             f"Requests the engine aborted or failed over all it finished (its finished-reason counters), against "
+             f"the {1 - RULES.request_error_objective:.3g} budget of {availability.REQUEST_ALERT}, per service and "
+             "model.", "An abort storm is clients giving up (TTFT past their timeout: see the TTFT burn) or the "
+             "scheduler dropping requests; errors are the engine's own (its log)."),
+        _Slo("Burn rate: client availability (proxy)", "client availability", availability.client_record, CLIENT,
+             1 - RULES.client_error_objective, "{{pod}} {{target}}", False,
+             f"Inference requests the proxy answered 5xx or saw cut by the upstream, over all it relayed, against "
+             f"the {1 - RULES.client_error_objective:.3g} budget of {availability.CLIENT_ALERT}, per pod and target "
+             "(the proxy's view, which a crash-looping engine cannot reset).", "See Client requests by finish "
+             "reason for upstream_error; blank unless the proxy runs."),
+    )
 
 
 def _windows_text() -> str:
@@ -51,52 +89,22 @@ def slo_row(g: Grid) -> None:
               f"short one both burn faster than their factor ({_rows_text()}); the red line is the lowest paging "
               f"factor. A short window high and the long ones low is a fresh incident (act now if it stays); the "
               f"long ones high with short ones falling is one that is ending.")
-    for title, slo_def in (("Burn rate: TTFT", RULES.ttft), ("Burn rate: ITL", RULES.itl)):
+    slos = _slos()
+    for s in slos:
         g.add(ts(
-            title,
-            f"The engine's {slo_def.title} SLO ({slo_def.objective:.3g} of observations within "
-            f"{slo_def.threshold_seconds:g} s, the {slo_def.alert} rules), per service (cluster, namespace) and "
-            f"model, summed over its replicas. {common} Which pod: the Latency and Head-of-line rows.",
-            "none", _burn(lambda w, s=slo_def: slo.error_record(RULES, s, w), SERVICE, slo_def.budget, SERVICE_WHO,
-                          per_service=True),
+            s.title, f"{s.before} {common} {s.after}", "none",
+            [query(s.ratio(w), f"{s.who} {w}", ref) for ref, w in zip(_REFS, _WINDOWS)],
             thresholds=_BURN_LINES,
         ), 12, 8)
-    g.add(ts(
-        "Burn rate: engine availability",
-        f"Requests the engine aborted or failed over all it finished (its finished-reason counters), against "
-        f"the {1 - RULES.request_error_objective:.3g} budget of {availability.REQUEST_ALERT}, per service and "
-        f"model. {common} An abort storm is clients giving up (TTFT past their timeout: see the TTFT burn) or "
-        "the scheduler dropping requests; errors are the engine's own (its log).",
-        "none", _burn(lambda w: availability.request_record(RULES, w), SERVICE, 1 - RULES.request_error_objective,
-                      SERVICE_WHO, per_service=True),
-        thresholds=_BURN_LINES,
-    ), 12, 8)
-    g.add(ts(
-        "Burn rate: client availability (proxy)",
-        f"Inference requests the proxy answered 5xx or saw cut by the upstream, over all it relayed, against the "
-        f"{1 - RULES.client_error_objective:.3g} budget of {availability.CLIENT_ALERT}, per pod and target "
-        f"(the proxy's view, which a crash-looping engine cannot reset). {common} See Client requests by finish "
-        "reason for upstream_error; blank unless the proxy runs.",
-        "none", _burn(availability.client_record, CLIENT, 1 - RULES.client_error_objective, "{{pod}} {{target}}",
-                      per_service=False),
-        thresholds=_BURN_LINES,
-    ), 12, 8)
     g.add(ts(
         f"Error budget left ({_LONGEST} window)",
         f"1 - the error ratio over the longest burn window ({_LONGEST}) / the budget, per SLO: the share of that "
         "window's budget not yet spent, at its current pace. Below 0 the window has spent more than its budget: "
         "hold risky rollouts and work the SLO whose line is lowest. TTFT, ITL and engine availability per "
         "service and model; client availability per pod and target.",
-        "percentunit", [
-            query(service(f"1 - {slo.error_record(RULES, RULES.ttft, _LONGEST)}{sel(SERVICE)} / "
-                          f"{number(RULES.ttft.budget)}"), f"{SERVICE_WHO} TTFT", "A"),
-            query(service(f"1 - {slo.error_record(RULES, RULES.itl, _LONGEST)}{sel(SERVICE)} / "
-                          f"{number(RULES.itl.budget)}"), f"{SERVICE_WHO} ITL", "B"),
-            query(service(f"1 - {availability.request_record(RULES, _LONGEST)}{sel(SERVICE)} / "
-                          f"{number(1 - RULES.request_error_objective)}"), f"{SERVICE_WHO} availability", "C"),
-            query(f"1 - {availability.client_record(_LONGEST)}{sel(CLIENT)} / "
-                  f"{number(1 - RULES.client_error_objective)}", "{{pod}} {{target}} client availability", "D"),
-        ], min_val=None, max_val=1, thresholds=[(None, "transparent"), (0.0, "red")],
+        "percentunit", [query(s.ratio(_LONGEST, minus_from="1 - "), f"{s.who} {s.short}", ref)
+                        for ref, s in zip(_REFS, slos)],
+        min_val=None, max_val=1, thresholds=[(None, "transparent"), (0.0, "red")],
     ), 12, 8)
 
 

@@ -12,7 +12,7 @@ from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import xychart as xym
 from grafana_foundation_sdk.models.dashboard import DataTransformerConfig, DynamicConfigValue
 
-from .panels import DS
+from .panels import log10, titled
 
 
 def _by_name(name: str) -> xychart.MatcherConfig:
@@ -42,10 +42,7 @@ def xy_panel(
 ) -> xychart.Panel:
     """An xychart over the outer join of its queries on `join_field`; `shows` sets lines/points per y field."""
     p = (
-        xychart.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DS)
+        titled(xychart.Panel(), title, description)
         .unit(unit)
         .mapping(xym.SeriesMapping.MANUAL)
         .series(xy_series)
@@ -63,7 +60,7 @@ def xy_panel(
         )
     )
     if log:
-        p = p.scale_distribution(common_b.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(10))
+        p = p.scale_distribution(log10())
     for field, mode in shows.items():
         p = p.override_by_name(field, [DynamicConfigValue(id_val="custom.show", value=str(mode))])
     for t in targets:

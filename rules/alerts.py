@@ -1,6 +1,7 @@
 """Alerts on the agent's own series (detectors, low decode MBU, sources down) and on its scrape (meta).
 
-Detector alerts read the agent's 0/1 gauges (evaluated every second by the agent, sampled by each
+Detector alerts are the registry's (agent/metrics/registry.py): one per detector that declares a gauge
+alert, in its order, with its summary and dashboard. They read the agent's 0/1 gauges (evaluated every second by the agent, sampled by each
 scrape) as the fraction of a window they were true, so one flicker neither fires nor resets them. Each
 alert's value is the number on-call needs first (peak ITL inflation, KV occupancy, queue length, MBU);
 its description adds the absolute values behind it (seconds, tokens per step, preemptions/s, queue),
@@ -20,7 +21,10 @@ than the engine and NVML (which have their own alerts) stays down.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from rooflight.agent.metrics import names
+from rooflight.agent.metrics import registry
 from rooflight.rules.config import DASHBOARD_VARIABLES, DetectorAlert, RulesConfig
 from rooflight.rules.promql import labels, number, series
 from rooflight.rules.recording import Rule, keep, mbu_record, rank_labels
@@ -142,56 +146,47 @@ def admission_bound_description(config: RulesConfig) -> str:
     )
 
 
+# The description of each detector alert that has one written for it; any other detector's alert (one only
+# added to agent/metrics/registry.py) says its title and its status-page sentence (generic_description).
+DESCRIPTIONS: dict[str, Callable[[RulesConfig], str]] = {
+    registry.HEAD_OF_LINE.alert: head_of_line_description,
+    registry.CAPACITY_CAPPED.alert: capacity_capped_description,
+    registry.ADMISSION_BOUND.alert: admission_bound_description,
+}
+# Thresholds of a detector alert with no RulesConfig field of its own (a field named like the detector's key).
+DEFAULT_DETECTOR_ALERT = DetectorAlert("10m", 0.5, "10m")
+
+
+def detector_thresholds(config: RulesConfig, d: registry.Detector) -> DetectorAlert:
+    """The RulesConfig field named like the detector's key (head_of_line, ...), else DEFAULT_DETECTOR_ALERT."""
+    thresholds = getattr(config, d.key, DEFAULT_DETECTOR_ALERT)
+    return thresholds if isinstance(thresholds, DetectorAlert) else DEFAULT_DETECTOR_ALERT
+
+
+def generic_description(config: RulesConfig, d: registry.Detector) -> str:
+    return f"{WHERE}: {d.title[0].lower()}{d.title[1:]} during {_share(detector_thresholds(config, d))}. {d.sentence}"
+
+
+def detector_alert(config: RulesConfig, d: registry.Detector) -> Rule:
+    """The alert over a detector's 0/1 gauge, as its registry entry declares it (d.rule)."""
+    assert d.rule is not None, f"detector {d.key} declares no gauge alert"
+    t = detector_thresholds(config, d)
+    describe = DESCRIPTIONS.get(d.alert)
+    return alert(
+        config,
+        d.alert,
+        _detector(config, d.flag.metric, f"{d.rule.over}({series(d.rule.metric, config.agent_selector)}[{t.window}])", t),
+        t.for_,
+        t.severity,
+        d.rule.summary,
+        describe(config) if describe else generic_description(config, d),
+        dashboard=(d.rule.board, PER_TARGET),
+    )
+
+
 def detector_alerts(config: RulesConfig) -> list[Rule]:
-    sel = config.agent_selector
-    hol, cap, adm = config.head_of_line, config.capacity_capped, config.admission_bound
-    return [
-        alert(
-            config,
-            "RooflightHeadOfLineBlocking",
-            _detector(
-                config,
-                names.HEAD_OF_LINE_BLOCKING,
-                f"max_over_time({series(names.ITL_INFLATION, sel)}[{hol.window}])",
-                hol,
-            ),
-            hol.for_,
-            hol.severity,
-            "Prefill work is stalling the decode batch (head-of-line blocking).",
-            head_of_line_description(config),
-            dashboard=("overview", PER_TARGET),
-        ),
-        alert(
-            config,
-            "RooflightBatchCapacityCapped",
-            _detector(
-                config,
-                names.BATCH_CAPACITY_CAPPED,
-                f"avg_over_time({series(names.KV_USAGE, sel)}[{cap.window}])",
-                cap,
-            ),
-            cap.for_,
-            cap.severity,
-            "The batch is capped by KV-cache capacity: occupancy pinned, preemptions climbing, requests waiting.",
-            capacity_capped_description(config),
-            dashboard=("kv-batch", PER_TARGET),
-        ),
-        alert(
-            config,
-            "RooflightBatchAdmissionBound",
-            _detector(
-                config,
-                names.BATCH_ADMISSION_BOUND,
-                f"avg_over_time({series(names.REQUESTS_WAITING, sel)}[{adm.window}])",
-                adm,
-            ),
-            adm.for_,
-            adm.severity,
-            "Requests are queueing while the batch and the KV cache have room (admission-bound).",
-            admission_bound_description(config),
-            dashboard=("kv-batch", PER_TARGET),
-        ),
-    ]
+    """Every detector alert rendered over its gauge, in the registry's order."""
+    return [detector_alert(config, d) for d in registry.gauge_alerts()]
 
 
 def mbu_alert(config: RulesConfig) -> Rule:
@@ -210,9 +205,10 @@ def mbu_alert(config: RulesConfig) -> Rule:
     w = config.rate_window
     steps_per_second = query_value(_rate(names.ENGINE_STEPS, w))
     batch = query_value(f"avg_over_time({_matching(names.REQUESTS_RUNNING)}[{w}])")
+    assert registry.MBU.alert and registry.MBU.board
     return alert(
         config,
-        "RooflightLowDecodeMBU",
+        registry.MBU.alert,
         expr,
         config.low_mbu_for,
         "warning",
@@ -220,7 +216,7 @@ def mbu_alert(config: RulesConfig) -> Rule:
         f"{WHERE}: model bandwidth utilization is {{{{ $value | humanizePercentage }}}} over {w} "
         f"(below {config.low_mbu_threshold:.0%}) with the batch never empty, at {steps_per_second} engine steps/s with "
         f"{batch} requests running on average. A healthy decode streams 60-80%.",
-        dashboard=("roofline", PER_TARGET),
+        dashboard=(registry.MBU.board, PER_TARGET),
     )
 
 

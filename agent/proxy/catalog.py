@@ -52,6 +52,7 @@ DEFAULT_BUCKETS: dict[str, tuple[float, ...]] = {
 }
 
 TARGET = ("target",)
+BY_REASON = ("target", "reason")
 REQUEST_LABELS = ("target", "route", "stream", "status", "finish_reason", "tenant")
 TOKEN_LABELS = ("target", "tenant", "counted_by")
 HISTOGRAM_LABELS = ("target", "route")
@@ -88,16 +89,16 @@ CATALOG: tuple[MetricDef, ...] = (
     gauge(GOODPUT_RATIO, GOODPUT_LABELS, "ratio", "Good / judged requests that finished in the window."),
     gauge(GOODPUT_RATE, GOODPUT_LABELS, "requests/s", "Good requests per second over the window (goodput)."),
     gauge(SLO_TARGET, ("target", "slo", "metric"), "seconds", "Each target of each configured SLO (metric: ttft, tpot, e2e)."),
-    counter(UPSTREAM_ERRORS, ("target", "reason"), "", "Requests the upstream failed: connect (unreachable: the client got 502), "
+    counter(UPSTREAM_ERRORS, BY_REASON, "", "Requests the upstream failed: connect (unreachable: the client got 502), "
        "timeout (connect timeout: 504), disconnected (broke off mid-response)."),
     counter(ACCOUNTING_ERRORS, TARGET, "", "Failures of the proxy's own accounting; the traffic still flowed, the request "
        "went uncounted or partly counted."),
     counter(OVER_BUDGET, TARGET, "", "Answers relayed unaccounted because the copies the accounting reads answers from "
        "(JSON bodies, unfinished SSE events) held at once reached their total budget (64 MiB)."),
-    counter(REFUSED, ("target", "reason"), "", "Connections the proxy's port refused or closed: max_connections or "
+    counter(REFUSED, BY_REASON, "", "Connections the proxy's port refused or closed: max_connections or "
        "per_client (answered 503), header_timeout (no complete request headers in time), body_timeout (a request "
        "body that paused longer than --read-body-timeout)."),
-    counter(BAD_REQUESTS, ("target", "reason"), "", "Requests answered 400 without reaching the upstream: malformed "
+    counter(BAD_REQUESTS, BY_REASON, "", "Requests answered 400 without reaching the upstream: malformed "
        "(not valid HTTP), target (not a path), unsendable (a target or header the proxy cannot send on)."),
 )
 

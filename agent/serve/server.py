@@ -45,6 +45,7 @@ from rooflight.agent.proxy.server import ProxyServer
 from rooflight.agent.proxy.thread import ProxyThread
 from rooflight.agent.serve.page import add_status_routes
 from rooflight.agent.serve.webconfig import WEB_HEADERS
+from rooflight.agent.metrics import registry as signal_registry
 from rooflight.agent.sampling.config import public_url as _public_url
 from rooflight.agent.sampling.config import split_listen
 from rooflight.agent.sampling.sampler import Agent
@@ -305,10 +306,10 @@ def _target_dict(t: Any) -> dict[str, Any]:
 
 
 def _verdicts_dict(verdicts: Any) -> dict[str, Any] | None:
+    """Each registered detector's verdict, followed by the numbers it carries (agent/metrics/registry.py)."""
     if verdicts is None:
         return None
-    keys = ("head_of_line", "itl_inflation", "capacity_capped", "admission_bound", "at_configured_max",
-            "engine_stalled")
+    keys = (k for d in signal_registry.detectors() for k in (d.key, *(v.attr for v in d.values)))
     return {k: getattr(verdicts, k, None) for k in keys}
 
 

@@ -28,11 +28,11 @@ from typing import Any, Deque, Iterable, Mapping
 
 from rooflight.agent import __version__
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.metrics import names
 from rooflight.agent.metrics.snapshot import Health, SeriesView, Snapshot, TargetView
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.roofline.plan import build_plan
+from rooflight.agent.metrics import registry
 from rooflight.agent.signals.derive import WindowValues
 
 # The rules' default runbook_url base (rules/config.py; tests hold the two equal). The agent sits below
@@ -45,54 +45,9 @@ HISTORY_FIELDS = ("mbu", "mfu_prefill", "mfu_decode", "tokens_prefill", "tokens_
                   "kv_usage", "running", "waiting", "preemptions_per_second")
 
 
-@dataclass(frozen=True, slots=True)
-class Detector:
-    """One detector as the page explains it: the Verdicts attribute, its title, its meaning and its alert."""
-
-    key: str
-    title: str
-    sentence: str
-    alert: str
-    metric: str
-
-
-DETECTORS: tuple[Detector, ...] = (
-    Detector("head_of_line", "Head-of-line blocking",
-             "A long prompt prefilled whole stalls every in-flight decode: the worst ITL inflated against its "
-             "recent median while prompts shared the batch.",
-             "RooflightHeadOfLineBlocking", names.HEAD_OF_LINE_BLOCKING),
-    Detector("capacity_capped", "Batch capacity-capped (KV wall)",
-             "The KV cache is at the wall: occupancy near full, preemptions climbing, requests waiting; "
-             "memory, not the scheduler, binds the batch.",
-             "RooflightBatchCapacityCapped", names.BATCH_CAPACITY_CAPPED),
-    Detector("admission_bound", "Batch admission-bound",
-             "Requests wait while the batch sits well below its cap and KV has room: something upstream "
-             "of the batch binds it.",
-             "RooflightBatchAdmissionBound", names.BATCH_ADMISSION_BOUND),
-    Detector("at_configured_max", "Batch at its configured maximum",
-             "The batch reached its configured cap (max_num_seqs) while KV has room: a config lever, "
-             "not the hardware.",
-             "RooflightBatchAdmissionBound", names.BATCH_AT_CONFIGURED_MAX),
-    Detector("engine_stalled", "Engine stalled",
-             "Requests are held and the engine has run no step and produced no token for half a minute while its "
-             "metrics still answer: hung, not slow.",
-             "RooflightEngineStalled", names.ENGINE_STALLED),
-)
-
-# The /metrics name of each number the page shows, so the page can say which series it is showing.
-METRIC_NAMES = {
-    "mbu": names.MBU, "mfu": names.MFU, "tokens_per_second": names.TOKENS_PER_SECOND, "ttft": names.TTFT,
-    "itl": names.ITL, "preemptions_per_second": names.PREEMPTIONS_PER_SECOND,
-    "decode_intensity": names.DECODE_INTENSITY, "kv_usage_ratio": names.KV_USAGE,
-    "running": names.REQUESTS_RUNNING, "waiting": names.REQUESTS_WAITING, "batch_max": names.BATCH_MAX_REQUESTS,
-    "itl_inflation": names.ITL_INFLATION, "source_up": names.SOURCE_UP,
-    "source_last_success": names.SOURCE_LAST_SUCCESS,
-}
-
-
 def runbook_url(alert: str, base: str = RUNBOOK_BASE_URL) -> str:
     """The runbook section of an alert: GitHub's anchor of its heading."""
-    return f"{base}#{alert.lower()}"
+    return f"{base}#{registry.runbook_anchor(alert)}"
 
 
 def _num(value: float | None) -> float | None:
@@ -289,16 +244,19 @@ def ceilings(c: TargetConstants | None, view: SeriesView) -> list[dict[str, Any]
 # -- the rest of one series ------------------------------------------------------------------------
 
 def detectors(verdicts: Any) -> list[dict[str, Any]]:
-    """Every detector: active, clear or unknown (the inputs cannot tell), with its sentence and runbook."""
+    """Every registered detector (agent/metrics/registry.py): active, clear or unknown (the inputs cannot
+    tell), with its sentence and runbook, and the numbers and source its verdict carries."""
     out = []
-    for d in DETECTORS:
+    for d in registry.detectors():
         value = getattr(verdicts, d.key, None) if verdicts is not None else None
         state = "unknown" if value is None else ("active" if value else "clear")
-        out.append({"key": d.key, "title": d.title, "state": state, "sentence": d.sentence,
-                    "metric": d.metric, "alert": d.alert, "runbook": runbook_url(d.alert)})
-    if out and verdicts is not None:
-        out[0]["itl_inflation"] = _num(getattr(verdicts, "itl_inflation", None))
-        out[0]["itl_source"] = getattr(verdicts, "itl_source", None)  # engine (its buckets) or proxy (exact gaps)
+        row = {"key": d.key, "title": d.title, "state": state, "sentence": d.sentence,
+               "metric": d.flag.metric, "alert": d.alert, "runbook": runbook_url(d.alert)}
+        if verdicts is not None:
+            row.update({v.attr: _num(getattr(verdicts, v.attr, None)) for v in d.values})
+            if d.choice is not None:  # e.g. engine (its buckets) or proxy (exact gaps)
+                row[d.choice.attr] = getattr(verdicts, d.choice.attr, None)
+        out.append(row)
     return out
 
 
@@ -365,7 +323,7 @@ def status_dict(snap: Snapshot, history: History | None = None) -> dict[str, Any
         "created": snap.created,
         "runbook_base_url": RUNBOOK_BASE_URL,
         "history_fields": list(HISTORY_FIELDS),
-        "metric_names": METRIC_NAMES,
+        "metric_names": registry.page_metrics(),  # so the page can say which series each number is
         "health": [health_dict(h, history) for h in snap.health],
         "targets": [target_dict(snap, t, history) for t in snap.targets],
         "gpus": [

@@ -1,7 +1,8 @@
 """Composite detectors evaluated at the agent's sampling resolution: what binds the batch, and why ITL stutters.
 
 Each detector turns a handful of windowed values into a verdict the exposition exports as a 0/1 gauge
-(names in agent/metrics/names.py). The definitions are in docs/physics.md (sections Head-of-line
+(names in agent/metrics/names.py; each detector's title, series, alert and panel are declared once in
+agent/metrics/registry.py, docs/detectors.md). The definitions are in docs/physics.md (sections Head-of-line
 blocking and Batch verdicts); what to do about each is in docs/runbooks.md:
 
 - head-of-line blocking (`HEAD_OF_LINE_BLOCKING`, with `ITL_INFLATION` = the factor itself):
