@@ -18,14 +18,16 @@ What must hold, and why it can:
 - TTFT: per request the proxy's interval lies inside the peer's (the peer starts before it connects and
   sends, the proxy once it has the request), so each percentile of the proxy's is at most the peer's.
   Not yet within 1 ms: the proxy's clock starts after it has read the request's headers (measured here,
-  six runs: p50 2-22 ms low, p99 1-33% low; the joint goodput 0-4 apart, the proxy's higher). FIRST_BYTE_CLOCK = True (once the proxy times from the request's first byte on its
-  socket, issue 28's speed half) turns on the tight comparison: p50 within 1 ms, p99 within 5%, and the
-  joint (TTFT) goodput within 2 in 80.
-- ITL p50 within 1 ms of the peer's (measured 0.003-0.011 ms apart). ITL p99 within ITL_P99_REL of the
-  peer's: the issue's target is 5%, which held in four runs of six here (0.4-2.6% apart); in the other
-  two the proxy read 6% high and 24% low, on the loaded 2-core machine where the peer's own client (a
-  Python process parsing every chunk) and the relay are scheduled late now and then, and the p99 of
-  ~2,400 gaps is their ~24 longest. Now 50%; tighten to 0.05 where each process has a core.
+  seven runs: p50 2-22 ms low, p99 0.3-33% low). So the joint goodput (TTFT and TPOT) reads high by up to
+  the requests the peer failed on TTFT alone (measured 0-8 in 80, the issue 24 vs 18): it is held between
+  the peer's joint count and its TPOT-alone count, 2 in 80 either side. FIRST_BYTE_CLOCK = True (once
+  the proxy times from the request's first byte on its socket, issue 28's speed half) turns on the tight
+  comparison: p50 within 1 ms, p99 within 5%, and the joint goodput within 2 in 80.
+- ITL p50 within 1 ms of the peer's (measured 0.003-0.033 ms apart). ITL p99 within ITL_P99_REL of the
+  peer's: the issue's target is 5%, which held in four runs of seven here (0.4-2.6% apart); in the
+  others the proxy read 6% high, 21% and 24% low, on the loaded 2-core machine where the peer's own
+  client (a Python process parsing every chunk) and the relay are scheduled late now and then, and the
+  p99 of ~2,400 gaps is their ~24 longest. Now 50%; tighten to 0.05 where each process has a core.
 """
 
 from __future__ import annotations
@@ -47,11 +49,10 @@ SPEC = dict(num_prompts=80, input_len=64, output_len=32, request_rate=10.0, seed
 GOOD_TOLERANCE = 2  # requests in 80: the issue's 1, with a 2x margin
 ITL_GOOD_TOLERANCE = 6  # the longest gap per request sees the peer's client stalls (measured 0-3 apart)
 ITL_P50_MS = 1.0
-ITL_P99_REL = 0.5  # the issue's target is 0.05 (see above: 2 of 6 runs here missed it, by 6% and 24%)
+ITL_P99_REL = 0.5  # the issue's target is 0.05 (see above: 3 of 7 runs here missed it, by 6%, 21%, 24%)
 TTFT_P50_MS = 1.0  # with FIRST_BYTE_CLOCK
 TTFT_P99_REL = 0.05  # with FIRST_BYTE_CLOCK
 CLOCK_SLACK_MS = 1.0  # two processes' clocks read the nested intervals; allow for the order of their readings
-JOINT_TOLERANCE_NOW = 8  # the joint goodput now: its TTFT clause sees the proxy's late clock (measured 0-4)
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +97,11 @@ def test_decode_goodput_equals_the_peers(pair: Pair, role: str, tolerance: int) 
 
 def test_joint_goodput_against_the_peers_own(pair: Pair) -> None:
     peer, proxy = pair.goodput()["joint (peer's own --goodput)"]
-    tolerance = GOOD_TOLERANCE if FIRST_BYTE_CLOCK else JOINT_TOLERANCE_NOW
-    assert abs(peer - proxy) <= tolerance, pair.goodput()
+    if FIRST_BYTE_CLOCK:
+        assert abs(peer - proxy) <= GOOD_TOLERANCE, pair.goodput()
+    else:  # the TTFT clause can only pass more for the proxy: at most what the peer failed on TTFT alone
+        without_ttft = {k: v for k, v in pair.spec.slos()["joint"].items() if k != "ttft"}
+        assert peer - GOOD_TOLERANCE <= proxy <= pair.proxied.good(without_ttft) + GOOD_TOLERANCE, pair.goodput()
 
 
 @pytest.mark.parametrize("q", ["50", "99"])
