@@ -175,7 +175,7 @@ def interpret_event(event: SSEEvent) -> ChunkInfo:
 
 
 def interpret_chunk(obj: Any) -> ChunkInfo:
-    """A decoded chunk object: its output-bearing choices, last finish reason and usage."""
+    """A decoded chunk object: its token-bearing choices and their tokens, last finish reason and usage."""
     if type(obj) is not dict:
         return NOTHING
     choices = obj.get("choices")

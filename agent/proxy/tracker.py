@@ -89,7 +89,7 @@ def classify_route(method: str, path: str) -> str:
 
 
 class TokenGaps:
-    """One stream's gaps between output-bearing chunks, in bounded memory: the first EXACT_GAPS as they were,
+    """One stream's gaps between token chunks, in bounded memory: the first EXACT_GAPS as they were,
     then counts per bucket FOLD_ALPHA wide (relative), each read back as its bucket's midpoint. Iterating
     yields every gap (the histograms and percentiles see each one); len() counts them."""
 
