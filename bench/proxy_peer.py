@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import socket
 import subprocess
@@ -362,13 +361,6 @@ def run_pair(engine: str, vllm_python: str, spec: Spec, workdir: Path, index: in
         step()
     return Pair(spec, runs["direct"], runs["proxied"], runs["figures"],
                 "direct first" if index % 2 == 0 else "proxied first")
-
-
-def within(peer: float, proxy: float, abs_ms: float | None = None, rel: float | None = None) -> bool:
-    if abs_ms is not None:
-        return abs(peer - proxy) <= abs_ms
-    assert rel is not None
-    return abs(peer - proxy) <= rel * abs(peer) or math.isclose(peer, proxy)
 
 
 def main(argv: list[str] | None = None) -> int:
