@@ -225,7 +225,8 @@ class Proxy:
 
     def start(self, timeout_s: float = 60.0) -> Proxy:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ROOFLIGHT_")}
-        self.proc = subprocess.Popen(self.argv(), stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT, env=env)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
