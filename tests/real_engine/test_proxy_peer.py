@@ -14,7 +14,7 @@ What must hold, and why it can:
   the rule right), and the proxy's good count for a TPOT-alone SLO is the peer's within 2 in 80 (the
   issue's target is 1 in 80; 2x margin on a shared machine): the decode clocks of the two differ by the
   hop's jitter only, and TPOT averages it out (measured: 0-1 apart). An ITL-alone SLO judges each
-  request's longest gap, which every stall of the peer's own client lengthens: within 6 (measured 0-3).
+  request's longest gap, which every stall of the peer's own client lengthens: within 6 (measured 0-4).
 - TTFT: per request the proxy's interval lies inside the peer's (the peer starts before it connects and
   sends, the proxy once it has the request), so each percentile of the proxy's is at most the peer's.
   Not yet within 1 ms: the proxy's clock starts after it has read the request's headers (measured here,
@@ -23,7 +23,7 @@ What must hold, and why it can:
   the peer's joint count and its TPOT-alone count, 2 in 80 either side. FIRST_BYTE_CLOCK = True (once
   the proxy times from the request's first byte on its socket, issue 28's speed half) turns on the tight
   comparison: p50 within 1 ms, p99 within 5%, and the joint goodput within 2 in 80.
-- ITL p50 within 1 ms of the peer's (measured 0.003-0.033 ms apart). ITL p99 within ITL_P99_REL of the
+- ITL p50 within 1 ms of the peer's (measured 0.003-0.19 ms apart). ITL p99 within ITL_P99_REL of the
   peer's: the issue's target is 5%, which held in four runs of seven here (0.4-2.6% apart); in the
   others the proxy read 6% high, 21% and 24% low, on the loaded 2-core machine where the peer's own
   client (a Python process parsing every chunk) and the relay are scheduled late now and then, and the
@@ -47,7 +47,7 @@ FLAGS = ["--max-model-len", "2048"]
 SPEC = dict(num_prompts=80, input_len=64, output_len=32, request_rate=10.0, seed=0,
             goodput=("ttft:150", "tpot:9.4"), itl_ms=50.0)
 GOOD_TOLERANCE = 2  # requests in 80: the issue's 1, with a 2x margin
-ITL_GOOD_TOLERANCE = 6  # the longest gap per request sees the peer's client stalls (measured 0-3 apart)
+ITL_GOOD_TOLERANCE = 6  # the longest gap per request sees the peer's client stalls (measured 0-4 apart)
 ITL_P50_MS = 1.0
 ITL_P99_REL = 0.5  # the issue's target is 0.05 (see above: 3 of 7 runs here missed it, by 6%, 21%, 24%)
 TTFT_P50_MS = 1.0  # with FIRST_BYTE_CLOCK
