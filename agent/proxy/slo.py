@@ -1,8 +1,17 @@
 """Service-level objectives and goodput, as DistServe defines it: a request is good when it meets every target.
 
 An SLO is written `ttft=0.5,tpot=0.05` (seconds; `500ms` works too); its targets are joint, so a request
-with a fast first token but slow decoding is not good. Keys: `ttft` (time to first token), `tpot` (time
-per output token after the first), `e2e` (end-to-end). A value equal to its target meets it.
+with a fast first token but slow decoding is not good. Keys: `ttft` (time to first token), `itl` (the
+longest gap between two token chunks of the request: every gap within the target), `tpot` (time per
+output token after the first: (last token - first token) / (output tokens - 1)), `e2e` (end-to-end). A
+value equal to its target meets it.
+
+Against `vllm bench serve --goodput "ttft:150 tpot:9.4"` (its keys ttft, tpot, e2el, in ms): the same
+verdict for ttft and tpot, `<=` as here, TPOT 0 (met) for one output token, only successful streams can be
+good; its goodput is good requests / the run's duration, the increase of
+`rooflight_client_slo_good_requests_total` over the run here. It has no ITL key; `itl` applies the rule
+above to each request's list of gaps (its detailed results' `itls`). Its e2el ends at the last chunk with
+choices, this e2e at the response's last byte (the usage chunk and `[DONE]` after it).
 
 Which requests are judged (the denominator): streamed requests on the inference routes, except those the
 client abandoned (they never finished, so neither verdict is known) and those the client got wrong (4xx
@@ -19,7 +28,7 @@ from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy.tracker import CLIENT_DISCONNECTED, RequestRecord
 from rooflight.agent.sampling.config import parse_duration
 
-KEYS = ("ttft", "tpot", "e2e")
+KEYS = ("ttft", "tpot", "e2e", "itl")  # the order of the error message
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +96,12 @@ def meets(slo: SLO, record: RequestRecord) -> bool:
                 return False
             if tpot is None and record.ttft is None:
                 return False  # no output at all
+        elif key == "itl":
+            if record.ttft is None:
+                return False  # no output at all
+            worst = record.itl_max
+            if worst is not None and worst > limit:
+                return False  # one token: no gap, met (as TPOT is)
         elif key == "e2e" and record.e2e > limit:
             return False
     return True

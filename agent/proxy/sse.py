@@ -12,9 +12,18 @@ is kept as the pieces it came in and joined once, when it ends: re-joining it on
 line in small reads quadratic (4 MiB in 512-byte reads: 4.9 s of CPU, now 13 ms; docs/reliability.md).
 
 `interpret_chunk` reads one OpenAI chunk (`/v1/chat/completions` or `/v1/completions`, vLLM's and
-SGLang's extensions included) for what the accounting needs: does it carry output, how many choices
-carry it, a finish reason, and `usage`. `interpret_body` does the same for a non-streamed JSON response.
+SGLang's extensions included) for what the accounting needs: how many choices carry a token and how many
+tokens, a finish reason, and `usage`. `interpret_body` does the same for a non-streamed JSON response.
 Both are total: anything unexpected reads as "no output here", never as an exception.
+
+What is a token (docs/proxy.md, section Exactness): a choice's `token_ids` or `logprobs` say how many
+tokens it carries where the client asked for them; otherwise a choice whose text field is a string
+carries one, *empty included*: vLLM sends `"content":""` (chat) or `"text":""` (completions) for a token
+whose text it holds back, e.g. the first bytes of a UTF-8 character split over several tokens (44 of 629
+token chunks on the tiny model's byte-level tokenizer). Not tokens: the role announcement (`role` with an
+empty text, vLLM's first chat chunk), a delta with no text field (a finish-only chunk), and the
+usage-only chunk (`"choices": []`). Where each chunk carries the running count (vLLM's
+`continuous_usage_stats`) the tracker goes by that count instead.
 """
 
 from __future__ import annotations
@@ -129,18 +138,20 @@ class SSEParser:
 class ChunkInfo(NamedTuple):
     """What one chunk (or a whole non-streamed body) tells the accounting."""
 
-    outputs: int = 0  # choices in it that carry output (text, content, reasoning or tool calls)
+    outputs: int = 0  # choices in it that carry a token (text, content, reasoning or tool calls; "" included)
     finish_reason: str | None = None
     prompt_tokens: int | None = None  # from `usage`
     completion_tokens: int | None = None  # from `usage`
     error: bool = False  # an `{"error": ...}` object: the engine failed mid-stream
     done: bool = False  # the `[DONE]` sentinel
+    tokens: int = 0  # tokens it carries: from token_ids or logprobs where present, else one per output choice
+    choices: int = 0  # choice objects in it (the usage-only chunk has none)
 
 
 NOTHING = ChunkInfo()
 DONE_INFO = ChunkInfo(done=True)
 ERROR_INFO = ChunkInfo(error=True)
-OUTPUT_INFO = tuple(ChunkInfo(n) for n in range(4))  # the common chunks, made once
+OUTPUT_INFO = tuple(ChunkInfo(n, tokens=n, choices=n) for n in range(4))  # the common chunks, made once
 _OUTPUT_KEYS = ("content", "reasoning_content", "reasoning", "text")
 _decode = json.JSONDecoder().decode  # json.loads minus its per-call encoding sniffing
 
@@ -164,29 +175,33 @@ def interpret_event(event: SSEEvent) -> ChunkInfo:
 
 
 def interpret_chunk(obj: Any) -> ChunkInfo:
-    """A decoded chunk object: its output-bearing choices, last finish reason and usage."""
+    """A decoded chunk object: its token-bearing choices and their tokens, last finish reason and usage."""
     if type(obj) is not dict:
         return NOTHING
     choices = obj.get("choices")
     if choices is None and obj.get("error") is not None:
         return ERROR_INFO
-    outputs, finish = 0, None
+    outputs = tokens = seen = 0
+    finish = None
     if type(choices) is list:
         for choice in choices:
             if type(choice) is not dict:
                 continue
-            if _has_output(choice):
+            seen += 1
+            n = _tokens(choice)
+            if n:
                 outputs += 1
+                tokens += n
             reason = choice.get("finish_reason")
             if reason and type(reason) is str:
                 finish = reason
     usage = obj.get("usage")
     if usage is None:
-        if finish is None:
-            return OUTPUT_INFO[outputs] if outputs < len(OUTPUT_INFO) else ChunkInfo(outputs)
-        return ChunkInfo(outputs, finish)
+        if finish is None and outputs == tokens == seen and outputs < len(OUTPUT_INFO):
+            return OUTPUT_INFO[outputs]
+        return ChunkInfo(outputs, finish, tokens=tokens, choices=seen)
     prompt, completion = _usage(usage)
-    return ChunkInfo(outputs, finish, prompt, completion)
+    return ChunkInfo(outputs, finish, prompt, completion, tokens=tokens, choices=seen)
 
 
 def interpret_body(body: bytes | bytearray) -> ChunkInfo:
@@ -222,21 +237,42 @@ def scan_large(data: bytes | bytearray, streamed: bool) -> ChunkInfo:
         completion = _count(int(fields[b"completion_tokens"])) if b"completion_tokens" in fields else None
     outputs = max(1, len(_FINISH_KEY.findall(data))) if streamed and b'"choices"' in data else 0
     return ChunkInfo(outputs=outputs, finish_reason=finishes[-1].decode() if finishes else None,
-                     prompt_tokens=prompt, completion_tokens=completion)
+                     prompt_tokens=prompt, completion_tokens=completion, tokens=outputs, choices=outputs)
+
+
+def _tokens(choice: dict[str, Any]) -> int:
+    """Tokens one choice carries: as its token_ids or logprobs count them, else 1 if it carries output."""
+    ids = choice.get("token_ids")  # vLLM's return_token_ids
+    if type(ids) is list:
+        return len(ids)
+    logprobs = choice.get("logprobs")
+    if type(logprobs) is dict:
+        listed = logprobs.get("content")  # chat: one entry per token
+        if type(listed) is not list:
+            listed = logprobs.get("tokens")  # completions
+        if type(listed) is list:
+            return len(listed)
+    return 1 if _has_output(choice) else 0
 
 
 def _has_output(choice: dict[str, Any]) -> bool:
+    """A text field that is a string (empty included, unless it only comes with the role) or tool calls."""
     delta = choice.get("delta")
     if type(delta) is not dict:
         delta = choice.get("message")
         if type(delta) is not dict:
             delta = choice
+    empty = False
     for key in _OUTPUT_KEYS:
         value = delta.get(key)
-        if value and type(value) is str:
-            return True
+        if type(value) is str:
+            if value:
+                return True
+            empty = True
     calls = delta.get("tool_calls")
-    return type(calls) is list and len(calls) > 0
+    if type(calls) is list and len(calls) > 0:
+        return True
+    return empty and "role" not in delta  # the role announcement's "" is no token
 
 
 def _usage(usage: Any) -> tuple[int | None, int | None]:

@@ -3,12 +3,16 @@
 Times are the proxy's monotonic clock. The request starts when the proxy has read its headers; a token
 "arrives" when the upstream bytes holding it reach the proxy, so TTFT includes queueing in front of and
 inside the engine, and gaps are what the client's socket sees (tokens delivered in one read are 0 s
-apart). TPOT follows the benchmark tools' definition (vLLM's benchmark_serving): (end-to-end - TTFT) /
-(output tokens - 1), undefined for one token or none.
+apart). A token chunk is one that carries a token, an empty delta between tokens included (sse.py says
+exactly which): the gaps are one per token chunk after the first, as `vllm bench serve` records its
+per-request `itl`. TPOT is vLLM's bench serve definition too: (last token chunk - first) / (output tokens
+- 1), undefined for one token or none; it stops at the last token, not at the usage chunk or `[DONE]`.
 
 Output tokens come from the response's `usage` when it has one (`counted_by="usage"`), else from the
-output-bearing chunks (`counted_by="chunks"`: one per choice that carries text, which undercounts where an
-engine sends several tokens per chunk, e.g. under speculative decoding). Prompt tokens only come from
+token chunks (`counted_by="chunks"`: what each chunk's token_ids or logprobs count, else one per choice
+that carries a token, which undercounts where an engine sends several tokens per chunk without saying so,
+e.g. under speculative decoding). Where every chunk carries the running count (vLLM's
+`continuous_usage_stats`), that count says which chunks carry tokens. Prompt tokens only come from
 `usage`: the proxy has no tokenizer.
 
 Memory: what a tracker copies to read an answer (a non-streamed JSON body, up to MAX_BODY_COPY, and its
@@ -85,22 +89,25 @@ def classify_route(method: str, path: str) -> str:
 
 
 class TokenGaps:
-    """One stream's gaps between output-bearing chunks, in bounded memory: the first EXACT_GAPS as they were,
+    """One stream's gaps between token chunks, in bounded memory: the first EXACT_GAPS as they were,
     then counts per bucket FOLD_ALPHA wide (relative), each read back as its bucket's midpoint. Iterating
     yields every gap (the histograms and percentiles see each one); len() counts them."""
 
-    __slots__ = ("exact", "folded", "zeros", "_n")
+    __slots__ = ("exact", "folded", "zeros", "peak", "_n")
 
     def __init__(self, gaps: Iterator[float] | tuple[float, ...] = ()) -> None:
         self.exact = array("d")
         self.folded: dict[int, int] = {}
         self.zeros = 0  # folded gaps below 1 us
+        self.peak = 0.0  # the longest gap, exactly (the ITL target judges it)
         self._n = 0
         for gap in gaps:
             self.append(gap)
 
     def append(self, gap: float) -> None:
         self._n += 1
+        if gap > self.peak:
+            self.peak = gap
         if len(self.exact) < EXACT_GAPS:
             self.exact.append(gap)
         elif gap < _ZERO_BELOW:
@@ -139,11 +146,12 @@ class RequestRecord:
     stream: bool
     finish_reason: str  # normalised label value (see finish_label)
     ttft: float | None = None
-    itl: TokenGaps = field(default_factory=TokenGaps)  # every gap between output-bearing chunks, bounded
+    itl: TokenGaps = field(default_factory=TokenGaps)  # every gap between token chunks, bounded
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     counted_by: str | None = None  # usage or chunks; None when the output was not counted
     upstream_error: str | None = None  # connect, timeout or disconnected (see server.py)
+    last_token: float | None = None  # when the last token chunk arrived; None: no token (or not known)
 
     @property
     def e2e(self) -> float:
@@ -151,10 +159,20 @@ class RequestRecord:
 
     @property
     def tpot(self) -> float | None:
-        """(e2e - TTFT) / (output tokens - 1); None for a single token, none, or no first token."""
+        """(last token - first token) / (output tokens - 1), as vLLM's bench serve; None for a single
+        token, none, or no first token. Without a last token time, the end stands in for it."""
         if self.ttft is None or self.output_tokens is None or self.output_tokens < 2:
             return None
-        return max(0.0, self.e2e - self.ttft) / (self.output_tokens - 1)
+        decoded = (self.end if self.last_token is None else self.last_token) - self.start - self.ttft
+        return max(0.0, decoded) / (self.output_tokens - 1)
+
+    @property
+    def itl_max(self) -> float | None:
+        """The longest gap between token chunks; None when there was no gap (one token chunk or none)."""
+        if not len(self.itl):
+            return None
+        peak = getattr(self.itl, "peak", None)
+        return max(self.itl) if peak is None else peak
 
     @property
     def inference(self) -> bool:
@@ -182,8 +200,8 @@ class RequestTracker:
     """Accumulates one request as its response bytes go by; `finish` turns it into a RequestRecord."""
 
     __slots__ = ("route", "tenant", "start", "status", "stream", "_parser", "_body", "_body_size",
-                 "_first", "_last", "_itl", "_chunks", "_finish", "_prompt", "_completion", "_error", "_gaps", "_held",
-                 "_budget", "_reserved")
+                 "_first", "_last", "_itl", "_tokens", "_running", "_finish", "_prompt", "_completion", "_error",
+                 "_gaps", "_held", "_budget", "_reserved")
 
     def __init__(self, start: float, route: str, tenant: str | None = None, gaps: ClientGaps | None = None,
                  budget: ByteBudget | None = None) -> None:
@@ -198,7 +216,8 @@ class RequestTracker:
         self._first: float | None = None
         self._last: float | None = None
         self._itl = TokenGaps()
-        self._chunks = 0
+        self._tokens = 0  # tokens counted from the chunks (the output count without usage)
+        self._running: int | None = None  # the last running completion_tokens a one-choice chunk carried
         self._finish: str | None = None
         self._prompt: int | None = None
         self._completion: int | None = None
@@ -225,8 +244,11 @@ class RequestTracker:
             interpret = sse.interpret_event
             for event in self._parser.feed(data):
                 info = interpret(event)
-                if info.outputs:
-                    self._output(t, info.outputs)
+                tokens = info.tokens
+                if info.completion_tokens is not None and info.choices == 1:
+                    tokens = self._running_tokens(info)
+                if tokens:
+                    self._output(t, tokens)
                 if info.finish_reason is not None or info.prompt_tokens is not None or \
                         info.completion_tokens is not None or info.error:
                     self._apply(info)
@@ -267,7 +289,17 @@ class RequestTracker:
         feed does not see it. The client's ITL keeps it: that is what the client felt."""
         self._held += seconds
 
-    def _output(self, t: float, outputs: int) -> None:
+    def _running_tokens(self, info: sse.ChunkInfo) -> int:
+        """Tokens in a one-choice chunk that carries the running count: the count's increase. The first count
+        seen decides only when it is 0 (vLLM's role chunk): an engine that puts the total on its last chunk
+        alone is read by the chunk itself."""
+        count, before = info.completion_tokens, self._running
+        self._running = count
+        if before is None and count:  # type: ignore[truthy-bool]
+            return info.tokens
+        return max(0, count - (before or 0))  # type: ignore[operator]
+
+    def _output(self, t: float, tokens: int) -> None:
         if self._first is None:
             self._first = t
         else:
@@ -277,7 +309,7 @@ class RequestTracker:
                 self._gaps.add(t, max(0.0, gap - self._held))
         self._last = t
         self._held = 0.0
-        self._chunks += outputs
+        self._tokens += tokens
 
     def _apply(self, info: sse.ChunkInfo) -> None:
         if info.finish_reason is not None:
@@ -295,7 +327,7 @@ class RequestTracker:
         if self._completion is not None:
             output, counted_by = self._completion, "usage"
         elif self.stream:
-            output, counted_by = self._chunks, "chunks"
+            output, counted_by = self._tokens, "chunks"
         else:
             output, counted_by = None, None
         inference = self.route != "other"
@@ -314,4 +346,5 @@ class RequestTracker:
             output_tokens=output if inference else None,
             counted_by=counted_by if inference else None,
             upstream_error=upstream_error,
+            last_token=self._last,
         )

@@ -93,8 +93,12 @@ def _info(obj: object) -> sse.ChunkInfo:
 
 
 @pytest.mark.parametrize("delta, outputs", [
-    ({"role": "assistant", "content": ""}, 0),
+    ({"role": "assistant", "content": ""}, 0),  # vLLM's first chunk announces the role: no token
+    ({"role": "assistant", "content": "Hi"}, 1),  # an engine that sends the role with the first token
     ({"content": "x"}, 1),
+    ({"content": ""}, 1),  # a token whose text is held back (part of a UTF-8 character): still a token
+    ({}, 0),  # a finish-only delta
+    ({"reasoning_content": ""}, 1),
     ({"reasoning_content": "think"}, 1),
     ({"reasoning": "think"}, 1),
     ({"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}, 1),
@@ -103,6 +107,21 @@ def _info(obj: object) -> sse.ChunkInfo:
 ])
 def test_chat_deltas_with_output(delta: dict, outputs: int) -> None:
     assert _info({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}).outputs == outputs
+
+
+@pytest.mark.parametrize("choice, outputs, tokens", [
+    ({"text": ""}, 1, 1),  # /v1/completions: an empty text between tokens is a token
+    ({"text": "ab", "token_ids": None}, 1, 1),  # vLLM writes "token_ids": null unless asked for them
+    ({"text": " ab", "token_ids": [11, 12]}, 1, 2),  # return_token_ids: the chunk says how many
+    ({"text": "", "token_ids": [7]}, 1, 1),
+    ({"text": "abc", "logprobs": {"tokens": ["a", "bc"], "token_logprobs": [-1.0, -2.0]}}, 1, 2),
+    ({"delta": {"content": "ab"}, "logprobs": {"content": [{"token": "a"}, {"token": "b"}, {"token": ""}]}}, 1, 3),
+    ({"delta": {"role": "assistant", "content": ""}, "logprobs": None}, 0, 0),
+    ({"delta": {}, "finish_reason": "stop", "token_ids": []}, 0, 0),
+])
+def test_tokens_per_chunk_from_token_ids_logprobs_or_one_per_choice(choice: dict, outputs: int, tokens: int) -> None:
+    info = _info({"choices": [{"index": 0, **choice}]})
+    assert (info.outputs, info.tokens, info.choices) == (outputs, tokens, 1)
 
 
 def test_completions_text_finish_reason_and_usage() -> None:

@@ -49,11 +49,37 @@ def values(snap, name: str) -> dict[tuple[str, ...], float]:
 def test_slo_spelling() -> None:
     slo = parse_slo(" TTFT=500ms, tpot=0.05 ")
     assert slo.name == "ttft=0.5,tpot=0.05" and slo.target("ttft") == 0.5 and slo.target("e2e") is None
-    for bad in ("ttft", "ttft=abc", "itl=0.1", "ttft=0.5,ttft=1", "", "ttft=-1", "ttft=0"):
+    for bad in ("ttft", "ttft=abc", "p99=0.1", "ttft=0.5,ttft=1", "", "ttft=-1", "ttft=0", "itl=0.1,itl=0.2"):
         with pytest.raises(ConfigError):
             parse_slo(bad)
     with pytest.raises(ConfigError):
         parse_slos(["ttft=0.5", "ttft=500ms"])  # the same SLO twice
+    joint = parse_slo("ttft=150ms,itl=50ms,tpot=9.4ms,e2e=2")
+    assert joint.name == "ttft=0.15,itl=0.05,tpot=0.0094,e2e=2" and joint.target("itl") == 0.05
+    with pytest.raises(ConfigError, match="itl"):
+        parse_slo("p99=1")  # the message names every key
+
+
+def test_the_itl_target_is_met_when_every_gap_is_within_it() -> None:
+    """vLLM's bench serve has no ITL goodput key: a request meets `itl` when its longest gap between token
+    chunks does (a stall any token saw misses it; TPOT is the mean and cannot show one)."""
+    slo = parse_slo("itl=0.0625")
+    assert meets(slo, rec(1, gaps=(0.0625, 0.0625, 0.0625)))  # on the target is within it
+    assert not meets(slo, rec(1, gaps=(0.01, 0.0625 + 2 ** -20, 0.01)))  # one gap over: mean 0.03 would pass
+    assert meets(parse_slo("tpot=0.0625"), rec(1, gaps=(0.01, 0.1, 0.01)))  # ... as TPOT (the mean) does
+    assert meets(slo, rec(1, gaps=()))  # one token: no gap, like TPOT's "no TPOT" (0 in vLLM)
+    assert not meets(slo, rec(1, ttft=None, gaps=(), tokens=0))  # no output at all
+    assert not meets(parse_slo("ttft=0.5,itl=0.05"), rec(1, ttft=0.6, gaps=(0.01,)))  # joint: TTFT missed
+
+
+def test_tpot_for_goodput_stops_at_the_last_token_as_vllm_bench_serve() -> None:
+    """vLLM's bench serve: TPOT = (latency - TTFT) / (output tokens - 1), latency to the last chunk with
+    choices; the usage chunk and [DONE] after it do not count. A slow tail after the last token is e2e's."""
+    r = RequestRecord(route="completions", tenant=None, start=0.0, end=1.0, status=200, outcome=COMPLETE,
+                      stream=True, finish_reason="length", ttft=0.25, itl=array("d", [0.125, 0.125]),
+                      prompt_tokens=3, output_tokens=3, counted_by="usage", last_token=0.5)
+    assert r.tpot == 0.125 and r.e2e == 1.0
+    assert meets(parse_slo("ttft=0.25,tpot=0.125"), r) and not meets(parse_slo("e2e=0.5"), r)
 
 
 def test_goodput_needs_both_targets_met() -> None:

