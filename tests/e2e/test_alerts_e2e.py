@@ -85,7 +85,8 @@ RATE_WINDOW_SECONDS = 60.0
 MIN_SCRAPED_SECONDS = 90.0  # a full 1m window on both sides, then SMOOTH and a margin
 DEADLINE_SECONDS = 170.0
 
-_DURATION = re.compile(r"(?<![0-9.])[0-9]+(ms|s|m|h|d|w|y)\b")
+# one unit (5m) or several (5h30m: a burn row's history offset, rules/burn.py)
+_DURATION = re.compile(r"(?<![0-9.])(?:[0-9]+(?:ms|s|m|h|d|w|y))+\b")
 
 
 def _mask_durations(doc: Any) -> Any:
