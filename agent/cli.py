@@ -240,23 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(run)
     run.set_defaults(func=cmd_run)
     from rooflight.agent.demo import cli as demo_cli
-
-    demo_cli.register(sub)
     from rooflight.agent.proxy import cli as proxy_cli
+    from rooflight.agent.roofline import plan
+    from rooflight.rules import generate as rules_generate
 
-    proxy_cli.register(sub)
-    for module in ("rooflight.agent.roofline.plan", "rooflight.rules.generate"):
-        _register_optional(sub, module)
+    # Every subcommand ships with the package: an ImportError here is a bug and must show, not drop a command.
+    for module in (demo_cli, proxy_cli, plan, rules_generate):
+        module.register(sub)
     return parser
-
-
-def _register_optional(sub: Any, module: str) -> None:
-    import importlib
-
-    try:
-        importlib.import_module(module).register(sub)
-    except ImportError as exc:  # a subcommand whose module is missing must not take the agent down
-        log.debug("subcommand from %s unavailable: %s", module, exc)
 
 
 def log_level(flag: str | None, environ: Mapping[str, str]) -> int:
