@@ -16,7 +16,7 @@ PARTS = {"rooflight.agent": ROOT / "agent", "rooflight.collectors": ROOT / "coll
 
 # Lowest first. A module may import its own floor or a lower one, never a higher one.
 FLOORS = ["rooflight.collectors", "rooflight.agent.errors", "rooflight.agent.roofline", "rooflight.agent.signals",
-          "rooflight.agent.metrics", "rooflight.agent.sampling", "rooflight.agent.proxy", "rooflight.agent.serve", "rooflight.agent.demo",
+          "rooflight.agent.metrics", "rooflight.agent.config", "rooflight.agent.sampling", "rooflight.agent.proxy", "rooflight.agent.serve", "rooflight.agent.demo",
           "rooflight.rules", "rooflight.dashboards", "rooflight.agent.cli"]
 
 # Subcommands loaded by name at run time (cli.py's optional registrations) are not imports of a lower floor.
@@ -52,7 +52,12 @@ def _imports(name: str, path: Path) -> set[str]:
     return {f for f in found if f.startswith("rooflight.")}
 
 
+# The proxy's and the demo's configs sit on the floor of what they configure (agent/config/__init__.py).
+SAME_FLOOR = {"rooflight.agent.config.proxy": "rooflight.agent.proxy", "rooflight.agent.config.demo": "rooflight.agent.demo"}
+
+
 def _floor(module: str) -> int | None:
+    module = SAME_FLOOR.get(module, module)
     best = None
     for i, prefix in enumerate(FLOORS):
         if module == prefix or module.startswith(prefix + "."):
