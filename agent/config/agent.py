@@ -312,16 +312,14 @@ def _target(entry: Mapping[str, Any], shared: Mapping[str, Any]) -> TargetConfig
                           "surrounding spaces (got " + ascii(name)[:80] + ")")
     if values.get("draft_model") and values.get("draft_model_config"):
         raise ConfigError(f"target {shown}: give --draft-model or --draft-model-config, not both")
-    target = TargetConfig(url=url, name=name, **{
+    _check_engine(shown, values.get("engine"))  # named first: a wrong engine explains the rest
+    return TargetConfig(url=url, name=name, **{
         s.key: s.default if values.get(s.key) is None else s.parse(values[s.key], s.key) for s in st.TARGET})
-    _check_engine(target)
-    return target
 
 
-def _check_engine(target: TargetConfig) -> None:
+def _check_engine(shown: str, engine: Any) -> None:
     from rooflight.collectors.engines import names
 
-    if target.engine != "auto" and target.engine not in names():
-        raise ConfigError(f"target {public_url(target.url)}: engine {target.engine!r} is not one of auto,"
-                          f" {', '.join(names())}")
+    if engine is not None and str(engine) != "auto" and str(engine) not in names():
+        raise ConfigError(f"target {shown}: engine {str(engine)!r} is not one of auto, {', '.join(names())}")
 

@@ -36,6 +36,12 @@ CLIENT = "client-side proxy (docs/proxy.md)"
 
 @dataclass(frozen=True)
 class Setting:
+    """One setting: what the user writes (flag, ROOFLIGHT_<KEY>, file key), its default and its check.
+
+    `parse` checks a `rooflight run` setting's value from any layer, with the key as the name in its
+    message; the proxy's and the demo's own flags are checked where their configs are built
+    (agent/config/proxy.py: the SLO spellings and bucket names are the proxy's)."""
+
     key: str
     help: str = ""
     commands: tuple[str, ...] = (RUN,)
@@ -259,7 +265,8 @@ def _run(predicate: Callable[[Setting], bool]) -> tuple[Setting, ...]:
 
 
 # `rooflight run`'s settings as its three layers (flags, environment, config file) name them
-AGENT = _run(lambda s: s.parse is not None and not s.target)  # one value for the whole agent
+# one value for the whole agent (config, engine_url, target_name and log_level have no `parse`: read where used)
+AGENT = _run(lambda s: s.parse is not None and not s.target and not s.proxy)
 TARGET = _run(lambda s: s.target)  # each engine target's, shared by all unless a `targets:` entry says otherwise
 PROXY_KEYS = tuple(s.key for s in _run(lambda s: s.proxy))  # each needs proxy_listen, which turns the proxy on
 TARGET_KEYS = {"url", "name"} | {s.key for s in TARGET}  # the keys of a `targets:` entry
