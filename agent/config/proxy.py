@@ -11,12 +11,13 @@ from typing import Any, Mapping, Sequence
 from rooflight.agent.config import settings as st
 from rooflight.agent.config.agent import AgentConfig
 from rooflight.agent.config.urls import credentials, endpoint, parse_upstream, target_name
-from rooflight.agent.config.values import parse_duration, parse_percentiles, parse_windows, split_listen
+from rooflight.agent.config.values import bounded_whole, parse_duration, split_listen
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy.catalog import DEFAULT_BUCKETS, HISTOGRAMS
 from rooflight.agent.proxy.slo import SLO, parse_slos
 
-DEFAULTS = {s.key: s.default for s in st.SETTINGS if st.PROXY in s.commands}
+_SETTINGS = {s.key: s for s in st.SETTINGS if st.PROXY in s.commands or s.proxy}  # and run's --proxy-*
+DEFAULTS = {key: s.default for key, s in _SETTINGS.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,20 +75,20 @@ def build(
     listen = listen or DEFAULTS["listen"]
     metrics_listen = metrics_listen or DEFAULTS["metrics_listen"]
     if split_listen(listen) == split_listen(metrics_listen) and split_listen(listen)[1] != 0:
-        raise ConfigError(f"--listen and --metrics-listen are both {listen}: the proxy passes every path through, "
-                          "so /metrics needs its own port")
+        raise ConfigError(f"{_flag('listen')} and {_flag('metrics_listen')} are both {listen}: the proxy passes every"
+                          " path through, so /metrics needs its own port")
     return ProxyConfig(
-        upstream=parse_upstream(upstream),
+        upstream=_check("upstream", upstream),
         upstream_auth=lent_credentials(upstream or "", upstream_credentials_for_anonymous),
         listen=listen,
         metrics_listen=metrics_listen,
         slos=parse_slos(list(slos or ())),
-        tenant_header=_header_name(tenant_header),
-        tenant_top=_count(tenant_top, "--tenant-top"),
-        buckets=parse_buckets(buckets),
-        windows=parse_windows(windows or DEFAULTS["windows"], "--windows"),
-        percentiles=parse_percentiles(percentiles or DEFAULTS["percentiles"], "--percentiles", required=True),
-        connect_timeout=parse_duration(_given(connect_timeout, "connect_timeout"), "--connect-timeout"),
+        tenant_header=_check("tenant_header", tenant_header),
+        tenant_top=_check("tenant_top", tenant_top),
+        buckets=parse_buckets(buckets, _flag("proxy_buckets")),
+        windows=_check("windows", windows or DEFAULTS["windows"]),
+        percentiles=_check("percentiles", percentiles or DEFAULTS["percentiles"]),
+        connect_timeout=_check("connect_timeout", connect_timeout),
         **parse_port_limits(read_header_timeout, idle_timeout, max_connections, max_connections_per_client,
                             read_body_timeout),
     )
@@ -96,33 +97,24 @@ def build(
 def parse_port_limits(read_header_timeout: Any, idle_timeout: Any, max_connections: Any,
                       max_connections_per_client: Any, read_body_timeout: Any = None) -> dict[str, Any]:
     """The proxy port's limits (agent/proxy/limits.py); the per-client share defaults to half the cap."""
-    header = parse_duration(_given(read_header_timeout, "read_header_timeout"), "--read-header-timeout")
-    idle = parse_duration(_given(idle_timeout, "idle_timeout"), "--idle-timeout")
-    body = parse_duration(_given(read_body_timeout, "read_body_timeout"), "--read-body-timeout")
-    for value, what in ((header, "--read-header-timeout"), (idle, "--idle-timeout"), (body, "--read-body-timeout")):
-        if not 0 < value <= 3600:
-            raise ConfigError(f"{what}: {value:g} s: give a time between 1ms and 1h, e.g. {what} 10s")
-    cap = _whole(max_connections, "--max-connections", DEFAULTS["max_connections"], 1, 1_000_000)
-    share = _whole(max_connections_per_client, "--max-connections-per-client", max(1, cap // 2), 1, cap)
-    return {"read_header_timeout": header, "idle_timeout": idle, "read_body_timeout": body, "max_connections": cap,
-            "max_connections_per_client": share}
+    limits = {"read_header_timeout": _check("read_header_timeout", read_header_timeout),
+              "idle_timeout": _check("idle_timeout", idle_timeout),
+              "read_body_timeout": _check("read_body_timeout", read_body_timeout),
+              "max_connections": _check("max_connections", max_connections)}
+    share = max_connections_per_client
+    limits["max_connections_per_client"] = max(1, limits["max_connections"] // 2) if share is None else \
+        bounded_whole(share, _flag("max_connections_per_client"), 1, limits["max_connections"])
+    return limits
 
 
-def _given(value: Any, key: str) -> Any:
-    """The value as given, else the setting's default."""
-    return DEFAULTS[key] if value is None else value
+def _check(key: str, value: Any, command: str = st.PROXY) -> Any:
+    """`value` (None: the setting's default) checked by its setting's parser, named by its flag."""
+    setting = _SETTINGS[key]
+    return setting.parse(setting.default if value is None else value, setting.flag(command))
 
 
-def _whole(value: Any, what: str, default: int, low: int, high: int, why: str = "") -> int:
-    if value is None:
-        return default
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what}: {value!r} is not a whole number") from None
-    if not low <= number <= high:
-        raise ConfigError(f"{what}: {number} must be between {low} and {high}{why}")
-    return number
+def _flag(key: str, command: str = st.PROXY) -> str:
+    return _SETTINGS[key].flag(command)
 
 
 def for_agent(agent: AgentConfig) -> ProxyConfig | None:
@@ -130,10 +122,11 @@ def for_agent(agent: AgentConfig) -> ProxyConfig | None:
 
     Same parsers and messages as `rooflight proxy`. /metrics is the agent's (metrics_listen says where),
     windows, percentiles and the refresh follow the agent's, and the `target` label is the engine
-    target's own name when the proxy fronts that engine, so client and engine series join on it."""
+    target's own name when the proxy fronts that engine, so client and engine series join on it. The
+    port's limits and connect timeout are `rooflight proxy`'s defaults (docs/proxy.md)."""
     if agent.proxy_listen is None or agent.proxy_upstream is None:
         return None
-    upstream = parse_upstream(agent.proxy_upstream, "--proxy-upstream")
+    upstream = parse_upstream(agent.proxy_upstream, _flag("proxy_upstream", st.RUN))
     if credentials(agent.proxy_upstream) is not None:
         raise ConfigError("--proxy-upstream has a user:password: the proxy would lend it to every client that"
                           " connects without its own Authorization; remove it (clients send their own), or run"
@@ -144,15 +137,15 @@ def for_agent(agent: AgentConfig) -> ProxyConfig | None:
         listen=agent.proxy_listen,
         metrics_listen=agent.listen,
         slos=parse_slos(list(agent.slo)),
-        tenant_header=_header_name(agent.tenant_header),
-        tenant_top=_count(agent.tenant_top, "--tenant-top"),
-        buckets=parse_buckets(agent.proxy_buckets, "--proxy-buckets"),
+        tenant_header=_check("tenant_header", agent.tenant_header, st.RUN),
+        tenant_top=_check("tenant_top", agent.tenant_top, st.RUN),
+        buckets=parse_buckets(agent.proxy_buckets, _flag("proxy_buckets", st.RUN)),
         windows=dict(agent.windows),
         percentiles=agent.percentiles,
         refresh=agent.interval,
         name=same[0] if len(same) == 1 else "",
-        connect_timeout=parse_duration(DEFAULTS["connect_timeout"], "--connect-timeout"),
-        **parse_port_limits(None, None, None, None, None),  # `rooflight proxy`'s defaults (docs/proxy.md)
+        connect_timeout=_check("connect_timeout", None),
+        **parse_port_limits(None, None, None, None, None),
     )
 
 
@@ -189,16 +182,3 @@ def parse_buckets(items: Sequence[str] | None, what: str = "--buckets") -> dict[
             raise ConfigError(f"{what} {item!r}: give at least one finite edge (+Inf is always added)")
         out[key] = tuple(edges)
     return out
-
-
-def _header_name(name: str | None) -> str | None:
-    if name is None:
-        return None
-    name = name.strip()
-    if not name or any(ch in name for ch in " :\t\r\n"):
-        raise ConfigError(f"--tenant-header {name!r}: give a header name, e.g. X-Tenant-Id")
-    return name
-
-
-def _count(value: Any, what: str) -> int:
-    return _whole(value, what, DEFAULTS["tenant_top"], 0, 1000, " (each is a label value on several series)")

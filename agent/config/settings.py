@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from rooflight.agent.config import values as v
+from rooflight.agent.config.urls import parse_upstream
 from rooflight.collectors.http import DEFAULT_MAX_BODY_BYTES
 
 RUN, PROXY, DEMO = "run", "proxy", "demo"
@@ -38,9 +39,10 @@ CLIENT = "client-side proxy (docs/proxy.md)"
 class Setting:
     """One setting: what the user writes (flag, ROOFLIGHT_<KEY>, file key), its default and its check.
 
-    `parse` checks a `rooflight run` setting's value from any layer, with the key as the name in its
-    message; the proxy's and the demo's own flags are checked where their configs are built
-    (agent/config/proxy.py: the SLO spellings and bucket names are the proxy's)."""
+    `parse` checks a value as written, naming it in its message as the user spelt it: `rooflight run`'s
+    key (from any of its three layers), or the proxy's flag. The SLO spellings and the bucket edges are
+    checked by agent/config/proxy.py (the proxy's SLO grammar and histogram names live with the proxy);
+    the demo's flags by agent/config/demo.py and argparse."""
 
     key: str
     help: str = ""
@@ -155,7 +157,7 @@ SETTINGS: tuple[Setting, ...] = (
             metavar="URL", group=CLIENT, proxy=True),
     # `rooflight proxy`: the proxy on its own
     Setting("upstream", "the OpenAI-compatible server, e.g. http://127.0.0.1:8000 (required)", metavar="URL",
-            commands=(PROXY,), env=False, file=False),
+            commands=(PROXY,), env=False, file=False, parse=parse_upstream),
     Setting("listen", f"where clients connect (default {PROXY_LISTEN})", metavar="HOST:PORT", commands=(PROXY,),
             env=False, file=False, default=PROXY_LISTEN),
     Setting("metrics_listen", f"where to serve /metrics, a port of its own (default {PROXY_METRICS_LISTEN})",
@@ -164,27 +166,28 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("slo", "a joint SLO for goodput, keys ttft, tpot, e2e, e.g. ttft=0.5,tpot=0.05 (repeatable)",
             metavar="KEY=SECONDS,...", commands=(RUN, PROXY), group=CLIENT, action="append", proxy=True),
     Setting("tenant_header", "attribute requests to tenants by this header (hashed)", metavar="NAME",
-            commands=(RUN, PROXY), group=CLIENT, proxy=True),
+            commands=(RUN, PROXY), group=CLIENT, proxy=True, parse=v.header_name),
     Setting("tenant_top", "tenants named in labels; the rest are `other` (default 10)", metavar="N",
-            commands=(RUN, PROXY), group=CLIENT, proxy=True, default=10),
+            commands=(RUN, PROXY), group=CLIENT, proxy=True, parse=v.label_count, default=10),
     Setting("proxy_buckets", "client histogram edges in seconds for ttft, itl, tpot or e2e (repeatable); SLO"
             " targets are added", flags={PROXY: "--buckets"}, metavar="NAME=EDGE,...", commands=(RUN, PROXY),
             group=CLIENT, action="append", proxy=True),
     # `rooflight proxy`: its port and upstream
     Setting("windows", "percentile and goodput windows (default 10s,1m,5m)", metavar="LIST", commands=(PROXY,),
-            env=False, file=False, default="10s,1m,5m"),
+            env=False, file=False, parse=v.parse_windows, default="10s,1m,5m"),
     Setting("percentiles", "exported percentiles (default 50,90,99)", metavar="LIST", commands=(PROXY,), env=False,
-            file=False, default="50,90,99"),
+            file=False, parse=v.required_percentiles, default="50,90,99"),
     Setting("connect_timeout", "upstream connect timeout (default 10s); no read timeout", metavar="SECONDS",
-            commands=(PROXY,), env=False, file=False, default="10s"),
+            commands=(PROXY,), env=False, file=False, parse=v.parse_duration, default="10s"),
     Setting("read_header_timeout", "a request's headers must arrive within this of its first byte (default 10s)",
-            metavar="SECONDS", commands=(PROXY,), env=False, file=False, default="10s"),
+            metavar="SECONDS", commands=(PROXY,), env=False, file=False, parse=v.port_timeout, default="10s"),
     Setting("read_body_timeout", "close a connection whose request body sends no byte for this long (default 10s)",
-            metavar="SECONDS", commands=(PROXY,), env=False, file=False, default="10s"),
+            metavar="SECONDS", commands=(PROXY,), env=False, file=False, parse=v.port_timeout, default="10s"),
     Setting("idle_timeout", "close a keep-alive connection idle this long (default 60s)", metavar="SECONDS",
-            commands=(PROXY,), env=False, file=False, default="60s"),
+            commands=(PROXY,), env=False, file=False, parse=v.port_timeout, default="60s"),
     Setting("max_connections", "connections open on --listen at once (default 4096)", metavar="N",
-            commands=(PROXY,), env=False, file=False, default=4096),
+            commands=(PROXY,), env=False, file=False, parse=v.connection_cap, default=4096),
+    # checked against --max-connections, its default half of it: agent/config/proxy.py
     Setting("max_connections_per_client", "of them, held by one IP address (default half of --max-connections)",
             metavar="N", commands=(PROXY,), env=False, file=False),
     Setting("upstream_credentials_for_anonymous", "add --upstream's user:password to requests that carry no"

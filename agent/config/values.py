@@ -197,3 +197,45 @@ def gpu_hour_cost(value: Any, what: str = "gpu_hour_cost") -> float:
     if price <= 0:
         raise ConfigError(f"{what}: must be above 0, got {value!r}")
     return price
+
+
+def bounded_whole(value: Any, what: str, low: int, high: int, why: str = "") -> int:
+    """A whole number from low to high (a count or a cap of the proxy's)."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}: {value!r} is not a whole number") from None
+    if not low <= number <= high:
+        raise ConfigError(f"{what}: {number} must be between {low} and {high}{why}")
+    return number
+
+
+def label_count(value: Any, what: str) -> int:
+    """How many values of a label are named (the rest are `other`): each is a label value on several series."""
+    return bounded_whole(value, what, 0, 1000, " (each is a label value on several series)")
+
+
+def connection_cap(value: Any, what: str) -> int:
+    return bounded_whole(value, what, 1, 1_000_000)
+
+
+def port_timeout(value: Any, what: str) -> float:
+    """A timeout of the proxy's port: a duration from 1 ms to 1 h."""
+    seconds = parse_duration(value, what)
+    if not 0 < seconds <= 3600:
+        raise ConfigError(f"{what}: {seconds:g} s: give a time between 1ms and 1h, e.g. {what} 10s")
+    return seconds
+
+
+def header_name(value: Any, what: str) -> str | None:
+    """An HTTP header's name, e.g. X-Tenant-Id (None: not given)."""
+    if value is None:
+        return None
+    name = str(value).strip()
+    if not name or any(ch in name for ch in " :\t\r\n"):
+        raise ConfigError(f"{what} {name!r}: give a header name, e.g. X-Tenant-Id")
+    return name
+
+
+def required_percentiles(value: Any, what: str) -> tuple[str, ...]:
+    return parse_percentiles(value, what, required=True)
