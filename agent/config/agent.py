@@ -218,6 +218,7 @@ def _proxy_upstream(value: Any, targets: tuple[TargetConfig, ...]) -> str:
                           " --proxy-upstream URL (ROOFLIGHT_PROXY_UPSTREAM)")
     return public_url(targets[0].url)
 
+
 _WILDCARDS = ("0.0.0.0", "::", "")
 
 
@@ -279,6 +280,7 @@ def _targets(merged: Mapping[str, Any], shared: Mapping[str, Any]) -> tuple[Targ
     if merged.get("target_name") is not None:
         entries = _named_single_target(entries, merged["target_name"])
     return tuple(_target(entry, shared) for entry in entries)
+
 
 MAX_TARGET_NAME = 253  # a Kubernetes pod name's limit: the shipped manifests pass the pod's name
 

@@ -91,6 +91,7 @@ def optional_path(value: Any, what: str) -> str | None:
         raise ConfigError(f"{what}: {value!r} is not a file path; write e.g. {what}: /etc/rooflight/web.yml")
     return str(value)
 
+
 GPU_SCOPES = ("own", "all")
 
 

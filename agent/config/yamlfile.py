@@ -106,6 +106,7 @@ def _check_expanded_size(data: Any, where: str) -> None:
         elif isinstance(item, list):
             stack.extend(item)
 
+
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 _TOKEN_NAME = re.compile(r"^'<[a-z ]+>'$")
 

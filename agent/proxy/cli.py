@@ -35,7 +35,7 @@ def config_from_args(args: argparse.Namespace) -> pc.ProxyConfig:
     given = settings.flag_values(args, settings.PROXY)
     for key in ("check_only", "log_level"):
         given.pop(key, None)
-    # build()'s names for the two settings `rooflight run` spells otherwise (--slo, --buckets)
+    # build()'s parameters for the settings keyed slo and proxy_buckets (their file keys under `rooflight run`)
     given["slos"], given["buckets"] = given.pop("slo", None), given.pop("proxy_buckets", None)
     return pc.build(given.pop("upstream", None), **given)
 
