@@ -152,7 +152,7 @@ def build(file_settings: Mapping[str, Any], env: Mapping[str, Any], flags: Mappi
     targets = _targets(merged, shared)
     config = AgentConfig(
         targets=targets,
-        **{s.key: s.parse(merged.get(s.key, s.default), s.key) for s in st.AGENT},
+        **{s.key: s.parse(merged.get(s.key, s.default), s.key) for s in _AGENT_ORDER},
         **_proxy_settings(merged, targets),
     )
     return validate(config)
@@ -205,6 +205,8 @@ def _proxy_settings(merged: Mapping[str, Any], targets: tuple[TargetConfig, ...]
 
 
 _PROXY_DEFAULTS = {s.key: s.default for s in st.SETTINGS if s.proxy}
+# checked in AgentConfig's order: with two bad settings, the one named is the one it always was
+_AGENT_ORDER = sorted(st.AGENT, key=lambda s: AgentConfig.__slots__.index(s.key))
 
 
 def _proxy_upstream(value: Any, targets: tuple[TargetConfig, ...]) -> str:
