@@ -13,11 +13,12 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from rooflight.agent import __version__
-from rooflight.agent.sampling import config as cfg
+from rooflight.agent.config import agent as cfg
+from rooflight.agent.config import settings
 from rooflight.agent.errors import ConfigError
 
 log = logging.getLogger("rooflight")
-LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+LOG_LEVELS = {name: getattr(logging, name.upper()) for name in settings.LOG_LEVELS}
 
 RUN_EPILOG = """\
 what you get on /metrics (every name starts with rooflight_):
@@ -48,83 +49,13 @@ examples:
 """
 
 
-def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="YAML file with these settings (flags override it)")
-    p.add_argument("--engine-url", action="append", metavar="URL",
-                   help="engine API base, e.g. http://127.0.0.1:8000 (repeat for several engines)")
-    p.add_argument("--engine", metavar="NAME", help="engine kind; default auto (recognised from its /metrics)")
-    p.add_argument("--metrics-path", metavar="PATH", help="override the engine's metrics path")
-    p.add_argument("--target-name", metavar="NAME",
-                   help="the engine's `target` label (default host:port; in Kubernetes, the pod's name)")
-    model = p.add_mutually_exclusive_group()
-    model.add_argument("--model", metavar="PRESET", help="model preset (see `rooflight plan --list`)")
-    model.add_argument("--model-config", metavar="PATH", help="a Hugging Face config.json for the served model")
-    p.add_argument("--weight-dtype", metavar="DTYPE", help="bf16, fp16, fp8, int8 or int4 (default: from config)")
-    p.add_argument("--kv-dtype", metavar="DTYPE", help="KV-cache dtype; fp8 halves KV bytes (default: weights')")
-    p.add_argument("--gpu", metavar="PROFILE", help="GPU constants profile, e.g. h100-sxm (default: the NVML name's, none for a GPU without "
-                   "constants: its MBU/MFU stay absent; h100-sxm where no GPU is seen)")
-    p.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size: GPUs one model copy spans (default: what the engine says, "
-                   "else the GPUs its processes use / its data-parallel ranks, else 1; the engine wins over this)")
-    p.add_argument("--ep", type=int, metavar="N", help="expert-parallel size of a MoE engine (vLLM --enable-expert-parallel: "
-                   "data-parallel x tensor-parallel size): each copy holds 1/(ep/tp) of the routed experts (default: 1)")
-    p.add_argument("--draft-model", metavar="PRESET", help="speculative decoding's draft model (a preset or Hugging Face id): "
-                   "its weights join MBU once per draft token a step")
-    p.add_argument("--draft-model-config", metavar="PATH", help="the draft model's config.json (instead of --draft-model)")
-    p.add_argument("--batch-max", type=int, metavar="N", help="the engine's batch cap (vLLM max_num_seqs) where /metrics lacks it")
-    p.add_argument("--pid", type=int, help="the engine's PID, for its CPU and memory (default: found by the URL's port)")
-    p.add_argument("--listen", metavar="HOST:PORT", help=f"where to serve /metrics (default {cfg.DEFAULT_LISTEN})")
-    p.add_argument("--interval", metavar="SECONDS", help="sampling interval, 0.1s to 60s (default 1s)")
-    p.add_argument("--scrape-timeout", metavar="SECONDS", help="engine scrape timeout (default 5s; vLLM can take seconds under load)")
-    p.add_argument("--windows", metavar="LIST", help="window lengths (default 10s,1m,5m)")
-    p.add_argument("--percentiles", metavar="LIST", help="TTFT/ITL percentiles (default 50,90,99)")
-    p.add_argument("--no-nvml", dest="nvml", action="store_const", const=False, help="do not read NVML")
-    p.add_argument("--gpus", choices=("own", "all"),
-                   help="GPUs to export: own (the engines' GPUs, found from NVML's processes; default) or all "
-                        "(every GPU on the node: a node-level agent)")
-    p.add_argument("--no-process", dest="process", action="store_const", const=False, help="do not read the engine process")
-    p.add_argument("--web-config", metavar="FILE", help="TLS and basic auth, exporter-toolkit web-config.yml format")
-    p.add_argument("--read-header-timeout", metavar="SECONDS",
-                   help="close a connection that has not sent a request's headers within this (default 10s)")
-    p.add_argument("--max-connections", type=int, metavar="N",
-                   help="open connections to the agent at most; more are answered 503 (default 256)")
-    p.add_argument("--detector", action="append", metavar="KEY=VALUE", help="a detector threshold, e.g. hol_inflation=4")
-    cap = p.add_argument_group("capacity signals (docs/metrics.md, section Capacity, cost and energy)")
-    cap.add_argument("--role", choices=("both", "prefill", "decode"),
-                     help="the engine's part in disaggregated serving (default: its config's, else both)")
-    cap.add_argument("--ttft-slo", metavar="SECONDS", help="TTFT SLO for rooflight_headroom_ratio{resource=\"ttft_slo\"}")
-    cap.add_argument("--itl-slo", metavar="SECONDS", help="ITL SLO for rooflight_headroom_ratio{resource=\"itl_slo\"}")
-    cap.add_argument("--gpu-hour-cost", type=float, metavar="PRICE",
-                     help="price of one GPU-hour, any currency: gives rooflight_cost_per_million_tokens")
-    proxy = p.add_argument_group("client-side proxy (docs/proxy.md)")
-    proxy.add_argument("--proxy-listen", metavar="HOST:PORT",
-                       help="run the proxy here, e.g. 0.0.0.0:8100: clients connect to it, its rooflight_client_* "
-                            "metrics join this /metrics (default: off)")
-    proxy.add_argument("--proxy-upstream", metavar="URL",
-                       help="the OpenAI-compatible server the proxy relays to (default: the one --engine-url)")
-    proxy.add_argument("--slo", action="append", metavar="KEY=SECONDS,...",
-                       help="a joint SLO for goodput, keys ttft, tpot, e2e, e.g. ttft=0.5,tpot=0.05 (repeatable)")
-    proxy.add_argument("--tenant-header", metavar="NAME", help="attribute requests to tenants by this header (hashed)")
-    proxy.add_argument("--tenant-top", metavar="N", help="tenants named in labels; the rest are `other` (default 10)")
-    proxy.add_argument("--proxy-buckets", action="append", metavar="NAME=EDGE,...",
-                       help="client histogram edges in seconds for ttft, itl, tpot or e2e (repeatable)")
-    p.add_argument("--check-only", action="store_true", help="validate the configuration and exit")
-    p.add_argument("--log-level", default=None, choices=list(LOG_LEVELS),
-                   help="debug, info, warning or error (default: ROOFLIGHT_LOG_LEVEL, else info)")
-
-
 def _flag_settings(args: argparse.Namespace) -> dict[str, Any]:
-    keys = ("engine", "metrics_path", "model", "model_config", "weight_dtype", "kv_dtype", "gpu", "tp", "ep",
-            "draft_model", "draft_model_config", "batch_max", "pid", "listen", "interval", "scrape_timeout", "windows", "percentiles", "nvml", "gpus", "process",
-            "web_config", "read_header_timeout", "max_connections", "target_name", "proxy_listen", "proxy_upstream",
-            "tenant_header", "tenant_top", "role", "ttft_slo", "itl_slo", "gpu_hour_cost")
-    out = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
-    if args.engine_url:
-        out["engine_url"] = args.engine_url
-    for key in ("slo", "proxy_buckets"):  # repeatable: the flags' list replaces the file's and environment's
-        if getattr(args, key, None):
-            out[key] = getattr(args, key)
-    if args.detector:
-        out["detectors"] = _detector_flags(args.detector)
+    """The settings given as flags; --config, --check-only and --log-level are the command's, not settings."""
+    out = settings.flag_values(args, settings.RUN)
+    for key in ("config", "check_only", "log_level"):
+        out.pop(key, None)
+    if "detectors" in out:
+        out["detectors"] = _detector_flags(out["detectors"])
     return out
 
 
@@ -182,7 +113,7 @@ def resolve_models(config: cfg.AgentConfig) -> dict[str, tuple[Any, str | None]]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rooflight.agent.proxy.config import for_agent
+    from rooflight.agent.config.proxy import for_agent
     from rooflight.agent.sampling.sampler import Agent
 
     config = load_config(args)
@@ -212,7 +143,7 @@ def _proxy_line(proxy: Any) -> str:
     """`--check-only`'s words for the proxy: where it listens, where it relays, its SLOs."""
     if proxy is None:
         return ""
-    from rooflight.agent.proxy.config import shown_url
+    from rooflight.agent.config.urls import shown_url
 
     slos = ", ".join(s.name for s in proxy.slos) or "none"
     return f"; proxy {proxy.listen} -> {shown_url(proxy.upstream)} (target {proxy.target}), SLOs: {slos}"
@@ -237,26 +168,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser("run", help="watch one or more engines and serve /metrics", epilog=RUN_EPILOG,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_run_flags(run)
+    settings.add_flags(run, settings.RUN)
     run.set_defaults(func=cmd_run)
     from rooflight.agent.demo import cli as demo_cli
-
-    demo_cli.register(sub)
     from rooflight.agent.proxy import cli as proxy_cli
+    from rooflight.agent import plan_cli as plan
+    from rooflight.rules import generate as rules_generate
 
-    proxy_cli.register(sub)
-    for module in ("rooflight.agent.plan_cli", "rooflight.rules.generate"):
-        _register_optional(sub, module)
+    # Every subcommand ships with the package: an ImportError here is a bug and must show, not drop a command.
+    for module in (demo_cli, proxy_cli, plan, rules_generate):
+        module.register(sub)
     return parser
-
-
-def _register_optional(sub: Any, module: str) -> None:
-    import importlib
-
-    try:
-        importlib.import_module(module).register(sub)
-    except ImportError as exc:  # a subcommand whose module is missing must not take the agent down
-        log.debug("subcommand from %s unavailable: %s", module, exc)
 
 
 def log_level(flag: str | None, environ: Mapping[str, str]) -> int:

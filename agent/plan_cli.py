@@ -31,7 +31,7 @@ from rooflight.agent.roofline.plan import (
     resolve_model,
     sig,
 )
-from rooflight.agent.sampling.config import parse_duration
+from rooflight.agent.config.values import parse_duration
 
 
 def _gb(b: float) -> str:

@@ -88,7 +88,7 @@ def upstream_main(port: int, rate: float) -> None:
 
 
 def proxy_main(upstream: str, port: int, metrics_port: int) -> None:
-    from rooflight.agent.proxy.config import build
+    from rooflight.agent.config.proxy import build
     from rooflight.agent.proxy.server import ProxyServer
 
     async def main() -> None:

@@ -35,7 +35,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]  # the test he
 
 from aiohttp import web  # noqa: E402
 
-from rooflight.agent.sampling.config import build  # noqa: E402
+from rooflight.agent.config.agent import build  # noqa: E402
 from rooflight.agent.demo import DemoConfig, start_demo_engine  # noqa: E402
 from rooflight.agent.sampling.sampler import Agent  # noqa: E402
 from rooflight.agent.serve.server import build_app  # noqa: E402

@@ -26,7 +26,7 @@ with atheris.instrument_imports():
     import yaml
 
     from rooflight.agent.serve import webconfig
-    from rooflight.agent.sampling.config import build
+    from rooflight.agent.config.agent import build
     from rooflight.agent.errors import ConfigError
     from rooflight.collectors import expfmt
     from rooflight.collectors import vllm

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from rooflight.agent.cli import resolve_models  # noqa: E402
-from rooflight.agent.sampling.config import build  # noqa: E402
+from rooflight.agent.config.agent import build  # noqa: E402
 from rooflight.agent.sampling.sampler import Agent  # noqa: E402
 from rooflight.agent.serve.server import build_app  # noqa: E402
 from support import free_port, sample_text  # noqa: E402

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rooflight.agent.cli import resolve_models  # noqa: E402
-from rooflight.agent.sampling.config import build  # noqa: E402
+from rooflight.agent.config.agent import build  # noqa: E402
 from rooflight.agent.demo import DemoConfig, start_demo_engine  # noqa: E402
 from rooflight.agent.sampling.sampler import Agent  # noqa: E402
 

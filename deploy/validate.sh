@@ -131,7 +131,7 @@ mkdir -p "$out/prom/rules" && cp deploy/compose/prometheus/prometheus.yml "$out/
   && cp rules/rooflight.rules.yaml "$out/prom/rules/"
 promtool check config "$out/prom/prometheus.yml"
 "$cache/venv/bin/hadolint" deploy/Dockerfile && say "hadolint: deploy/Dockerfile clean"
-"$PY" -c 'import sys; from rooflight.agent.sampling import config as c; t = c.build(c.load_file(sys.argv[1]), {}, {}); print(f"systemd example config: {len(t.targets)} target(s), listen {t.listen}")' deploy/systemd/rooflight.yaml
+"$PY" -c 'import sys; from rooflight.agent.config import agent as c; t = c.build(c.load_file(sys.argv[1]), {}, {}); print(f"systemd example config: {len(t.targets)} target(s), listen {t.listen}")' deploy/systemd/rooflight.yaml
 if command -v systemd-analyze >/dev/null; then
   sed "s|^ExecStart=/usr/local/bin/rooflight|ExecStart=$(command -v rooflight)|" deploy/systemd/rooflight.service > "$out/rooflight.service"
   systemd-analyze verify "$out/rooflight.service"

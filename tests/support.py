@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rooflight.agent.cli import resolve_models
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import AgentConfig, build
+from rooflight.agent.config.agent import AgentConfig, build
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve import server
 

@@ -11,7 +11,9 @@ import asyncio
 import os
 from typing import Any
 
-from rooflight.agent.sampling import config as cfg
+from rooflight.agent.config import agent as cfg
+from rooflight.agent.config import settings
+from rooflight.agent.config.values import split_listen
 
 DEMO_EPILOG = """\
 scenarios:
@@ -27,20 +29,7 @@ scenarios:
 def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="run the agent on a built-in simulated engine (no GPU, no engine needed)",
                        epilog=DEMO_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenario", default="steady", help="steady, head-of-line, kv-wall, queue or idle")
-    p.add_argument("--listen", default=cfg.DEFAULT_LISTEN, metavar="HOST:PORT", help="the agent's /metrics")
-    p.add_argument("--target-name", metavar="NAME", help="the simulated engine's `target` label (default host:port)")
-    p.add_argument("--engine-listen", default="127.0.0.1:0", metavar="HOST:PORT",
-                   help="the simulated engine's address (default: a free port on 127.0.0.1)")
-    p.add_argument("--interval", default="1s", help="the agent's sampling interval")
-    p.add_argument("--duration", type=float, default=None, metavar="SECONDS", help="stop after this long")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the simulated traffic")
-    p.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
-                   help="the simulated engine's batch cap (default 256; 16 in the queue scenario)")
-    p.add_argument("--chunked-prefill", action="store_true", help="split long prompts into chunks (smooths ITL)")
-    p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
-                   help="simulated seconds per real second (rates then read in simulated time / X)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    settings.add_flags(p, settings.DEMO)
     p.set_defaults(func=cmd_demo)
 
 
@@ -51,7 +40,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from rooflight.agent.errors import ConfigError
 
         raise ConfigError(f"--scenario {args.scenario!r}: choose one of {', '.join(SCENARIOS)}")
-    host, port = cfg.split_listen(args.engine_listen)
+    host, port = split_listen(args.engine_listen)
     config = DemoConfig(scenario=args.scenario, seed=args.seed, max_num_seqs=args.max_num_seqs,
                         chunked_prefill=args.chunked_prefill, time_scale=args.time_scale)
     asyncio.run(_demo(config, host, port, args))
@@ -72,9 +61,9 @@ async def _demo(demo_config: Any, engine_host: str, engine_port: int, args: argp
         raise ConfigError(f"--engine-listen: {bind_error(exc, engine_host, engine_port)}") from None
     try:
         # the user of an engine knows its max_num_seqs (vLLM does not export it): pass it, as --batch-max would
-        settings = {"engine_url": [engine.url], "listen": args.listen, "interval": args.interval,
+        given = {"engine_url": [engine.url], "listen": args.listen, "interval": args.interval,
                     "batch_max": engine.sim.max_num_seqs, "target_name": args.target_name}
-        config = cfg.build({}, {}, settings)
+        config = cfg.build({}, {}, given)
         agent = Agent(config, nvml_lib=engine.nvml, process_pids={config.targets[0].name: os.getpid()})
         host, port = config.listen_host, config.listen_port
         print(f"rooflight demo: simulated vLLM ({demo_config.scenario}) at {engine.url}/metrics", flush=True)

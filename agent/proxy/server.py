@@ -39,13 +39,14 @@ from yarl import URL
 
 from rooflight.agent.proxy import limits
 from rooflight.agent.proxy import tracker as tr
-from rooflight.agent.proxy.config import ProxyConfig, shown_url
+from rooflight.agent.config.proxy import ProxyConfig
+from rooflight.agent.config.urls import shown_url
 from rooflight.agent.proxy.exposition import ClientCollector, registry_for
 from rooflight.agent.proxy.stats import EMPTY, ClientSnapshot, ClientStats, StatsConfig
 from rooflight.agent.proxy.tenants import tenant_key
 from rooflight.agent.proxy.tracker import ByteBudget
 from rooflight.agent.sampling.clock import Clock, SystemClock
-from rooflight.agent.sampling.config import split_listen
+from rooflight.agent.config.values import split_listen
 from rooflight.agent.signals.token_gaps import ClientGaps
 
 log = logging.getLogger("rooflight.proxy")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy.tracker import CLIENT_DISCONNECTED, RequestRecord
-from rooflight.agent.sampling.config import parse_duration
+from rooflight.agent.config.values import parse_duration
 
 KEYS = ("ttft", "tpot", "e2e", "itl")  # the order of the error message
 

@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rooflight.agent.sampling.config import TargetConfig
+from rooflight.agent.config.agent import TargetConfig
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.models import ModelSpec, load_config_json, preset_for_hf_id
 from rooflight.collectors.common import cut

@@ -27,7 +27,7 @@ import aiohttp
 from rooflight.agent.signals import derive
 from rooflight.agent.sampling import nvtx_marks
 from rooflight.agent.sampling.clock import Clock
-from rooflight.agent.sampling.config import AgentConfig, TargetConfig
+from rooflight.agent.config.agent import AgentConfig, TargetConfig
 from rooflight.agent.signals.baseline import TailBaseline
 from rooflight.agent.sampling.discovery import model_from_id
 from rooflight.agent.roofline.constants import TargetConstants

@@ -13,7 +13,7 @@ from typing import Any, Awaitable, Callable, Coroutine
 import aiohttp
 
 from rooflight.agent.sampling.clock import Clock, SystemClock
-from rooflight.agent.sampling.config import AgentConfig, TargetConfig
+from rooflight.agent.config.agent import AgentConfig, TargetConfig
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.sampling.engine_loop import EngineLoop
 from rooflight.agent.sampling.health import SourceState

@@ -39,15 +39,15 @@ from rooflight.agent import __version__
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.proxy import limits
-from rooflight.agent.proxy.config import ProxyConfig
+from rooflight.agent.config.proxy import ProxyConfig
 from rooflight.agent.proxy.limits import RefusalLog
 from rooflight.agent.proxy.server import ProxyServer
 from rooflight.agent.proxy.thread import ProxyThread
 from rooflight.agent.serve.page import add_status_routes
 from rooflight.agent.serve.webconfig import WEB_HEADERS
+from rooflight.agent.config.urls import public_url as _public_url
+from rooflight.agent.config.values import split_listen
 from rooflight.agent.metrics import registry as signal_registry
-from rooflight.agent.sampling.config import public_url as _public_url
-from rooflight.agent.sampling.config import split_listen
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.collectors.daemon_executor import DaemonThreadExecutor
 from rooflight.agent.metrics.snapshot import Snapshot

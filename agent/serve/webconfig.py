@@ -66,7 +66,7 @@ from typing import Any, Awaitable, Callable, Mapping
 from aiohttp import web
 
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.sampling.config import read_yaml
+from rooflight.agent.config.yamlfile import read_yaml
 from rooflight.collectors.daemon_executor import DaemonThreadExecutor
 
 log = logging.getLogger("rooflight")

@@ -129,3 +129,19 @@ def test_a_model_config_from_a_device_exits_2() -> None:
     result = rooflight("plan", "--model-config", "/dev/zero", timeout=30)
     assert result.returncode == 2 and "larger than 16 MiB" in result.stderr, result.stderr[-500:]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("module", ["rooflight.agent.plan_cli", "rooflight.rules.generate"])
+def test_a_broken_subcommand_module_stops_the_cli_instead_of_dropping_its_command(
+        module: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`plan` and `rules` always ship: an ImportError in them is a bug to see, not a command to hide."""
+    import importlib
+
+    from rooflight.agent import cli
+
+    def broken(sub: object) -> None:
+        raise ImportError("cannot import name 'gone' (a bug in the module)")
+
+    monkeypatch.setattr(importlib.import_module(module), "register", broken)
+    with pytest.raises(ImportError, match="a bug in the module"):
+        cli.build_parser()

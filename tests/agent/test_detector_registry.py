@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rooflight.agent.metrics import catalog
 from rooflight.agent.metrics.snapshot import Snapshot
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.agent.serve.server import build_app
 from rooflight.agent.metrics import registry
 from rooflight.agent.signals.detectors import Verdicts

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import build, env_settings
+from rooflight.agent.config.agent import build, env_settings
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.collectors import expfmt
 from rooflight.collectors.common import LABELS_PER_SAMPLE, MIN_PAGE_SAMPLES, SAMPLES_PER_SERIES, page_bounds
@@ -186,7 +186,7 @@ def test_the_default_body_cap_holds_the_largest_real_page_with_room() -> None:
     largest = once + 64 * per_rank_named + lora_sets  # 64 data-parallel ranks behind one API server
     assert largest < DEFAULT_MAX_BODY_BYTES < 2 * largest
     default = build({}, {}, {"engine_url": ["http://127.0.0.1:1"]}).max_body_bytes
-    assert default == DEFAULT_MAX_BODY_BYTES, "agent/sampling/config.py must default max_body_bytes to it"
+    assert default == DEFAULT_MAX_BODY_BYTES, "agent/config/settings.py must default max_body_bytes to it"
 
 
 # -- through the agent ---------------------------------------------------------------------------------------

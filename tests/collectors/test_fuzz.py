@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from rooflight.agent.serve import webconfig
-from rooflight.agent.sampling.config import build, load_file
+from rooflight.agent.config.agent import build, load_file
 from rooflight.agent.errors import ConfigError
 from rooflight.collectors import expfmt
 from rooflight.collectors import vllm

@@ -14,7 +14,7 @@ from rooflight.agent.metrics import names as n
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.metrics.snapshot import Snapshot, TargetView
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.collectors import dynamo, sglang
 from support import GOLDEN, FakeEngine, check_golden, promtool_clean, sample_text, started_agent, synthetic_page
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from deploy import autoscaling
-from rooflight.agent.sampling import config as agent_config
+from rooflight.agent.config import agent as agent_config
 from rooflight.rules.capacity import demand_record, saturation_record
 from rooflight.rules.config import RulesConfig
 from rooflight.rules.generate import OUTPUTS

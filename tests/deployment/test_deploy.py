@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from rooflight.agent.sampling import config as agent_config
+from rooflight.agent.config import agent as agent_config
 from deploy import generate
 from rooflight.collectors import sglang, vllm
 from rooflight.rules.config import RulesConfig

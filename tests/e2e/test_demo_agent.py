@@ -10,7 +10,7 @@ from typing import AsyncIterator
 import pytest
 
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.agent.demo import DemoConfig, DemoEngine
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.metrics.snapshot import SeriesView

@@ -20,7 +20,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import AgentConfig, build
+from rooflight.agent.config.agent import AgentConfig, build
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.collectors import coverage
 from support import GOLDEN, FakeEngine, check_golden, promtool_clean, sample_text, started_agent, synthetic_page

@@ -14,7 +14,7 @@ from rooflight.agent.metrics import names as n
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.metrics.snapshot import SeriesView, TargetView
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.signals.headroom import SignalSettings, WindowSignals, series_signals
 from support import started_agent

@@ -20,7 +20,7 @@ import tracemalloc
 from prometheus_client import generate_latest
 
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.agent.demo import DemoConfig, DemoEngine
 from rooflight.agent.metrics.exposition import registry_for
 from support import started_agent

@@ -13,7 +13,7 @@ from prometheus_client.samples import Sample
 from rooflight.agent.metrics import names as n
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from support import FakeEngine, promtool_clean, started_agent
 
 L = 'engine="0",model_name="m"'

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.signals.headroom import SignalSettings, with_energy
 from rooflight.agent.sampling.sampler import Agent

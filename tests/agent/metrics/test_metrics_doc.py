@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rooflight.agent.metrics.catalog import all_defs, markdown_table
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.agent.demo import DemoConfig, DemoEngine
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.collectors.nvml import NvmlCollector

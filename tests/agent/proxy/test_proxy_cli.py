@@ -95,7 +95,8 @@ def test_check_only_validates_and_exits(capsys: pytest.CaptureFixture[str]) -> N
 def test_proxy_imports_only_lower_layers() -> None:
     """agent/proxy sits above sampling and below serve: it never imports serve, demo, the CLI, rules or dashboards."""
     allowed = ("rooflight.agent.errors", "rooflight.agent.roofline", "rooflight.agent.signals",
-               "rooflight.agent.metrics", "rooflight.agent.sampling", "rooflight.agent.proxy", "rooflight.collectors")
+               "rooflight.agent.metrics", "rooflight.agent.config", "rooflight.agent.sampling", "rooflight.agent.proxy",
+               "rooflight.collectors")
     files = sorted((ROOT / "agent" / "proxy").glob("*.py"))
     assert files
     bad = []

@@ -16,7 +16,7 @@ import pytest
 
 from fake_upstream import FakeUpstream
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.proxy.config import build
+from rooflight.agent.config.proxy import build
 from rooflight.agent.proxy.server import ProxyServer
 
 
@@ -367,7 +367,7 @@ async def test_a_body_that_stops_arriving_is_closed_and_counted(upstream: FakeUp
 
 @pytest.mark.parametrize("what", ["--upstream", "--proxy-upstream"])
 def test_a_query_or_fragment_of_the_upstream_is_not_echoed(what: str) -> None:
-    from rooflight.agent.proxy.config import parse_upstream
+    from rooflight.agent.config.urls import parse_upstream
 
     for url in ("http://127.0.0.1:8000/v1?token=sk-SECRET", "http://127.0.0.1:8000/v1#sk-SECRET",
                 "http://127.0.0.1:8000/v1?a=1#sk-SECRET"):

@@ -259,7 +259,7 @@ async def _demo_page() -> tuple[str, object]:
     from rooflight.agent.demo import DemoConfig, DemoEngine
     from rooflight.agent.metrics.exposition import registry_for
     from rooflight.agent.sampling.clock import FakeClock
-    from rooflight.agent.sampling.config import build
+    from rooflight.agent.config.agent import build
     from support import started_agent
 
     clock = FakeClock()

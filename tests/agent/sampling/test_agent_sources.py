@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rooflight.agent.sampling.config import AgentConfig, build
+from rooflight.agent.config.agent import AgentConfig, build
 from rooflight.agent.sampling.sampler import Agent
 from support import FakeEngine, sample_text, started_agent
 from prometheus_client.parser import text_string_to_metric_families

@@ -5,7 +5,7 @@ an engine that was up. Over real HTTP on 127.0.0.1: the engine's port refuses, t
 from __future__ import annotations
 
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from support import FakeEngine, exported, free_port, sample_text, started_agent
 
 STARTING = ("rooflight_source_starting", (("source", "engine"),))

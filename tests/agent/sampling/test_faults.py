@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.collectors.http import DEFAULT_MAX_BODY_BYTES
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve.server import build_app

@@ -9,7 +9,7 @@ import asyncio
 import os
 import subprocess
 
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.collectors.nvml_fake import FakeNvml, a100_like, h100_like
 from support import FakeEngine, sample_text, started_agent
 

@@ -13,7 +13,7 @@ import pytest
 
 from rooflight.agent.roofline import physics
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.agent.sampling.engine_loop import DERIVATION_FAILED
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.signals import derive

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.collectors.errors import SourceError
 from rooflight.collectors.http import fetch_text
 from support import free_port

@@ -7,7 +7,7 @@ import pytest
 from rooflight.agent.cli import draft_for, main
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.models import preset
-from rooflight.agent.sampling import config as cfg
+from rooflight.agent.config import agent as cfg
 from rooflight.agent.sampling.sampler import Agent
 
 URL = "http://127.0.0.1:9"

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import pytest
 from aiohttp import web
 
-from rooflight.agent.sampling.config import AgentConfig, build
+from rooflight.agent.config.agent import AgentConfig, build
 from rooflight.agent.sampling.engine_loop import EngineLoop
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve.server import build_app

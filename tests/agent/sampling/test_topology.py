@@ -28,7 +28,7 @@ from rooflight.agent.errors import ConfigError
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.roofline.gpus import unknown_gpu_reason
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import AgentConfig, build
+from rooflight.agent.config.agent import AgentConfig, build
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.collectors.nvml import NvmlCollector
 from rooflight.collectors.nvml_fake import MIB, FakeGpu, FakeNvml, h100_like

@@ -22,7 +22,7 @@ import aiohttp
 import bcrypt
 import pytest
 
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve import webconfig
 from support import ROOT, free_port, serve_task

@@ -26,7 +26,7 @@ import bcrypt
 import pytest
 
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve import server, webconfig
 from support import ROOT, free_port, serve_task

@@ -20,7 +20,7 @@ import aiohttp
 import bcrypt
 import pytest
 
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve import webconfig
 from rooflight.agent.serve.roofline_svg import render_roofline
@@ -43,7 +43,7 @@ async def _up(port: int) -> None:
 async def evil_target() -> AsyncIterator[str]:
     config = build({"targets": [{"url": "http://127.0.0.1:9", "name": "plain"}]}, {},
                    {"nvml": False, "process": False, "interval": "1", "windows": "10s", "scrape_timeout": "0.3"})
-    # The config refuses such a name at start now (tests/agent/sampling/test_config_errors.py); the page must
+    # The config refuses such a name at start now (tests/agent/config/test_config_errors.py); the page must
     # still escape whatever reaches it, so the name is set past the check.
     config = dataclasses.replace(config, targets=(dataclasses.replace(config.targets[0], name=EVIL),))
     port = free_port()

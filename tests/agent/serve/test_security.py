@@ -24,7 +24,8 @@ import pytest
 from aiohttp import web
 
 from rooflight.agent.serve import webconfig
-from rooflight.agent.sampling.config import DEFAULT_LISTEN, AgentConfig, build
+from rooflight.agent.config.settings import DEFAULT_LISTEN
+from rooflight.agent.config.agent import AgentConfig, build
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve.server import build_app

@@ -16,7 +16,7 @@ from typing import AsyncIterator
 
 import pytest
 
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve import server
 from support import free_port, serve_task

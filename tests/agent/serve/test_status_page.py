@@ -22,7 +22,7 @@ from rooflight.agent.metrics.snapshot import Snapshot
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.gpus import get_profile
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve import page, status
 from rooflight.agent.serve.roofline_svg import render_roofline

@@ -16,7 +16,7 @@ from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.roofline.gpus import get_profile
 from rooflight.agent.roofline.models import preset
 from rooflight.agent.sampling.clock import FakeClock
-from rooflight.agent.sampling.config import build
+from rooflight.agent.config.agent import build
 from rooflight.agent.signals import headroom as hr
 from rooflight.agent.signals.derive import WindowValues
 from rooflight.agent.signals.windows import SeriesHistory
@@ -119,7 +119,7 @@ def test_bad_settings_are_config_errors(bad: dict) -> None:
 
 
 def test_config_reads_role_slos_and_gpu_hour_cost_from_file_and_environment() -> None:
-    from rooflight.agent.sampling.config import env_settings
+    from rooflight.agent.config.agent import env_settings
 
     env = env_settings({"ROOFLIGHT_GPU_HOUR_COST": "2.5", "ROOFLIGHT_ROLE": "Decode", "ROOFLIGHT_ITL_SLO": "50ms"})
     (t,) = build({"ttft_slo": "2s"}, env, {"engine_url": ["http://127.0.0.1:8000"]}).targets

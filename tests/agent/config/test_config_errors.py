@@ -20,7 +20,8 @@ import pytest
 
 from rooflight.agent import cli
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.sampling import config as cfg
+from rooflight.agent.config import agent as cfg
+from rooflight.agent.config import urls, yamlfile
 from support import ROOT, free_port
 
 RUN = ["run", "--engine-url", "http://127.0.0.1:9", "--no-nvml", "--no-process"]
@@ -91,7 +92,7 @@ def test_a_config_that_is_not_utf8_exits_2(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_a_config_over_the_size_cap_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    text = "model: llama-3-8b\n" + "# padding\n" * (cfg.MAX_CONFIG_BYTES // 10 + 1)
+    text = "model: llama-3-8b\n" + "# padding\n" * (yamlfile.MAX_CONFIG_BYTES // 10 + 1)
     code, err = _main(capsys, *RUN, "--config", _file(tmp_path, text), "--check-only")
     assert code == 2 and "larger than 1024 KiB" in err
 
@@ -219,7 +220,7 @@ def test_an_unescaped_password_in_a_targets_list_is_refused(tmp_path: Path) -> N
 def test_a_target_name_never_holds_the_userinfo(url: str, name: str) -> None:
     target = cfg.build({}, {}, {"engine_url": [url]}).targets[0]
     assert target.name == name
-    assert "pw" not in cfg.public_url(url) and "Top" not in cfg.public_url(url)
+    assert "pw" not in urls.public_url(url) and "Top" not in urls.public_url(url)
 
 
 @pytest.mark.parametrize(("entry", "says"), [
@@ -235,7 +236,7 @@ def test_errors_about_an_engine_url_never_show_its_password(entry: dict, says: s
 
 
 def test_a_date_yaml_cannot_hold_is_a_config_error(tmp_path: Path) -> None:
-    from rooflight.agent.sampling.config import load_file
+    from rooflight.agent.config.agent import load_file
 
     bad = tmp_path / "rooflight.yaml"
     bad.write_text("model: 2001-02-30\n")  # YAML reads a date; Python's date refuses February 30

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rooflight.agent.config import settings
 from rooflight.agent.errors import ConfigError
+
+# `rooflight demo`'s flags are declared in settings.py; their defaults are the simulator's too
+_FLAGS = {s.key: s.flag_default for s in settings.offered(settings.DEMO)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,13 +24,13 @@ class DemoConfig:
     max(max_model_len, 2048) without chunked prefill, 2048 with it.
     """
 
-    scenario: str = "steady"
+    scenario: str = _FLAGS["scenario"]
     model: str = "llama-3-8b"
     gpu: str = "h100-sxm"
-    max_num_seqs: int | None = None
-    seed: int = 0
-    time_scale: float = 1.0
-    chunked_prefill: bool = False
+    max_num_seqs: int | None = _FLAGS["max_num_seqs"]
+    seed: int = _FLAGS["seed"]
+    time_scale: float = _FLAGS["time_scale"]
+    chunked_prefill: bool = _FLAGS["chunked_prefill"]
     max_num_batched_tokens: int | None = None
     max_model_len: int = 8192
     max_num_queued_reqs: int = 1024
