@@ -163,7 +163,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("metrics_listen", f"where to serve /metrics, a port of its own (default {PROXY_METRICS_LISTEN})",
             metavar="HOST:PORT", commands=(PROXY,), env=False, file=False, default=PROXY_METRICS_LISTEN),
     # both: the proxy's SLOs, tenants and histogram edges
-    Setting("slo", "a joint SLO for goodput, keys ttft, tpot, e2e, e.g. ttft=0.5,tpot=0.05 (repeatable)",
+    Setting("slo", "a joint SLO for goodput, keys ttft, itl, tpot, e2e, e.g. ttft=0.5,tpot=0.05 (repeatable)",
             metavar="KEY=SECONDS,...", commands=(RUN, PROXY), group=CLIENT, action="append", proxy=True),
     Setting("tenant_header", "attribute requests to tenants by this header (hashed)", metavar="NAME",
             commands=(RUN, PROXY), group=CLIENT, proxy=True, parse=v.header_name),

@@ -74,10 +74,10 @@ CATALOG: tuple[MetricDef, ...] = (
     counter(PROMPT_TOKENS, TOKEN_LABELS, "tokens", "Prompt tokens of finished inference requests, from the response's usage "
        "(counted_by=usage; the proxy has no tokenizer)."),
     counter(OUTPUT_TOKENS, TOKEN_LABELS, "tokens", "Output tokens of inference requests: from usage (counted_by=usage), else one "
-       "per output-bearing choice in the stream's chunks (counted_by=chunks)."),
-    _h(TTFT_HISTOGRAM, "Time from the request reaching the proxy to the first output-bearing chunk reaching it (streams)."),
-    _h(ITL_HISTOGRAM, "Every gap between consecutive output-bearing chunks of a stream, as the proxy received them."),
-    _h(TPOT_HISTOGRAM, "Per finished stream with 2+ output tokens: (e2e - TTFT) / (output tokens - 1)."),
+       "per token-bearing choice in the stream's chunks (counted_by=chunks)."),
+    _h(TTFT_HISTOGRAM, "Time from the request reaching the proxy to the first token-bearing chunk reaching it (streams)."),
+    _h(ITL_HISTOGRAM, "Every gap between consecutive token-bearing chunks of a stream (an empty delta is a token too), as the proxy received them."),
+    _h(TPOT_HISTOGRAM, "Per finished stream with 2+ output tokens: (last token chunk - first) / (output tokens - 1), as vllm bench serve computes it."),
     _h(E2E_HISTOGRAM, "Request to last byte, for inference requests that finished with a 2xx status."),
     gauge(TTFT, WINDOWED, "seconds", "Exact TTFT percentile over the window, from the requests that finished in it."),
     gauge(ITL, WINDOWED, "seconds", "Inter-token gap percentile over the window, within 0.5% (logarithmic bins of every gap)."),
@@ -88,7 +88,7 @@ CATALOG: tuple[MetricDef, ...] = (
     counter(SLO_GOOD, SLO_LABELS, "requests", "Judged requests that met every target of the SLO (DistServe goodput)."),
     gauge(GOODPUT_RATIO, GOODPUT_LABELS, "ratio", "Good / judged requests that finished in the window."),
     gauge(GOODPUT_RATE, GOODPUT_LABELS, "requests/s", "Good requests per second over the window (goodput)."),
-    gauge(SLO_TARGET, ("target", "slo", "metric"), "seconds", "Each target of each configured SLO (metric: ttft, tpot, e2e)."),
+    gauge(SLO_TARGET, ("target", "slo", "metric"), "seconds", "Each target of each configured SLO (metric: ttft, itl, tpot, e2e)."),
     counter(UPSTREAM_ERRORS, BY_REASON, "", "Requests the upstream failed: connect (unreachable: the client got 502), "
        "timeout (connect timeout: 504), disconnected (broke off mid-response)."),
     counter(ACCOUNTING_ERRORS, TARGET, "", "Failures of the proxy's own accounting; the traffic still flowed, the request "
