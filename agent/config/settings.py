@@ -4,7 +4,7 @@ A Setting names its key (the config file's key, ROOFLIGHT_<KEY> and the parsed f
 commands that offer it and its flag in each, its --help line, its default and the parser that checks it
 (agent/config/values.py; each raises ConfigError saying what to fix, and the CLI exits 2). The
 commands' parsers (add_flags), the flags' values (flag_values), the environment's names and the file's
-keys are all read from here: tests/agent/config/test_settings.py fails when a flag is declared elsewhere.
+keys are all read from here: tests/agent/config/test_declared_settings.py fails when a flag is declared elsewhere.
 
 A setting two commands share (the proxy's SLOs, tenants and buckets, in `rooflight run --proxy-listen`
 and in `rooflight proxy`) is one Setting; a flag spelt alike in two commands but meaning something
