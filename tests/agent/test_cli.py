@@ -153,3 +153,13 @@ def test_a_broken_subcommand_module_stops_the_cli_instead_of_dropping_its_comman
     monkeypatch.setattr(importlib.import_module(module), "register", broken)
     with pytest.raises(ImportError, match="a bug in the module"):
         cli.build_parser()
+
+
+def test_expert_parallelism_on_a_dense_model_exits_2_and_on_a_moe_model_starts() -> None:
+    dense = rooflight("run", "--engine-url", "http://127.0.0.1:1", "--model", "llama-3-8b", "--ep", "8",
+                      "--check-only", timeout=30)
+    assert dense.returncode == 2, dense.stderr
+    assert "llama-3-8b is dense" in dense.stderr and "Traceback" not in dense.stderr
+    moe = rooflight("run", "--engine-url", "http://127.0.0.1:1", "--model", "mixtral-8x7b", "--ep", "2",
+                    "--check-only", timeout=30)
+    assert moe.returncode == 0, moe.stderr
