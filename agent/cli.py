@@ -109,7 +109,16 @@ def resolve_models(config: cfg.AgentConfig) -> dict[str, tuple[Any, str | None]]
             out[t.name] = (preset(t.model).with_dtypes(t.weight_dtype, t.kv_dtype), f"preset:{t.model}")
         else:
             out[t.name] = (None, None)
+        _check_expert_parallel(t, out[t.name][0])
     return out
+
+
+def _check_expert_parallel(target: cfg.TargetConfig, model: Any) -> None:
+    """--ep on a dense model splits nothing: a typo for --tp or the wrong model, so say which (exit 2)."""
+    if target.ep and target.ep > 1 and model is not None and not model.is_moe:
+        raise ConfigError(f"target {target.name}: ep {target.ep}: {model.name} is dense (no routed experts), and "
+                          "expert parallelism splits only the experts of a MoE model; drop ep, or give the MoE model "
+                          "it serves (--model / --model-config)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -149,7 +149,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("itl_slo", "ITL SLO for rooflight_headroom_ratio{resource=\"itl_slo\"}", metavar="SECONDS",
             group=CAPACITY, target=True, parse=v.parse_duration),
     Setting("gpu_hour_cost", "price of one GPU-hour, any currency: gives rooflight_cost_per_million_tokens",
-            metavar="PRICE", type=float, group=CAPACITY, target=True, parse=v.gpu_hour_cost),
+            metavar="PRICE", type=float, group=CAPACITY, target=True, parse=v.gpu_hour_cost, commands=(RUN, DEMO)),
     # `rooflight run --proxy-listen`: the proxy in the agent's process
     Setting("proxy_listen", "run the proxy here, e.g. 0.0.0.0:8100: clients connect to it, its rooflight_client_*"
             " metrics join this /metrics (default: off)", metavar="HOST:PORT", group=CLIENT, proxy=True),

@@ -62,7 +62,8 @@ async def _demo(demo_config: Any, engine_host: str, engine_port: int, args: argp
     try:
         # the user of an engine knows its max_num_seqs (vLLM does not export it): pass it, as --batch-max would
         given = {"engine_url": [engine.url], "listen": args.listen, "interval": args.interval,
-                    "batch_max": engine.sim.max_num_seqs, "target_name": args.target_name}
+                    "batch_max": engine.sim.max_num_seqs, "target_name": args.target_name,
+                    "gpu_hour_cost": args.gpu_hour_cost}
         config = cfg.build({}, {}, given)
         agent = Agent(config, nvml_lib=engine.nvml, process_pids={config.targets[0].name: os.getpid()})
         host, port = config.listen_host, config.listen_port

@@ -216,6 +216,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("waiting", n.REQUESTS_WAITING),
     Family("batch_max", n.BATCH_MAX_REQUESTS),
     Family("source_up", n.SOURCE_UP),
+    Family("source_starting", n.SOURCE_STARTING),
     Family("source_last_success", n.SOURCE_LAST_SUCCESS),
 )
 

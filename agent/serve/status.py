@@ -306,7 +306,9 @@ def target_dict(snap: Snapshot, target: TargetView, history: History | None) -> 
 def health_dict(h: Health, history: History | None) -> dict[str, Any]:
     seen = history.last_error(h.source, h.target) if history is not None else None
     return {
-        "source": h.source, "target": h.target, "up": h.up, "last_success": h.last_success,
+        # starting: not up yet since the agent started (an engine loading its model), not down
+        "source": h.source, "target": h.target, "up": h.up, "starting": h.starting and not h.up,
+        "last_success": h.last_success,
         "duration": h.duration, "errors": {k: v for k, v in sorted(h.errors.items()) if v},
         "error_count": sum(h.errors.values()),
         "last_error": {"at": seen[0], "reason": seen[1]} if seen else None,

@@ -4,6 +4,7 @@ serves real numbers over HTTP, and the console script is installed."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 import urllib.request
@@ -98,20 +99,22 @@ def test_plan_json_through_the_console_script() -> None:
 def test_demo_serves_the_agent_over_http() -> None:
     port, engine_port = free_port(), free_port()
     proc = subprocess.Popen(
-        [rooflight_exe(), "demo", "--listen", f"127.0.0.1:{port}",
+        [rooflight_exe(), "demo", "--listen", f"127.0.0.1:{port}", "--gpu-hour-cost", "3",
          "--engine-listen", f"127.0.0.1:{engine_port}", "--interval", "0.5", "--duration", "60"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
         deadline, body = time.monotonic() + 40, ""
-        while time.monotonic() < deadline and "rooflight_mbu_ratio{" not in body:
+        wanted = ("rooflight_mbu_ratio{", "rooflight_blended_cost_per_million_tokens{")
+        while time.monotonic() < deadline and not all(w in body for w in wanted):
             time.sleep(0.5)
             try:
                 body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
             except OSError:
                 continue
-        assert "rooflight_mbu_ratio{" in body
+        assert all(w in body for w in wanted), body[-2000:]
         assert 'rooflight_source_up{source="engine"' in body
+        assert re.search(r"^rooflight_gpu_hour_cost\{[^}]*\} 3\.0$", body, re.M)  # the demo prices its GPU-hour too
         page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).read().decode()
         assert "<title>Rooflight" in page and "/api/v1/status" in page  # the status page, which polls its data
         status = urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/status", timeout=2).read().decode()
@@ -123,6 +126,11 @@ def test_demo_serves_the_agent_over_http() -> None:
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert "serving http://127.0.0.1" in out
+
+
+def test_demo_refuses_a_price_that_is_not_one() -> None:
+    result = rooflight("demo", "--gpu-hour-cost", "-1", "--duration", "1", timeout=30)
+    assert result.returncode == 2 and "gpu_hour_cost: must be above 0" in result.stderr, result.stderr[-500:]
 
 
 def test_a_model_config_from_a_device_exits_2() -> None:
@@ -145,3 +153,13 @@ def test_a_broken_subcommand_module_stops_the_cli_instead_of_dropping_its_comman
     monkeypatch.setattr(importlib.import_module(module), "register", broken)
     with pytest.raises(ImportError, match="a bug in the module"):
         cli.build_parser()
+
+
+def test_expert_parallelism_on_a_dense_model_exits_2_and_on_a_moe_model_starts() -> None:
+    dense = rooflight("run", "--engine-url", "http://127.0.0.1:1", "--model", "llama-3-8b", "--ep", "8",
+                      "--check-only", timeout=30)
+    assert dense.returncode == 2, dense.stderr
+    assert "llama-3-8b is dense" in dense.stderr and "Traceback" not in dense.stderr
+    moe = rooflight("run", "--engine-url", "http://127.0.0.1:1", "--model", "mixtral-8x7b", "--ep", "2",
+                    "--check-only", timeout=30)
+    assert moe.returncode == 0, moe.stderr

@@ -30,7 +30,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rooflight.agent.demo.scenarios import LONG_PROMPT_TOKENS
-from demo_procs import start_demo, stop_process
+from demo_procs import start_demo, start_rooflight, stop_process
 from support import ROOT, free_port
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -327,6 +327,46 @@ def test_head_of_line_shows_active_within_seconds_of_the_stall(browser: Any, dem
         assert console.problems == []
     finally:
         context.close()
+
+
+SOURCE_STATE = """(source) => {
+  const s = document.querySelector(`tr[data-source=${source}] .state`);
+  return s ? [s.className, s.textContent, s.dataset.metric, s.dataset.value] : null;
+}"""
+
+
+def test_an_engine_still_loading_shows_starting_not_down(browser: Any) -> None:
+    """A pod whose engine is loading its model: the agent has not had one good sample since it started, and
+    the page says starting (as rooflight_source_starting does), not the DOWN a crashed engine gets."""
+    listen, loading = f"127.0.0.1:{free_port()}", free_port()  # nothing listens on `loading`: refused
+    agent = start_rooflight("run", "--engine-url", f"http://127.0.0.1:{loading}", "--model", "llama-3-8b",
+                            "--no-nvml", "--no-process", "--listen", listen, "--interval", "0.5",
+                            "--log-level", "warning")
+    url = f"http://{listen}/"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert agent.poll() is None, f"rooflight run exited: {stop_process(agent)}"
+            try:
+                _get(url + "-/ready", timeout=1)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "rooflight run not ready after 30 s"
+                time.sleep(0.2)
+        context, page, console = _open(browser, url)
+        try:
+            _wait_until(page, "() => !!document.querySelector('tr[data-source=engine] .state')", 20)
+            cls, text, metric, value = page.evaluate(SOURCE_STATE, "engine")
+            assert (cls, text, metric, value) == ("state starting", "starting", "rooflight_source_starting", "1")
+            metrics = _metrics(url)
+            key = ("rooflight_source_starting", frozenset({("source", "engine"), ("target", f"127.0.0.1:{loading}")}))
+            assert metrics[key] == 1.0 and metrics[("rooflight_source_up", key[1])] == 0.0
+            assert page.evaluate(SOURCE_STATE, "process") is None  # --no-process: no row
+            assert console.problems == []
+        finally:
+            context.close()
+    finally:
+        stop_process(agent)
 
 
 def test_readme_screenshot_is_committed_and_small() -> None:

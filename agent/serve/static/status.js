@@ -281,6 +281,17 @@
   }
 
   // -- sources -------------------------------------------------------------------------------------
+  // Up, starting (no good sample yet since the agent started: an engine loading its model), or DOWN.
+  function sourceState(h, labels) {
+    const n = live.names;
+    if (h.starting) {
+      return el("span", { class: "state starting", "data-metric": n.source_starting,
+        "data-labels": JSON.stringify(labels), "data-value": "1" }, "starting");
+    }
+    return el("span", { class: "state " + (h.up ? "up" : "down"), "data-metric": n.source_up,
+      "data-labels": JSON.stringify(labels), "data-value": h.up ? "1" : "0" }, h.up ? "up" : "DOWN");
+  }
+
   function sourceRow(h) {
     const n = live.names;
     const labels = { source: h.source, target: h.target };
@@ -288,8 +299,7 @@
     const last = h.last_error ? h.last_error.reason + (isNum(h.last_error.at) ? ` at ${clock(h.last_error.at)}` : "") : "";
     return el("tr", { "data-source": h.source, "data-target": h.target },
       el("td", { text: h.source }), el("td", { text: h.target }),
-      el("td", {}, el("span", { class: "state " + (h.up ? "up" : "down"), "data-metric": n.source_up,
-        "data-labels": JSON.stringify(labels), "data-value": h.up ? "1" : "0" }, h.up ? "up" : "DOWN")),
+      el("td", {}, sourceState(h, labels)),
       el("td", {}, metric(clock(h.last_success), h.last_success, n.source_last_success, labels)),
       el("td", { text: isNum(h.duration) ? secs(h.duration) : "–" }),
       el("td", { text: errors }),
