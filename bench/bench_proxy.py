@@ -87,9 +87,27 @@ def upstream_main(port: int, rate: float) -> None:
 # -- the proxy (its own process) -------------------------------------------------------------------------------
 
 
-def proxy_main(upstream: str, port: int, metrics_port: int) -> None:
+def proxy_main(upstream: str, port: int, metrics_port: int, cpu: int | None = None, profile: str = "") -> None:
+    import os
+    import signal
+
     from rooflight.agent.proxy.config import build
     from rooflight.agent.proxy.server import ProxyServer
+
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    if profile:  # cProfile the whole process, written out on SIGTERM
+        import cProfile
+
+        profiler = cProfile.Profile()
+
+        def dump(*_: object) -> None:
+            profiler.disable()
+            profiler.dump_stats(profile)
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, dump)
+        profiler.enable()
 
     async def main() -> None:
         config = build(upstream, listen=f"127.0.0.1:{port}", metrics_listen=f"127.0.0.1:{metrics_port}",
@@ -155,16 +173,23 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=1000.0, help="chunks per second per stream")
     ap.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
     ap.add_argument("--rounds", type=int, default=2, help="direct/proxied phase pairs")
+    ap.add_argument("--proxy-cpu", type=int, default=None, help="pin the proxy to this core (the others elsewhere)")
+    ap.add_argument("--profile", default="", help="cProfile the proxy into this file (slows it: for where, not how much)")
     args = ap.parse_args()
 
     ctx = multiprocessing.get_context("spawn")
     up_port, px_port, m_port = _free_port(), _free_port(), _free_port()
     up = ctx.Process(target=upstream_main, args=(up_port, args.rate), daemon=True)
     up.start()
-    px = ctx.Process(target=proxy_main, args=(f"http://127.0.0.1:{up_port}", px_port, m_port), daemon=True)
+    px = ctx.Process(target=proxy_main, args=(f"http://127.0.0.1:{up_port}", px_port, m_port, args.proxy_cpu,
+                                              args.profile), daemon=True)
     px.start()
     time.sleep(2.0)
     up_ps, px_ps, me = psutil.Process(up.pid), psutil.Process(px.pid), psutil.Process()
+    if args.proxy_cpu is not None:  # the proxy alone on its core; upstream and client on the rest
+        rest = set(range(psutil.cpu_count())) - {args.proxy_cpu}
+        up_ps.cpu_affinity(sorted(rest))
+        me.cpu_affinity(sorted(rest))
     direct_url = f"http://127.0.0.1:{up_port}/v1/chat/completions"
     proxy_url = f"http://127.0.0.1:{px_port}/v1/chat/completions"
     relay_url = f"http://127.0.0.1:{px_port}/raw/stream"

@@ -193,6 +193,7 @@ class ProxyServer:
         def handler(client: str) -> limits.ProxyHandler:
             return limits.ProxyHandler(runner.server, loop=loop, client=client, shares=self.connections,
                                        events=self.events, read_header_timeout=config.read_header_timeout,
+                                       now=self._now,
                                        keepalive_timeout=config.idle_timeout, access_log=None, logger=_ServerLog(),
                                        auto_decompress=False)
 
@@ -251,7 +252,8 @@ class ProxyServer:
     # -- the relay -------------------------------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        start = self._now()
+        # The client's clock starts at its request's first byte on the socket, not once the request was read.
+        start = getattr(request.protocol, "request_arrived", None) or self._now()
         tracker = self._safe_tracker(request, start)
         self.stats.in_flight += 1
         outcome, reason = tr.COMPLETE, None
