@@ -57,3 +57,60 @@ async def test_a_slowly_sent_requests_ttft_includes_its_send_time(upstream: Fake
         assert 0.6 <= ttft < 5.0  # the 0.6 s of sending included (it read ~0.01 s when timed from the last byte)
     finally:
         await server.stop()
+
+
+async def raw_upstream(answer: bytes, seen: list[bytes]) -> asyncio.AbstractServer:
+    """An upstream that records each request's head and answers `answer`, as bytes (lower-case names)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        seen.append(head)
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+async def test_headers_are_relayed_byte_for_byte_both_ways() -> None:
+    """aiohttp wrote `date` as `Date` and `content-type` as `Content-Type` (and added its own `Server`): the
+    relay now sends each header line as it came, minus the hop-by-hop ones."""
+    answer = (b"HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 00:00:00 GMT\r\nserver: uvicorn\r\n"
+              b"content-type: text/plain; charset=utf-8\r\nx-Odd-CASE: y\r\nconnection: close\r\ncontent-length: 2\r\n\r\nhi")
+    seen: list[bytes] = []
+    up = await raw_upstream(answer, seen)
+    server = await start_proxy("http://127.0.0.1:%d" % up.sockets[0].getsockname()[1])
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(server.proxy_url))
+        writer.write(b"GET /x?a=%41 HTTP/1.1\r\nhost: me\r\nx-lower: 1\r\nX-UPPER: 2\r\nuser-agent: curl/8\r\n"
+                     b"accept: */*\r\nConnection: close\r\n\r\n")
+        got = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert got == (b"HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 00:00:00 GMT\r\nserver: uvicorn\r\n"
+                       b"content-type: text/plain; charset=utf-8\r\nx-Odd-CASE: y\r\ncontent-length: 2\r\n"
+                       b"Connection: close\r\n\r\nhi")  # the last line is the proxy's own hop (the client asked it)
+        host = b"Host: 127.0.0.1:%d" % up.sockets[0].getsockname()[1]
+        assert seen == [b"GET /x?a=%41 HTTP/1.1\r\n" + host + b"\r\nx-lower: 1\r\nX-UPPER: 2\r\n"
+                        b"user-agent: curl/8\r\naccept: */*\r\n\r\n"]
+    finally:
+        await server.stop()
+        up.close()
+
+
+async def test_an_http_1_0_client_gets_a_chunked_stream_unframed(upstream: FakeUpstream) -> None:
+    """The chunked framing goes to an HTTP/1.1 client as it came; an HTTP/1.0 client cannot read it: it
+    gets the bytes the framing carried, and the end of the body is the close."""
+    upstream.scripts["s"] = Script(ttft=0.0, gaps=(0.001,) * 5)
+    server = await start_proxy(upstream.url)
+    try:
+        body = chat("s")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(server.proxy_url))
+        writer.write(f"POST {CHAT} HTTP/1.0\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        got = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        head, _, rest = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding" not in head.lower()
+        assert rest.startswith(b"data: {") and rest.endswith(b"data: [DONE]\n\n")
+    finally:
+        await server.stop()
