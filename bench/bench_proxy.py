@@ -87,7 +87,8 @@ def upstream_main(port: int, rate: float) -> None:
 # -- the proxy (its own process) -------------------------------------------------------------------------------
 
 
-def proxy_main(upstream: str, port: int, metrics_port: int, cpu: int | None = None, profile: str = "") -> None:
+def proxy_main(upstream: str, port: int, metrics_port: int, cpu: int | None = None, profile: str = "",
+               loop: str = "asyncio") -> None:
     import os
     import signal
 
@@ -116,7 +117,12 @@ def proxy_main(upstream: str, port: int, metrics_port: int, cpu: int | None = No
         await server.start()
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
 
 
 # -- the client (this process) ---------------------------------------------------------------------------------
@@ -174,6 +180,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
     ap.add_argument("--rounds", type=int, default=2, help="direct/proxied phase pairs")
     ap.add_argument("--proxy-cpu", type=int, default=None, help="pin the proxy to this core (the others elsewhere)")
+    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio", help="the proxy's event loop")
     ap.add_argument("--profile", default="", help="cProfile the proxy into this file (slows it: for where, not how much)")
     args = ap.parse_args()
 
@@ -182,7 +189,7 @@ def main() -> int:
     up = ctx.Process(target=upstream_main, args=(up_port, args.rate), daemon=True)
     up.start()
     px = ctx.Process(target=proxy_main, args=(f"http://127.0.0.1:{up_port}", px_port, m_port, args.proxy_cpu,
-                                              args.profile), daemon=True)
+                                              args.profile, args.loop), daemon=True)
     px.start()
     time.sleep(2.0)
     up_ps, px_ps, me = psutil.Process(up.pid), psutil.Process(px.pid), psutil.Process()

@@ -169,6 +169,31 @@ class ChunkedReader:
 OnPayload = Callable[[float, bytes], None]
 
 
+class Accounting:
+    """The reads of one loop turn, accounted after the turn's writes: every stream's bytes go out before any
+    stream's are parsed (a parse never delays another stream's chunk). Each read keeps the time it came;
+    the handler's wake-up at the end of a response is queued after its reads, so they are in before it."""
+
+    def __init__(self) -> None:
+        self._reads: list[tuple[OnPayload, float, bytes]] = []
+
+    def add(self, on_payload: OnPayload, t: float, data: bytes) -> None:
+        if not self._reads:
+            asyncio.get_running_loop().call_soon(self._run)
+        self._reads.append((on_payload, t, data))
+
+    def flush(self) -> None:
+        """Account what is queued now (a response that ended is recorded after all its reads)."""
+        self._run()
+
+    def _run(self) -> None:
+        if not self._reads:
+            return
+        reads, self._reads = self._reads, []
+        for on_payload, t, data in reads:
+            on_payload(t, data)  # guarded by its maker (server.py): it never raises
+
+
 class UpstreamConnection(asyncio.Protocol):
     """One connection to the upstream, one request at a time: reads a response head, then relays the body."""
 
@@ -288,15 +313,22 @@ class UpstreamConnection(asyncio.Protocol):
         """PAUSED (the client's buffers are full: wait for them, then resume()) or DONE; raises UpstreamBroke
         or ClientGone."""
         if self._error is not None:
+            self._pool.accounting.flush()
             raise self._error
         if self._event is None:
             self._event = self._loop.create_future()  # type: ignore[union-attr]
         event = self._event
         try:
-            return await event
+            result = await event
+        except BaseException:
+            self._pool.accounting.flush()
+            raise
         finally:
             if self._event is event:
                 self._event = None
+        if result == DONE:
+            self._pool.accounting.flush()
+        return result
 
     def resume(self) -> None:
         if self.transport is not None and self._mode == "body":
@@ -375,7 +407,7 @@ class UpstreamConnection(asyncio.Protocol):
         if data:
             client.write(data)
         if payload and self._on_payload is not None:
-            self._on_payload(now, payload)
+            self._pool.accounting.add(self._on_payload, now, payload)
         if done:
             self._mode = "done"
             self._wake(DONE)
@@ -421,6 +453,7 @@ class UpstreamPool:
         self.connect_timeout, self.keepalive = connect_timeout, keepalive
         self._idle: list[UpstreamConnection] = []
         self._all: set[UpstreamConnection] = set()
+        self.accounting = Accounting()
         self.limit = limit  # upstream sockets open at once (one per client connection at most)
         self._slots = asyncio.Semaphore(limit)
 
