@@ -53,6 +53,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--upstream-credentials-for-anonymous", action="store_true",
                    help="add --upstream's user:password to requests that carry no Authorization of their own"
                         " (anyone who reaches --listen is lent them); without it a user:password is refused")
+    p.add_argument("--workers", metavar="N", help="relay processes sharing --listen (SO_REUSEPORT), one /metrics (default 1)")
     p.add_argument("--check-only", action="store_true", help="validate the flags and exit")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -71,11 +72,15 @@ def config_from_args(args: argparse.Namespace) -> pc.ProxyConfig:
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
+    from rooflight.agent.proxy import workers as pw  # --workers (agent/proxy/workers.py)
+
+    config, n_workers = config_from_args(args), pw.parse_workers(getattr(args, "workers", None))
     if args.check_only:
         slos = ", ".join(s.name for s in config.slos) or "none"
         print(f"configuration ok: {pc.printable(config.listen)} -> {pc.shown_url(config.upstream)}, metrics on {config.metrics_listen}, SLOs: {slos}")
         return 0
+    if n_workers > 1:
+        return asyncio.run(pw.run(config, n_workers))
     asyncio.run(run(config))
     return 0
 

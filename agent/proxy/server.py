@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from aiohttp import HttpVersion11, web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
 from rooflight.agent.proxy import limits
 from rooflight.agent.proxy import relay as rl
 from rooflight.agent.proxy import tracker as tr
@@ -62,8 +63,12 @@ def safe_reason(reason: str | None) -> str | None:
 class ProxyServer:
     """The proxy app, its metrics app, and the stats they share (one event loop, no locks)."""
 
-    def __init__(self, config: ProxyConfig, clock: Clock | None = None) -> None:
+    def __init__(self, config: ProxyConfig, clock: Clock | None = None, *, reuse_port: bool = False,
+                 on_record: Callable[[tr.RequestRecord], None] | None = None) -> None:
+        """`reuse_port` and `on_record` are for a worker process (agent/proxy/workers.py): its port shared
+        with the other workers (SO_REUSEPORT), its finished requests sent to the process that exports them."""
         self.config = config
+        self.reuse_port = reuse_port
         self.clock = clock or SystemClock()
         self._now = self.clock.monotonic
         self.stats = ClientStats(
@@ -72,6 +77,7 @@ class ProxyServer:
             started=self._now(),
         )
         self.snapshot: ClientSnapshot = EMPTY
+        self._on_record = on_record
         self.client_gaps = ClientGaps()  # every gap between tokens, live, for the head-of-line detector
         self.registry = registry_for(lambda: self.snapshot)
         self._pool: rl.UpstreamPool | None = None
@@ -171,7 +177,7 @@ class ProxyServer:
                                        auto_decompress=False)
 
         server = await loop.create_server(lambda: limits.Gate(handler, self.connections, self.events),
-                                          host or None, port, backlog=1024)
+                                          host or None, port, backlog=1024, reuse_port=self.reuse_port or None)
         self._servers.append(server)
         return server
 
@@ -484,7 +490,7 @@ class ProxyServer:
         if tracker is None:
             return
         try:
-            self.stats.observe(tracker.finish(self._now(), outcome, reason))
+            (self._on_record or self.stats.observe)(tracker.finish(self._now(), outcome, reason))
         except Exception:
             log.debug("proxy accounting failed at request end", exc_info=True)
             self.stats.accounting_error()
