@@ -287,7 +287,10 @@ class ProxyServer:
         closed before any answer and the body can be sent again); the response's head."""
         assert self._pool is not None
         streamed = body is not None and not isinstance(body, bytes)
-        head_bytes, chunked = self._request_head(request, body)
+        try:
+            head_bytes, chunked = self._request_head(request, body)
+        except ValueError as exc:  # a target that does not encode back to bytes
+            raise _BadRequest(limits.UNSENDABLE, "the request cannot be relayed", exc) from None
         for attempt in (1, 2):
             try:
                 conn = await self._pool.get()
