@@ -225,8 +225,9 @@ def run_scenario(args: argparse.Namespace, streams: int, rate: float, up_port: i
             "proxied": f"http://127.0.0.1:{px_port}/v1/chat/completions",
             "relayed": f"http://127.0.0.1:{px_port}/raw/stream"}
     result = {name: Path_() for name in PATHS}
-    asyncio.run(phase(urls["direct"], 4, rate, 0.5, offsets, Path_()))  # warm up both paths
-    asyncio.run(phase(urls["proxied"], 4, rate, 0.5, offsets, Path_()))
+    warm = min(4, streams)
+    asyncio.run(phase(urls["direct"], warm, rate, 0.5, offsets, Path_()))  # warm up both paths
+    asyncio.run(phase(urls["proxied"], warm, rate, 0.5, offsets, Path_()))
     for _ in range(args.rounds):
         for name in PATHS:
             before = {k: _cpu(v) for k, v in procs.items()}

@@ -13,6 +13,7 @@ from fake_upstream import FakeUpstream, Script
 from rooflight.agent.proxy.server import ProxyServer
 from test_proxy_relay import CHAT, chat, scrape, start_proxy
 from rooflight.agent.proxy import catalog as c
+from rooflight.agent.proxy import relay as rl
 
 
 @pytest.fixture
@@ -114,3 +115,53 @@ async def test_an_http_1_0_client_gets_a_chunked_stream_unframed(upstream: FakeU
         assert rest.startswith(b"data: {") and rest.endswith(b"data: [DONE]\n\n")
     finally:
         await server.stop()
+
+
+# -- the relay's framing, piece by piece ------------------------------------------------------------------------
+
+CHUNKED = (b"5\r\nhello\r\n1a;name=value\r\n" + b"x" * 26 + b"\r\n0\r\nX-Trailer: 1\r\n\r\n")
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, len(CHUNKED)])
+def test_the_chunked_framing_comes_off_however_the_reads_cut_it(step: int) -> None:
+    reader = rl.ChunkedReader()
+    payload = b""
+    for i in range(0, len(CHUNKED), step):
+        assert not reader.done
+        payload += reader.feed(CHUNKED[i:i + step])
+    assert payload == b"hello" + b"x" * 26 and reader.done
+
+
+@pytest.mark.parametrize("broken", [b"zz\r\nhello\r\n", b"-5\r\nhello\r\n", b"1" * 5000])
+def test_a_broken_chunked_framing_is_an_error(broken: bytes) -> None:
+    with pytest.raises(ValueError):
+        rl.ChunkedReader().feed(broken)
+
+
+def test_a_response_head_keeps_its_lines_and_says_how_the_body_ends() -> None:
+    head = rl.parse_head(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nConnection: keep-alive, X-Hop\r\n"
+                         b"x-hop: 1\r\nKeep-Alive: timeout=5\r\nTransfer-Encoding: chunked\r\ncontent-length: 9\r\n"
+                         b"set-cookie: a=1\r\nset-cookie: b=2", "POST")
+    assert (head.status, head.framing, head.close, head.content_type) == (200, rl.CHUNKED, False, "text/event-stream")
+    # hop-by-hop lines (and those Connection names) go; Content-Length goes with chunked (RFC 9112 6.3)
+    assert head.lines == [b"content-type: text/event-stream", b"set-cookie: a=1", b"set-cookie: b=2"]
+    assert head.framing_lines == [b"Transfer-Encoding: chunked"]
+    assert rl.parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: 12", "HEAD").framing == rl.NONE
+    assert rl.parse_head(b"HTTP/1.1 204 No Content", "GET").framing == rl.NONE
+    assert rl.parse_head(b"HTTP/1.0 200 OK\r\ncontent-type: text/plain", "GET").framing == rl.CLOSE
+    length = rl.parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nConnection: close", "GET")
+    assert (length.framing, length.length, length.close) == (rl.LENGTH, 12, True)
+
+
+@pytest.mark.parametrize("bad", [
+    b"HTTP/2 200 OK", b"HTTP/1.1 20 OK", b"ICY 200 OK",
+    b"HTTP/1.1 200 OK\r\n folded: value",  # obs-fold
+    b"HTTP/1.1 200 OK\r\nno colon",
+    b"HTTP/1.1 200 OK\r\nbad name: x",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2",
+    b"HTTP/1.1 200 OK\r\nContent-Length: -1",
+    b"HTTP/1.1 200 OK\r\nx: a\nb",
+])
+def test_a_response_head_that_cannot_be_relayed_is_refused(bad: bytes) -> None:
+    with pytest.raises(ValueError):
+        rl.parse_head(bad, "GET")
