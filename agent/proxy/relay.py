@@ -129,6 +129,20 @@ class ChunkedReader:
     def feed(self, data: bytes) -> bytes:
         out: list[bytes] = []
         i, n = 0, len(data)
+        if not (self._left or self._skip or self._line or self._trailer):
+            # The usual read: whole chunks, each "SIZE\r\nBODY\r\n"; anything else goes the long way below.
+            while i < n:
+                end = data.find(b"\r\n", i)
+                if end < 0 or end - i > 16 or b";" in data[i:end]:
+                    break
+                size = int(data[i:end], 16)
+                stop = end + 2 + size
+                if size <= 0 or stop + 2 > n:
+                    break
+                out.append(data[end + 2:stop])
+                i = stop + 2
+            if i == n:
+                return out[0] if len(out) == 1 else b"".join(out)
         while i < n and not self.done:
             if self._left:
                 take = min(self._left, n - i)

@@ -165,3 +165,34 @@ def test_a_response_head_keeps_its_lines_and_says_how_the_body_ends() -> None:
 def test_a_response_head_that_cannot_be_relayed_is_refused(bad: bytes) -> None:
     with pytest.raises(ValueError):
         rl.parse_head(bad, "GET")
+
+
+async def test_a_client_that_stops_reading_holds_the_upstream_back_not_the_proxys_memory(
+        upstream: FakeUpstream) -> None:
+    """Flow control through the relay: 40 MiB offered to a client that reads nothing for a while; the proxy
+    holds at most its transport's high-water mark plus a read or two for it, and the upstream waits."""
+    upstream.scripts["big"] = Script(ttft=0.0, gaps=(0.0,) * 40, pad=1024 * 1024)
+    server = await start_proxy(upstream.url)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(server.proxy_url))
+        body = chat("big")
+        writer.write(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        await reader.read(1024)  # the answer has begun; now the client stops reading
+        held = 0
+        for _ in range(20):
+            await asyncio.sleep(0.05)
+            assert server._pool is not None
+            held = max([held] + [conn._client.get_write_buffer_size() for conn in server._pool._all
+                                 if conn._client is not None])
+        assert held <= 1024 * 1024  # 64 KiB high water + a read of at most 256 KiB, with room to spare
+        assert "big" not in upstream.finished  # the upstream was held back instead
+        got = 1024
+        while True:  # and the whole stream arrives once the client reads again
+            piece = await asyncio.wait_for(reader.read(1 << 20), 10)
+            got += len(piece)
+            if not piece or piece.endswith(b"0\r\n\r\n"):
+                break
+        writer.close()
+        assert got > 40 * 1024 * 1024
+    finally:
+        await server.stop()
