@@ -21,8 +21,10 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import queue
 import signal
 import socket
+import threading
 from collections import Counter
 from multiprocessing.connection import Connection
 from typing import Any
@@ -76,12 +78,17 @@ async def _worker(config: ProxyConfig, pipe: Connection) -> None:
         loop.add_signal_handler(sig, stop.set)
     loop.add_reader(pipe.fileno(), stop.set)  # the parent went away (its end closed)
 
+    # The pipe is written by a thread of its own: a parent busy rendering /metrics never holds the relay up.
+    outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+    sender = threading.Thread(target=_send_all, args=(outbox, pipe), name="rooflight-proxy-records", daemon=True)
+    sender.start()
+
     def flush() -> None:
         stats = server.stats
         counters = {"in_flight": stats.in_flight, "accounting_errors": stats.accounting_errors,
                     "over_budget": stats.over_budget, "refused": dict(stats.refused),
                     "bad_requests": dict(stats.bad_requests)}
-        pipe.send(("stats", records[:], counters))
+        outbox.put(("stats", records[:], counters))
         records.clear()
 
     try:
@@ -89,11 +96,20 @@ async def _worker(config: ProxyConfig, pipe: Connection) -> None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), FLUSH_SECONDS)
             flush()
-    except (BrokenPipeError, ConnectionError):
-        pass  # the parent is gone
     finally:
         loop.remove_reader(pipe.fileno())
         await server.stop()
+        flush()  # what ended while stopping
+        outbox.put(None)
+        await loop.run_in_executor(None, sender.join, 5.0)
+
+
+def _send_all(outbox: "queue.SimpleQueue[tuple[Any, ...] | None]", pipe: Connection) -> None:
+    while (message := outbox.get()) is not None:
+        try:
+            pipe.send(message)
+        except (BrokenPipeError, ConnectionError, OSError):
+            return  # the parent is gone
 
 
 # -- the parent: /metrics over every worker --------------------------------------------------------------------
