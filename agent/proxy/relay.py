@@ -248,7 +248,8 @@ class UpstreamConnection(asyncio.Protocol):
             self._read_head(data)
         elif self._mode == "wait":
             self._rest += data
-        else:  # nothing was asked: the connection is not one to reuse
+        else:  # nothing was asked (or more than the answer): the connection is not one to reuse
+            self._mode = "broken"
             self.close()
 
     def eof_received(self) -> bool:
@@ -400,7 +401,7 @@ class UpstreamConnection(asyncio.Protocol):
         done = False
         if framing == LENGTH:
             if len(data) >= self._left:
-                data, done = data[:self._left], True
+                data, done = (data if len(data) == self._left else data[:self._left]), True
             self._left -= len(data)
             payload = data
         elif framing == CHUNKED:
@@ -476,7 +477,7 @@ class UpstreamPool:
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
-            if conn.transport is not None and now - conn.idle_since < self.keepalive:
+            if conn.transport is not None and not conn.transport.is_closing() and now - conn.idle_since < self.keepalive:
                 return conn
             conn.close()
         loop = asyncio.get_running_loop()

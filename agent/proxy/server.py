@@ -1,9 +1,10 @@
 """The reverse proxy: every request relayed byte for byte, each timed on the side.
 
-Traffic first: the request's method, path, query, headers and body go to the upstream unchanged (only
-hop-by-hop headers, Host and Expect are left to the connection), and the response's status, reason, headers and
-body come back unchanged, each read from the upstream written to the client at once (`readany`, never
-buffered). When the client goes away the handler is cancelled and the upstream connection closed, which
+Traffic first: aiohttp's server reads the request; its method, path, query, header lines (as their bytes)
+and body go to the upstream unchanged (only hop-by-hop headers, Host and Expect are left to the connection),
+and the response's status, reason, header lines and body come back unchanged, each read from the upstream
+written to the client's socket in the callback that read it (agent/proxy/relay.py), never buffered past the
+client's transport's high-water mark. When the client goes away the handler is cancelled and the upstream connection closed, which
 is how an OpenAI-compatible server learns to abort the request. When the upstream cannot be reached the
 client gets 502 (504 on a connect timeout); when it breaks off mid-response the client's connection is
 cut too, so it sees the same truncated response it would have seen directly.
@@ -18,8 +19,9 @@ without the client's bytes, never a traceback. A request body that pauses `read_
 connection (`_stream`). The port's header and idle timeouts and its connection
 cap with a per-client share are agent/proxy/limits.py's.
 
-Accounting second: a `RequestTracker` sees each piece just before it is written to the client (its time is
-when it reached the proxy); every call into it, and the record it makes at the end, is guarded, so an
+Accounting second: a `RequestTracker` sees each piece after the loop turn that wrote it to the client (its
+time is when it reached the proxy); the request's clock starts at its first byte on the proxy's socket
+(limits.ProxyHandler.request_arrived). Every call into the tracker, and the record it makes at the end, is guarded, so an
 accounting failure costs the request its metrics (counted in `rooflight_client_accounting_errors_total`),
 never its bytes.
 """
