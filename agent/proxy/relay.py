@@ -216,6 +216,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.idle_since = 0.0
         self.used = False  # has carried a request before (a reused connection may have been closed under us)
+        self.expiry: asyncio.TimerHandle | None = None  # when idle in the pool: its closing
         self._method = "GET"
         self._buf = bytearray()  # the head, until it is whole
         self._rest = b""  # body bytes read with the head
@@ -477,6 +478,9 @@ class UpstreamPool:
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
+            if conn.expiry is not None:
+                conn.expiry.cancel()
+                conn.expiry = None
             if conn.transport is not None and not conn.transport.is_closing() and now - conn.idle_since < self.keepalive:
                 return conn
             conn.close()
@@ -499,11 +503,22 @@ class UpstreamPool:
             conn._client = conn._on_payload = None
             if conn.transport is not None:
                 conn.transport.resume_reading()  # to see it close while idle
+            conn.expiry = asyncio.get_running_loop().call_later(self.keepalive, self._expire, conn)
             self._idle.append(conn)
         else:
             conn.close()
 
+    def _expire(self, conn: UpstreamConnection) -> None:
+        """Close a connection idle for `keepalive` s (before the upstream does)."""
+        conn.expiry = None
+        if conn in self._idle:
+            self._idle.remove(conn)
+            conn.close()
+
     def forget(self, conn: UpstreamConnection) -> None:
+        if conn.expiry is not None:
+            conn.expiry.cancel()
+            conn.expiry = None
         if conn in self._all:
             self._all.remove(conn)
             self._slots.release()
@@ -511,6 +526,9 @@ class UpstreamPool:
             self._idle.remove(conn)
 
     def close(self) -> None:
+        for conn in self._idle:
+            if conn.expiry is not None:
+                conn.expiry.cancel()
         for conn in list(self._all):
             conn.close()
         self._idle.clear()

@@ -196,3 +196,24 @@ async def test_a_client_that_stops_reading_holds_the_upstream_back_not_the_proxy
         assert got > 40 * 1024 * 1024
     finally:
         await server.stop()
+
+
+async def test_an_idle_upstream_connection_is_reused_then_closed_after_the_keepalive(upstream: FakeUpstream) -> None:
+    upstream.scripts["s"] = Script(ttft=0.0, gaps=(0.001,) * 3)
+    server = await start_proxy(upstream.url)
+    assert server._pool is not None
+    server._pool.keepalive = 0.5
+    try:
+        async with aiohttp.ClientSession() as client:
+            for _ in range(3):
+                async with client.post(server.proxy_url + CHAT, data=chat("s")) as r:
+                    assert (await r.read()).endswith(b"data: [DONE]\n\n")
+        assert len({seen.peer for seen in upstream.seen}) == 1  # one upstream connection carried all three
+        assert len(server._pool._all) == 1
+        for _ in range(50):  # closed at ~0.5 s idle; 5 s to spare
+            await asyncio.sleep(0.1)
+            if not server._pool._all:
+                break
+        assert not server._pool._all
+    finally:
+        await server.stop()
