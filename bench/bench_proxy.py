@@ -225,11 +225,12 @@ def run_scenario(args: argparse.Namespace, streams: int, rate: float, up_port: i
             "proxied": f"http://127.0.0.1:{px_port}/v1/chat/completions",
             "relayed": f"http://127.0.0.1:{px_port}/raw/stream"}
     result = {name: Path_() for name in PATHS}
+    order = args.order.split(",")
     warm = min(4, streams)
     asyncio.run(phase(urls["direct"], warm, rate, 0.5, offsets, Path_()))  # warm up both paths
     asyncio.run(phase(urls["proxied"], warm, rate, 0.5, offsets, Path_()))
     for _ in range(args.rounds):
-        for name in PATHS:
+        for name in order:
             before = {k: _cpu(v) for k, v in procs.items()}
             asyncio.run(phase(urls[name], streams, rate, args.seconds, offsets, result[name]))
             for k, v in procs.items():
@@ -298,6 +299,7 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=1000.0, help="chunks per second per stream")
     ap.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
     ap.add_argument("--rounds", type=int, default=2, help="direct/proxied/relayed phase triples, alternating")
+    ap.add_argument("--order", default=",".join(PATHS), help="the order of the paths in each round")
     ap.add_argument("--seed", type=int, default=28, help="the streams' start offsets (the same in every phase)")
     ap.add_argument("--proxy-cpu", default=None, help="pin the proxy (and its workers) to these cores, e.g. 1 or 2-3; "
                                                      "the upstream and the client go on the others")
