@@ -34,7 +34,7 @@ def totals(text: str) -> dict[str, float]:
 
 
 async def wait_healthy(session: aiohttp.ClientSession, url: str) -> None:
-    for _ in range(400):  # the workers are spawned, import and bind: up to ~20 s on a busy machine
+    for _ in range(1200):  # the workers are spawned, import and bind: ~3 s here, 60 s allowed on a busy machine
         try:
             async with session.get(url) as r:
                 if r.status == 200:
