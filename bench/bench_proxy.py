@@ -146,7 +146,7 @@ class Path_:
         self.itl: list[float] = []
         self.chunks = 0
         self.wall = 0.0
-        self.cpu = {"up": 0.0, "px": 0.0, "me": 0.0}
+        self.cpu = {"up": 0.0, "px": 0.0, "me": 0.0, "px_sys": 0.0}
 
 
 async def one_stream(session, url: str, seconds: float, rate: float, delay: float,  # type: ignore[no-untyped-def]
@@ -199,12 +199,12 @@ def _q(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, int(round(q / 100 * (len(ordered) - 1)))))]
 
 
-def _cpu(procs: list[psutil.Process]) -> float:
+def _cpu(procs: list[psutil.Process], system_only: bool = False) -> float:
     total = 0.0
     for p in procs:
         try:
             t = p.cpu_times()
-            total += t.user + t.system
+            total += t.system if system_only else t.user + t.system
         except psutil.NoSuchProcess:
             pass
     return total
@@ -232,9 +232,11 @@ def run_scenario(args: argparse.Namespace, streams: int, rate: float, up_port: i
     for _ in range(args.rounds):
         for name in order:
             before = {k: _cpu(v) for k, v in procs.items()}
+            sys_before = _cpu(procs["px"], system_only=True)
             asyncio.run(phase(urls[name], streams, rate, args.seconds, offsets, result[name]))
             for k, v in procs.items():
                 result[name].cpu[k] += _cpu(v) - before[k]
+            result[name].cpu["px_sys"] += _cpu(procs["px"], system_only=True) - sys_before
     return result
 
 
@@ -250,7 +252,8 @@ def report(streams: int, rate: float, result: dict[str, Path_], args: argparse.N
         ms = lambda v: f"{v * 1e3:.2f}"  # noqa: E731
         print(f"{name:8} {r.chunks / r.wall:9.0f} {ms(_q(r.ttft, 50)):>9} {ms(_q(r.ttft, 99)):>9} {ms(_q(r.itl, 50)):>8} "
               f"{ms(_q(r.itl, 99)):>8} {ms(_q(r.lat, 50)):>8} {ms(_q(r.lat, 99)):>8} "
-              f"{r.cpu['px'] / r.chunks * 1e6:15.1f} {r.cpu['up'] / r.chunks * 1e6:18.1f}")
+              f"{r.cpu['px'] / r.chunks * 1e6:15.1f} {r.cpu['up'] / r.chunks * 1e6:18.1f}   "
+              f"(proxy in the kernel {r.cpu['px_sys'] / r.chunks * 1e6:.1f})")
     d, p, raw = result["direct"], result["proxied"], result["relayed"]
     if not (d.chunks and p.chunks):
         return {}
