@@ -16,11 +16,14 @@ client never makes the proxy buffer more than about one read past the mark.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
 import ssl
 import time
 from typing import Callable
 from urllib.parse import urlsplit
 
+DNS_TTL = 60.0  # seconds a resolved upstream host name is kept
 HIGH_WATER = 64 * 1024  # bytes the client's transport may hold unsent before the upstream is paused
 MAX_HEAD = 64 * 1024  # an upstream status line and headers larger than this are not relayed (502)
 MAX_CHUNK_LINE = 4096  # a chunk-size line (or trailer line) longer than this is a broken upstream
@@ -472,6 +475,11 @@ class UpstreamPool:
         self.accounting = Accounting()
         self.limit = limit  # upstream sockets open at once (one per client connection at most)
         self._slots = asyncio.Semaphore(limit)
+        # A host name is resolved once per DNS_TTL s (as aiohttp's connector cached it), not per connection: a
+        # burst of new connections must not queue lookups (in a pod, each may try several search domains).
+        self._literal = _is_address(self.host)
+        self._addresses: list[tuple[str, int]] = []
+        self._resolved_until = 0.0
 
     async def get(self) -> UpstreamConnection:
         """An idle connection kept alive, else a new one (asyncio.TimeoutError, OSError on failure)."""
@@ -484,16 +492,38 @@ class UpstreamPool:
             if conn.transport is not None and not conn.transport.is_closing() and now - conn.idle_since < self.keepalive:
                 return conn
             conn.close()
-        loop = asyncio.get_running_loop()
         await self._slots.acquire()
         try:
-            connect = loop.create_connection(lambda: UpstreamConnection(self), self.host, self.port, ssl=self.ssl)
-            _, conn = await asyncio.wait_for(connect, self.connect_timeout)
+            conn = await asyncio.wait_for(self._connect(), self.connect_timeout)
         except BaseException:
             self._slots.release()
             raise
         self._all.add(conn)
         return conn
+
+    async def _connect(self) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        server_hostname = self.host if self.ssl is not None else None
+        error: OSError | None = None
+        for host, port in await self._resolve():
+            try:
+                _, conn = await loop.create_connection(lambda: UpstreamConnection(self), host, port, ssl=self.ssl,
+                                                       server_hostname=server_hostname)
+                return conn
+            except OSError as exc:
+                error = exc
+        self._resolved_until = 0.0  # none answered: look the name up again next time
+        raise error or OSError(f"{self.host} has no address")
+
+    async def _resolve(self) -> list[tuple[str, int]]:
+        if self._literal:
+            return [(self.host, self.port)]
+        now = time.monotonic()
+        if not self._addresses or now >= self._resolved_until:
+            infos = await asyncio.get_running_loop().getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            self._addresses = list(dict.fromkeys((str(info[4][0]), int(info[4][1])) for info in infos))
+            self._resolved_until = now + DNS_TTL
+        return self._addresses
 
     def put(self, conn: UpstreamConnection) -> None:
         """Back to the pool when its response was read to the end and it may be reused; else closed."""
@@ -532,3 +562,11 @@ class UpstreamPool:
         for conn in list(self._all):
             conn.close()
         self._idle.clear()
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True

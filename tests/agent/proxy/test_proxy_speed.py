@@ -4,6 +4,7 @@ proxy's socket, and the headers reach the other side byte for byte (names in the
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import AsyncIterator
 
 import aiohttp
@@ -217,3 +218,98 @@ async def test_an_idle_upstream_connection_is_reused_then_closed_after_the_keepa
         assert not server._pool._all
     finally:
         await server.stop()
+
+
+async def test_an_upstream_host_name_is_looked_up_once_not_per_connection(upstream: FakeUpstream,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiohttp's connector cached the upstream's address for 60 s; the relay's pool does too: five requests
+    on five fresh upstream connections (each client cut its stream) make one lookup."""
+    upstream.scripts["s"] = Script(ttft=0.0, gaps=(0.001,) * 3)
+    server = await start_proxy(upstream.url.replace("127.0.0.1", "localhost"))
+    loop = asyncio.get_running_loop()
+    lookups: list[object] = []
+    real = loop.getaddrinfo
+
+    async def counted(host: object, *args: object, **kwargs: object) -> object:
+        lookups.append(host)
+        return await real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "getaddrinfo", counted)
+    try:
+        for _ in range(5):
+            async with aiohttp.ClientSession() as client:
+                async with client.post(server.proxy_url + CHAT, data=chat("s")) as r:
+                    assert (await r.read()).endswith(b"data: [DONE]\n\n")
+            assert server._pool is not None
+            for conn in list(server._pool._all):
+                conn.close()  # the next request needs a new upstream connection
+            await asyncio.sleep(0.05)
+        assert lookups.count("localhost") == 1
+    finally:
+        await server.stop()
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 that is its own CA, and its key (PEM files under tmp)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "upstream")])
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(key, hashes.SHA256()))
+    (tmp / "up.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp / "up.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption()))
+    return tmp / "up.crt", tmp / "up.key"
+
+
+async def test_an_https_upstream_is_relayed_over_verified_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ssl
+
+    crt, key = _self_signed(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(str(crt), str(key))
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 5\r\n\r\nhello"
+    seen: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    up = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_ctx)
+    monkeypatch.setenv("SSL_CERT_FILE", str(crt))  # the proxy trusts the upstream's certificate, nothing else
+    server = await start_proxy("https://127.0.0.1:%d" % up.sockets[0].getsockname()[1])
+    try:
+        async with aiohttp.ClientSession() as client:
+            async with client.get(server.proxy_url + "/v1/models") as r:
+                assert r.status == 200 and await r.read() == b"hello"
+        assert len(seen) == 1 and seen[0].startswith(b"GET /v1/models HTTP/1.1\r\n")
+    finally:
+        await server.stop()
+        up.close()
+    # Without the certificate trusted, the upstream is refused (502), never relayed unverified.
+    monkeypatch.delenv("SSL_CERT_FILE")
+    up = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_ctx)
+    server = await start_proxy("https://127.0.0.1:%d" % up.sockets[0].getsockname()[1])
+    try:
+        async with aiohttp.ClientSession() as client:
+            async with client.get(server.proxy_url + "/v1/models") as r:
+                assert r.status == 502
+    finally:
+        await server.stop()
+        up.close()
