@@ -1,20 +1,25 @@
-"""What the proxy costs a stream: added latency per chunk and the proxy's CPU per 1,000 chunks.
+"""What the proxy costs a stream, side by side with going direct: added TTFT and ITL, CPU per chunk, throughput.
 
-Three processes: a fake OpenAI SSE upstream (each stream sends `--rate` chunks per second, every chunk
-carrying the upstream's CLOCK_MONOTONIC send time in nanoseconds as its content), the proxy
-(`rooflight.agent.proxy.server.ProxyServer`, with an SLO and the default windows), and this process as the
-client. The client opens `--streams` concurrent streams, straight to the upstream ("direct"), through the
-proxy ("proxied"), and through the proxy on a route it relays without reading ("relayed": aiohttp's own
-cost), in phases of `--seconds` each (`--rounds` times), and takes each chunk's latency as its
-receive time minus its send time (one clock: the same machine). Printed per path: chunks/s delivered,
-latency p50/p99/max; then the proxy's added p50/p99 (proxied minus direct) and the ratio, and the proxy
-process's CPU per 1,000 chunks and as a share of one core per 10,000 chunks/s, next to the upstream's own
-CPU per 1,000 chunks (the yardstick: the cheapest possible server of the same chunks).
+Three parties: a fake OpenAI SSE upstream (its own process; each stream sends chunks at the rate the request
+asks for, every chunk carrying the upstream's CLOCK_MONOTONIC send time in nanoseconds as its content), the
+proxy (its own process, pinned to `--proxy-cpu` when given, the upstream and this client then kept off that
+core; `--workers N` runs `rooflight proxy --workers N` instead of one ProxyServer), and this process as the
+client. For each scenario (STREAMS x CHUNKS/S per stream) the client runs phases of `--seconds`: direct,
+proxied, and relayed (the proxy on a route it relays without reading: the relay's own cost), alternating,
+`--rounds` times, every phase with the same stream start offsets (drawn from `--seed`). Per path it takes:
 
-Latencies include scheduling: on a machine with fewer free cores than the three processes, a chunk also
-waits for a core. Timing is printed, never asserted.
+- TTFT: from just before the request is sent to the first chunk read; ITL: the gaps between a stream's
+  chunks as the client reads them (chunks read together have a gap of 0, as a client sees them);
+- chunk latency: each chunk's receive time minus its send time (one clock, one machine);
+- chunks/s delivered, and the CPU of the proxy (with its workers), upstream and client per chunk.
 
-Run from the repository root:  python bench/bench_proxy.py [--streams 64] [--rate 1000] [--seconds 5] [--rounds 2]
+Printed: a table per scenario, then one markdown row per scenario (the table in docs/proxy.md) and a JSON
+line. Latencies include waiting for a core: on a machine with fewer free cores than the parties, they do.
+Timing is printed, never asserted.
+
+Run from the repository root:
+    python bench/bench_proxy.py --scenarios 64x100,64x1000,256x200 --proxy-cpu 1 [--seconds 5] [--rounds 2]
+    python bench/bench_proxy.py --streams 64 --rate 1000 --workers 2       # one scenario, two worker processes
 """
 
 from __future__ import annotations
@@ -23,14 +28,19 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
+import random
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+PATHS = ("direct", "proxied", "relayed")
 
 
 def _free_port() -> int:
@@ -42,7 +52,7 @@ def _free_port() -> int:
 # -- the fake upstream (its own process) -----------------------------------------------------------------------
 
 
-def upstream_main(port: int, rate: float) -> None:
+def upstream_main(port: int) -> None:
     from aiohttp import web
 
     head = b'data: {"id":"b","object":"chat.completion.chunk","model":"bench","choices":[{"index":0,"delta":{"content":"'
@@ -50,7 +60,7 @@ def upstream_main(port: int, rate: float) -> None:
 
     async def stream(request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        seconds = float(body.get("seconds", 5.0))
+        seconds, rate = float(body.get("seconds", 5.0)), float(body.get("rate", 100.0))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         start = time.monotonic()
@@ -78,7 +88,7 @@ def upstream_main(port: int, rate: float) -> None:
         app.router.add_post("/raw/stream", stream)  # the same stream on a route the proxy only relays
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()
         await asyncio.Event().wait()
 
     asyncio.run(main())
@@ -87,9 +97,27 @@ def upstream_main(port: int, rate: float) -> None:
 # -- the proxy (its own process) -------------------------------------------------------------------------------
 
 
-def proxy_main(upstream: str, port: int, metrics_port: int) -> None:
+def proxy_main(upstream: str, port: int, metrics_port: int, cpu: int | None = None, profile: str = "",
+               loop: str = "asyncio") -> None:
+    import signal
+
     from rooflight.agent.config.proxy import build
     from rooflight.agent.proxy.server import ProxyServer
+
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    if profile:  # cProfile the whole process, written out on SIGTERM
+        import cProfile
+
+        profiler = cProfile.Profile()
+
+        def dump(*_: object) -> None:
+            profiler.disable()
+            profiler.dump_stats(profile)
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, dump)
+        profiler.enable()
 
     async def main() -> None:
         config = build(upstream, listen=f"127.0.0.1:{port}", metrics_listen=f"127.0.0.1:{metrics_port}",
@@ -98,17 +126,38 @@ def proxy_main(upstream: str, port: int, metrics_port: int) -> None:
         await server.start()
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
 
 
 # -- the client (this process) ---------------------------------------------------------------------------------
 
 
-async def one_stream(session, url: str, seconds: float, latencies: list[float]) -> int:  # type: ignore[no-untyped-def]
+class Path_:
+    """One path's measurements, over all its phases."""
+
+    def __init__(self) -> None:
+        self.lat: list[float] = []
+        self.ttft: list[float] = []
+        self.itl: list[float] = []
+        self.chunks = 0
+        self.wall = 0.0
+        self.cpu = {"up": 0.0, "px": 0.0, "me": 0.0, "px_sys": 0.0}
+
+
+async def one_stream(session, url: str, seconds: float, rate: float, delay: float,  # type: ignore[no-untyped-def]
+                     out: Path_) -> int:
     marker = b'"content":"'
     got = 0
     tail = b""
-    async with session.post(url, json={"model": "bench", "stream": True, "seconds": seconds}) as r:
+    last = None
+    await asyncio.sleep(delay)
+    sent = time.monotonic_ns()
+    async with session.post(url, json={"model": "bench", "stream": True, "seconds": seconds, "rate": rate}) as r:
         while True:
             data = await r.content.readany()
             if not data:
@@ -123,100 +172,188 @@ async def one_stream(session, url: str, seconds: float, latencies: list[float]) 
                     continue
                 j = line.find(b'"', i + len(marker))
                 if j > i + len(marker):
-                    latencies.append((now - int(line[i + len(marker):j])) / 1e9)
+                    out.lat.append((now - int(line[i + len(marker):j])) / 1e9)
+                    if last is None:
+                        out.ttft.append((now - sent) / 1e9)
+                    else:
+                        out.itl.append((now - last) / 1e9)
+                    last = now
                     got += 1
     return got
 
 
-async def phase(url: str, streams: int, seconds: float) -> tuple[list[float], int, float]:
+async def phase(url: str, streams: int, rate: float, seconds: float, offsets: list[float], out: Path_) -> None:
     import aiohttp
 
-    latencies: list[float] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         start = time.monotonic()
-        counts = await asyncio.gather(*(one_stream(session, url, seconds, latencies) for _ in range(streams)))
-        wall = time.monotonic() - start
-    return latencies, sum(counts), wall
+        counts = await asyncio.gather(*(one_stream(session, url, seconds, rate, offsets[i], out) for i in range(streams)))
+        out.wall += time.monotonic() - start - min(offsets[:streams], default=0.0)
+    out.chunks += sum(counts)
 
 
 def _q(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, int(round(q / 100 * (len(ordered) - 1)))))]
 
 
-def _cpu(p: psutil.Process) -> float:
-    t = p.cpu_times()
-    return t.user + t.system
+def _cpu(procs: list[psutil.Process], system_only: bool = False) -> float:
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.system if system_only else t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def _with_children(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [p, *p.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return [p]
+
+
+def run_scenario(args: argparse.Namespace, streams: int, rate: float, up_port: int, px_port: int,
+                 procs: dict[str, list[psutil.Process]]) -> dict[str, Path_]:
+    rng = random.Random(args.seed)
+    offsets = [rng.uniform(0.0, min(0.5, 1.0 / rate * 10)) for _ in range(streams)]  # the same for every phase
+    urls = {"direct": f"http://127.0.0.1:{up_port}/v1/chat/completions",
+            "proxied": f"http://127.0.0.1:{px_port}/v1/chat/completions",
+            "relayed": f"http://127.0.0.1:{px_port}/raw/stream"}
+    result = {name: Path_() for name in PATHS}
+    order = args.order.split(",")
+    warm = min(4, streams)
+    asyncio.run(phase(urls["direct"], warm, rate, 0.5, offsets, Path_()))  # warm up both paths
+    asyncio.run(phase(urls["proxied"], warm, rate, 0.5, offsets, Path_()))
+    for _ in range(args.rounds):
+        for name in order:
+            before = {k: _cpu(v) for k, v in procs.items()}
+            sys_before = _cpu(procs["px"], system_only=True)
+            asyncio.run(phase(urls[name], streams, rate, args.seconds, offsets, result[name]))
+            for k, v in procs.items():
+                result[name].cpu[k] += _cpu(v) - before[k]
+            result[name].cpu["px_sys"] += _cpu(procs["px"], system_only=True) - sys_before
+    return result
+
+
+def report(streams: int, rate: float, result: dict[str, Path_], args: argparse.Namespace) -> dict[str, float]:
+    print(f"\n{streams} streams x {rate:g} chunks/s offered ({streams * rate:,.0f} chunks/s), {args.rounds} x "
+          f"{args.seconds:g} s per path, load avg {', '.join(f'{x:.1f}' for x in psutil.getloadavg())}")
+    print(f"{'path':8} {'chunks/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'lat p50':>8} "
+          f"{'lat p99':>8} {'proxy us/chunk':>15} {'upstream us/chunk':>18}")
+    for name, r in result.items():
+        if not r.chunks:
+            print(f"{name:8} no chunks received")
+            continue
+        ms = lambda v: f"{v * 1e3:.2f}"  # noqa: E731
+        print(f"{name:8} {r.chunks / r.wall:9.0f} {ms(_q(r.ttft, 50)):>9} {ms(_q(r.ttft, 99)):>9} {ms(_q(r.itl, 50)):>8} "
+              f"{ms(_q(r.itl, 99)):>8} {ms(_q(r.lat, 50)):>8} {ms(_q(r.lat, 99)):>8} "
+              f"{r.cpu['px'] / r.chunks * 1e6:15.1f} {r.cpu['up'] / r.chunks * 1e6:18.1f}   "
+              f"(proxy in the kernel {r.cpu['px_sys'] / r.chunks * 1e6:.1f})")
+    d, p, raw = result["direct"], result["proxied"], result["relayed"]
+    if not (d.chunks and p.chunks):
+        return {}
+    row = {
+        "streams": streams, "rate": rate,
+        "added_ttft_p50_ms": (_q(p.ttft, 50) - _q(d.ttft, 50)) * 1e3,
+        "added_ttft_p99_ms": (_q(p.ttft, 99) - _q(d.ttft, 99)) * 1e3,
+        "added_itl_p50_ms": (_q(p.itl, 50) - _q(d.itl, 50)) * 1e3,
+        "added_itl_p99_ms": (_q(p.itl, 99) - _q(d.itl, 99)) * 1e3,
+        "added_latency_p50_ms": (_q(p.lat, 50) - _q(d.lat, 50)) * 1e3,
+        "added_latency_p99_ms": (_q(p.lat, 99) - _q(d.lat, 99)) * 1e3,
+        "proxy_cpu_us_per_chunk": p.cpu["px"] / p.chunks * 1e6,
+        "relay_only_cpu_us_per_chunk": raw.cpu["px"] / raw.chunks * 1e6 if raw.chunks else float("nan"),
+        "throughput_ratio": (p.chunks / p.wall) / (d.chunks / d.wall),
+        "chunks_per_s_direct": d.chunks / d.wall, "chunks_per_s_proxied": p.chunks / p.wall,
+    }
+    print(f"added by the proxy: TTFT p50 {row['added_ttft_p50_ms']:+.2f} ms, p99 {row['added_ttft_p99_ms']:+.2f} ms; "
+          f"ITL p50 {row['added_itl_p50_ms']:+.2f} ms, p99 {row['added_itl_p99_ms']:+.2f} ms; chunk latency p99 "
+          f"{row['added_latency_p99_ms']:+.2f} ms; proxy CPU {row['proxy_cpu_us_per_chunk']:.1f} us per chunk (relaying "
+          f"alone {row['relay_only_cpu_us_per_chunk']:.1f}) = {row['proxy_cpu_us_per_chunk'] / 100:.2f} cores per 10,000 "
+          f"chunks/s; throughput proxied/direct {row['throughput_ratio']:.2f}")
+    return row
+
+
+def start_proxy(args: argparse.Namespace, up_port: int, px_port: int, m_port: int) -> tuple[object, psutil.Process]:
+    upstream = f"http://127.0.0.1:{up_port}"
+    if args.workers > 1:  # the real command, its workers pinned with it
+        cmd = [sys.executable, "-m", "rooflight.agent.proxy.cli", "--upstream", upstream, "--listen",
+               f"127.0.0.1:{px_port}", "--metrics-listen", f"127.0.0.1:{m_port}", "--slo", "ttft=0.5,tpot=0.05",
+               "--workers", str(args.workers), "--log-level", "warning"]
+        if args.proxy_cpu is not None:
+            cmd = ["taskset", "-c", args.proxy_cpu, *cmd]
+        child = subprocess.Popen(cmd, cwd=ROOT)
+        return child, psutil.Process(child.pid)
+    ctx = multiprocessing.get_context("spawn")
+    cpu = int(args.proxy_cpu) if args.proxy_cpu is not None else None
+    px = ctx.Process(target=proxy_main, args=(upstream, px_port, m_port, cpu, args.profile, args.loop), daemon=True)
+    px.start()
+    return px, psutil.Process(px.pid)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenarios", default="", help="STREAMSxRATE,... e.g. 64x100,64x1000,256x200 (else --streams x --rate)")
     ap.add_argument("--streams", type=int, default=64)
     ap.add_argument("--rate", type=float, default=1000.0, help="chunks per second per stream")
     ap.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
-    ap.add_argument("--rounds", type=int, default=2, help="direct/proxied phase pairs")
+    ap.add_argument("--rounds", type=int, default=2, help="direct/proxied/relayed phase triples, alternating")
+    ap.add_argument("--order", default=",".join(PATHS), help="the order of the paths in each round")
+    ap.add_argument("--seed", type=int, default=28, help="the streams' start offsets (the same in every phase)")
+    ap.add_argument("--proxy-cpu", default=None, help="pin the proxy (and its workers) to these cores, e.g. 1 or 2-3; "
+                                                     "the upstream and the client go on the others")
+    ap.add_argument("--workers", type=int, default=1, help="run `rooflight proxy --workers N` (N > 1)")
+    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio", help="the proxy's event loop (one worker)")
+    ap.add_argument("--profile", default="", help="cProfile the proxy into this file (slows it: for where, not how much)")
     args = ap.parse_args()
+    scenarios = ([tuple(float(x) for x in s.split("x")) for s in args.scenarios.split(",")] if args.scenarios
+                 else [(args.streams, args.rate)])
 
     ctx = multiprocessing.get_context("spawn")
     up_port, px_port, m_port = _free_port(), _free_port(), _free_port()
-    up = ctx.Process(target=upstream_main, args=(up_port, args.rate), daemon=True)
+    up = ctx.Process(target=upstream_main, args=(up_port,), daemon=True)
     up.start()
-    px = ctx.Process(target=proxy_main, args=(f"http://127.0.0.1:{up_port}", px_port, m_port), daemon=True)
-    px.start()
-    time.sleep(2.0)
-    up_ps, px_ps, me = psutil.Process(up.pid), psutil.Process(px.pid), psutil.Process()
-    direct_url = f"http://127.0.0.1:{up_port}/v1/chat/completions"
-    proxy_url = f"http://127.0.0.1:{px_port}/v1/chat/completions"
-    relay_url = f"http://127.0.0.1:{px_port}/raw/stream"
-    paths = (("direct", direct_url), ("proxied", proxy_url), ("relayed", relay_url))
-    result = {name: {"lat": [], "chunks": 0, "wall": 0.0, "up_cpu": 0.0, "px_cpu": 0.0, "me_cpu": 0.0}
-              for name, _ in paths}
+    px, px_ps = start_proxy(args, up_port, px_port, m_port)
+    time.sleep(3.0 if args.workers > 1 else 2.0)
+    up_ps, me = psutil.Process(up.pid), psutil.Process()
+    if args.proxy_cpu is not None:  # the proxy alone on its cores; upstream and client on the rest
+        pinned = set()
+        for part in args.proxy_cpu.split(","):
+            lo, _, hi = part.partition("-")
+            pinned |= set(range(int(lo), int(hi or lo) + 1))
+        rest = sorted(set(range(psutil.cpu_count())) - pinned) or None
+        if rest:
+            up_ps.cpu_affinity(rest)
+            me.cpu_affinity(rest)
+    procs = {"up": [up_ps], "px": _with_children(px_ps), "me": [me]}
+    print(f"bench_proxy: {psutil.cpu_count()} CPUs, proxy {'on core(s) ' + args.proxy_cpu if args.proxy_cpu else 'unpinned'}"
+          f", {args.workers} worker process(es), {args.loop} loop, seed {args.seed}")
+    rows = []
     try:
-        asyncio.run(phase(direct_url, 4, 0.5))  # warm up both paths
-        asyncio.run(phase(proxy_url, 4, 0.5))
-        for _ in range(args.rounds):
-            for name, url in paths:
-                cpu0 = (_cpu(up_ps), _cpu(px_ps), _cpu(me))
-                lat, chunks, wall = asyncio.run(phase(url, args.streams, args.seconds))
-                cpu1 = (_cpu(up_ps), _cpu(px_ps), _cpu(me))
-                r = result[name]
-                r["lat"] += lat
-                r["chunks"] += chunks
-                r["wall"] += wall
-                for key, a, b in zip(("up_cpu", "px_cpu", "me_cpu"), cpu0, cpu1):
-                    r[key] += b - a
+        for streams, rate in scenarios:
+            rows.append(report(int(streams), rate, run_scenario(args, int(streams), rate, up_port, px_port, procs), args))
     finally:
         for p in (px, up):
-            p.terminate()
-            p.join(5)
+            p.terminate()  # type: ignore[attr-defined]
+        for p in (px, up):
+            try:
+                p.wait(10) if isinstance(p, subprocess.Popen) else p.join(10)  # type: ignore[attr-defined]
+            except subprocess.TimeoutExpired:
+                p.kill()
 
-    print(f"bench_proxy: {args.streams} streams x {args.rate:g} chunks/s offered, {args.rounds} x {args.seconds:g} s "
-          f"per path, {psutil.cpu_count()} CPUs, load avg {', '.join(f'{x:.1f}' for x in psutil.getloadavg())}")
-    print(f"{'path':8} {'chunks/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'upstream CPU/1k':>16} {'client CPU/1k':>14}")
-    for name, r in result.items():
-        lat = r["lat"]
-        if not lat:
-            print(f"{name:8} no chunks received")
-            return 1
-        print(f"{name:8} {r['chunks'] / r['wall']:9.0f} {_q(lat, 50) * 1e3:8.3f} {_q(lat, 99) * 1e3:8.3f} "
-              f"{max(lat) * 1e3:8.2f} {r['up_cpu'] / r['chunks'] * 1e6:13.1f} ms {r['me_cpu'] / r['chunks'] * 1e6:11.1f} ms")
-    d, p, raw = result["direct"], result["proxied"], result["relayed"]
-    added50 = _q(p["lat"], 50) - _q(d["lat"], 50)
-    added99 = _q(p["lat"], 99) - _q(d["lat"], 99)
-    px_per_k = p["px_cpu"] / p["chunks"] * 1e3
-    up_per_k = p["up_cpu"] / p["chunks"] * 1e3
-    print(f"added by the proxy: p50 {added50 * 1e3:+.3f} ms, p99 {added99 * 1e3:+.3f} ms per chunk "
-          f"(proxied/direct p99 = {_q(p['lat'], 99) / _q(d['lat'], 99):.2f}x; target: added p99 < 1 ms)")
-    print(f"proxy CPU: {px_per_k * 1e3:.1f} ms per 1,000 chunks = {px_per_k * 1000:.0f}% of a core per 10,000 chunks/s "
-          f"(target < 10%); {px_per_k / up_per_k:.2f}x the upstream's own CPU per chunk; "
-          f"throughput proxied/direct = {(p['chunks'] / p['wall']) / (d['chunks'] / d['wall']):.2f}")
-    raw_per_k = raw["px_cpu"] / raw["chunks"] * 1e3
-    print(f"of which relaying alone (a route the proxy does not read: aiohttp in and out): {raw_per_k * 1e3:.1f} ms "
-          f"per 1,000 chunks; the accounting (SSE + JSON per chunk, windows): {(px_per_k - raw_per_k) * 1e3:.1f} ms")
-    print(json.dumps({"relay_only_cpu_ms_per_1k_chunks": raw_per_k * 1e3, "added_p50_ms": added50 * 1e3, "added_p99_ms": added99 * 1e3,
-                      "proxy_cpu_ms_per_1k_chunks": px_per_k * 1e3, "core_share_per_10k_chunks_s": px_per_k * 10,
-                      "chunks_per_s_direct": d["chunks"] / d["wall"], "chunks_per_s_proxied": p["chunks"] / p["wall"]}))
-    return 0
+    print("\n| offered | added TTFT p50 / p99 | added ITL p50 / p99 | proxy CPU per chunk (relay alone) | proxied/direct |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        if r:
+            print(f"| {int(r['streams'])} x {r['rate']:g}/s | {r['added_ttft_p50_ms']:+.1f} / {r['added_ttft_p99_ms']:+.1f} ms "
+                  f"| {r['added_itl_p50_ms']:+.2f} / {r['added_itl_p99_ms']:+.2f} ms | {r['proxy_cpu_us_per_chunk']:.1f} us "
+                  f"({r['relay_only_cpu_us_per_chunk']:.1f}) | {r['throughput_ratio']:.2f} |")
+    print(json.dumps(rows))
+    return 0 if all(rows) else 1
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ defaults: --listen {settings.PROXY_LISTEN}, --metrics-listen {settings.PROXY_MET
 def config_from_args(args: argparse.Namespace) -> pc.ProxyConfig:
     """The flags as parsed -> a validated ProxyConfig (ConfigError on a bad one)."""
     given = settings.flag_values(args, settings.PROXY)
-    for key in ("check_only", "log_level"):
+    for key in ("check_only", "log_level", "workers"):  # the command's, not the relay's (workers: cmd_proxy)
         given.pop(key, None)
     # build()'s parameters for the settings keyed slo and proxy_buckets (their file keys under `rooflight run`)
     given["slos"], given["buckets"] = given.pop("slo", None), given.pop("proxy_buckets", None)
@@ -41,11 +41,15 @@ def config_from_args(args: argparse.Namespace) -> pc.ProxyConfig:
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
+    from rooflight.agent.proxy import workers as pw  # --workers (agent/proxy/workers.py)
+
+    config, n_workers = config_from_args(args), pw.parse_workers(getattr(args, "workers", None))
     if args.check_only:
         slos = ", ".join(s.name for s in config.slos) or "none"
         print(f"configuration ok: {printable(config.listen)} -> {shown_url(config.upstream)}, metrics on {config.metrics_listen}, SLOs: {slos}")
         return 0
+    if n_workers > 1:
+        return asyncio.run(pw.run(config, n_workers))
     asyncio.run(run(config))
     return 0
 

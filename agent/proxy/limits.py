@@ -165,15 +165,21 @@ class ProxyHandler(HeaderDeadline, RequestHandler):
     """aiohttp's connection handler with a read-header timeout, a place in ConnectionShares, and bad
     requests counted and answered without a log line each."""
 
-    __slots__ = ("_client", "_shares", "_events", "_header_timeout", "_deadline", "_busy")
+    __slots__ = ("_client", "_shares", "_events", "_header_timeout", "_deadline", "_busy", "_now", "_first_byte",
+                 "request_arrived")
 
     def __init__(self, manager: Any, *, client: str, shares: ConnectionShares, events: Events,
-                 read_header_timeout: float, **kwargs: Any) -> None:
+                 read_header_timeout: float, now: Callable[[], float] = time.monotonic, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._client, self._shares, self._events = client, shares, events
         self._header_timeout = read_header_timeout
         self._deadline: asyncio.TimerHandle | None = None
         self._busy = False
+        self._now = now
+        self._first_byte: float | None = None  # when the next request's first byte reached the socket
+        # When the request being handled began to arrive (its first byte on this socket, read by `now`): a
+        # client's TTFT includes the time it took to send its request, and the proxy's clock starts there.
+        self.request_arrived: float | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -181,8 +187,14 @@ class ProxyHandler(HeaderDeadline, RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         if not self._busy:
+            if self._first_byte is None:
+                self._first_byte = self._now()
             self._arm()
         super().data_received(data)
+
+    async def _handle_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        self.request_arrived, self._first_byte = self._first_byte, None
+        return await super()._handle_request(request, *args, **kwargs)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()

@@ -1,9 +1,10 @@
 """The reverse proxy: every request relayed byte for byte, each timed on the side.
 
-Traffic first: the request's method, path, query, headers and body go to the upstream unchanged (only
-hop-by-hop headers, Host and Expect are left to the connection), and the response's status, reason, headers and
-body come back unchanged, each read from the upstream written to the client at once (`readany`, never
-buffered). When the client goes away the handler is cancelled and the upstream connection closed, which
+Traffic first: aiohttp's server reads the request; its method, path, query, header lines (as their bytes)
+and body go to the upstream unchanged (only hop-by-hop headers, Host and Expect are left to the connection),
+and the response's status, reason, header lines and body come back unchanged, each read from the upstream
+written to the client's socket in the callback that read it (agent/proxy/relay.py), never buffered past the
+client's transport's high-water mark. When the client goes away the handler is cancelled and the upstream connection closed, which
 is how an OpenAI-compatible server learns to abort the request. When the upstream cannot be reached the
 client gets 502 (504 on a connect timeout); when it breaks off mid-response the client's connection is
 cut too, so it sees the same truncated response it would have seen directly.
@@ -18,8 +19,9 @@ without the client's bytes, never a traceback. A request body that pauses `read_
 connection (`_stream`). The port's header and idle timeouts and its connection
 cap with a per-client share are agent/proxy/limits.py's.
 
-Accounting second: a `RequestTracker` sees each piece just before it is written to the client (its time is
-when it reached the proxy); every call into it, and the record it makes at the end, is guarded, so an
+Accounting second: a `RequestTracker` sees each piece after the loop turn that wrote it to the client (its
+time is when it reached the proxy); the request's clock starts at its first byte on the proxy's socket
+(limits.ProxyHandler.request_arrived). Every call into the tracker, and the record it makes at the end, is guarded, so an
 accounting failure costs the request its metrics (counted in `rooflight_client_accounting_errors_total`),
 never its bytes.
 """
@@ -28,16 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Callable
 
-import aiohttp
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from aiohttp.http_exceptions import HttpProcessingError
-from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from yarl import URL
 
 from rooflight.agent.proxy import limits
+from rooflight.agent.proxy import relay as rl
 from rooflight.agent.proxy import tracker as tr
 from rooflight.agent.config.proxy import ProxyConfig
 from rooflight.agent.config.urls import shown_url
@@ -52,26 +52,8 @@ from rooflight.agent.signals.token_gaps import ClientGaps
 log = logging.getLogger("rooflight.proxy")
 LAG_PROBE_SECONDS = 0.01  # how often the proxy checks that its event loop is not held up
 
-# RFC 9110 7.6.1: meaningful for one connection only, never forwarded; Host is the upstream's own.
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-                        "te", "trailer", "transfer-encoding", "upgrade", "host",
-                        "expect"})  # Expect: 100-continue was answered by the proxy's own server
 # A status reason is relayed with printable ASCII only: a control character would split the status line.
 _REASON_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) | {"\t"}
-# aiohttp adds these to a request that lacks them; a relayed request must not gain headers.
-SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
-
-
-def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
-    """The headers minus hop-by-hop ones (and those the Connection header names), order and repeats kept."""
-    items = list(headers.items())
-    named = {h.strip().lower() for k, v in items if k.lower() == "connection" for h in v.split(",")}
-    out: CIMultiDict[str] = CIMultiDict()
-    for k, v in items:
-        low = k.lower()
-        if low not in HOP_BY_HOP and low not in named:
-            out.add(k, v)
-    return out
 
 
 def safe_reason(reason: str | None) -> str | None:
@@ -84,8 +66,12 @@ def safe_reason(reason: str | None) -> str | None:
 class ProxyServer:
     """The proxy app, its metrics app, and the stats they share (one event loop, no locks)."""
 
-    def __init__(self, config: ProxyConfig, clock: Clock | None = None) -> None:
+    def __init__(self, config: ProxyConfig, clock: Clock | None = None, *, reuse_port: bool = False,
+                 on_record: Callable[[tr.RequestRecord], None] | None = None) -> None:
+        """`reuse_port` and `on_record` are for a worker process (agent/proxy/workers.py): its port shared
+        with the other workers (SO_REUSEPORT), its finished requests sent to the process that exports them."""
         self.config = config
+        self.reuse_port = reuse_port
         self.clock = clock or SystemClock()
         self._now = self.clock.monotonic
         self.stats = ClientStats(
@@ -94,9 +80,10 @@ class ProxyServer:
             started=self._now(),
         )
         self.snapshot: ClientSnapshot = EMPTY
+        self._on_record = on_record
         self.client_gaps = ClientGaps()  # every gap between tokens, live, for the head-of-line detector
         self.registry = registry_for(lambda: self.snapshot)
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: rl.UpstreamPool | None = None
         self._runners: list[web.AppRunner] = []
         self._servers: list[asyncio.AbstractServer] = []  # the proxy's port (its runner has no site)
         self.connections = limits.ConnectionShares(config.max_connections, config.max_connections_per_client)
@@ -123,16 +110,10 @@ class ProxyServer:
         A failed bind raises OSError; call stop() to release what was already set up."""
         self._undo_quiet = limits.quiet_accept_errors(asyncio.get_running_loop())
         self._fit_to_open_files()
-        self._session = aiohttp.ClientSession(
-            # keepalive under uvicorn's 5 s (vLLM, SGLang): the proxy drops an idle connection before the
-            # upstream does, so a request never goes out on one the upstream is closing.
-            # limit: one upstream socket per client connection at most (each streamed body held one, unbounded).
-            connector=aiohttp.TCPConnector(limit=self.connections.cap, ttl_dns_cache=60, keepalive_timeout=4.0),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout),
-            auto_decompress=False,
-            skip_auto_headers=SKIP_AUTO_HEADERS,
-            cookie_jar=aiohttp.DummyCookieJar(),  # cookies are the clients', never shared between them
-        )
+        # keepalive under uvicorn's 5 s (vLLM, SGLang): the proxy drops an idle connection before the upstream
+        # does. limit: one upstream socket per client connection at most.
+        self._pool = rl.UpstreamPool(self.config.upstream, self.config.connect_timeout, limit=self.connections.cap,
+                                     keepalive=4.0)
         self.proxy_url = await self._serve(self.proxy_app(), self.config.listen, clients=True)
         if serve_metrics:
             self.metrics_url = await self._serve(self.metrics_app(), self.config.metrics_listen)
@@ -169,8 +150,8 @@ class ProxyServer:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
-        if self._session is not None:
-            await self._session.close()
+        if self._pool is not None:
+            self._pool.close()
 
     async def _serve(self, app: web.Application, listen: str, *, clients: bool = False) -> str:
         host, port = split_listen(listen)
@@ -194,11 +175,12 @@ class ProxyServer:
         def handler(client: str) -> limits.ProxyHandler:
             return limits.ProxyHandler(runner.server, loop=loop, client=client, shares=self.connections,
                                        events=self.events, read_header_timeout=config.read_header_timeout,
+                                       now=self._now,
                                        keepalive_timeout=config.idle_timeout, access_log=None, logger=_ServerLog(),
                                        auto_decompress=False)
 
         server = await loop.create_server(lambda: limits.Gate(handler, self.connections, self.events),
-                                          host or None, port, backlog=1024)
+                                          host or None, port, backlog=1024, reuse_port=self.reuse_port or None)
         self._servers.append(server)
         return server
 
@@ -252,7 +234,8 @@ class ProxyServer:
     # -- the relay -------------------------------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        start = self._now()
+        # The client's clock starts at its request's first byte on the socket, not once the request was read.
+        start = getattr(request.protocol, "request_arrived", None) or self._now()
         tracker = self._safe_tracker(request, start)
         self.stats.in_flight += 1
         outcome, reason = tr.COMPLETE, None
@@ -284,86 +267,152 @@ class ProxyServer:
             self._record(tracker, outcome, reason)
 
     async def _relay(self, request: web.Request, tracker: tr.RequestTracker | None) -> web.StreamResponse:
-        assert self._session is not None, "ProxyServer.start() was not awaited"
+        assert self._pool is not None, "ProxyServer.start() was not awaited"
         if not request.raw_path.startswith("/"):  # absolute-form (RFC 9112 3.2.2) or asterisk-form
             raise _BadRequest(limits.NOT_A_PATH, "the request target must be a path (origin-form): this is a reverse proxy")
-        try:
-            url = URL(self.config.upstream + request.raw_path, encoded=True)
-        except ValueError as exc:
-            raise _BadRequest(limits.NOT_A_PATH, "the request target is not a valid path", exc) from None
         reserved = 0
         try:
             body, reserved = await self._body(request)
-            upstream = await self._session.request(
-                request.method, url, headers=self._upstream_headers(request), data=body, allow_redirects=False,
-            )
-        except asyncio.TimeoutError as exc:
-            raise _UpstreamFailed(504, "timeout", exc) from None
-        except aiohttp.ClientError as exc:
-            raise _UpstreamFailed(502, "connect", exc) from None
-        except ValueError as exc:  # yarl or aiohttp refusing what the client sent (the target, a header)
-            raise _BadRequest(limits.UNSENDABLE, "the request cannot be relayed", exc) from None
+            conn, head = await self._send(request, body)
         finally:
             self.body_budget.give(reserved)  # sent (or failed): the body is no longer held
         try:
-            response = await self._respond(request, upstream, tracker)
+            response = await self._respond(request, conn, head, tracker)
         except BaseException:
-            upstream.close()  # an unfinished response closes its connection: the upstream sees the client leave
+            conn.close()  # an unfinished response closes its connection: the upstream sees the client leave
             raise
-        upstream.release()  # read to the end: the connection goes back to the pool
+        self._pool.put(conn)  # read to the end: the connection goes back to the pool
         return response
 
-    def _upstream_headers(self, request: web.Request) -> CIMultiDict[str]:
-        """The client's headers to send on; --upstream's credentials only where the client sent none."""
-        headers = forward_headers(request.headers)
-        if self.config.upstream_auth is not None and "Authorization" not in headers:
-            headers["Authorization"] = self.config.upstream_auth
-        return headers
+    async def _send(self, request: web.Request, body: bytes | AsyncIterator[bytes] | None,
+                    ) -> tuple[rl.UpstreamConnection, rl.Head]:
+        """Send the request on a pooled connection (once more on a new one when a kept-alive one turns out
+        closed before any answer and the body can be sent again); the response's head."""
+        assert self._pool is not None
+        streamed = body is not None and not isinstance(body, bytes)
+        try:
+            head_bytes, chunked = self._request_head(request, body)
+        except ValueError as exc:  # a target that does not encode back to bytes
+            raise _BadRequest(limits.UNSENDABLE, "the request cannot be relayed", exc) from None
+        for attempt in (1, 2):
+            try:
+                conn = await self._pool.get()
+            except asyncio.TimeoutError as exc:
+                raise _UpstreamFailed(504, "timeout", exc) from None
+            except OSError as exc:
+                raise _UpstreamFailed(502, "connect", exc) from None
+            reused = conn.used
+            answer = conn.send(request.method, head_bytes + body if isinstance(body, bytes) else head_bytes)
+            try:
+                if streamed:
+                    async for piece in body:  # type: ignore[union-attr]
+                        conn.write(b"%x\r\n%b\r\n" % (len(piece), piece) if chunked else piece)
+                        await conn.drain()
+                    if chunked:
+                        conn.write(b"0\r\n\r\n")
+                return conn, await answer
+            except rl.UpstreamBroke as exc:
+                conn.close()
+                if exc.reason == "disconnected" and reused and not streamed and attempt == 1:
+                    continue  # a kept-alive connection the upstream had closed: the request never reached it
+                if exc.reason == "unrelayable":
+                    _UNRELAYABLE.note(f"the upstream's answer cannot be relayed ({exc})", request.remote)
+                raise _UpstreamFailed(502, "connect", exc) from None
+            except ConnectionError as exc:  # the upstream closed while the body was sent
+                conn.close()
+                raise _UpstreamFailed(502, "connect", exc) from None
+            except BaseException:
+                conn.close()
+                raise
+            finally:
+                if not answer.done():
+                    answer.cancel()  # left before the answer (a body that failed, a cancelled handler)
+                elif not answer.cancelled():
+                    answer.exception()  # retrieved: a failure was handled above
+        raise AssertionError("unreachable")
 
-    async def _respond(self, request: web.Request, upstream: aiohttp.ClientResponse,
+    def _request_head(self, request: web.Request, body: bytes | AsyncIterator[bytes] | None) -> tuple[bytes, bool]:
+        """The request line and headers for the upstream: the client's header lines as they came (names in
+        their case), minus hop-by-hop ones; Host the upstream's; the framing this hop needs. And whether
+        a streamed body goes chunked."""
+        assert self._pool is not None
+        raw = request.raw_headers
+        named = {t.strip().lower() for k, v in raw if k.lower() == b"connection" for t in v.split(b",")}
+        target = self._pool.base_path + request.raw_path.encode("utf-8", "surrogateescape")
+        lines = [request.method.encode("ascii") + b" " + target + b" HTTP/1.1", b"Host: " + self._pool.host_header]
+        has_length = has_auth = False
+        for name, value in raw:
+            low = name.lower()
+            if low in rl.HOP_BY_HOP or low in named:
+                continue
+            has_length = has_length or low == b"content-length"
+            has_auth = has_auth or low == b"authorization"
+            lines.append(name + b": " + value)
+        if self.config.upstream_auth is not None and not has_auth:
+            lines.append(b"Authorization: " + self.config.upstream_auth.encode("latin-1"))
+        chunked = False
+        if isinstance(body, bytes) and not has_length:  # the client sent it chunked: read whole, sent with its length
+            lines.append(b"Content-Length: %d" % len(body))
+        elif body is not None and not isinstance(body, bytes) and not has_length:
+            lines.append(b"Transfer-Encoding: chunked")
+            chunked = True
+        return b"\r\n".join(lines) + b"\r\n\r\n", chunked
+
+    async def _respond(self, request: web.Request, conn: rl.UpstreamConnection, head: rl.Head,
                        tracker: tr.RequestTracker | None) -> web.StreamResponse:
-        try:
-            response = web.StreamResponse(status=upstream.status, reason=safe_reason(upstream.reason),
-                                          headers=forward_headers(upstream.headers))
-        except ValueError as exc:
-            raise _unrelayable(request, exc) from None
+        """The head to the client as its bytes, then the body read by read (relay.UpstreamConnection), waiting
+        for the client's buffers to drain whenever they are full."""
         if tracker is not None:
-            tracker = self._guard(tracker, tracker.on_response, upstream.status, upstream.headers.get("Content-Type", ""))
-        try:
-            await response.prepare(request)
-        except (ConnectionError, RuntimeError):
-            raise _ClientGone(response) from None
-        except ValueError as exc:  # aiohttp refused to write the upstream's status line or headers
-            raise _unrelayable(request, exc) from None
-        readany, write, now = upstream.content.readany, response.write, self._now
+            tracker = self._guard(tracker, tracker.on_response, head.status, head.content_type)
+        client = request.transport
+        pass_framing = request.version >= HttpVersion11
+        keep = (request.keep_alive and pass_framing and head.framing != rl.CLOSE)
+        response = _Relayed(head.status, keep)
+        if client is None or client.is_closing():
+            raise _ClientGone(response)
+        reason = safe_reason(head.reason.decode("latin-1")) or ""
+        lines = [b"HTTP/1.1 %d %b" % (head.status, reason.encode("latin-1")), *head.lines]
+        if pass_framing:
+            lines += head.framing_lines
+        if not keep:
+            lines.append(b"Connection: close")
+        client.write(b"\r\n".join(lines) + b"\r\n\r\n")
+        holder = [tracker]
+        conn.relay_to(client, self._payload_sink(holder) if tracker is not None else None, self._now, pass_framing)
+        drain, now = request.writer.drain, self._now
         while True:
             try:
-                data = await readany()
-            except asyncio.TimeoutError:
-                raise _UpstreamBroke(response, "timeout") from None
-            except aiohttp.ClientError:
+                event = await conn.wait()
+            except rl.UpstreamBroke:
                 raise _UpstreamBroke(response, "disconnected") from None
-            if not data:
-                break
-            if tracker is not None:
-                try:
-                    tracker.on_bytes(now(), data)
-                except tr.OverBudget:
-                    tracker = self._over_budget(tracker)
-                except Exception:
-                    tracker = self._drop(tracker)
-            sent = now()
-            try:
-                await write(data)  # returns at once unless the client's buffers are full
-            except (ConnectionError, RuntimeError):
+            except rl.ClientGone:
                 raise _ClientGone(response) from None
-            if tracker is not None:
-                tracker.on_held(now() - sent)
-        try:
-            await response.write_eof()
-        except (ConnectionError, RuntimeError):
-            raise _ClientGone(response) from None
-        return response
+            if event == rl.DONE:
+                return response
+            held = now()  # the client's buffers are full: wait until they drain
+            await drain()
+            if client.is_closing():
+                raise _ClientGone(response)
+            if holder[0] is not None:
+                holder[0].on_held(now() - held)
+            conn.resume()
+
+    def _payload_sink(self, holder: list[tr.RequestTracker | None]) -> rl.OnPayload:
+        """The accounting's view of each read (after it was written to the client), guarded: a failure drops
+        this request's accounting, never its bytes."""
+
+        def on_payload(t: float, data: bytes) -> None:
+            tracker = holder[0]
+            if tracker is None:
+                return
+            try:
+                tracker.on_bytes(t, data)
+            except tr.OverBudget:
+                holder[0] = self._over_budget(tracker)
+            except Exception:
+                holder[0] = self._drop(tracker)
+
+        return on_payload
 
     async def _body(self, request: web.Request) -> tuple[bytes | AsyncIterator[bytes] | None, int]:
         """The body to send and the bytes reserved for it in `body_budget` (the caller gives them back).
@@ -447,7 +496,7 @@ class ProxyServer:
         if tracker is None:
             return
         try:
-            self.stats.observe(tracker.finish(self._now(), outcome, reason))
+            (self._on_record or self.stats.observe)(tracker.finish(self._now(), outcome, reason))
         except Exception:
             log.debug("proxy accounting failed at request end", exc_info=True)
             self.stats.accounting_error()
@@ -495,10 +544,13 @@ _UNRELAYABLE = limits.RefusalLog("proxy: answered 502 to", logger=log)
 _PARSER_REFUSALS = limits.RefusalLog("proxy: answered 400 to", logger=log)
 
 
-def _unrelayable(request: web.Request, exc: ValueError) -> _UpstreamFailed:
-    """An upstream answer aiohttp will not write: 502, as for one its client would not parse ("connect")."""
-    _UNRELAYABLE.note(f"the upstream's answer cannot be relayed ({type(exc).__name__})", request.remote)
-    return _UpstreamFailed(502, "connect", exc)
+class _Relayed(web.StreamResponse):
+    """What aiohttp gets back for a response the relay wrote itself: already sent, kept alive or not."""
+
+    def __init__(self, status: int, keep_alive: bool) -> None:
+        super().__init__(status=status)
+        self._eof_sent = True  # prepare() and write_eof() do nothing
+        self._keep_alive = keep_alive
 
 
 class _BadRequest(Exception):

@@ -47,8 +47,8 @@ def test_every_flag_of_a_command_is_one_declaration(command: str) -> None:
 
 def test_the_check_sees_a_flag_added_by_hand() -> None:
     parser = _subparsers()["proxy"]
-    parser.add_argument("--workers", metavar="N")  # a flag declared on the parser only
-    assert _mismatch(parser, "proxy") == ["--workers not declared in settings.py"]
+    parser.add_argument("--fanout", metavar="N")  # a flag declared on the parser only
+    assert _mismatch(parser, "proxy") == ["--fanout not declared in settings.py"]
 
 
 def test_the_command_modules_declare_no_flag_themselves() -> None:

@@ -346,8 +346,8 @@ async def test_a_body_that_stops_arriving_is_closed_and_counted(upstream: FakeUp
         took = asyncio.get_running_loop().time() - start
         assert all(closed) and took < 6.0  # at ~1 s; 6x to spare
         assert server.stats.refused == {"body_timeout": 3}
-        assert server._session is not None and server._session.connector is not None
-        assert 0 < server._session.connector.limit <= server.config.max_connections  # upstream sockets bounded
+        assert server._pool is not None
+        assert 0 < server._pool.limit <= server.config.max_connections  # upstream sockets bounded
         # A slow body that keeps coming is relayed: a byte every 0.25 s against a 1 s timeout.
         reader, writer = await connect(port)
         writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\n")

@@ -1,0 +1,273 @@
+"""`rooflight proxy --workers N`: N relay processes on one port, one /metrics with every request in it.
+
+One Python process relays on one core. Here each worker process runs its own ProxyServer on the same
+--listen address (SO_REUSEPORT: the kernel spreads new connections over the workers' sockets), and this
+process serves /metrics. The merge is exact because nothing is merged after the fact: each worker sends
+every finished request's record (the same RequestRecord its own stats would have observed) to this process,
+which observes them all in one ClientStats; percentiles, goodput and histograms are those of one proxy that
+saw every request. The port's own counters (in flight, refused, bad requests, accounting errors) are the
+sums of the workers' latest values. Records and counters travel every FLUSH_SECONDS over a pipe per worker,
+so /metrics lags the traffic by that much at most, on top of the usual refresh.
+
+A worker that dies takes the proxy down (exit 1): its supervisor restarts the whole, rather than running on
+with fewer cores than asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import multiprocessing
+import os
+import queue
+import signal
+import socket
+import threading
+from collections import Counter
+from multiprocessing.connection import Connection
+from typing import Any
+
+from rooflight.agent.errors import ConfigError
+from rooflight.agent.config.proxy import ProxyConfig
+from rooflight.agent.config.values import split_listen
+
+log = logging.getLogger("rooflight.proxy")
+FLUSH_SECONDS = 0.1  # how often a worker sends its finished requests and counters
+MAX_WORKERS = 256
+
+
+def parse_workers(value: Any) -> int:
+    """--workers: a whole number of processes, 1 (the default) to MAX_WORKERS."""
+    if value is None:
+        return 1
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_WORKERS:
+        raise ConfigError(f"--workers {value!r}: give a whole number of relay processes from 1 to {MAX_WORKERS}"
+                          " (about one per core the proxy may use)")
+    return n
+
+
+# -- a worker (its own process) --------------------------------------------------------------------------------
+
+
+def worker_main(config: ProxyConfig, pipe: Connection, log_level: int) -> None:
+    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s[{os.getpid()}]: %(message)s")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_worker(config, pipe))
+
+
+async def _worker(config: ProxyConfig, pipe: Connection) -> None:
+    from rooflight.agent.proxy.server import ProxyServer
+
+    records: list[Any] = []
+    server = ProxyServer(config, reuse_port=True, on_record=records.append)
+    try:
+        await server.start(refresh_loop=False, serve_metrics=False)
+    except OSError as exc:
+        await server.stop()
+        pipe.send(("error", exc.strerror or str(exc)))
+        return
+    pipe.send(("ready", os.getpid()))
+    loop, stop = asyncio.get_running_loop(), asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_reader(pipe.fileno(), stop.set)  # the parent went away (its end closed)
+
+    # The pipe is written by a thread of its own: a parent busy rendering /metrics never holds the relay up.
+    outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+    sender = threading.Thread(target=_send_all, args=(outbox, pipe), name="rooflight-proxy-records", daemon=True)
+    sender.start()
+
+    def flush() -> None:
+        stats = server.stats
+        counters = {"in_flight": stats.in_flight, "accounting_errors": stats.accounting_errors,
+                    "over_budget": stats.over_budget, "refused": dict(stats.refused),
+                    "bad_requests": dict(stats.bad_requests)}
+        outbox.put(("stats", records[:], counters))
+        records.clear()
+
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), FLUSH_SECONDS)
+            flush()
+    finally:
+        loop.remove_reader(pipe.fileno())
+        await server.stop()
+        flush()  # what ended while stopping
+        outbox.put(None)
+        await loop.run_in_executor(None, sender.join, 5.0)
+
+
+def _send_all(outbox: "queue.SimpleQueue[tuple[Any, ...] | None]", pipe: Connection) -> None:
+    while (message := outbox.get()) is not None:
+        try:
+            pipe.send(message)
+        except (BrokenPipeError, ConnectionError, OSError):
+            return  # the parent is gone
+
+
+# -- the parent: /metrics over every worker --------------------------------------------------------------------
+
+
+class Workers:
+    """Starts the workers, feeds their records into `server.stats`, and stops them."""
+
+    def __init__(self, server: Any, n: int) -> None:
+        self.server, self.n = server, n
+        self.pids: list[int] = []
+        self._procs: list[Any] = []
+        self._pipes: list[Connection] = []
+        self._counters: list[dict[str, Any]] = [{} for _ in range(n)]
+        self._ready = 0
+        self._started: asyncio.Future[None] | None = None
+        self.died: asyncio.Event = asyncio.Event()
+
+    async def start(self, timeout: float = 120.0) -> None:
+        """Spawn the workers on the shared port; raise ConfigError when one cannot bind it."""
+        config = self.server.config
+        host, port = split_listen(config.listen)
+        hold = None
+        if port == 0:  # pick the port once, for all of them; held (not listening) until they have bound it
+            hold = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+            hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            hold.bind((host or "0.0.0.0", 0))
+            port = hold.getsockname()[1]
+        shown = f"[{host}]" if ":" in host else host
+        worker_config = dataclasses.replace(config, listen=f"{shown}:{port}")
+        loop = asyncio.get_running_loop()
+        self._started = loop.create_future()
+        ctx = multiprocessing.get_context("spawn")
+        try:
+            for i in range(self.n):
+                reader, writer = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=worker_main, args=(worker_config, writer, logging.getLogger().level),
+                                   name=f"rooflight-proxy-{i}", daemon=True)
+                proc.start()
+                writer.close()
+                self._procs.append(proc)
+                self._pipes.append(reader)
+                loop.add_reader(reader.fileno(), self._receive, i)
+            await asyncio.wait_for(self._started, timeout)
+        except BaseException:
+            await self.stop()
+            raise
+        finally:
+            if hold is not None:
+                hold.close()
+        self.server.proxy_url = f"http://{shown}:{port}"
+        log.info("proxy on %s: %d worker processes (pids %s)", self.server.proxy_url, self.n,
+                 ", ".join(map(str, self.pids)))
+
+    def _receive(self, i: int) -> None:
+        pipe = self._pipes[i]
+        try:
+            while pipe.poll():
+                self._handle(i, pipe.recv())
+        except (EOFError, OSError):
+            asyncio.get_running_loop().remove_reader(pipe.fileno())
+            if self._started is not None and not self._started.done():
+                self._started.set_exception(RuntimeError(f"worker {i} ended before it was ready"))
+            else:
+                log.error("proxy worker %d (pid %s) ended: stopping the proxy", i, self._procs[i].pid)
+            self.died.set()
+
+    def _handle(self, i: int, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "stats":
+            observe = self.server.stats.observe
+            for record in message[1]:
+                try:
+                    observe(record)
+                except Exception:  # accounting must never take the proxy down
+                    log.debug("proxy accounting failed at request end", exc_info=True)
+                    self._own_errors += 1
+            self._counters[i] = message[2]
+            self._sum_counters()
+        elif kind == "ready":
+            self.pids.append(message[1])
+            self._ready += 1
+            if self._ready == self.n and self._started is not None and not self._started.done():
+                self._started.set_result(None)
+        elif kind == "error" and self._started is not None and not self._started.done():
+            self._started.set_exception(OSError(message[1]))
+
+    def _sum_counters(self) -> None:
+        stats, counters = self.server.stats, self._counters
+        stats.in_flight = sum(c.get("in_flight", 0) for c in counters)
+        stats.over_budget = sum(c.get("over_budget", 0) for c in counters)
+        stats.accounting_errors = self._own_errors + sum(c.get("accounting_errors", 0) for c in counters)
+        for name in ("refused", "bad_requests"):
+            total: Counter[str] = Counter()
+            for c in counters:
+                total.update(c.get(name, {}))
+            setattr(stats, name, total)
+
+    _own_errors = 0  # records this process failed to observe are counted by stats.accounting_error() too
+
+    async def stop(self) -> None:
+        loop = asyncio.get_running_loop()
+        for pipe in self._pipes:
+            with contextlib.suppress(Exception):
+                loop.remove_reader(pipe.fileno())
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self._procs:
+            await loop.run_in_executor(None, proc.join, 5.0)
+            if proc.is_alive():
+                proc.kill()
+                await loop.run_in_executor(None, proc.join, 5.0)
+        for pipe in self._pipes:
+            pipe.close()
+        self._procs.clear()
+        self._pipes.clear()
+
+
+async def run(config: ProxyConfig, n: int) -> int:
+    """`rooflight proxy --workers N`: serve until SIGINT or SIGTERM (exit 0) or a worker's death (exit 1)."""
+    from rooflight.agent.proxy.limits import quiet_accept_errors
+    from rooflight.agent.proxy.server import ProxyServer, serve_metrics
+
+    server = ProxyServer(config)  # here: the stats and /metrics of every worker; it relays nothing itself
+    workers = Workers(server, n)
+    loop = asyncio.get_running_loop()
+    quiet_accept_errors(loop)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await workers.start()
+    except OSError as exc:
+        raise ConfigError(f"--listen {config.listen}: cannot listen there ({exc}); stop the other process or"
+                          " choose another address or port") from None
+    try:
+        try:
+            metrics = await serve_metrics(server)
+        except OSError as exc:
+            raise ConfigError(f"--metrics-listen {config.metrics_listen}: cannot listen there"
+                              f" ({exc.strerror or exc}); stop the other process or choose another address or port"
+                              ) from None
+        try:
+            ended = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(workers.died.wait())]
+            refresher = asyncio.ensure_future(_refresh(server))
+            await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
+            for task in (*ended, refresher):
+                task.cancel()
+        finally:
+            await metrics.cleanup()
+    finally:
+        await workers.stop()
+    return 1 if workers.died.is_set() and not stop.is_set() else 0
+
+
+async def _refresh(server: Any) -> None:
+    while True:
+        await asyncio.sleep(server.config.refresh)
+        server.refresh_now()
