@@ -29,6 +29,7 @@ FIELDS: dict[str, str] = {
     "generation_tokens_total": "rooflight_generation_tokens_total",
     "steps_total": "rooflight_engine_steps_total",
     "preemptions_total": "rooflight_preemptions_total",
+    "kv_transfer_failures_total": "rooflight_kv_transfer_failures_total",
     "ttft": "rooflight_ttft_seconds",
     "itl": "rooflight_itl_seconds",
     "tensor_parallel_size": "rooflight_tensor_parallel_size",

@@ -59,6 +59,7 @@ COVERAGE: dict[str, str] = {
     "generation_tokens_total": "`dynamo_frontend_output_tokens_total`",
     "steps_total": "none at the frontend (worker: the engine's)",
     "preemptions_total": "none at the frontend (worker: the engine's)",
+    "kv_transfer_failures_total": "none at the frontend (worker: the engine's)",
     "ttft": "`dynamo_frontend_time_to_first_token_seconds` (at the HTTP edge)",
     "itl": "`dynamo_frontend_inter_token_latency_seconds`",
     "tensor_parallel_size": "none at the frontend (worker: the engine's)",

@@ -58,6 +58,7 @@ COVERAGE: dict[str, str] = {
     "generation_tokens_total": "`llamacpp:tokens_predicted_total` (at request end)",
     "steps_total": "`llamacpp:n_decode_total`",
     "preemptions_total": "none: llama.cpp does not preempt",
+    "kv_transfer_failures_total": "none: llama.cpp does not disaggregate prefill and decode",
     "ttft": "none: no histograms at all",
     "itl": "none: no histograms at all",
     "tensor_parallel_size": "none: not exported",

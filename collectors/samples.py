@@ -47,6 +47,9 @@ class EngineSeries:
     generation_tokens_total: float | None = None
     steps_total: float | None = None
     preemptions_total: float | None = None
+    # KV transfers between prefill and decode instances that failed (disaggregated serving): the engine
+    # recomputes the prompt or fails the request; vLLM's NIXL connector and SGLang count them.
+    kv_transfer_failures_total: float | None = None
     ttft: Histogram | None = None
     itl: Histogram | None = None
     # Tokens each engine step ran, one observation per step (vLLM's iteration_tokens_total): the

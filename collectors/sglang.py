@@ -102,6 +102,7 @@ COVERAGE: dict[str, str] = {
     "generation_tokens_total": "`sglang:realtime_tokens_total{mode=\"decode\"}` (before 2025: `generation_tokens_total`)",
     "steps_total": "sum of `sglang:cuda_graph_passes_total` over `mode`",
     "preemptions_total": "`sglang:num_retracted_requests_total`",
+    "kv_transfer_failures_total": "`sglang:num_transfer_failed_reqs_total`",
     "ttft": "`sglang:time_to_first_token_seconds`",
     "itl": "`sglang:inter_token_latency_seconds` (2024: `time_per_output_token_seconds`)",
     "tensor_parallel_size": "max `tp_rank` + 1 when every scheduler reports (else `/server_info` tp_size)",
@@ -135,6 +136,7 @@ PROMPT_FINISHED = _P + "prompt_tokens_total"
 GENERATION_FINISHED = _P + "generation_tokens_total"
 PASSES = _P + "cuda_graph_passes_total"
 RETRACTED = _P + "num_retracted_requests_total"
+TRANSFER_FAILED = _P + "num_transfer_failed_reqs_total"  # disaggregated: requests whose KV transfer failed
 TTFT = _P + "time_to_first_token_seconds"
 ITL = (_P + "inter_token_latency_seconds", _P + "time_per_output_token_seconds")
 CACHE_HIT_RATE = _P + "cache_hit_rate"
@@ -210,6 +212,7 @@ NAMES: frozenset[str] = frozenset(
         REALTIME,
         PASSES,
         RETRACTED,
+        TRANSFER_FAILED,
         CACHE_HIT_RATE,
         *EXTRA_GAUGES.values(),
         *EXTRA_TRANSFER_GAUGES.values(),
@@ -232,6 +235,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     realtime = _read(exp, REALTIME, gauge=False, split="mode")
     passes = _read(exp, PASSES, gauge=False, split="mode")
     retracted = _read(exp, RETRACTED, gauge=False)
+    transfer_failed = _read(exp, TRANSFER_FAILED, gauge=False)
     extras = {k: _read(exp, n, gauge=True) for k, n in EXTRA_GAUGES.items()}
     extras.update({k: _read(exp, n, gauge=False) for k, n in EXTRA_COUNTERS.items()})
     extras.update({k: _positive(_read(exp, n, gauge=True)) for k, n in EXTRA_TRANSFER_GAUGES.items()})
@@ -242,7 +246,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     queue = _scheduler_histograms(exp, QUEUE_TIME)
 
     keys: set[_Key] = set()
-    for table in (*gauges.values(), realtime, passes, retracted, *extras.values(), queue):
+    for table in (*gauges.values(), realtime, passes, retracted, transfer_failed, *extras.values(), queue):
         keys.update(table)
     keys.update((model, "0") for model in (*ttft, *itl, *lengths[PROMPT_LENGTH], *lengths[OUTPUT_LENGTH]))
 
@@ -278,6 +282,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
                 generation_tokens_total=generation,
                 steps_total=math.fsum(steps.values()) if steps else None,
                 preemptions_total=_one(retracted, key),
+                kv_transfer_failures_total=_one(transfer_failed, key),
                 ttft=ttft.get(model) if tokenizer_side else None,
                 itl=itl.get(model) if tokenizer_side else None,
                 prefix_cache_queries_total=queries,

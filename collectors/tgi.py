@@ -88,6 +88,7 @@ COVERAGE: dict[str, str] = {
     "generation_tokens_total": "`tgi_request_generated_tokens_sum` (at request end)",
     "steps_total": "sum of `tgi_batch_inference_count` over `method`",
     "preemptions_total": "none: TGI does not report preemption",
+    "kv_transfer_failures_total": "none: TGI does not disaggregate prefill and decode",
     "ttft": "none: TGI has no TTFT metric",
     "itl": "none: only a per-request mean incl. prefill (and summaries cannot be windowed)",
     "tensor_parallel_size": "none: shards are a launcher flag",

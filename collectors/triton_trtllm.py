@@ -53,6 +53,7 @@ COVERAGE: dict[str, str] = {
     "generation_tokens_total": "`nv_llm_output_token_len_sum` (newer backends, at request end)",
     "steps_total": "`nv_trt_llm_general_metrics{general_type=\"iteration_counter\"}`",
     "preemptions_total": "none: `paused_requests` is a gauge",
+    "kv_transfer_failures_total": "none: not on Triton's page",
     "ttft": "none: the backend has no latency histograms",
     "itl": "none: the backend has no latency histograms",
     "tensor_parallel_size": "none: not exported",

@@ -68,6 +68,7 @@ COVERAGE: dict[str, str] = {
     "generation_tokens_total": "`trtllm_generation_tokens_total` (at request end)",
     "steps_total": "none: only the last iteration's latency (a gauge)",
     "preemptions_total": "none: `trtllm_num_paused_requests` is a gauge",
+    "kv_transfer_failures_total": "none: not on trtllm-serve's page",
     "ttft": "`trtllm_time_to_first_token_seconds`",
     "itl": "none: `time_per_output_token_seconds` is per request, not per token",
     "tensor_parallel_size": "`trtllm_parallel_config_info{tensor_parallel_size}`",

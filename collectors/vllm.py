@@ -106,6 +106,7 @@ COVERAGE: dict[str, str] = {
     "generation_tokens_total": "`vllm:generation_tokens_total` (per step)",
     "steps_total": "`vllm:iteration_tokens_total_count`",
     "preemptions_total": "`vllm:num_preemptions_total`",
+    "kv_transfer_failures_total": "`vllm:nixl_num_failed_transfers_total` (the NIXL connector only)",
     "ttft": "`vllm:time_to_first_token_seconds`",
     "itl": "`vllm:inter_token_latency_seconds` (old: `time_per_output_token_seconds`); per output event",
     "tensor_parallel_size": "none: not exported (`--tp`)",
@@ -185,6 +186,7 @@ _GENERATION = "vllm:generation_tokens_total"
 _STEPS = "vllm:iteration_tokens_total_count"
 _STEP_TOKENS = "vllm:iteration_tokens_total"  # its buckets: the tokens of each step, for head-of-line
 _PREEMPTIONS = "vllm:num_preemptions_total"
+_KV_TRANSFER_FAILURES = "vllm:nixl_num_failed_transfers_total"  # the NIXL connector's (disaggregated serving)
 _CACHE_CONFIG = "vllm:cache_config_info"
 _LORA = "vllm:lora_requests_info"
 _TTFT = "vllm:time_to_first_token_seconds"
@@ -234,6 +236,7 @@ NAMES: frozenset[str] = frozenset(
         _GENERATION,
         _STEPS,
         _PREEMPTIONS,
+        _KV_TRANSFER_FAILURES,
         _CACHE_CONFIG,
         _LORA,
         *(name for names in EXTRA_KEYS.values() for name in names),
@@ -259,6 +262,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     generation = _values(exp, _GENERATION, gauge=False)
     steps = _values(exp, _STEPS, gauge=False)
     preemptions = _values(exp, _PREEMPTIONS, gauge=False)
+    kv_transfer_failures = _values(exp, _KV_TRANSFER_FAILURES, gauge=False)
     extras = {
         key: _first(*(_values(exp, n, gauge=False) for n in names)) for key, names in EXTRA_KEYS.items()
     }
@@ -300,6 +304,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
                 generation_tokens_total=generation.get(key),
                 steps_total=steps.get(key),
                 preemptions_total=preemptions.get(key),
+                kv_transfer_failures_total=kv_transfer_failures.get(key),
                 ttft=ttft.get(key),
                 itl=itl.get(key),
                 step_tokens=step_tokens.get(key),

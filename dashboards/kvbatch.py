@@ -71,6 +71,15 @@ def _kv_transfer_row(g: Grid) -> None:
         "queue is the bottleneck. Blank where the engine reports no transfer times (vLLM).",
         "s", [query(f"{n.KV_TRANSFER_LATENCY}{sel(WINDOWED)}", WHO, "A")],
     ), 8, 8)
+    g.add(ts(
+        "KV transfer failures",
+        "KV transfers between prefill and decode instances that failed, per second over the dashboard's rate "
+        "interval (rooflight_kv_transfer_failures_total: vLLM's NIXL connector, SGLang), per pod. Each one is a "
+        "prompt prefilled again on the decode side or a request that fails: any steady rate is an incident of "
+        "the transport (RDMA, NIXL agents, a prefill pod gone), not of the engine. Blank where the engine "
+        "does not count them (no connector, or one that keeps no counter).",
+        "short", [query(f"rate({n.KV_TRANSFER_FAILURES}{sel(ENGINE)}[$__rate_interval])", WHO, "A")],
+    ), 24, 6)
 
 
 def dashboard() -> dict[str, Any]:

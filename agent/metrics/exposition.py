@@ -66,6 +66,7 @@ def render_series(f: Families, target: TargetView, view: SeriesView) -> None:
     f.add(n.GENERATION_TOKENS, key, nonneg(s.generation_tokens_total))
     f.add(n.ENGINE_STEPS, key, nonneg(s.steps_total))
     f.add(n.PREEMPTIONS, key, nonneg(s.preemptions_total))
+    f.add(n.KV_TRANSFER_FAILURES, key, nonneg(s.kv_transfer_failures_total))
     if view.work is not None:
         f.add(n.STREAMED_BYTES, key, nonneg(view.work.streamed_bytes))
         for phase, value in sorted(view.work.flops.items()):

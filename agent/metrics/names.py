@@ -32,6 +32,7 @@ PROMPT_TOKENS = "rooflight_prompt_tokens_total"
 GENERATION_TOKENS = "rooflight_generation_tokens_total"
 ENGINE_STEPS = "rooflight_engine_steps_total"
 PREEMPTIONS = "rooflight_preemptions_total"
+KV_TRANSFER_FAILURES = "rooflight_kv_transfer_failures_total"  # KV transfers between P and D instances that failed
 # The engine's work as MBU and MFU count it (counters: the recording rules rate and sum them; MBU = rate /
 # (peak bandwidth x TP), MFU = rate / (peak FLOP/s x TP)).
 STREAMED_BYTES = "rooflight_model_streamed_bytes_total"

@@ -15,7 +15,7 @@ from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.metrics.snapshot import Snapshot, TargetView
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.config.agent import build
-from rooflight.collectors import dynamo, sglang
+from rooflight.collectors import dynamo, sglang, vllm
 from support import GOLDEN, FakeEngine, check_golden, promtool_clean, sample_text, started_agent, synthetic_page
 
 PAGE = synthetic_page("sglang-pd-prefill-kv-transfer")
@@ -121,3 +121,43 @@ async def test_absent_without_transfers(fake_engine: FakeEngine) -> None:
         (w,) = target.series[0].windows
         assert (w.kv_transfer_latency_seconds, w.kv_transfer_speed_bytes_per_second) == (None, None)
         assert _served(target) == {}
+
+
+# --- failed transfers (rooflight_kv_transfer_failures_total) ---
+
+VLLM_FAILURES = """# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+vllm:num_requests_running{engine="1",model_name="m"} 1.0
+# TYPE vllm:nixl_num_failed_transfers counter
+vllm:nixl_num_failed_transfers_total{engine="0",model_name="m"} 3.0
+vllm:nixl_num_failed_transfers_total{engine="1",model_name="m"} 5.0
+"""
+
+
+def _failures(adapter: object, text: str) -> dict[str, float | None]:
+    sample = adapter.parse(text, target="t", timestamp=1.0, duration=0.0)  # type: ignore[attr-defined]
+    return {s.rank: s.kv_transfer_failures_total for s in sample.series}
+
+
+def _exported_failures(adapter: object, text: str) -> dict[str, float]:
+    from rooflight.agent.metrics.snapshot import SeriesView
+
+    sample = adapter.parse(text, target="t", timestamp=1.0, duration=0.0)  # type: ignore[attr-defined]
+    target = TargetView(name="t", url="http://t", engine=sample.engine, constants=None, model_source=None,
+                        series=tuple(SeriesView(series=s) for s in sample.series))
+    served = generate_latest(registry_for(lambda: Snapshot(created=0.0, targets=(target,)))).decode()
+    return {s.labels["rank"]: s.value for family in text_string_to_metric_families(served) for s in family.samples
+            if s.name == n.KV_TRANSFER_FAILURES}
+
+
+def test_vllm_nixl_failed_transfers_per_engine_rank_are_exported_as_counted() -> None:
+    assert _failures(vllm, VLLM_FAILURES) == {"0": 3.0, "1": 5.0}
+    assert _exported_failures(vllm, VLLM_FAILURES) == {"0": 3.0, "1": 5.0}
+
+
+def test_sglang_transfer_failed_requests_are_read_and_absent_where_not_counted() -> None:
+    counted = PAGE + f'# TYPE sglang:num_transfer_failed_reqs counter\nsglang:num_transfer_failed_reqs_total{{{SCHED},tp_rank="0"}} 7.0\n'
+    assert set(_failures(sglang, counted).values()) == {7.0}
+    assert set(_failures(sglang, PAGE).values()) == {None}  # a page without the counter: unknown, not 0
+    assert _exported_failures(sglang, PAGE) == {}
+    assert list(_exported_failures(sglang, counted).values()) == [7.0]
