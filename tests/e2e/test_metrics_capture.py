@@ -14,8 +14,6 @@ The goldens under tests/golden/capture are written only by `python tests/regen_g
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from prometheus_client import generate_latest
 
