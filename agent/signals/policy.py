@@ -21,6 +21,7 @@ from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.signals import derive
 from rooflight.agent.signals.baseline import TailBaseline
 from rooflight.agent.signals.detectors import ITL_FROM_ENGINE, ITL_FROM_PROXY, Verdicts
+from rooflight.agent.signals.headroom import SignalSettings, WindowSignals
 from rooflight.agent.signals.windows import Point, SeriesHistory, histogram_delta, increase, worst_bound
 
 # The verdicts marked when they turn on (an NVTX mark, so an Nsight Systems capture lines the detector
@@ -55,12 +56,22 @@ class LongWindows(NamedTuple):
     at: float  # monotonic
     constants: TargetConstants
     kv_capacity_tokens: float | None
+    windows: tuple[derive.WindowValues, ...]  # checked against the GPUs' physics (signals/bounds.py)
+
+
+class LongSignals(NamedTuple):
+    """The longer windows' capacity signals as last computed, and what from (LongWindows.windows itself)."""
+
     windows: tuple[derive.WindowValues, ...]
+    batch_max: float | None
+    settings: SignalSettings
+    signals: tuple[WindowSignals, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class DetectorState:
-    """What one series carries from one sample to the next; the initial one is DetectorState()."""
+class DetectorState(NamedTuple):
+    """What one series carries from one sample to the next; the initial one is DetectorState(). A
+    NamedTuple rather than a frozen dataclass: it is replaced a few times per series and sample, and
+    _replace costs a fraction of dataclasses.replace."""
 
     itl_engine: TailBaseline | None = None  # the worst ITL's recent values, from the engine's histogram
     itl_proxy: TailBaseline | None = None  # ... from the proxy's gaps between tokens
@@ -68,6 +79,7 @@ class DetectorState:
     last_stall: float | None = None  # monotonic time head-of-line was last judged on
     raised: Verdicts | None = None  # the verdicts last judged (rising edges)
     long: LongWindows | None = None  # the longer windows as last derived (their cadence)
+    long_signals: LongSignals | None = None  # their signals, kept while they stand
     work: derive.WorkTotals | None = None  # the work counters' totals (derive.accumulate_work)
 
 
@@ -126,11 +138,11 @@ def itl_tail(state: DetectorState, history: SeriesHistory | None, interval: floa
                                    history.window(max(since, STEP_LOOKBACK_SECONDS)), now)
     engine, itl_engine = _against_baseline(state.itl_engine or span.new(), now,
                                            worst_bound(delta) if delta else None, ITL_FROM_ENGINE)
-    state = replace(state, step_sizes=steps, itl_engine=itl_engine)
+    state = state._replace(step_sizes=steps, itl_engine=itl_engine)
     tail = engine
     if proxy_judges:
         proxy, itl_proxy = _against_baseline(state.itl_proxy or span.new(), now, proxy_worst, ITL_FROM_PROXY)
-        state = replace(state, itl_proxy=itl_proxy)
+        state = state._replace(itl_proxy=itl_proxy)
         if proxy.worst is not None and proxy.baseline:  # 0: the streams arrive in bursts, no gaps to judge
             tail = proxy
     return tail._replace(largest_step=largest.worst, largest_step_baseline=largest.baseline), state
@@ -157,7 +169,7 @@ def hold_head_of_line(state: DetectorState, verdicts: Verdicts | None, now: floa
     """Head-of-line kept up `hold_seconds` after the last stall (a stall lasts one step; a scrape comes
     every 15-30 s)."""
     if verdicts is not None and verdicts.head_of_line:
-        state = replace(state, last_stall=now)
+        state = state._replace(last_stall=now)
     last = state.last_stall
     if verdicts is None or last is None or now - last > hold_seconds:
         return verdicts, state
@@ -172,7 +184,7 @@ def rising_edges(state: DetectorState, verdicts: Verdicts | None) -> tuple[tuple
     before = state.raised
     edges = tuple(what for attr, what in MARKED
                   if getattr(verdicts, attr) and not (before is not None and getattr(before, attr)))
-    return edges, replace(state, raised=verdicts)
+    return edges, state._replace(raised=verdicts)
 
 
 def long_windows_every(longer: Mapping[str, float]) -> float:

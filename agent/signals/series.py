@@ -15,16 +15,16 @@ it, so the series is never dropped with its target still up.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.signals import derive, policy
 from rooflight.agent.signals.bounds import within_physics
 from rooflight.agent.signals.detectors import DetectorInputs, DetectorThresholds, Verdicts, evaluate
-from rooflight.agent.signals.headroom import SignalSettings, gpu_energy_watts, series_signals
+from rooflight.agent.signals.headroom import SignalSettings, WindowSignals, gpu_energy_watts, series_signals
 from rooflight.agent.signals.policy import DetectorState, ItlTail
 from rooflight.agent.signals.view import SeriesView
-from rooflight.agent.signals.windows import SeriesHistory, mean
+from rooflight.agent.signals.windows import Point, SeriesHistory, mean
 from rooflight.collectors.samples import EngineSeries
 
 INITIAL_STATE = DetectorState()
@@ -119,19 +119,22 @@ def derive_series(series: EngineSeries, history: SeriesHistory | None, target: T
                   settings: DeriveSettings, state: DetectorState, now: float) -> Derived:
     """The series' view on this sample (see the module docstring); `now` is monotonic."""
     dropped: list[str] = []
-    rising: tuple[str, ...] = ()
-    windows_failed = None
+    windows_failed = signals_failed = None
     try:
-        view, state, rising = _judged(series, history, target, settings, state, now, dropped)
+        judged, state = _judged(series, history, target, settings, state, now, dropped)
     except (ArithmeticError, ValueError) as exc:
         windows_failed = f"windows of {series.model!r} rank {series.rank!r}: {exc!r}"
-        view = SeriesView(series=series, settings=_settings(target, series))
+        judged = _Judged()
+    batch_max = judged.batch_max
     try:
-        view = with_signals(view, target.constants, target.signal_settings)
+        signals, state = _signals_kept(judged.windows, judged.longer, batch_max, series, target, state)
     except (ArithmeticError, ValueError) as exc:
-        return Derived(view, state, tuple(dropped), windows_failed,
-                       f"{series.model!r} rank {series.rank!r}: {exc!r}", rising)
-    return Derived(view, state, tuple(dropped), windows_failed, None, rising)
+        signals_failed = f"{series.model!r} rank {series.rank!r}: {exc!r}"
+        signals = ()
+    view = SeriesView(series=series, windows=judged.windows, verdicts=judged.verdicts, batch_max=batch_max,
+                      live_kv_bytes=judged.live_kv_bytes, signals=signals, settings=_settings(target, series),
+                      work=judged.work)
+    return Derived(view, state, tuple(dropped), windows_failed, signals_failed, judged.rising)
 
 
 def with_signals(view: SeriesView, constants: TargetConstants | None, settings: SignalSettings) -> SeriesView:
@@ -141,13 +144,43 @@ def with_signals(view: SeriesView, constants: TargetConstants | None, settings: 
                                                 view.series.kv_capacity_tokens, settings))
 
 
+def _signals_kept(windows: tuple[derive.WindowValues, ...], longer: tuple[derive.WindowValues, ...],
+                  batch_max: float | None, series: EngineSeries, target: TargetInputs,
+                  state: DetectorState) -> tuple[tuple[WindowSignals, ...], DetectorState]:
+    """The windows' capacity signals (as with_signals gives them), those of the longer windows (the last
+    ones) kept with them while they stand (policy.LongSignals): the same windows, batch cap and settings
+    give the same signals, and at 10 Hz they stand for ten samples."""
+    settings, capacity, constants = target.signal_settings, series.kv_capacity_tokens, target.constants
+    if not longer:
+        return series_signals(windows, constants, batch_max, capacity, settings), state
+    short = series_signals(windows[:-len(longer)], constants, batch_max, capacity, settings)
+    kept = state.long_signals
+    if kept is not None and kept.windows is longer and kept.batch_max == batch_max and kept.settings == settings:
+        return short + kept.signals, state
+    signals = series_signals(longer, constants, batch_max, capacity, settings)
+    return short + signals, state._replace(long_signals=policy.LongSignals(longer, batch_max, settings, signals))
+
+
+class _Judged(NamedTuple):
+    """What one sample judged of a series: its windows (shortest first; `longer` the windows after it, as
+    policy.LongWindows holds them), verdicts, batch cap, live KV, work counters, and the verdicts that rose."""
+
+    windows: tuple[derive.WindowValues, ...] = ()
+    longer: tuple[derive.WindowValues, ...] = ()
+    verdicts: Verdicts | None = None
+    batch_max: float | None = None
+    live_kv_bytes: float | None = None
+    work: derive.WorkTotals | None = None
+    rising: tuple[str, ...] = ()
+
+
 def _judged(series: EngineSeries, history: SeriesHistory | None, target: TargetInputs, settings: DeriveSettings,
-            state: DetectorState, now: float, dropped: list[str]) -> tuple[SeriesView, DetectorState, tuple[str, ...]]:
+            state: DetectorState, now: float, dropped: list[str]) -> tuple[_Judged, DetectorState]:
     """The windows, work counters and verdicts of the series, with the state they leave."""
     constants = target.constants
     shortest = tuple(within_physics(w, constants) for w in _shortest_window(series, history, target, settings, dropped))
     longer, state = _longer_windows(series, history, target, settings, state, now, dropped)
-    windows = shortest + tuple(within_physics(w, constants) for w in longer)
+    windows = shortest + longer
     state = _count_work(state, history, shortest)
     batch_max = _first(target.batch_max_flag, series.batch_max_requests, target.info_batch_max)
     live = derive.live_kv_bytes(series.kv_usage_ratio, series.kv_capacity_tokens, constants)
@@ -156,9 +189,7 @@ def _judged(series: EngineSeries, history: SeriesHistory | None, target: TargetI
     verdicts = _verdicts(series, windows, history, batch_max, tail, settings.thresholds)
     verdicts, state = policy.hold_head_of_line(state, verdicts, now, settings.thresholds.hol_hold_seconds)
     rising, state = policy.rising_edges(state, verdicts)
-    view = SeriesView(series=series, windows=windows, verdicts=verdicts, batch_max=batch_max, live_kv_bytes=live,
-                      settings=_settings(target, series), work=state.work)
-    return view, state, rising
+    return _Judged(windows, longer, verdicts, batch_max, live, state.work, rising), state
 
 
 def _count_work(state: DetectorState, history: SeriesHistory | None,
@@ -167,7 +198,7 @@ def _count_work(state: DetectorState, history: SeriesHistory | None,
     interval = history.last_interval() if history is not None else None
     if interval is None:
         return state
-    return replace(state, work=derive.accumulate_work(state.work, *interval, shortest[0] if shortest else None))
+    return state._replace(work=derive.accumulate_work(state.work, *interval, shortest[0] if shortest else None))
 
 
 def _shortest_window(series: EngineSeries, history: SeriesHistory | None, target: TargetInputs,
@@ -184,7 +215,8 @@ def _shortest_window(series: EngineSeries, history: SeriesHistory | None, target
 def _longer_windows(series: EngineSeries, history: SeriesHistory | None, target: TargetInputs,
                     settings: DeriveSettings, state: DetectorState, now: float,
                     dropped: list[str]) -> tuple[tuple[derive.WindowValues, ...], DetectorState]:
-    """The longer windows: as last derived while they stand (policy.long_windows_kept), else derived again."""
+    """The longer windows, checked against the GPUs' physics: as last derived while they stand
+    (policy.long_windows_kept), else derived again."""
     if history is None or not settings.longer:
         return (), state
     kept, constants = state.long, target.constants
@@ -193,8 +225,8 @@ def _longer_windows(series: EngineSeries, history: SeriesHistory | None, target:
         return kept.windows, state
     windows = derive.derive_target(history, settings.longer, constants, series.kv_capacity_tokens,
                                    settings.percentiles)
-    windows = _measured(windows, target.gpu, dropped)
-    return windows, replace(state, long=policy.LongWindows(now, constants, series.kv_capacity_tokens, windows))
+    windows = tuple(within_physics(w, constants) for w in _measured(windows, target.gpu, dropped))
+    return windows, state._replace(long=policy.LongWindows(now, constants, series.kv_capacity_tokens, windows))
 
 
 def _measured(windows: tuple[derive.WindowValues, ...], gpu: GpuMeasures,
@@ -233,7 +265,7 @@ def _verdicts(series: EngineSeries, windows: tuple[derive.WindowValues, ...], hi
         return None
     short = windows[0]
     span = history.window(short.seconds)
-    first = span[0] if span else None
+    kv_peak, waiting_low = _kv_peak_and_queue_floor(history, span[0]) if span else (None, None)
     inputs = DetectorInputs(
         itl_worst_recent=tail.worst,
         itl_worst_baseline=tail.baseline,
@@ -242,12 +274,28 @@ def _verdicts(series: EngineSeries, windows: tuple[derive.WindowValues, ...], hi
         step_tokens_largest_baseline=tail.largest_step_baseline,
         prefill_tokens_per_step_short=short.prefill_tokens_per_step,
         kv_usage=series.kv_usage_ratio,
-        kv_usage_peak_short=derive.maximum(history, first, derive.KV_USAGE) if first else None,
+        kv_usage_peak_short=kv_peak,
         preemptions_per_second_short=short.preemptions_per_second,
         running=series.running,
         waiting=series.waiting,
-        waiting_min_short=derive.minimum(history, first, derive.WAITING) if first else None,
+        waiting_min_short=waiting_low,
         batch_max=batch_max,
         **derive.stall_inputs(history, thresholds.stall_seconds),
     )
     return evaluate(inputs, thresholds)
+
+
+def _kv_peak_and_queue_floor(history: SeriesHistory, first: Point) -> tuple[float | None, float | None]:
+    """The highest KV occupancy and the shortest queue since `first` (derive.maximum and derive.minimum in
+    one pass over the points: at 10 Hz a 10 s window holds a hundred of them)."""
+    kv, waiting = derive.KV_USAGE, derive.WAITING
+    peak = low = None
+    for p in history.points_since(first):
+        gauges = p.gauges
+        value = gauges.get(kv)
+        if value is not None and (peak is None or value > peak):
+            peak = value
+        value = gauges.get(waiting)
+        if value is not None and (low is None or value < low):
+            low = value
+    return peak, low

@@ -55,7 +55,7 @@ def test_the_step_is_pure_the_same_inputs_give_the_same_view_and_leave_the_state
     history, series = _history(20, waiting=4.0)
     state, rising = INITIAL_STATE, []
     for _ in range(2):  # a second state, with baselines and windows in it, as well as the initial one
-        before = replace(state)
+        before = state._replace()
         first = derive_series(series, history, TARGET, SETTINGS, state, 20.0)
         again = derive_series(series, history, TARGET, SETTINGS, state, 20.0)
         assert first == again and state == before
