@@ -17,8 +17,8 @@ quantile is taken when a value is kept, once a second, not on each of the ten as
 
 from __future__ import annotations
 
+import bisect
 import math
-import statistics
 from dataclasses import dataclass, field
 
 
@@ -28,7 +28,9 @@ class TailBaseline:
     min_span: float
     every: float = 1.0
     quantile: float = 0.5
-    values: tuple[tuple[float, float], ...] = ()  # (time, value), oldest first, at least `every` apart
+    times: tuple[float, ...] = ()  # when each value held was kept, oldest first, at least `every` apart
+    values: tuple[float, ...] = ()  # the values held, in the same order
+    ordered: tuple[float, ...] = field(default=(), repr=False)  # the same values, sorted
     _median: float | None = field(default=None, repr=False)  # the quantile of `values`, taken when they change
 
     def __post_init__(self) -> None:
@@ -37,26 +39,39 @@ class TailBaseline:
 
     def add(self, t: float, value: float | None) -> TailBaseline:
         """The baseline with `value` at `t` kept, and the values older than `keep_seconds` gone; itself
-        for no value, or for one under `every` after the last kept."""
-        if value is None or (self.values and t - self.values[-1][0] < self.every):
+        for no value, or for one under `every` after the last kept. The sorted values are kept sorted
+        (at 1 Hz a value is kept on every sample: no sort of up to `keep_seconds` values each time)."""
+        times = self.times
+        if value is None or (times and t - times[-1] < self.every):
             return self
-        oldest = t - self.keep_seconds
-        values = tuple(v for v in (*self.values, (t, value)) if v[0] >= oldest)
-        return TailBaseline(self.keep_seconds, self.min_span, self.every, self.quantile, values,
-                            _quantile_of(values, self.min_span, self.quantile))
+        gone = bisect.bisect_left(times, t - self.keep_seconds)
+        ordered = list(self.ordered)
+        for old in self.values[:gone]:
+            at = bisect.bisect_left(ordered, old)
+            if at < len(ordered) and ordered[at] == old:
+                del ordered[at]
+            else:  # a value that does not compare (NaN): sort what stays instead
+                ordered = sorted(self.values[gone:])
+                break
+        bisect.insort(ordered, value)
+        times, values = (*times[gone:], t), (*self.values[gone:], value)
+        return TailBaseline(self.keep_seconds, self.min_span, self.every, self.quantile, times, values,
+                            tuple(ordered), _quantile_of(times, ordered, self.min_span, self.quantile))
 
     def median(self) -> float | None:
         """The quantile of the values held (their median by default); None until they span `min_span`."""
         return self._median
 
     def __len__(self) -> int:
-        return len(self.values)
+        return len(self.times)
 
 
-def _quantile_of(values: tuple[tuple[float, float], ...], min_span: float, quantile: float) -> float | None:
-    if not values or values[-1][0] - values[0][0] < min_span:
+def _quantile_of(times: tuple[float, ...], ordered: list[float], min_span: float, quantile: float) -> float | None:
+    """The quantile of the sorted values: their median (as statistics.median gives it) for 0.5, else the
+    lowest with at least that share at or under it; None until they span `min_span` seconds."""
+    if not times or times[-1] - times[0] < min_span:
         return None
+    n = len(ordered)
     if quantile == 0.5:
-        return statistics.median(v for _, v in values)
-    ordered = sorted(v for _, v in values)
-    return ordered[max(0, math.ceil(quantile * len(ordered)) - 1)]
+        return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    return ordered[max(0, math.ceil(quantile * n) - 1)]

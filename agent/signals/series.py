@@ -9,7 +9,12 @@ the work counters and the capacity signals (signals/headroom.py).
 
 A derivation that raises on odd inputs (an arithmetic error) gives the series as the engine said it,
 without what could not be derived, and says why (`windows_failed`, `signals_failed`): the loop counts
-it, so the series is never dropped with its target still up.
+it, so the series is never dropped with its target still up. Windows that raise leave the detector
+state as it came in: a half-judged sample carries nothing into the next.
+
+Called again without a new sample (a failed scrape while the last good one is still fresh), it judges
+the same history again at the later time: the baselines take at most one value a second, and the work
+counters count each interval of the history once.
 """
 
 from __future__ import annotations
