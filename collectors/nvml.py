@@ -34,7 +34,7 @@ import math
 import time
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 from rooflight.collectors.daemon_executor import DaemonThreadExecutor
 from rooflight.collectors.errors import SourceError
@@ -113,6 +113,17 @@ _GPM_IDS: dict[str, tuple[str, float]] = {  # key -> (pynvml constant, scale to 
     "nvlink_tx_bytes_per_second": ("NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", MIB),
     "nvlink_rx_bytes_per_second": ("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", MIB),
 }
+
+
+class GpuSource(Protocol):
+    """What the sampler reads GPUs through: NvmlCollector, or a test's stand-in."""
+
+    # The processes on each GPU at the last sample: uuid -> ((pid, used bytes or None), ...).
+    processes: Mapping[str, tuple[tuple[int, int | None], ...]]
+
+    async def sample(self) -> GpuSample: ...  # raises SourceError when NVML cannot answer
+
+    def close(self) -> None: ...
 
 
 class NvmlCollector:

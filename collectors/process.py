@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Callable, Collection, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Protocol, Sequence
 
 import psutil
 
@@ -116,6 +116,14 @@ def find_listener(port: int) -> int | None:
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
     return None
+
+
+class ProcessSource(Protocol):
+    """What the sampler reads an engine's process tree through: ProcessCollector, or a test's stand-in."""
+
+    tree_pids: tuple[int, ...]  # the tree's PIDs at the last sample, matched against the GPUs' processes
+
+    async def sample(self) -> ProcessSample: ...  # raises SourceError when the process is gone
 
 
 class ProcessCollector:

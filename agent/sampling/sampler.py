@@ -20,12 +20,15 @@ from rooflight.agent.sampling.health import SourceState
 from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY, GpuMatch, GpuProfile, get_profile, match_nvml_name
 from rooflight.agent.roofline.models import ModelSpec
 from rooflight.agent.metrics.snapshot import EMPTY, Snapshot
-from rooflight.agent.signals.headroom import ENERGY, gpu_energy_watts
+from rooflight.agent.signals.headroom import ENERGY
+from rooflight.agent.signals.series import GPU_DRAM, NO_GPU, GpuMeasures
 from rooflight.agent.signals.token_gaps import ClientGaps
-from rooflight.agent.signals.windows import SeriesHistory, mean
+from rooflight.agent.signals.windows import SeriesHistory
 from rooflight.collectors.gpu_map import GpuAssignment, assign_gpus, tensor_parallel_size
 from rooflight.collectors.errors import SourceError
-from rooflight.collectors.samples import GpuSample, ProcessSample
+from rooflight.collectors.nvml import GpuSource
+from rooflight.collectors.process import ProcessSource
+from rooflight.collectors.samples import GpuDevice, GpuSample, ProcessSample
 
 log = logging.getLogger("rooflight")
 
@@ -63,8 +66,7 @@ class Agent:
         self._tp_said: dict[str, tuple[int, str]] = {}  # target -> the (TP, rule) last logged
         self._drafts: dict[str, ModelSpec] = {}  # target -> its speculative-decoding draft model
         self._gpu_history: dict[str, SeriesHistory] = {}  # by UUID: measured DRAM bandwidth over time
-        self._nvml_collector: Any = None
-        self._process_collectors: dict[str, Any] = {}
+        self._nvml_collector: GpuSource | None = None
         self._target_gpus: dict[str, GpuAssignment] = {}  # from each target's process tree (_assign_gpus)
         self.engines: list[EngineLoop] = []
         self._engine_of: dict[str, EngineLoop] = {}  # by target name
@@ -90,8 +92,8 @@ class Agent:
         for target in self.config.targets:
             model, source = self._models.get(target.name, (None, None))
             loop = EngineLoop(
-                target, self.config, self._session, self.clock, model, source, self._constants_for, self.dram_utilization,
-                self.energy_watts, self._client_gaps.get(target.name),
+                target, self.config, self._session, self.clock, model, source, self._constants_for, self.gpu_measures,
+                self._client_gaps.get(target.name),
             )
             self.engines.append(loop)
             self._engine_of[target.name] = loop
@@ -206,7 +208,7 @@ class Agent:
         own = {uuid for assignment in target_gpus.values() for uuid in assignment.uuids}
         return replace(self._gpu, devices=tuple(d for d in self._gpu.devices if d.uuid in own))
 
-    def _own_devices(self, target: TargetConfig) -> list[Any]:
+    def _own_devices(self, target: TargetConfig) -> list[GpuDevice]:
         """The NVML devices serving this target: matched by process, else every GPU when it is the only target."""
         devices = list(self._gpu.devices) if self._gpu else []
         assignment = self._target_gpus.get(target.name)
@@ -271,32 +273,21 @@ class Agent:
             self._warned_default_gpu = True
         return get_profile(DEFAULT_PROFILE_KEY), "default", ""
 
-    def dram_utilization(self, target: TargetConfig, seconds: float) -> float | None:
-        """Measured DRAM bandwidth utilization of the target's GPUs, time-averaged over the window."""
-        means = []
-        for device in self._own_devices(target):
-            history = self._gpu_history.get(device.uuid)
-            span = history.window(seconds) if history else None
-            value = mean(*span, "dram") if span else None
-            if value is not None:
-                means.append(value)
-        return sum(means) / len(means) if means else None
+    def gpu_measures(self, target: TargetConfig) -> GpuMeasures:
+        """The histories of the target's GPUs as NVML measured them (the derive step reads its windows'
+        DRAM bandwidth and power from them); NO_GPU while NVML shows none."""
+        devices = self._own_devices(target)
+        if not devices:
+            return NO_GPU
+        return GpuMeasures(tuple(self._gpu_history.get(d.uuid) for d in devices))
 
-    def energy_watts(self, target: TargetConfig, seconds: float) -> float | None:
-        """Mean power of the target's GPUs over the window, from NVML's energy counter; None unless every
-        one of them reports it."""
-        histories = [self._gpu_history.get(d.uuid) for d in self._own_devices(target)]
-        if not histories or any(h is None for h in histories):
-            return None
-        return gpu_energy_watts(histories, seconds)  # type: ignore[arg-type]
-
-    async def sample_gpus_once(self, collector: Any) -> None:
+    async def sample_gpus_once(self, collector: GpuSource) -> None:
         """One NVML sample through `collector`, then publish: what the NVML loop does per tick. The
         collector's process lists are the ones each target's GPUs are matched against."""
         await self._sample_gpus(collector)
         self.publish()
 
-    async def _sample_gpus(self, collector: Any) -> None:
+    async def _sample_gpus(self, collector: GpuSource) -> None:
         """One NVML sample, unpublished: the NVML loop's `_every` publishes after each step."""
         if self._nvml_collector is None:
             self._nvml_collector = collector
@@ -316,7 +307,7 @@ class Agent:
         for device in sample.devices:
             history = self._gpu_history.setdefault(device.uuid, SeriesHistory(retention))
             history.append(t, {ENERGY: device.extra.get("energy_joules_total")},
-                           {"dram": device.dram_bandwidth_utilization_ratio}, {})
+                           {GPU_DRAM: device.dram_bandwidth_utilization_ratio}, {})
         for uuid in set(self._gpu_history) - {d.uuid for d in sample.devices}:
             del self._gpu_history[uuid]
 
@@ -350,13 +341,13 @@ class Agent:
         self._process_states.setdefault(target.name, SourceState("process", target.name))
         await self._every(max(self.config.interval, 1.0), lambda: self._sample_process(target, collector))
 
-    async def sample_process_once(self, target: TargetConfig, collector: Any) -> None:
+    async def sample_process_once(self, target: TargetConfig, collector: ProcessSource) -> None:
         """One sample of the target's process tree through `collector`, its GPUs matched against NVML's
         processes, then publish: what the process loop does per tick."""
         await self._sample_process(target, collector)
         self.publish()
 
-    async def _sample_process(self, target: TargetConfig, collector: Any) -> None:
+    async def _sample_process(self, target: TargetConfig, collector: ProcessSource) -> None:
         state = self._process_states.setdefault(target.name, SourceState("process", target.name))
         start = self.clock.monotonic()
         try:

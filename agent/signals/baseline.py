@@ -9,48 +9,69 @@ A `quantile` other than the median gives the value that share of them stay at or
 held value with at least that share at or below it: a bucket bound stays a bucket bound). The
 head-of-line detector's largest step uses 0.6: where streams finish together, the seconds that
 admitted a wave of prompts and those that did not are about even, and a median flips between them.
+
+A value, not an object that changes: `add` gives the baseline with the value in it (the baseline itself
+when the value is dropped), so a detector's state is passed in and returned (signals/policy.py). The
+quantile is taken when a value is kept, once a second, not on each of the ten asks a second at 10 Hz.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
-import statistics
-from collections import deque
+from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True, slots=True)
 class TailBaseline:
-    def __init__(self, keep_seconds: float, min_span: float, every: float = 1.0, quantile: float = 0.5) -> None:
-        if not 0.0 < quantile < 1.0:
-            raise ValueError(f"quantile must be in (0, 1) (got {quantile})")
-        self.keep_seconds, self.min_span, self.every, self.quantile = keep_seconds, min_span, every, quantile
-        self._values: deque[tuple[float, float]] = deque()
-        self._median: float | None = None  # of the values held, kept until they change (once a second)
-        self._median_known = False
+    keep_seconds: float
+    min_span: float
+    every: float = 1.0
+    quantile: float = 0.5
+    times: tuple[float, ...] = ()  # when each value held was kept, oldest first, at least `every` apart
+    values: tuple[float, ...] = ()  # the values held, in the same order
+    ordered: tuple[float, ...] = field(default=(), repr=False)  # the same values, sorted
+    _median: float | None = field(default=None, repr=False)  # the quantile of `values`, taken when they change
 
-    def add(self, t: float, value: float | None) -> None:
-        if value is None:
-            return
-        if self._values and t - self._values[-1][0] < self.every:
-            return
-        self._values.append((t, value))
-        while self._values and self._values[0][0] < t - self.keep_seconds:
-            self._values.popleft()
-        self._median_known = False
+    def __post_init__(self) -> None:
+        if not 0.0 < self.quantile < 1.0:
+            raise ValueError(f"quantile must be in (0, 1) (got {self.quantile})")
+
+    def add(self, t: float, value: float | None) -> TailBaseline:
+        """The baseline with `value` at `t` kept, and the values older than `keep_seconds` gone; itself
+        for no value, or for one under `every` after the last kept. The sorted values are kept sorted
+        (at 1 Hz a value is kept on every sample: no sort of up to `keep_seconds` values each time)."""
+        times = self.times
+        if value is None or (times and t - times[-1] < self.every):
+            return self
+        gone = bisect.bisect_left(times, t - self.keep_seconds)
+        ordered = list(self.ordered)
+        for old in self.values[:gone]:
+            at = bisect.bisect_left(ordered, old)
+            if at < len(ordered) and ordered[at] == old:
+                del ordered[at]
+            else:  # a value that does not compare (NaN): sort what stays instead
+                ordered = sorted(self.values[gone:])
+                break
+        bisect.insort(ordered, value)
+        times, values = (*times[gone:], t), (*self.values[gone:], value)
+        return TailBaseline(self.keep_seconds, self.min_span, self.every, self.quantile, times, values,
+                            tuple(ordered), _quantile_of(times, ordered, self.min_span, self.quantile))
 
     def median(self) -> float | None:
-        """Asked on every sample (ten a second at 10 Hz), while the values change once a second: a sort of
-        up to `keep_seconds` values each time is kept for the next asks."""
-        if not self._median_known:
-            self._median, self._median_known = self._median_of_values(), True
+        """The quantile of the values held (their median by default); None until they span `min_span`."""
         return self._median
 
-    def _median_of_values(self) -> float | None:
-        if not self._values or self._values[-1][0] - self._values[0][0] < self.min_span:
-            return None
-        if self.quantile == 0.5:
-            return statistics.median(v for _, v in self._values)
-        ordered = sorted(v for _, v in self._values)
-        return ordered[max(0, math.ceil(self.quantile * len(ordered)) - 1)]
-
     def __len__(self) -> int:
-        return len(self._values)
+        return len(self.times)
+
+
+def _quantile_of(times: tuple[float, ...], ordered: list[float], min_span: float, quantile: float) -> float | None:
+    """The quantile of the sorted values: their median (as statistics.median gives it) for 0.5, else the
+    lowest with at least that share at or under it; None until they span `min_span` seconds."""
+    if not times or times[-1] - times[0] < min_span:
+        return None
+    n = len(ordered)
+    if quantile == 0.5:
+        return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    return ordered[max(0, math.ceil(quantile * n) - 1)]

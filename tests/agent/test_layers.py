@@ -113,3 +113,87 @@ def test_the_checks_see_what_they_guard() -> None:
     assert _cycles({"a": {"b"}, "b": set()}) == []
     assert _floor("rooflight.agent.serve.server") > _floor("rooflight.agent.roofline.physics")
     assert _floor("rooflight.agent.demo.cli") < _floor("rooflight.agent.cli")
+
+
+# The floors below the sampling loop: what it calls into, and what must never call back into it.
+BELOW_SAMPLING = ("rooflight.collectors", "rooflight.agent.errors", "rooflight.agent.roofline",
+                  "rooflight.agent.signals", "rooflight.agent.metrics")
+
+
+def _within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_nothing_below_the_sampling_loop_imports_it() -> None:
+    """The derive step, the physics, the snapshot and the collectors take what the loop gives them; an
+    import back (even a lazy one inside a function) would let them reach into its state."""
+    found = sorted(f"{name} -> {target}" for name, targets in IMPORTS.items() if _within(name, BELOW_SAMPLING)
+                   for target in targets if _within(target, ("rooflight.agent.sampling",)))
+    assert not found, "imports of agent.sampling from below it:\n" + "\n".join(found)
+
+
+# agent/roofline is pure: no network, no command line, no printing, no file written or read by name.
+IO_MODULES = ("socket", "ssl", "aiohttp", "urllib", "http", "requests", "argparse", "subprocess")
+IO_CALLS = ("open", "print", "input")  # builtins
+IO_METHODS = ("read_text", "read_bytes", "write_text", "write_bytes", "open")  # a Path's (p.open(...))
+
+# The one known exception: plan's command (argparse, printing, its HTTP fetch of an agent's /metrics).
+# Removed when plan's command moves to the CLI layer (issue 24 item 4).
+ROOFLINE_IO_KNOWN: tuple[str, ...] = ()
+# Not named by issue 24: models.load_config_json reads the config.json a user names (--model-config)
+# through Path.open, bounded (MAX_CONFIG_JSON_BYTES). The lead decides whether it moves out too.
+ROOFLINE_READS_A_MODEL_CONFIG = (("rooflight.agent.roofline.models", "_read_json"),)
+
+
+def _io_in(path: Path) -> list[tuple[str, str]]:
+    """(enclosing top-level function or '', what) for every I/O import or call in the module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for top in tree.body:
+        where = top.name if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else ""
+        for node in ast.walk(top):
+            if isinstance(node, ast.Import):
+                found += [(where, f"import {a.name}") for a in node.names if a.name.split(".")[0] in IO_MODULES]
+            elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in IO_MODULES:
+                found.append((where, f"from {node.module} import ..."))
+            elif isinstance(node, ast.Call):
+                fn = node.func
+                if isinstance(fn, ast.Name) and fn.id in IO_CALLS:
+                    found.append((where, f"{fn.id}() at line {node.lineno}"))
+                elif isinstance(fn, ast.Attribute) and fn.attr in IO_METHODS:
+                    found.append((where, f".{fn.attr}() at line {node.lineno}"))
+    return found
+
+
+ROOFLINE_IO = {name: _io_in(path) for name, path in MODULES.items() if _within(name, ("rooflight.agent.roofline",))}
+
+
+def test_roofline_does_no_io() -> None:
+    found = sorted(f"{name}: {what}" + (f" (in {where})" if where else "")
+                   for name, hits in ROOFLINE_IO.items() if name not in ROOFLINE_IO_KNOWN
+                   for where, what in hits if (name, where) not in ROOFLINE_READS_A_MODEL_CONFIG)
+    assert not found, "I/O in agent/roofline (it is pure: move it to the CLI layer):\n" + "\n".join(found)
+
+
+def test_the_roofline_io_exceptions_still_hold() -> None:
+    """An exception whose I/O has gone must go too, so it cannot hide new I/O later."""
+    for name in ROOFLINE_IO_KNOWN:
+        assert ROOFLINE_IO.get(name), f"{name} does no I/O any more: remove it from ROOFLINE_IO_KNOWN"
+    for name, where in ROOFLINE_READS_A_MODEL_CONFIG:
+        assert any(w == where for w, _ in ROOFLINE_IO.get(name, [])), \
+            f"{name}.{where} reads no file any more: remove it from ROOFLINE_READS_A_MODEL_CONFIG"
+
+
+def test_the_io_check_sees_io() -> None:
+    sample = ROOT / "agent" / "roofline" / "physics.py"
+    assert _io_in(sample) == []
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        bad = Path(scratch) / "bad.py"
+        bad.write_text("import socket\nfrom urllib.parse import urlsplit\nimport argparse as a\n"
+                       "def f(p):\n    print(open(p).read())\n    return p.read_text()\n")
+        assert sorted(what.split(" at ")[0] for _, what in _io_in(bad)) == sorted([
+            "import socket", "from urllib.parse import ...", "import argparse", "print()", "open()", ".read_text()"])
+    assert _within("rooflight.agent.signals.series", BELOW_SAMPLING)
+    assert not _within("rooflight.agent.sampling.engine_loop", BELOW_SAMPLING)

@@ -109,13 +109,17 @@ async def test_golden_vllm_spec_decode_acceptance(fake_engine: FakeEngine) -> No
 
 async def test_golden_vllm_capacity_signals(fake_engine: FakeEngine) -> None:
     """The recorded pages with what a target's config adds: a role, SLOs, a GPU price; and its GPUs' mean
-    power over each window (550 W). The sampler passes these once wired; here they are set on the view."""
+    power over each window (550 W). The sampler passes these once wired; here they are set on the view,
+    and its signals derived again from them as the derive step does (signals/series.py)."""
     from dataclasses import replace
+
+    from rooflight.agent.signals.series import with_signals
 
     async with _two_samples(fake_engine, FakeClock(), gpu="h100-sxm", tp=2) as agent:
         (target,) = agent.snapshot.targets
-        series = tuple(replace(v, windows=with_energy(v.windows, lambda seconds: 550.0)) for v in target.series)
         settings = SignalSettings(role="decode", ttft_slo=0.5, itl_slo=0.05, gpu_hour_cost=2.5)
+        series = tuple(with_signals(replace(v, windows=with_energy(v.windows, lambda seconds: 550.0)),
+                                    target.constants, settings) for v in target.series)
         target = replace(target, series=series, signal_settings=settings)
         (window,) = [s for s in target.series[0].signals if s.window == "10s"]
         decode = target.series[0].windows[0].tokens_per_second["decode"]

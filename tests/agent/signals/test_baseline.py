@@ -18,7 +18,7 @@ def test_the_median_is_always_that_of_the_values_held(seed: int) -> None:
     for _ in range(600):
         t += rng.choice((0.1, 0.1, 0.5, 1.0, 3.0))
         value = rng.choice((None, rng.uniform(0, 1)))
-        tail.add(t, value)
+        tail = tail.add(t, value)
         if value is not None and (not held or t - held[-1][0] >= 1.0):
             held.append((t, value))
             held = [(at, v) for at, v in held if at >= t - 30.0]  # the old ones go when a new one comes
@@ -34,16 +34,28 @@ def test_a_quantile_gives_the_lowest_value_with_that_share_at_or_under_it() -> N
     would flip between them (docs/physics.md, section Head-of-line blocking)."""
     tail = TailBaseline(keep_seconds=60.0, min_span=5.0, quantile=0.6)
     for t, value in enumerate([64.0, 512.0] * 5):  # ten values: the 6th lowest is the first 512
-        tail.add(float(t), value)
+        tail = tail.add(float(t), value)
     assert tail.median() == 512.0
-    tail.add(10.0, 64.0)  # eleven: 6 of 64, 5 of 512; ceil(0.6 x 11) = 7th lowest
+    tail = tail.add(10.0, 64.0)  # eleven: 6 of 64, 5 of 512; ceil(0.6 x 11) = 7th lowest
     assert tail.median() == 512.0
     half = TailBaseline(keep_seconds=60.0, min_span=5.0)
     for t, value in enumerate([64.0, 512.0] * 5 + [64.0]):
-        half.add(float(t), value)
+        half = half.add(float(t), value)
     assert half.median() == 64.0
 
 
 def test_a_quantile_outside_0_1_is_refused() -> None:
     with pytest.raises(ValueError):
         TailBaseline(keep_seconds=60.0, min_span=5.0, quantile=1.0)
+
+
+def test_add_gives_a_new_baseline_and_leaves_the_old_one_as_it_was() -> None:
+    """A detector's state is a value: the baseline a sample judged against stays what it was."""
+    before = TailBaseline(keep_seconds=60.0, min_span=2.0)
+    for t in range(3):
+        before = before.add(float(t), float(t + 1))
+    after = before.add(3.0, 10.0)
+    assert (len(before), before.median()) == (3, 2.0)
+    assert (len(after), after.median()) == (4, 2.5)
+    assert after.add(3.5, 100.0) is after  # under a second after the last kept: dropped
+    assert after.add(5.0, None) is after

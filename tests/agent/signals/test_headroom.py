@@ -11,6 +11,7 @@ from rooflight.agent.errors import ConfigError
 from rooflight.agent.metrics import names as n
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.metrics.snapshot import TargetView
+from rooflight.agent.signals.series import with_signals
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.roofline.gpus import get_profile
@@ -251,7 +252,7 @@ async def test_exact_headroom_on_a_scripted_engine(fake_engine: FakeEngine) -> N
 async def test_slos_and_price_reach_the_signals_and_the_exposition(fake_engine: FakeEngine) -> None:
     target = await _scripted(fake_engine)
     settings = hr.SignalSettings(role="both", ttft_slo=1.25, itl_slo=0.05, gpu_hour_cost=2.0)
-    target = replace(target, signal_settings=settings)  # what the sampler passes from the target's config
+    target = _with_settings(target, settings)  # what the sampler passes from the target's config
     (s,) = target.series[0].signals
     assert s.headroom["ttft_slo"] == pytest.approx(1 - 0.995 / 1.25)
     assert s.headroom["itl_slo"] == pytest.approx(1 - 0.02485 / 0.05)
@@ -268,6 +269,12 @@ async def test_slos_and_price_reach_the_signals_and_the_exposition(fake_engine: 
     assert samples[(n.GPU_TIME_SHARE, (("phase", "prefill"),))] == pytest.approx(share["prefill"])
     assert samples[(n.CAPACITY_REQUESTS, ())] == pytest.approx(s.capacity.requests_per_second)
     assert samples[(n.GPU_HOUR_COST, ())] == 2.0
+
+
+def _with_settings(target: TargetView, settings: hr.SignalSettings) -> TargetView:
+    """The target as the derive step makes it under `settings` (a target's role, SLOs and GPU price)."""
+    series = tuple(with_signals(v, target.constants, settings) for v in target.series)
+    return replace(target, series=series, signal_settings=settings)
 
 
 def _served(target: TargetView) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -310,7 +317,7 @@ async def test_without_a_queue_the_demand_is_the_saturation(fake_engine: FakeEng
 
 
 async def test_a_decode_pool_is_judged_by_its_own_walls(fake_engine: FakeEngine) -> None:
-    target = replace(await _scripted(fake_engine), signal_settings=hr.SignalSettings(role="decode"))
+    target = _with_settings(await _scripted(fake_engine), hr.SignalSettings(role="decode"))
     (s,) = target.series[0].signals
     # prefill compute binds the shared engine; a decode pool never prefills: its tightest wall is bandwidth
     assert s.binding == "decode_bandwidth" and "prefill_compute" in s.headroom

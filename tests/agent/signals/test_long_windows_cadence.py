@@ -16,7 +16,7 @@ import pytest
 from rooflight.agent.roofline.models import PRESETS
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.config.agent import build
-from rooflight.agent.sampling.engine_loop import LONG_WINDOWS_EVERY_SECONDS
+from rooflight.agent.signals.policy import LONG_WINDOWS_EVERY_SECONDS
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.signals import derive
 from support import FakeEngine, started_agent

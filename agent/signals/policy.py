@@ -1,0 +1,202 @@
+"""Detector policy: what the detectors judge against, how long a verdict holds, and how often the longer
+windows are derived again. Pure: each function takes a series' DetectorState and gives the next one; the
+sampling loop keeps one per (model, rank) and passes it to signals/series.py's derive step once a sample.
+
+- The ITL tail's baselines (docs/physics.md, section Head-of-line blocking): the worst ITL since the
+  previous sample against its own recent median, one baseline per source (the engine's histogram, the
+  proxy's exact gaps), and the largest recent step against the usual largest step.
+- The head-of-line hold: the flag stays up DetectorThresholds.hol_hold_seconds after the last stall, so a
+  15-30 s Prometheus scrape sees a stall that lasted one step.
+- The rising edges: which verdicts turned on since the series' previous verdicts (the loop marks them for
+  Nsight Systems).
+- The longer windows' cadence (docs/metrics.md, Conventions): derived again at most once a second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping, NamedTuple
+
+from rooflight.agent.roofline.constants import TargetConstants
+from rooflight.agent.signals import derive
+from rooflight.agent.signals.baseline import TailBaseline
+from rooflight.agent.signals.detectors import ITL_FROM_ENGINE, ITL_FROM_PROXY, Verdicts
+from rooflight.agent.signals.headroom import SignalSettings, WindowSignals
+from rooflight.agent.signals.windows import Point, SeriesHistory, histogram_delta, increase, worst_bound
+
+# The verdicts marked when they turn on (an NVTX mark, so an Nsight Systems capture lines the detector
+# up with the kernels): the Verdicts attribute, and what the mark calls it.
+MARKED = (
+    ("head_of_line", "head-of-line stall"),
+    ("capacity_capped", "capacity-capped batch"),
+    ("admission_bound", "admission-bound batch"),
+)
+
+# The windows longer than the shortest are derived again at most this often, and at least every
+# LONG_WINDOWS_STALE_SHARE of the shortest of them (docs/metrics.md, Conventions): at 10 Hz a 1m
+# window's start and end move by under 2% of it in a second, so deriving it on every sample would cost
+# ten times the work for no information. The shortest window, which the detectors judge, is derived
+# on every sample.
+LONG_WINDOWS_EVERY_SECONDS = 1.0
+LONG_WINDOWS_STALE_SHARE = 1 / 60
+
+# The usual largest step: the value 60% of the recent prefill seconds' largest steps stay at or under
+# (signals/baseline.py says why not their median; docs/physics.md, section Head-of-line blocking).
+STEP_BASELINE_QUANTILE = 0.6
+# How far back a step far larger than usual is looked for, against the stall since the previous sample.
+STEP_LOOKBACK_SECONDS = 2.0
+STEP_SIZES = "steps"  # the source named by the largest step's ItlTail
+# The worst ITL is looked for over this many sampling intervals back (one sample, with room for jitter).
+ITL_SPAN_INTERVALS = 1.5
+
+
+class LongWindows(NamedTuple):
+    """The windows after the shortest of one series as last derived, and what they were derived from."""
+
+    at: float  # monotonic
+    constants: TargetConstants
+    kv_capacity_tokens: float | None
+    windows: tuple[derive.WindowValues, ...]  # checked against the GPUs' physics (signals/bounds.py)
+
+
+class LongSignals(NamedTuple):
+    """The longer windows' capacity signals as last computed, and what from (LongWindows.windows itself)."""
+
+    windows: tuple[derive.WindowValues, ...]
+    batch_max: float | None
+    settings: SignalSettings
+    signals: tuple[WindowSignals, ...]
+
+
+class DetectorState(NamedTuple):
+    """What one series carries from one sample to the next; the initial one is DetectorState(). A
+    NamedTuple rather than a frozen dataclass: it is replaced a few times per series and sample, and
+    _replace costs a fraction of dataclasses.replace."""
+
+    itl_engine: TailBaseline | None = None  # the worst ITL's recent values, from the engine's histogram
+    itl_proxy: TailBaseline | None = None  # ... from the proxy's gaps between tokens
+    step_sizes: TailBaseline | None = None  # the largest step of the seconds that ran a prefill
+    last_stall: float | None = None  # monotonic time head-of-line was last judged on
+    raised: Verdicts | None = None  # the verdicts last judged (rising edges)
+    long: LongWindows | None = None  # the longer windows as last derived (their cadence)
+    long_signals: LongSignals | None = None  # their signals, kept while they stand
+    work: derive.WorkTotals | None = None  # the work counters' totals (derive.accumulate_work)
+
+
+class ItlTail(NamedTuple):
+    """The worst ITL since the previous sample, its recent median, and which source measured both; and
+    the largest step of the last STEP_LOOKBACK_SECONDS with the usual largest step (None where the engine
+    does not tell its steps' sizes)."""
+
+    worst: float | None
+    baseline: float | None
+    source: str
+    largest_step: float | None = None
+    largest_step_baseline: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TailSpan:
+    """How long a tail baseline keeps its values, and how long they must span before it judges."""
+
+    keep_seconds: float
+    min_span: float
+
+    def new(self, quantile: float = 0.5) -> TailBaseline:
+        return TailBaseline(keep_seconds=self.keep_seconds, min_span=self.min_span, quantile=quantile)
+
+
+def tail_span(windows_seconds: tuple[float, ...]) -> TailSpan:
+    """Values kept over the longest window; judged once they span three of the shortest."""
+    return TailSpan(keep_seconds=max(windows_seconds), min_span=3 * min(windows_seconds))
+
+
+def _against_baseline(tail: TailBaseline, now: float, worst: float | None, source: str) -> tuple[ItlTail, TailBaseline]:
+    """The worst against the baseline of the recent past (before it joins), and the baseline it joined."""
+    return ItlTail(worst, tail.median(), source), tail.add(now, worst)
+
+
+def itl_tail(state: DetectorState, history: SeriesHistory | None, interval: float, span: TailSpan, now: float,
+             proxy_worst: float | None = None, proxy_judges: bool = False) -> tuple[ItlTail, DetectorState]:
+    """The worst ITL since the previous sample, the median of that worst over the recent past, and
+    their source: the proxy's exact gaps (`proxy_worst`, the worst of ITL_SPAN_INTERVALS intervals) where
+    it relays this target's streams and saw some, else the engine's histogram (docs/physics.md, section
+    Head-of-line blocking).
+
+    At the agent's resolution (1 s) one stalled step is a visible share of the tokens, where in a
+    10 s or 1 m window its few observations vanish below p99. The proxy cannot tell which model or
+    rank a stream ran on, so it judges only a target with one series (`proxy_judges`). With either
+    source, the largest recent step against the usual largest one (where the engine tells its steps'
+    sizes) says whether a step far larger than usual, a long prompt run whole, came with the stall.
+    """
+    if history is None:
+        return ItlTail(None, None, ITL_FROM_ENGINE), state
+    since = ITL_SPAN_INTERVALS * interval
+    recent = history.window(since)
+    delta = histogram_delta(*recent, derive.ITL) if recent else None
+    largest, steps = _largest_step(state.step_sizes or span.new(STEP_BASELINE_QUANTILE), recent,
+                                   history.window(max(since, STEP_LOOKBACK_SECONDS)), now)
+    engine, itl_engine = _against_baseline(state.itl_engine or span.new(), now,
+                                           worst_bound(delta) if delta else None, ITL_FROM_ENGINE)
+    state = state._replace(step_sizes=steps, itl_engine=itl_engine)
+    tail = engine
+    if proxy_judges:
+        proxy, itl_proxy = _against_baseline(state.itl_proxy or span.new(), now, proxy_worst, ITL_FROM_PROXY)
+        state = state._replace(itl_proxy=itl_proxy)
+        if proxy.worst is not None and proxy.baseline:  # 0: the streams arrive in bursts, no gaps to judge
+            tail = proxy
+    return tail._replace(largest_step=largest.worst, largest_step_baseline=largest.baseline), state
+
+
+def _largest_step(tail: TailBaseline, span: tuple[Point, Point] | None, lookback: tuple[Point, Point] | None,
+                  now: float) -> tuple[ItlTail, TailBaseline]:
+    """The largest step over the last STEP_LOOKBACK_SECONDS (tokens, its bucket's bound) and the usual
+    largest step of the seconds that ran a prefill (STEP_BASELINE_QUANTILE of them; docs/physics.md,
+    section Head-of-line blocking). A second of decode steps alone joins no baseline: against it, any
+    admitted prompt would look large. The step is looked for further back than the stall: the
+    proxy times a gap when its token arrives, the engine's counters show the step when a scrape
+    reads them, and on a busy host the two can fall a sample apart."""
+    steps = histogram_delta(*span, derive.STEP_TOKENS) if span else None
+    prefilled = increase(*span, derive.PROMPT) if span else None
+    joins = worst_bound(steps) if steps and (prefilled is None or prefilled > 0) else None
+    recent = histogram_delta(*lookback, derive.STEP_TOKENS) if lookback else None
+    baseline = tail.median()  # before this value joins: the baseline is the recent past
+    return ItlTail(worst_bound(recent) if recent else None, baseline, STEP_SIZES), tail.add(now, joins)
+
+
+def hold_head_of_line(state: DetectorState, verdicts: Verdicts | None, now: float,
+                      hold_seconds: float) -> tuple[Verdicts | None, DetectorState]:
+    """Head-of-line kept up `hold_seconds` after the last stall (a stall lasts one step; a scrape comes
+    every 15-30 s)."""
+    if verdicts is not None and verdicts.head_of_line:
+        state = state._replace(last_stall=now)
+    last = state.last_stall
+    if verdicts is None or last is None or now - last > hold_seconds:
+        return verdicts, state
+    return replace(verdicts, head_of_line=True), state
+
+
+def rising_edges(state: DetectorState, verdicts: Verdicts | None) -> tuple[tuple[str, ...], DetectorState]:
+    """What MARKED names of the verdicts that turned on since the series' previous verdicts (no
+    verdicts: nothing, and the previous ones kept)."""
+    if verdicts is None:
+        return (), state
+    before = state.raised
+    edges = tuple(what for attr, what in MARKED
+                  if getattr(verdicts, attr) and not (before is not None and getattr(before, attr)))
+    return edges, state._replace(raised=verdicts)
+
+
+def long_windows_every(longer: Mapping[str, float]) -> float:
+    """How often the longer windows are derived again: LONG_WINDOWS_EVERY_SECONDS, or sooner where the
+    shortest of them is short (LONG_WINDOWS_STALE_SHARE of it)."""
+    return min([LONG_WINDOWS_EVERY_SECONDS, *(LONG_WINDOWS_STALE_SHARE * s for s in longer.values())])
+
+
+def long_windows_kept(kept: LongWindows | None, now: float, every: float, interval: float,
+                      constants: TargetConstants, kv_capacity_tokens: float | None) -> bool:
+    """Whether the longer windows as last derived still stand: derived under `every` ago (half an interval
+    early, so at 1 Hz every sample derives them, whatever the scheduling jitter), with the same constants
+    and KV pool (else derived again at once: up to a second old, never wrong)."""
+    return (kept is not None and 0.0 <= now - kept.at < every - interval / 2
+            and kept.kv_capacity_tokens == kv_capacity_tokens and kept.constants == constants)

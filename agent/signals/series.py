@@ -1,0 +1,306 @@
+"""The derive step: from one series' history, its target's constants and settings, its detector state and
+the time, to the frozen SeriesView the snapshot holds, with the next detector state.
+
+Pure: no I/O, no clock; the sampling loop fetches and bounds the page, remembers it in the history,
+calls derive_series once per series and sample, and counts, logs and marks what it returns. Everything
+a series exports is computed here, once per sample: its windows (checked against the GPUs' physics,
+with what the GPUs measured over each), the detectors' verdicts (their policy in signals/policy.py),
+the work counters and the capacity signals (signals/headroom.py).
+
+A derivation that raises on odd inputs (an arithmetic error) gives the series as the engine said it,
+without what could not be derived, and says why (`windows_failed`, `signals_failed`): the loop counts
+it, so the series is never dropped with its target still up. Windows that raise leave the detector
+state as it came in: a half-judged sample carries nothing into the next.
+
+Called again without a new sample (a failed scrape while the last good one is still fresh), it judges
+the same history again at the later time: the baselines take at most one value a second, and the work
+counters count each interval of the history once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Mapping, NamedTuple
+
+from rooflight.agent.roofline.constants import TargetConstants
+from rooflight.agent.signals import derive, policy
+from rooflight.agent.signals.bounds import within_physics
+from rooflight.agent.signals.detectors import DetectorInputs, DetectorThresholds, Verdicts, evaluate
+from rooflight.agent.signals.headroom import SignalSettings, WindowSignals, gpu_energy_watts, series_signals
+from rooflight.agent.signals.policy import DetectorState, ItlTail
+from rooflight.agent.signals.view import SeriesView
+from rooflight.agent.signals.windows import Point, SeriesHistory, mean
+from rooflight.collectors.samples import EngineSeries
+
+INITIAL_STATE = DetectorState()
+GPU_DRAM = "dram"  # a GPU's DRAM bandwidth utilization (0..1) inside its SeriesHistory (the sampler's)
+
+
+@dataclass(frozen=True, slots=True)
+class DeriveSettings:
+    """What the derive step needs of the agent's configuration: fixed for a target's life."""
+
+    shortest: tuple[str, float] | None  # (name, seconds) of the shortest window: the detectors judge it
+    longer: Mapping[str, float]  # the other windows by name, shortest first (derive_target's order)
+    percentiles: tuple[str, ...]
+    interval: float  # seconds between samples
+    thresholds: DetectorThresholds
+    long_every: float  # how often the longer windows are derived again (policy.long_windows_every)
+    tails: policy.TailSpan
+
+
+def derive_settings(windows: Mapping[str, float], percentiles: tuple[str, ...], interval: float,
+                    thresholds: DetectorThresholds) -> DeriveSettings:
+    ordered = sorted(windows.items(), key=lambda kv: kv[1])
+    longer = dict(ordered[1:])
+    return DeriveSettings(shortest=ordered[0] if ordered else None, longer=longer, percentiles=percentiles,
+                          interval=interval, thresholds=thresholds, long_every=policy.long_windows_every(longer),
+                          tails=policy.tail_span(tuple(windows.values())))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMeasures:
+    """The histories of the target's own GPUs, as NVML measured them (DRAM bandwidth utilization, the
+    energy counter): None for a GPU not sampled yet. Read over each window this sample derives, whose
+    length can be shorter than configured while the history is young. Empty: no GPU seen."""
+
+    histories: tuple[SeriesHistory | None, ...] = ()
+
+    def over(self, seconds: float) -> tuple[float | None, float | None]:
+        """(mean DRAM bandwidth utilization, mean power in watts) of the GPUs over the last `seconds`."""
+        return gpu_dram_utilization(self.histories, seconds), _energy_watts(self.histories, seconds)
+
+
+def gpu_dram_utilization(histories: Iterable[SeriesHistory | None], seconds: float) -> float | None:
+    """Measured DRAM bandwidth utilization of the GPUs, time-averaged over the window, then over the GPUs
+    that measured it."""
+    means = []
+    for history in histories:
+        span = history.window(seconds) if history else None
+        value = mean(*span, GPU_DRAM) if span else None
+        if value is not None:
+            means.append(value)
+    return sum(means) / len(means) if means else None
+
+
+def _energy_watts(histories: tuple[SeriesHistory | None, ...], seconds: float) -> float | None:
+    """Mean power of the GPUs over the window, from NVML's energy counter; None unless every one of them
+    reports it (a partial sum would overstate tokens per joule)."""
+    if not histories or any(h is None for h in histories):
+        return None
+    return gpu_energy_watts([h for h in histories if h is not None], seconds)
+
+
+NO_GPU = GpuMeasures()
+
+
+@dataclass(frozen=True, slots=True)
+class TargetInputs:
+    """What one sample of a target brings besides its series' histories: the same for each of its series."""
+
+    constants: TargetConstants
+    signal_settings: SignalSettings  # role, SLOs, GPU price
+    batch_max_flag: float | None = None  # --batch-max: over what the engine says
+    info_batch_max: float | None = None  # the engine's info endpoint's batch cap
+    info_settings: Mapping[str, str] = field(default_factory=dict)  # the info endpoint's settings
+    gpu: GpuMeasures = NO_GPU
+    proxy_judges: bool = False  # a proxy relays the target's streams, and the target has one series
+    proxy_itl_worst: float | None = None  # the worst gap it saw over the ITL span (policy.ITL_SPAN_INTERVALS)
+
+
+@dataclass(frozen=True, slots=True)
+class Derived:
+    """One series' view, its next detector state, and what the loop counts, logs and marks."""
+
+    view: SeriesView
+    state: DetectorState
+    dropped: tuple[str, ...] = ()  # a reason per value withheld as physically impossible (derive.py)
+    windows_failed: str | None = None  # why the windows or verdicts could not be derived
+    signals_failed: str | None = None  # why the capacity signals could not be derived
+    rising: tuple[str, ...] = ()  # the verdicts that turned on (policy.MARKED's names)
+
+
+def derive_series(series: EngineSeries, history: SeriesHistory | None, target: TargetInputs,
+                  settings: DeriveSettings, state: DetectorState, now: float) -> Derived:
+    """The series' view on this sample (see the module docstring); `now` is monotonic."""
+    dropped: list[str] = []
+    windows_failed = signals_failed = None
+    try:
+        judged, state = _judged(series, history, target, settings, state, now, dropped)
+    except (ArithmeticError, ValueError) as exc:
+        windows_failed = f"windows of {series.model!r} rank {series.rank!r}: {exc!r}"
+        judged = _Judged()
+    batch_max = judged.batch_max
+    try:
+        signals, state = _signals_kept(judged.windows, judged.longer, batch_max, series, target, state)
+    except (ArithmeticError, ValueError) as exc:
+        signals_failed = f"{series.model!r} rank {series.rank!r}: {exc!r}"
+        signals = ()
+    view = SeriesView(series=series, windows=judged.windows, verdicts=judged.verdicts, batch_max=batch_max,
+                      live_kv_bytes=judged.live_kv_bytes, signals=signals, settings=_settings(target, series),
+                      work=judged.work)
+    return Derived(view, state, tuple(dropped), windows_failed, signals_failed, judged.rising)
+
+
+def with_signals(view: SeriesView, constants: TargetConstants | None, settings: SignalSettings) -> SeriesView:
+    """The view with its windows' capacity signals (signals/headroom.py), from its target's constants and
+    settings; raises ArithmeticError or ValueError on odd inputs."""
+    return replace(view, signals=series_signals(view.windows, constants, view.batch_max,
+                                                view.series.kv_capacity_tokens, settings))
+
+
+def _signals_kept(windows: tuple[derive.WindowValues, ...], longer: tuple[derive.WindowValues, ...],
+                  batch_max: float | None, series: EngineSeries, target: TargetInputs,
+                  state: DetectorState) -> tuple[tuple[WindowSignals, ...], DetectorState]:
+    """The windows' capacity signals (as with_signals gives them), those of the longer windows (the last
+    ones) kept with them while they stand (policy.LongSignals): the same windows, batch cap and settings
+    give the same signals, and at 10 Hz they stand for ten samples."""
+    settings, capacity, constants = target.signal_settings, series.kv_capacity_tokens, target.constants
+    if not longer:
+        return series_signals(windows, constants, batch_max, capacity, settings), state
+    short = series_signals(windows[:-len(longer)], constants, batch_max, capacity, settings)
+    kept = state.long_signals
+    if kept is not None and kept.windows is longer and kept.batch_max == batch_max and kept.settings == settings:
+        return short + kept.signals, state
+    signals = series_signals(longer, constants, batch_max, capacity, settings)
+    return short + signals, state._replace(long_signals=policy.LongSignals(longer, batch_max, settings, signals))
+
+
+class _Judged(NamedTuple):
+    """What one sample judged of a series: its windows (shortest first; `longer` the windows after it, as
+    policy.LongWindows holds them), verdicts, batch cap, live KV, work counters, and the verdicts that rose."""
+
+    windows: tuple[derive.WindowValues, ...] = ()
+    longer: tuple[derive.WindowValues, ...] = ()
+    verdicts: Verdicts | None = None
+    batch_max: float | None = None
+    live_kv_bytes: float | None = None
+    work: derive.WorkTotals | None = None
+    rising: tuple[str, ...] = ()
+
+
+def _judged(series: EngineSeries, history: SeriesHistory | None, target: TargetInputs, settings: DeriveSettings,
+            state: DetectorState, now: float, dropped: list[str]) -> tuple[_Judged, DetectorState]:
+    """The windows, work counters and verdicts of the series, with the state they leave."""
+    constants = target.constants
+    shortest = tuple(within_physics(w, constants) for w in _shortest_window(series, history, target, settings, dropped))
+    longer, state = _longer_windows(series, history, target, settings, state, now, dropped)
+    windows = shortest + longer
+    state = _count_work(state, history, shortest)
+    batch_max = _first(target.batch_max_flag, series.batch_max_requests, target.info_batch_max)
+    live = derive.live_kv_bytes(series.kv_usage_ratio, series.kv_capacity_tokens, constants)
+    tail, state = policy.itl_tail(state, history, settings.interval, settings.tails, now,
+                                  target.proxy_itl_worst, target.proxy_judges)
+    verdicts = _verdicts(series, windows, history, batch_max, tail, settings.thresholds)
+    verdicts, state = policy.hold_head_of_line(state, verdicts, now, settings.thresholds.hol_hold_seconds)
+    rising, state = policy.rising_edges(state, verdicts)
+    return _Judged(windows, longer, verdicts, batch_max, live, state.work, rising), state
+
+
+def _count_work(state: DetectorState, history: SeriesHistory | None,
+                shortest: tuple[derive.WindowValues, ...]) -> DetectorState:
+    """The series' work counters with the latest sample's interval added (once per sample)."""
+    interval = history.last_interval() if history is not None else None
+    if interval is None:
+        return state
+    return state._replace(work=derive.accumulate_work(state.work, *interval, shortest[0] if shortest else None))
+
+
+def _shortest_window(series: EngineSeries, history: SeriesHistory | None, target: TargetInputs,
+                     settings: DeriveSettings, dropped: list[str]) -> tuple[derive.WindowValues, ...]:
+    """The shortest window, derived on every sample: the detectors judge it."""
+    if history is None or settings.shortest is None:
+        return ()
+    name, seconds = settings.shortest
+    values = derive.derive_window(history, name, seconds, target.constants, series.kv_capacity_tokens,
+                                  settings.percentiles)
+    return _measured((values,) if values is not None else (), target.gpu, dropped)
+
+
+def _longer_windows(series: EngineSeries, history: SeriesHistory | None, target: TargetInputs,
+                    settings: DeriveSettings, state: DetectorState, now: float,
+                    dropped: list[str]) -> tuple[tuple[derive.WindowValues, ...], DetectorState]:
+    """The longer windows, checked against the GPUs' physics: as last derived while they stand
+    (policy.long_windows_kept), else derived again."""
+    if history is None or not settings.longer:
+        return (), state
+    kept, constants = state.long, target.constants
+    if kept is not None and policy.long_windows_kept(kept, now, settings.long_every, settings.interval, constants,
+                                                     series.kv_capacity_tokens):
+        return kept.windows, state
+    windows = derive.derive_target(history, settings.longer, constants, series.kv_capacity_tokens,
+                                   settings.percentiles)
+    windows = tuple(within_physics(w, constants) for w in _measured(windows, target.gpu, dropped))
+    return windows, state._replace(long=policy.LongWindows(now, constants, series.kv_capacity_tokens, windows))
+
+
+def _measured(windows: tuple[derive.WindowValues, ...], gpu: GpuMeasures,
+              dropped: list[str]) -> tuple[derive.WindowValues, ...]:
+    """Freshly derived windows with what the GPUs measured over each (DRAM bandwidth, energy); the values
+    they withheld noted in `dropped`."""
+    dropped.extend(r for w in windows for r in w.dropped)
+    if not gpu.histories:
+        return windows
+    return tuple(_with_gpu_measures(w, *gpu.over(w.seconds)) for w in windows)
+
+
+def _with_gpu_measures(w: derive.WindowValues, dram: float | None, watts: float | None) -> derive.WindowValues:
+    """The window with the GPUs' DRAM utilization and power over it; itself where they are what it holds
+    (no GPU seen: both None, on every sample)."""
+    if dram == w.dram_utilization and watts == w.energy_watts:
+        return w
+    return replace(w, dram_utilization=dram, energy_watts=watts)
+
+
+def _settings(target: TargetInputs, series: EngineSeries) -> dict[str, str]:
+    """The engine's settings for one series: its info endpoint's, then its page's for this rank (fresher,
+    and per rank), each adapter's fixed list (rooflight_engine_config_info)."""
+    return {**target.info_settings, **series.settings}
+
+
+def _first(*values: float | int | None) -> float | None:
+    """The first value given: a flag, then what the engine's metrics say, then its info endpoint."""
+    return next((float(v) for v in values if v is not None), None)
+
+
+def _verdicts(series: EngineSeries, windows: tuple[derive.WindowValues, ...], history: SeriesHistory | None,
+              batch_max: float | None, tail: ItlTail, thresholds: DetectorThresholds) -> Verdicts | None:
+    """The detectors over the shortest window, against the ITL tail's own recent median."""
+    if not windows or history is None:
+        return None
+    short = windows[0]
+    span = history.window(short.seconds)
+    kv_peak, waiting_low = _kv_peak_and_queue_floor(history, span[0]) if span else (None, None)
+    inputs = DetectorInputs(
+        itl_worst_recent=tail.worst,
+        itl_worst_baseline=tail.baseline,
+        itl_source=tail.source,
+        step_tokens_largest_recent=tail.largest_step,
+        step_tokens_largest_baseline=tail.largest_step_baseline,
+        prefill_tokens_per_step_short=short.prefill_tokens_per_step,
+        kv_usage=series.kv_usage_ratio,
+        kv_usage_peak_short=kv_peak,
+        preemptions_per_second_short=short.preemptions_per_second,
+        running=series.running,
+        waiting=series.waiting,
+        waiting_min_short=waiting_low,
+        batch_max=batch_max,
+        **derive.stall_inputs(history, thresholds.stall_seconds),
+    )
+    return evaluate(inputs, thresholds)
+
+
+def _kv_peak_and_queue_floor(history: SeriesHistory, first: Point) -> tuple[float | None, float | None]:
+    """The highest KV occupancy and the shortest queue since `first` (derive.maximum and derive.minimum in
+    one pass over the points: at 10 Hz a 10 s window holds a hundred of them)."""
+    kv, waiting = derive.KV_USAGE, derive.WAITING
+    peak = low = None
+    for p in history.points_since(first):
+        gauges = p.gauges
+        value = gauges.get(kv)
+        if value is not None and (peak is None or value > peak):
+            peak = value
+        value = gauges.get(waiting)
+        if value is not None and (low is None or value < low):
+            low = value
+    return peak, low
