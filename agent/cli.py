@@ -84,7 +84,7 @@ def draft_for(target: cfg.TargetConfig) -> Any:
     """The target's speculative-decoding draft model (--draft-model / --draft-model-config), or None."""
     if not (target.draft_model or target.draft_model_config):
         return None
-    from rooflight.agent.roofline.plan import resolve_model
+    from rooflight.agent.model_files import resolve_model
 
     try:
         return resolve_model(target.draft_model, target.draft_model_config, None, None)
@@ -95,7 +95,8 @@ def draft_for(target: cfg.TargetConfig) -> Any:
 def resolve_models(config: cfg.AgentConfig) -> dict[str, tuple[Any, str | None]]:
     """Load every model given by preset or config.json now, so a bad one stops the start (exit 2)."""
     from rooflight.agent.roofline.gpus import get_profile
-    from rooflight.agent.roofline.models import load_config_json, preset
+    from rooflight.agent.model_files import load_config_json
+    from rooflight.agent.roofline.models import preset
 
     out: dict[str, tuple[Any, str | None]] = {}
     for t in config.targets:

@@ -28,9 +28,9 @@ from rooflight.agent.roofline.plan import (
     build_pool_plan,
     ms,
     physics_capacities,
-    resolve_model,
     sig,
 )
+from rooflight.agent.model_files import resolve_model
 from rooflight.agent.config.values import parse_duration
 
 

@@ -23,11 +23,9 @@ worked numbers are computed with those);
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -614,44 +612,6 @@ def from_hf_config(cfg: Mapping[str, Any], *, source: str, name: str | None = No
     if low_bit and not override and scheme is None:  # torch_dtype itself names a low-bit dtype
         spec = spec.with_dtypes(low_bit, None)
     return spec.with_dtypes(weight_dtype, kv_dtype)
-
-
-MAX_CONFIG_JSON_BYTES = 16 * 1024 * 1024  # real config.json files are a few KiB; /dev/zero never ends
-
-
-def _read_json(p: Path) -> Any:
-    """The JSON at `p`, reading at most MAX_CONFIG_JSON_BYTES (a device or a wrong file is not read to the end)."""
-    try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_CONFIG_JSON_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"cannot read model config {p}: {e.strerror or e}") from None
-    if len(raw) > MAX_CONFIG_JSON_BYTES:
-        raise ConfigError(f"model config {p}: larger than {MAX_CONFIG_JSON_BYTES // (1024 * 1024)} MiB;"
-                          " give the model's config.json (a few KiB)")
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as e:
-        raise ConfigError(f"model config {p} is not valid JSON: {e}") from None
-
-
-def load_config_json(path: str | Path, **kw: Any) -> ModelSpec:
-    """Read a config.json (or a model directory holding one); ConfigError if unreadable or bad.
-
-    A ModelOpt checkpoint whose config.json has no quantization_config keeps it in the
-    hf_quant_config.json beside it (vLLM reads it there too); it is merged in.
-    """
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    cfg = _read_json(p)
-    sidecar = p.parent / "hf_quant_config.json"
-    if isinstance(cfg, dict) and cfg.get("quantization_config") is None and sidecar.is_file():
-        quant = ConfigReader(_read_json(sidecar), f"{sidecar}").mapping("quantization")
-        if quant is not None:
-            cfg = {**cfg, "quantization_config": {"quant_method": "modelopt", **quant.cfg}}
-    kw.setdefault("name", (p.parent.name if p.name == "config.json" else "") or p.stem)
-    return from_hf_config(cfg, source=f"config.json:{p}", **kw)
 
 
 def _dense(layers: int, h: int, heads: int, kv: int, inter: int, vocab: int, **extra: Any) -> dict:

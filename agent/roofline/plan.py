@@ -21,7 +21,7 @@ from typing import Any
 from rooflight.agent.roofline import physics as ph
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.gpus import GpuProfile
-from rooflight.agent.roofline.models import ModelSpec, load_config_json, preset, preset_for_hf_id
+from rooflight.agent.roofline.models import ModelSpec
 
 NVLINK_ALLREDUCE_SECONDS = 5e-6  # fixed launch-plus-latency floor of one small all-reduce on NVLink
 NVLINK_BYTES_PER_SECOND = 450e9  # one GPU's NVLink 4 bandwidth, one direction (H100/H200 SXM)
@@ -195,23 +195,6 @@ def sig(x: float, digits: int = 3) -> str:
 def ms(s: float) -> str:
     """Seconds as milliseconds to 3 significant digits: 0.0104 -> '10.4 ms'."""
     return f"{sig(s * 1e3)} ms"
-
-
-def resolve_model(model: str | None, model_config: str | None, weight_dtype: str | None,
-                  kv_dtype: str | None) -> ModelSpec:
-    """--model-config wins; --model is a preset name or a Hugging Face id that maps to one."""
-    if model_config:  # the overrides replace what the config says, so an unsized scheme still plans
-        return load_config_json(model_config, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
-    else:
-        name = model or "ref-8b"
-        try:
-            spec = preset(name)
-        except ConfigError:
-            found = preset_for_hf_id(name)
-            if found is None:
-                raise
-            spec = found
-    return spec.with_dtypes(weight_dtype, kv_dtype)
 
 
 # --- Pools: disaggregated prefill and decode, or one shared pool (docs/physics.md, section Headroom) ---

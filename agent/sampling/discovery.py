@@ -16,7 +16,8 @@ from typing import Any
 
 from rooflight.agent.config.agent import TargetConfig
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.roofline.models import ModelSpec, load_config_json, preset_for_hf_id
+from rooflight.agent.model_files import load_config_json
+from rooflight.agent.roofline.models import ModelSpec, preset_for_hf_id
 from rooflight.collectors.common import cut
 
 log = logging.getLogger("rooflight")

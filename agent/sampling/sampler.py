@@ -184,7 +184,7 @@ class Agent:
         if not (target.draft_model or target.draft_model_config):
             return None
         if target.name not in self._drafts:
-            from rooflight.agent.roofline.plan import resolve_model
+            from rooflight.agent.model_files import resolve_model
 
             self._drafts[target.name] = resolve_model(target.draft_model, target.draft_model_config, None, None)
         return self._drafts[target.name]

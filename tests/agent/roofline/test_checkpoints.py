@@ -15,7 +15,8 @@ import pytest
 from rooflight.agent.cli import main
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.gpus import get_profile
-from rooflight.agent.roofline.models import from_hf_config, load_config_json, preset, preset_for_hf_id
+from rooflight.agent.model_files import load_config_json
+from rooflight.agent.roofline.models import from_hf_config, preset, preset_for_hf_id
 from rooflight.agent.plan_cli import format_plan
 from rooflight.agent.roofline.plan import build_plan
 from support import MODEL_CONFIGS

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from rooflight.agent.cli import main
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.config_reader import ConfigReader, describe
-from rooflight.agent.roofline.models import _FIELDS, load_config_json
+from rooflight.agent.model_files import load_config_json
+from rooflight.agent.roofline.models import _FIELDS
 from support import MODEL_CONFIGS
 
 BASES = ("llama-3-8b.json", "mistral-7b-v0.1.json", "gemma-2-9b.json", "deepseek-v3-mla.json",

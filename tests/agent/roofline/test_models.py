@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.roofline.models import (PRESETS, dtype_bytes, from_hf_config, load_config_json, preset,
-                                            preset_for_hf_id)
+from rooflight.agent.model_files import load_config_json
+from rooflight.agent.roofline.models import PRESETS, dtype_bytes, from_hf_config, preset, preset_for_hf_id
 from support import MODEL_CONFIGS
 
 FIX = MODEL_CONFIGS

@@ -11,7 +11,8 @@ import pytest
 
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.gpus import get_profile
-from rooflight.agent.roofline.models import load_config_json, preset
+from rooflight.agent.model_files import load_config_json
+from rooflight.agent.roofline.models import preset
 from rooflight.agent.roofline import physics
 from rooflight.agent.plan_cli import fetch_live, format_plan, live_series, plan_to_dict, register, window_seconds
 from rooflight.agent.roofline.plan import build_plan, build_pool_plan, physics_capacities, sig
@@ -375,7 +376,7 @@ def test_from_live_with_a_page_that_is_not_prometheus_text_is_a_config_error(pag
 
 
 def test_a_model_config_that_never_ends_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rooflight.agent.roofline import models
+    from rooflight.agent import model_files as models
 
     if Path("/dev/zero").exists():
         with pytest.raises(ConfigError, match="larger than 16 MiB"):

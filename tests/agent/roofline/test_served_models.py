@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from rooflight.agent.roofline import physics
-from rooflight.agent.roofline.models import from_hf_config, load_config_json, preset
+from rooflight.agent.model_files import load_config_json
+from rooflight.agent.roofline.models import from_hf_config, preset
 from rooflight.agent.roofline.quantization import Patterns
 from support import MODEL_CONFIGS
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rooflight.agent.roofline.constants import TargetConstants
-from rooflight.agent.roofline.models import load_config_json
+from rooflight.agent.model_files import load_config_json
 from support import MODEL_CONFIGS
 from test_derive_served import BW, H100, PEAK, _constants, _series, _window
 

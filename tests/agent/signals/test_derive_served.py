@@ -10,7 +10,8 @@ import pytest
 
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.roofline.gpus import get_profile
-from rooflight.agent.roofline.models import load_config_json, preset
+from rooflight.agent.model_files import load_config_json
+from rooflight.agent.roofline.models import preset
 from rooflight.agent.signals import derive
 from rooflight.agent.signals.windows import SeriesHistory
 from rooflight.collectors.samples import EngineSeries, Histogram
