@@ -274,8 +274,8 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     lora = lora_extra(exp)
 
     keys: set[_Key] = set()
-    for table in (running, waiting, kv_usage, by_reason, by_source, generation, steps, preemptions, ttft, itl,
-                  *requests.values()):
+    for table in (running, waiting, kv_usage, by_reason, by_source, generation, steps, preemptions,
+                  kv_transfer_failures, ttft, itl, *requests.values()):
         keys.update(table)
     for table in extras.values():
         keys.update(table)

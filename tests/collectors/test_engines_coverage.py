@@ -25,13 +25,19 @@ SGLANG_LENGTHS = "".join(
 TGI_QUEUE = ('tgi_request_queue_duration_bucket{le="+Inf"} 4\ntgi_request_queue_duration_count 4\n'
              "tgi_request_queue_duration_sum 1.5\n")
 
+# What the CPU recordings cannot show: the failed-transfer counters of disaggregated prefill/decode.
+VLLM_NIXL = 'vllm:nixl_num_failed_transfers_total{engine="0",model_name="m"} 2.0\n'
+SGLANG_TRANSFER = 'sglang:num_transfer_failed_reqs_total{model_name="m",tp_rank="0"} 1.0\n'
+
 PAGES: dict[str, list[str]] = {
-    "vllm": [sample_text(n) for n in ("vllm-cpu-rest-fresh.prom", "vllm-cpu-load-c16.prom", "vllm-cpu-preempt-during.prom")],
+    "vllm": [*(sample_text(n) for n in ("vllm-cpu-rest-fresh.prom", "vllm-cpu-load-c16.prom",
+                                        "vllm-cpu-preempt-during.prom")), VLLM_NIXL],
     "sglang": [
         sample_text("sglang-docs-llama31-8b-under-load.prom"),
         sample_text("dynamo-sglang-worker-1req.prom"),
         synthetic_page("sglang-dp2-tp2-pids"),
         SGLANG_LENGTHS,
+        SGLANG_TRANSFER,
     ],
     "tgi": [synthetic_page("tgi-3x"), TGI_QUEUE],
     "trtllm": [synthetic_page("trtllm-serve-2026")],

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rooflight.agent.metrics import names as n
 from rooflight.agent.metrics.exposition import registry_for
-from rooflight.agent.metrics.snapshot import Snapshot, TargetView
+from rooflight.agent.metrics.snapshot import SeriesView, Snapshot, TargetView
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.config.agent import build
 from rooflight.collectors import dynamo, sglang, vllm
@@ -140,8 +140,6 @@ def _failures(adapter: object, text: str) -> dict[str, float | None]:
 
 
 def _exported_failures(adapter: object, text: str) -> dict[str, float]:
-    from rooflight.agent.metrics.snapshot import SeriesView
-
     sample = adapter.parse(text, target="t", timestamp=1.0, duration=0.0)  # type: ignore[attr-defined]
     target = TargetView(name="t", url="http://t", engine=sample.engine, constants=None, model_source=None,
                         series=tuple(SeriesView(series=s) for s in sample.series))
@@ -153,6 +151,12 @@ def _exported_failures(adapter: object, text: str) -> dict[str, float]:
 def test_vllm_nixl_failed_transfers_per_engine_rank_are_exported_as_counted() -> None:
     assert _failures(vllm, VLLM_FAILURES) == {"0": 3.0, "1": 5.0}
     assert _exported_failures(vllm, VLLM_FAILURES) == {"0": 3.0, "1": 5.0}
+    sample = vllm.parse(VLLM_FAILURES, target="t", timestamp=1.0, duration=0.0)
+    target = TargetView(name="t", url="http://t", engine=sample.engine, constants=None, model_source=None,
+                        series=tuple(SeriesView(series=s) for s in sample.series))
+    text = generate_latest(registry_for(lambda: Snapshot(created=0.0, targets=(target,)))).decode()
+    promtool_clean(text)
+    check_golden(GOLDEN / "vllm-kv-transfer-failures.prom", text)
 
 
 def test_sglang_transfer_failed_requests_are_read_and_absent_where_not_counted() -> None:

@@ -52,6 +52,7 @@ ABSENT = {
     "rooflight_spec_decode_acceptance_ratio": "the simulated vLLM runs no speculative decoding",
     "rooflight_kv_transfer_latency_seconds": "SGLang's transfer times; the demo is a vLLM",
     "rooflight_kv_transfer_speed_bytes_per_second": "SGLang's transfer speeds; the demo is a vLLM",
+    "rooflight_kv_transfer_failures_total": "failed transfers between prefill and decode instances; the demo is one",
     "rooflight_cost_per_million_tokens": "`rooflight demo` takes no --gpu-hour-cost",
     "rooflight_blended_cost_per_million_tokens": "`rooflight demo` takes no --gpu-hour-cost",
     "model:rooflight_gpu_hour_cost:sum": "`rooflight demo` takes no --gpu-hour-cost",
