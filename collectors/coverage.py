@@ -61,6 +61,10 @@ def table() -> str:
     columns = list(ENGINES)
     lines = ["| metric | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     decls = {e: coverage(e) for e in columns}
+    for e, decl in decls.items():
+        if lacking := [field for field in FIELDS if field not in decl]:
+            raise ValueError(f"collectors/{e}: COVERAGE lacks {', '.join(lacking)}: declare each field's wire "
+                             "metric, or \"none: <why>\" (docs/engines.md, Adding an engine)")
     for field, metric in FIELDS.items():
         cells = []
         for e in columns:

@@ -84,3 +84,20 @@ def test_check_mode_fails_on_a_stale_copy(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "rooflight.collectors.coverage", "--check", str(stale)]
     assert subprocess.run(cmd, cwd=ROOT, capture_output=True).returncode == 1
     assert subprocess.run(cmd[:-1] + [str(DOC)], cwd=ROOT, capture_output=True).returncode == 0
+
+
+def test_the_adding_an_engine_example_declares_every_field() -> None:
+    """docs/engines.md's minimal adapter is copied by whoever adds an engine: its COVERAGE must be complete."""
+    import re
+
+    doc = (ROOT / "docs" / "engines.md").read_text()
+    block = doc.split("COVERAGE: dict[str, str] = {", 1)[1].split("}", 1)[0]
+    assert set(re.findall(r'^\s*"(\w+)":', block, re.M)) == set(coverage.FIELDS)
+
+
+def test_an_incomplete_coverage_is_named_not_a_key_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = coverage.coverage
+    monkeypatch.setattr(coverage, "coverage", lambda e: {k: v for k, v in real(e).items() if k != "queue_time"}
+                        if e == "tgi" else real(e))
+    with pytest.raises(ValueError, match="collectors/tgi: COVERAGE lacks queue_time"):
+        coverage.table()
