@@ -17,7 +17,7 @@ blocking and Batch verdicts); what to do about each is in docs/runbooks.md:
   counts, and on a shared CPU host those stalls dwarf a prefill's (docs/physics.md, section
   Head-of-line blocking). One long prompt run whole stalls every decode for one step; at the agent's
   1 s resolution that step is visible, where its few observations vanish below p99 in a 10 s or 1 m
-  window. The sampler holds the flag up `hol_hold_seconds` after the
+  window. The derive step (signals/policy.py) holds the flag up `hol_hold_seconds` after the
   stall so a 15-30 s Prometheus scrape sees it. Not while the engine preempts (short-window rate above
   `hol_max_preemptions_per_second`): a preempted sequence's next token comes seconds later and its
   recompute is prefill, so the tail inflates at the KV wall too; that is the capacity-capped verdict's
