@@ -7,11 +7,12 @@ and the CLI turns that into exit code 2. What the rest of the agent sees is froz
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from rooflight.agent.config import settings as st
 from rooflight.agent.config.urls import check_engine_url, public_url, target_name
@@ -138,6 +139,12 @@ def env_settings(environ: Mapping[str, str]) -> dict[str, Any]:
 _SERVICE_LINK = re.compile(r"^(?:.*_)?(?:service_host|service_port.*|port|port_\d+_.*)$")
 
 
+def _did_you_mean(key: str, known: Iterable[str]) -> str:
+    """`; did you mean interval?` for a misspelt key (intervall), else nothing."""
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
 def build(file_settings: Mapping[str, Any], env: Mapping[str, Any], flags: Mapping[str, Any]) -> AgentConfig:
     """Merge the three layers (flags win) and validate."""
     merged: dict[str, Any] = {}
@@ -146,8 +153,10 @@ def build(file_settings: Mapping[str, Any], env: Mapping[str, Any], flags: Mappi
         merged.update({k: v for k, v in layer.items() if v is not None})
     unknown = set(merged) - st.FILE_KEYS
     if unknown:
-        hints = "".join(f"; for {k} write {st.FLAG_SPELLINGS[k]}" for k in sorted(unknown) if k in st.FLAG_SPELLINGS)
-        raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}{hints}; see `rooflight run --help`")
+        hints = "".join(f"; for {k} write {st.FLAG_SPELLINGS[k]}" if k in st.FLAG_SPELLINGS else _did_you_mean(k, st.FILE_KEYS)
+                        for k in sorted(unknown))
+        raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}{hints}; the settings are listed in "
+                          "`rooflight run --help` (a file key is the flag's name with _ for -)")
     shared = {s.key: merged[s.key] for s in st.TARGET if s.key in merged}
     targets = _targets(merged, shared)
     config = AgentConfig(
@@ -306,7 +315,9 @@ def _target(entry: Mapping[str, Any], shared: Mapping[str, Any]) -> TargetConfig
     shown = public_url(url)
     unknown = set(entry) - st.TARGET_KEYS
     if unknown:
-        raise ConfigError(f"target {shown}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+        hints = "".join(_did_you_mean(str(k), st.TARGET_KEYS) for k in sorted(map(str, unknown)))
+        raise ConfigError(f"target {shown}: unknown key(s) {', '.join(sorted(map(str, unknown)))}{hints}; a target "
+                          f"takes {', '.join(sorted(st.TARGET_KEYS))}")
     if values.get("model") and values.get("model_config"):
         raise ConfigError(f"target {shown}: give --model or --model-config, not both")
     name = str(values.get("name") or target_name(url))

@@ -311,3 +311,13 @@ def test_a_target_name_with_control_characters_is_refused_with_a_clear_error(tmp
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2, run.stdout + run.stderr
     assert "printable" in run.stderr and "\x1b" not in run.stderr and "\\x1b" in run.stderr
+
+
+def test_a_misspelt_key_is_answered_with_the_one_meant() -> None:
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\): intervall; did you mean interval\?"):
+        cfg.build({"intervall": "1s", "engine_url": ["http://127.0.0.1:8000"]}, {}, {})
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) modle; did you mean model\?; a target takes .*model_config"):
+        cfg.build({"targets": [{"url": "http://127.0.0.1:8000", "modle": "llama-3-8b"}]}, {}, {})
+    with pytest.raises(ConfigError) as far:  # nothing close: no guess
+        cfg.build({"zzzz": 1, "engine_url": ["http://127.0.0.1:8000"]}, {}, {})
+    assert "did you mean" not in str(far.value)
