@@ -238,3 +238,11 @@ def synthetic_page(name: str) -> str:
     """A synthetic /metrics page from `engine-samples/synthetic/<name>.prom` (provenance in its README),
     without its first `# source:` line: for what no recording shows (TGI, a full trtllm-serve page, ...)."""
     return sample_text(f"synthetic/{name}.prom")
+
+
+def with_energy(windows: Any, watts_for: Any) -> tuple[Any, ...]:
+    """The windows with energy_watts set from `watts_for(window seconds)`, as the derive step sets it from the
+    GPUs' energy counter (agent/signals/series.py): for tests that hand-build windows."""
+    from dataclasses import replace
+
+    return tuple(replace(w, energy_watts=watts_for(w.seconds)) for w in windows)

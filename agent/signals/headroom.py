@@ -25,8 +25,8 @@ queue grows behind the wall, so an autoscaler asks for the pods the queue needs 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
 
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline import physics
@@ -425,12 +425,6 @@ def gpu_energy_watts(histories: Iterable[SeriesHistory], seconds: float) -> floa
         total += joules / (span[1].t - span[0].t)
         any_gpu = True
     return total if any_gpu else None
-
-
-def with_energy(windows: Iterable[WindowValues],
-                watts_for: Callable[[float], float | None]) -> tuple[WindowValues, ...]:
-    """The windows with energy_watts set from `watts_for(window seconds)` (the GPUs' mean power)."""
-    return tuple(replace(w, energy_watts=watts_for(w.seconds)) for w in windows)
 
 
 def _peaks(constants: TargetConstants | None) -> tuple[float, float] | None:

@@ -15,10 +15,10 @@ from prometheus_client import generate_latest
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.config.agent import build
 from rooflight.agent.metrics.exposition import registry_for
-from rooflight.agent.signals.headroom import SignalSettings, with_energy
+from rooflight.agent.signals.headroom import SignalSettings
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.collectors.nvml_fake import a100_like, h100_like
-from support import GOLDEN, FakeEngine, check_golden, promtool_clean, sample_text, started_agent
+from support import GOLDEN, FakeEngine, check_golden, promtool_clean, sample_text, started_agent, with_energy
 
 
 @asynccontextmanager

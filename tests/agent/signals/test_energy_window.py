@@ -10,6 +10,7 @@ import pytest
 from rooflight.agent.signals import headroom as hr
 from rooflight.agent.signals.derive import WindowValues
 from rooflight.agent.signals.windows import SeriesHistory
+from support import with_energy
 
 WATTS = 550.0  # one H100 under load, constant: every window's mean power is exactly this
 
@@ -44,6 +45,6 @@ def test_tokens_per_joule_after_an_hour_is_tokens_per_second_over_the_windows_po
     history = _gpu_history(3600)
     windows = [WindowValues(window=name, seconds=s, tokens_per_second={"decode": 1100.0})  # type: ignore[arg-type]
                for name, s in (("10s", 10.0), ("1m", 60.0), ("5m", 300.0))]
-    for w in hr.with_energy(windows, lambda seconds: hr.gpu_energy_watts([history], seconds)):
+    for w in with_energy(windows, lambda seconds: hr.gpu_energy_watts([history], seconds)):
         assert w.energy_watts == pytest.approx(WATTS, rel=1e-9), w.window
         assert hr.tokens_per_joule(w, {"decode": 1.0}) == pytest.approx({"decode": 2.0}, rel=1e-9), w.window

@@ -23,7 +23,7 @@ from rooflight.agent.signals.derive import WindowValues
 from rooflight.agent.signals.windows import SeriesHistory
 from rooflight.collectors.nvml import NvmlCollector
 from rooflight.collectors.nvml_fake import h100_like
-from support import FakeEngine, started_agent
+from support import FakeEngine, started_agent, with_energy
 
 W, KV_TOKEN, P = 16e9, 131_072, 8e9  # the reference 8B: BF16 weights, K+V bytes per token, parameters
 H100 = get_profile("h100-sxm")
@@ -355,7 +355,7 @@ async def test_tokens_per_joule_from_the_energy_counter() -> None:
         collector.close()
     watts = hr.gpu_energy_watts(histories.values(), 10.0)
     assert watts == pytest.approx(1100.0)  # two GPUs at 550 W
-    (w,) = hr.with_energy([_window(tokens_per_second={"prefill": 6000.0, "decode": 2200.0})],
+    (w,) = with_energy([_window(tokens_per_second={"prefill": 6000.0, "decode": 2200.0})],
                           lambda seconds: hr.gpu_energy_watts(histories.values(), seconds))
     share = {"prefill": 0.25, "decode": 0.75}  # each phase's share of the GPU time
     assert hr.tokens_per_joule(w, share) == pytest.approx({"decode": 2200 / 825, "prefill": 6000 / 275})
