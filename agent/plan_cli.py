@@ -142,8 +142,8 @@ def format_pools(p: PoolPlan) -> str:
         + (f"; decode batch {p.decode_batch:,.0f}" if p.decode_batch else "") + ")",
         f"  prefill pool            {_groups(p.prefill_groups)} at {_pct(p.prefill_utilization)} busy: "
         f"p99 TTFT within {ms(p.ttft_slo)} ({sig(p.prefill_tokens_per_second)} prompt tok/s / "
-        f"{sig(p.prefill_capacity_per_group)} = {p.prefill_groups_at_full_load} at 100%, where the queue never "
-        "drains)",
+        f"{sig(p.prefill_capacity_per_group)} = {sig(p.prefill_tokens_per_second / p.prefill_capacity_per_group)} "
+        "groups' work; the rest is room for the queue, which never drains at 100%)",
         f"  decode pool             {_groups(p.decode_groups)} at {_pct(p.decode_utilization)} busy "
         f"({sig(p.decode_tokens_per_second)} output tok/s / {sig(p.decode_capacity_per_group)})",
         f"  one shared pool         {_groups(p.shared_groups)} at {_pct(p.shared_utilization)} busy "

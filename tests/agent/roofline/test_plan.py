@@ -205,7 +205,7 @@ def test_disaggregated_pools_for_100_requests_per_second(capsys: pytest.CaptureF
     assert d["shared_groups_at_full_load"] == 30 and d["share"] is False  # 0.2 s per prompt: past a 50 ms ITL
     out = run(capsys, "--rate", "100", "--prompt", "2000", "--output", "250", "--prefill-capacity", "10000",
               "--decode-capacity", "2500")
-    assert "prefill pool            23 groups at 87% busy" in out and "= 20 at 100%" in out
+    assert "prefill pool            23 groups at 87% busy" in out and "= 20 groups' work; the rest is room for the queue" in out
     assert "decode pool             10 groups" in out
     assert "Verdict: split: 23 prefill + 10 decode groups" in out
 
