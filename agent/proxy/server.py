@@ -313,8 +313,10 @@ class ProxyServer:
                 return conn, await answer
             except rl.UpstreamBroke as exc:
                 conn.close()
-                if exc.reason == "disconnected" and reused and not streamed and attempt == 1:
-                    continue  # a kept-alive connection the upstream had closed: the request never reached it
+                if exc.reason == "disconnected" and reused and not streamed and attempt == 1 and not conn.answered:
+                    # a kept-alive connection the upstream had closed: the request never reached it (once a
+                    # byte of an answer came, it had: a second copy would run the request twice)
+                    continue
                 if exc.reason == "unrelayable":
                     _UNRELAYABLE.note(f"the upstream's answer cannot be relayed ({exc})", request.remote)
                 raise _UpstreamFailed(502, "connect", exc) from None
