@@ -10,7 +10,9 @@ sums of the workers' latest values. Records and counters travel every FLUSH_SECO
 so /metrics lags the traffic by that much at most, on top of the usual refresh.
 
 A worker that dies takes the proxy down (exit 1): its supervisor restarts the whole, rather than running on
-with fewer cores than asked for.
+with fewer cores than asked for. So does a worker that hangs (nothing from it for HANG_SECONDS, where it
+sends every FLUSH_SECONDS): the kernel keeps handing it its share of new connections, which would wait
+forever while /metrics showed its last counters as if nothing were wrong.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from rooflight.agent.config.values import split_listen
 log = logging.getLogger("rooflight.proxy")
 FLUSH_SECONDS = 0.1  # how often a worker sends its finished requests and counters
 MAX_WORKERS = 256
+HANG_SECONDS = 30.0  # a worker that sends nothing for this long is taken for hung (its loop no longer turns)
 
 
 def parse_workers(value: Any) -> int:
@@ -118,14 +121,16 @@ def _send_all(outbox: "queue.SimpleQueue[tuple[Any, ...] | None]", pipe: Connect
 class Workers:
     """Starts the workers, feeds their records into `server.stats`, and stops them."""
 
-    def __init__(self, server: Any, n: int) -> None:
-        self.server, self.n = server, n
+    def __init__(self, server: Any, n: int, hang_seconds: float = HANG_SECONDS) -> None:
+        self.server, self.n, self.hang_seconds = server, n, hang_seconds
         self.pids: list[int] = []
         self._procs: list[Any] = []
         self._pipes: list[Connection] = []
         self._counters: list[dict[str, Any]] = [{} for _ in range(n)]
         self._ready = 0
         self._started: asyncio.Future[None] | None = None
+        self._heard = [0.0] * n  # when each worker last sent something (the loop's clock)
+        self._watchdog: asyncio.TimerHandle | None = None
         self.died: asyncio.Event = asyncio.Event()
 
     async def start(self, timeout: float = 120.0) -> None:
@@ -161,11 +166,30 @@ class Workers:
             if hold is not None:
                 hold.close()
         self.server.proxy_url = f"http://{shown}:{port}"
+        self._heard = [loop.time()] * self.n
+        self._watchdog = loop.call_later(self.hang_seconds / 4, self._watch)
         log.info("proxy on %s: %d worker processes (pids %s)", self.server.proxy_url, self.n,
                  ", ".join(map(str, self.pids)))
 
+    def _watch(self) -> None:
+        """Stop the proxy when a worker has sent nothing for hang_seconds (checked four times as often)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for i, pipe in enumerate(self._pipes):
+            try:
+                waiting = pipe.poll()  # (a parent that was itself held up has its messages still to read)
+            except (EOFError, OSError):
+                waiting = True  # ended: _receive says so
+            if not waiting and now - self._heard[i] > self.hang_seconds and not self.died.is_set():
+                log.error("proxy worker %d (pid %s) sent nothing for %.0f s (hung): stopping the proxy", i,
+                          self._procs[i].pid, now - self._heard[i])
+                self.died.set()
+        if not self.died.is_set():
+            self._watchdog = loop.call_later(self.hang_seconds / 4, self._watch)
+
     def _receive(self, i: int) -> None:
         pipe = self._pipes[i]
+        self._heard[i] = asyncio.get_running_loop().time()
         try:
             while pipe.poll():
                 self._handle(i, pipe.recv())
@@ -212,6 +236,9 @@ class Workers:
 
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         for pipe in self._pipes:
             with contextlib.suppress(Exception):
                 loop.remove_reader(pipe.fileno())

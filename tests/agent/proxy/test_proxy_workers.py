@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import sys
 
 import aiohttp
@@ -17,7 +18,9 @@ from demo_procs import async_child
 from fake_upstream import FakeUpstream, Script
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy import catalog as c
-from rooflight.agent.proxy.workers import parse_workers
+from rooflight.agent.config.proxy import build
+from rooflight.agent.proxy.server import ProxyServer
+from rooflight.agent.proxy.workers import Workers, parse_workers
 from support import free_port
 
 REQUESTS = 40
@@ -99,3 +102,34 @@ async def test_two_workers_share_the_port_and_metrics_count_every_request() -> N
 def test_a_bad_worker_count_says_what_to_fix(value: str) -> None:
     with pytest.raises(ConfigError, match="--workers"):
         parse_workers(value)
+
+
+async def started_workers(hang_seconds: float) -> Workers:
+    """Two workers on a free port, in front of nothing (no request is sent), from this process."""
+    config = build("http://127.0.0.1:9", listen="127.0.0.1:0", metrics_listen="127.0.0.1:0")
+    workers = Workers(ProxyServer(config), 2, hang_seconds=hang_seconds)
+    await workers.start()
+    return workers
+
+
+@pytest.mark.parametrize("how", ["hangs", "dies"])
+async def test_a_worker_that_hangs_or_dies_stops_the_proxy_and_the_port_is_released(how: str) -> None:
+    """A hung worker (here SIGSTOP: its loop no longer turns) kept its share of the port: the kernel handed it
+    new connections that waited forever, while the parent served its last counters as if all were well."""
+    workers = await started_workers(hang_seconds=3.0)
+    try:
+        procs = [psutil.Process(pid) for pid in workers.pids]
+        port = int(workers.server.proxy_url.rsplit(":", 1)[1])
+        await asyncio.sleep(3.0)  # both send every 0.1 s: not taken for hung
+        assert not workers.died.is_set()
+        procs[0].send_signal(signal.SIGSTOP if how == "hangs" else signal.SIGKILL)
+        await asyncio.wait_for(workers.died.wait(), 30)  # ~3 s after the stop; 10x to spare
+    finally:
+        await workers.stop()
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    assert not alive
+    probe = socket.socket()
+    try:
+        probe.bind(("127.0.0.1", port))  # released by every worker
+    finally:
+        probe.close()
