@@ -166,7 +166,7 @@ class ProxyHandler(HeaderDeadline, RequestHandler):
     requests counted and answered without a log line each."""
 
     __slots__ = ("_client", "_shares", "_events", "_header_timeout", "_deadline", "_busy", "_now", "_first_byte",
-                 "request_arrived")
+                 "request_arrived", "_payload")
 
     def __init__(self, manager: Any, *, client: str, shares: ConnectionShares, events: Events,
                  read_header_timeout: float, now: Callable[[], float] = time.monotonic, **kwargs: Any) -> None:
@@ -180,13 +180,17 @@ class ProxyHandler(HeaderDeadline, RequestHandler):
         # When the request being handled began to arrive (its first byte on this socket, read by `now`): a
         # client's TTFT includes the time it took to send its request, and the proxy's clock starts there.
         self.request_arrived: float | None = None
+        self._payload: Any = None  # the last request's body (a StreamReader): bytes of it are not a new request
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        if not self._busy:
+        # The rest of a body the handler did not read (aiohttp reads it after the answer) is not the next
+        # request: it must neither start that request's clock nor its header deadline. Nor is the empty
+        # call aiohttp makes when it resumes reading.
+        if data and not self._busy and (self._payload is None or self._payload.is_eof()):
             if self._first_byte is None:
                 self._first_byte = self._now()
             self._arm()
@@ -194,6 +198,7 @@ class ProxyHandler(HeaderDeadline, RequestHandler):
 
     async def _handle_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         self.request_arrived, self._first_byte = self._first_byte, None
+        self._payload = request.content
         return await super()._handle_request(request, *args, **kwargs)
 
     def connection_lost(self, exc: BaseException | None) -> None:

@@ -226,3 +226,29 @@ async def test_a_kept_alive_connection_closed_before_answering_is_retried_once()
     finally:
         await server.stop()
         await up.stop()
+
+
+# -- the port's clock and deadlines ------------------------------------------------------------------------------
+
+
+async def test_the_rest_of_an_unread_body_is_not_the_next_requests_first_byte() -> None:
+    """A request answered before its body was read (here 400: an absolute-form target), whose body comes after
+    the answer: aiohttp reads that body away, and its bytes armed the header deadline as if a new request had
+    begun. The client's idle kept-alive connection was then closed and counted as a header timeout."""
+    up, server = await start([fixed(GOOD)], read_header_timeout=1.0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(server))
+        writer.write(b"POST http://x/v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n")
+        refused = await asyncio.wait_for(reader.readuntil(b"reverse proxy\n"), 5)
+        assert refused.startswith(b"HTTP/1.1 400")
+        await asyncio.sleep(0.2)
+        writer.write(b"hello")  # the body, after the answer
+        await asyncio.sleep(2.5)  # idle for more than the header timeout (not past the idle timeout)
+        writer.write(GET)
+        answer, _ = await read_for(reader, 2.0)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"good")
+        assert server.stats.refused.get("header_timeout", 0) == 0
+    finally:
+        await server.stop()
+        await up.stop()
