@@ -252,3 +252,37 @@ async def test_the_rest_of_an_unread_body_is_not_the_next_requests_first_byte() 
     finally:
         await server.stop()
         await up.stop()
+
+
+# -- a client that asks and never reads ---------------------------------------------------------------------------
+
+PIPELINED = 2000
+ANSWER = b"y" * 20_000
+ANSWER_HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(ANSWER)
+
+
+async def test_pipelined_requests_from_a_client_that_never_reads_are_held_back_not_buffered() -> None:
+    """A response that ends within one upstream read never waited for the client's buffers, so a client that
+    pipelined 20,000 small requests (580 KB sent) and read nothing had the proxy relay every one and hold
+    ~400 MB of answers for it. Now each request waits until the client has read the last answer down to the
+    transport's mark: what the proxy took on is bounded by the kernel's socket buffers, and every answer
+    still arrives, in order, once the client reads."""
+    up, server = await start([fixed(ANSWER_HEAD + ANSWER)])
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(server))
+        writer.write(GET * PIPELINED)
+        await asyncio.sleep(2.0)  # the client reads nothing meanwhile
+        relayed = len(up.requests)
+        # 40 MB of answers asked for; the kernel's buffers on loopback hold a few MB (a few hundred answers)
+        assert relayed <= PIPELINED // 2, f"{relayed} requests relayed for a client that read nothing"
+        got = 0
+        async with asyncio.timeout(60):
+            while got < PIPELINED * (len(ANSWER_HEAD) + len(ANSWER)):
+                piece = await reader.read(1 << 20)
+                assert piece
+                got += len(piece)
+        writer.close()
+        assert len(up.requests) == PIPELINED and got == PIPELINED * (len(ANSWER_HEAD) + len(ANSWER))
+    finally:
+        await server.stop()
+        await up.stop()
