@@ -270,6 +270,8 @@ class ProxyServer:
         assert self._pool is not None, "ProxyServer.start() was not awaited"
         if not request.raw_path.startswith("/"):  # absolute-form (RFC 9112 3.2.2) or asterisk-form
             raise _BadRequest(limits.NOT_A_PATH, "the request target must be a path (origin-form): this is a reverse proxy")
+        if _codings(request) - {"chunked"}:  # the chunked framing comes off here; a coding under it would go on unlabelled
+            raise _BadRequest(limits.UNSENDABLE, "a request Transfer-Encoding other than chunked cannot be relayed")
         reserved = 0
         try:
             body, reserved = await self._body(request)
@@ -520,6 +522,12 @@ async def serve_metrics(server: ProxyServer) -> web.AppRunner:
         raise
     log.info("proxy metrics on %s/metrics", _url(runner.addresses[0]))
     return runner
+
+
+def _codings(request: web.Request) -> set[str]:
+    """The transfer codings a request's body came in (empty for none)."""
+    return {token.strip().lower() for value in request.headers.getall("Transfer-Encoding", ())
+            for token in value.split(",") if token.strip()}
 
 
 def _url(bound: Any) -> str:

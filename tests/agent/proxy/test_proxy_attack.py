@@ -286,3 +286,21 @@ async def test_pipelined_requests_from_a_client_that_never_reads_are_held_back_n
     finally:
         await server.stop()
         await up.stop()
+
+
+async def test_a_request_body_with_a_transfer_coding_other_than_chunked_is_refused_not_mislabelled() -> None:
+    """The proxy takes the chunked framing off a request body and sends it on with its own framing; a coding
+    under it (gzip) was dropped from the labels while its bytes went on: the upstream read gzip as JSON."""
+    up, server = await start([fixed(GOOD)])
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(server))
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+                     b"2\r\n\x1f\x8b\r\n0\r\n\r\n")
+        answer, _ = await read_for(reader, 2.0)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 400") and b"Transfer-Encoding" in answer
+        assert not up.requests
+        assert server.stats.bad_requests == {"unsendable": 1}
+    finally:
+        await server.stop()
+        await up.stop()
