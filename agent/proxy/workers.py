@@ -38,6 +38,7 @@ from rooflight.agent.config.values import split_listen
 log = logging.getLogger("rooflight.proxy")
 FLUSH_SECONDS = 0.1  # how often a worker sends its finished requests and counters
 MAX_WORKERS = 256
+MAX_QUEUED = 600  # batches (60 s of them) a worker holds for a parent that has stopped reading its pipe
 HANG_SECONDS = 30.0  # a worker that sends nothing for this long is taken for hung (its loop no longer turns)
 
 
@@ -82,16 +83,10 @@ async def _worker(config: ProxyConfig, pipe: Connection) -> None:
     loop.add_reader(pipe.fileno(), stop.set)  # the parent went away (its end closed)
 
     # The pipe is written by a thread of its own: a parent busy rendering /metrics never holds the relay up.
-    outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-    sender = threading.Thread(target=_send_all, args=(outbox, pipe), name="rooflight-proxy-records", daemon=True)
-    sender.start()
+    outbox = Outbox(pipe)
 
     def flush() -> None:
-        stats = server.stats
-        counters = {"in_flight": stats.in_flight, "accounting_errors": stats.accounting_errors,
-                    "over_budget": stats.over_budget, "refused": dict(stats.refused),
-                    "bad_requests": dict(stats.bad_requests)}
-        outbox.put(("stats", records[:], counters))
+        outbox.put(server.stats, records[:])
         records.clear()
 
     try:
@@ -103,8 +98,37 @@ async def _worker(config: ProxyConfig, pipe: Connection) -> None:
         loop.remove_reader(pipe.fileno())
         await server.stop()
         flush()  # what ended while stopping
-        outbox.put(None)
-        await loop.run_in_executor(None, sender.join, 5.0)
+        await loop.run_in_executor(None, outbox.close, 5.0)
+
+
+class Outbox:
+    """A worker's batches for the parent, sent by a thread of their own, at most `limit` of them unsent: a
+    parent that stops reading (hung, or stopped) must not grow every worker's memory with the traffic. Past
+    the limit a batch's records are dropped and counted as accounting errors, which the next batch that goes
+    carries, so /metrics says how many requests it is missing."""
+
+    def __init__(self, pipe: Connection, limit: int = MAX_QUEUED) -> None:
+        self.limit = limit
+        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._sender = threading.Thread(target=_send_all, args=(self._queue, pipe), name="rooflight-proxy-records",
+                                        daemon=True)
+        self._sender.start()
+
+    def put(self, stats: Any, records: list[Any]) -> bool:
+        """Queue `records` with the worker's counters; False (and the records counted lost) when full."""
+        if self._queue.qsize() >= self.limit:
+            stats.accounting_errors += len(records)
+            return False
+        counters = {"in_flight": stats.in_flight, "accounting_errors": stats.accounting_errors,
+                    "over_budget": stats.over_budget, "refused": dict(stats.refused),
+                    "bad_requests": dict(stats.bad_requests)}
+        self._queue.put(("stats", records, counters))
+        return True
+
+    def close(self, timeout: float) -> None:
+        """Send what is queued (for `timeout` s at most), then end the thread."""
+        self._queue.put(None)
+        self._sender.join(timeout)
 
 
 def _send_all(outbox: "queue.SimpleQueue[tuple[Any, ...] | None]", pipe: Connection) -> None:

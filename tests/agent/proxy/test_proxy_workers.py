@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import signal
 import socket
 import sys
+import types
 
 import aiohttp
 import psutil
@@ -20,7 +22,7 @@ from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy import catalog as c
 from rooflight.agent.config.proxy import build
 from rooflight.agent.proxy.server import ProxyServer
-from rooflight.agent.proxy.workers import Workers, parse_workers
+from rooflight.agent.proxy.workers import Outbox, Workers, parse_workers
 from support import free_port
 
 REQUESTS = 40
@@ -133,3 +135,20 @@ async def test_a_worker_that_hangs_or_dies_stops_the_proxy_and_the_port_is_relea
         probe.bind(("127.0.0.1", port))  # released by every worker
     finally:
         probe.close()
+
+
+def test_a_parent_that_stops_reading_bounds_a_workers_queue_and_every_request_is_accounted_for() -> None:
+    """A worker's batches wait for a parent that reads none (its pipe full): at most `limit` are held (the
+    queue grew with the traffic before), the rest are dropped, and each dropped request is counted as an
+    accounting error in the counters of the next batch that goes, so /metrics still accounts for every one."""
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    stats = types.SimpleNamespace(in_flight=0, accounting_errors=0, over_budget=0, refused={}, bad_requests={})
+    outbox = Outbox(writer, limit=5)
+    record = "r" * 100_000  # one record per batch, larger than the pipe's buffer: the first send blocks
+    queued = sum(outbox.put(stats, [record]) for _ in range(100))
+    assert queued <= 5 + 2  # the limit, plus the batch the thread holds (and one it may have taken meanwhile)
+    received = sum(len(reader.recv()[1]) for _ in range(queued))  # the parent reads again
+    assert outbox.put(stats, [])
+    kind, records, counters = reader.recv()
+    outbox.close(5.0)
+    assert received == queued and counters["accounting_errors"] == 100 - queued  # none lost silently
