@@ -107,6 +107,8 @@ def parse_head(block: bytes, method: str) -> Head:
         framing = NONE
     elif encodings:
         # RFC 9112 6.3: with Transfer-Encoding, Content-Length is ignored (and must not be relayed)
+        if encodings.count(b"chunked") > 1:  # RFC 9112 7: applied once; a client may read two layers
+            raise ValueError("chunked applied more than once")
         framing = CHUNKED if encodings[-1] == b"chunked" else CLOSE
         lines = [ln for ln in lines if ln.partition(b":")[0].lower() != b"content-length"]
     elif lengths:
@@ -116,8 +118,10 @@ def parse_head(block: bytes, method: str) -> Head:
         framing = LENGTH if length else NONE
     else:
         framing = CLOSE
+    # The Transfer-Encoding lines go to a client that gets the same framing: chunked, or a coding that runs to
+    # the close (without its label the client would take gzip bytes for the body).
     return Head(status, reason, lines, content_type, framing, length, close or framing == CLOSE,
-                te_lines if framing == CHUNKED else [])
+                te_lines if framing in (CHUNKED, CLOSE) else [])
 
 
 _HEX = b"0123456789abcdefABCDEF"

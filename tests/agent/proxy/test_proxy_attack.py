@@ -304,3 +304,24 @@ async def test_a_request_body_with_a_transfer_coding_other_than_chunked_is_refus
     finally:
         await server.stop()
         await up.stop()
+
+
+@pytest.mark.parametrize("stack", [[fixed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked"
+                                          b"\r\n\r\n2\r\nok\r\n0\r\n\r\n"), fixed(GOOD)]], indirect=True)
+async def test_chunked_applied_twice_is_a_502(stack: tuple[RawUpstream, ProxyServer]) -> None:
+    """RFC 9112 7: chunked is applied once. The proxy took one layer off and relayed both labels; a client
+    that honours both reads the body differently from the proxy."""
+    up, server = stack
+    answer = await one_request(server)
+    assert answer.startswith(b"HTTP/1.1 502 ")
+    assert (await one_request(server)).endswith(b"good")
+
+
+@pytest.mark.parametrize("stack", [[fixed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n\x1f\x8bzz", close=True),
+                                    fixed(GOOD)]], indirect=True)
+async def test_a_body_in_a_coding_to_the_close_keeps_its_label(stack: tuple[RawUpstream, ProxyServer]) -> None:
+    """A body whose transfer coding is not chunked runs to the close (RFC 9112 6.3): relayed as such, but
+    its Transfer-Encoding was dropped, so the client took gzip bytes for the body itself."""
+    up, server = stack
+    answer = await one_request(server)
+    assert b"\r\nTransfer-Encoding: gzip\r\n" in answer and answer.endswith(b"\x1f\x8bzz")
