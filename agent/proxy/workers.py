@@ -27,6 +27,7 @@ import queue
 import signal
 import socket
 import threading
+import time
 from collections import Counter
 from multiprocessing.connection import Connection
 from typing import Any
@@ -153,8 +154,10 @@ class Workers:
         self._counters: list[dict[str, Any]] = [{} for _ in range(n)]
         self._ready = 0
         self._started: asyncio.Future[None] | None = None
-        self._heard = [0.0] * n  # when each worker last sent something (the loop's clock)
+        self._heard = [0.0] * n  # when each worker last sent a whole message (time.monotonic)
         self._watchdog: asyncio.TimerHandle | None = None
+        self._readers: list[threading.Thread] = []
+        self._stopping = False
         self.died: asyncio.Event = asyncio.Event()
 
     async def start(self, timeout: float = 120.0) -> None:
@@ -181,7 +184,7 @@ class Workers:
                 writer.close()
                 self._procs.append(proc)
                 self._pipes.append(reader)
-                loop.add_reader(reader.fileno(), self._receive, i)
+                self._listen(i, reader, loop)
             await asyncio.wait_for(self._started, timeout)
         except BaseException:
             await self.stop()
@@ -190,7 +193,7 @@ class Workers:
             if hold is not None:
                 hold.close()
         self.server.proxy_url = f"http://{shown}:{port}"
-        self._heard = [loop.time()] * self.n
+        self._heard = [time.monotonic()] * self.n
         self._watchdog = loop.call_later(self.hang_seconds / 4, self._watch)
         log.info("proxy on %s: %d worker processes (pids %s)", self.server.proxy_url, self.n,
                  ", ".join(map(str, self.pids)))
@@ -198,32 +201,49 @@ class Workers:
     def _watch(self) -> None:
         """Stop the proxy when a worker has sent nothing for hang_seconds (checked four times as often)."""
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        for i, pipe in enumerate(self._pipes):
-            try:
-                waiting = pipe.poll()  # (a parent that was itself held up has its messages still to read)
-            except (EOFError, OSError):
-                waiting = True  # ended: _receive says so
-            if not waiting and now - self._heard[i] > self.hang_seconds and not self.died.is_set():
+        now = time.monotonic()
+        for i in range(len(self._pipes)):
+            if now - self._heard[i] > self.hang_seconds and not self.died.is_set():
                 log.error("proxy worker %d (pid %s) sent nothing for %.0f s (hung): stopping the proxy", i,
                           self._procs[i].pid, now - self._heard[i])
                 self.died.set()
         if not self.died.is_set():
             self._watchdog = loop.call_later(self.hang_seconds / 4, self._watch)
 
-    def _receive(self, i: int) -> None:
-        pipe = self._pipes[i]
-        self._heard[i] = asyncio.get_running_loop().time()
-        try:
-            while pipe.poll():
-                self._handle(i, pipe.recv())
-        except (EOFError, OSError):
-            asyncio.get_running_loop().remove_reader(pipe.fileno())
-            if self._started is not None and not self._started.done():
-                self._started.set_exception(RuntimeError(f"worker {i} ended before it was ready"))
-            else:
-                log.error("proxy worker %d (pid %s) ended: stopping the proxy", i, self._procs[i].pid)
-            self.died.set()
+    def _listen(self, i: int, pipe: Connection, loop: asyncio.AbstractEventLoop) -> None:
+        """Read worker i's messages on a thread of its own, each handed to the loop whole. (Read on the loop, a
+        message a stopped worker left half-written held the loop in recv(): /metrics and the hang watch too.)"""
+
+        def read() -> None:
+            while True:
+                try:
+                    message: tuple[Any, ...] | None = pipe.recv()
+                except (EOFError, OSError):
+                    message = None
+                self._heard[i] = time.monotonic()
+                try:
+                    loop.call_soon_threadsafe(self._receive, i, message)
+                except RuntimeError:
+                    return  # the loop is closed
+                if message is None:
+                    return
+
+        thread = threading.Thread(target=read, name=f"rooflight-proxy-worker-{i}", daemon=True)
+        thread.start()
+        self._readers.append(thread)
+
+    def _receive(self, i: int, message: tuple[Any, ...] | None) -> None:
+        """A whole message from worker i, or None when its pipe ended (the worker is gone)."""
+        if message is not None:
+            self._handle(i, message)
+            return
+        if self._stopping:
+            return
+        if self._started is not None and not self._started.done():
+            self._started.set_exception(RuntimeError(f"worker {i} ended before it was ready"))
+        else:
+            log.error("proxy worker %d (pid %s) ended: stopping the proxy", i, self._procs[i].pid)
+        self.died.set()
 
     def _handle(self, i: int, message: tuple[Any, ...]) -> None:
         kind = message[0]
@@ -260,12 +280,10 @@ class Workers:
 
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
+        self._stopping = True
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
-        for pipe in self._pipes:
-            with contextlib.suppress(Exception):
-                loop.remove_reader(pipe.fileno())
         for proc in self._procs:
             if proc.is_alive():
                 proc.terminate()
@@ -274,10 +292,14 @@ class Workers:
             if proc.is_alive():
                 proc.kill()
                 await loop.run_in_executor(None, proc.join, 5.0)
-        for pipe in self._pipes:
-            pipe.close()
+        for thread in self._readers:  # each ends at its pipe's end, now that its worker has
+            await loop.run_in_executor(None, thread.join, 5.0)
+        for pipe, thread in zip(self._pipes, self._readers):
+            if not thread.is_alive():  # (never closed under a thread still reading it)
+                pipe.close()
         self._procs.clear()
         self._pipes.clear()
+        self._readers.clear()
 
 
 async def run(config: ProxyConfig, n: int) -> int:

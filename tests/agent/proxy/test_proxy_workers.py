@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import os
 import signal
 import socket
+import struct
 import sys
+import time
 import types
 
 import aiohttp
@@ -152,3 +155,32 @@ def test_a_parent_that_stops_reading_bounds_a_workers_queue_and_every_request_is
     kind, records, counters = reader.recv()
     outbox.close(5.0)
     assert received == queued and counters["accounting_errors"] == 100 - queued  # none lost silently
+
+
+async def test_a_message_a_stopped_worker_left_half_written_does_not_hold_the_parent() -> None:
+    """The parent read each worker's pipe on its event loop: a worker stopped in the middle of writing a
+    message (SIGSTOP, a frozen cgroup) left recv() waiting for the rest, with the loop, /metrics and the
+    hang watch held in it. Now each pipe is read on a thread, and the loop only gets whole messages."""
+    loop = asyncio.get_running_loop()
+    config = build("http://127.0.0.1:9", listen="127.0.0.1:0", metrics_listen="127.0.0.1:0")
+    workers = Workers(ProxyServer(config), 1, hang_seconds=1.0)
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    workers._pipes.append(reader)
+    stand_in = types.SimpleNamespace(pid=0, is_alive=lambda: False, join=lambda timeout: None)  # the test is the worker
+    workers._procs.append(stand_in)
+    workers._listen(0, reader, loop)
+    writer.send(("stats", [], {"in_flight": 3}))
+    os.write(writer.fileno(), struct.pack("!i", 1000) + b"the first bytes")  # 1,000 announced, 15 sent
+    for _ in range(100):
+        if workers.server.stats.in_flight == 3:
+            break
+        await asyncio.sleep(0.05)
+    assert workers.server.stats.in_flight == 3  # the whole message was handled
+    before = loop.time()
+    await asyncio.sleep(0.2)
+    assert loop.time() - before < 2.0  # the loop turns
+    workers._heard = [time.monotonic()]
+    workers._watchdog = loop.call_later(0.25, workers._watch)
+    await asyncio.wait_for(workers.died.wait(), 10)  # and the watch sees the worker silent (~1 s)
+    writer.close()
+    await workers.stop()
