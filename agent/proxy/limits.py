@@ -204,10 +204,16 @@ class ProxyHandler(HeaderDeadline, RequestHandler):
         # waits for the client: without this, a client that pipelines requests and reads nothing had every
         # one relayed and its answers held (20,000 small ones: ~400 MB). The next request waits until the
         # client has read this answer down to the transport's mark (busy meanwhile: not yet the next
-        # request's clock or header deadline).
+        # request's clock or header deadline). A client that reads nothing for the idle timeout meanwhile is
+        # closed, as an idle connection is.
         self._busy = True
         try:
-            await self._drain_helper()
+            await asyncio.wait_for(self._drain_helper(), self._keepalive_timeout or None)
+        except asyncio.TimeoutError:
+            transport = self.transport
+            self.force_close()  # (its close would wait to send what is held, to a client that reads nothing)
+            if transport is not None:
+                transport.abort()  # what it holds unsent is dropped
         except ConnectionError:
             pass  # gone: aiohttp ends the connection
         finally:

@@ -394,7 +394,11 @@ class ProxyServer:
             if event == rl.DONE:
                 return response
             held = now()  # the client's buffers are full: wait until they drain
-            await drain()
+            try:  # (a client that reads nothing for the idle timeout is closed, as an idle connection is)
+                await asyncio.wait_for(drain(), self.config.idle_timeout or None)
+            except asyncio.TimeoutError:
+                client.abort()
+                raise _ClientGone(response) from None
             if client.is_closing():
                 raise _ClientGone(response)
             if holder[0] is not None:

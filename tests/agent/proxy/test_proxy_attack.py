@@ -325,3 +325,50 @@ async def test_a_body_in_a_coding_to_the_close_keeps_its_label(stack: tuple[RawU
     up, server = stack
     answer = await one_request(server)
     assert b"\r\nTransfer-Encoding: gzip\r\n" in answer and answer.endswith(b"\x1f\x8bzz")
+
+
+async def test_a_client_that_never_reads_its_answer_is_closed_after_the_idle_timeout() -> None:
+    """Held back (above), but not forever: a connection whose client reads nothing for --idle-timeout while
+    an answer waits for it is closed, as an idle one is, and its place on the port given back."""
+    up, server = await start([fixed(ANSWER_HEAD + ANSWER)], idle_timeout=1.0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(server))
+        writer.transport.pause_reading()  # (the kernel's buffers fill; nothing is read)
+        writer.write(GET * PIPELINED)
+        closed = False
+        for _ in range(100):  # ~1 s idle, then closed; 10 s to spare
+            await asyncio.sleep(0.1)
+            if server.connections.total == 0:
+                closed = True
+                break
+        writer.close()
+        assert closed
+    finally:
+        await server.stop()
+        await up.stop()
+
+
+async def test_a_stream_whose_client_reads_nothing_is_cut_after_the_idle_timeout() -> None:
+    """The same for one long answer: the relay waits for the client's buffers to drain (the upstream held back),
+    but no longer than --idle-timeout without any progress; then both connections are closed."""
+    piece = b"%x\r\n%s\r\n" % (1 << 20, b"z" * (1 << 20))
+    stream = fixed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", *[piece] * 64, b"0\r\n\r\n")
+    up, server = await start([stream], idle_timeout=1.0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(server))
+        writer.transport.pause_reading()
+        writer.write(GET)
+        closed = False
+        for _ in range(100):  # ~1 s without progress, then cut; 10 s to spare
+            await asyncio.sleep(0.1)
+            if server.connections.total == 0 and server._pool is not None and not server._pool._all:
+                closed = True
+                break
+        writer.close()
+        assert closed
+        server.refresh_now()
+        outcomes = {labels for name, labels, _ in server.snapshot.counters if name == "rooflight_client_requests_total"}
+        assert any("client_disconnected" in labels for labels in outcomes)
+    finally:
+        await server.stop()
+        await up.stop()
