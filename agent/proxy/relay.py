@@ -70,9 +70,11 @@ def parse_head(block: bytes, method: str) -> Head:
     status_line, *raw = block.split(b"\r\n")
     version, _, rest = status_line.partition(b" ")
     code, _, reason = rest.partition(b" ")
-    if version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code) != 3 or not code.isdigit():
+    if version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code) != 3 or not code.isdigit() or code < b"100":
         raise ValueError("not an HTTP/1.x status line")
     status = int(code)
+    if status == 101:  # the proxy never relays Upgrade: past a 101 the bytes are another protocol's
+        raise ValueError("a protocol switch the proxy did not ask for")
     lines: list[bytes] = []
     named: set[bytes] = set()
     content_type, lengths, encodings, close = "", set(), [], version == b"HTTP/1.0"
@@ -97,12 +99,16 @@ def parse_head(block: bytes, method: str) -> Head:
             content_type = value.decode("latin-1")
         if low not in HOP_BY_HOP:
             lines.append(line)
+    # A Connection header naming Content-Length does not take the framing away (the client would have none).
+    named.discard(b"content-length")
     lines = [ln for ln in lines if ln.partition(b":")[0].lower() not in named]
     length = 0
     if method == "HEAD" or status < 200 or status in (204, 304):
         framing = NONE
     elif encodings:
         # RFC 9112 6.3: with Transfer-Encoding, Content-Length is ignored (and must not be relayed)
+        if encodings.count(b"chunked") > 1:  # RFC 9112 7: applied once; a client may read two layers
+            raise ValueError("chunked applied more than once")
         framing = CHUNKED if encodings[-1] == b"chunked" else CLOSE
         lines = [ln for ln in lines if ln.partition(b":")[0].lower() != b"content-length"]
     elif lengths:
@@ -112,35 +118,54 @@ def parse_head(block: bytes, method: str) -> Head:
         framing = LENGTH if length else NONE
     else:
         framing = CLOSE
+    # The Transfer-Encoding lines go to a client that gets the same framing: chunked, or a coding that runs to
+    # the close (without its label the client would take gzip bytes for the body).
     return Head(status, reason, lines, content_type, framing, length, close or framing == CLOSE,
-                te_lines if framing == CHUNKED else [])
+                te_lines if framing in (CHUNKED, CLOSE) else [])
+
+
+_HEX = b"0123456789abcdefABCDEF"
+
+
+def chunk_size(token: bytes) -> int:
+    """A chunk-size as RFC 9112 7.1 spells it (hex digits only); ValueError otherwise. Python's int(..., 16)
+    alone also reads '-0', '+0', '0x0', ' 0' and '0_0', which an HTTP client behind the proxy does not:
+    the two would disagree on where the body ends."""
+    if not token or token.translate(None, _HEX):
+        raise ValueError("a chunk size that is not hex digits")
+    return int(token, 16)
 
 
 class ChunkedReader:
-    """The chunked framing taken off, incrementally: feed() returns the chunk bodies in a read and whether
-    the last chunk (and its trailers) has passed. ValueError on a broken framing."""
+    """The chunked framing taken off, incrementally: feed() returns the chunk bodies in a read; `done` once the
+    last chunk (and its trailers) has passed, and `end`, where in the read it did. ValueError on a framing an
+    HTTP client would not read the same way (RFC 9112 7.1: hex sizes, every line and chunk ended by CRLF)."""
 
-    __slots__ = ("_left", "_skip", "_line", "_trailer", "done")
+    __slots__ = ("_left", "_crlf", "_line", "_trailer", "done", "end")
 
     def __init__(self) -> None:
         self._left = 0  # body bytes left in the current chunk
-        self._skip = 0  # bytes of the CRLF after a chunk's body still to skip
+        self._crlf = b""  # what is still due of the CRLF after a chunk's body
         self._line = b""  # an unfinished size (or trailer) line
         self._trailer = False
         self.done = False
+        self.end = 0  # once done: the offset in the last read just past the message (bytes after it are extra)
 
     def feed(self, data: bytes) -> bytes:
         out: list[bytes] = []
         i, n = 0, len(data)
-        if not (self._left or self._skip or self._line or self._trailer):
+        if not (self._left or self._crlf or self._line or self._trailer):
             # The usual read: whole chunks, each "SIZE\r\nBODY\r\n"; anything else goes the long way below.
             while i < n:
                 end = data.find(b"\r\n", i)
-                if end < 0 or end - i > 16 or b";" in data[i:end]:
+                if end < 0 or end - i > 16:
                     break
-                size = int(data[i:end], 16)
+                token = data[i:end]
+                if not token or token.translate(None, _HEX):
+                    break  # an extension (or garbage): the long way
+                size = int(token, 16)
                 stop = end + 2 + size
-                if size <= 0 or stop + 2 > n:
+                if size <= 0 or stop + 2 > n or data[stop:stop + 2] != b"\r\n":
                     break
                 out.append(data[end + 2:stop])
                 i = stop + 2
@@ -153,12 +178,14 @@ class ChunkedReader:
                 i += take
                 self._left -= take
                 if not self._left:
-                    self._skip = 2
+                    self._crlf = b"\r\n"
                 continue
-            if self._skip:
-                take = min(self._skip, n - i)
+            if self._crlf:
+                take = min(len(self._crlf), n - i)
+                if data[i:i + take] != self._crlf[:take]:
+                    raise ValueError("a chunk not ended by CRLF")
                 i += take
-                self._skip -= take
+                self._crlf = self._crlf[take:]
                 continue
             end = data.find(b"\n", i)
             if end < 0:
@@ -166,20 +193,23 @@ class ChunkedReader:
                 if len(self._line) > MAX_CHUNK_LINE:
                     raise ValueError("a chunk line too long")
                 break
-            line = (self._line + data[i:end]).rstrip(b"\r") if self._line else data[i:end].rstrip(b"\r")
+            line = self._line + data[i:end] if self._line else data[i:end]
             self._line = b""
             i = end + 1
+            if not line.endswith(b"\r") or len(line) > MAX_CHUNK_LINE:
+                raise ValueError("a chunk line not ended by CRLF")
+            line = line[:-1]
             if self._trailer:
                 if not line:
                     self.done = True
                 continue
-            size = int(line.partition(b";")[0].strip(), 16)  # ValueError on garbage
-            if size < 0:
-                raise ValueError("a negative chunk size")
+            size = chunk_size(line.partition(b";")[0].rstrip(b" \t"))  # (whitespace before an extension: BWS)
             if size:
                 self._left = size
             else:
                 self._trailer = True
+        if self.done:
+            self.end = i
         return out[0] if len(out) == 1 else b"".join(out)
 
 
@@ -354,6 +384,11 @@ class UpstreamConnection(asyncio.Protocol):
             self.transport.resume_reading()
 
     @property
+    def answered(self) -> bool:
+        """Whether the upstream sent any byte since the request went out: then it has the request."""
+        return self._got_bytes
+
+    @property
     def reusable(self) -> bool:
         return self._mode == "done" and self.transport is not None and not self._head_close and not self._rest
 
@@ -372,6 +407,9 @@ class UpstreamConnection(asyncio.Protocol):
             if end < 0:
                 if len(self._buf) > MAX_HEAD:
                     self._fail(UpstreamBroke("unrelayable", "the upstream's headers are too large"))
+                return
+            if end > MAX_HEAD:  # (a head that came in one read is held to the limit too)
+                self._fail(UpstreamBroke("unrelayable", "the upstream's headers are too large"))
                 return
             block, rest = bytes(self._buf[:end]), bytes(self._buf[end + 4:])
             self._buf.clear()
@@ -405,21 +443,27 @@ class UpstreamConnection(asyncio.Protocol):
         done = False
         if framing == LENGTH:
             if len(data) >= self._left:
-                data, done = (data if len(data) == self._left else data[:self._left]), True
+                if len(data) > self._left:
+                    data = data[:self._left]
+                    self._extra()
+                done = True
             self._left -= len(data)
             payload = data
         elif framing == CHUNKED:
-            if self._pass:
-                client.write(data)
+            # The framing is read before the bytes go (a few comparisons a chunk): what follows the last chunk
+            # or a broken framing never reaches the client, who would read it as the answer to its next request.
+            chunks = self._chunks
             try:
-                payload = self._chunks.feed(data)  # type: ignore[union-attr]
+                payload = chunks.feed(data)  # type: ignore[union-attr]
             except ValueError:
-                self._head_close = True
                 self._fail(UpstreamBroke("disconnected", "the upstream's chunked framing is broken"))
                 return
-            done = self._chunks.done  # type: ignore[union-attr]
-            if not self._pass and payload:
-                client.write(payload)
+            done = chunks.done  # type: ignore[union-attr]
+            if done and chunks.end < len(data):  # type: ignore[union-attr]
+                data = data[:chunks.end]  # type: ignore[union-attr]
+                self._extra()
+            if self._pass or payload:
+                client.write(data if self._pass else payload)
             data = b""
         else:
             payload = data
@@ -434,6 +478,11 @@ class UpstreamConnection(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.pause_reading()
             self._wake(PAUSED)
+
+    def _extra(self) -> None:
+        """The upstream sent more than the response: it is out of step with the proxy (a second answer nobody
+        asked for), so the bytes are dropped and the connection is not reused."""
+        self._head_close = True
 
     def _paused_for_client(self) -> bool:
         return self._client is not None and self._client.get_write_buffer_size() > self._high

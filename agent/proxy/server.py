@@ -270,6 +270,8 @@ class ProxyServer:
         assert self._pool is not None, "ProxyServer.start() was not awaited"
         if not request.raw_path.startswith("/"):  # absolute-form (RFC 9112 3.2.2) or asterisk-form
             raise _BadRequest(limits.NOT_A_PATH, "the request target must be a path (origin-form): this is a reverse proxy")
+        if _codings(request) - {"chunked"}:  # the chunked framing comes off here; a coding under it would go on unlabelled
+            raise _BadRequest(limits.UNSENDABLE, "a request Transfer-Encoding other than chunked cannot be relayed")
         reserved = 0
         try:
             body, reserved = await self._body(request)
@@ -313,8 +315,10 @@ class ProxyServer:
                 return conn, await answer
             except rl.UpstreamBroke as exc:
                 conn.close()
-                if exc.reason == "disconnected" and reused and not streamed and attempt == 1:
-                    continue  # a kept-alive connection the upstream had closed: the request never reached it
+                if exc.reason == "disconnected" and reused and not streamed and attempt == 1 and not conn.answered:
+                    # a kept-alive connection the upstream had closed: the request never reached it (once a
+                    # byte of an answer came, it had: a second copy would run the request twice)
+                    continue
                 if exc.reason == "unrelayable":
                     _UNRELAYABLE.note(f"the upstream's answer cannot be relayed ({exc})", request.remote)
                 raise _UpstreamFailed(502, "connect", exc) from None
@@ -390,7 +394,11 @@ class ProxyServer:
             if event == rl.DONE:
                 return response
             held = now()  # the client's buffers are full: wait until they drain
-            await drain()
+            try:  # (a client that reads nothing for the idle timeout is closed, as an idle connection is)
+                await asyncio.wait_for(drain(), self.config.idle_timeout or None)
+            except asyncio.TimeoutError:
+                client.abort()
+                raise _ClientGone(response) from None
             if client.is_closing():
                 raise _ClientGone(response)
             if holder[0] is not None:
@@ -518,6 +526,12 @@ async def serve_metrics(server: ProxyServer) -> web.AppRunner:
         raise
     log.info("proxy metrics on %s/metrics", _url(runner.addresses[0]))
     return runner
+
+
+def _codings(request: web.Request) -> set[str]:
+    """The transfer codings a request's body came in (empty for none)."""
+    return {token.strip().lower() for value in request.headers.getall("Transfer-Encoding", ())
+            for token in value.split(",") if token.strip()}
 
 
 def _url(bound: Any) -> str:

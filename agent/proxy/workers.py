@@ -10,7 +10,9 @@ sums of the workers' latest values. Records and counters travel every FLUSH_SECO
 so /metrics lags the traffic by that much at most, on top of the usual refresh.
 
 A worker that dies takes the proxy down (exit 1): its supervisor restarts the whole, rather than running on
-with fewer cores than asked for.
+with fewer cores than asked for. So does a worker that hangs (nothing from it for HANG_SECONDS, where it
+sends every FLUSH_SECONDS): the kernel keeps handing it its share of new connections, which would wait
+forever while /metrics showed its last counters as if nothing were wrong.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import queue
 import signal
 import socket
 import threading
+import time
 from collections import Counter
 from multiprocessing.connection import Connection
 from typing import Any
@@ -36,6 +39,8 @@ from rooflight.agent.config.values import split_listen
 log = logging.getLogger("rooflight.proxy")
 FLUSH_SECONDS = 0.1  # how often a worker sends its finished requests and counters
 MAX_WORKERS = 256
+MAX_QUEUED = 600  # batches (60 s of them) a worker holds for a parent that has stopped reading its pipe
+HANG_SECONDS = 30.0  # a worker that sends nothing for this long is taken for hung (its loop no longer turns)
 
 
 def parse_workers(value: Any) -> int:
@@ -79,16 +84,10 @@ async def _worker(config: ProxyConfig, pipe: Connection) -> None:
     loop.add_reader(pipe.fileno(), stop.set)  # the parent went away (its end closed)
 
     # The pipe is written by a thread of its own: a parent busy rendering /metrics never holds the relay up.
-    outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-    sender = threading.Thread(target=_send_all, args=(outbox, pipe), name="rooflight-proxy-records", daemon=True)
-    sender.start()
+    outbox = Outbox(pipe)
 
     def flush() -> None:
-        stats = server.stats
-        counters = {"in_flight": stats.in_flight, "accounting_errors": stats.accounting_errors,
-                    "over_budget": stats.over_budget, "refused": dict(stats.refused),
-                    "bad_requests": dict(stats.bad_requests)}
-        outbox.put(("stats", records[:], counters))
+        outbox.put(server.stats, records[:])
         records.clear()
 
     try:
@@ -100,8 +99,37 @@ async def _worker(config: ProxyConfig, pipe: Connection) -> None:
         loop.remove_reader(pipe.fileno())
         await server.stop()
         flush()  # what ended while stopping
-        outbox.put(None)
-        await loop.run_in_executor(None, sender.join, 5.0)
+        await loop.run_in_executor(None, outbox.close, 5.0)
+
+
+class Outbox:
+    """A worker's batches for the parent, sent by a thread of their own, at most `limit` of them unsent: a
+    parent that stops reading (hung, or stopped) must not grow every worker's memory with the traffic. Past
+    the limit a batch's records are dropped and counted as accounting errors, which the next batch that goes
+    carries, so /metrics says how many requests it is missing."""
+
+    def __init__(self, pipe: Connection, limit: int = MAX_QUEUED) -> None:
+        self.limit = limit
+        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._sender = threading.Thread(target=_send_all, args=(self._queue, pipe), name="rooflight-proxy-records",
+                                        daemon=True)
+        self._sender.start()
+
+    def put(self, stats: Any, records: list[Any]) -> bool:
+        """Queue `records` with the worker's counters; False (and the records counted lost) when full."""
+        if self._queue.qsize() >= self.limit:
+            stats.accounting_errors += len(records)
+            return False
+        counters = {"in_flight": stats.in_flight, "accounting_errors": stats.accounting_errors,
+                    "over_budget": stats.over_budget, "refused": dict(stats.refused),
+                    "bad_requests": dict(stats.bad_requests)}
+        self._queue.put(("stats", records, counters))
+        return True
+
+    def close(self, timeout: float) -> None:
+        """Send what is queued (for `timeout` s at most), then end the thread."""
+        self._queue.put(None)
+        self._sender.join(timeout)
 
 
 def _send_all(outbox: "queue.SimpleQueue[tuple[Any, ...] | None]", pipe: Connection) -> None:
@@ -118,14 +146,18 @@ def _send_all(outbox: "queue.SimpleQueue[tuple[Any, ...] | None]", pipe: Connect
 class Workers:
     """Starts the workers, feeds their records into `server.stats`, and stops them."""
 
-    def __init__(self, server: Any, n: int) -> None:
-        self.server, self.n = server, n
+    def __init__(self, server: Any, n: int, hang_seconds: float = HANG_SECONDS) -> None:
+        self.server, self.n, self.hang_seconds = server, n, hang_seconds
         self.pids: list[int] = []
         self._procs: list[Any] = []
         self._pipes: list[Connection] = []
         self._counters: list[dict[str, Any]] = [{} for _ in range(n)]
         self._ready = 0
         self._started: asyncio.Future[None] | None = None
+        self._heard = [0.0] * n  # when each worker last sent a whole message (time.monotonic)
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._readers: list[threading.Thread] = []
+        self._stopping = False
         self.died: asyncio.Event = asyncio.Event()
 
     async def start(self, timeout: float = 120.0) -> None:
@@ -152,7 +184,7 @@ class Workers:
                 writer.close()
                 self._procs.append(proc)
                 self._pipes.append(reader)
-                loop.add_reader(reader.fileno(), self._receive, i)
+                self._listen(i, reader, loop)
             await asyncio.wait_for(self._started, timeout)
         except BaseException:
             await self.stop()
@@ -161,21 +193,57 @@ class Workers:
             if hold is not None:
                 hold.close()
         self.server.proxy_url = f"http://{shown}:{port}"
+        self._heard = [time.monotonic()] * self.n
+        self._watchdog = loop.call_later(self.hang_seconds / 4, self._watch)
         log.info("proxy on %s: %d worker processes (pids %s)", self.server.proxy_url, self.n,
                  ", ".join(map(str, self.pids)))
 
-    def _receive(self, i: int) -> None:
-        pipe = self._pipes[i]
-        try:
-            while pipe.poll():
-                self._handle(i, pipe.recv())
-        except (EOFError, OSError):
-            asyncio.get_running_loop().remove_reader(pipe.fileno())
-            if self._started is not None and not self._started.done():
-                self._started.set_exception(RuntimeError(f"worker {i} ended before it was ready"))
-            else:
-                log.error("proxy worker %d (pid %s) ended: stopping the proxy", i, self._procs[i].pid)
-            self.died.set()
+    def _watch(self) -> None:
+        """Stop the proxy when a worker has sent nothing for hang_seconds (checked four times as often)."""
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        for i in range(len(self._pipes)):
+            if now - self._heard[i] > self.hang_seconds and not self.died.is_set():
+                log.error("proxy worker %d (pid %s) sent nothing for %.0f s (hung): stopping the proxy", i,
+                          self._procs[i].pid, now - self._heard[i])
+                self.died.set()
+        if not self.died.is_set():
+            self._watchdog = loop.call_later(self.hang_seconds / 4, self._watch)
+
+    def _listen(self, i: int, pipe: Connection, loop: asyncio.AbstractEventLoop) -> None:
+        """Read worker i's messages on a thread of its own, each handed to the loop whole. (Read on the loop, a
+        message a stopped worker left half-written held the loop in recv(): /metrics and the hang watch too.)"""
+
+        def read() -> None:
+            while True:
+                try:
+                    message: tuple[Any, ...] | None = pipe.recv()
+                except (EOFError, OSError):
+                    message = None
+                self._heard[i] = time.monotonic()
+                try:
+                    loop.call_soon_threadsafe(self._receive, i, message)
+                except RuntimeError:
+                    return  # the loop is closed
+                if message is None:
+                    return
+
+        thread = threading.Thread(target=read, name=f"rooflight-proxy-worker-{i}", daemon=True)
+        thread.start()
+        self._readers.append(thread)
+
+    def _receive(self, i: int, message: tuple[Any, ...] | None) -> None:
+        """A whole message from worker i, or None when its pipe ended (the worker is gone)."""
+        if message is not None:
+            self._handle(i, message)
+            return
+        if self._stopping:
+            return
+        if self._started is not None and not self._started.done():
+            self._started.set_exception(RuntimeError(f"worker {i} ended before it was ready"))
+        else:
+            log.error("proxy worker %d (pid %s) ended: stopping the proxy", i, self._procs[i].pid)
+        self.died.set()
 
     def _handle(self, i: int, message: tuple[Any, ...]) -> None:
         kind = message[0]
@@ -212,9 +280,10 @@ class Workers:
 
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
-        for pipe in self._pipes:
-            with contextlib.suppress(Exception):
-                loop.remove_reader(pipe.fileno())
+        self._stopping = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         for proc in self._procs:
             if proc.is_alive():
                 proc.terminate()
@@ -223,10 +292,14 @@ class Workers:
             if proc.is_alive():
                 proc.kill()
                 await loop.run_in_executor(None, proc.join, 5.0)
-        for pipe in self._pipes:
-            pipe.close()
+        for thread in self._readers:  # each ends at its pipe's end, now that its worker has
+            await loop.run_in_executor(None, thread.join, 5.0)
+        for pipe, thread in zip(self._pipes, self._readers):
+            if not thread.is_alive():  # (never closed under a thread still reading it)
+                pipe.close()
         self._procs.clear()
         self._pipes.clear()
+        self._readers.clear()
 
 
 async def run(config: ProxyConfig, n: int) -> int:

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
+import os
 import signal
+import socket
+import struct
 import sys
+import time
+import types
 
 import aiohttp
 import psutil
@@ -17,7 +23,9 @@ from demo_procs import async_child
 from fake_upstream import FakeUpstream, Script
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy import catalog as c
-from rooflight.agent.proxy.workers import parse_workers
+from rooflight.agent.config.proxy import build
+from rooflight.agent.proxy.server import ProxyServer
+from rooflight.agent.proxy.workers import Outbox, Workers, parse_workers
 from support import free_port
 
 REQUESTS = 40
@@ -99,3 +107,80 @@ async def test_two_workers_share_the_port_and_metrics_count_every_request() -> N
 def test_a_bad_worker_count_says_what_to_fix(value: str) -> None:
     with pytest.raises(ConfigError, match="--workers"):
         parse_workers(value)
+
+
+async def started_workers(hang_seconds: float) -> Workers:
+    """Two workers on a free port, in front of nothing (no request is sent), from this process."""
+    config = build("http://127.0.0.1:9", listen="127.0.0.1:0", metrics_listen="127.0.0.1:0")
+    workers = Workers(ProxyServer(config), 2, hang_seconds=hang_seconds)
+    await workers.start()
+    return workers
+
+
+@pytest.mark.parametrize("how", ["hangs", "dies"])
+async def test_a_worker_that_hangs_or_dies_stops_the_proxy_and_the_port_is_released(how: str) -> None:
+    """A hung worker (here SIGSTOP: its loop no longer turns) kept its share of the port: the kernel handed it
+    new connections that waited forever, while the parent served its last counters as if all were well."""
+    workers = await started_workers(hang_seconds=3.0)
+    try:
+        procs = [psutil.Process(pid) for pid in workers.pids]
+        port = int(workers.server.proxy_url.rsplit(":", 1)[1])
+        await asyncio.sleep(3.0)  # both send every 0.1 s: not taken for hung
+        assert not workers.died.is_set()
+        procs[0].send_signal(signal.SIGSTOP if how == "hangs" else signal.SIGKILL)
+        await asyncio.wait_for(workers.died.wait(), 30)  # ~3 s after the stop; 10x to spare
+    finally:
+        await workers.stop()
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    assert not alive
+    probe = socket.socket()
+    try:
+        probe.bind(("127.0.0.1", port))  # released by every worker
+    finally:
+        probe.close()
+
+
+def test_a_parent_that_stops_reading_bounds_a_workers_queue_and_every_request_is_accounted_for() -> None:
+    """A worker's batches wait for a parent that reads none (its pipe full): at most `limit` are held (the
+    queue grew with the traffic before), the rest are dropped, and each dropped request is counted as an
+    accounting error in the counters of the next batch that goes, so /metrics still accounts for every one."""
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    stats = types.SimpleNamespace(in_flight=0, accounting_errors=0, over_budget=0, refused={}, bad_requests={})
+    outbox = Outbox(writer, limit=5)
+    record = "r" * 100_000  # one record per batch, larger than the pipe's buffer: the first send blocks
+    queued = sum(outbox.put(stats, [record]) for _ in range(100))
+    assert queued <= 5 + 2  # the limit, plus the batch the thread holds (and one it may have taken meanwhile)
+    received = sum(len(reader.recv()[1]) for _ in range(queued))  # the parent reads again
+    assert outbox.put(stats, [])
+    kind, records, counters = reader.recv()
+    outbox.close(5.0)
+    assert received == queued and counters["accounting_errors"] == 100 - queued  # none lost silently
+
+
+async def test_a_message_a_stopped_worker_left_half_written_does_not_hold_the_parent() -> None:
+    """The parent read each worker's pipe on its event loop: a worker stopped in the middle of writing a
+    message (SIGSTOP, a frozen cgroup) left recv() waiting for the rest, with the loop, /metrics and the
+    hang watch held in it. Now each pipe is read on a thread, and the loop only gets whole messages."""
+    loop = asyncio.get_running_loop()
+    config = build("http://127.0.0.1:9", listen="127.0.0.1:0", metrics_listen="127.0.0.1:0")
+    workers = Workers(ProxyServer(config), 1, hang_seconds=1.0)
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    workers._pipes.append(reader)
+    stand_in = types.SimpleNamespace(pid=0, is_alive=lambda: False, join=lambda timeout: None)  # the test is the worker
+    workers._procs.append(stand_in)
+    workers._listen(0, reader, loop)
+    writer.send(("stats", [], {"in_flight": 3}))
+    os.write(writer.fileno(), struct.pack("!i", 1000) + b"the first bytes")  # 1,000 announced, 15 sent
+    for _ in range(100):
+        if workers.server.stats.in_flight == 3:
+            break
+        await asyncio.sleep(0.05)
+    assert workers.server.stats.in_flight == 3  # the whole message was handled
+    before = loop.time()
+    await asyncio.sleep(0.2)
+    assert loop.time() - before < 2.0  # the loop turns
+    workers._heard = [time.monotonic()]
+    workers._watchdog = loop.call_later(0.25, workers._watch)
+    await asyncio.wait_for(workers.died.wait(), 10)  # and the watch sees the worker silent (~1 s)
+    writer.close()
+    await workers.stop()
