@@ -165,6 +165,8 @@ class Workers:
         config = self.server.config
         host, port = split_listen(config.listen)
         hold = None
+        if port != 0:
+            _refuse_a_taken_port(host, port)
         if port == 0:  # pick the port once, for all of them; held (not listening) until they have bound it
             hold = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
             hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -300,6 +302,15 @@ class Workers:
         self._procs.clear()
         self._pipes.clear()
         self._readers.clear()
+
+
+def _refuse_a_taken_port(host: str, port: int) -> None:
+    """OSError when another process listens on the port. The workers bind with SO_REUSEPORT, which would let
+    them share it with another proxy (the kernel splitting its clients between the two); a probe without it
+    is refused where anything already listens."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed connection's TIME_WAIT is no owner
+        probe.bind((host or "0.0.0.0", port))
 
 
 async def run(config: ProxyConfig, n: int) -> int:

@@ -184,3 +184,21 @@ async def test_a_message_a_stopped_worker_left_half_written_does_not_hold_the_pa
     await asyncio.wait_for(workers.died.wait(), 10)  # and the watch sees the worker silent (~1 s)
     writer.close()
     await workers.stop()
+
+
+async def test_workers_refuse_a_port_another_proxy_listens_on() -> None:
+    """SO_REUSEPORT would let the workers share a port with another process, which the kernel then splits
+    the clients with (a new user's trial: every other request went to a proxy in front of a dead upstream)."""
+    taken = socket.socket()
+    taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as another proxy's workers hold it
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        config = build("http://127.0.0.1:9", listen=f"127.0.0.1:{port}", metrics_listen="127.0.0.1:0")
+        workers = Workers(ProxyServer(config), 2)
+        with pytest.raises(OSError):
+            await workers.start()
+        assert workers.pids == []  # refused before a worker was spawned
+    finally:
+        taken.close()
