@@ -90,7 +90,8 @@ CATALOG: tuple[MetricDef, ...] = (
     gauge(GOODPUT_RATE, GOODPUT_LABELS, "requests/s", "Good requests per second over the window (goodput)."),
     gauge(SLO_TARGET, ("target", "slo", "metric"), "seconds", "Each target of each configured SLO (metric: ttft, itl, tpot, e2e)."),
     counter(UPSTREAM_ERRORS, BY_REASON, "", "Requests the upstream failed: connect (unreachable: the client got 502), "
-       "timeout (connect timeout: 504), disconnected (broke off mid-response)."),
+       "timeout (connect timeout: 504), bad_response (an answer no client could read safely: 502), disconnected "
+       "(broke off mid-response)."),
     counter(ACCOUNTING_ERRORS, TARGET, "", "Failures of the proxy's own accounting; the traffic still flowed, the request "
        "went uncounted or partly counted."),
     counter(OVER_BUDGET, TARGET, "", "Answers relayed unaccounted because the copies the accounting reads answers from "

@@ -321,6 +321,7 @@ class ProxyServer:
                     continue
                 if exc.reason == "unrelayable":
                     _UNRELAYABLE.note(f"the upstream's answer cannot be relayed ({exc})", request.remote)
+                    raise _UpstreamFailed(502, "bad_response", exc) from None
                 raise _UpstreamFailed(502, "connect", exc) from None
             except ConnectionError as exc:  # the upstream closed while the body was sent
                 conn.close()

@@ -13,6 +13,7 @@ import pytest
 
 from raw_peers import Answer, RawUpstream, fixed
 from rooflight.agent.config.proxy import build
+from rooflight.agent.proxy import catalog as c
 from rooflight.agent.proxy.server import ProxyServer
 
 GOOD = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ngood"
@@ -165,6 +166,9 @@ async def test_a_status_no_client_can_read_or_a_switch_nobody_asked_for_is_a_502
     answer = await one_request(server)
     assert answer.startswith(b"HTTP/1.1 502 ") and b"EVIL" not in answer
     assert (await one_request(server)).endswith(b"good")
+    # counted as what it was, an answer no client could read, not an upstream that could not be reached
+    errors = {labels[1]: v for name, labels, v in server.refresh_now().counters if name == c.UPSTREAM_ERRORS}
+    assert errors == {"bad_response": 1.0}
 
 
 @pytest.mark.parametrize("stack", [[fixed(b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n"),
