@@ -61,6 +61,30 @@ async def test_a_slowly_sent_requests_ttft_includes_its_send_time(upstream: Fake
         await server.stop()
 
 
+async def test_each_request_on_a_kept_alive_connection_starts_its_own_clock(upstream: FakeUpstream) -> None:
+    """A client that reuses its connection (every OpenAI SDK does) sends its second request 1.5 s after the
+    first: that request's TTFT is its own ~0.01 s, not timed from the first request's first byte (>= 1.5 s)."""
+    upstream.scripts["s"] = Script(ttft=0.01, gaps=(0.005,) * 3)
+    server = await start_proxy(upstream.url)
+    try:
+        body = chat("s")
+        request = (f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(server.proxy_url))
+        for pause in (0.0, 1.5):
+            await asyncio.sleep(pause)
+            writer.write(request)
+            answer = await read_response(reader)
+            assert answer.startswith(b"HTTP/1.1 200") and b"[DONE]" in answer
+        writer.close()
+        async with aiohttp.ClientSession() as client:
+            m = await scrape(server, client)
+        assert m[c.TTFT_HISTOGRAM + "_count"][(("route", "chat"),)] == 2  # both requests, on one connection
+        assert m[c.TTFT_HISTOGRAM + "_sum"][(("route", "chat"),)] < 0.75  # ~0.02 s; >= 1.5 s when timed from the first request
+    finally:
+        await server.stop()
+
+
 async def raw_upstream(answer: bytes, seen: list[bytes]) -> asyncio.AbstractServer:
     """An upstream that records each request's head and answers `answer`, as bytes (lower-case names)."""
 
