@@ -178,6 +178,23 @@ def test_a_response_head_keeps_its_lines_and_says_how_the_body_ends() -> None:
     assert (length.framing, length.length, length.close) == (rl.LENGTH, 12, True)
 
 
+@pytest.mark.parametrize("block, method, framing, close", [
+    # RFC 9112 6.3: a 304 has no body, whatever Content-Length says (it is the representation's length)
+    (b"HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nContent-Length: 123", "GET", rl.NONE, False),
+    # the final transfer coding decides: chunked last is chunked, across one line or several
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked", "POST", rl.CHUNKED, False),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked", "POST", rl.CHUNKED, False),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip", "POST", rl.CLOSE, True),  # ends at the close
+    # HTTP/1.0 closes after the response unless it says keep-alive
+    (b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2", "GET", rl.LENGTH, False),
+    (b"HTTP/1.0 200 OK\r\nContent-Length: 2", "GET", rl.LENGTH, True),
+    (b"HTTP/1.0 200 OK\r\nConnection: x-trace\r\nContent-Length: 2", "GET", rl.LENGTH, True),  # no keep-alive
+])
+def test_how_a_response_body_ends(block: bytes, method: str, framing: str, close: bool) -> None:
+    head = rl.parse_head(block, method)
+    assert (head.framing, head.close) == (framing, close)
+
+
 @pytest.mark.parametrize("bad", [
     b"HTTP/2 200 OK", b"HTTP/1.1 20 OK", b"ICY 200 OK",
     b"HTTP/1.1 200 OK\r\n folded: value",  # obs-fold
