@@ -64,6 +64,7 @@ def _rooflight(*args: str, env: dict[str, str] | None = None, timeout: float = 6
         ("nvml_interval: 1.0e+400\n", "nvml_interval: inf is not a finite duration"),
         ("read_header_timeout: 0\n", "must be more than zero"),
         ("max_connections: 0\n", "max_connections: must be at least 1"),
+        ("listen: 127.0.0.1:65536\n", "listen address '127.0.0.1:65536': write HOST:PORT"),  # one past the last port
     ],
 )
 def test_a_setting_of_the_wrong_shape_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -311,3 +312,20 @@ def test_a_target_name_with_control_characters_is_refused_with_a_clear_error(tmp
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2, run.stdout + run.stderr
     assert "printable" in run.stderr and "\x1b" not in run.stderr and "\\x1b" in run.stderr
+
+
+def test_the_edges_of_the_proxys_counts_and_percentiles() -> None:
+    """Each range is inclusive where its help says so: --tenant-top 0 names no tenant (all are `other`),
+    --max-connections 1 is one connection; percentiles are strictly between 0 and 100."""
+    from rooflight.agent.config import values as v
+
+    assert (v.label_count(0, "--tenant-top"), v.label_count(1000, "--tenant-top")) == (0, 1000)
+    assert (v.connection_cap(1, "--max-connections"), v.connection_cap(10 ** 6, "--max-connections")) == (1, 10 ** 6)
+    for bad, check in ((-1, v.label_count), (1001, v.label_count), (0, v.connection_cap), (10 ** 6 + 1, v.connection_cap)):
+        with pytest.raises(ConfigError, match="must be between"):
+            check(bad, "--flag")
+    assert v.parse_percentiles("0.1,99.9") == ("0.1", "99.9")
+    for bad in ("0", "100", "50,0"):
+        with pytest.raises(ConfigError, match="between 0 and 100"):
+            v.parse_percentiles(bad)
+    assert v.split_listen("[::1]:65535") == ("::1", 65535)
