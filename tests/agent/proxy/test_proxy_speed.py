@@ -98,6 +98,25 @@ async def raw_upstream(answer: bytes, seen: list[bytes]) -> asyncio.AbstractServ
     return await asyncio.start_server(serve, "127.0.0.1", 0)
 
 
+async def test_an_interim_answer_is_not_taken_for_the_response() -> None:
+    """An upstream that sends 103 Early Hints before its answer (RFC 9110 15.2): the client gets the final
+    200 and its body, not the 1xx as its response and the 200 as garbage after it."""
+    answer = (b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n"
+              b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: 2\r\n\r\nhi")
+    up = await raw_upstream(answer, [])
+    server = await start_proxy("http://127.0.0.1:%d" % up.sockets[0].getsockname()[1])
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(server.proxy_url))
+        writer.write(b"GET /x HTTP/1.1\r\nhost: me\r\nConnection: close\r\n\r\n")
+        got = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert got.startswith(b"HTTP/1.1 200 OK\r\n") and got.endswith(b"\r\n\r\nhi")
+        assert b"103" not in got
+    finally:
+        await server.stop()
+        up.close()
+
+
 async def test_headers_are_relayed_byte_for_byte_both_ways() -> None:
     """aiohttp wrote `date` as `Date` and `content-type` as `Content-Type` (and added its own `Server`): the
     relay now sends each header line as it came, minus the hop-by-hop ones."""
