@@ -214,6 +214,14 @@ def test_how_a_response_body_ends(block: bytes, method: str, framing: str, close
     assert (head.framing, head.close) == (framing, close)
 
 
+def test_hop_by_hop_lines_go_even_when_connection_does_not_name_them() -> None:
+    """RFC 9110 7.6.1: Keep-Alive, Proxy-Connection and the rest are one connection's; an upstream that sends
+    Keep-Alive without naming it in Connection must not hand its timeout to the client's hop."""
+    head = rl.parse_head(b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5, max=100\r\nProxy-Connection: keep-alive\r\n"
+                         b"Upgrade: h2c\r\nx-request-id: 7\r\nContent-Length: 2", "GET")
+    assert head.lines == [b"x-request-id: 7", b"Content-Length: 2"]
+
+
 @pytest.mark.parametrize("bad", [
     b"HTTP/2 200 OK", b"HTTP/1.1 20 OK", b"ICY 200 OK",
     b"HTTP/1.1 200 OK\r\n folded: value",  # obs-fold
