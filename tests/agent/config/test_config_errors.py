@@ -65,6 +65,8 @@ def _rooflight(*args: str, env: dict[str, str] | None = None, timeout: float = 6
         ("read_header_timeout: 0\n", "must be more than zero"),
         ("max_connections: 0\n", "max_connections: must be at least 1"),
         ("listen: 127.0.0.1:65536\n", "listen address '127.0.0.1:65536': write HOST:PORT"),  # one past the last port
+        ("gpu_hour_cost: 0\n", "gpu_hour_cost: must be above 0"),  # a free GPU-hour: every token would cost 0
+        ("nvml_interval: 25h\n", "nvml_interval: '25h' is longer than a day"),
     ],
 )
 def test_a_setting_of_the_wrong_shape_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -329,3 +331,4 @@ def test_the_edges_of_the_proxys_counts_and_percentiles() -> None:
         with pytest.raises(ConfigError, match="between 0 and 100"):
             v.parse_percentiles(bad)
     assert v.split_listen("[::1]:65535") == ("::1", 65535)
+    assert (v.parse_duration("24h", "--x"), v.gpu_hour_cost(0.01)) == (86400.0, 0.01)  # a day is the longest
