@@ -176,6 +176,15 @@ def test_the_chunked_framing_comes_off_however_the_reads_cut_it(step: int) -> No
     assert payload == b"hello" + b"x" * 26 and reader.done
 
 
+def test_the_chunked_framing_comes_off_wherever_one_cut_falls() -> None:
+    """Two reads, cut at every byte: a cut right after a chunk's body (before its CRLF, or between CR and LF)
+    is where the whole-chunks fast path must hand over to the careful one."""
+    for cut in range(1, len(CHUNKED)):
+        reader = rl.ChunkedReader()
+        payload = reader.feed(CHUNKED[:cut]) + reader.feed(CHUNKED[cut:])
+        assert (payload, reader.done) == (b"hello" + b"x" * 26, True), f"cut at {cut}"
+
+
 @pytest.mark.parametrize("broken", [b"zz\r\nhello\r\n", b"-5\r\nhello\r\n", b"1" * 5000])
 def test_a_broken_chunked_framing_is_an_error(broken: bytes) -> None:
     with pytest.raises(ValueError):
