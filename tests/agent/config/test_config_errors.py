@@ -67,6 +67,7 @@ def _rooflight(*args: str, env: dict[str, str] | None = None, timeout: float = 6
         ("listen: 127.0.0.1:65536\n", "listen address '127.0.0.1:65536': write HOST:PORT"),  # one past the last port
         ("gpu_hour_cost: 0\n", "gpu_hour_cost: must be above 0"),  # a free GPU-hour: every token would cost 0
         ("nvml_interval: 25h\n", "nvml_interval: '25h' is longer than a day"),
+        ("tp: 0\n", "tp: must be at least 1"),  # a model copy spans at least one GPU
     ],
 )
 def test_a_setting_of_the_wrong_shape_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -332,3 +333,23 @@ def test_the_edges_of_the_proxys_counts_and_percentiles() -> None:
             v.parse_percentiles(bad)
     assert v.split_listen("[::1]:65535") == ("::1", 65535)
     assert (v.parse_duration("24h", "--x"), v.gpu_hour_cost(0.01)) == (86400.0, 0.01)  # a day is the longest
+
+
+def test_no_nvml_and_no_process_turn_them_off_and_only_when_given() -> None:
+    """`--no-nvml` / `--no-process` (the flags of settings whose default is on) store False; absent, the file or
+    the environment decides, else the default (on)."""
+    import argparse
+
+    from rooflight.agent.config import settings
+
+    parser = argparse.ArgumentParser()
+    settings.add_flags(parser, settings.RUN)
+    given = settings.flag_values(parser.parse_args(["--engine-url", "http://127.0.0.1:9", "--no-nvml", "--no-process"]),
+                                 settings.RUN)
+    assert (given["nvml"], given["process"]) == (False, False)
+    config = cfg.build({"nvml": True}, {}, {k: given[k] for k in ("engine_url", "nvml", "process")})
+    assert (config.nvml, config.process) == (False, False)  # the flag wins over the file
+    absent = settings.flag_values(parser.parse_args(["--engine-url", "http://127.0.0.1:9"]), settings.RUN)
+    assert "nvml" not in absent and "process" not in absent
+    config = cfg.build({"nvml": False}, {}, {"engine_url": absent["engine_url"]})
+    assert (config.nvml, config.process) == (False, True)
