@@ -333,6 +333,10 @@ def test_the_edges_of_the_proxys_counts_and_percentiles() -> None:
             v.parse_percentiles(bad)
     assert v.split_listen("[::1]:65535") == ("::1", 65535)
     assert (v.parse_duration("24h", "--x"), v.gpu_hour_cost(0.01)) == (86400.0, 0.01)  # a day is the longest
+    # ROOFLIGHT_NVML=off and friends: each common spelling of a switch, either way
+    assert [v.parse_bool(s, "nvml") for s in ("1", "true", "Yes", "on", "0", "false", "no", "OFF")] == [True] * 4 + [False] * 4
+    with pytest.raises(ConfigError, match="not true or false"):
+        v.parse_bool("disabled", "nvml")
 
 
 def test_no_nvml_and_no_process_turn_them_off_and_only_when_given() -> None:
