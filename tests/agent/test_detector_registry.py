@@ -72,6 +72,14 @@ def test_every_registered_alert_has_a_runbook_section() -> None:
     assert missing_runbooks(registry.alerts()) == []
 
 
+def test_the_runbook_check_covers_the_families_alerts_too() -> None:
+    """alerts() is what the runbook check reads: a family's alert (the low decode MBU page) is in it as well as
+    every detector's, each once (the admission-bound runbook serves two detectors)."""
+    named = registry.alerts()
+    assert "RooflightLowDecodeMBU" in named and "RooflightHeadOfLineBlocking" in named
+    assert len(named) == len(set(named)) and named.count("RooflightBatchAdmissionBound") == 1
+
+
 def test_registered_gauge_alerts_are_the_rendered_ones() -> None:
     config = RulesConfig()
     rendered = {r["alert"]: r for g in groups(config) for r in g["rules"] if "alert" in r}

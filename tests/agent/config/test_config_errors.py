@@ -64,6 +64,10 @@ def _rooflight(*args: str, env: dict[str, str] | None = None, timeout: float = 6
         ("nvml_interval: 1.0e+400\n", "nvml_interval: inf is not a finite duration"),
         ("read_header_timeout: 0\n", "must be more than zero"),
         ("max_connections: 0\n", "max_connections: must be at least 1"),
+        ("listen: 127.0.0.1:65536\n", "listen address '127.0.0.1:65536': write HOST:PORT"),  # one past the last port
+        ("gpu_hour_cost: 0\n", "gpu_hour_cost: must be above 0"),  # a free GPU-hour: every token would cost 0
+        ("nvml_interval: 25h\n", "nvml_interval: '25h' is longer than a day"),
+        ("tp: 0\n", "tp: must be at least 1"),  # a model copy spans at least one GPU
     ],
 )
 def test_a_setting_of_the_wrong_shape_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -321,3 +325,45 @@ def test_a_misspelt_key_is_answered_with_the_one_meant() -> None:
     with pytest.raises(ConfigError) as far:  # nothing close: no guess
         cfg.build({"zzzz": 1, "engine_url": ["http://127.0.0.1:8000"]}, {}, {})
     assert "did you mean" not in str(far.value)
+
+
+def test_the_edges_of_the_proxys_counts_and_percentiles() -> None:
+    """Each range is inclusive where its help says so: --tenant-top 0 names no tenant (all are `other`),
+    --max-connections 1 is one connection; percentiles are strictly between 0 and 100."""
+    from rooflight.agent.config import values as v
+
+    assert (v.label_count(0, "--tenant-top"), v.label_count(1000, "--tenant-top")) == (0, 1000)
+    assert (v.connection_cap(1, "--max-connections"), v.connection_cap(10 ** 6, "--max-connections")) == (1, 10 ** 6)
+    for bad, check in ((-1, v.label_count), (1001, v.label_count), (0, v.connection_cap), (10 ** 6 + 1, v.connection_cap)):
+        with pytest.raises(ConfigError, match="must be between"):
+            check(bad, "--flag")
+    assert v.parse_percentiles("0.1,99.9") == ("0.1", "99.9")
+    for bad in ("0", "100", "50,0"):
+        with pytest.raises(ConfigError, match="between 0 and 100"):
+            v.parse_percentiles(bad)
+    assert v.split_listen("[::1]:65535") == ("::1", 65535)
+    assert (v.parse_duration("24h", "--x"), v.gpu_hour_cost(0.01)) == (86400.0, 0.01)  # a day is the longest
+    # ROOFLIGHT_NVML=off and friends: each common spelling of a switch, either way
+    assert [v.parse_bool(s, "nvml") for s in ("1", "true", "Yes", "on", "0", "false", "no", "OFF")] == [True] * 4 + [False] * 4
+    with pytest.raises(ConfigError, match="not true or false"):
+        v.parse_bool("disabled", "nvml")
+
+
+def test_no_nvml_and_no_process_turn_them_off_and_only_when_given() -> None:
+    """`--no-nvml` / `--no-process` (the flags of settings whose default is on) store False; absent, the file or
+    the environment decides, else the default (on)."""
+    import argparse
+
+    from rooflight.agent.config import settings
+
+    parser = argparse.ArgumentParser()
+    settings.add_flags(parser, settings.RUN)
+    given = settings.flag_values(parser.parse_args(["--engine-url", "http://127.0.0.1:9", "--no-nvml", "--no-process"]),
+                                 settings.RUN)
+    assert (given["nvml"], given["process"]) == (False, False)
+    config = cfg.build({"nvml": True}, {}, {k: given[k] for k in ("engine_url", "nvml", "process")})
+    assert (config.nvml, config.process) == (False, False)  # the flag wins over the file
+    absent = settings.flag_values(parser.parse_args(["--engine-url", "http://127.0.0.1:9"]), settings.RUN)
+    assert "nvml" not in absent and "process" not in absent
+    config = cfg.build({"nvml": False}, {}, {"engine_url": absent["engine_url"]})
+    assert (config.nvml, config.process) == (False, True)

@@ -61,6 +61,30 @@ async def test_a_slowly_sent_requests_ttft_includes_its_send_time(upstream: Fake
         await server.stop()
 
 
+async def test_each_request_on_a_kept_alive_connection_starts_its_own_clock(upstream: FakeUpstream) -> None:
+    """A client that reuses its connection (every OpenAI SDK does) sends its second request 1.5 s after the
+    first: that request's TTFT is its own ~0.01 s, not timed from the first request's first byte (>= 1.5 s)."""
+    upstream.scripts["s"] = Script(ttft=0.01, gaps=(0.005,) * 3)
+    server = await start_proxy(upstream.url)
+    try:
+        body = chat("s")
+        request = (f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(server.proxy_url))
+        for pause in (0.0, 1.5):
+            await asyncio.sleep(pause)
+            writer.write(request)
+            answer = await read_response(reader)
+            assert answer.startswith(b"HTTP/1.1 200") and b"[DONE]" in answer
+        writer.close()
+        async with aiohttp.ClientSession() as client:
+            m = await scrape(server, client)
+        assert m[c.TTFT_HISTOGRAM + "_count"][(("route", "chat"),)] == 2  # both requests, on one connection
+        assert m[c.TTFT_HISTOGRAM + "_sum"][(("route", "chat"),)] < 0.75  # ~0.02 s; >= 1.5 s when timed from the first request
+    finally:
+        await server.stop()
+
+
 async def raw_upstream(answer: bytes, seen: list[bytes]) -> asyncio.AbstractServer:
     """An upstream that records each request's head and answers `answer`, as bytes (lower-case names)."""
 
@@ -72,6 +96,25 @@ async def raw_upstream(answer: bytes, seen: list[bytes]) -> asyncio.AbstractServ
         writer.close()
 
     return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+async def test_an_interim_answer_is_not_taken_for_the_response() -> None:
+    """An upstream that sends 103 Early Hints before its answer (RFC 9110 15.2): the client gets the final
+    200 and its body, not the 1xx as its response and the 200 as garbage after it."""
+    answer = (b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n"
+              b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: 2\r\n\r\nhi")
+    up = await raw_upstream(answer, [])
+    server = await start_proxy("http://127.0.0.1:%d" % up.sockets[0].getsockname()[1])
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(server.proxy_url))
+        writer.write(b"GET /x HTTP/1.1\r\nhost: me\r\nConnection: close\r\n\r\n")
+        got = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert got.startswith(b"HTTP/1.1 200 OK\r\n") and got.endswith(b"\r\n\r\nhi")
+        assert b"103" not in got
+    finally:
+        await server.stop()
+        up.close()
 
 
 async def test_headers_are_relayed_byte_for_byte_both_ways() -> None:
@@ -133,6 +176,15 @@ def test_the_chunked_framing_comes_off_however_the_reads_cut_it(step: int) -> No
     assert payload == b"hello" + b"x" * 26 and reader.done
 
 
+def test_the_chunked_framing_comes_off_wherever_one_cut_falls() -> None:
+    """Two reads, cut at every byte: a cut right after a chunk's body (before its CRLF, or between CR and LF)
+    is where the whole-chunks fast path must hand over to the careful one."""
+    for cut in range(1, len(CHUNKED)):
+        reader = rl.ChunkedReader()
+        payload = reader.feed(CHUNKED[:cut]) + reader.feed(CHUNKED[cut:])
+        assert (payload, reader.done) == (b"hello" + b"x" * 26, True), f"cut at {cut}"
+
+
 @pytest.mark.parametrize("broken", [b"zz\r\nhello\r\n", b"-5\r\nhello\r\n", b"1" * 5000])
 def test_a_broken_chunked_framing_is_an_error(broken: bytes) -> None:
     with pytest.raises(ValueError):
@@ -152,6 +204,31 @@ def test_a_response_head_keeps_its_lines_and_says_how_the_body_ends() -> None:
     assert rl.parse_head(b"HTTP/1.0 200 OK\r\ncontent-type: text/plain", "GET").framing == rl.CLOSE
     length = rl.parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nConnection: close", "GET")
     assert (length.framing, length.length, length.close) == (rl.LENGTH, 12, True)
+
+
+@pytest.mark.parametrize("block, method, framing, close", [
+    # RFC 9112 6.3: a 304 has no body, whatever Content-Length says (it is the representation's length)
+    (b"HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nContent-Length: 123", "GET", rl.NONE, False),
+    # the final transfer coding decides: chunked last is chunked, across one line or several
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked", "POST", rl.CHUNKED, False),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked", "POST", rl.CHUNKED, False),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip", "POST", rl.CLOSE, True),  # ends at the close
+    # HTTP/1.0 closes after the response unless it says keep-alive
+    (b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2", "GET", rl.LENGTH, False),
+    (b"HTTP/1.0 200 OK\r\nContent-Length: 2", "GET", rl.LENGTH, True),
+    (b"HTTP/1.0 200 OK\r\nConnection: x-trace\r\nContent-Length: 2", "GET", rl.LENGTH, True),  # no keep-alive
+])
+def test_how_a_response_body_ends(block: bytes, method: str, framing: str, close: bool) -> None:
+    head = rl.parse_head(block, method)
+    assert (head.framing, head.close) == (framing, close)
+
+
+def test_hop_by_hop_lines_go_even_when_connection_does_not_name_them() -> None:
+    """RFC 9110 7.6.1: Keep-Alive, Proxy-Connection and the rest are one connection's; an upstream that sends
+    Keep-Alive without naming it in Connection must not hand its timeout to the client's hop."""
+    head = rl.parse_head(b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5, max=100\r\nProxy-Connection: keep-alive\r\n"
+                         b"Upgrade: h2c\r\nx-request-id: 7\r\nContent-Length: 2", "GET")
+    assert head.lines == [b"x-request-id: 7", b"Content-Length: 2"]
 
 
 @pytest.mark.parametrize("bad", [

@@ -92,6 +92,17 @@ def test_goodput_needs_both_targets_met() -> None:
     assert not meets(slo, rec(1, finish=UPSTREAM_ERROR))
 
 
+def test_an_aborted_stream_or_one_with_no_token_is_never_good() -> None:
+    """Good means a finished, successful stream within every target: one the engine aborted (finish_reason
+    abort) did not finish, however fast its tokens were; a stream with no token met no target, a TPOT-only
+    SLO included (no TPOT is "met" only for a stream that has its one token)."""
+    assert meets(parse_slo("tpot=0.05"), rec(1, ttft=0.1, gaps=(0.01, 0.01)))  # the same stream, finished: good
+    assert not meets(parse_slo("tpot=0.05"), rec(1, ttft=0.1, gaps=(0.01, 0.01), finish="abort"))
+    assert not meets(parse_slo("ttft=0.5,tpot=0.05,e2e=2"), rec(1, ttft=0.1, gaps=(0.01,), finish="abort"))
+    assert meets(parse_slo("tpot=0.05"), rec(1, ttft=0.1, gaps=()))  # one token: no TPOT, met
+    assert not meets(parse_slo("tpot=0.05"), rec(1, ttft=None, gaps=(), tokens=0))  # no token at all
+
+
 @pytest.mark.parametrize("record, counted", [
     (rec(1), True), (rec(1, status=429), True), (rec(1, status=500), True), (rec(1, status=502, stream=False), True),
     (rec(1, status=400), False), (rec(1, outcome=CLIENT_DISCONNECTED), False), (rec(1, stream=False), False),

@@ -210,3 +210,31 @@ def test_an_endless_stream_keeps_a_bounded_record_of_its_gaps() -> None:
     assert len(seen) <= 10 and all(any(abs(g - want) <= 0.005 * want for g in seen)
                                    for want in (0.01, 0.05, 0.09, 0.13, 0.17))
     assert sum(gaps) == pytest.approx(sum(0.01 + 0.04 * (i % 5) for i in range(1, n)), rel=0.005)
+
+
+def test_a_hold_excuses_only_the_gap_it_happened_in() -> None:
+    """The client held the proxy back 0.5 s once; a later 0.75 s stall with no hold is the engine's whole:
+    the head-of-line feed sees 0.75 s, not 0.75 - 0.5."""
+    gaps = ClientGaps()
+    t = tr.RequestTracker(10.0, "chat", None, gaps)
+    t.on_response(200, "text/event-stream")
+    t.on_bytes(10.25, chunk("a"))
+    t.on_held(0.5)  # the write of "a" waited 0.5 s for the client's socket
+    t.on_bytes(10.875, chunk("b"))  # 0.625 s after a: 0.125 s of it the engine's
+    t.on_bytes(11.625, chunk("c"))  # 0.75 s after b, the client took every byte at once
+    assert gaps.worst_between(10.0, 11.0) == pytest.approx(0.125)
+    assert gaps.worst_between(11.0, 12.0) == pytest.approx(0.75)
+    assert list(t.finish(12.0).itl) == pytest.approx([0.625, 0.75])  # the client felt both whole
+
+
+def test_a_total_on_the_last_chunk_alone_is_no_token_of_its_own() -> None:
+    """An engine that puts `usage` on its finish chunk only (`delta: {}`, a finish_reason and the request's
+    total, no running count before it): the three tokens came in the three content chunks; the finish chunk 0.75 s later is
+    no token, so it adds no gap and TPOT stops at the last token: (10.75 - 10.25) / (3 - 1) = 0.25 s."""
+    final = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+             "usage": {"prompt_tokens": 5, "completion_tokens": 3}}
+    r = stream([(10.25, chunk("a")), (10.5, chunk("b")), (10.75, chunk("c")),
+                (11.5, b"data: " + json.dumps(final).encode() + b"\n\n")], end=11.5)
+    assert (r.output_tokens, r.counted_by, r.finish_reason) == (3, "usage", "stop")
+    assert list(r.itl) == [0.25, 0.25]
+    assert (r.ttft, r.last_token, r.tpot) == (0.25, 10.75, 0.25)

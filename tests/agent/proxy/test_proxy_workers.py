@@ -202,3 +202,51 @@ async def test_workers_refuse_a_port_another_proxy_listens_on() -> None:
         assert workers.pids == []  # refused before a worker was spawned
     finally:
         taken.close()
+
+
+def test_the_ports_counters_are_the_sums_of_every_workers_latest() -> None:
+    """/metrics over N workers shows one port: in flight now is what each worker holds now, added; refusals
+    and bad requests are each worker's running totals, added by reason. Each worker's latest message replaces
+    its previous one (they are totals, not increments)."""
+    from types import SimpleNamespace
+
+    from rooflight.agent.proxy.stats import ClientStats, StatsConfig
+    from rooflight.agent.proxy.workers import Workers
+
+    stats = ClientStats(StatsConfig(target="up:8000"), started=0.0)
+    workers = Workers(SimpleNamespace(stats=stats), 3)
+    workers._handle(0, ("stats", [], {"in_flight": 3, "over_budget": 1, "accounting_errors": 0,
+                                      "refused": {"per_client": 2}, "bad_requests": {"malformed": 1}}))
+    workers._handle(1, ("stats", [], {"in_flight": 4, "over_budget": 0, "accounting_errors": 2,
+                                      "refused": {"per_client": 1, "max_connections": 5}, "bad_requests": {}}))
+    workers._handle(0, ("stats", [], {"in_flight": 1, "over_budget": 1, "accounting_errors": 0,
+                                      "refused": {"per_client": 6}, "bad_requests": {"malformed": 1, "target": 2}}))
+    # worker 2 has sent nothing yet: it adds nothing
+    assert stats.in_flight == 1 + 4
+    assert stats.over_budget == 1 and stats.accounting_errors == 2
+    assert dict(stats.refused) == {"per_client": 6 + 1, "max_connections": 5}
+    assert dict(stats.bad_requests) == {"malformed": 1, "target": 2}
+
+
+async def test_a_worker_that_dies_stops_the_proxy_with_exit_1() -> None:
+    """A worker killed (OOM, a crash) must not leave the proxy serving on fewer cores than asked for: the
+    whole exits 1, so its supervisor restarts it (exit 0 would read as a clean stop)."""
+    up = FakeUpstream(scripts={"m": Script(ttft=0.01, gaps=(0.01,))})
+    await up.start()
+    port, metrics_port = free_port(), free_port()
+    try:
+        async with async_child(
+                sys.executable, "-m", "rooflight.agent.proxy.cli", "--upstream", up.url, "--listen", f"127.0.0.1:{port}",
+                "--metrics-listen", f"127.0.0.1:{metrics_port}", "--workers", "2", "--log-level", "warning",
+        ) as proc:
+            async with aiohttp.ClientSession() as session:
+                await wait_healthy(session, f"http://127.0.0.1:{metrics_port}/-/healthy")
+            workers = [w for w in psutil.Process(proc.pid).children()
+                       if "resource_tracker" not in " ".join(w.cmdline())]
+            assert len(workers) == 2
+            workers[0].kill()
+            assert await asyncio.wait_for(proc.wait(), 60) == 1
+            _, alive = psutil.wait_procs(workers[1:], timeout=10)
+            assert not alive  # the other worker is stopped too
+    finally:
+        await up.stop()
