@@ -144,6 +144,20 @@ def _with_toy_verdicts(snap: Snapshot, stuck: bool) -> Snapshot:
     return replace(snap, targets=targets)
 
 
+async def _two_samples(fake_engine: FakeEngine) -> Snapshot:
+    """The agent's snapshot after two samples of recorded vLLM pages 10 s apart (windows filled)."""
+    settings = {"engine_url": [fake_engine.url], "process": False, "nvml": False, "interval": "1s",
+                "windows": "10s,1m", "model": "llama-3-8b", "gpu": "h100-sxm"}
+    clock = FakeClock()
+    async with started_agent(build({}, {}, settings), loops=False, clock=clock) as agent:
+        fake_engine.body = sample_text("vllm-cpu-rest-fresh.prom")
+        await agent.sample_engines_once()
+        clock.advance(10.0)
+        fake_engine.body = sample_text("vllm-cpu-load-c16.prom")
+        await agent.sample_engines_once()
+        return agent.snapshot
+
+
 def _values(text: str, name: str) -> list[float]:
     return [s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
 
@@ -176,16 +190,7 @@ pytestmark = pytest.mark.xdist_group("browser")  # one Chromium at a time, as te
 async def test_a_toy_detector_added_to_the_registry_alone_shows_everywhere(
     toy: registry.Detector, fake_engine: FakeEngine
 ) -> None:
-    settings = {"engine_url": [fake_engine.url], "process": False, "nvml": False, "interval": "1s",
-                "windows": "10s,1m", "model": "llama-3-8b", "gpu": "h100-sxm"}
-    clock = FakeClock()
-    async with started_agent(build({}, {}, settings), loops=False, clock=clock) as agent:
-        fake_engine.body = sample_text("vllm-cpu-rest-fresh.prom")
-        await agent.sample_engines_once()
-        clock.advance(10.0)
-        fake_engine.body = sample_text("vllm-cpu-load-c16.prom")
-        await agent.sample_engines_once()
-        published = SimpleNamespace(snapshot=_with_toy_verdicts(agent.snapshot, stuck=True))
+    published = SimpleNamespace(snapshot=_with_toy_verdicts(await _two_samples(fake_engine), stuck=True))
 
     # /metrics, /api/v1/status, /api/v1/snapshot and the page, over real HTTP
     app = build_app(published, manage_agent=False)  # type: ignore[arg-type]
@@ -249,21 +254,13 @@ async def test_toy_verdict_clear_and_unknown(toy: registry.Detector, fake_engine
     from rooflight.agent.metrics.exposition import registry_for
     from rooflight.agent.serve.status import status_dict
 
-    settings = {"engine_url": [fake_engine.url], "process": False, "nvml": False, "interval": "1s",
-                "windows": "10s,1m", "model": "llama-3-8b", "gpu": "h100-sxm"}
-    clock = FakeClock()
-    async with started_agent(build({}, {}, settings), loops=False, clock=clock) as agent:
-        fake_engine.body = sample_text("vllm-cpu-rest-fresh.prom")
-        await agent.sample_engines_once()
-        clock.advance(10.0)
-        fake_engine.body = sample_text("vllm-cpu-load-c16.prom")
-        await agent.sample_engines_once()
-        for stuck, value, state in ((False, [0.0], "clear"), (None, [], "unknown")):
-            snap = _with_toy_verdicts(agent.snapshot, stuck=stuck)  # type: ignore[arg-type]
-            text = generate_latest(registry_for(lambda: snap)).decode()
-            assert _values(text, "rooflight_toy_stuck") == value
-            rows = status_dict(snap)["targets"][0]["series"][0]["detectors"]
-            assert rows[-1]["key"] == "toy_stuck" and rows[-1]["state"] == state
+    snapshot = await _two_samples(fake_engine)
+    for stuck, value, state in ((False, [0.0], "clear"), (None, [], "unknown")):
+        snap = _with_toy_verdicts(snapshot, stuck=stuck)  # type: ignore[arg-type]
+        text = generate_latest(registry_for(lambda: snap)).decode()
+        assert _values(text, "rooflight_toy_stuck") == value
+        rows = status_dict(snap)["targets"][0]["series"][0]["detectors"]
+        assert rows[-1]["key"] == "toy_stuck" and rows[-1]["state"] == state
 
 
 def test_without_the_toy_nothing_of_it_remains() -> None:
