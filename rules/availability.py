@@ -25,7 +25,7 @@ from rooflight.rules.burn import BurnSLO, burn_alerts, slo_windows
 from rooflight.rules.config import BurnWindow, RulesConfig
 from rooflight.rules.promql import labels, record_name, series, window_suffix
 from rooflight.rules.recording import Rule, keep
-from rooflight.rules.slo import slo_by
+from rooflight.rules.slo import slo_by, where
 from rooflight.rules.templates import same
 
 REQUEST_ALERT = "RooflightRequestErrorBudgetBurn"
@@ -72,11 +72,10 @@ def client_rules(config: RulesConfig) -> list[Rule]:
 
 
 def request_alerts(config: RulesConfig) -> list[Rule]:
-    where = "/".join(f"{{{{ $labels.{label} }}}}" for label in config.slo_group_by)
     objective = config.request_error_objective
 
     def description(row: BurnWindow) -> str:
-        return (f"{where}: {{{{ $value | humanizePercentage }}}} of the requests the engine finished over the last "
+        return (f"{where(config)}: {{{{ $value | humanizePercentage }}}} of the requests the engine finished over the last "
                 f"{row.long} were aborted or failed (objective: {objective * 100:g}% finished otherwise); "
                 f"burn rate above {row.factor:g}x, confirmed over {row.short}.")
 

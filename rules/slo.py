@@ -79,7 +79,8 @@ def error_ratio_rules(config: RulesConfig, slo: LatencySLO) -> list[Rule]:
     return rules
 
 
-def _where(config: RulesConfig) -> str:
+def where(config: RulesConfig) -> str:
+    """The SLO's own labels as a template (model_name for vLLM): what a service-level alert names."""
     return "/".join(f"{{{{ $labels.{label} }}}}" for label in config.slo_group_by)
 
 
@@ -104,7 +105,7 @@ def worst_replica(config: RulesConfig, slo: LatencySLO, window: str) -> str:
 
 def burn_alerts(config: RulesConfig, slo: LatencySLO) -> list[Rule]:
     def description(row: BurnWindow) -> str:
-        return (f"{_where(config)}: {{{{ $value | humanizePercentage }}}} of {slo.title} observations over the "
+        return (f"{where(config)}: {{{{ $value | humanizePercentage }}}} of {slo.title} observations over the "
                 f"last {row.long} exceeded {threshold_text(config, slo)}s (objective: {slo.objective * 100:g}% "
                 f"within it); burn rate above {row.factor:g}x, confirmed over {row.short}."
                 + worst_replica(config, slo, row.short))
@@ -134,7 +135,7 @@ def bucket_guard(config: RulesConfig, slo: LatencySLO) -> Rule:
         config.bucket_guard_for,
         "warning",
         "An SLO threshold is not a bucket edge of the engine's histogram, so its burn-rate alerts cannot fire.",
-        f"{_where(config)}: {slo.histogram} has no bucket at le={threshold_text(config, slo)}; "
+        f"{where(config)}: {slo.histogram} has no bucket at le={threshold_text(config, slo)}; "
         f"{slo.alert} is blind. Move the threshold to an existing edge or add the edge to the engine.",
         {"slo": slo.name},
         dashboard=_dashboard(config),
