@@ -136,3 +136,51 @@ def test_the_itl_tail_judges_against_its_own_past_and_the_proxy_only_when_it_jud
     proxied, after = policy.itl_tail(state, history, 1.0, span, 41.0, proxy_worst=0.06, proxy_judges=True)
     assert proxied.source == "engine"  # the proxy's baseline is empty yet: the engine's buckets judge
     assert after.itl_proxy is not None and len(after.itl_proxy) == 1 and len(state.itl_engine or ()) == 21
+
+
+STEP_EDGES = (16.0, 512.0, 2048.0, float("inf"))
+
+
+def _step_baselines(seconds: int, prefill: dict[int, tuple[float, float]]) -> dict[int, tuple[float | None, float | None]]:
+    """Each second's (largest recent step, usual largest step) as the policy judges them at 1 Hz, of an engine
+    running 100 steps a second, each of at most 16 tokens, except that second t of `prefill` computed its
+    prompt tokens with its largest step in the bucket `prefill[t] = (prompt tokens, bucket bound)`; the other
+    seconds decode only (no prompt token)."""
+    history, span, state, judged = SeriesHistory(120.0), policy.tail_span((5.0, 60.0)), DetectorState(), {}
+    prompt, larger = 0.0, {512.0: 0.0, 2048.0: 0.0}
+    for t in range(seconds + 1):
+        tokens, bound = prefill.get(t, (0.0, 16.0))
+        prompt += tokens
+        if bound > 16.0:
+            larger[bound] += 1
+        steps = 100.0 * (t + 1)
+        counts = (steps - larger[512.0] - larger[2048.0], steps - larger[2048.0], steps, steps)
+        histogram = Histogram(buckets=tuple(zip(STEP_EDGES, counts)), count=steps, sum=0.0)
+        series = replace(_page(float(t)), prompt_tokens_total=prompt, steps_total=steps, step_tokens=histogram)
+        history.append(float(t), *derive.history_inputs(series))
+        tail, state = policy.itl_tail(state, history, 1.0, span, float(t))
+        judged[t] = (tail.largest_step, tail.largest_step_baseline)
+    return judged
+
+
+def test_seconds_that_decode_only_join_no_step_baseline() -> None:
+    """A wave of prompts (a step of up to 512 tokens) every 4th second, decode-only seconds (steps of 16)
+    between: three of four seconds decode only. Were they in the baseline, its 0.6 quantile would be 16 and
+    every wave would read 32x; the usual largest step is the waves' own, 512."""
+    waves = {t: (400.0, 512.0) for t in range(4, 61, 4)}
+    judged = _step_baselines(60, waves)
+    assert judged[60] == (512.0, 512.0)  # a wave this second, against the waves before it
+    assert judged[59][1] == 512.0 and judged[58][0] == 16.0  # decode only for 2 s: the largest step is 16
+
+
+def test_the_stall_is_judged_against_the_steps_before_it_not_its_own() -> None:
+    """Short prompts (steps of at most 16) every 5th second to 20, then a long prompt run whole (a 2048-token
+    step) every 5th second. The usual largest step is the 0.6 quantile (the lowest value with 60% at or under
+    it) of the prefill seconds before the one judged: 16 of {16 x4}, {16 x4, 2048}, {16 x4, 2048 x2}, and
+    2048 of {16 x4, 2048 x3}: three long prompts read 128x, the fourth, now usual, 1x. Had each long
+    step joined before it was judged, the third would read 1x."""
+    prefill = {t: (50.0, 16.0) for t in (5, 10, 15, 20)} | {t: (2000.0, 2048.0) for t in (25, 30, 35, 40)}
+    judged = _step_baselines(40, prefill)
+    assert [judged[t] for t in (25, 30, 35, 40)] == [(2048.0, 16.0)] * 3 + [(2048.0, 2048.0)]
+    assert judged[21] == (16.0, 16.0)  # the short prompts' values span 15 s (3 x the 5 s window) once 20 joins
+    assert judged[20][1] is None  # ... not before
