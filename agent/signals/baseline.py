@@ -7,8 +7,10 @@ kept; the median is given once the values span `min_span` seconds, so a cold sta
 
 A `quantile` other than the median gives the value that share of them stay at or under (the lowest
 held value with at least that share at or below it: a bucket bound stays a bucket bound). The
-head-of-line detector's largest step uses 0.6: where streams finish together, the seconds that
-admitted a wave of prompts and those that did not are about even, and a median flips between them.
+head-of-line detector's largest step uses 0.8: where streams finish together, the seconds that
+admitted a wave of prompts and those that did not are about even, and a median flips between them;
+on a shared host the waves' share drifts (56% of the prefill seconds in one run), and a quantile just
+above it flips too.
 
 A value, not an object that changes: `add` gives the baseline with the value in it (the baseline itself
 when the value is dropped), so a detector's state is passed in and returned (signals/policy.py). The

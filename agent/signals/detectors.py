@@ -11,7 +11,7 @@ blocking and Batch verdicts); what to do about each is in docs/runbooks.md:
   over the longest window) while prefill work is in the batch: where the engine says how many tokens
   each step ran (vLLM's iteration_tokens_total), the largest step of the last 2 s grew to at least
   `hol_step_inflation` x the usual largest step (of the recent seconds that ran a prefill, the value
-  60% of them stay at or under), which is what a long prompt run whole is; elsewhere, computed prompt
+  80% of them stay at or under), which is what a long prompt run whole is; elsewhere, computed prompt
   tokens per step over the short window at least `hol_min_prefill_tokens_per_step`. Without the step,
   any stall of a busy host (a starved API server, a noisy neighbour) while short prompts keep arriving
   counts, and on a shared CPU host those stalls dwarf a prefill's (docs/physics.md, section

@@ -40,9 +40,10 @@ MARKED = (
 LONG_WINDOWS_EVERY_SECONDS = 1.0
 LONG_WINDOWS_STALE_SHARE = 1 / 60
 
-# The usual largest step: the value 60% of the recent prefill seconds' largest steps stay at or under
-# (signals/baseline.py says why not their median; docs/physics.md, section Head-of-line blocking).
-STEP_BASELINE_QUANTILE = 0.6
+# The usual largest step: the value 80% of the recent prefill seconds' largest steps stay at or under
+# (signals/baseline.py says why not their median; docs/physics.md, section Head-of-line blocking): a
+# step that a fifth of them reach is usual, one four times that is not.
+STEP_BASELINE_QUANTILE = 0.8
 # How far back a step far larger than usual is looked for, against the stall since the previous sample.
 STEP_LOOKBACK_SECONDS = 2.0
 STEP_SIZES = "steps"  # the source named by the largest step's ItlTail

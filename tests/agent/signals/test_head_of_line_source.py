@@ -245,3 +245,21 @@ async def test_a_step_one_sample_before_the_stall_still_explains_it(run_with) ->
     (late,) = await run.second(stall=True, long_prompt=False)  # its stall, read by the proxy a second later
     assert late.itl_source == ITL_FROM_PROXY
     assert late.head_of_line is True
+
+
+async def test_waves_in_a_third_of_the_prefill_seconds_are_usual(run_with) -> None:
+    """Issue 25 item 10: on a shared host the streams drift apart and waves of eight prompts (a step of up
+    to 512 tokens) come in a third of the seconds that ran a prefill, single prompts (steps of 16) in the
+    rest. The usual largest step is the one 80% of those seconds stay at or under, 512: a host stall in a
+    wave's second reads 1x, not head-of-line (at 60% it would be 16, and the wave 32x); a long prompt's
+    step (2048, 4x) still is."""
+    run = await run_with(proxy=False)
+    for i in range(BASELINE_SECONDS + 5):
+        await run.second(prompts=400 if i % 3 == 0 else 50, wave=i % 3 == 0)
+    (host,) = await run.second(stall=True, far=True, long_prompt=False, prompts=400, wave=True)
+    assert host.itl_inflation == pytest.approx(0.1 / 0.025)
+    assert host.head_of_line is False
+    for _ in range(2):
+        await run.second(prompts=50)
+    (prompt,) = await run.second(stall=True, far=True, prompts=1700)
+    assert prompt.head_of_line is True

@@ -164,23 +164,23 @@ def _step_baselines(seconds: int, prefill: dict[int, tuple[float, float]]) -> di
 
 
 def test_seconds_that_decode_only_join_no_step_baseline() -> None:
-    """A wave of prompts (a step of up to 512 tokens) every 4th second, decode-only seconds (steps of 16)
-    between: three of four seconds decode only. Were they in the baseline, its 0.6 quantile would be 16 and
+    """A wave of prompts (a step of up to 512 tokens) every 8th second, decode-only seconds (steps of 16)
+    between: seven of eight seconds decode only. Were they in the baseline, its 0.8 quantile would be 16 and
     every wave would read 32x; the usual largest step is the waves' own, 512."""
-    waves = {t: (400.0, 512.0) for t in range(4, 61, 4)}
-    judged = _step_baselines(60, waves)
-    assert judged[60] == (512.0, 512.0)  # a wave this second, against the waves before it
-    assert judged[59][1] == 512.0 and judged[58][0] == 16.0  # decode only for 2 s: the largest step is 16
+    waves = {t: (400.0, 512.0) for t in range(8, 65, 8)}
+    judged = _step_baselines(64, waves)
+    assert judged[64] == (512.0, 512.0)  # a wave this second, against the waves before it
+    assert judged[63][1] == 512.0 and judged[62][0] == 16.0  # decode only for 2 s: the largest step is 16
 
 
 def test_the_stall_is_judged_against_the_steps_before_it_not_its_own() -> None:
-    """Short prompts (steps of at most 16) every 5th second to 20, then a long prompt run whole (a 2048-token
-    step) every 5th second. The usual largest step is the 0.6 quantile (the lowest value with 60% at or under
-    it) of the prefill seconds before the one judged: 16 of {16 x4}, {16 x4, 2048}, {16 x4, 2048 x2}, and
-    2048 of {16 x4, 2048 x3}: three long prompts read 128x, the fourth, now usual, 1x. Had each long
+    """Short prompts (steps of at most 16) every 2nd second to 17, then a long prompt run whole (a 2048-token
+    step) every 5th second. The usual largest step is the 0.8 quantile (the lowest value with 80% at or under
+    it) of the prefill seconds before the one judged: 16 of {16 x9}, {16 x9, 2048}, {16 x9, 2048 x2}, and
+    2048 of {16 x9, 2048 x3}: three long prompts read 128x, the fourth, now usual, 1x. Had each long
     step joined before it was judged, the third would read 1x."""
-    prefill = {t: (50.0, 16.0) for t in (5, 10, 15, 20)} | {t: (2000.0, 2048.0) for t in (25, 30, 35, 40)}
-    judged = _step_baselines(40, prefill)
-    assert [judged[t] for t in (25, 30, 35, 40)] == [(2048.0, 16.0)] * 3 + [(2048.0, 2048.0)]
-    assert judged[21] == (16.0, 16.0)  # the short prompts' values span 15 s (3 x the 5 s window) once 20 joins
-    assert judged[20][1] is None  # ... not before
+    prefill = {t: (50.0, 16.0) for t in range(1, 18, 2)} | {t: (2000.0, 2048.0) for t in (20, 25, 30, 35)}
+    judged = _step_baselines(35, prefill)
+    assert [judged[t] for t in (20, 25, 30, 35)] == [(2048.0, 16.0)] * 3 + [(2048.0, 2048.0)]
+    assert judged[18] == (16.0, 16.0)  # the short prompts' values span 16 s (over 3 x the 5 s window) once 17 joins
+    assert judged[17][1] is None  # ... not before
