@@ -58,8 +58,8 @@ ABORT_MAX_TOKENS = 2000  # with the short prompt, within --max-model-len
 ABORT_AFTER_CHUNKS = 10
 ABORT_TRIES = 3  # a try where vLLM finished before the starved client could leave judges nothing
 IDLE_TIMEOUT_S = 5.0
-CLIENT_ITL_TOL = 0.05  # client vs proxy per-token gap: relative ...
-CLIENT_ITL_ABS_S = 0.00025  # ... or absolute (a burst: both near 0, the client's parse time apart)
+CLIENT_LAST_TOL = 0.10  # the client's last token after the proxy's: relative (3.5% seen at load 5-10) ...
+CLIENT_LAST_ABS_S = 0.005  # ... plus the hop and one read of a busy client
 CLOCK_SLACK_S = 0.001  # three processes time nested intervals; allow for the order of their readings
 
 VLLM_TTFT = "vllm:time_to_first_token_seconds"
@@ -349,11 +349,22 @@ def test_single_token_ttft_p50_within_vllm_bucket_resolution(proxy_run):
 
 def test_itl_per_token_mean_agrees_with_the_client_and_vllm(proxy_run):
     """Decode time summed over the requests / gaps: the proxy's from first to last output chunk, vLLM's
-    from first to last token in its engine; per token, so chunking does not matter."""
+    from first to last token in its engine; per token, so chunking does not matter.
+
+    The client's own gaps are a reference only where it reads each chunk as it comes: on a busy host the
+    load generator (a Python process parsing every line, opening a connection per request) reads its
+    first chunk late and the rest in a burst (seen: its TTFT 157 against the proxy's 101 ms, its gap per
+    token 0.76 against 1.52 ms), so its split between TTFT and decode moves with its own lateness. What
+    holds whatever that lateness: the proxy's TTFT plus its decode time ends where the client's last token
+    arrived, a little before it (the relay's hop and the client's read of its last chunk)."""
     phase = proxy_run.streams
     f = figures(phase)
     assert delta(phase, VLLM_ITL + "_count") == f.gaps  # vLLM times one gap per token
-    assert f.client_itl == pytest.approx(f.proxy_itl, rel=CLIENT_ITL_TOL, abs=CLIENT_ITL_ABS_S), f.line()
+    per_request = f.gaps / STREAMS["requests"]
+    proxy_last = f.proxy_ttft + f.proxy_itl * per_request
+    ok = phase.load.ok
+    client_last = sum((r.ttft_s or 0.0) + sum(r.itl_s) for r in ok) / len(ok)
+    assert proxy_last - CLOCK_SLACK_S <= client_last <= proxy_last * (1 + CLIENT_LAST_TOL) + CLIENT_LAST_ABS_S, f.line()
     assert within_resolution(vllm_bounds(phase, VLLM_ITL), f.proxy_itl, f.vllm_itl), f.line()
 
 
