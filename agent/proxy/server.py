@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, AsyncIterator, Callable
 
 from aiohttp import HttpVersion11, web
@@ -73,7 +74,8 @@ class ProxyServer:
         self.config = config
         self.reuse_port = reuse_port
         self.clock = clock or SystemClock()
-        self._now = self.clock.monotonic
+        # read once per upstream read: the system's clock without SystemClock's frame around it
+        self._now = time.monotonic if type(self.clock) is SystemClock else self.clock.monotonic
         self.stats = ClientStats(
             StatsConfig(target=config.target, buckets=config.buckets, windows=config.windows,
                         percentiles=config.percentiles, slos=config.slos, tenant_top=config.tenant_top),
