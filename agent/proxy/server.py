@@ -385,7 +385,8 @@ class ProxyServer:
             lines.append(b"Connection: close")
         client.write(b"\r\n".join(lines) + b"\r\n\r\n")
         holder = [tracker]
-        conn.relay_to(client, self._payload_sink(holder) if tracker is not None else None, self._now, pass_framing)
+        reads = tracker is not None and tracker.reads_bytes  # (a pass-through route: no accounting per read)
+        conn.relay_to(client, self._payload_sink(holder) if reads else None, self._now, pass_framing)
         drain, now = request.writer.drain, self._now
         while True:
             try:

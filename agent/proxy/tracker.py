@@ -241,6 +241,11 @@ class RequestTracker:
         else:
             self._body = bytearray()
 
+    @property
+    def reads_bytes(self) -> bool:
+        """Whether on_bytes reads anything (an inference route's 2xx answer): the relay skips it otherwise."""
+        return self._parser is not None or self._body is not None
+
     def on_bytes(self, t: float, data: bytes) -> None:
         """Response bytes as they reached the proxy at time t."""
         parser = self._parser
