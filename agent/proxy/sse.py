@@ -196,27 +196,27 @@ _TEXT_SLOT = re.compile(rb'"(?:content|reasoning_content|reasoning|text)"[ \t\r\
 # A JSON string's body (RFC 8259 7): no quote, backslash or control character but in an escape. One character
 # a step: with a `+` inside the `*` a body that fails at its end backtracks exponentially (30 bytes: seconds).
 _STRING_BODY = re.compile(rb'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*')
+_PLAIN = re.compile(rb'[\x20\x21\x23-\x5b\x5d-\x7e]*')  # printable ASCII but the quote and the backslash
 _CONTROL = re.compile(rb'[\x00-\x1f]')
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)  # whole JSON strings, escapes included
 
 
 class ChunkShape:
-    """One stream's token chunk as bytes around its text (`match`), learnt from a decoded chunk (`learn`)."""
+    """One stream's token chunk as bytes around its text, learnt from a decoded chunk (`learn`): `match` reads
+    a whole read that is one such event, `match_data` one event's data."""
 
-    __slots__ = ("prefix", "suffix", "info", "empty", "least")
+    __slots__ = ("prefix", "suffix", "data_prefix", "data_suffix", "info", "empty", "least")
 
-    def __init__(self, prefix: bytes, suffix: bytes, info: ChunkInfo, empty: ChunkInfo) -> None:
-        self.prefix, self.suffix, self.info, self.empty = prefix, suffix, info, empty
-        self.least = len(prefix) + len(suffix)
+    def __init__(self, data_prefix: bytes, data_suffix: bytes, info: ChunkInfo, empty: ChunkInfo) -> None:
+        self.data_prefix, self.data_suffix, self.info, self.empty = data_prefix, data_suffix, info, empty
+        self.prefix, self.suffix = b"data: " + data_prefix, data_suffix + b"\n\n"  # the event as one read
+        self.least = len(data_prefix) + len(data_suffix)
 
     @classmethod
-    def learn(cls, read: bytes, info: ChunkInfo) -> "ChunkShape | None":
-        """The shape of `read`, one whole single-line event (`data: {...}` and a blank line) that reads as
-        `info`; None where its text's slot cannot be found or another text there would read otherwise."""
-        if read[:6] != b"data: " or read[-2:] != b"\n\n" or read.count(b"\n") != 2 or b"\r" in read:
-            return None
-        data = read[6:-2]
-        if data[:1] != b"{" or len(data) > LARGE_JSON_BYTES:
+    def learn(cls, data: bytes, info: ChunkInfo) -> "ChunkShape | None":
+        """The shape of an event's `data` that reads as `info`; None where its text's slot cannot be found or
+        another text there would read otherwise."""
+        if data[:1] != b"{" or len(data) > LARGE_JSON_BYTES or b"\n" in data or b"\r" in data:
             return None
         slot = None
         for slot in _TEXT_SLOT.finditer(data):
@@ -232,14 +232,27 @@ class ChunkShape:
             return None  # the slot's quote is inside a string: not a value of its own
         if interpret_data(before + text + b"x" + after) != info:
             return None  # the string there is read for itself (a finish reason): each must be decoded
-        return cls(b"data: " + before, after + b"\n\n", info, interpret_data(before + after))
+        return cls(before, after, info, interpret_data(before + after))
 
     def match(self, read: bytes) -> ChunkInfo | None:
-        """What `read` tells the accounting when it is this shape with another text; None when it is not."""
+        """What `read` tells the accounting when it is one whole event of this shape (`data: ` to the blank
+        line) with another text; None when it is not."""
         prefix, suffix = self.prefix, self.suffix
-        if len(read) < self.least or not read.startswith(prefix) or not read.endswith(suffix):
+        if len(read) < self.least + 8 or not read.startswith(prefix) or not read.endswith(suffix):
             return None
         text = read[len(prefix):len(read) - len(suffix)]
+        if _PLAIN.fullmatch(text) is not None:  # the usual text, at one call (the once-a-token path)
+            return self.info if text else self.empty
+        return self._text(text)
+
+    def match_data(self, data: bytes) -> ChunkInfo | None:
+        """The same for one event's data (from a read of several events, or of part of one)."""
+        prefix, suffix = self.data_prefix, self.data_suffix
+        if len(data) < self.least or not data.startswith(prefix) or not data.endswith(suffix):
+            return None
+        return self._text(data[len(prefix):len(data) - len(suffix)])
+
+    def _text(self, text: bytes) -> ChunkInfo | None:
         if not text:
             return self.empty
         if b"\\" in text or b'"' in text:

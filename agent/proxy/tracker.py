@@ -256,13 +256,14 @@ class RequestTracker:
                 if info is not None:  # the usual read: one token chunk like the last, nothing held before or after
                     self._account(t, info)
                     return
-            events = parser.feed(data)
-            for event in events:
-                info = sse.interpret_event(event)
+            for event in parser.feed(data):
+                info = shape.match_data(event.data) if shape is not None else None
+                if info is None:
+                    info = sse.interpret_event(event)
+                    if info.tokens and self._learnt < MAX_SHAPES:
+                        self._learnt += 1
+                        shape = self._shape = sse.ChunkShape.learn(event.data, info) or shape
                 self._account(t, info)
-            if len(events) == 1 and info.tokens and self._learnt < MAX_SHAPES and parser.idle:
-                self._learnt += 1
-                self._shape = sse.ChunkShape.learn(data, info) or self._shape
             buffered = parser.buffered
             if buffered != self._reserved:
                 self._hold(buffered)

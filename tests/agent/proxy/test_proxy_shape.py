@@ -48,6 +48,10 @@ def decoded(reads: list[bytes], route: str = "chat") -> tuple:
         return record(reads, route)
 
 
+def learn(read: bytes) -> sse.ChunkShape | None:
+    return sse.ChunkShape.learn(read[6:-2], sse.interpret_data(read[6:-2]))
+
+
 def fill(shape: bytes, text: bytes, n: int = 0) -> bytes:
     return shape.replace(b"%s", text).replace(b"%d", b"%d" % n)
 
@@ -75,6 +79,16 @@ def test_a_stream_whose_chunks_change_shape_counts_as_decoding_it_would(picks: l
     assert record(reads, "completions") == decoded(reads, "completions")
 
 
+@settings(max_examples=200, deadline=None)
+@given(picks=st.lists(st.tuples(st.sampled_from(SHAPES), texts), min_size=1, max_size=16),
+       cuts=st.lists(st.integers(0, 4000), max_size=8))
+def test_reads_cut_anywhere_count_as_decoding_them_would(picks: list[tuple[bytes, bytes]], cuts: list[int]) -> None:
+    whole = b"".join(fill(shape, text) for shape, text in picks)
+    bounds = sorted({min(c, len(whole)) for c in cuts})
+    reads = [p for p in (whole[a:b] for a, b in zip([0, *bounds], [*bounds, len(whole)])) if p]
+    assert record(reads) == decoded(reads)
+
+
 def test_a_stream_of_token_chunks_is_decoded_a_bounded_number_of_times() -> None:
     """The shortcut is taken: 200 token chunks of one shape cost a few decodes, not 200."""
     calls = []
@@ -86,8 +100,8 @@ def test_a_stream_of_token_chunks_is_decoded_a_bounded_number_of_times() -> None
 
 
 def test_an_empty_text_reads_as_decoded_with_and_without_the_role() -> None:
-    vllm = sse.ChunkShape.learn(fill(VLLM, b"a"), sse.interpret_data(fill(VLLM, b"a")[6:-2]))
-    role = sse.ChunkShape.learn(fill(ROLE, b"a"), sse.interpret_data(fill(ROLE, b"a")[6:-2]))
+    vllm = learn(fill(VLLM, b"a"))
+    role = learn(fill(ROLE, b"a"))
     assert vllm is not None and role is not None
     assert vllm.match(fill(VLLM, b"")).tokens == 1  # an empty delta between tokens is a token
     assert role.match(fill(ROLE, b"")).tokens == 0  # the role announcement's "" is not
@@ -95,7 +109,7 @@ def test_an_empty_text_reads_as_decoded_with_and_without_the_role() -> None:
 
 
 def test_texts_that_do_not_decode_or_break_out_of_the_string_are_decoded() -> None:
-    shape = sse.ChunkShape.learn(fill(VLLM, b"a"), sse.interpret_data(fill(VLLM, b"a")[6:-2]))
+    shape = learn(fill(VLLM, b"a"))
     assert shape is not None
     for text in (b"a\x01", b"bad\xff", b'x"},{"index":1,"delta":{"content":"y', b"\\q", b"\\u12", b"end\\"):
         assert shape.match(fill(VLLM, text)) is None, text
@@ -103,8 +117,17 @@ def test_texts_that_do_not_decode_or_break_out_of_the_string_are_decoded() -> No
     assert shape.match(fill(VLLM, b"a" * 100_000 + b"\x01")) is None
 
 
-def test_no_shape_from_a_read_of_two_events_or_none_without_a_text() -> None:
-    two = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\ndata: {"choices":[{"delta":{"content":"b"}}]}\n\n'
-    assert sse.ChunkShape.learn(two, sse.interpret_data(b'{"choices":[{"delta":{"content":"a"}}]}')) is None
+def test_no_shape_without_a_text_of_its_own_nor_over_lines() -> None:
     calls = b'data: {"choices":[{"delta":{"tool_calls":[{"index":0}]}}]}\n\n'
-    assert sse.ChunkShape.learn(calls, sse.interpret_data(calls[6:-2])) is None
+    assert learn(calls) is None
+    lines = b'{"choices":[{"delta":\n{"content":"a"}}]}'  # data lines joined: the event is not one line
+    assert sse.ChunkShape.learn(lines, sse.interpret_data(lines)) is None
+
+
+def test_an_event_in_a_read_of_several_is_read_by_its_shape_too() -> None:
+    shape = learn(fill(VLLM, b"a"))
+    assert shape is not None
+    assert shape.match_data(fill(VLLM, b"b")[6:-2]) == shape.info
+    assert shape.match_data(fill(VLLM, b"")[6:-2]) == shape.empty
+    assert shape.match_data(fill(VLLM, b"b\x00")[6:-2]) is None
+    assert shape.match(fill(VLLM, b"b") + fill(VLLM, b"c")) is None  # two events: the parser's way
