@@ -49,6 +49,19 @@ PATHS = ("direct", "proxied", "relayed")
 BASE_PATHS = ("base-proxied", "base-relayed")  # the same through a second proxy of another build (--baseline)
 
 
+def _wait_listening(port: int, within: float = 60.0) -> None:
+    """Back once something accepts on `port` (0: nothing to wait for); RuntimeError after `within` s."""
+    deadline = time.monotonic() + within
+    while port:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing listening on port {port} after {within:g} s") from None
+            time.sleep(0.1)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -339,6 +352,8 @@ def main() -> int:
                     "(base-proxied, base-relayed) alternate with the others, for before/after in one run")
     ap.add_argument("--profile", default="", help="cProfile the proxy into this file (slows it: for where, not how much)")
     args = ap.parse_args()
+    if args.baseline and args.workers > 1:
+        ap.error("--baseline runs one worker per build")
     if args.baseline and args.order == ",".join(PATHS):
         # each proxy's paths one after the other: a proxy idle through another's phase (4 s) would find its
         # kept-alive upstream connections gone and open them all at once (docs/proxy.md, TTFT in a burst)
@@ -353,11 +368,12 @@ def main() -> int:
     px, px_ps = start_proxy(args, up_port, px_port, m_port)
     args.base_port = 0
     if args.baseline:
-        if args.workers > 1:
-            ap.error("--baseline runs one worker per build")
         args.base_port = _free_port()
         pxb, pxb_ps = start_proxy(args, up_port, args.base_port, _free_port(), source=args.baseline)
-    time.sleep(3.0 if args.workers > 1 else 2.0)
+    for port in (px_port, args.base_port, up_port):  # each listening (workers on a loaded machine take a while)
+        _wait_listening(port)
+    if args.workers > 1:
+        time.sleep(1.0)  # the port answers once one worker listens: the others a moment later
     up_ps, me = psutil.Process(up.pid), psutil.Process()
     if args.proxy_cpu is not None:  # the proxy alone on its cores; upstream and client on the rest
         pinned = set()
