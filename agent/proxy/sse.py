@@ -192,6 +192,9 @@ def interpret_data(data: bytes) -> ChunkInfo:
 # the shape was only kept where another non-empty string there reads the same (a finish reason's slot does
 # not) and an empty one reads as checked once. Anything else is decoded as before.
 
+# A shape holds its chunk's bytes twice (as a read and as an event's data), outside the accounting's budget: only
+# chunks this small have one (vLLM's are 250-400 bytes), so 4,096 streams hold 32 MiB at most.
+MAX_SHAPE_BYTES = 4096
 _TEXT_SLOT = re.compile(rb'"(?:content|reasoning_content|reasoning|text)"[ \t\r\n]*:[ \t\r\n]*"')
 # A JSON string's body (RFC 8259 7): no quote, backslash or control character but in an escape. One character
 # a step: with a `+` inside the `*` a body that fails at its end backtracks exponentially (30 bytes: seconds).
@@ -216,7 +219,7 @@ class ChunkShape:
     def learn(cls, data: bytes, info: ChunkInfo) -> "ChunkShape | None":
         """The shape of an event's `data` that reads as `info`; None where its text's slot cannot be found or
         another text there would read otherwise."""
-        if data[:1] != b"{" or len(data) > LARGE_JSON_BYTES or b"\n" in data or b"\r" in data:
+        if data[:1] != b"{" or len(data) > MAX_SHAPE_BYTES or b"\n" in data or b"\r" in data:
             return None
         slot = None
         for slot in _TEXT_SLOT.finditer(data):

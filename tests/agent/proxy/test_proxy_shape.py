@@ -124,6 +124,12 @@ def test_no_shape_without_a_text_of_its_own_nor_over_lines() -> None:
     assert sse.ChunkShape.learn(lines, sse.interpret_data(lines)) is None
 
 
+def test_a_large_chunk_has_no_shape_so_streams_hold_little_outside_the_budget() -> None:
+    small, large = fill(VLLM, b"a" * 100), fill(VLLM, b"a" * sse.MAX_SHAPE_BYTES)
+    assert learn(small) is not None and learn(large) is None
+    assert record([large] * 3) == decoded([large] * 3)
+
+
 def test_an_event_in_a_read_of_several_is_read_by_its_shape_too() -> None:
     shape = learn(fill(VLLM, b"a"))
     assert shape is not None
