@@ -25,8 +25,9 @@ Run from the repository root:
 `--baseline DIR` runs a second proxy from DIR (a folder whose `rooflight` package is another build, e.g. an older
 commit's tree with `rooflight` -> its agent/_root, `rooflight/agent` -> its agent/, and so on) on the same core,
 and its paths alternate with the others: both builds see the same machine, phase by phase. Such a tree:
-    git archive COMMIT | tar -x -C /tmp/base-src && mkdir -p /tmp/base && cp -r /tmp/base-src/agent/_root \
-        /tmp/base/rooflight && for d in agent collectors rules dashboards; do ln -s /tmp/base-src/$d /tmp/base/rooflight/$d; done
+    mkdir -p /tmp/base-src /tmp/base && git archive COMMIT | tar -x -C /tmp/base-src
+    cp -r /tmp/base-src/agent/_root /tmp/base/rooflight
+    for d in agent collectors rules dashboards; do ln -s /tmp/base-src/$d /tmp/base/rooflight/$d; done
 """
 
 from __future__ import annotations
