@@ -20,6 +20,14 @@ Timing is printed, never asserted.
 Run from the repository root:
     python bench/bench_proxy.py --scenarios 64x100,64x1000,256x200 --proxy-cpu 1 [--seconds 5] [--rounds 2]
     python bench/bench_proxy.py --streams 64 --rate 1000 --workers 2       # one scenario, two worker processes
+    python bench/bench_proxy.py --scenarios 64x100 --proxy-cpu 1 --baseline /tmp/base-tree  # before/after, one run
+
+`--baseline DIR` runs a second proxy from DIR (a folder whose `rooflight` package is another build, e.g. an older
+commit's tree with `rooflight` -> its agent/_root, `rooflight/agent` -> its agent/, and so on) on the same core,
+and its paths alternate with the others: both builds see the same machine, phase by phase. Such a tree:
+    mkdir -p /tmp/base-src /tmp/base && git archive COMMIT | tar -x -C /tmp/base-src
+    cp -r /tmp/base-src/agent/_root /tmp/base/rooflight
+    for d in agent collectors rules dashboards; do ln -s /tmp/base-src/$d /tmp/base/rooflight/$d; done
 """
 
 from __future__ import annotations
@@ -41,6 +49,20 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 PATHS = ("direct", "proxied", "relayed")
+BASE_PATHS = ("base-proxied", "base-relayed")  # the same through a second proxy of another build (--baseline)
+
+
+def _wait_listening(port: int, within: float = 60.0) -> None:
+    """Back once something accepts on `port` (0: nothing to wait for); RuntimeError after `within` s."""
+    deadline = time.monotonic() + within
+    while port:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing listening on port {port} after {within:g} s") from None
+            time.sleep(0.1)
 
 
 def _free_port() -> int:
@@ -98,8 +120,11 @@ def upstream_main(port: int) -> None:
 
 
 def proxy_main(upstream: str, port: int, metrics_port: int, cpu: int | None = None, profile: str = "",
-               loop: str = "asyncio") -> None:
+               loop: str = "asyncio", source: str = "") -> None:
     import signal
+
+    if source:  # another build's `rooflight` package, found before the installed one
+        sys.path.insert(0, source)
 
     from rooflight.agent.config.proxy import build
     from rooflight.agent.proxy.server import ProxyServer
@@ -224,19 +249,27 @@ def run_scenario(args: argparse.Namespace, streams: int, rate: float, up_port: i
     urls = {"direct": f"http://127.0.0.1:{up_port}/v1/chat/completions",
             "proxied": f"http://127.0.0.1:{px_port}/v1/chat/completions",
             "relayed": f"http://127.0.0.1:{px_port}/raw/stream"}
-    result = {name: Path_() for name in PATHS}
+    if args.base_port:
+        urls["base-proxied"] = f"http://127.0.0.1:{args.base_port}/v1/chat/completions"
+        urls["base-relayed"] = f"http://127.0.0.1:{args.base_port}/raw/stream"
+    result = {name: Path_() for name in urls}
     order = args.order.split(",")
     warm = min(4, streams)
     asyncio.run(phase(urls["direct"], warm, rate, 0.5, offsets, Path_()))  # warm up both paths
     asyncio.run(phase(urls["proxied"], warm, rate, 0.5, offsets, Path_()))
+    if args.base_port:
+        asyncio.run(phase(urls["base-proxied"], warm, rate, 0.5, offsets, Path_()))
     for _ in range(args.rounds):
         for name in order:
-            before = {k: _cpu(v) for k, v in procs.items()}
-            sys_before = _cpu(procs["px"], system_only=True)
+            mine = {k: v for k, v in procs.items() if k != "pxb"}
+            if name.startswith("base-"):  # the baseline proxy's CPU is this path's proxy CPU
+                mine["px"] = procs["pxb"]
+            before = {k: _cpu(v) for k, v in mine.items()}
+            sys_before = _cpu(mine["px"], system_only=True)
             asyncio.run(phase(urls[name], streams, rate, args.seconds, offsets, result[name]))
-            for k, v in procs.items():
+            for k, v in mine.items():
                 result[name].cpu[k] += _cpu(v) - before[k]
-            result[name].cpu["px_sys"] += _cpu(procs["px"], system_only=True) - sys_before
+            result[name].cpu["px_sys"] += _cpu(mine["px"], system_only=True) - sys_before
     return result
 
 
@@ -254,7 +287,14 @@ def report(streams: int, rate: float, result: dict[str, Path_], args: argparse.N
               f"{ms(_q(r.itl, 99)):>8} {ms(_q(r.lat, 50)):>8} {ms(_q(r.lat, 99)):>8} "
               f"{r.cpu['px'] / r.chunks * 1e6:15.1f} {r.cpu['up'] / r.chunks * 1e6:18.1f}   "
               f"(proxy in the kernel {r.cpu['px_sys'] / r.chunks * 1e6:.1f})")
-    d, p, raw = result["direct"], result["proxied"], result["relayed"]
+    row = _row(streams, rate, result["direct"], result["proxied"], result["relayed"])
+    if row and "base-proxied" in result:
+        base = _row(streams, rate, result["direct"], result["base-proxied"], result["base-relayed"], "the baseline")
+        row["baseline"] = base
+    return row
+
+
+def _row(streams: int, rate: float, d: Path_, p: Path_, raw: Path_, who: str = "the proxy") -> dict[str, float]:
     if not (d.chunks and p.chunks):
         return {}
     row = {
@@ -270,7 +310,7 @@ def report(streams: int, rate: float, result: dict[str, Path_], args: argparse.N
         "throughput_ratio": (p.chunks / p.wall) / (d.chunks / d.wall),
         "chunks_per_s_direct": d.chunks / d.wall, "chunks_per_s_proxied": p.chunks / p.wall,
     }
-    print(f"added by the proxy: TTFT p50 {row['added_ttft_p50_ms']:+.2f} ms, p99 {row['added_ttft_p99_ms']:+.2f} ms; "
+    print(f"added by {who}: TTFT p50 {row['added_ttft_p50_ms']:+.2f} ms, p99 {row['added_ttft_p99_ms']:+.2f} ms; "
           f"ITL p50 {row['added_itl_p50_ms']:+.2f} ms, p99 {row['added_itl_p99_ms']:+.2f} ms; chunk latency p99 "
           f"{row['added_latency_p99_ms']:+.2f} ms; proxy CPU {row['proxy_cpu_us_per_chunk']:.1f} us per chunk (relaying "
           f"alone {row['relay_only_cpu_us_per_chunk']:.1f}) = {row['proxy_cpu_us_per_chunk'] / 100:.2f} cores per 10,000 "
@@ -278,7 +318,8 @@ def report(streams: int, rate: float, result: dict[str, Path_], args: argparse.N
     return row
 
 
-def start_proxy(args: argparse.Namespace, up_port: int, px_port: int, m_port: int) -> tuple[object, psutil.Process]:
+def start_proxy(args: argparse.Namespace, up_port: int, px_port: int, m_port: int,
+                source: str = "") -> tuple[object, psutil.Process]:
     upstream = f"http://127.0.0.1:{up_port}"
     if args.workers > 1:  # the real command, its workers pinned with it
         cmd = [sys.executable, "-m", "rooflight.agent.proxy.cli", "--upstream", upstream, "--listen",
@@ -290,7 +331,8 @@ def start_proxy(args: argparse.Namespace, up_port: int, px_port: int, m_port: in
         return child, psutil.Process(child.pid)
     ctx = multiprocessing.get_context("spawn")
     cpu = int(args.proxy_cpu) if args.proxy_cpu is not None else None
-    px = ctx.Process(target=proxy_main, args=(upstream, px_port, m_port, cpu, args.profile, args.loop), daemon=True)
+    px = ctx.Process(target=proxy_main, args=(upstream, px_port, m_port, cpu, args.profile, args.loop, source),
+                     daemon=True)
     px.start()
     return px, psutil.Process(px.pid)
 
@@ -308,8 +350,17 @@ def main() -> int:
                                                      "the upstream and the client go on the others")
     ap.add_argument("--workers", type=int, default=1, help="run `rooflight proxy --workers N` (N > 1)")
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio", help="the proxy's event loop (one worker)")
+    ap.add_argument("--baseline", default="", help="a folder holding another build's `rooflight` package (e.g. a "
+                    "symlink tree of an older commit): its proxy runs beside this one (same core) and its paths "
+                    "(base-proxied, base-relayed) alternate with the others, for before/after in one run")
     ap.add_argument("--profile", default="", help="cProfile the proxy into this file (slows it: for where, not how much)")
     args = ap.parse_args()
+    if args.baseline and args.workers > 1:
+        ap.error("--baseline runs one worker per build")
+    if args.baseline and args.order == ",".join(PATHS):
+        # each proxy's paths one after the other: a proxy idle through another's phase (4 s) would find its
+        # kept-alive upstream connections gone and open them all at once (docs/proxy.md, TTFT in a burst)
+        args.order = "direct,relayed,proxied,base-relayed,base-proxied"
     scenarios = ([tuple(float(x) for x in s.split("x")) for s in args.scenarios.split(",")] if args.scenarios
                  else [(args.streams, args.rate)])
 
@@ -318,7 +369,14 @@ def main() -> int:
     up = ctx.Process(target=upstream_main, args=(up_port,), daemon=True)
     up.start()
     px, px_ps = start_proxy(args, up_port, px_port, m_port)
-    time.sleep(3.0 if args.workers > 1 else 2.0)
+    args.base_port = 0
+    if args.baseline:
+        args.base_port = _free_port()
+        pxb, pxb_ps = start_proxy(args, up_port, args.base_port, _free_port(), source=args.baseline)
+    for port in (px_port, args.base_port, up_port):  # each listening (workers on a loaded machine take a while)
+        _wait_listening(port)
+    if args.workers > 1:
+        time.sleep(1.0)  # the port answers once one worker listens: the others a moment later
     up_ps, me = psutil.Process(up.pid), psutil.Process()
     if args.proxy_cpu is not None:  # the proxy alone on its cores; upstream and client on the rest
         pinned = set()
@@ -330,6 +388,8 @@ def main() -> int:
             up_ps.cpu_affinity(rest)
             me.cpu_affinity(rest)
     procs = {"up": [up_ps], "px": _with_children(px_ps), "me": [me]}
+    if args.baseline:
+        procs["pxb"] = [pxb_ps]
     print(f"bench_proxy: {psutil.cpu_count()} CPUs, proxy {'on core(s) ' + args.proxy_cpu if args.proxy_cpu else 'unpinned'}"
           f", {args.workers} worker process(es), {args.loop} loop, seed {args.seed}")
     rows = []
@@ -337,9 +397,10 @@ def main() -> int:
         for streams, rate in scenarios:
             rows.append(report(int(streams), rate, run_scenario(args, int(streams), rate, up_port, px_port, procs), args))
     finally:
-        for p in (px, up):
+        stop = [px, up] + ([pxb] if args.baseline else [])
+        for p in stop:
             p.terminate()  # type: ignore[attr-defined]
-        for p in (px, up):
+        for p in stop:
             try:
                 p.wait(10) if isinstance(p, subprocess.Popen) else p.join(10)  # type: ignore[attr-defined]
             except subprocess.TimeoutExpired:
@@ -352,6 +413,12 @@ def main() -> int:
             print(f"| {int(r['streams'])} x {r['rate']:g}/s | {r['added_ttft_p50_ms']:+.1f} / {r['added_ttft_p99_ms']:+.1f} ms "
                   f"| {r['added_itl_p50_ms']:+.2f} / {r['added_itl_p99_ms']:+.2f} ms | {r['proxy_cpu_us_per_chunk']:.1f} us "
                   f"({r['relay_only_cpu_us_per_chunk']:.1f}) | {r['throughput_ratio']:.2f} |")
+            b = r.get("baseline")
+            if b:
+                print(f"| (baseline) {int(b['streams'])} x {b['rate']:g}/s | {b['added_ttft_p50_ms']:+.1f} / "
+                      f"{b['added_ttft_p99_ms']:+.1f} ms | {b['added_itl_p50_ms']:+.2f} / {b['added_itl_p99_ms']:+.2f} ms | "
+                      f"{b['proxy_cpu_us_per_chunk']:.1f} us ({b['relay_only_cpu_us_per_chunk']:.1f}) | "
+                      f"{b['throughput_ratio']:.2f} |")
     print(json.dumps(rows))
     return 0 if all(rows) else 1
 

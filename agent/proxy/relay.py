@@ -155,6 +155,13 @@ class ChunkedReader:
         out: list[bytes] = []
         i, n = 0, len(data)
         if not (self._left or self._crlf or self._line or self._trailer):
+            end = data.find(b"\r\n", 0, 18)
+            if 0 < end:  # the most usual read of all: one whole chunk
+                token = data[:end]
+                if not token.translate(None, _HEX):
+                    stop = end + 2 + int(token, 16)
+                    if stop + 2 == n and stop > end + 2 and data[stop:] == b"\r\n":
+                        return data[end + 2:stop]
             # The usual read: whole chunks, each "SIZE\r\nBODY\r\n"; anything else goes the long way below.
             while i < n:
                 end = data.find(b"\r\n", i)
@@ -223,11 +230,16 @@ class Accounting:
 
     def __init__(self) -> None:
         self._reads: list[tuple[OnPayload, float, bytes]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, on_payload: OnPayload, t: float, data: bytes) -> None:
-        if not self._reads:
-            asyncio.get_running_loop().call_soon(self._run)
-        self._reads.append((on_payload, t, data))
+        reads = self._reads
+        if not reads:
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self._run)
+        reads.append((on_payload, t, data))
 
     def flush(self) -> None:
         """Account what is queued now (a response that ended is recorded after all its reads)."""
@@ -246,6 +258,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def __init__(self, pool: "UpstreamPool") -> None:
         self._pool = pool
+        self._accounting = pool.accounting
         self.transport: asyncio.Transport | None = None
         self.idle_since = 0.0
         self.used = False  # has carried a request before (a reused connection may have been closed under us)
@@ -469,12 +482,13 @@ class UpstreamConnection(asyncio.Protocol):
             payload = data
         if data:
             client.write(data)
-        if payload and self._on_payload is not None:
-            self._pool.accounting.add(self._on_payload, now, payload)
+        on_payload = self._on_payload
+        if payload and on_payload is not None:
+            self._accounting.add(on_payload, now, payload)
         if done:
             self._mode = "done"
             self._wake(DONE)
-        elif self._paused_for_client():
+        elif client.get_write_buffer_size() > self._high:  # (_paused_for_client, inline: once a read)
             if self.transport is not None:
                 self.transport.pause_reading()
             self._wake(PAUSED)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, AsyncIterator, Callable
 
 from aiohttp import HttpVersion11, web
@@ -73,7 +74,8 @@ class ProxyServer:
         self.config = config
         self.reuse_port = reuse_port
         self.clock = clock or SystemClock()
-        self._now = self.clock.monotonic
+        # read once per upstream read: the system's clock without SystemClock's frame around it
+        self._now = time.monotonic if type(self.clock) is SystemClock else self.clock.monotonic
         self.stats = ClientStats(
             StatsConfig(target=config.target, buckets=config.buckets, windows=config.windows,
                         percentiles=config.percentiles, slos=config.slos, tenant_top=config.tenant_top),
@@ -383,7 +385,8 @@ class ProxyServer:
             lines.append(b"Connection: close")
         client.write(b"\r\n".join(lines) + b"\r\n\r\n")
         holder = [tracker]
-        conn.relay_to(client, self._payload_sink(holder) if tracker is not None else None, self._now, pass_framing)
+        reads = tracker is not None and tracker.reads_bytes  # (a pass-through route: no accounting per read)
+        conn.relay_to(client, self._payload_sink(holder) if reads else None, self._now, pass_framing)
         drain, now = request.writer.drain, self._now
         while True:
             try:

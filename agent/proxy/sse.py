@@ -66,6 +66,11 @@ class SSEParser:
         """Bytes held between feeds (the unfinished line and event): what the bounds cap."""
         return self._tail_size + self._data_size + len(self._event)
 
+    @property
+    def idle(self) -> bool:
+        """Between events: nothing held, so a read that is one whole event is that event alone."""
+        return not (self._tail or self._data or self._skip_lf or self._event)
+
     def reset(self) -> None:
         """Forget everything held: the stream is no longer followed."""
         self._tail, self._tail_size, self._skip_lf, self._data, self._data_size, self._event = [], 0, False, [], 0, b""
@@ -158,7 +163,11 @@ _decode = json.JSONDecoder().decode  # json.loads minus its per-call encoding sn
 
 def interpret_event(event: SSEEvent) -> ChunkInfo:
     """One SSE event of an OpenAI stream."""
-    data = event.data
+    return interpret_data(event.data)
+
+
+def interpret_data(data: bytes) -> ChunkInfo:
+    """One SSE event's data (its data lines joined) of an OpenAI stream."""
     if data[:1] != b"{":
         data = data.strip()
         if data == DONE:
@@ -172,6 +181,94 @@ def interpret_event(event: SSEEvent) -> ChunkInfo:
     except ValueError:  # UnicodeDecodeError included
         return NOTHING
     return interpret_chunk(obj)
+
+
+# -- the same reading, without decoding: a stream's chunks as one shape ---------------------------------------
+#
+# A stream's token chunks are the same bytes but for the token's text: `data: {"id":"..","choices":[{..,
+# "delta":{"content":"` + TEXT + `"},..}]}` and the blank line. Once a chunk has been decoded, a `ChunkShape`
+# keeps the bytes before and after its text and what the chunk told the accounting; a read that is exactly
+# those bytes around a valid JSON string body is the same chunk with another string in that one place, and
+# the shape was only kept where another non-empty string there reads the same (a finish reason's slot does
+# not) and an empty one reads as checked once. Anything else is decoded as before.
+
+# A shape holds its chunk's bytes twice (as a read and as an event's data), outside the accounting's budget: only
+# chunks this small have one (vLLM's are 250-400 bytes), so 4,096 streams hold 32 MiB at most.
+MAX_SHAPE_BYTES = 4096
+_TEXT_SLOT = re.compile(rb'"(?:content|reasoning_content|reasoning|text)"[ \t\r\n]*:[ \t\r\n]*"')
+# A JSON string's body (RFC 8259 7): no quote, backslash or control character but in an escape. One character
+# a step: with a `+` inside the `*` a body that fails at its end backtracks exponentially (30 bytes: seconds).
+_STRING_BODY = re.compile(rb'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*')
+_PLAIN = re.compile(rb'[\x20\x21\x23-\x5b\x5d-\x7e]*')  # printable ASCII but the quote and the backslash
+_CONTROL = re.compile(rb'[\x00-\x1f]')
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)  # whole JSON strings, escapes included
+
+
+class ChunkShape:
+    """One stream's token chunk as bytes around its text, learnt from a decoded chunk (`learn`): `match` reads
+    a whole read that is one such event, `match_data` one event's data."""
+
+    __slots__ = ("prefix", "suffix", "data_prefix", "data_suffix", "info", "empty", "least")
+
+    def __init__(self, data_prefix: bytes, data_suffix: bytes, info: ChunkInfo, empty: ChunkInfo) -> None:
+        self.data_prefix, self.data_suffix, self.info, self.empty = data_prefix, data_suffix, info, empty
+        self.prefix, self.suffix = b"data: " + data_prefix, data_suffix + b"\n\n"  # the event as one read
+        self.least = len(data_prefix) + len(data_suffix)
+
+    @classmethod
+    def learn(cls, data: bytes, info: ChunkInfo) -> "ChunkShape | None":
+        """The shape of an event's `data` that reads as `info`; None where its text's slot cannot be found or
+        another text there would read otherwise."""
+        if data[:1] != b"{" or len(data) > MAX_SHAPE_BYTES or b"\n" in data or b"\r" in data:
+            return None
+        slot = None
+        for slot in _TEXT_SLOT.finditer(data):
+            pass  # the last one: a choice's text comes after the chunk's id and model
+        if slot is None:
+            return None
+        start = slot.end()
+        end = _STRING_BODY.match(data, start).end()  # type: ignore[union-attr]
+        if end == start or data[end:end + 1] != b'"':
+            return None
+        before, text, after = data[:start], data[start:end], data[end:]
+        if b'"' in _STRINGS.sub(b"", before[:-1]):
+            return None  # the slot's quote is inside a string: not a value of its own
+        if interpret_data(before + text + b"x" + after) != info:
+            return None  # the string there is read for itself (a finish reason): each must be decoded
+        return cls(before, after, info, interpret_data(before + after))
+
+    def match(self, read: bytes) -> ChunkInfo | None:
+        """What `read` tells the accounting when it is one whole event of this shape (`data: ` to the blank
+        line) with another text; None when it is not."""
+        prefix, suffix = self.prefix, self.suffix
+        if len(read) < self.least + 8 or not read.startswith(prefix) or not read.endswith(suffix):
+            return None
+        text = read[len(prefix):len(read) - len(suffix)]
+        if _PLAIN.fullmatch(text) is not None:  # the usual text, at one call (the once-a-token path)
+            return self.info if text else self.empty
+        return self._text(text)
+
+    def match_data(self, data: bytes) -> ChunkInfo | None:
+        """The same for one event's data (from a read of several events, or of part of one)."""
+        prefix, suffix = self.data_prefix, self.data_suffix
+        if len(data) < self.least or not data.startswith(prefix) or not data.endswith(suffix):
+            return None
+        return self._text(data[len(prefix):len(data) - len(suffix)])
+
+    def _text(self, text: bytes) -> ChunkInfo | None:
+        if not text:
+            return self.empty
+        if b"\\" in text or b'"' in text:
+            if _STRING_BODY.fullmatch(text) is None:
+                return None
+        elif _CONTROL.search(text) is not None:  # (the usual text: no escape, so only these can be wrong)
+            return None
+        if not text.isascii():
+            try:
+                text.decode("utf-8")
+            except UnicodeDecodeError:
+                return None  # the whole chunk would not decode: decoded, it reads as nothing
+        return self.info
 
 
 def interpret_chunk(obj: Any) -> ChunkInfo:

@@ -43,6 +43,7 @@ _FOLD_GAMMA = (1 + FOLD_ALPHA) / (1 - FOLD_ALPHA)
 _FOLD_INV_LOG = 1.0 / math.log(_FOLD_GAMMA)
 _ZERO_BELOW = 1e-6  # gaps below 1 us are tokens that arrived in one read: 0
 MAX_BODY_COPY = 8 * 1024 * 1024  # a non-streamed body larger than this is relayed but not read
+MAX_SHAPES = 4  # token chunk shapes a stream learns (each costs two more decodes), then it decodes every chunk
 
 class ByteBudget:
     """Bytes held at once by all requests, for one purpose (request bodies read whole, or the accounting's
@@ -201,7 +202,7 @@ class RequestTracker:
 
     __slots__ = ("route", "tenant", "start", "status", "stream", "_parser", "_body", "_body_size",
                  "_first", "_last", "_itl", "_tokens", "_running", "_finish", "_prompt", "_completion", "_error",
-                 "_gaps", "_held", "_budget", "_reserved")
+                 "_gaps", "_held", "_budget", "_reserved", "_shape", "_learnt")
 
     def __init__(self, start: float, route: str, tenant: str | None = None, gaps: ClientGaps | None = None,
                  budget: ByteBudget | None = None) -> None:
@@ -226,6 +227,8 @@ class RequestTracker:
         self._held = 0.0  # seconds the client's socket held the proxy back since the last token
         self._budget = budget  # shared by every request: the accounting's copies of answers, in total
         self._reserved = 0  # bytes of it this request holds
+        self._shape: sse.ChunkShape | None = None  # this stream's token chunk, read without decoding
+        self._learnt = 0  # shapes learnt so far (bounded: a stream whose chunks differ is decoded throughout)
 
     def on_response(self, status: int, content_type: str) -> None:
         """Headers arrived: an event stream is timed per chunk, a JSON body read at the end."""
@@ -238,21 +241,30 @@ class RequestTracker:
         else:
             self._body = bytearray()
 
+    @property
+    def reads_bytes(self) -> bool:
+        """Whether on_bytes reads anything (an inference route's 2xx answer): the relay skips it otherwise."""
+        return self._parser is not None or self._body is not None
+
     def on_bytes(self, t: float, data: bytes) -> None:
         """Response bytes as they reached the proxy at time t."""
-        if self._parser is not None:
-            interpret = sse.interpret_event
-            for event in self._parser.feed(data):
-                info = interpret(event)
-                tokens = info.tokens
-                if info.completion_tokens is not None and info.choices == 1:
-                    tokens = self._running_tokens(info)
-                if tokens:
-                    self._output(t, tokens)
-                if info.finish_reason is not None or info.prompt_tokens is not None or \
-                        info.completion_tokens is not None or info.error:
-                    self._apply(info)
-            buffered = self._parser.buffered
+        parser = self._parser
+        if parser is not None:
+            shape = self._shape
+            if shape is not None and parser.idle:
+                info = shape.match(data)
+                if info is not None:  # the usual read: one token chunk like the last, nothing held before or after
+                    self._account(t, info)
+                    return
+            for event in parser.feed(data):
+                info = shape.match_data(event.data) if shape is not None else None
+                if info is None:
+                    info = sse.interpret_event(event)
+                    if info.tokens and self._learnt < MAX_SHAPES:
+                        self._learnt += 1
+                        shape = self._shape = sse.ChunkShape.learn(event.data, info) or shape
+                self._account(t, info)
+            buffered = parser.buffered
             if buffered != self._reserved:
                 self._hold(buffered)
         elif self._body is not None:
@@ -262,6 +274,17 @@ class RequestTracker:
             else:
                 self._hold(self._body_size)
                 self._body += data
+
+    def _account(self, t: float, info: sse.ChunkInfo) -> None:
+        """One chunk, arrived at time t."""
+        tokens = info.tokens
+        if info.completion_tokens is not None and info.choices == 1:
+            tokens = self._running_tokens(info)
+        if tokens:
+            self._output(t, tokens)
+        if info.finish_reason is not None or info.prompt_tokens is not None or \
+                info.completion_tokens is not None or info.error:
+            self._apply(info)
 
     def _hold(self, size: int) -> None:
         """This request now holds `size` bytes of copies: reserve the difference, or give it back."""
