@@ -159,6 +159,7 @@ ERROR_INFO = ChunkInfo(error=True)
 OUTPUT_INFO = tuple(ChunkInfo(n, tokens=n, choices=n) for n in range(4))  # the common chunks, made once
 _OUTPUT_KEYS = ("content", "reasoning_content", "reasoning", "text")
 _decode = json.JSONDecoder().decode  # json.loads minus its per-call encoding sniffing
+_scanstring = json.decoder.scanstring  # the decoder's (C) string scanner: strict, as _decode is
 
 
 def interpret_event(event: SSEEvent) -> ChunkInfo:
@@ -201,6 +202,7 @@ _TEXT_SLOT = re.compile(rb'"(?:content|reasoning_content|reasoning|text)"[ \t\r\
 _STRING_BODY = re.compile(rb'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*')
 _PLAIN = re.compile(rb'[\x20\x21\x23-\x5b\x5d-\x7e]*')  # printable ASCII but the quote and the backslash
 _CONTROL = re.compile(rb'[\x00-\x1f]')
+_SHORT_TEXT = 256  # a text up to this long is checked by the regexes; a longer one by the decoder's scanner
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)  # whole JSON strings, escapes included
 
 
@@ -244,7 +246,7 @@ class ChunkShape:
         if len(read) < self.least + 8 or not read.startswith(prefix) or not read.endswith(suffix):
             return None
         text = read[len(prefix):len(read) - len(suffix)]
-        if _PLAIN.fullmatch(text) is not None:  # the usual text, at one call (the once-a-token path)
+        if len(text) <= _SHORT_TEXT and _PLAIN.fullmatch(text) is not None:  # the usual text (once a token)
             return self.info if text else self.empty
         return self._text(text)
 
@@ -258,6 +260,8 @@ class ChunkShape:
     def _text(self, text: bytes) -> ChunkInfo | None:
         if not text:
             return self.empty
+        if len(text) > _SHORT_TEXT:
+            return self._long_text(text)
         if b"\\" in text or b'"' in text:
             if _STRING_BODY.fullmatch(text) is None:
                 return None
@@ -268,6 +272,19 @@ class ChunkShape:
                 text.decode("utf-8")
             except UnicodeDecodeError:
                 return None  # the whole chunk would not decode: decoded, it reads as nothing
+        return self.info
+
+    def _long_text(self, text: bytes) -> ChunkInfo | None:
+        """A long text, checked by the decoder's own string scanner (C): the regexes go a character at a time,
+        5-8x the cost of decoding the whole chunk, and a chunk past LARGE_JSON_BYTES is not decoded at all."""
+        if len(text) + self.least > LARGE_JSON_BYTES:
+            return None  # decoding every chunk scans this one (scan_large), which may read it otherwise
+        try:
+            body = text.decode("utf-8") + '"'
+            if _scanstring(body, 0)[1] != len(body):
+                return None  # an unescaped quote ends the string early
+        except ValueError:  # not UTF-8, a bad escape, a control character, the closing quote escaped
+            return None
         return self.info
 
 

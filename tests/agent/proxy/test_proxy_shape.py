@@ -137,3 +137,44 @@ def test_an_event_in_a_read_of_several_is_read_by_its_shape_too() -> None:
     assert shape.match_data(fill(VLLM, b"")[6:-2]) == shape.empty
     assert shape.match_data(fill(VLLM, b"b\x00")[6:-2]) is None
     assert shape.match(fill(VLLM, b"b") + fill(VLLM, b"c")) is None  # two events: the parser's way
+
+
+def test_a_large_chunk_of_a_learnt_shape_reads_as_decoding_it_would() -> None:
+    """Past LARGE_JSON_BYTES a chunk is scanned, not decoded (one token per choice, token_ids not counted): a
+    chunk of a learnt shape with a text that long must read the same, as one read and inside a read of two."""
+    n2 = b'data: {"choices":[{"index":0,"delta":{"content":"a"}},{"index":1,"delta":{"content":"%s"}}]}\n\n'
+    for shape in (TOKEN_IDS, n2):
+        big = fill(shape, b"y" * (sse.LARGE_JSON_BYTES + 10))
+        for reads in ([fill(shape, b"tok"), big], [fill(shape, b"tok"), big + fill(shape, b"z")]):
+            assert record(reads) == decoded(reads)
+
+
+def test_a_text_full_of_escapes_costs_about_what_decoding_it_does() -> None:
+    """The shortcut must never cost more than decoding: a long escaped text is checked at the decoder's speed
+    (a regex a character at a time took 5-8x as long). Best of 7, against a 3x bound."""
+    import time
+
+    shape = learn(fill(VLLM, b"a"))
+    assert shape is not None
+    data = fill(VLLM, b"\\ud83d\\ude00" * 13_000)[6:-2]  # 156 KB: below LARGE_JSON_BYTES, so json decodes it
+    assert len(data) < sse.LARGE_JSON_BYTES and shape.match_data(data) == sse.interpret_data(data)
+
+    def best(f) -> float:
+        times = []
+        for _ in range(7):
+            t = time.perf_counter()
+            f(data)
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    assert best(shape.match_data) < 3 * best(sse.interpret_data)
+
+
+def test_long_texts_read_as_decoding_them_would() -> None:
+    """A text past the regexes' reach (sse._SHORT_TEXT) goes through the decoder's own scanner: each odd text
+    at either end of a long one reads as decoded, as one read and inside a read of two."""
+    pad = b"p" * 1024  # past sse._SHORT_TEXT
+    for text in ODD_TEXTS + [b"\\", b'"', b"\\u00", b"\\ud800", b"\x00"]:
+        for long in (pad + text, text + pad, pad + text + pad):
+            reads = [fill(VLLM, b"tok"), fill(VLLM, long), fill(VLLM, long) + fill(VLLM, b"z")]
+            assert record(reads) == decoded(reads), long
