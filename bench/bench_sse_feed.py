@@ -11,6 +11,9 @@ Run from the repository root:  python bench/bench_sse_feed.py [--mib 4] [--read 
 `--chunks N` instead times the whole accounting of a stream (`RequestTracker.on_bytes`) over N vLLM-like token
 chunks, one a read: as the proxy reads them (each chunk read by the stream's shape, sse.ChunkShape) and with
 every chunk decoded (the way before it), alternating, best of `--rounds`; printed as microseconds of CPU a chunk.
+
+`--long-text KIB` does the same with texts of that many KiB each (escaped, surrogate pairs, UTF-8, plain,
+one bad byte at the end): the shape must never cost more than decoding, so each ratio should stay near 1x.
 """
 
 from __future__ import annotations
@@ -69,13 +72,39 @@ def chunks(n: int, rounds: int) -> int:
     return 0
 
 
+LONG_TEXTS = {"escaped": b"\\n", "surrogate pairs": b"\\ud83d\\ude00", "utf-8": " caf\u00e9".encode(),
+              "plain": b" the model"}
+
+
+def long_texts(kib: float, n: int, rounds: int) -> int:
+    print(f"bench_sse_feed: the accounting of {n} token chunks with {kib:g} KiB texts, one a read, best of {rounds}")
+    result = {}
+    for name, unit in LONG_TEXTS.items():
+        for bad in (b"", b"\x01"):
+            text = unit * int(kib * 1024 / len(unit)) + bad
+            reads = [CHUNK % b"a"] + [CHUNK % text] * n
+            shaped = decoded = float("inf")
+            for _ in range(rounds):
+                shaped = min(shaped, cpu_to_account(reads, tr.MAX_SHAPES))
+                decoded = min(decoded, cpu_to_account(reads, 0))
+            label = name + (" + a bad byte" if bad else "")
+            print(f"{label:28} decoded {decoded / n * 1e6:9.1f} us a chunk, shaped {shaped / n * 1e6:9.1f}"
+                  f"  ({shaped / decoded:.2f}x)")
+            result[label] = shaped / decoded
+    print(json.dumps(result))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mib", type=float, default=4.0, help="bytes fed each way, in MiB (the long line's length)")
     ap.add_argument("--read", type=int, default=512, help="bytes per read")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--chunks", type=int, default=0, help="time the accounting of this many token chunks instead")
+    ap.add_argument("--long-text", type=float, default=0, help="with --chunks: texts of this many KiB each")
     args = ap.parse_args()
+    if args.long_text:
+        return long_texts(args.long_text, args.chunks or 50, args.rounds)
     if args.chunks:
         return chunks(args.chunks, args.rounds)
     size = int(args.mib * 1024 * 1024)

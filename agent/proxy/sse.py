@@ -159,7 +159,6 @@ ERROR_INFO = ChunkInfo(error=True)
 OUTPUT_INFO = tuple(ChunkInfo(n, tokens=n, choices=n) for n in range(4))  # the common chunks, made once
 _OUTPUT_KEYS = ("content", "reasoning_content", "reasoning", "text")
 _decode = json.JSONDecoder().decode  # json.loads minus its per-call encoding sniffing
-_scanstring = json.decoder.scanstring  # the decoder's (C) string scanner: strict, as _decode is
 
 
 def interpret_event(event: SSEEvent) -> ChunkInfo:
@@ -202,7 +201,7 @@ _TEXT_SLOT = re.compile(rb'"(?:content|reasoning_content|reasoning|text)"[ \t\r\
 _STRING_BODY = re.compile(rb'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*')
 _PLAIN = re.compile(rb'[\x20\x21\x23-\x5b\x5d-\x7e]*')  # printable ASCII but the quote and the backslash
 _CONTROL = re.compile(rb'[\x00-\x1f]')
-_SHORT_TEXT = 256  # a text up to this long is checked by the regexes; a longer one by the decoder's scanner
+_SHORT_TEXT = 256  # a longer text (not a token's) is decoded: the checks below go a character at a time
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)  # whole JSON strings, escapes included
 
 
@@ -261,7 +260,9 @@ class ChunkShape:
         if not text:
             return self.empty
         if len(text) > _SHORT_TEXT:
-            return self._long_text(text)
+            # decoded instead: checking a long text a character at a time cost 5-12x decoding the chunk, and
+            # decoding every chunk scans one past LARGE_JSON_BYTES (scan_large), which may read it otherwise
+            return None
         if b"\\" in text or b'"' in text:
             if _STRING_BODY.fullmatch(text) is None:
                 return None
@@ -272,19 +273,6 @@ class ChunkShape:
                 text.decode("utf-8")
             except UnicodeDecodeError:
                 return None  # the whole chunk would not decode: decoded, it reads as nothing
-        return self.info
-
-    def _long_text(self, text: bytes) -> ChunkInfo | None:
-        """A long text, checked by the decoder's own string scanner (C): the regexes go a character at a time,
-        5-8x the cost of decoding the whole chunk, and a chunk past LARGE_JSON_BYTES is not decoded at all."""
-        if len(text) + self.least > LARGE_JSON_BYTES:
-            return None  # decoding every chunk scans this one (scan_large), which may read it otherwise
-        try:
-            body = text.decode("utf-8") + '"'
-            if _scanstring(body, 0)[1] != len(body):
-                return None  # an unescaped quote ends the string early
-        except ValueError:  # not UTF-8, a bad escape, a control character, the closing quote escaped
-            return None
         return self.info
 
 

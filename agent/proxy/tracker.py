@@ -251,13 +251,15 @@ class RequestTracker:
         parser = self._parser
         if parser is not None:
             shape = self._shape
+            tried = -1  # the data length `match` has read this read as (checking it twice costs twice)
             if shape is not None and parser.idle:
                 info = shape.match(data)
                 if info is not None:  # the usual read: one token chunk like the last, nothing held before or after
                     self._account(t, info)
                     return
+                tried = len(data) - 8
             for event in parser.feed(data):
-                info = shape.match_data(event.data) if shape is not None else None
+                info = shape.match_data(event.data) if shape is not None and len(event.data) != tried else None
                 if info is None:
                     info = sse.interpret_event(event)
                     if info.tokens and self._learnt < MAX_SHAPES:
