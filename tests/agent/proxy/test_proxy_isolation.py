@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -23,7 +22,7 @@ import pytest
 from aiohttp import web
 
 from demo_procs import async_child
-from support import free_port, sample_text, serve_app
+from support import free_port, rooflight_exe, sample_text, serve_app
 
 TTFT, GAP, TOKENS = 0.05, 0.02, 12
 STREAMS = 18  # timed each way
@@ -139,8 +138,7 @@ async def measure(engine_url: str, scrapers: int = SCRAPERS) -> tuple[tuple[floa
     """`rooflight run --proxy-listen` in front of `engine_url`: (median TTFT, median worst gap) of proxied
     streams without scrapers, then with `scrapers` scraping the agent's port, in the same run."""
     port, proxy_port = free_port(), free_port()
-    exe = shutil.which("rooflight")
-    assert exe, "the console script `rooflight` is not installed"
+    exe = rooflight_exe()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROOFLIGHT_")}
     agent, proxy = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{proxy_port}"
     async with async_child(exe, "run", "--engine-url", engine_url, "--target-name", "pod-a",
