@@ -6,8 +6,9 @@ default and, with no GPU, retried; the process source reads the engine's process
 and the derivations. This bench runs, at the same time and against the same pages:
 
 - a fake engine (this file with --serve, a subprocess): an aiohttp server on 127.0.0.1 serving
-  tests/fixtures/engine-samples/vllm-cpu-load-c16.prom at /metrics on 8 ports, its counters and
-  histograms moving every 100 ms as bench/bench_sampling.py's moving pages do, and /v1/models;
+  tests/fixtures/engine-samples/vllm-cpu-load-c16.prom at /metrics on one port per target of the
+  largest configuration (at least 8; 64 for 64x1, a node agent beside DP-heavy engines), its counters
+  and histograms moving every 100 ms as bench/bench_sampling.py's moving pages do, and /v1/models;
 - the agent as a user runs it: `python -m rooflight run --engine-url URL [--engine-url URL ...]
   --interval I --model llama-3-8b` (defaults otherwise: the NVML and process sources on);
 - the naive sidecar (bench/naive_scraper.py): one aiohttp ClientSession.get per URL per tick plus
@@ -16,12 +17,18 @@ and the derivations. This bench runs, at the same time and against the same page
 
 and measures each one's CPU (user + system, psutil, the process and its children) over the same
 `--seconds` after `--warmup` (160 s by default: the agent derives its 5m window once its history spans
-half of it, so a shorter warm-up measures an agent doing less than it will from then on). Configurations are targets x rate: 1 and 8 targets (8 ports, so 8
-engine URLs), at 1 Hz and 10 Hz. Printed per configuration: the agent's and the naive loop's CPU in %
+half of it, so a shorter warm-up measures an agent doing less than it will from then on). Configurations are
+targets x rate (1x10, 8x1, 64x1, ...): N targets are N ports, so N engine URLs, each page rendered once per
+100 ms tick whoever asks. Printed per configuration: the agent's and the naive loop's CPU in %
 of one core, agent/naive, the pages each read per second (both must keep up for the ratio to mean
 anything), the TCP connections each opened while measured (0 with keep-alive), the fake engine's
 CPU, the machine's busy share and load. `--runs N` repeats every configuration, interleaved, so a
 change in the machine's load hits each.
+
+`--before DIR` (a checkout of another commit, e.g. `git archive BASE | tar -x -C DIR`) runs that
+checkout's agent too, at the same time, against the same pages (at /before/metrics, so each side's
+pages are counted apart), and prints its CPU beside this one's: a before/after comparison measured over
+the same seconds on the same busy machine.
 
 `--profile CONFIG` (e.g. 1x10) then runs that configuration once more with py-spy (`record --format
 raw`, every thread, idle ones excluded) attached to the agent, and prints where its CPU goes: by
@@ -36,7 +43,8 @@ Figures are printed, never asserted. On a busy machine the CPU shares are noisy;
 over the same seconds, is the steadier figure.
 
 Run from the repository root:
-    python bench/bench_process_cpu.py [--configs 1x1,1x10,8x1,8x10] [--seconds 20] [--runs 3] [--profile 1x10]
+    python bench/bench_process_cpu.py [--configs 1x1,1x10,8x1,8x10,64x1] [--seconds 20] [--runs 3] [--profile 1x10]
+                                      [--before DIR]
 """
 
 from __future__ import annotations
@@ -67,7 +75,8 @@ sys.path.insert(0, str(ROOT))
 
 DEFAULT_PAGE = ROOT / "tests" / "fixtures" / "engine-samples" / "vllm-cpu-load-c16.prom"
 NAIVE = ROOT / "bench" / "naive_scraper.py"
-PORTS = 8
+MIN_PORTS = 8
+BEFORE = "/before"  # the path prefix the --before agent reads its pages under
 PAGE_EVERY_S = 0.1  # the fake engine's counters move this often
 AGENT_ACCEPT = "text/plain;version=0.0.4"  # how the fake engine tells the agent's requests from the naive loop's
 MODEL = "llama-3-8b"
@@ -101,7 +110,10 @@ def serve(page_file: Path, ports: int) -> None:
         return state["body"]
 
     async def metrics(request: web.Request) -> web.Response:
-        who = "agent" if request.headers.get("Accept", "").startswith(AGENT_ACCEPT) else "naive"
+        if request.path.startswith(BEFORE):
+            who = "before"
+        else:
+            who = "agent" if request.headers.get("Accept", "").startswith(AGENT_ACCEPT) else "naive"
         counts[who] += 1
         peer = request.transport.get_extra_info("peername") if request.transport else None
         if peer not in peers:  # a new connection: keep-alive would reuse the last one
@@ -118,8 +130,9 @@ def serve(page_file: Path, ports: int) -> None:
 
     async def main() -> None:
         app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/v1/models", models)
+        for prefix in ("", BEFORE):
+            app.router.add_get(prefix + "/metrics", metrics)
+            app.router.add_get(prefix + "/v1/models", models)
         app.router.add_get("/counts", served)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -165,16 +178,27 @@ class Result:
     server_pct: float
     busy_pct: float  # the whole machine, all cores, % of its capacity
     load: float  # 1-minute load average at the end
+    before_pct: float | None = None  # the --before checkout's agent, measured over the same seconds
+    before_pages_s: float = 0.0
+    before_connections: int = 0
 
     @property
     def ratio(self) -> float:
         return self.agent_pct / self.naive_pct if self.naive_pct else float("nan")
 
+    @property
+    def before_ratio(self) -> float:
+        return self.before_pct / self.naive_pct if self.naive_pct and self.before_pct is not None else float("nan")
+
     def line(self) -> str:
+        before = "" if self.before_pct is None else (
+            f"   before {self.before_pct:5.2f}% (ratio {self.before_ratio:.3f}, pages/s {self.before_pages_s:5.1f},"
+            f" new connections {self.before_connections})")
         return (f"{self.config.label:<18} agent {self.agent_pct:5.2f}%  naive {self.naive_pct:6.2f}%  "
                 f"ratio {self.ratio:.3f}   pages/s agent {self.agent_pages_s:5.1f} naive {self.naive_pages_s:5.1f}"
                 f"   new connections {self.agent_connections}/{self.naive_connections}   agent scraped {self.scrapes}x"
-                f"   fake engine {self.server_pct:5.1f}%  machine busy {self.busy_pct:3.0f}%  load {self.load:.1f}")
+                f"   fake engine {self.server_pct:5.1f}%  machine busy {self.busy_pct:3.0f}%  load {self.load:.1f}"
+                + before)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -216,8 +240,8 @@ def agent_command(urls: Iterable[str], hz: float, listen: int) -> list[str]:
     return cmd
 
 
-def start_server(page_file: Path) -> tuple[subprocess.Popen[str], list[int]]:
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(PORTS), "--file", str(page_file)],
+def start_server(page_file: Path, ports: int) -> tuple[subprocess.Popen[str], list[int]]:
+    server = subprocess.Popen([sys.executable, __file__, "--serve", str(ports), "--file", str(page_file)],
                               stdout=subprocess.PIPE, text=True)
     assert server.stdout is not None
     return server, json.loads(server.stdout.readline())
@@ -253,50 +277,81 @@ class Prometheus(threading.Thread):
                 pass
 
 
+def before_tree(checkout: Path, into: Path) -> Path:
+    """A folder that imports `rooflight` from another checkout (links laid out as pyproject.toml maps
+    the package), to put first on the --before agent's PYTHONPATH."""
+    pkg = into / "rooflight"
+    pkg.mkdir(parents=True)
+    for name in ("__init__.py", "__main__.py"):
+        (pkg / name).symlink_to(checkout / "agent" / "_root" / name)
+    for name, folder in (("agent", "agent"), ("collectors", "collectors"), ("rules", "rules"),
+                         ("dashboards", "dashboards")):
+        (pkg / name).symlink_to(checkout / folder)
+    return into
+
+
 def measure(config: Config, server: subprocess.Popen[str], ports: list[int], seconds: float, warmup: float,
-            scrape_every: float, profile_to: Path | None = None, profile_rate: int = 250) -> Result:
-    """Agent and naive loop side by side on the same pages; CPU over `seconds` after `warmup`."""
+            scrape_every: float, profile_to: Path | None = None, profile_rate: int = 250,
+            before: Path | None = None) -> Result:
+    """Agent and naive loop side by side on the same pages; CPU over `seconds` after `warmup`. With
+    `before` (a folder from before_tree), that checkout's agent runs beside them, over the same seconds."""
     bases = [f"http://127.0.0.1:{p}" for p in ports[: config.targets]]
     log = tempfile.NamedTemporaryFile("w+", prefix="rooflight-bench-agent-", suffix=".log", delete=False)
     listen = free_port()
     agent = subprocess.Popen(agent_command(bases, config.hz, listen), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     prometheus = Prometheus(listen, scrape_every)
     prometheus.start()
+    old: subprocess.Popen[Any] | None = None
+    if before is not None:
+        before_listen = free_port()
+        env = {**os.environ, "PYTHONPATH": str(before)}
+        old = subprocess.Popen(agent_command([b + BEFORE for b in bases], config.hz, before_listen), stdout=log,
+                               stderr=subprocess.STDOUT, cwd=before, env=env)
+        old_prometheus = Prometheus(before_listen, scrape_every)
+        old_prometheus.start()
     naive = subprocess.Popen([sys.executable, str(NAIVE), "--interval", f"{1 / config.hz:g}",
                               *(b + "/metrics" for b in bases)], stdout=subprocess.DEVNULL)
     spy: subprocess.Popen[bytes] | None = None
     try:
         time.sleep(warmup)
-        if agent.poll() is not None:
-            raise SystemExit(f"the agent exited ({agent.returncode}): {Path(log.name).read_text()[-2000:]}")
+        for proc in (agent, old):
+            if proc is not None and proc.poll() is not None:
+                raise SystemExit(f"an agent exited ({proc.returncode}): {Path(log.name).read_text()[-2000:]}")
         if profile_to is not None:
             spy = subprocess.Popen([_py_spy(), "record", "--pid", str(agent.pid), "--duration", f"{seconds:g}",
                                     "--rate", str(profile_rate), "--format", "raw", "--full-filenames", "--nonblocking",
                                     "-o", str(profile_to)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         psutil.cpu_percent(None)
         s0 = prometheus.scrapes
-        c0 = {name: cpu_seconds(p.pid) for name, p in (("agent", agent), ("naive", naive), ("server", server))}
+        measured = (("agent", agent), ("naive", naive), ("server", server), *((("before", old),) if old else ()))
+        c0 = {name: cpu_seconds(p.pid) for name, p in measured}
         n0, w0 = served(ports[0]), time.monotonic()
         time.sleep(seconds)
-        c1 = {name: cpu_seconds(p.pid) for name, p in (("agent", agent), ("naive", naive), ("server", server))}
+        c1 = {name: cpu_seconds(p.pid) for name, p in measured}
         n1, wall, scrapes = served(ports[0]), time.monotonic() - w0, prometheus.scrapes - s0
         busy = psutil.cpu_percent(None)
         if spy is not None:
             spy.wait(seconds + 30)
-        if agent.poll() is not None:
-            raise SystemExit(f"the agent exited ({agent.returncode}): {Path(log.name).read_text()[-2000:]}")
+        for proc in (agent, old):
+            if proc is not None and proc.poll() is not None:
+                raise SystemExit(f"an agent exited ({proc.returncode}): {Path(log.name).read_text()[-2000:]}")
     finally:
         prometheus.stopping.set()
         stop(agent)
+        if old is not None:
+            old_prometheus.stopping.set()
+            stop(old)
         stop(naive)
         if spy is not None:
             stop(spy)
     pct = {k: 100.0 * (c1[k] - c0[k]) / wall for k in c0}
-    pages = {k: (n1.get(k, 0) - n0.get(k, 0)) / wall for k in ("agent", "naive")}  # every port
+    sides = ("agent", "naive", "before")
+    pages = {k: (n1.get(k, 0) - n0.get(k, 0)) / wall for k in sides}  # every port
     os.unlink(log.name)
-    opened = {k: n1.get(f"{k}_connections", 0) - n0.get(f"{k}_connections", 0) for k in ("agent", "naive")}
+    opened = {k: n1.get(f"{k}_connections", 0) - n0.get(f"{k}_connections", 0) for k in sides}
     return Result(config, pct["agent"], pct["naive"], pages["agent"], pages["naive"], opened["agent"],
-                  opened["naive"], scrapes, pct["server"], busy, os.getloadavg()[0])
+                  opened["naive"], scrapes, pct["server"], busy, os.getloadavg()[0], pct.get("before"),
+                  pages["before"], opened["before"])
 
 
 def _py_spy() -> str:
@@ -404,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     args.add_argument("--profile-seconds", type=float, default=60.0, help="seconds py-spy records (more: finer)")
     args.add_argument("--profile-rate", type=int, default=250, help="py-spy's samples per second")
     args.add_argument("--profile-out", type=Path, help="keep py-spy's raw stacks in this file")
+    args.add_argument("--before", type=Path, help="another checkout whose agent runs beside this one, measured alike")
     args.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     opts = args.parse_args(argv)
     if opts.serve:
@@ -414,13 +470,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"page: {opts.file.name}, counters moving every {PAGE_EVERY_S:g} s; {os.cpu_count()} cores;"
           f" python {sys.version.split()[0]}; load before {os.getloadavg()[0]:.1f}")
     configs = [Config.parse(c) for c in opts.configs.split(",") if c]
-    server, ports = start_server(opts.file)
+    profiled = [Config.parse(opts.profile)] if opts.profile else []
+    server, ports = start_server(opts.file, max([MIN_PORTS, *(c.targets for c in configs + profiled)]))
     results: dict[Config, list[Result]] = {c: [] for c in configs}
+    links = tempfile.TemporaryDirectory(prefix="rooflight-bench-before-")
+    before = before_tree(opts.before.resolve(), Path(links.name)) if opts.before else None
+    if opts.before:
+        print(f"before: the agent of {opts.before} runs beside this one ({ROOT}), on the same pages")
     try:
         for run in range(opts.runs):
             print(f"run {run + 1}: CPU in % of one core over {opts.seconds:g} s after {opts.warmup:g} s")
             for config in configs:
-                result = measure(config, server, ports, opts.seconds, opts.warmup, opts.scrape_every)
+                result = measure(config, server, ports, opts.seconds, opts.warmup, opts.scrape_every, before=before)
                 results[config].append(result)
                 print("  " + result.line(), flush=True)
         if opts.runs > 1:
@@ -428,7 +489,12 @@ def main(argv: list[str] | None = None) -> int:
             for config, rs in results.items():
                 print(f"  {config.label:<18} agent {min(r.agent_pct for r in rs):.2f}-{max(r.agent_pct for r in rs):.2f}%"
                       f"  naive {min(r.naive_pct for r in rs):.2f}-{max(r.naive_pct for r in rs):.2f}%"
-                      f"  ratio {min(r.ratio for r in rs):.3f}-{max(r.ratio for r in rs):.3f}")
+                      f"  ratio {min(r.ratio for r in rs):.3f}-{max(r.ratio for r in rs):.3f}"
+                      f"  load {min(r.load for r in rs):.1f}-{max(r.load for r in rs):.1f}")
+                if before is not None:
+                    print(f"  {'  before':<18} agent {min(r.before_pct or 0 for r in rs):.2f}-"
+                          f"{max(r.before_pct or 0 for r in rs):.2f}%"
+                          f"  ratio {min(r.before_ratio for r in rs):.3f}-{max(r.before_ratio for r in rs):.3f}")
         if opts.profile:
             config = Config.parse(opts.profile)
             with tempfile.TemporaryDirectory() as tmp:
@@ -440,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
                 print_breakdown(raw, opts.profile_seconds, opts.profile_rate)
     finally:
         stop(server)
+        links.cleanup()
     return 0
 
 

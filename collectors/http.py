@@ -13,8 +13,10 @@ import asyncio
 import json
 import re
 import sys
+import zlib
 from dataclasses import dataclass
 from typing import Callable
+from urllib.parse import SplitResult, quote, urlsplit
 
 import aiohttp
 
@@ -127,3 +129,182 @@ async def _read_capped(response: aiohttp.ClientResponse, max_bytes: int, url: st
             raise SourceError("too_large", f"{url}: body passed the {max_bytes}-byte cap; not read further")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+class PageClient:
+    """An engine loop's reads of its pages over one kept-alive HTTP/1.1 connection of its own, at the level
+    of the stream: a request is one write, a response its status line, headers and body read off the
+    socket, with fetch_text's bounds, timestamp and errors. An engine loop never overlaps its own reads,
+    so one connection is all it needs.
+
+    Why not the aiohttp session: its request and response machinery was 8% of the agent's CPU at 1 target x
+    10 Hz and 11% at 64 targets x 1 Hz (bench/bench_process_cpu.py --profile); README's whole-process table
+    gives the agent's CPU before and after. An https URL, or one with a user:password (basic auth), still
+    goes through the session (fetch_text).
+
+    No Accept-Encoding is sent, so a page comes as it is (gzip or deflate, if sent anyway, is inflated).
+    A connection that failed, timed out or was cancelled mid-read is closed; the next read opens another.
+    """
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+        self._headers = "".join(f"{k}: {v}\r\n" for k, v in session.headers.items()
+                                if k.lower() not in ("host", "accept-encoding", "connection", "content-length"))
+        self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._peer: tuple[str, int] | None = None
+        self.connections = 0  # opened so far (tests: keep-alive holds)
+
+    async def fetch_text(self, url: str, *, timeout: float, max_bytes: int,
+                         monotonic: Callable[[], float]) -> Fetched:
+        """What fetch_text(session, url, ...) gives, over this client's connection where the URL allows."""
+        parts = urlsplit(url)
+        if parts.scheme != "http" or "@" in parts.netloc or parts.hostname is None:
+            return await fetch_text(self.session, url, timeout=timeout, max_bytes=max_bytes, monotonic=monotonic)
+        start = monotonic()
+        shown = _public(url)
+        try:
+            async with asyncio.timeout(timeout):
+                answered, body = await self._get(parts, max_bytes, shown, monotonic)
+        except SourceError:
+            self.close()
+            raise
+        except TimeoutError:
+            self.close()
+            raise SourceError("timeout", f"{shown} did not answer within {timeout:g}s") from None
+        except _Refused as exc:
+            self.close()
+            raise SourceError("refused", f"{shown}: cannot connect ({exc.args[0]})") from None
+        except (OSError, ValueError, EOFError, zlib.error) as exc:
+            self.close()
+            raise SourceError("other", f"{shown}: {type(exc).__name__}: {_scrub(str(exc), url)}") from None
+        except BaseException:  # cancelled mid-read: the connection's state is unknown
+            self.close()
+            raise
+        return Fetched(text=_text(body, max_bytes, shown), timestamp=(start + answered) / 2,
+                       duration=monotonic() - start)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn[1].close()
+            self._conn = None
+
+    async def _get(self, parts: SplitResult, max_bytes: int, shown: str,
+                   monotonic: Callable[[], float]) -> tuple[float, bytes]:
+        peer = (parts.hostname or "", parts.port or 80)
+        target = quote(parts.path or "/", safe=_URL_SAFE) + (f"?{quote(parts.query, safe=_URL_SAFE + '?')}"
+                                                               if parts.query else "")
+        request = f"GET {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n{self._headers}\r\n".encode("latin-1")
+        reused = self._conn is not None and self._peer == peer and not self._conn[0].at_eof()
+        if not reused:
+            self.close()
+            await self._connect(peer)
+        assert self._conn is not None
+        reader, writer = self._conn
+        writer.write(request)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            if not (reused and not exc.partial):
+                raise EOFError("the connection closed before the response's headers") from None
+            self.close()  # the engine closed the idle connection as the request went out: once more, anew
+            await self._connect(peer)
+            reader, writer = self._conn  # type: ignore[misc]
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.LimitOverrunError:
+            raise ValueError("response headers over 64 KiB") from None
+        answered = monotonic()
+        status, headers, version = _response_head(head)
+        if status != 200:
+            raise SourceError("http_status", f"{shown} answered HTTP {status}")
+        body = await _read_body(reader, headers, max_bytes, shown)
+        body = _inflated(body, headers.get("content-encoding", "identity"), max_bytes, shown)
+        if headers.get("connection", "").lower() == "close" or (version == "HTTP/1.0" and
+                                                                 headers.get("connection", "").lower() != "keep-alive"):
+            self.close()
+        return answered, body
+
+    async def _connect(self, peer: tuple[str, int]) -> None:
+        try:
+            self._conn = await asyncio.open_connection(*peer)
+        except OSError as exc:
+            raise _Refused(str(exc)) from None
+        self._peer = peer
+        self.connections += 1
+
+
+_URL_SAFE = "/%:@!$&'()*+,;=-._~"  # what stays as written in a request's path and query (escapes kept)
+
+
+class _Refused(Exception):
+    """The connection could not be opened (the session's ClientConnectorError)."""
+
+
+def _response_head(head: bytes) -> tuple[int, dict[str, str], str]:
+    """Status, headers (names lowercase) and version of a response head; ValueError when malformed."""
+    lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    if not version.startswith("HTTP/1.") or len(rest) < 3 or not rest[:3].isdigit():
+        raise ValueError(f"bad status line {lines[0][:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise ValueError(f"bad header line {line[:80]!r}")
+        headers[name.strip().lower()] = value.strip()
+    return int(rest[:3]), headers, version
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], max_bytes: int, shown: str) -> bytes:
+    """The body as framed by Transfer-Encoding: chunked, Content-Length, or the connection's end; capped."""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return await _read_chunked(reader, max_bytes, shown)
+    length = headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise ValueError(f"bad Content-Length {length[:40]!r}")
+        if int(length) > max_bytes:
+            raise SourceError("too_large", f"{shown}: body of {length} bytes is over the {max_bytes}-byte cap")
+        return await reader.readexactly(int(length))
+    body = await reader.read(max_bytes + 1)  # no length: the body ends with the connection
+    chunks, size = [body], len(body)
+    while body and size <= max_bytes:
+        body = await reader.read(max_bytes + 1 - size)
+        chunks.append(body)
+        size += len(body)
+    if size > max_bytes:
+        raise SourceError("too_large", f"{shown}: body passed the {max_bytes}-byte cap; not read further")
+    return b"".join(chunks)
+
+
+async def _read_chunked(reader: asyncio.StreamReader, max_bytes: int, shown: str) -> bytes:
+    chunks, size = [], 0
+    while True:
+        line = await reader.readuntil(b"\r\n")
+        n = int(line.split(b";", 1)[0].strip(), 16)
+        if n == 0:
+            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
+                pass
+            return b"".join(chunks)
+        size += n
+        if size > max_bytes:
+            raise SourceError("too_large", f"{shown}: body passed the {max_bytes}-byte cap; not read further")
+        chunks.append(await reader.readexactly(n))
+        if await reader.readexactly(2) != b"\r\n":
+            raise ValueError("bad chunk framing")
+
+
+def _inflated(body: bytes, encoding: str, max_bytes: int, shown: str) -> bytes:
+    """A body sent compressed anyway (no Accept-Encoding was sent), inflated up to the cap."""
+    encoding = encoding.lower()
+    if encoding in ("identity", ""):
+        return body
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise ValueError(f"unsupported Content-Encoding {encoding[:40]!r}")
+    inflate = zlib.decompressobj(47 if encoding != "deflate" or body[:1] == b"\x78" else -15)
+    out = inflate.decompress(body, max_bytes + 1)
+    if len(out) > max_bytes:
+        raise SourceError("too_large", f"{shown}: body passed the {max_bytes}-byte cap; not read further")
+    return out
