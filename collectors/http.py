@@ -16,7 +16,7 @@ import sys
 import zlib
 from dataclasses import dataclass
 from typing import Callable
-from urllib.parse import SplitResult, quote, urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import aiohttp
 
@@ -191,8 +191,7 @@ class PageClient:
     async def _get(self, parts: SplitResult, max_bytes: int, shown: str,
                    monotonic: Callable[[], float]) -> tuple[float, bytes]:
         peer = (parts.hostname or "", parts.port or 80)
-        target = quote(parts.path or "/", safe=_URL_SAFE) + (f"?{quote(parts.query, safe=_URL_SAFE + '?')}"
-                                                               if parts.query else "")
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         request = f"GET {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n{self._headers}\r\n".encode("latin-1")
         reused = self._conn is not None and self._peer == peer and not self._conn[0].at_eof()
         if not reused:
@@ -231,9 +230,6 @@ class PageClient:
             raise _Refused(str(exc)) from None
         self._peer = peer
         self.connections += 1
-
-
-_URL_SAFE = "/%:@!$&'()*+,;=-._~"  # what stays as written in a request's path and query (escapes kept)
 
 
 class _Refused(Exception):

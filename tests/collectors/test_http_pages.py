@@ -189,10 +189,3 @@ async def test_a_url_with_a_password_goes_through_the_session_with_its_basic_aut
         url = engine.url.replace("http://", "http://user:pw@")
         assert await _read(client, url) == PAGE.decode()
     assert b"\r\nAuthorization: Basic " in engine.heads[0] and client.connections == 0
-
-
-async def test_the_request_line_is_the_urls_path_and_query_escaped_as_the_session_would(client: PageClient) -> None:
-    async with RawEngine(_with_length()) as engine:
-        base = engine.url.removesuffix("/metrics")
-        assert await _read(client, f"{base}/a b/m%20x?token=a%2Fb&q=1#frag") == PAGE.decode()
-    assert engine.heads[0].startswith(b"GET /a%20b/m%20x?token=a%2Fb&q=1 HTTP/1.1\r\n")
