@@ -100,6 +100,18 @@ class Run:
         return tuple(s.verdicts for s in target.series)
 
 
+async def _a_wave_stall_is_usual_and_a_long_prompt_is_not(run: Run, prompts_between: int) -> None:
+    """Against a usual largest step of 512: a host stall in a wave's second (its ITLs at 4x) is not
+    head-of-line; a long prompt's step (2048, 4x the usual) two seconds later is."""
+    (host,) = await run.second(stall=True, far=True, long_prompt=False, prompts=400, wave=True)
+    assert host.itl_inflation == pytest.approx(0.1 / 0.025)
+    assert host.head_of_line is False
+    for _ in range(2):
+        await run.second(prompts=prompts_between)
+    (prompt,) = await run.second(stall=True, far=True, prompts=1700)
+    assert prompt.head_of_line is True
+
+
 @pytest.fixture
 async def run_with() -> AsyncIterator:
     async with AsyncExitStack() as stack:
@@ -225,13 +237,7 @@ async def test_the_usual_largest_step_is_that_of_the_seconds_that_ran_a_prefill(
     for i in range(BASELINE_SECONDS):
         await run.second(prompts=400 if i % 2 else 0, wave=bool(i % 2))
     await run.second(prompts=0)
-    (host,) = await run.second(stall=True, far=True, long_prompt=False, prompts=400, wave=True)
-    assert host.itl_inflation == pytest.approx(0.1 / 0.025)
-    assert host.head_of_line is False
-    for _ in range(2):
-        await run.second(prompts=0)
-    (prompt,) = await run.second(stall=True, far=True, prompts=1700)
-    assert prompt.head_of_line is True
+    await _a_wave_stall_is_usual_and_a_long_prompt_is_not(run, prompts_between=0)
 
 
 async def test_a_step_one_sample_before_the_stall_still_explains_it(run_with) -> None:
@@ -256,10 +262,4 @@ async def test_waves_in_a_third_of_the_prefill_seconds_are_usual(run_with) -> No
     run = await run_with(proxy=False)
     for i in range(BASELINE_SECONDS + 5):
         await run.second(prompts=400 if i % 3 == 0 else 50, wave=i % 3 == 0)
-    (host,) = await run.second(stall=True, far=True, long_prompt=False, prompts=400, wave=True)
-    assert host.itl_inflation == pytest.approx(0.1 / 0.025)
-    assert host.head_of_line is False
-    for _ in range(2):
-        await run.second(prompts=50)
-    (prompt,) = await run.second(stall=True, far=True, prompts=1700)
-    assert prompt.head_of_line is True
+    await _a_wave_stall_is_usual_and_a_long_prompt_is_not(run, prompts_between=50)
