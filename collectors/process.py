@@ -152,7 +152,7 @@ class ProcessCollector:
         self.tree_pids: tuple[int, ...] = ()
 
     async def sample(self) -> ProcessSample:
-        return await asyncio.to_thread(self._sample_sync)
+        return await asyncio.to_thread(self.read)
 
     def _resolve(self) -> psutil.Process:
         if self._proc is not None and self._proc.is_running():  # is_running also catches PID reuse
@@ -183,7 +183,8 @@ class ProcessCollector:
         self._tree, self._tree_read_at = [root, *below], now
         return self._tree
 
-    def _sample_sync(self) -> ProcessSample:
+    def read(self) -> ProcessSample:
+        """The sample, read here and now (blocking: /proc reads; the agent calls it in a worker thread)."""
         t = self._clock()
         root = self._resolve()
         try:
