@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import socket
+import sys
 import time
 
 import aiohttp
@@ -53,9 +53,8 @@ async def main(args: argparse.Namespace) -> int:
     up = free_port()
     await web.TCPSite(runner, "127.0.0.1", up).start()
     port, metrics_port = free_port(), free_port()
-    exe = shutil.which("rooflight")
-    assert exe, "install the package first: the `rooflight` console script"
-    child = await asyncio.create_subprocess_exec(exe, "proxy", "--upstream", f"http://127.0.0.1:{up}", "--listen",
+    child = await asyncio.create_subprocess_exec(sys.executable, "-m", "rooflight", "proxy", "--upstream",
+                                                 f"http://127.0.0.1:{up}", "--listen",
                                                  f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
                                                  "--log-level", "warning")
     proc = psutil.Process(child.pid)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import socket
 import sys
 import time
@@ -177,9 +176,8 @@ async def memory(port: int, metrics_port: int, upstream: Upstream, proc: psutil.
 async def proxy_child(url: str) -> tuple[asyncio.subprocess.Process, int, int]:
     """A fresh `rooflight proxy` (each phase gets its own, so one phase's memory does not hide the next's)."""
     port, metrics_port = free_port(), free_port()
-    exe = shutil.which("rooflight")
-    assert exe, "install the package first: the `rooflight` console script"
-    child = await asyncio.create_subprocess_exec(exe, "proxy", "--upstream", url, "--listen", f"127.0.0.1:{port}",
+    child = await asyncio.create_subprocess_exec(sys.executable, "-m", "rooflight", "proxy", "--upstream", url,
+                                                 "--listen", f"127.0.0.1:{port}",
                                                  "--metrics-listen", f"127.0.0.1:{metrics_port}", "--log-level", "info",
                                                  stderr=asyncio.subprocess.PIPE)
     await asyncio.sleep(2.0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
+import sys
 import tempfile
 import time
 
@@ -48,11 +48,10 @@ async def main(args: argparse.Namespace) -> int:
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", upstream).start()
-    exe = shutil.which("rooflight")
-    assert exe, "install the package first: the `rooflight` console script"
     with tempfile.TemporaryFile() as log:
         child = await asyncio.create_subprocess_exec(
-            exe, "proxy", "--upstream", f"http://127.0.0.1:{upstream}", "--listen", f"127.0.0.1:{proxy}",
+            sys.executable, "-m", "rooflight", "proxy", "--upstream", f"http://127.0.0.1:{upstream}",
+            "--listen", f"127.0.0.1:{proxy}",
             "--metrics-listen", f"127.0.0.1:{metrics}", "--log-level", "warning", stderr=log)
         try:
             await asyncio.sleep(2.5)
