@@ -1,6 +1,7 @@
-"""The sampling loops: one asyncio task per source, each on its own interval, each writing its own part
-of the state and publishing a new frozen Snapshot. Nothing here blocks the event loop: HTTP is async,
-NVML and psutil calls run in executors inside their collectors, with timeouts.
+"""The sampling loops: one asyncio task per engine target, one for NVML and one for every target's process
+tree, each on its own interval, each writing its own part of the state and publishing a new frozen
+Snapshot. Nothing here blocks the event loop: HTTP is async, NVML and psutil calls run in worker threads
+(NVML's with timeouts).
 """
 
 from __future__ import annotations
