@@ -633,36 +633,27 @@ def select(
     first, after_newline = finders
     _fresh_series_cache()
     reading = _Reading(bounds if bounds is not None else _BOUNDS.get())
-    counted = reading.limits is not None
-    series = _SERIES
     by_name: dict[str, list[Sample]] = {}
-    head = first.match(text)
-    # findall hands over each line's two groups in one C call: no match object, nor a method call, a line
-    found = [head.groups("")] if head is not None else []
-    for named, other in chain(found, after_newline.findall(text)):
-        if named:
-            line = named.rstrip()
+    for found in chain((first.match(text),), after_newline.finditer(text)):
+        if found is None:
+            continue
+        line = found.group(1)
+        if line is not None:
+            line = line.rstrip()
         else:  # a line no name starts: blank, indented or `{__name__=...}`; what parse() would keep of it
-            line = other.strip()
+            line = found.group(2).strip()
             if not line or line[0] == "#" or (line[0] != "{" and want is not None and not line.startswith(want)):
                 continue
         end = line.find('"}')
-        seen = series.get(line[: end + 2]) if end != -1 and not reading.full else None
+        seen = _SERIES.get(line[: end + 2]) if end != -1 and not reading.full else None
         if seen is not None:  # a series read before (most lines): its name and labels, as _parse_sample finds them
-            name = seen[0]
-            if name not in keep:
+            if seen[0] not in keep:
                 continue
-            rest = line[end + 2 :]
-            try:  # _finish, its common line inlined: one value, which float() reads with its whitespace
-                if "#" in rest or "_" in rest:
-                    raise ValueError
-                sample = _new_sample(Sample, (name, dict(seen[1]), float(rest), None))
+            try:
+                sample = _finish(seen[0], dict(seen[1]), line[end + 2 :])
             except ValueError:
-                try:
-                    sample = _finish(name, dict(seen[1]), rest)
-                except ValueError:
-                    reading.bad += 1
-                    continue
+                reading.bad += 1
+                continue
         else:
             brace = line.find("{")
             if line[0] != "{" and _sample_name(line, brace, keep) not in keep:
@@ -672,8 +663,7 @@ def select(
                 continue
             if line[0] == "{" and not _kept(sample.name, want, keep):
                 continue  # a `{__name__="..."}` line: its name is known only now
-        if counted:
-            reading.count(sample)
+        reading.count(sample)
         same = by_name.get(sample.name)
         if same is None:
             by_name[sample.name] = [sample]

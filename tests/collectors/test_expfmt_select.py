@@ -136,3 +136,19 @@ def test_any_text_reads_as_parse_reads_it(text: str) -> None:
 @given(_mutated_page())
 def test_mutated_vllm_pages_read_as_parse_reads_them(text: str) -> None:
     _agree(text, vllm.NAMES, ("vllm:",), bounded=True)
+
+
+def test_a_page_of_many_short_lines_is_read_one_line_at_a_time() -> None:
+    """A page of blank lines that start with a space (each one a line the pattern finds, to be skipped) must
+    not exist as a list of lines at once: a findall over a page the agent accepts (4 MiB) held ~130 MiB."""
+    import tracemalloc
+
+    text = (PAGES[0].parent / "vllm-cpu-load-c16.prom").read_text() + " \n" * (512 * 1024)
+    tracemalloc.start()
+    try:
+        selected = expfmt.select(text, ["vllm:num_requests_running"], prefixes=("vllm:",))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert selected.get("vllm:num_requests_running"), "the page's own samples are still read"
+    assert peak < 4 * 2**20, f"select on a {len(text)}-byte page peaked at {peak / 2**20:.1f} MiB"
