@@ -118,6 +118,13 @@ def find_listener(port: int) -> int | None:
     return None
 
 
+class NeedsSearch(Exception):
+    """The engine's process is not known (yet, or any more): it must be looked for by the port it listens on."""
+
+    def __init__(self, port: int | None) -> None:
+        super().__init__(f"the process listening on TCP port {port} must be looked for")
+
+
 class ProcessSource(Protocol):
     """What the sampler reads an engine's process tree through: ProcessCollector, or a test's stand-in."""
 
@@ -154,10 +161,12 @@ class ProcessCollector:
     async def sample(self) -> ProcessSample:
         return await asyncio.to_thread(self.read)
 
-    def _resolve(self) -> psutil.Process:
+    def _resolve(self, search: bool) -> psutil.Process:
         if self._proc is not None and self._proc.is_running():  # is_running also catches PID reuse
             return self._proc
         self._proc = None
+        if self._pid is None and not search:
+            raise NeedsSearch(self._port)
         pid = self._pid if self._pid is not None else find_listener(self._port or 0)
         if pid is None:
             raise SourceError("process", f"no process listens on TCP port {self._port}")
@@ -183,10 +192,14 @@ class ProcessCollector:
         self._tree, self._tree_read_at = [root, *below], now
         return self._tree
 
-    def read(self) -> ProcessSample:
-        """The sample, read here and now (blocking: /proc reads; the agent calls it in a worker thread)."""
+    def read(self, *, search: bool = True) -> ProcessSample:
+        """The sample, read here and now (blocking: /proc reads; the agent calls it in a worker thread).
+
+        `search=False`: NeedsSearch instead of looking for the process listening on the port, which reads
+        every process's sockets (seconds on a busy node); the agent does that search in a thread of its own,
+        so it never holds up the other targets' reads."""
         t = self._clock()
-        root = self._resolve()
+        root = self._resolve(search)
         try:
             tree = self._members(root)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):

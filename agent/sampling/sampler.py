@@ -28,7 +28,7 @@ from rooflight.agent.signals.windows import SeriesHistory
 from rooflight.collectors.gpu_map import GpuAssignment, assign_gpus, tensor_parallel_size
 from rooflight.collectors.errors import SourceError
 from rooflight.collectors.nvml import GpuSource
-from rooflight.collectors.process import ProcessCollector, ProcessSource
+from rooflight.collectors.process import NeedsSearch, ProcessCollector, ProcessSource
 from rooflight.collectors.samples import GpuDevice, GpuSample, ProcessSample
 
 log = logging.getLogger("rooflight")
@@ -62,6 +62,7 @@ class Agent:
         self._gpu: GpuSample | None = None
         self._nvml_state = SourceState("nvml", "node")
         self._process_states: dict[str, SourceState] = {}
+        self._searches: dict[str, asyncio.Task[None]] = {}  # target -> the search for its process, while one runs
         self._processes: dict[str, ProcessSample] = {}
         self._warned_default_gpu = False
         self._warned_unknown_gpus: set[str] = set()  # NVML names whose missing constants were logged
@@ -121,7 +122,7 @@ class Agent:
         deadline; one that still refuses is logged and left behind rather than hanging the shutdown.
         """
         self._stopping = True
-        stuck = await _cancel_until_done(self._tasks, timeout)
+        stuck = await _cancel_until_done([*self._tasks, *self._searches.values()], timeout)
         for task in stuck:
             log.error("sampling task %s did not stop within %.1f s; leaving it behind", task.get_name(), timeout)
         self._tasks.clear()
@@ -347,7 +348,10 @@ class Agent:
     async def _process_loop(self) -> None:
         """Every target's process tree in one loop: one hop to a worker thread and one publish a tick,
         however many targets. A loop per target took a thread hop, a timer and a publish each (measured:
-        a fifth of the agent's CPU at 64 targets x 1 Hz, bench/bench_process_cpu.py --profile 64x1)."""
+        a fifth of the agent's CPU at 64 targets x 1 Hz, bench/bench_process_cpu.py --profile 64x1). A
+        target whose process must be looked for by its port is searched for in a thread of its own, off
+        the tick (_search): that search reads every process's sockets, seconds on a busy node, and must
+        not hold up the other targets' reads."""
         from urllib.parse import urlsplit
 
         collectors: dict[str, ProcessCollector] = {}
@@ -373,11 +377,32 @@ class Agent:
         self.publish()
 
     async def _sample_processes(self, collectors: dict[str, ProcessCollector]) -> None:
-        """Every target's tree, read in one worker thread, each target's failure its own."""
-        read = await asyncio.to_thread(_read_trees, collectors, self.clock.monotonic)
+        """Every target's tree whose process is known, read in one worker thread, each target's failure its
+        own; a search started for each of the others (none twice at once)."""
+        quick = {name: c for name, c in collectors.items() if name not in self._searches}
+        read = await asyncio.to_thread(_read_trees, quick, self.clock.monotonic, False)
         for target in self.config.targets:
-            sample, seconds = read[target.name]
-            self._processes_read(target, collectors[target.name], sample, seconds)
+            if target.name not in read:
+                continue
+            collector, (sample, seconds) = collectors[target.name], read[target.name]
+            if isinstance(sample, NeedsSearch):
+                self._searches[target.name] = asyncio.create_task(
+                    self._search(target, collector), name=f"rooflight-process-search:{target.name}")
+                continue
+            self._processes_read(target, collector, sample, seconds)
+
+    async def _search(self, target: TargetConfig, collector: ProcessCollector) -> None:
+        """Look for the target's process by its port and read its tree, then publish that source alone."""
+        try:
+            read = await asyncio.to_thread(_read_trees, {target.name: collector}, self.clock.monotonic, True)
+        finally:
+            self._searches.pop(target.name, None)
+        if self._stopping:
+            return
+        sample, seconds = read[target.name]
+        if not isinstance(sample, NeedsSearch):  # never with a search: for the type checker
+            self._processes_read(target, collector, sample, seconds)
+        self.publish(self._process_state(target))
 
     def _processes_read(self, target: TargetConfig, collector: ProcessSource,
                         sample: ProcessSample | SourceError, seconds: float) -> None:
@@ -391,20 +416,23 @@ class Agent:
         self._assign_gpus(target, collector.tree_pids)
 
 
-def _read_trees(collectors: Mapping[str, ProcessCollector],
-                monotonic: Callable[[], float]) -> dict[str, tuple[ProcessSample | SourceError, float]]:
-    """Each collector's sample, or the SourceError it raised, and the seconds it took (in a worker thread).
-    A bug meeting one tree's odd state fails that target's source, never the others'."""
-    out: dict[str, tuple[ProcessSample | SourceError, float]] = {}
+Read = tuple[ProcessSample | SourceError | NeedsSearch, float]  # a tree's sample, or why not; the seconds it took
+
+
+def _read_trees(collectors: Mapping[str, ProcessCollector], monotonic: Callable[[], float],
+                search: bool) -> dict[str, Read]:
+    """Each collector's sample, or the SourceError it raised (NeedsSearch, without `search`), and the seconds
+    it took (in a worker thread). A bug meeting one tree's odd state fails that target's source alone."""
+    out: dict[str, Read] = {}
     for name, collector in collectors.items():
         start = monotonic()
         try:
-            sample: ProcessSample | SourceError = collector.read()
-        except SourceError as exc:
+            sample: ProcessSample | SourceError | NeedsSearch = collector.read(search=search)
+        except (SourceError, NeedsSearch) as exc:
             sample = exc
         except Exception as exc:
             log.exception("reading the process tree of target %s failed", name)
-            sample = SourceError("process", f"reading the process tree failed: {type(exc).__name__}")
+            sample = SourceError("other", f"reading the process tree failed: {type(exc).__name__}")
         out[name] = (sample, monotonic() - start)
     return out
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from rooflight.collectors.errors import SourceError
-from rooflight.collectors.process import ProcessCollector, ProcessTable, find_listener
+from rooflight.collectors.process import NeedsSearch, ProcessCollector, ProcessTable, find_listener
 
 ENGINE = r"""
 import socket, subprocess, sys, time
@@ -74,6 +74,22 @@ async def test_by_port_finds_the_listener(engine) -> None:
     assert find_listener(port) == proc.pid
     s = await ProcessCollector(port=port).sample()
     assert s.pid == proc.pid
+
+
+def test_without_search_an_unknown_listener_is_left_to_a_search(engine) -> None:
+    """read(search=False) never scans for the port's listener (the agent's one loop must not wait on it):
+    it says a search is needed until one found the process, then reads it; a PID is never searched for."""
+    port, proc, _ = engine
+    by_port = ProcessCollector(port=port)
+    with pytest.raises(NeedsSearch):
+        by_port.read(search=False)
+    assert by_port.read().pid == proc.pid  # the search
+    assert by_port.read(search=False).pid == proc.pid
+    assert ProcessCollector(proc.pid).read(search=False).pid == proc.pid
+    proc.kill()
+    proc.wait(5)
+    with pytest.raises(NeedsSearch):  # the process it knew is gone: a search again, not a read of the stale one
+        by_port.read(search=False)
 
 
 async def test_gpu_pids_are_the_tree_pids_nvml_reports(engine) -> None:
