@@ -33,6 +33,7 @@ from rooflight.collectors.samples import GpuDevice, GpuSample, ProcessSample
 
 log = logging.getLogger("rooflight")
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}  # the engine URL schemes the config accepts
 STOP_TIMEOUT_S = 5.0  # how long stop() waits for the sampling tasks before it leaves one behind
 _RECANCEL_S = 0.05  # how often stop() cancels again a task that swallowed its cancellation
 
@@ -357,7 +358,8 @@ class Agent:
         collectors: dict[str, ProcessCollector] = {}
         for target in self.config.targets:
             pid = target.pid or self._process_pids.get(target.name)
-            port = None if pid else urlsplit(target.url).port
+            url = urlsplit(target.url)
+            port = None if pid else _DEFAULT_PORTS[url.scheme] if url.port is None else url.port  # http://engine: 80
             collectors[target.name] = ProcessCollector(pid=pid, port=port, gpu_pids_of=self._gpu_pids)
         states = [self._process_state(t) for t in self.config.targets]
         await self._every(max(self.config.interval, 1.0), lambda: self._sample_processes(collectors), *states)

@@ -101,3 +101,28 @@ async def test_a_slow_search_for_one_targets_process_holds_up_no_other(monkeypat
     assert not health[searched].up and health[searched].errors["process"] >= 1
     # one search at a time: at 2.5 s each, at most three began in the 6 s (not one a tick on top of one running)
     assert 1 <= len(searches) <= 3, searches
+
+
+async def test_an_engine_url_without_a_port_is_looked_for_on_its_schemes_port() -> None:
+    """`http://127.0.0.1` is port 80: its process is looked for there (found by reading the code: the loop
+    built a collector with no port, which raised, and the one loop ended for every target)."""
+    engine = FakeEngine(body=sample_text("vllm-cpu-load-c16.prom"))
+    await engine.start()
+    try:
+        config = build({}, {}, {"engine_url": [engine.url, "http://127.0.0.1"], "nvml": False, "process": True,
+                                "interval": "0.2", "scrape_timeout": "0.5", "model": "llama-3-8b"})
+        async with started_agent(config) as agent:
+            first, no_port = (t.name for t in config.targets)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 15.0
+            while True:
+                health = {h.target: h for h in agent.snapshot.health if h.source == "process"}
+                if first in health and health[first].up and no_port in health and \
+                        (health[no_port].up or health[no_port].message):
+                    break
+                assert loop.time() < deadline, f"the process loop did not read both targets: {health}"
+                await asyncio.sleep(0.05)
+        # whatever this machine runs on port 80, that is where it was looked for
+        assert health[no_port].up or "TCP port 80" in (health[no_port].message or ""), health[no_port]
+    finally:
+        await engine.stop()
