@@ -352,7 +352,9 @@ class Agent:
         a fifth of the agent's CPU at 64 targets x 1 Hz, bench/bench_process_cpu.py --profile 64x1). A
         target whose process must be looked for by its port is searched for in a thread of its own, off
         the tick (_search): that search reads every process's sockets, seconds on a busy node, and must
-        not hold up the other targets' reads."""
+        not hold up the other targets' reads. A read that never returned (a /proc read stuck in the kernel,
+        not seen in practice) would stop every target's process source: their last-success gauges would
+        then age together, where each target's would have stopped alone with a loop each."""
         from urllib.parse import urlsplit
 
         collectors: dict[str, ProcessCollector] = {}
