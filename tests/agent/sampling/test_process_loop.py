@@ -62,15 +62,15 @@ async def test_one_process_loop_reads_every_target_each_failure_its_own(monkeypa
 
 
 async def test_a_slow_search_for_one_targets_process_holds_up_no_other(monkeypatch) -> None:
-    """One target is found by its port, and the search (every process's sockets) takes 2.5 s, as on a busy
+    """One target is found by its port, and the search (every process's sockets) takes 5 s, as on a busy
     node whose engine is still loading; the other is known by its PID. The known one is read every second
-    all along, and never published up with a sample older than two ticks (found by review: a search
-    inside the one loop's read held every target's tick up)."""
+    all along (8 in 8 s, at least 4 asked), and never published up with a sample 2.5 s old (found by
+    review: a search inside the one loop's read held every target's tick up: 2 samples in 8 s, 5 s old)."""
     searches = []
 
     def slow_find_listener(port: int) -> int | None:
         searches.append(port)
-        time.sleep(2.5)
+        time.sleep(5.0)
         return None
 
     monkeypatch.setattr(process_module, "find_listener", slow_find_listener)
@@ -84,7 +84,7 @@ async def test_a_slow_search_for_one_targets_process_holds_up_no_other(monkeypat
         seen: set[float] = set()
         oldest = 0.0
         loop = asyncio.get_running_loop()
-        end = loop.time() + 6.0
+        end = loop.time() + 8.0
         while loop.time() < end:
             sample = agent.snapshot.processes.get(known)
             health = {h.target: h for h in agent.snapshot.health if h.source == "process"}
@@ -96,11 +96,11 @@ async def test_a_slow_search_for_one_targets_process_holds_up_no_other(monkeypat
         health = {h.target: h for h in agent.snapshot.health if h.source == "process"}
     finally:
         await agent.stop(timeout=5)
-    assert len(seen) >= 4, f"{known}: {len(seen)} process samples in 6 s at 1 Hz"
+    assert len(seen) >= 4, f"{known}: {len(seen)} process samples in 8 s at 1 Hz"
     assert oldest < 2.5, f"{known}: published up with a {oldest:.1f} s old process sample"
     assert not health[searched].up and health[searched].errors["process"] >= 1
-    # one search at a time: at 2.5 s each, at most three began in the 6 s (not one a tick on top of one running)
-    assert 1 <= len(searches) <= 3, searches
+    # one search at a time: at 5 s each, at most two began in the 8 s (not one a tick on top of one running)
+    assert 1 <= len(searches) <= 2, searches
 
 
 async def test_an_engine_url_without_a_port_is_looked_for_on_its_schemes_port() -> None:
