@@ -15,6 +15,7 @@ import aiohttp
 
 from rooflight.agent.sampling.clock import Clock, SystemClock
 from rooflight.agent.config.agent import AgentConfig, TargetConfig
+from rooflight.agent.config.urls import endpoint
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.sampling.engine_loop import EngineLoop
 from rooflight.agent.sampling.health import SourceState
@@ -33,7 +34,6 @@ from rooflight.collectors.samples import GpuDevice, GpuSample, ProcessSample
 
 log = logging.getLogger("rooflight")
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}  # the engine URL schemes the config accepts
 STOP_TIMEOUT_S = 5.0  # how long stop() waits for the sampling tasks before it leaves one behind
 _RECANCEL_S = 0.05  # how often stop() cancels again a task that swallowed its cancellation
 
@@ -355,13 +355,10 @@ class Agent:
         not hold up the other targets' reads. A read that never returned (a /proc read stuck in the kernel,
         not seen in practice) would stop every target's process source: their last-success gauges would
         then age together, where each target's would have stopped alone with a loop each."""
-        from urllib.parse import urlsplit
-
         collectors: dict[str, ProcessCollector] = {}
         for target in self.config.targets:
             pid = target.pid or self._process_pids.get(target.name)
-            url = urlsplit(target.url)
-            port = None if pid else _DEFAULT_PORTS[url.scheme] if url.port is None else url.port  # http://engine: 80
+            port = None if pid else endpoint(target.url)[1]  # http://engine is port 80
             collectors[target.name] = ProcessCollector(pid=pid, port=port, gpu_pids_of=self._gpu_pids)
         states = [self._process_state(t) for t in self.config.targets]
         await self._every(max(self.config.interval, 1.0), lambda: self._sample_processes(collectors), *states)
