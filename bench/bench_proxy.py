@@ -22,12 +22,10 @@ Run from the repository root:
     python bench/bench_proxy.py --streams 64 --rate 1000 --workers 2       # one scenario, two worker processes
     python bench/bench_proxy.py --scenarios 64x100 --proxy-cpu 1 --baseline /tmp/base-tree  # before/after, one run
 
-`--baseline DIR` runs a second proxy from DIR (a folder whose `rooflight` package is another build, e.g. an older
-commit's tree with `rooflight` -> its agent/_root, `rooflight/agent` -> its agent/, and so on) on the same core,
-and its paths alternate with the others: both builds see the same machine, phase by phase. Such a tree:
-    mkdir -p /tmp/base-src /tmp/base && git archive COMMIT | tar -x -C /tmp/base-src
-    cp -r /tmp/base-src/agent/_root /tmp/base/rooflight
-    for d in agent collectors rules dashboards; do ln -s /tmp/base-src/$d /tmp/base/rooflight/$d; done
+`--baseline DIR` runs a second proxy from DIR (another commit's checkout, e.g. `git archive COMMIT | tar -x -C
+DIR`, laid out as a package as bench_process_cpu.py's --before does; or a folder holding that build's `rooflight`
+package) on the same core, and its paths alternate with the others: both builds see the same machine, phase by
+phase.
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -357,6 +356,12 @@ def main() -> int:
     args = ap.parse_args()
     if args.baseline and args.workers > 1:
         ap.error("--baseline runs one worker per build")
+    if args.baseline and not (Path(args.baseline) / "rooflight" / "__init__.py").exists():  # a checkout
+        sys.path.insert(0, str(ROOT / "bench"))
+        from bench_process_cpu import before_tree
+
+        links = tempfile.TemporaryDirectory(prefix="bench-proxy-baseline-")
+        args.baseline = str(before_tree(Path(args.baseline).resolve(), Path(links.name)))
     if args.baseline and args.order == ",".join(PATHS):
         # each proxy's paths one after the other: a proxy idle through another's phase (4 s) would find its
         # kept-alive upstream connections gone and open them all at once (docs/proxy.md, TTFT in a burst)
