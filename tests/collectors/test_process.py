@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from rooflight.collectors import process
 from rooflight.collectors.errors import SourceError
 from rooflight.collectors.process import NeedsSearch, ProcessCollector, ProcessTable, find_listener
 
@@ -47,6 +48,14 @@ def stop(proc: subprocess.Popen[str], child: int) -> None:
     proc.wait(5)
     if proc.stdout:
         proc.stdout.close()
+
+
+@pytest.fixture(autouse=True, params=["proc-stat", "psutil"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test with each way of reading a process's counters: /proc/<pid>/stat on Linux, psutil elsewhere."""
+    read = {"proc-stat": process._counters_from_stat, "psutil": process._counters_from_psutil}[request.param]
+    monkeypatch.setattr(process, "read_counters", read)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -260,3 +269,42 @@ async def test_an_orphaned_grandchild_leaves_the_tree_at_once() -> None:
             psutil.Process(grandchild).kill()
         except psutil.NoSuchProcess:
             pass
+
+
+ODD_NAME = r"""
+import ctypes, sys, time
+ctypes.CDLL(None).prctl(15, b"a) (b c) ", 0, 0, 0)  # PR_SET_NAME: a name that looks like stat's own fields
+x = bytearray(16 << 20)
+t = time.process_time()
+while time.process_time() - t < 0.1: pass
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("reader", ["proc-stat"], indirect=True)
+def test_one_read_of_proc_stat_gives_psutils_numbers(reader: str) -> None:
+    """The counters from /proc/<pid>/stat alone equal psutil's from its four files, for a process whose name
+    (in parentheses in that file) holds parentheses and spaces."""
+    import psutil
+    child = subprocess.Popen([sys.executable, "-c", ODD_NAME], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        p = psutil.Process(child.pid)
+        assert p.name() == "a) (b c) "
+        ours = process._counters_from_stat(child.pid)
+        with p.oneshot():
+            times = p.cpu_times()
+            theirs = process.Counters(ppid=p.ppid(), started=0.0, cpu_seconds=times.user + times.system,
+                                      rss_bytes=p.memory_info().rss, threads=p.num_threads())
+        assert ours.ppid == theirs.ppid == os.getpid()
+        assert ours.threads == theirs.threads
+        assert ours.cpu_seconds == pytest.approx(theirs.cpu_seconds, abs=0.02) and ours.cpu_seconds >= 0.09
+        assert ours.rss_bytes == pytest.approx(theirs.rss_bytes, rel=0.05) and ours.rss_bytes > 16 << 20
+        assert process._counters_from_stat(child.pid).started == ours.started  # the same process, the same start
+        assert process._counters_from_stat(os.getpid()).started != ours.started
+    finally:
+        child.kill()
+        child.wait(5)
+    with pytest.raises(psutil.NoSuchProcess):
+        process._counters_from_stat(child.pid)
