@@ -131,18 +131,23 @@ def _counters_from_stat(pid: int) -> Counters:
     fields = data[data.rfind(b")") + 2 :].split()  # the name, in parentheses, may hold spaces and parentheses
     if len(fields) < 22:
         raise psutil.NoSuchProcess(pid)  # an exiting process's stat can read short
+    threads = int(fields[17])
+    if fields[0] in (b"Z", b"X") and threads <= 1:  # exited, not reaped; Z with threads left: only its first ended
+        raise psutil.ZombieProcess(pid)
     return Counters(ppid=int(fields[1]), started=int(fields[19]),
                     cpu_seconds=(int(fields[11]) + int(fields[12])) / _TICKS_S,
-                    rss_bytes=int(fields[21]) * _PAGE_BYTES, threads=int(fields[17]))
+                    rss_bytes=int(fields[21]) * _PAGE_BYTES, threads=threads)
 
 
 def _counters_from_psutil(pid: int) -> Counters:
     """The counters where there is no /proc (not Linux): psutil's calls, one process object a read."""
     proc = psutil.Process(pid)
     with proc.oneshot():
-        times = proc.cpu_times()
+        times, threads = proc.cpu_times(), proc.num_threads()
+        if threads <= 1 and proc.status() == psutil.STATUS_ZOMBIE:  # exited, not reaped: gone, as above
+            raise psutil.ZombieProcess(pid)
         return Counters(ppid=proc.ppid(), started=proc.create_time(), cpu_seconds=times.user + times.system,
-                        rss_bytes=proc.memory_info().rss, threads=proc.num_threads())
+                        rss_bytes=proc.memory_info().rss, threads=threads)
 
 
 read_counters: Callable[[int], Counters] = _counters_from_stat if _PROC_STAT else _counters_from_psutil
@@ -276,7 +281,9 @@ class ProcessCollector:
         for proc in tree[1:]:
             try:
                 child = read_counters(proc.pid)
-            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            except psutil.ZombieProcess:
+                continue  # exited; its PID stays until its parent reaps it, so reading the tree again would not help
+            except psutil.NoSuchProcess:
                 self._tree_read_at = None  # the tree changed: read who is in it at the next sample
                 continue
             except psutil.AccessDenied:

@@ -308,3 +308,112 @@ def test_one_read_of_proc_stat_gives_psutils_numbers(reader: str) -> None:
         child.wait(5)
     with pytest.raises(psutil.NoSuchProcess):
         process._counters_from_stat(child.pid)
+
+
+GROWER = r"""
+import mmap, sys
+held = []
+print("ready", flush=True)
+for _ in sys.stdin:  # each line: map and touch 64 MiB more (the address space grows, the process stays)
+    m = mmap.mmap(-1, 64 << 20); m.write(b"x" * (64 << 20)); held.append(m)
+    print("grown", flush=True)
+"""
+
+
+async def test_a_root_whose_memory_grows_is_still_the_same_process() -> None:
+    """The start time that tells a reused PID is the process's start, not a field that moves as it runs
+    (the next field in /proc/<pid>/stat is its address-space size)."""
+    import psutil
+    proc = subprocess.Popen([sys.executable, "-c", GROWER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        c = ProcessCollector(proc.pid, table=own_table())
+        before = await c.sample()
+        proc.stdin.write("grow\n"); proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "grown"
+        after = await c.sample()  # not "PID now belongs to another process"
+        assert after.pid == proc.pid and after.rss_bytes > before.rss_bytes + (32 << 20)
+        started = process.read_counters(proc.pid).started
+        if isinstance(started, int):  # /proc/<pid>/stat: clock ticks since boot, psutil's create_time's source
+            since_boot = started / os.sysconf("SC_CLK_TCK")
+            assert since_boot + psutil.boot_time() == pytest.approx(psutil.Process(proc.pid).create_time(), abs=0.05)
+    finally:
+        proc.kill()
+        proc.wait(5)
+
+
+def zombie(proc: subprocess.Popen[str]) -> None:
+    """Kill `proc`, a child of this test process, and leave it unreaped: a zombie until wait()."""
+    import psutil
+    proc.kill()
+    p = psutil.Process(proc.pid)
+    while p.status() != psutil.STATUS_ZOMBIE:  # a state to reach, not a time to wait
+        pass
+
+
+async def test_a_zombie_engine_is_gone() -> None:
+    """An engine that exited but is not reaped yet keeps its PID and start time, but no memory, no threads
+    and no socket: by PID it is gone; by port the engine listening now is followed, not the zombie."""
+    port = free_port()
+    first, child = start_engine(port)
+    second = None
+    try:
+        by_port = ProcessCollector(port=port, table=own_table())
+        by_pid = ProcessCollector(first.pid, table=own_table())
+        assert (await by_port.sample()).pid == (await by_pid.sample()).pid == first.pid
+        zombie(first)
+        with pytest.raises(SourceError):
+            await by_pid.sample()
+        second, child2 = start_engine(port)
+        assert (await by_port.sample()).pid == second.pid
+        stop(second, child2)
+    finally:
+        stop(first, child)
+        if second is not None:
+            second.wait(5)
+
+
+async def test_a_zombie_child_is_left_out_without_reading_the_tree_every_sample() -> None:
+    clock = Clock()
+    table = own_table()
+    child = sleeper()
+    try:
+        c = ProcessCollector(os.getpid(), monotonic=clock, rescan_s=10.0, table=table)
+        await c.sample()
+        assert child.pid in c.tree_pids
+        zombie(child)  # type: ignore[arg-type]
+        for _ in range(4):
+            await c.sample()
+            assert child.pid not in c.tree_pids
+        assert table.scans <= 2  # the first read, and at most one more: not one a sample
+    finally:
+        reap(child)
+
+
+THREAD_LEADER_EXITS = r"""
+import ctypes, threading, time
+def run():
+    x = bytearray(16 << 20)
+    print("ready", flush=True)
+    time.sleep(60)
+threading.Thread(target=run).start()
+time.sleep(0.2)
+ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the process lives on in its other thread
+"""
+
+
+async def test_a_process_whose_main_thread_exited_is_still_running() -> None:
+    """/proc shows its first thread as a zombie, but it has a thread left: not gone."""
+    import psutil
+    proc = subprocess.Popen([sys.executable, "-c", THREAD_LEADER_EXITS], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        p = psutil.Process(proc.pid)
+        while p.status() != psutil.STATUS_ZOMBIE:
+            pass
+        assert (await ProcessCollector(proc.pid, table=own_table()).sample()).num_threads >= 1
+    finally:
+        proc.kill()
+        proc.wait(5)
