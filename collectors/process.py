@@ -67,7 +67,12 @@ class ProcessTable:
 def _read_children() -> dict[int, list[int]]:
     """Parent PID -> child PIDs, every process included (a leaf maps to no children)."""
     read = getattr(psutil, "_ppid_map", None)  # what Process.children reads; ~3x faster than process_iter
-    ppids = read() if read is not None else {p.pid: p.info["ppid"] for p in psutil.process_iter(["ppid"])}
+    try:
+        ppids = read() if read is not None else None
+    except psutil.AccessDenied:  # some process's stat is not ours to read (/proc mounted hidepid=1)
+        ppids = None
+    if ppids is None:  # one process at a time: one we may not read has no parent here (None)
+        ppids = {p.pid: p.info["ppid"] for p in psutil.process_iter(["ppid"])}
     out: dict[int, list[int]] = {pid: [] for pid in ppids}
     for pid, ppid in ppids.items():
         if ppid is not None and ppid != pid:
@@ -90,7 +95,7 @@ def _descendants(root: psutil.Process, children: Mapping[int, Sequence[int]]) ->
                 child = psutil.Process(pid)
                 if child.create_time() < parent.create_time():
                     continue
-            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
                 continue
             out.append(child)
             todo.append(child)

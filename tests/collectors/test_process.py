@@ -417,3 +417,24 @@ async def test_a_process_whose_main_thread_exited_is_still_running() -> None:
     finally:
         proc.kill()
         proc.wait(5)
+
+
+async def test_a_process_elsewhere_that_may_not_be_read_does_not_fail_the_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/proc mounted hidepid=1 (another user's /proc/<pid>/stat: permission denied), simulated for PID 1,
+    which is not in this tree: the tree is still read."""
+    import psutil._pslinux as linux
+    real = linux.open_binary
+
+    def denied_for_pid_1(path: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if path.endswith("/1/stat"):
+            raise PermissionError(13, "Permission denied", path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(linux, "open_binary", denied_for_pid_1)
+    child = sleeper()
+    try:
+        c = ProcessCollector(os.getpid(), table=own_table())
+        await c.sample()
+        assert child.pid in c.tree_pids
+    finally:
+        reap(child)
