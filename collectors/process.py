@@ -10,10 +10,12 @@ worker per GPU, so every number is summed over the whole tree (the process and a
 Who is in the tree is read again every TREE_RESCAN_S seconds, and at the next sample after one of its
 processes exited: finding a process's children means reading /proc/<pid>/stat of every process on the
 machine (about 1 ms per 80 processes, tens of ms on a node with thousands), where reading the tree's
-own counters is three small files per process. A worker the engine starts later is counted from the
+own counters is two small files per process (stat and statm, read directly where there is a /proc:
+_counters_from_stat). A worker the engine starts later is counted from the
 next rescan on, with the CPU time it used so far. That read is shared (ProcessTable): collectors that
 rescan within SCAN_SHARE_S of each other, one per target, all ticking together, read /proc once.
-psutil runs off the event loop (asyncio.to_thread); a vanished engine is SourceError("process").
+The reads run off the event loop (the agent's worker thread); a vanished engine is SourceError("process"),
+and so is one that exited but is not yet reaped (a zombie).
 """
 
 from __future__ import annotations
