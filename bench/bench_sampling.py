@@ -22,6 +22,13 @@ has new tokens and new histogram observations to derive rates and percentiles fr
       rooflight.agent.signals.derive.derive_target over the 10s/1m/5m windows; c/a with (a) the warm
       full-page yardstick above (target <= 0.25), and in how many cycles rates and percentiles came out.
       If rooflight.agent.signals.derive cannot be used, (c) is reported as partial.
+  (c*) the same cycles with IDLE_S (100 ms) asleep between them, as the agent at 10 Hz is, and c*/c: the
+      same work costs more CPU when the process wakes to it than back to back (its caches, the
+      interpreter's and the data's, were filled by others while it slept). (a*) is the yardstick's parse
+      after the same sleep, and c*/a* the ratio of the two when both wake to their work: the yardstick
+      pays for waking too, so waking alone does not make the whole process's ratio
+      (bench/bench_process_cpu.py) higher than c/a; the agent's work that (c) leaves out does (the
+      series' signals, verdicts and view, the publish, the process and NVML sources).
 Ratios are against the baseline measured in the same run. (a) and (b) are this process's CPU seconds
 per call (the same as wall time on an idle machine, and not inflated by other work on a busy one); (c)
 is printed as wall time per cycle (it waits on the server and the loopback) and as this process's CPU
@@ -54,6 +61,7 @@ from rooflight.collectors import expfmt, vllm  # noqa: E402
 
 DEFAULT_PAGE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "engine-samples" / "vllm-cpu-load-c16.prom"
 WINDOWS = {"10s": 10.0, "1m": 60.0, "5m": 300.0}
+IDLE_S = 0.1  # (c*): asleep between cycles as the agent is at 10 Hz
 # (a) and (b) are pure CPU work: timed in this process's CPU seconds, which a busy machine's other
 # work does not inflate the way it inflates wall time (the two are equal on an idle machine).
 CLOCK = time.process_time
@@ -206,6 +214,19 @@ def warm(fns: Sequence[Callable[[str], int]], pages: Sequence[str], number: int,
     return [statistics.median(p) for p in per]
 
 
+def after_idle(fn: Callable[[str], int], pages: Sequence[str], idle: float) -> float:
+    """Median CPU seconds per call of fn, each call after `idle` seconds asleep (its pages seen once before)."""
+    for page in pages:
+        fn(page)
+    times = []
+    for page in pages:
+        time.sleep(idle)
+        t0 = CLOCK()
+        fn(page)
+        times.append(CLOCK() - t0)
+    return statistics.median(times)
+
+
 def cold(name: str, page_file: Path, runs: int) -> float:
     """Median over `runs` fresh processes of the CPU seconds the first call of TIMED[name] takes."""
     times = []
@@ -321,9 +342,10 @@ def _constants() -> Any:
 
 
 async def full_cycles(
-    url: str, cycles: int, warmup: int, deriver: Deriver
+    url: str, cycles: int, warmup: int, deriver: Deriver, idle: float = 0.0
 ) -> tuple[list[float], list[float], Derived]:
-    """Run warmup + cycles fetch+parse+derive cycles (fake 1 s clock); wall and CPU seconds of the measured ones."""
+    """Run warmup + cycles fetch+parse+derive cycles (fake 1 s clock), `idle` seconds asleep after each (not
+    timed); wall and CPU seconds of the measured ones."""
     import aiohttp
 
     walls, cpus, derived = [], [], Derived()
@@ -340,6 +362,8 @@ async def full_cycles(
                 walls.append(wall)
                 cpus.append(cpu)
                 derived.add(deriver.last)
+            if idle:
+                await asyncio.sleep(idle)
     return walls, cpus, derived
 
 
@@ -400,14 +424,19 @@ def main(argv: list[str] | None = None) -> int:
                a_kept) + "   (every line stepped through)")
 
     warmup = min(50, opts.cycles)
+    idle_cycles = max(1, opts.cycles // 4)
     receive, send = multiprocessing.Pipe(duplex=False)
-    server = multiprocessing.Process(target=_serve, args=(text, warmup + opts.cycles, send), daemon=True)
+    server = multiprocessing.Process(target=_serve, args=(text, 2 * warmup + opts.cycles + idle_cycles, send),
+                                     daemon=True)
     server.start()
     try:
         port = receive.recv()
         deriver = Deriver()
         walls, cpus, derived = asyncio.run(
             full_cycles(f"http://127.0.0.1:{port}/metrics", opts.cycles, warmup, deriver)
+        )
+        _, idle_cpus, _ = asyncio.run(
+            full_cycles(f"http://127.0.0.1:{port}/metrics", idle_cycles, warmup, Deriver(), idle=IDLE_S)
         )
     finally:
         server.kill()
@@ -416,6 +445,13 @@ def main(argv: list[str] | None = None) -> int:
     label = "(c)  fetch + parse + derive, warm" if deriver.error is None else "(c)  partial: derive not available"
     print(f"{label:<44} wall {c * 1e3:7.3f} ms  cpu {c_cpu * 1e3:7.3f} ms per cycle"
           f"   c/a wall {c / a[1]:.3f}  cpu {c_cpu / a[1]:.3f}   (a warm; target <= 0.25)")
+    idle_cpu = statistics.median(idle_cpus)
+    idle_a = after_idle(pc_full, pages[:30], IDLE_S)
+    asleep = f"{IDLE_S * 1e3:.0f} ms asleep before each"
+    print(f"{'(c*) the same cycle, ' + asleep:<44} {'':<15}cpu {idle_cpu * 1e3:7.3f} ms per cycle   c*/c {idle_cpu / c_cpu:.2f}"
+          f"   ({idle_cycles} cycles: what a tick costs at 10 Hz, its caches gone cold while it slept)")
+    print(f"{'(a*) prometheus_client parser, ' + asleep:<44} {'':<15}cpu {idle_a * 1e3:7.3f} ms per call    a*/a {idle_a / a[1]:.2f}"
+          f"   c*/a* {idle_cpu / idle_a:.3f}")
     if deriver.error is not None:
         print(f"     derive: {deriver.error}")
     else:
