@@ -132,8 +132,8 @@ _AFTER_DETECTORS: tuple[MetricDef, ...] = (
     gauge(n.GPU_KERNEL_RESIDENCY, GPU, "ratio", "What nvidia-smi calls GPU util: the share of time any kernel ran, not how much of the GPU it used."),
     gauge(n.GPU_DRAM_BANDWIDTH_UTILIZATION, GPU, "ratio", "GPM DRAM bandwidth utilization (Hopper and newer): measured bytes over peak."),
     # The engine's process.
-    counter("rooflight_engine_process_cpu_seconds_total", TARGET, "seconds", "CPU time of the engine's process tree (psutil)."),
-    gauge("rooflight_engine_process_resident_memory_bytes", TARGET, "bytes", "Resident memory of the engine's process tree (psutil)."),
+    counter("rooflight_engine_process_cpu_seconds_total", TARGET, "seconds", "CPU time (user + system) of the engine's process tree."),
+    gauge("rooflight_engine_process_resident_memory_bytes", TARGET, "bytes", "Resident memory (RSS) of the engine's process tree, shared pages counted once per process."),
     gauge("rooflight_engine_process_threads", TARGET, "threads", "Threads in the engine's process tree."),
 )
 
