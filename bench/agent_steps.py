@@ -93,8 +93,9 @@ def report(warmup: float, seconds: float, engine: subprocess.Popen[str]) -> None
     for label, cpu in spent.most_common():
         print(f"  {label:<36} {cpu / total * 100:5.1f}%  {cpu / max(calls[label], 1) * 1e6:7.0f} us a call"
               f"  {calls[label] / seconds:6.1f} calls/s", flush=True)
-    print(f"  {'the rest (' + ('the event loop' if 'fetch' in str(list(spent)) else 'fetch, event loop') + ', ...)':<36}"
-          f" {(1 - sum(spent.values()) / total) * 100:5.1f}%", flush=True)
+    rest = "the rest (event loop, ...)" if any(label.startswith("fetch") for label in spent) else \
+        "the rest (fetch, event loop, ...)"
+    print(f"  {rest:<36} {(1 - sum(spent.values()) / total) * 100:5.1f}%", flush=True)
     engine.kill()
     os._exit(0)  # the agent's loops run until a signal; the counts are all this run is for
 
@@ -116,8 +117,8 @@ def main() -> None:
         from rooflight.agent.cli import main as rooflight
 
         urls = [arg for port in ports for arg in ("--engine-url", f"http://127.0.0.1:{port}")]
-        rooflight(["run", "--interval", str(1 / opts.hz), "--model", "llama-3-8b", "--listen", f"127.0.0.1:{free_port()}",
-                   "--log-level", "warning", *urls])
+        rooflight(["run", "--interval", str(1 / opts.hz), "--model", "llama-3-8b",
+                   "--listen", f"127.0.0.1:{free_port()}", "--log-level", "warning", *urls])
     finally:
         engine.kill()
 

@@ -11,9 +11,9 @@ Who is in the tree is read again every TREE_RESCAN_S seconds, and at the next sa
 processes exited: finding a process's children means reading /proc/<pid>/stat of every process on the
 machine (about 1 ms per 80 processes, tens of ms on a node with thousands), where reading the tree's
 own counters is two small files per process (stat and statm, read directly where there is a /proc:
-_counters_from_stat). A worker the engine starts later is counted from the
-next rescan on, with the CPU time it used so far. That read is shared (ProcessTable): collectors that
-rescan within SCAN_SHARE_S of each other, one per target, all ticking together, read /proc once.
+_counters_from_stat). A worker the engine starts later is counted from the next rescan on, with the CPU
+time it used so far. That read is shared (ProcessTable): collectors that rescan within SCAN_SHARE_S of
+each other, one per target, all ticking together, read /proc once.
 The reads run off the event loop (the agent's worker thread); a vanished engine is SourceError("process"),
 and so is one that exited but is not yet reaped (a zombie).
 """
@@ -127,8 +127,8 @@ def _counters_from_stat(pid: int) -> Counters:
     num_threads, ppid and create_time give, in two reads where psutil takes four (stat, statm, status, and
     stat again to rule out a reused PID). Why by hand (measured, 64 trees of 3 processes read in a loop,
     time.process_time, two runs each): 13.0-16.4 ms a tick through psutil, 4.6-5.9 ms this way; the agent
-    does it every second for every target. RSS is statm's, as psutil's: stat's own RSS field is a per-CPU approximation that on a
-    node with many cores can be off by hundreds of MiB."""
+    does it every second for every target. RSS is statm's, as psutil's: stat's own RSS field is a per-CPU
+    approximation that on a node with many cores can be off by hundreds of MiB."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
