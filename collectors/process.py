@@ -218,8 +218,7 @@ class ProcessCollector:
         self._rescan_s = rescan_s
         self._table = table or SHARED_TABLE
         self._proc: psutil.Process | None = None
-        self._started: float | None = None  # start time of the PID we were given
-        self._root_started: float | None = None  # start time of the root as last read
+        self._root_started: float | None = None  # start time of the root as last read (with `pid`: the first)
         self._child_started: dict[int, float] = {}  # start time of each child since the tree was last read
         self._tree: list[psutil.Process] = []  # the root first, then its descendants when last read
         self._tree_read_at: float | None = None  # None: read the tree again at the next sample
@@ -253,9 +252,7 @@ class ProcessCollector:
             raise SourceError("process", f"no process with PID {pid}") from None
         except psutil.AccessDenied as exc:
             raise SourceError("process", f"cannot read process {pid}: {exc}") from None
-        if self._pid is not None and self._started is None:
-            self._started = now.started
-        elif self._pid is not None and now.started != self._started:
+        if self._pid is not None and self._root_started is not None and now.started != self._root_started:
             raise SourceError("process", f"PID {pid} now belongs to another process")
         self._proc, self._root_started = proc, now.started
         return proc, now

@@ -438,3 +438,14 @@ async def test_a_process_elsewhere_that_may_not_be_read_does_not_fail_the_tree(m
         assert child.pid in c.tree_pids
     finally:
         reap(child)
+
+
+async def test_a_given_pid_that_now_names_another_process_is_a_source_error(monkeypatch) -> None:
+    """A target given by PID is that process: once its PID names a process started at another time (the
+    engine exited and the PID was reused), the source fails rather than follow the stranger."""
+    c = ProcessCollector(os.getpid(), table=own_table())
+    await c.sample()
+    read = process.read_counters
+    monkeypatch.setattr(process, "read_counters", lambda pid: read(pid)._replace(started=read(pid).started + 1))
+    with pytest.raises(SourceError, match="now belongs to another process"):
+        await c.sample()
