@@ -447,10 +447,11 @@ def main(argv: list[str] | None = None) -> int:
     idle_cpu = statistics.median(idle_cpus)
     idle_a = after_idle(pc_full, pages[:30], IDLE_S)
     asleep = f"{IDLE_S * 1e3:.0f} ms asleep before each"
-    print(f"{'(c*) the same cycle, ' + asleep:<44} {'':<15}cpu {idle_cpu * 1e3:7.3f} ms per cycle   c*/c {idle_cpu / c_cpu:.2f}"
+    print(f"{'(c*) the same cycle, ' + asleep:<44} {'':<15}cpu {idle_cpu * 1e3:7.3f} ms per cycle"
+          f"   c*/c {idle_cpu / c_cpu:.2f}"
           f"   ({idle_cycles} cycles: what a tick costs at 10 Hz, its caches gone cold while it slept)")
-    print(f"{'(a*) prometheus_client parser, ' + asleep:<44} {'':<15}cpu {idle_a * 1e3:7.3f} ms per call    a*/a {idle_a / a[1]:.2f}"
-          f"   c*/a* {idle_cpu / idle_a:.3f}")
+    print(f"{'(a*) prometheus_client parser, ' + asleep:<44} {'':<15}cpu {idle_a * 1e3:7.3f} ms per call"
+          f"    a*/a {idle_a / a[1]:.2f}   c*/a* {idle_cpu / idle_a:.3f}")
     if deriver.error is not None:
         print(f"     derive: {deriver.error}")
     else:
