@@ -57,6 +57,8 @@ class Agent:
         self._models = models or {}
         self._snapshot: Snapshot = EMPTY
         self._health: dict[SourceState, Health] = {}  # each source's Health as last published (publish)
+        self._stepped: dict[SourceState, None] = {}  # sources stepped since the last publish (_publish_soon)
+        self._publish_due: asyncio.Handle | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False  # set by stop(): every loop ends at its next step, even if a cancel was lost
         self._session: aiohttp.ClientSession | None = None
@@ -167,6 +169,22 @@ class Agent:
             processes=dict(self._processes),
         )
 
+    def _publish_soon(self, *stepped: SourceState) -> None:
+        """Publish once, at the next turn of the event loop, for every loop whose step ended in this one.
+
+        64 targets on one interval end their steps together, their pages arriving in one poll of the sockets:
+        a publish per step built 64 snapshots of 64 targets a second, where one does (a publish reads every
+        source and target: O(targets) each). The snapshot trails the step by one turn of the loop, no timer."""
+        self._stepped.update(dict.fromkeys(stepped))
+        if self._publish_due is None:
+            self._publish_due = asyncio.get_running_loop().call_soon(self._publish_stepped)
+
+    def _publish_stepped(self) -> None:
+        self._publish_due = None
+        stepped, self._stepped = tuple(self._stepped), {}
+        if not self._stopping:
+            self.publish(*stepped)
+
     async def _every(self, interval: float, step: Callable[[], Awaitable[None]], *sources: SourceState) -> None:
         """Run `step` every `interval` seconds, publishing after each with `sources`' health read again; a
         slow step delays the next one, never overlaps it."""
@@ -185,7 +203,7 @@ class Agent:
                 raise asyncio.CancelledError
             if self._stopping:
                 return
-            self.publish(*sources)
+            self._publish_soon(*sources)
             due = max(due + interval, loop.time())
             await asyncio.sleep(due - loop.time())
 
