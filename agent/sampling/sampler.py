@@ -182,8 +182,7 @@ class Agent:
     def _publish_stepped(self) -> None:
         self._publish_due = None
         stepped, self._stepped = tuple(self._stepped), {}
-        if not self._stopping:
-            self.publish(*stepped)
+        self.publish(*stepped)
 
     async def _every(self, interval: float, step: Callable[[], Awaitable[None]], *sources: SourceState) -> None:
         """Run `step` every `interval` seconds, publishing after each with `sources`' health read again; a

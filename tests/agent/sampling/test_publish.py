@@ -39,3 +39,36 @@ async def test_published_health_is_every_source_as_its_state_says_after_the_loop
         await good.stop()
         await bad.stop()
 
+
+
+async def test_loops_whose_steps_end_in_one_turn_of_the_event_loop_publish_once() -> None:
+    """64 targets on one interval end their steps together: one snapshot for all of them, with each stepped
+    source's health read again, not one snapshot each; and a publish pending when the agent stops is made
+    (stop() awaits its loops and its session: turns of the event loop)."""
+    engines = [FakeEngine(body=sample_text("vllm-cpu-load-c16.prom")) for _ in range(3)]
+    for engine in engines:
+        await engine.start()
+    try:
+        config = build({}, {}, {"engine_url": [e.url for e in engines], "nvml": False, "process": False,
+                                "model": "llama-3-8b"})
+        async with started_agent(config, loops=False) as agent:
+            published: list[tuple[object, ...]] = []
+            publish = agent.publish
+            agent.publish = lambda *stepped: (published.append(stepped), publish(*stepped))  # type: ignore[method-assign]
+            states = [e.state for e in agent.engines]
+            for e in agent.engines:
+                await e.sample_once()
+            for state in states:
+                agent._publish_soon(state)
+            assert published == []  # not within the turn the steps ended in
+            await asyncio.sleep(0)
+            assert published == [tuple(states)]
+            assert agent.snapshot.health == tuple(s.view() for s in states)
+            states[0].fail("timeout", "slow", 1.0)
+            agent._publish_soon(states[0])
+            await agent.stop()
+            assert published[-1] == (states[0],)
+            assert not agent.snapshot.health[0].up
+    finally:
+        for engine in engines:
+            await engine.stop()
