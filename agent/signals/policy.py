@@ -133,10 +133,10 @@ def itl_tail(state: DetectorState, history: SeriesHistory | None, interval: floa
     if history is None:
         return ItlTail(None, None, ITL_FROM_ENGINE), state
     since = ITL_SPAN_INTERVALS * interval
-    recent = history.window(since)
+    recent = history.window(since, reach=None)  # since the previous sample, however late this one came
     delta = histogram_delta(*recent, derive.ITL) if recent else None
     largest, steps = _largest_step(state.step_sizes or span.new(STEP_BASELINE_QUANTILE), recent,
-                                   history.window(max(since, STEP_LOOKBACK_SECONDS)), now)
+                                   history.window(max(since, STEP_LOOKBACK_SECONDS), reach=None), now)
     engine, itl_engine = _against_baseline(state.itl_engine or span.new(), now,
                                            worst_bound(delta) if delta else None, ITL_FROM_ENGINE)
     state = state._replace(step_sizes=steps, itl_engine=itl_engine)

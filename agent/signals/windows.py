@@ -59,6 +59,9 @@ LAYOUT_CHANGE_LIMIT = 3  # bucket layout changes of one histogram within the ret
 HISTOGRAM_BYTES_TOTAL = 32 * 2**20  # bucket counts held by every history together ...
 HISTOGRAM_BYTES_PER_SERIES = 4 * 2**20  # ... and by one (see the module docstring)
 MIN_POINTS = 8  # a history keeps at least these, whatever its histograms cost
+# A window's two points may span at most this many times its length (SeriesHistory.window): samples come
+# late by a scrape timeout at most, a downtime can be any length.
+WINDOW_REACH = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,14 +204,22 @@ class SeriesHistory:
         self._points[start:end] = [self._points[i] for i in kept]
         self._times[start:end] = [self._times[i] for i in kept]
 
-    def window(self, seconds: float) -> tuple[Point, Point] | None:
-        """First and last point inside the last `seconds`; None until the points span half of it."""
+    def window(self, seconds: float, *, reach: float | None = WINDOW_REACH) -> tuple[Point, Point] | None:
+        """First and last point inside the last `seconds` (the point before the last, where the last is the
+        only one inside); None until the points span half of it, and None where they span more than `reach`
+        times it (None: any span).
+
+        The bound is for rates and means: after a downtime longer than a window (an engine restarting, a
+        scrape failing for a minute), the first sample back pairs with the last one before it, and a 10 s
+        window would rate half a minute of nothing under its name. The ITL tail asks for the pairing at any
+        span (policy.itl_tail): a stall that delays the next scrape must still be seen."""
         if len(self._points) < 2:
             return None
         last = self._points[-1]
         i = bisect.bisect_left(self._times, last.t - seconds)
         first = self._points[min(i, len(self._points) - 2)]
-        if last.t - first.t < seconds / 2:
+        span = last.t - first.t
+        if span < seconds / 2 or (reach is not None and span > reach * seconds):
             return None
         return first, last
 

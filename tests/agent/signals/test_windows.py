@@ -58,6 +58,34 @@ def test_window_picks_points_inside_it_and_needs_half_coverage() -> None:
     assert h.window(60.0) is not None
 
 
+def test_after_a_downtime_longer_than_a_window_it_waits_for_new_points_instead_of_rating_the_downtime() -> None:
+    """An engine restarting for 31 s: its first sample back used to pair with the last one before the downtime,
+    so the 10 s window rated 31 s (mostly of nothing) under its name, then vanished until 5 s of new points."""
+    h = SeriesHistory(retention=600)
+    for t in range(0, 61):  # 100 tokens/s
+        h.append(float(t), {"c": 100.0 * t}, {}, {})
+    h.append(92.0, {"c": 100.0}, {}, {})  # back after 31 s, counting from zero: 1 s of tokens
+    assert h.window(10.0) is None
+    assert h.window(60.0) is not None  # 32 s of a 60 s window: within its reach, and over half of it
+    recent = h.window(0.15, reach=None)  # the ITL tail's lookback: since the previous sample, however late
+    assert recent is not None and recent[0].t == 60.0
+    for t in range(93, 98):
+        h.append(float(t), {"c": 100.0 * (t - 91)}, {}, {})
+    first, last = h.window(10.0)
+    assert (first.t, last.t) == (92.0, 97.0)
+    assert rate(first, last, "c") == pytest.approx(100.0)
+
+
+def test_a_late_sample_still_makes_a_window_within_twice_its_length() -> None:
+    """Samples late by a scrape timeout are not a downtime: a pair up to twice the window's length is read."""
+    h = SeriesHistory(retention=600)
+    h.append(0.0, {"c": 0.0}, {}, {})
+    h.append(9.0, {"c": 90.0}, {}, {})  # one slow scrape, 9 s late, for a 5 s window
+    first, last = h.window(5.0)
+    assert rate(first, last, "c") == pytest.approx(10.0)
+    assert h.window(4.0) is None  # 9 s for a 4 s window: more than twice it
+
+
 def test_time_weighted_mean_of_a_gauge() -> None:
     h = SeriesHistory(retention=600)
     h.append(0.0, {}, {"kv": 0.2}, {})
