@@ -13,8 +13,10 @@ import asyncio
 import json
 import re
 import sys
+import zlib
 from dataclasses import dataclass
 from typing import Callable
+from urllib.parse import SplitResult, quote, unquote, urlsplit
 
 import aiohttp
 
@@ -107,13 +109,24 @@ def _public(url: str) -> str:
 
 
 def _scrub(text: str, url: str) -> str:
-    """A library's error text with the URL's user:password, query and fragment, if any, masked."""
+    """A library's error text with the URL's user:password, query and fragment, if any, masked, however the
+    text escapes them (the library, or an engine echoing the request, may show `%7B` for `{`, `%2F` for `%2f`)."""
     before_fragment, _, fragment = url.partition("#")
     query = before_fragment.partition("?")[2]
     userinfo = url.partition("://")[2].partition("/")[0].partition("?")[0].partition("#")[0].rpartition("@")[0]
     for secret in sorted((s for s in (userinfo, query, fragment) if s), key=len, reverse=True):
         text = text.replace(secret, "***")
+        text = re.sub(_any_escaping(unquote(secret)), "***", text)
     return text
+
+
+def _any_escaping(secret: str) -> str:
+    """A pattern matching `secret` with any of its characters written as it is or percent-escaped."""
+    def one(char: str) -> str:
+        escaped = "".join(f"%{b:02x}" for b in char.encode("utf-8", errors="replace"))
+        plus = r"|\+" if char == " " else ""  # a space in a query may be written +
+        return f"(?:{re.escape(char)}|(?i:{re.escape(escaped)}){plus})"
+    return "".join(one(c) for c in secret)
 
 
 async def _read_capped(response: aiohttp.ClientResponse, max_bytes: int, url: str) -> bytes:
@@ -127,3 +140,250 @@ async def _read_capped(response: aiohttp.ClientResponse, max_bytes: int, url: st
             raise SourceError("too_large", f"{url}: body passed the {max_bytes}-byte cap; not read further")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+class PageClient:
+    """An engine loop's reads of its pages over one kept-alive HTTP/1.1 connection of its own, at the level
+    of the stream: a request is one write, a response its status line, headers and body read off the
+    socket, with fetch_text's bounds, timestamp and errors. An engine loop never overlaps its own reads,
+    so one connection is all it needs.
+
+    Why not the aiohttp session: its request and response machinery was 8% of the agent's CPU at 1 target x
+    10 Hz and 11% at 64 targets x 1 Hz (bench/bench_process_cpu.py --profile); README's whole-process table
+    gives the agent's CPU before and after. An https URL, or one with a user:password (basic auth), still
+    goes through the session (fetch_text).
+
+    No Accept-Encoding is sent, so a page comes as it is (gzip or deflate, if sent anyway, is inflated).
+    A connection that failed, timed out or was cancelled mid-read is closed; the next read opens another. One
+    the engine closed, reset, or sent bytes on unasked is not reused (those bytes are never read as a page),
+    and a request that met a kept connection's close or reset before a byte came back is sent again anew.
+    """
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+        self._headers = "".join(f"{k}: {v}\r\n" for k, v in session.headers.items()
+                                if k.lower() not in ("host", "accept-encoding", "connection", "content-length"))
+        self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._peer: tuple[str, int] | None = None
+        self.connections = 0  # opened so far (tests: keep-alive holds)
+
+    async def fetch_text(self, url: str, *, timeout: float, max_bytes: int,
+                         monotonic: Callable[[], float]) -> Fetched:
+        """What fetch_text(session, url, ...) gives, over this client's connection where the URL allows."""
+        parts = urlsplit(url)
+        if parts.scheme != "http" or "@" in parts.netloc or parts.hostname is None:
+            return await fetch_text(self.session, url, timeout=timeout, max_bytes=max_bytes, monotonic=monotonic)
+        start = monotonic()
+        shown = _public(url)
+        try:
+            async with asyncio.timeout(timeout):
+                answered, body = await self._get(parts, max_bytes, shown, monotonic)
+        except SourceError:
+            self.close()
+            raise
+        except TimeoutError:
+            self.close()
+            raise SourceError("timeout", f"{shown} did not answer within {timeout:g}s") from None
+        except _Refused as exc:
+            self.close()
+            raise SourceError("refused", f"{shown}: cannot connect ({exc.args[0]})") from None
+        except (OSError, ValueError, EOFError, zlib.error, asyncio.LimitOverrunError) as exc:
+            self.close()
+            raise SourceError("other", f"{shown}: {type(exc).__name__}: {_scrub(str(exc), url)}") from None
+        except BaseException:  # cancelled mid-read: the connection's state is unknown
+            self.close()
+            raise
+        return Fetched(text=_text(body, max_bytes, shown), timestamp=(start + answered) / 2,
+                       duration=monotonic() - start)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn[1].close()
+            self._conn = None
+
+    async def _get(self, parts: SplitResult, max_bytes: int, shown: str,
+                   monotonic: Callable[[], float]) -> tuple[float, bytes]:
+        peer = (parts.hostname or "", parts.port or 80)
+        path, query = (_LONE_PERCENT.sub("%25", p) for p in (parts.path or "/", parts.query))
+        target = quote(path, safe=_URL_SAFE) + (f"?{quote(query, safe=_URL_SAFE + '?')}" if query else "")
+        request = f"GET {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n{self._headers}\r\n".encode("latin-1")
+        reused = self._conn is not None and self._peer == peer and self._clean()
+        if not reused:
+            self.close()
+            await self._connect(peer)
+        assert self._conn is not None
+        reader, writer = self._conn
+        writer.write(request)
+        try:
+            head = await _read_head(reader)
+        except NoAnswerError:  # closed or reset before a byte of the answer
+            if not reused:
+                raise
+            self.close()  # the engine closed (or reset) the idle connection as the request went out: once more, anew
+            await self._connect(peer)
+            reader, writer = self._conn  # type: ignore[misc]
+            writer.write(request)
+            head = await _read_head(reader)
+        status, headers, version = _response_head(head)
+        while 100 <= status < 200 and status != 101:  # informational (103 Early Hints): skipped, as the session does
+            status, headers, version = _response_head(await _read_head(reader))
+        answered = monotonic()
+        if status != 200:
+            raise SourceError("http_status", f"{shown} answered HTTP {status}")
+        body = await _read_body(reader, headers, max_bytes, shown)
+        body = _inflated(body, headers.get("content-encoding", "identity"), max_bytes, shown)
+        if headers.get("connection", "").lower() == "close" or (version == "HTTP/1.0" and
+                                                                 headers.get("connection", "").lower() != "keep-alive"):
+            self.close()
+        return answered, body
+
+    def _clean(self) -> bool:
+        """Whether the kept connection can carry the next request: not reset, not closed by the engine, and
+        holding no bytes the engine sent unasked (a lying Content-Length's leftover, read as the next answer,
+        would be a wrong page; the session closes such a connection too). StreamReader has no public way to
+        ask for what it holds."""
+        assert self._conn is not None
+        reader, writer = self._conn
+        return not (writer.is_closing() or reader.at_eof() or reader.exception() is not None
+                    or reader._buffer)
+
+    async def _connect(self, peer: tuple[str, int]) -> None:
+        try:
+            self._conn = await asyncio.open_connection(*peer)
+        except OSError as exc:
+            raise _Refused(str(exc)) from None
+        self._peer = peer
+        self.connections += 1
+
+
+_URL_SAFE = "/%:@!$&'()*+,;=-._~"  # what stays as written in a request's path and query (escapes kept)
+_LONE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")  # a % that starts no escape is sent as %25, as the session does
+
+
+async def _read_head(reader: asyncio.StreamReader) -> bytes:
+    """A response's head as CRLF lines, its lines read ended by CRLF or by LF alone (as the session's parser
+    reads them), at most 64 KiB. NoAnswerError when the connection closed or was reset before any byte of it."""
+    lines: list[bytes] = []
+    size = 0
+    started = False  # a byte of the answer came: a close or a reset from here on is no idle one
+    while True:
+        try:
+            if not started:  # an answer not in HTTP/1 (HTTP/2 frames) is refused at once, not waited on for a line end
+                if (start := await reader.readexactly(5)) != b"HTTP/":
+                    raise ValueError(f"not an HTTP/1 answer: {start!r}")
+                started = True
+                line = start + await reader.readuntil(b"\n")
+            else:
+                line = await reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError as exc:
+            if started or exc.partial:
+                raise EOFError("the connection closed in the response's headers") from None
+            raise NoAnswerError("the connection closed before the response's headers") from None
+        except ConnectionResetError:
+            if started:
+                raise
+            raise NoAnswerError("the connection was reset before the response's headers") from None
+        except asyncio.LimitOverrunError:
+            raise ValueError("response headers over 64 KiB") from None
+        size += len(line)
+        if size > _HEAD_LIMIT:
+            raise ValueError("response headers over 64 KiB")
+        line = line.removesuffix(b"\n").removesuffix(b"\r")
+        if not line:
+            return b"\r\n".join(lines) + b"\r\n\r\n"
+        lines.append(line)
+
+
+_HEAD_LIMIT = 64 * 1024
+
+
+class NoAnswerError(EOFError):
+    """The connection closed or was reset before any byte of the answer: on a kept connection, sent again anew."""
+
+
+class _Refused(Exception):
+    """The connection could not be opened (the session's ClientConnectorError)."""
+
+
+def _response_head(head: bytes) -> tuple[int, dict[str, str], str]:
+    """Status, headers (names lowercase) and version of a response head; ValueError when malformed, or when
+    its framing could be read two ways (Content-Length twice, or with Transfer-Encoding), as the session's
+    parser refuses it: two readers of one stream must never see two different pages."""
+    lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    if not version.startswith("HTTP/1.") or not _STATUS.match(rest):
+        raise ValueError(f"bad status line {lines[0][:80]!r}")
+    headers: dict[str, str] = {}
+    name = ""
+    for line in lines[1:]:
+        if not line:
+            continue
+        if line[0] in " \t" and name:  # obs-fold: the previous header's value continues
+            headers[name] = f"{headers[name]} {line.strip()}"
+            continue
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip():
+            raise ValueError(f"bad header line {line[:80]!r}")
+        name = name.lower()
+        if name == "content-length" and name in headers:
+            raise ValueError("duplicate Content-Length")
+        headers[name] = f"{headers[name]}, {value.strip()}" if name in headers else value.strip()
+    if "content-length" in headers and "transfer-encoding" in headers:
+        raise ValueError("both Transfer-Encoding and Content-Length")
+    return int(rest[:3]), headers, version
+
+
+_STATUS = re.compile(r"[0-9]{3}(?: |$)")
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], max_bytes: int, shown: str) -> bytes:
+    """The body as framed by Transfer-Encoding: chunked, Content-Length, or the connection's end; capped."""
+    if headers.get("transfer-encoding", "").lower().rpartition(",")[2].strip() == "chunked":
+        return await _read_chunked(reader, max_bytes, shown)
+    length = headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise ValueError(f"bad Content-Length {length[:40]!r}")
+        if int(length) > max_bytes:
+            raise SourceError("too_large", f"{shown}: body of {length} bytes is over the {max_bytes}-byte cap")
+        return await reader.readexactly(int(length))
+    body = bytearray()  # no length: the body ends with the connection (one buffer, however small the reads)
+    while read := await reader.read(max_bytes + 1 - len(body)):
+        body += read
+        if len(body) > max_bytes:
+            raise SourceError("too_large", f"{shown}: body passed the {max_bytes}-byte cap; not read further")
+    return bytes(body)
+
+
+async def _read_chunked(reader: asyncio.StreamReader, max_bytes: int, shown: str) -> bytes:
+    body = bytearray()  # not a bytes object per chunk: a page in 1-byte chunks would cost 40x its size
+    while True:
+        line = await reader.readuntil(b"\r\n")
+        size_field = line.split(b";", 1)[0].strip()
+        if not _CHUNK_SIZE.fullmatch(size_field):
+            raise ValueError(f"bad chunk size {size_field[:40]!r}")
+        n = int(size_field, 16)
+        if n == 0:
+            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
+                pass
+            return bytes(body)
+        if len(body) + n > max_bytes:
+            raise SourceError("too_large", f"{shown}: body passed the {max_bytes}-byte cap; not read further")
+        body += await reader.readexactly(n)
+        if await reader.readexactly(2) != b"\r\n":
+            raise ValueError("bad chunk framing")
+
+
+def _inflated(body: bytes, encoding: str, max_bytes: int, shown: str) -> bytes:
+    """A body sent compressed anyway (no Accept-Encoding was sent), inflated up to the cap."""
+    encoding = encoding.lower()
+    if encoding in ("identity", ""):
+        return body
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise ValueError(f"unsupported Content-Encoding {encoding[:40]!r}")
+    inflate = zlib.decompressobj(47 if encoding != "deflate" or body[:1] == b"\x78" else -15)
+    out = inflate.decompress(body, max_bytes + 1)
+    if len(out) > max_bytes:
+        raise SourceError("too_large", f"{shown}: body passed the {max_bytes}-byte cap; not read further")
+    return out

@@ -53,7 +53,7 @@ from rooflight.collectors.common import (
 )
 from rooflight.collectors.engines import EngineAdapter
 from rooflight.collectors.errors import ParseError, SourceError
-from rooflight.collectors.http import Fetched, fetch_json, fetch_text
+from rooflight.collectors.http import Fetched, PageClient, fetch_json
 from rooflight.collectors.samples import EngineInfoHints, EngineSample, EngineSeries
 
 log = logging.getLogger("rooflight")
@@ -88,6 +88,7 @@ class EngineLoop:
         client_gaps: ClientGaps | None = None,
     ) -> None:
         self.target, self.config, self.session, self.clock = target, config, session, clock
+        self._pages = PageClient(session)  # the target's pages over a connection of its own (collectors.http)
         self.model, self.model_source = model, model_source
         self._constants_for = constants_for
         self._gpu_measures_for = gpu_measures_for
@@ -131,9 +132,12 @@ class EngineLoop:
         await self._refresh_info()
         self._rebuild_view(count_dropped=True)
 
+    def close(self) -> None:
+        """Close the connection the target's pages are read over (the agent stops)."""
+        self._pages.close()
+
     async def _fetch(self, path: str) -> Fetched:
-        return await fetch_text(
-            self.session,
+        return await self._pages.fetch_text(
             self.target.url + path,
             timeout=self.config.scrape_timeout,
             max_bytes=self.config.max_body_bytes,

@@ -129,6 +129,8 @@ class Agent:
         for task in stuck:
             log.error("sampling task %s did not stop within %.1f s; leaving it behind", task.get_name(), timeout)
         self._tasks.clear()
+        for engine in self.engines:
+            engine.close()
         if self._session is not None:
             await self._session.close()
 
