@@ -71,7 +71,7 @@ async def fetch_text(
     return Fetched(text=_text(body, max_bytes, shown), timestamp=(start + answered) / 2, duration=monotonic() - start)
 
 
-def _text(body: bytes, max_bytes: int, shown: str) -> str:
+def _text(body: bytes | bytearray, max_bytes: int, shown: str) -> str:
     """The body as text, refused (too_large) when the text would take more than `max_bytes` of memory.
 
     A character beyond the BMP is decided on the bytes, before a text four times their size exists."""
@@ -187,6 +187,9 @@ class PageClient:
         except _Refused as exc:
             self.close()
             raise SourceError("refused", f"{shown}: cannot connect ({exc.args[0]})") from None
+        except _Malformed as exc:
+            self.close()
+            raise SourceError("other", f"{shown}: ValueError: {exc.shown(url)}") from None
         except (OSError, ValueError, EOFError, zlib.error, asyncio.LimitOverrunError) as exc:
             self.close()
             raise SourceError("other", f"{shown}: {type(exc).__name__}: {_scrub(str(exc), url)}") from None
@@ -202,8 +205,8 @@ class PageClient:
             self._conn = None
 
     async def _get(self, parts: SplitResult, max_bytes: int, shown: str,
-                   monotonic: Callable[[], float]) -> tuple[float, bytes]:
-        peer = (parts.hostname or "", parts.port or 80)
+                   monotonic: Callable[[], float]) -> tuple[float, bytes | bytearray]:
+        peer = (parts.hostname or "", 80 if parts.port is None else parts.port)
         path, query = (_LONE_PERCENT.sub("%25", p) for p in (parts.path or "/", parts.query))
         target = quote(path, safe=_URL_SAFE) + (f"?{quote(query, safe=_URL_SAFE + '?')}" if query else "")
         request = f"GET {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n{self._headers}\r\n".encode("latin-1")
@@ -270,7 +273,7 @@ async def _read_head(reader: asyncio.StreamReader) -> bytes:
         try:
             if not started:  # an answer not in HTTP/1 (HTTP/2 frames) is refused at once, not waited on for a line end
                 if (start := await reader.readexactly(5)) != b"HTTP/":
-                    raise ValueError(f"not an HTTP/1 answer: {start!r}")
+                    raise _Malformed("not an HTTP/1 answer:", start)
                 started = True
                 line = start + await reader.readuntil(b"\n")
             else:
@@ -284,10 +287,12 @@ async def _read_head(reader: asyncio.StreamReader) -> bytes:
                 raise
             raise NoAnswerError("the connection was reset before the response's headers") from None
         except asyncio.LimitOverrunError:
-            raise ValueError("response headers over 64 KiB") from None
+            raise _Malformed("response headers over 64 KiB") from None
         size += len(line)
         if size > _HEAD_LIMIT:
-            raise ValueError("response headers over 64 KiB")
+            raise _Malformed("response headers over 64 KiB")
+        if len(line) > _LINE_LIMIT:
+            raise _Malformed("a response header line over 8 KiB:", line)
         line = line.removesuffix(b"\n").removesuffix(b"\r")
         if not line:
             return b"\r\n".join(lines) + b"\r\n\r\n"
@@ -295,10 +300,26 @@ async def _read_head(reader: asyncio.StreamReader) -> bytes:
 
 
 _HEAD_LIMIT = 64 * 1024
+_LINE_LIMIT = 8190 + 2  # a head line and its CRLF, as the session's parser bounds them
 
 
 class NoAnswerError(EOFError):
     """The connection closed or was reset before any byte of the answer: on a kept connection, sent again anew."""
+
+
+class _Malformed(ValueError):
+    """An answer the engine framed wrong, with the text that shows how. The text is cut short only after the
+    URL's secrets in it are masked: an engine echoing the request line would otherwise show the start of a
+    query token, which a mask of the whole token no longer finds once the text is cut."""
+
+    def __init__(self, what: str, text: str | bytes = "") -> None:
+        super().__init__(what)
+        self.what = what
+        self.text = text.decode("latin-1") if isinstance(text, bytes) else text
+
+    def shown(self, url: str) -> str:
+        """The message, secrets masked, then the engine's text cut to 80 characters."""
+        return f"{self.what} {_scrub(self.text, url)[:80]!r}" if self.text else self.what
 
 
 class _Refused(Exception):
@@ -311,8 +332,8 @@ def _response_head(head: bytes) -> tuple[int, dict[str, str], str]:
     parser refuses it: two readers of one stream must never see two different pages."""
     lines = head.decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")
-    if not version.startswith("HTTP/1.") or not _STATUS.match(rest):
-        raise ValueError(f"bad status line {lines[0][:80]!r}")
+    if not version.startswith("HTTP/1.") or not _STATUS.match(rest) or _CONTROL.search(lines[0]):
+        raise _Malformed("bad status line", lines[0])
     headers: dict[str, str] = {}
     name = ""
     for line in lines[1:]:
@@ -322,68 +343,100 @@ def _response_head(head: bytes) -> tuple[int, dict[str, str], str]:
             headers[name] = f"{headers[name]} {line.strip()}"
             continue
         name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip():
-            raise ValueError(f"bad header line {line[:80]!r}")
+        if not colon or not _TOKEN.fullmatch(name) or _CONTROL.search(value):
+            raise _Malformed("bad header line", line)
         name = name.lower()
         if name == "content-length" and name in headers:
-            raise ValueError("duplicate Content-Length")
+            raise _Malformed("duplicate Content-Length")
         headers[name] = f"{headers[name]}, {value.strip()}" if name in headers else value.strip()
     if "content-length" in headers and "transfer-encoding" in headers:
-        raise ValueError("both Transfer-Encoding and Content-Length")
+        raise _Malformed("both Transfer-Encoding and Content-Length")
     return int(rest[:3]), headers, version
 
 
 _STATUS = re.compile(r"[0-9]{3}(?: |$)")
+# A header's name is a token; no line holds a control character but HTAB. A bare CR inside a line is one:
+# a reader that ends lines there would see another header, and two readers must never see two pages.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
-async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], max_bytes: int, shown: str) -> bytes:
-    """The body as framed by Transfer-Encoding: chunked, Content-Length, or the connection's end; capped."""
+async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], max_bytes: int,
+                     shown: str) -> bytearray:
+    """The body as framed by Transfer-Encoding: chunked, Content-Length, or the connection's end; capped, in
+    one buffer (_read_into)."""
     if headers.get("transfer-encoding", "").lower().rpartition(",")[2].strip() == "chunked":
         return await _read_chunked(reader, max_bytes, shown)
     length = headers.get("content-length")
     if length is not None:
         if not length.isdigit():
-            raise ValueError(f"bad Content-Length {length[:40]!r}")
+            raise _Malformed("bad Content-Length", length)
         if int(length) > max_bytes:
             raise SourceError("too_large", f"{shown}: body of {length} bytes is over the {max_bytes}-byte cap")
-        return await reader.readexactly(int(length))
+        body = bytearray()
+        await _read_into(body, reader, int(length))
+        return body
     body = bytearray()  # no length: the body ends with the connection (one buffer, however small the reads)
     while read := await reader.read(max_bytes + 1 - len(body)):
         body += read
         if len(body) > max_bytes:
             raise SourceError("too_large", f"{shown}: body passed the {max_bytes}-byte cap; not read further")
-    return bytes(body)
+    return body
 
 
-async def _read_chunked(reader: asyncio.StreamReader, max_bytes: int, shown: str) -> bytes:
+async def _read_into(body: bytearray, reader: asyncio.StreamReader, n: int) -> None:
+    """Append the next `n` bytes to `body`, a reader's limit at a time (readexactly of all `n` at once holds the
+    reader's buffer of them and its copy together: with the body, 3x a page sent in one chunk)."""
+    while n:
+        piece = await reader.readexactly(min(n, _PIECE))
+        body += piece
+        n -= len(piece)
+
+
+_PIECE = 64 * 1024  # asyncio.open_connection's reader limit: what it buffers before it stops reading
+
+
+async def _read_chunked(reader: asyncio.StreamReader, max_bytes: int, shown: str) -> bytearray:
     body = bytearray()  # not a bytes object per chunk: a page in 1-byte chunks would cost 40x its size
     while True:
         line = await reader.readuntil(b"\r\n")
         size_field = line.split(b";", 1)[0].strip()
         if not _CHUNK_SIZE.fullmatch(size_field):
-            raise ValueError(f"bad chunk size {size_field[:40]!r}")
+            raise _Malformed("bad chunk size", size_field)
         n = int(size_field, 16)
         if n == 0:
             while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
                 pass
-            return bytes(body)
+            return body
         if len(body) + n > max_bytes:
             raise SourceError("too_large", f"{shown}: body passed the {max_bytes}-byte cap; not read further")
-        body += await reader.readexactly(n)
+        await _read_into(body, reader, n)
         if await reader.readexactly(2) != b"\r\n":
             raise ValueError("bad chunk framing")
 
 
-def _inflated(body: bytes, encoding: str, max_bytes: int, shown: str) -> bytes:
-    """A body sent compressed anyway (no Accept-Encoding was sent), inflated up to the cap."""
+def _inflated(body: bytes | bytearray, encoding: str, max_bytes: int, shown: str) -> bytes | bytearray:
+    """A body sent compressed anyway (no Accept-Encoding was sent), inflated up to the cap: every member of a
+    gzip body (RFC 1952 allows several); one cut short, or followed by bytes that are no member, is refused as
+    the session refuses it, never read as a whole page."""
     encoding = encoding.lower()
     if encoding in ("identity", ""):
         return body
     if encoding not in ("gzip", "x-gzip", "deflate"):
-        raise ValueError(f"unsupported Content-Encoding {encoding[:40]!r}")
-    inflate = zlib.decompressobj(47 if encoding != "deflate" or body[:1] == b"\x78" else -15)
-    out = inflate.decompress(body, max_bytes + 1)
-    if len(out) > max_bytes:
-        raise SourceError("too_large", f"{shown}: body passed the {max_bytes}-byte cap; not read further")
-    return out
+        raise _Malformed("unsupported Content-Encoding", encoding)
+    gzip = encoding != "deflate"
+    wbits = 47 if gzip or body[:1] == b"\x78" else -15  # 47: gzip or zlib header; -15: raw deflate
+    out, rest = bytearray(), bytes(body)
+    while True:
+        inflate = zlib.decompressobj(wbits)
+        out += inflate.decompress(rest, max_bytes + 1 - len(out))
+        if len(out) > max_bytes:
+            raise SourceError("too_large", f"{shown}: body passed the {max_bytes}-byte cap; not read further")
+        if not inflate.eof:
+            raise _Malformed("compressed body cut short")
+        rest = inflate.unused_data
+        if not rest:
+            return out
+        if not (gzip and rest[:2] == b"\x1f\x8b"):
+            raise _Malformed("bytes after the compressed body")

@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Callable, Coroutine, Mapping
 
 import aiohttp
 
+from rooflight.agent import __version__
 from rooflight.agent.sampling.clock import Clock, SystemClock
 from rooflight.agent.config.agent import AgentConfig, TargetConfig
 from rooflight.agent.config.urls import endpoint
@@ -93,7 +94,9 @@ class Agent:
         self._stopping = False
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None),
-            headers={"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"},
+            # One User-Agent whichever client reads (PageClient sends the session's headers): aiohttp's own is
+            # added per request, so the engine pages would otherwise go without one.
+            headers={"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1", "User-Agent": f"rooflight/{__version__}"},
         )
         for target in self.config.targets:
             model, source = self._models.get(target.name, (None, None))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import time
+import zlib
 from typing import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -15,6 +16,7 @@ from rooflight.collectors.errors import SourceError
 from rooflight.collectors.http import PageClient
 
 PAGE = b"# TYPE x counter\nx_total 1\n"
+VLLM_PAGE = b'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0",model_name="m"} 1\n'
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Awaitable[bool]]  # False: close
 
 
@@ -96,7 +98,8 @@ async def test_every_framing_of_the_body_reads_the_same_page(client: PageClient,
             body = gzip.compress(PAGE)
             w.write(f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
             return True
-        w.write((b"HTTP/1.0" if framing == "http/1.0" else b"HTTP/1.1") + b" 200 OK\r\nConnection: close\r\n\r\n" + PAGE)
+        version = b"HTTP/1.0" if framing == "http/1.0" else b"HTTP/1.1"
+        w.write(version + b" 200 OK\r\nConnection: close\r\n\r\n" + PAGE)
         return False  # the body ends with the connection
 
     async with RawEngine(answer) as engine:
@@ -267,6 +270,9 @@ async def test_an_idle_connection_the_engine_reset_is_opened_again_unseen(client
 
 
 _N = len(PAGE)
+_DEFLATED = zlib.compress(PAGE * 200)
+_GZIPPED = gzip.compress(PAGE)
+_HALVES = (gzip.compress(PAGE[:10]), gzip.compress(PAGE[10:]))
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
@@ -280,6 +286,22 @@ _N = len(PAGE)
       for size in (b"0x%x" % _N, b"+%x" % _N, b"1_%x" % (_N - 16))),
     (b"HTTP/1.1 2000 OK\r\nContent-Length: %d\r\n\r\n%s" % (_N, PAGE), "other"),
     (b"HTTP/1.1 200x OK\r\nContent-Length: %d\r\n\r\n%s" % (_N, PAGE), "other"),
+    # a bare CR inside a line (a reader ending lines there sees a second Content-Length), a name that is no
+    # token, a NUL in a value, a line over 8 KiB: refused, as the session refuses them
+    (b"HTTP/1.1 200 OK\r\nX: a\rContent-Length: 3\r\nContent-Length: %d\r\n\r\n%s" % (_N, PAGE), "other"),
+    (b"HTTP/1.1 200 OK\r\nContent Length: 3\r\nContent-Length: %d\r\n\r\n%s" % (_N, PAGE), "other"),
+    (b"HTTP/1.1 200 OK\r\nX\x01: 3\r\nContent-Length: %d\r\n\r\n%s" % (_N, PAGE), "other"),
+    (b"HTTP/1.1 200 OK\r\nX: a\x00b\r\nContent-Length: %d\r\n\r\n%s" % (_N, PAGE), "other"),
+    (b"HTTP/1.1 200 OK\r\nX: %s\r\nContent-Length: %d\r\n\r\n%s" % (b"a" * 9000, _N, PAGE), "other"),
+    # compressed anyway: a deflate body cut short, or bytes after the gzip body, is no whole page
+    (b"HTTP/1.1 200 OK\r\nContent-Encoding: deflate\r\nContent-Length: %d\r\n\r\n%s"
+     % (len(_DEFLATED) - 4, _DEFLATED[:-4]), "other"),
+    (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%sjunk"
+     % (len(_GZIPPED) + 4, _GZIPPED), "other"),
+    # a gzip body of two members (RFC 1952): the whole page, as the session reads it
+    (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s"
+     % (len(b"".join(_HALVES)), b"".join(_HALVES)),
+     PAGE.decode()),
     # odd but unambiguous: read, as the session reads them
     (b"HTTP/1.1 200 OK\r\nX-Note: one\r\n  folded\r\nContent-Length: %d\r\n\r\n%s" % (_N, PAGE), PAGE.decode()),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: notchunked\r\nConnection: close\r\n\r\n" + PAGE, PAGE.decode()),
@@ -317,6 +339,65 @@ async def test_a_query_token_escaped_otherwise_than_written_is_masked_in_an_erro
             message = str(caught.value).lower()
             assert caught.value.reason == "other" and "s3" in engine.heads[-1].decode().lower()
             assert "s3" not in message and "cr%7b" not in message, message
+
+
+@pytest.mark.parametrize("where", ["status line", "header line"])
+async def test_a_long_query_token_echoed_by_the_engine_is_masked_before_the_message_is_cut(
+        client: PageClient, where: str) -> None:
+    """The message cuts the engine's text to 80 characters: cut first, the whole token is no longer there to
+    mask, and its first 60 characters were shown."""
+    secret = "tok-" + "S3CRETabcdefghijklmnopqrstuvwxyz0123456789" * 2
+
+    async def echo(_: asyncio.StreamReader, w: asyncio.StreamWriter, head: bytes) -> bool:
+        line = head.split(b"\r\n", 1)[0]
+        w.write((b"HTTP/1.1 " + line if where == "status line" else b"HTTP/1.1 200 OK\r\n" + line) + b"\r\n\r\n")
+        return False
+
+    async with RawEngine(echo) as engine:
+        with pytest.raises(SourceError) as caught:
+            await _read(client, f"{engine.url}?token={secret}")
+    assert caught.value.reason == "other" and "bad " + where in str(caught.value)
+    assert "S3CRET" not in str(caught.value), caught.value
+
+
+async def test_port_0_is_port_0_not_the_default_port(client: PageClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`http://127.0.0.1:0/` is refused, as the session refuses it: read from port 80 it would be another
+    service's page."""
+    asked: list[tuple[str, int]] = []
+
+    async def connect(host: str, port: int) -> object:
+        asked.append((host, port))
+        raise ConnectionRefusedError(111, "refused")
+
+    monkeypatch.setattr(asyncio, "open_connection", connect)
+    with pytest.raises(SourceError) as caught:
+        await _read(client, "http://127.0.0.1:0/metrics", timeout=2.0)
+    assert caught.value.reason == "refused" and asked == [("127.0.0.1", 0)]
+
+
+@pytest.mark.parametrize("framing", ["content-length", "one chunk"])
+async def test_a_page_sent_in_one_piece_costs_about_twice_its_size_in_memory(client: PageClient, framing: str) -> None:
+    """readexactly of the whole body held the reader's buffer, its copy and the body at once: 3x the page,
+    where the session holds 2x (the text is the second)."""
+    import tracemalloc
+    body = b"x_total 1\n" * (400 * 1024)
+    head = (b"Content-Length: %d\r\n\r\n" % len(body) if framing == "content-length"
+            else b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(body))
+    raw = b"HTTP/1.1 200 OK\r\n" + head + body + (b"" if framing == "content-length" else b"\r\n0\r\n\r\n")
+
+    async def answer(_: asyncio.StreamReader, w: asyncio.StreamWriter, __: bytes) -> bool:
+        w.write(raw)
+        return True
+
+    async with RawEngine(answer) as engine:
+        tracemalloc.start()
+        try:
+            text = await _read(client, engine.url, max_bytes=len(body))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert len(text) == len(body)
+    assert peak < 2.5 * len(body), peak / len(body)
 
 
 async def test_a_percent_sign_that_is_no_escape_is_sent_escaped_as_the_session_sends_it(client: PageClient) -> None:
@@ -382,3 +463,18 @@ async def test_a_kept_connection_reset_as_the_request_goes_out_is_opened_again_a
         for _ in range(3):
             assert await _read(client, engine.url) == PAGE.decode()
     assert client.connections == 3  # each connection's second request met the reset, and went out again anew
+
+
+async def test_the_agent_reads_its_engine_pages_with_its_own_user_agent() -> None:
+    """aiohttp adds its User-Agent per request, so PageClient, which sends the session's headers, sent none."""
+    from rooflight.agent import __version__
+    from rooflight.agent.config.agent import build
+    from support import started_agent
+
+    async with RawEngine(_with_length(VLLM_PAGE)) as engine:
+        config = build({}, {}, {"engine_url": [engine.url.removesuffix("/metrics")], "nvml": False,
+                                "process": False, "model": "llama-3-8b"})
+        async with started_agent(config, loops=False) as agent:
+            await agent.sample_engines_once()
+            assert agent.engines[0].state.up, agent.engines[0].state.message
+    assert f"\r\nUser-Agent: rooflight/{__version__}\r\n".encode() in engine.heads[0], engine.heads[0]
