@@ -59,8 +59,9 @@ LAYOUT_CHANGE_LIMIT = 3  # bucket layout changes of one histogram within the ret
 HISTOGRAM_BYTES_TOTAL = 32 * 2**20  # bucket counts held by every history together ...
 HISTOGRAM_BYTES_PER_SERIES = 4 * 2**20  # ... and by one (see the module docstring)
 MIN_POINTS = 8  # a history keeps at least these, whatever its histograms cost
-# A window's two points may span at most this many times its length (SeriesHistory.window): samples come
-# late by a scrape timeout at most, a downtime can be any length.
+# A window's two points may span at most this many times its length (SeriesHistory.window): a late sample
+# (one slow scrape) stays within it, a downtime longer than the window does not. An engine whose every answer
+# takes over twice the shortest window has no such window: absent, not a rate over another span.
 WINDOW_REACH = 2.0
 
 
