@@ -72,7 +72,7 @@ def timed(owner: Any, name: str, label: str) -> None:
 
 def instrument(targets: int) -> None:
     if targets == 1:  # with more, what runs while a fetch awaits is the other targets' steps
-        timed(engine_loop, "fetch_text", "fetch (event loop while awaiting)")
+        timed(engine_loop.EngineLoop, "_fetch", "fetch (event loop while awaiting)")
     for adapter in engines.adapters():
         timed(adapter, "parse", "parse")
     timed(engine_loop.EngineLoop, "_remember", "history append")
