@@ -340,6 +340,8 @@ def _response_head(head: bytes) -> tuple[int, dict[str, str], str]:
         if not line:
             continue
         if line[0] in " \t" and name:  # obs-fold: the previous header's value continues
+            if _CONTROL.search(line):
+                raise _Malformed("bad header line", line)
             headers[name] = f"{headers[name]} {line.strip()}"
             continue
         name, colon, value = line.partition(":")
@@ -365,7 +367,7 @@ _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], max_bytes: int,
                      shown: str) -> bytearray:
     """The body as framed by Transfer-Encoding: chunked, Content-Length, or the connection's end; capped, in
-    one buffer (_read_into)."""
+    one buffer (filled in place for a Content-Length; else grown, a reader's limit at a time: _read_into)."""
     if headers.get("transfer-encoding", "").lower().rpartition(",")[2].strip() == "chunked":
         return await _read_chunked(reader, max_bytes, shown)
     length = headers.get("content-length")

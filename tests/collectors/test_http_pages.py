@@ -292,6 +292,7 @@ _HALVES = (gzip.compress(PAGE[:10]), gzip.compress(PAGE[10:]))
     (b"HTTP/1.1 200 OK\r\nContent Length: 3\r\nContent-Length: %d\r\n\r\n%s" % (_N, PAGE), "other"),
     (b"HTTP/1.1 200 OK\r\nX\x01: 3\r\nContent-Length: %d\r\n\r\n%s" % (_N, PAGE), "other"),
     (b"HTTP/1.1 200 OK\r\nX: a\x00b\r\nContent-Length: %d\r\n\r\n%s" % (_N, PAGE), "other"),
+    (b"HTTP/1.1 200 OK\r\nX: a\r\n b\x00\r\nContent-Length: %d\r\n\r\n%s" % (_N, PAGE), "other"),  # folded
     (b"HTTP/1.1 200 OK\r\nX: %s\r\nContent-Length: %d\r\n\r\n%s" % (b"a" * 9000, _N, PAGE), "other"),
     # compressed anyway: a deflate body cut short, or bytes after the gzip body, is no whole page
     (b"HTTP/1.1 200 OK\r\nContent-Encoding: deflate\r\nContent-Length: %d\r\n\r\n%s"
