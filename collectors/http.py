@@ -263,9 +263,9 @@ _URL_SAFE = "/%:@!$&'()*+,;=-._~"  # what stays as written in a request's path a
 _LONE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")  # a % that starts no escape is sent as %25, as the session does
 
 
-async def _read_head(reader: asyncio.StreamReader) -> bytes:
-    """A response's head as CRLF lines, its lines read ended by CRLF or by LF alone (as the session's parser
-    reads them), at most 64 KiB. NoAnswerError when the connection closed or was reset before any byte of it."""
+async def _read_head(reader: asyncio.StreamReader) -> list[bytes]:
+    """A response's head, its lines without their ends (CRLF or LF alone, as the session's parser reads them),
+    at most 64 KiB. NoAnswerError when the connection closed or was reset before any byte of it."""
     lines: list[bytes] = []
     size = 0
     started = False  # a byte of the answer came: a close or a reset from here on is no idle one
@@ -295,7 +295,7 @@ async def _read_head(reader: asyncio.StreamReader) -> bytes:
             raise _Malformed("a response header line over 8 KiB:", line)
         line = line.removesuffix(b"\n").removesuffix(b"\r")
         if not line:
-            return b"\r\n".join(lines) + b"\r\n\r\n"
+            return lines
         lines.append(line)
 
 
@@ -326,19 +326,17 @@ class _Refused(Exception):
     """The connection could not be opened (the session's ClientConnectorError)."""
 
 
-def _response_head(head: bytes) -> tuple[int, dict[str, str], str]:
-    """Status, headers (names lowercase) and version of a response head; ValueError when malformed, or when
-    its framing could be read two ways (Content-Length twice, or with Transfer-Encoding), as the session's
+def _response_head(head: list[bytes]) -> tuple[int, dict[str, str], str]:
+    """Status, headers (names lowercase) and version of a response head's lines; ValueError when malformed, or
+    when its framing could be read two ways (Content-Length twice, or with Transfer-Encoding), as the session's
     parser refuses it: two readers of one stream must never see two different pages."""
-    lines = head.decode("latin-1").split("\r\n")
+    lines = [line.decode("latin-1") for line in head]
     version, _, rest = lines[0].partition(" ")
     if not version.startswith("HTTP/1.") or not _STATUS.match(rest) or _CONTROL.search(lines[0]):
         raise _Malformed("bad status line", lines[0])
     headers: dict[str, str] = {}
     name = ""
-    for line in lines[1:]:
-        if not line:
-            continue
+    for line in lines[1:]:  # none is empty: the head ends at its first empty line (_read_head)
         if line[0] in " \t" and name:  # obs-fold: the previous header's value continues
             if _CONTROL.search(line):
                 raise _Malformed("bad header line", line)
