@@ -30,11 +30,11 @@ def _engine_up(page) -> list[float]:
 
 
 def _decode_recovered(poll: Poller) -> bool:
-    """The 10 s decode rate on the last two pages polled. One page is not enough: the first sample after the
-    restart pairs, in the 10 s window, with the last one before it (the window's first point is the one before
-    the only point inside it), which gives a rate over the whole downtime; the next sample has two points
-    inside, spanning less than half the window, and no 10 s window until 5 s of the new engine's samples (seen
-    in CI: the loop stopped on that first page and the final page, polled next, had no 10 s window)."""
+    """The 10 s decode rate on the last two pages polled: the new engine's, on two pages in a row. Before
+    windows were bounded (windows.WINDOW_REACH), the first sample after the restart paired with the last one
+    before it and rated the whole downtime as the 10 s window, then the window vanished until 5 s of the new
+    engine's samples (seen in CI: the loop stopped on that first page and the page polled next had no 10 s
+    window). Two pages in a row still hold the rate steady, not one lucky page."""
     texts = [text for _, text in list(poll.pages) if text]
     if len(texts) < 2:
         return False
