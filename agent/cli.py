@@ -124,6 +124,7 @@ def _check_expert_parallel(target: cfg.TargetConfig, model: Any) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from rooflight.agent.config.proxy import for_agent
+    from rooflight.agent.sampling.gc_tuning import tune_for_sampling
     from rooflight.agent.sampling.sampler import Agent
 
     config = load_config(args)
@@ -144,6 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rooflight.agent.serve.server import ServerLimits, serve
 
     limits = ServerLimits(read_header_timeout=config.read_header_timeout, max_connections=config.max_connections)
+    tune_for_sampling()
     asyncio.run(serve(Agent(config, models=models), config.listen_host, config.listen_port, security=security,
                       limits=limits, proxy=proxy))
     return 0

@@ -43,6 +43,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     host, port = split_listen(args.engine_listen)
     config = DemoConfig(scenario=args.scenario, seed=args.seed, max_num_seqs=args.max_num_seqs,
                         chunked_prefill=args.chunked_prefill, time_scale=args.time_scale)
+    from rooflight.agent.sampling.gc_tuning import tune_for_sampling
+
+    tune_for_sampling()
     asyncio.run(_demo(config, host, port, args))
     return 0
 

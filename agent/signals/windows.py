@@ -77,7 +77,21 @@ class Point:
     counters: Mapping[str, float]  # reset-corrected cumulative counters
     integrals: Mapping[str, float]  # running integral of each gauge over time (value x seconds)
     gauges: Mapping[str, float]  # the gauges as sampled
-    histograms: Mapping[str, CorrectedHistogram]
+    # Each histogram's bounds and reset-corrected cumulative counts, packed as doubles: a tuple of floats and
+    # bytes are objects Python's cycle collector stops visiting, where a CorrectedHistogram and its array
+    # were two it walked on every full collection (measured at 64 targets x 1 Hz: 130,000 of the agent's
+    # 213,000 tracked objects, a full collection of 117 ms every ~10 s, 9.6% of its CPU).
+    held: Mapping[str, tuple[tuple[float, ...], bytes]]
+
+    def histogram(self, name: str) -> CorrectedHistogram | None:
+        held = self.held.get(name)
+        return None if held is None else CorrectedHistogram(held[0], memoryview(held[1]).cast("d"))
+
+    @property
+    def histograms(self) -> dict[str, CorrectedHistogram]:
+        """Every histogram the point holds, by name (for tests and diagnostics: windows read `histogram`)."""
+        return {name: CorrectedHistogram(bounds, memoryview(counts).cast("d")) for name, (bounds, counts) in
+                self.held.items()}
 
 
 def correct_counter(
@@ -160,7 +174,7 @@ class SeriesHistory:
             counters=self._next_counters(prev, counters, t, t - prev.t if prev else None),
             integrals=_next_integrals(prev, t),
             gauges={k: v for k, v in gauges.items() if v is not None and math.isfinite(v)},
-            histograms=self._next_histograms(prev, histograms, t, t - prev.t if prev else None),
+            held=self._next_histograms(prev, histograms, t, t - prev.t if prev else None),
         )
         self._points.append(point)
         self._times.append(t)
@@ -170,12 +184,12 @@ class SeriesHistory:
         return point
 
     def histogram_bytes(self) -> int:
-        """Bytes of histogram counts the points hold (each point's arrays are its own)."""
-        return sum(8 * len(h.counts) for p in self._points for h in p.histograms.values())
+        """Bytes of histogram counts the points hold (each point's counts are its own)."""
+        return sum(len(counts) for p in self._points for _, counts in p.held.values())
 
     def _fit_histograms(self, point: Point) -> None:
         """Keep the points' histogram counts within this history's share of HISTOGRAM_BYTES_TOTAL."""
-        per_point = sum(8 * len(h.counts) for h in point.histograms.values())
+        per_point = sum(len(counts) for _, counts in point.held.values())
         if not per_point:
             return
         _HISTOGRAM_HOLDERS.add(self)
@@ -273,8 +287,8 @@ class SeriesHistory:
 
     def _next_histograms(
         self, prev: Point | None, histograms: Mapping[str, Histogram | None], t: float, dt: float | None
-    ) -> dict[str, CorrectedHistogram]:
-        out = dict(prev.histograms) if prev else {}
+    ) -> dict[str, tuple[tuple[float, ...], bytes]]:
+        out = dict(prev.held) if prev else {}
         for name, hist in histograms.items():
             if hist is None:
                 continue
@@ -288,12 +302,12 @@ class SeriesHistory:
                 out.pop(name, None)  # no window can rate it; each new layout would be held per point
                 continue
             before = out.get(name)
-            if raw_prev is None or before is None or before.bounds != bounds:
-                counts = array("d", bytes(8 * len(bounds)))  # new layout: deltas start here
+            if raw_prev is None or before is None or before[0] != bounds:
+                counts = bytes(8 * len(bounds))  # new layout: deltas start here
             else:
-                bounds = before.bounds
-                counts = array("d", _corrected_counts(raw_prev[1], before.counts, raw, dt))
-            out[name] = CorrectedHistogram(bounds, counts)
+                bounds = before[0]
+                counts = array("d", _corrected_counts(raw_prev[1], memoryview(before[1]).cast("d"), raw, dt)).tobytes()
+            out[name] = (bounds, counts)
         return out
 
     def _layout_moved(self, name: str, t: float) -> None:
@@ -363,7 +377,7 @@ def mean(first: Point, last: Point, name: str) -> float | None:
 
 
 def histogram_delta(first: Point, last: Point, name: str) -> CorrectedHistogram | None:
-    a, b = first.histograms.get(name), last.histograms.get(name)
+    a, b = first.histogram(name), last.histogram(name)
     if a is None or b is None or a.bounds != b.bounds:
         return None
     return CorrectedHistogram(b.bounds, tuple(map(operator.sub, b.counts, a.counts)))
