@@ -28,12 +28,23 @@ def _hist(n: float) -> Histogram:
     return Histogram(buckets=tuple((b, n * (i + 1)) for i, b in enumerate(BOUNDS)), count=n * len(BOUNDS), sum=n)
 
 
+@pytest.fixture
+def collector() -> Iterator[None]:
+    """The test process's collector settings, put back."""
+    thresholds = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
+
+
 def _tracked() -> int:
     gc.collect()
     return len(gc.get_objects())
 
 
-def test_a_points_histograms_are_nothing_the_collector_walks() -> None:
+@pytest.mark.parametrize("young", [700, 50], ids=["default", "collections-mid-build"])
+def test_a_points_histograms_are_nothing_the_collector_walks(young: int, collector: None) -> None:
+    gc.set_threshold(young, 10, 10)
     before = _tracked()
     h = SeriesHistory(retention=1_000)
     for t in range(300):
@@ -45,15 +56,6 @@ def test_a_points_histograms_are_nothing_the_collector_walks() -> None:
     delta = histogram_delta(*h.window(100.0), "h3")  # and the windows still read them
     assert delta is not None and delta.bounds == BOUNDS
     assert list(delta.counts) == pytest.approx([100.0 * (i + 1) for i in range(len(BOUNDS))])
-
-
-@pytest.fixture
-def collector() -> Iterator[None]:
-    """The test process's collector settings, put back."""
-    thresholds = gc.get_threshold()
-    yield
-    gc.unfreeze()
-    gc.set_threshold(*thresholds)
 
 
 def test_tuning_freezes_start_up_and_raises_only_the_young_threshold(collector: None) -> None:
