@@ -382,10 +382,13 @@ def mean(first: Point, last: Point, name: str) -> float | None:
 
 
 def histogram_delta(first: Point, last: Point, name: str) -> CorrectedHistogram | None:
-    a, b = first.histogram(name), last.histogram(name)
-    if a is None or b is None or a.bounds != b.bounds:
+    a, b = first.histogram_counts.get(name), last.histogram_counts.get(name)
+    if a is None or b is None:
         return None
-    return CorrectedHistogram(b.bounds, tuple(map(operator.sub, b.counts, a.counts)))
+    bounds = last.histogram_bounds[name]
+    if first.histogram_bounds[name] != bounds:
+        return None
+    return CorrectedHistogram(bounds, tuple(map(operator.sub, memoryview(b).cast("d"), memoryview(a).cast("d"))))
 
 
 def histogram_quantile(q: float, hist: CorrectedHistogram) -> float | None:
