@@ -23,6 +23,7 @@ worked numbers are computed with those);
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ _DTYPE_ALIASES = {
 }
 
 
+@functools.lru_cache(maxsize=64)  # the derive step asks for a few dtypes' bytes on every sample
 def normalize_dtype(dtype: str) -> str:
     """'bfloat16' -> 'bf16', 'fp8_e4m3' -> 'fp8', ...; ConfigError on anything unknown."""
     d = dtype.strip().lower().replace("torch.", "")
@@ -62,7 +64,10 @@ def dtype_bytes(dtype: str) -> float:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the physics needs to know about one model (all GPUs of one copy together)."""
+    """What the physics needs to know about one model (all GPUs of one copy together).
+
+    Frozen: what follows from its fields is computed once per spec (functools.cached_property), where the
+    derive step asked for the same bytes and FLOPs dozens of times a sample (`bench/bench_derive.py`)."""
 
     name: str
     n_layers: int
@@ -97,15 +102,15 @@ class ModelSpec:
     mla_qk_head_dim: int | None = None  # MLA: query/key dims per head (nope + rope); None: head_dim
     mla_v_head_dim: int | None = None  # MLA: value dims per head; None: head_dim
 
-    @property
+    @functools.cached_property
     def is_mla(self) -> bool:
         return self.mla_kv_lora_rank is not None
 
-    @property
+    @functools.cached_property
     def is_moe(self) -> bool:
         return self.params_active < self.params_total
 
-    @property
+    @functools.cached_property
     def weight_bytes(self) -> float:
         """Bytes of all weights as stored, whole model: quantized linear weights at their format's
         bytes plus group scales, everything else (embeddings, LM head, norms) at the 16-bit dtype."""
@@ -122,13 +127,13 @@ class ModelSpec:
         experts = self._routed_expert_bytes
         return self.weight_bytes - experts + experts * self._touched(batch)
 
-    @property
+    @functools.cached_property
     def matmul_params_active(self) -> float:
         """Active parameters a token multiplies with: P_active without the untied input embedding
         table (a lookup, not a matmul). The live MFU's 2 x P (docs/physics.md, Live ratios)."""
         return self.params_active - self.embedding_params
 
-    @property
+    @functools.cached_property
     def prefill_matmul_params(self) -> float:
         """Parameters a prompt token that needs no logits multiplies with: matmul_params_active without the
         LM head, which runs once per prefill (its last position), not per prompt token."""
@@ -150,7 +155,7 @@ class ModelSpec:
         ranks = max(expert_ranks, 1.0)
         return dense - experts + experts / ranks * self._touched(tokens * ranks)
 
-    @property
+    @functools.cached_property
     def _routed_expert_bytes(self) -> float:
         return (self.expert_weight_bytes if self.expert_weight_bytes is not None
                 else self.expert_params * dtype_bytes(self.weight_dtype))
@@ -167,7 +172,7 @@ class ModelSpec:
         attended = sum(n * (ph.attended_tokens(end, w) - ph.attended_tokens(start, w)) for w, n in layers)
         return self.attention_flops_per_pair * attended
 
-    @property
+    @functools.cached_property
     def attention_flops_per_pair(self) -> float:
         """FLOPs of one token attending to one cached token in one layer: every query head's score
         (q.k) and weighted value, 2 x heads x (qk dims + v dims); MLA with its unabsorbed head dims."""
@@ -187,7 +192,7 @@ class ModelSpec:
         fewest, most = min(kinds), max(kinds)
         return most if most < fewest * 1.25 else fewest
 
-    @property
+    @functools.cached_property
     def kv_bytes_per_layer_token(self) -> float:
         """K+V bytes one token holds in one layer (MLA: the shared latent plus the rope key)."""
         b = dtype_bytes(self.kv_dtype)
@@ -195,13 +200,13 @@ class ModelSpec:
             return (self.mla_kv_lora_rank + (self.mla_rope_head_dim or 0)) * b
         return 2 * self.n_kv_heads * self.head_dim * b
 
-    @property
+    @functools.cached_property
     def kv_bytes_per_token(self) -> float:
         """K+V bytes one token holds, all layers: what each new token adds while every layer still
         keeps it (a sliding-window layer drops it once it is `window` tokens old)."""
         return self.n_layers * self.kv_bytes_per_layer_token
 
-    @property
+    @functools.cached_property
     def full_attention_layers(self) -> int:
         """Layers that keep every token of the context (the rest keep a window)."""
         return self.n_layers - sum(n for _, n in self.window_layers)
