@@ -12,6 +12,10 @@ per call and calls per second, and exits. The fetch is timed at one target only:
 whatever ran on the event loop while it awaited, which at more targets is the other targets' steps; there
 it is in "the rest".
 
+Python's cycle collector is timed too (a `gc.callbacks` hook, in the thread it interrupts): its share of
+the process, its collections a second by generation, their mean and worst pause (a pause of every loop and
+of /metrics). Its time is inside the steps it interrupted.
+
 Pages: the fake engine of bench_process_cpu.py (`--serve`), started here, the same moving vLLM pages.
 Figures are printed, never asserted.
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import gc
 import inspect
 import os
 import subprocess
@@ -44,6 +49,17 @@ from bench_process_cpu import DEFAULT_PAGE, free_port, start_server  # noqa: E40
 
 spent: collections.Counter[str] = collections.Counter()
 calls: collections.Counter[str] = collections.Counter()
+collecting: dict[int, float] = {}  # the thread CPU time at which a collection started, by thread
+collected: dict[int, list[float]] = collections.defaultdict(list)  # each collection's seconds, by generation
+
+
+def time_collections(phase: str, info: dict[str, int]) -> None:
+    """A gc.callbacks hook: each collection's thread CPU time, by generation."""
+    key = threading.get_ident()
+    if phase == "start":
+        collecting[key] = time.thread_time()
+    elif key in collecting:
+        collected[info["generation"]].append(time.thread_time() - collecting.pop(key))
 
 
 def timed(owner: Any, name: str, label: str) -> None:
@@ -86,6 +102,7 @@ def report(warmup: float, seconds: float, engine: subprocess.Popen[str]) -> None
     time.sleep(warmup)
     spent.clear()
     calls.clear()
+    collected.clear()
     t0 = time.process_time()
     time.sleep(seconds)
     total = time.process_time() - t0
@@ -96,6 +113,12 @@ def report(warmup: float, seconds: float, engine: subprocess.Popen[str]) -> None
     rest = "the rest (event loop, ...)" if any(label.startswith("fetch") for label in spent) else \
         "the rest (fetch, event loop, ...)"
     print(f"  {rest:<36} {(1 - sum(spent.values()) / total) * 100:5.1f}%", flush=True)
+    pauses = [p for generation in collected.values() for p in generation]
+    print(f"python's cycle collector {sum(pauses) / total * 100:.1f}% (inside the steps above), threshold"
+          f" {gc.get_threshold()}, {gc.get_freeze_count()} objects frozen, {len(gc.get_objects())} tracked", flush=True)
+    for generation, times in sorted(collected.items()):
+        print(f"  generation {generation}: {len(times) / seconds:5.2f} a second, {sum(times) / len(times) * 1e3:6.1f} ms"
+              f" each, worst {max(times) * 1e3:6.1f} ms", flush=True)
     engine.kill()
     os._exit(0)  # the agent's loops run until a signal; the counts are all this run is for
 
@@ -113,6 +136,7 @@ def main() -> None:
         print(f"$ python bench/agent_steps.py --targets {opts.targets} --hz {opts.hz:g} --warmup {opts.warmup:g}"
               f" --seconds {opts.seconds:g}", flush=True)
         instrument(opts.targets)
+        gc.callbacks.append(time_collections)
         threading.Thread(target=report, args=(opts.warmup, opts.seconds, engine), daemon=True).start()
         from rooflight.agent.cli import main as rooflight
 
