@@ -5,11 +5,11 @@ reference counts, and the collector finds nothing (measured, `bench/agent_steps.
 with a gc callback: 68 objects collected in 30 s, all by full collections). What it costs is its walks:
 with the defaults (a young collection every 700 net allocations) a page's parse, which holds a few
 thousand objects for a moment, set off young collections mid-parse 11 times a second, and every
-object alive at start (modules, classes, functions: ~38,000) was walked again by each full collection.
-Measured at 64 targets x 1 Hz, 30 s after a 160 s warm-up: the collector took 14% of the agent's CPU
-(full collections of 117 ms every ~10 s, young and middle ones 4.5%); with the history's histograms
-packed where it does not look (signals/windows.py, Point.held) 7.4%; with this too 1.1% (young
-collections every ~10 s, no full one in 30 s).
+object alive at start (modules, classes, functions: 40,000-50,000) was walked again by each full
+collection. Measured at 64 targets x 1 Hz, 30 s after a 160 s warm-up: the collector took 14% of the
+agent's CPU (full collections of 117 ms every ~10 s, young and middle ones 4.5%); with the history's
+histograms packed where it does not look (signals/windows.py, Point) 7.4%; with this too 0.6-1.1%
+(a young collection every 10-14 s, no full one in 30 s; `bench/agent_steps.py` prints it).
 """
 
 from __future__ import annotations
