@@ -1,10 +1,12 @@
 """Shared fixtures (helpers live in support.py, importable from any test folder), the CI rule that a
 test needing an outside tool fails when the tool is missing instead of skipping quietly, and the backstop
-that stops a run whose test outlives its own timeout."""
+that stops a run whose test outlives its own timeout, and the cycle collector's settings put back after a
+test that ran a command in this process (`rooflight run` and `demo` tune it: agent/sampling/gc_tuning.py)."""
 
 from __future__ import annotations
 
 import faulthandler
+import gc
 import os
 import signal
 import threading
@@ -31,6 +33,18 @@ def skip_reason(report: pytest.TestReport) -> str:
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
         return str(longrepr[2])
     return str(longrepr)
+
+
+@pytest.fixture(autouse=True)
+def _collector_settings_kept() -> Iterator[None]:
+    """A test that calls `rooflight run` or `demo` in this process (a config error, say) tunes the collector
+    for the whole worker: frozen objects and the young threshold would carry into every later test."""
+    thresholds = gc.get_threshold()
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
+    if gc.get_threshold() != thresholds:
+        gc.set_threshold(*thresholds)
 
 
 @pytest.hookimpl(hookwrapper=True)

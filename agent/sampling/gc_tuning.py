@@ -27,8 +27,9 @@ def tune_for_sampling() -> None:
 
     Called once by the commands that run for long (`rooflight run`, `rooflight demo`) after start-up,
     never by `serve()`, which tests call many times in one process. A Python whose threshold is already
-    higher keeps it."""
+    higher keeps it, and one whose automatic collection is off (a threshold of 0) keeps it off."""
     gc.collect()  # start-up's cycles (import machinery, argparse) go now, not frozen with the rest
     gc.freeze()
     young, middle, old = gc.get_threshold()
-    gc.set_threshold(max(young, YOUNG_THRESHOLD), middle, old)
+    if young:
+        gc.set_threshold(max(young, YOUNG_THRESHOLD), middle, old)
