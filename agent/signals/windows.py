@@ -92,8 +92,7 @@ class Point:
     @property
     def histograms(self) -> dict[str, CorrectedHistogram]:
         """Every histogram the point holds, by name (for tests and diagnostics: windows read `histogram`)."""
-        return {name: CorrectedHistogram(self.histogram_bounds[name], memoryview(counts).cast("d"))
-                for name, counts in self.histogram_counts.items()}
+        return {name: h for name in self.histogram_counts if (h := self.histogram(name)) is not None}
 
 
 def correct_counter(
@@ -292,7 +291,7 @@ class SeriesHistory:
     ) -> tuple[dict[str, tuple[float, ...]], dict[str, bytes]]:
         """The point's histogram bounds and counts (Point.histogram_bounds, Point.histogram_counts)."""
         out_bounds = dict(prev.histogram_bounds) if prev else {}
-        out = dict(prev.histogram_counts) if prev else {}
+        out_counts = dict(prev.histogram_counts) if prev else {}
         for name, hist in histograms.items():
             if hist is None:
                 continue
@@ -303,17 +302,17 @@ class SeriesHistory:
             if raw_prev is not None and raw_prev[0] != bounds:
                 self._layout_moved(name, t)
             if t < self._unstable_until.get(name, -math.inf):
-                out.pop(name, None)  # no window can rate it; each new layout would be held per point
+                out_counts.pop(name, None)  # no window can rate it; each new layout would be held per point
                 out_bounds.pop(name, None)
                 continue
-            before = out.get(name)
+            before = out_counts.get(name)
             if raw_prev is None or before is None or out_bounds[name] != bounds:
                 counts = bytes(8 * len(bounds))  # new layout: deltas start here
                 out_bounds[name] = bounds
             else:
                 counts = array("d", _corrected_counts(raw_prev[1], memoryview(before).cast("d"), raw, dt)).tobytes()
-            out[name] = counts
-        return out_bounds, out
+            out_counts[name] = counts
+        return out_bounds, out_counts
 
     def _layout_moved(self, name: str, t: float) -> None:
         """Note a bucket layout change of a histogram at `t`; enough within the retention make it unstable."""
