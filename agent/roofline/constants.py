@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from rooflight.agent.roofline.gpus import UNKNOWN_GPU, GpuProfile
 from rooflight.agent.roofline.models import ModelSpec
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class TargetConstants:
+    """Frozen, so each derived value is computed once per instance (cached_property; no slots, which would
+    leave it nowhere to keep them): the engine loop hands the derive step the same instance while nothing
+    changes, and the physics reads these peaks ~20 times a sample."""
+
     model: ModelSpec | None
     gpu: GpuProfile | None  # None: a GPU with no constants on file; MBU and MFU stay absent
     gpu_source: str  # "flag", "nvml" or "default": how the profile was chosen
@@ -20,14 +25,14 @@ class TargetConstants:
     draft: ModelSpec | None = None  # a speculative-decoding draft model, streamed k times a step
     kv_pool_grouped: bool = False  # the engine groups layers by attention type in its KV pool (vLLM)
 
-    @property
+    @cached_property
     def expert_ranks(self) -> float:
         """Model copies (data-parallel ranks of tp GPUs each) that share one set of routed experts under
         expert parallelism: ep / tp, at least 1. Each copy holds 1/that of the experts and its step runs
         the tokens of all of them through those experts (docs/physics.md, Expert parallelism)."""
         return max(1.0, self.expert_parallel_size / self.tensor_parallel_size)
 
-    @property
+    @cached_property
     def kv_bytes_per_pool_token(self) -> float | None:
         """K+V bytes one token of the engine's KV pool holds, summed over the TP GPUs: the layers one
         pool page holds (ModelSpec.kv_pool_layers) x bytes per layer and token; None without a model."""
@@ -37,12 +42,12 @@ class TargetConstants:
         layers = self.model.kv_pool_layers(self.kv_pool_grouped)
         return self.model.kv_bytes_per_token_per_gpu(tp) * tp * layers / self.model.n_layers
 
-    @property
+    @cached_property
     def gpu_key(self) -> str:
         """The profile key, or 'unknown' when the GPU has no constants."""
         return self.gpu.key if self.gpu else UNKNOWN_GPU
 
-    @property
+    @cached_property
     def compute_dtype(self) -> str:
         """The dtype whose tensor-core peak bounds the matmuls: the model's GEMM dtype (fp8 for W8A8
         fp8; 16-bit for weight-only int8/int4 and for fp32 checkpoints, which vLLM serves in 16 bit),
@@ -50,18 +55,18 @@ class TargetConstants:
         dtype = self.model.compute_dtype if self.model else "bf16"
         return self.gpu.peak_dtype_for(dtype) if self.gpu else dtype
 
-    @property
+    @cached_property
     def peak_flops_per_gpu(self) -> float | None:
         """Dense peak of one GPU at compute_dtype; None for an unknown GPU."""
         return self.gpu.peak_flops[self.compute_dtype] if self.gpu else None
 
-    @property
+    @cached_property
     def peak_flops(self) -> float | None:
         """Dense peak of all the GPUs one model copy spans; None for an unknown GPU."""
         per_gpu = self.peak_flops_per_gpu
         return None if per_gpu is None else per_gpu * self.tensor_parallel_size
 
-    @property
+    @cached_property
     def peak_bandwidth(self) -> float | None:
         """HBM peak of all the GPUs one model copy spans (each streams its shard of the weights);
         None for an unknown GPU."""

@@ -102,6 +102,7 @@ class EngineLoop:
         self._histories: dict[tuple[str, str], SeriesHistory] = {}
         self._states: dict[tuple[str, str], DetectorState] = {}  # by series: what the derive step carries on
         self._derive = derive_settings(config.windows, config.percentiles, config.interval, self.thresholds)
+        self._constants: TargetConstants | None = None  # as the last sample used them (_rebuild_view)
         self._next_info = 0.0
         self.hints = EngineInfoHints()
         self.latest: EngineSample | None = None
@@ -277,6 +278,9 @@ class EngineLoop:
         constants = self._constants_for(self.target, model, _first(self.hints.tensor_parallel_size, info_tp))
         # vLLM's hybrid KV-cache manager pages a hybrid model's layers by attention type (docs/physics.md, Live ratios)
         constants = replace(constants, kv_pool_grouped=self._adapter is not None and self._adapter.ENGINE == "vllm")
+        if constants == self._constants:  # the instance the last sample used: its peaks are computed already
+            constants = self._constants
+        self._constants = constants
         now = self.clock.monotonic()
         fresh = (
             self.latest is not None
