@@ -9,7 +9,8 @@ sampling loop keeps one per (model, rank) and passes it to signals/series.py's d
   15-30 s Prometheus scrape sees a stall that lasted one step.
 - The rising edges: which verdicts turned on since the series' previous verdicts (the loop marks them for
   Nsight Systems).
-- The longer windows' cadence (docs/metrics.md, Conventions): derived again at most once a second.
+- The longer windows' cadence (docs/metrics.md, Conventions): each derived again once it is a sixtieth of its
+  length old.
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ MARKED = (
     ("admission_bound", "admission-bound batch"),
 )
 
-# The windows longer than the shortest are derived again at most this often, and at least every
-# LONG_WINDOWS_STALE_SHARE of the shortest of them (docs/metrics.md, Conventions): at 10 Hz a 1m
-# window's start and end move by under 2% of it in a second, so deriving it on every sample would cost
-# ten times the work for no information. The shortest window, which the detectors judge, is derived
+# Each window longer than the shortest is derived again once it is LONG_WINDOWS_STALE_SHARE of its length
+# old (docs/metrics.md, Conventions): a 1m window every second, a 5m one every 5 s. In that time its start and
+# end move by under 2% of it, so deriving it on every sample would cost ten times the work at 10 Hz, and five
+# times a 5m window's at 1 Hz, for no information. The shortest window, which the detectors judge, is derived
 # on every sample.
-LONG_WINDOWS_EVERY_SECONDS = 1.0
 LONG_WINDOWS_STALE_SHARE = 1 / 60
 
 # The usual largest step: the value 80% of the recent prefill seconds' largest steps stay at or under
@@ -52,16 +52,17 @@ ITL_SPAN_INTERVALS = 1.5
 
 
 class LongWindows(NamedTuple):
-    """The windows after the shortest of one series as last derived, and what they were derived from."""
+    """The windows after the shortest of one series as last derived, each when it was, and what from."""
 
-    at: float  # monotonic
+    at: tuple[float, ...]  # monotonic: when each longer window was last derived, in DeriveSettings.longer's order
     constants: TargetConstants
     kv_capacity_tokens: float | None
-    windows: tuple[derive.WindowValues, ...]  # checked against the GPUs' physics (signals/bounds.py)
+    derived: tuple[derive.WindowValues | None, ...]  # each as last derived (None: the history did not cover it)
+    windows: tuple[derive.WindowValues, ...]  # those derived, checked against the GPUs' physics (signals/bounds.py)
 
 
 class LongSignals(NamedTuple):
-    """The longer windows' capacity signals as last computed, and what from (LongWindows.windows itself)."""
+    """The longer windows' capacity signals as last computed, each with the window it came from."""
 
     windows: tuple[derive.WindowValues, ...]
     batch_max: float | None
@@ -188,16 +189,19 @@ def rising_edges(state: DetectorState, verdicts: Verdicts | None) -> tuple[tuple
     return edges, state._replace(raised=verdicts)
 
 
-def long_windows_every(longer: Mapping[str, float]) -> float:
-    """How often the longer windows are derived again: LONG_WINDOWS_EVERY_SECONDS, or sooner where the
-    shortest of them is short (LONG_WINDOWS_STALE_SHARE of it)."""
-    return min([LONG_WINDOWS_EVERY_SECONDS, *(LONG_WINDOWS_STALE_SHARE * s for s in longer.values())])
+def long_windows_every(longer: Mapping[str, float]) -> tuple[float, ...]:
+    """How often each longer window is derived again: LONG_WINDOWS_STALE_SHARE of its length."""
+    return tuple(LONG_WINDOWS_STALE_SHARE * seconds for seconds in longer.values())
 
 
-def long_windows_kept(kept: LongWindows | None, now: float, every: float, interval: float,
-                      constants: TargetConstants, kv_capacity_tokens: float | None) -> bool:
-    """Whether the longer windows as last derived still stand: derived under `every` ago (half an interval
-    early, so at 1 Hz every sample derives them, whatever the scheduling jitter), with the same constants
-    and KV pool (else derived again at once: up to a second old, never wrong)."""
-    return (kept is not None and 0.0 <= now - kept.at < every - interval / 2
-            and kept.kv_capacity_tokens == kv_capacity_tokens and kept.constants == constants)
+def long_window_kept(at: float, now: float, every: float, interval: float) -> bool:
+    """Whether a longer window derived at `at` still stands: derived under `every` ago (half an interval early,
+    so a window due every interval is derived on every sample, whatever the scheduling jitter)."""
+    return 0.0 <= now - at < every - interval / 2
+
+
+def long_windows_basis_kept(kept: LongWindows | None, constants: TargetConstants,
+                            kv_capacity_tokens: float | None) -> bool:
+    """Whether the longer windows were derived from these constants and KV pool (else each is derived again
+    at once: up to LONG_WINDOWS_STALE_SHARE of its length old, never wrong)."""
+    return kept is not None and kept.kv_capacity_tokens == kv_capacity_tokens and kept.constants == constants

@@ -26,7 +26,9 @@ from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.signals import derive, policy
 from rooflight.agent.signals.bounds import within_physics
 from rooflight.agent.signals.detectors import DetectorInputs, DetectorThresholds, Verdicts, evaluate
-from rooflight.agent.signals.headroom import SignalSettings, WindowSignals, gpu_energy_watts, series_signals
+from rooflight.agent.signals.headroom import (
+    SignalSettings, WindowSignals, gpu_energy_watts, series_signals, window_signals,
+)
 from rooflight.agent.signals.policy import DetectorState, ItlTail
 from rooflight.agent.signals.view import SeriesView
 from rooflight.agent.signals.windows import Point, SeriesHistory, mean
@@ -45,7 +47,7 @@ class DeriveSettings:
     percentiles: tuple[str, ...]
     interval: float  # seconds between samples
     thresholds: DetectorThresholds
-    long_every: float  # how often the longer windows are derived again (policy.long_windows_every)
+    long_every: tuple[float, ...]  # how often each longer window is derived again (policy.long_windows_every)
     tails: policy.TailSpan
 
 
@@ -152,9 +154,9 @@ def with_signals(view: SeriesView, constants: TargetConstants | None, settings: 
 def _signals_kept(windows: tuple[derive.WindowValues, ...], longer: tuple[derive.WindowValues, ...],
                   batch_max: float | None, series: EngineSeries, target: TargetInputs,
                   state: DetectorState) -> tuple[tuple[WindowSignals, ...], DetectorState]:
-    """The windows' capacity signals (as with_signals gives them), those of the longer windows (the last
-    ones) kept with them while they stand (policy.LongSignals): the same windows, batch cap and settings
-    give the same signals, and at 10 Hz they stand for ten samples."""
+    """The windows' capacity signals (as with_signals gives them), each longer window's (the last ones) kept
+    with it while it stands (policy.LongSignals): the same window, batch cap and settings give the same
+    signals, and a 5m window stands for five seconds."""
     settings, capacity, constants = target.signal_settings, series.kv_capacity_tokens, target.constants
     if not longer:
         return series_signals(windows, constants, batch_max, capacity, settings), state
@@ -162,7 +164,10 @@ def _signals_kept(windows: tuple[derive.WindowValues, ...], longer: tuple[derive
     kept = state.long_signals
     if kept is not None and kept.windows is longer and kept.batch_max == batch_max and kept.settings == settings:
         return short + kept.signals, state
-    signals = series_signals(longer, constants, batch_max, capacity, settings)
+    # Each kept window's signals by the window's id: the kept windows are alive in `kept`, so an id is one of them.
+    same = {} if kept is None or kept.batch_max != batch_max or kept.settings != settings else \
+        {id(w): s for w, s in zip(kept.windows, kept.signals)}
+    signals = tuple(same.get(id(w)) or window_signals(w, constants, batch_max, capacity, settings) for w in longer)
     return short + signals, state._replace(long_signals=policy.LongSignals(longer, batch_max, settings, signals))
 
 
@@ -220,18 +225,28 @@ def _shortest_window(series: EngineSeries, history: SeriesHistory | None, target
 def _longer_windows(series: EngineSeries, history: SeriesHistory | None, target: TargetInputs,
                     settings: DeriveSettings, state: DetectorState, now: float,
                     dropped: list[str]) -> tuple[tuple[derive.WindowValues, ...], DetectorState]:
-    """The longer windows, checked against the GPUs' physics: as last derived while they stand
-    (policy.long_windows_kept), else derived again."""
+    """The longer windows, checked against the GPUs' physics: each as last derived while it stands
+    (policy.long_window_kept), else derived again."""
     if history is None or not settings.longer:
         return (), state
-    kept, constants = state.long, target.constants
-    if kept is not None and policy.long_windows_kept(kept, now, settings.long_every, settings.interval, constants,
-                                                     series.kv_capacity_tokens):
-        return kept.windows, state
-    windows = derive.derive_target(history, settings.longer, constants, series.kv_capacity_tokens,
-                                   settings.percentiles)
-    windows = tuple(within_physics(w, constants) for w in _measured(windows, target.gpu, dropped))
-    return windows, state._replace(long=policy.LongWindows(now, constants, series.kv_capacity_tokens, windows))
+    kept, constants, capacity = state.long, target.constants, series.kv_capacity_tokens
+    standing = kept.at if kept is not None and policy.long_windows_basis_kept(kept, constants, capacity) else None
+    at, derived = [], []
+    for i, ((name, seconds), every) in enumerate(zip(settings.longer.items(), settings.long_every)):
+        if standing is not None and policy.long_window_kept(standing[i], now, every, settings.interval):
+            at.append(standing[i])
+            derived.append(kept.derived[i])  # type: ignore[union-attr]
+            continue
+        values = derive.derive_window(history, name, seconds, constants, capacity, settings.percentiles)
+        if values is not None:
+            (values,) = _measured((values,), target.gpu, dropped)
+            values = within_physics(values, constants)
+        at.append(now)
+        derived.append(values)
+    if kept is not None and standing is not None and tuple(at) == standing:
+        return kept.windows, state  # every one stands: the same tuple (its signals are kept with it)
+    windows = tuple(w for w in derived if w is not None)
+    return windows, state._replace(long=policy.LongWindows(tuple(at), constants, capacity, tuple(derived), windows))
 
 
 def _measured(windows: tuple[derive.WindowValues, ...], gpu: GpuMeasures,

@@ -1,10 +1,12 @@
-"""At 10 Hz the windows after the shortest are derived again once a second, the shortest on every sample.
+"""Each window after the shortest is derived again once it is a sixtieth of its length old (a 1m window once a
+second, a 5m one every 5 s), the shortest on every sample.
 
 A scripted vLLM over real HTTP on a FakeClock, its counters moving by a different amount each sample, so
 every derivation differs from the one before. What the agent exports is compared with a fresh
 derive_window over the same history: the shortest window must be this sample's, a longer one must be
-one derived within the last second (up to a second old, never wrong); at 1 Hz, or for windows so short
-that a second is a large share of them, every one is this sample's.
+one derived within the last sixtieth of its length (up to a second old for 1m, never wrong), and its
+capacity signals those of the window exported; at 1 Hz a 1m window, or windows so short that a second is a
+large share of them, are this sample's.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import pytest
 from rooflight.agent.roofline.models import PRESETS
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.config.agent import build
-from rooflight.agent.signals.policy import LONG_WINDOWS_EVERY_SECONDS
+from rooflight.agent.signals.headroom import window_signals
+from rooflight.agent.signals.policy import LONG_WINDOWS_STALE_SHARE
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.signals import derive
 from support import FakeEngine, started_agent
 
-SHORT, LONG = ("5s", 5.0), ("1m", 60.0)
+SHORT, LONG, LONGEST = ("5s", 5.0), ("1m", 60.0), ("5m", 300.0)
 
 
 class ScriptedVllm:
@@ -62,9 +65,11 @@ class Rig:
     def __init__(self, agent: Agent, engine: FakeEngine, clock: FakeClock, interval: float,
                  windows: tuple[tuple[str, float], ...]) -> None:
         self.agent, self.engine, self.clock, self.interval = agent, engine, clock, interval
-        self.short, self.long = windows
+        self.short, *self.longer = windows
+        self.long = self.longer[0]
         self.vllm = ScriptedVllm()
-        self.derived: list[tuple[float, derive.WindowValues | None]] = []  # (when, the longer window derived fresh then)
+        # (when, each longer window by name as derived fresh then)
+        self.derived: list[tuple[float, dict[str, derive.WindowValues | None]]] = []
 
     async def sample(self) -> tuple[derive.WindowValues, ...]:
         """One sample; the windows exported for the series."""
@@ -72,14 +77,27 @@ class Rig:
         self.engine.body = self.vllm.page()
         self.clock.advance(self.interval)
         await self.agent.sample_engines_once()
-        self.derived.append((self.clock.monotonic(), self.fresh(self.long)))
+        self.derived.append((self.clock.monotonic(), {w[0]: self.fresh(w) for w in self.longer}))
         (view,) = self.agent.snapshot.targets[0].series
         return view.windows
 
-    def derived_within(self, seconds: float) -> list[derive.WindowValues | None]:
-        """What fresh derivations of the longer window gave over the last `seconds`."""
+    def derived_within(self, seconds: float, window: tuple[str, float] | None = None) -> list[derive.WindowValues | None]:
+        """What fresh derivations of a longer window (the first by default) gave over the last `seconds`."""
         now = self.clock.monotonic()
-        return [w for t, w in self.derived if now - t < seconds]
+        name = (window or self.long)[0]
+        return [fresh[name] for t, fresh in self.derived if now - t < seconds]
+
+    def signals_of(self, window: derive.WindowValues) -> object:
+        """The capacity signals the agent exports for one of the series' windows."""
+        (view,) = self.agent.snapshot.targets[0].series
+        return next(s for s in view.signals if s.window == window.window)
+
+    def signals_for(self, window: derive.WindowValues) -> object:
+        """The capacity signals a fresh computation gives for an exported window."""
+        target = self.agent.snapshot.targets[0]
+        (view,) = target.series
+        return window_signals(window, target.constants, view.batch_max, view.series.kv_capacity_tokens,
+                              target.signal_settings)
 
     def fresh(self, window: tuple[str, float]) -> derive.WindowValues | None:
         """The window derived now from the history, as an agent deriving everything on each sample would."""
@@ -120,8 +138,8 @@ async def every_sample_rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]
 
 
 async def _warm(rig: Rig) -> None:
-    """Until the long window spans half its length: both windows are exported."""
-    while len(await rig.sample()) < 2:
+    """Until the longest window spans half its length: every window is exported."""
+    while len(await rig.sample()) < 1 + len(rig.longer):
         pass
 
 
@@ -132,7 +150,7 @@ async def test_at_10_hz_the_long_window_is_at_most_a_second_old_and_the_short_on
         short, long = await rig10.sample()
         assert short == rig10.fresh(SHORT)  # every sample
         assert long.window == LONG[0]
-        assert long in rig10.derived_within(LONG_WINDOWS_EVERY_SECONDS)  # up to a second old, never wrong
+        assert long in rig10.derived_within(LONG_WINDOWS_STALE_SHARE * LONG[1])  # up to a second old, never wrong
         if not distinct or long != distinct[-1]:
             distinct.append(long)
     # Derived again about once a second (4 s of samples), not on each of the 40 samples.
@@ -158,3 +176,27 @@ async def test_new_constants_derive_the_long_windows_at_once(rig10: Rig) -> None
     _, after = await rig10.sample()
     assert after == rig10.fresh(LONG)
     assert after.mfu and after.mfu != before.mfu  # the new model's FLOPs, not the old one's, within the second
+
+
+@pytest.fixture
+async def rig1_5m() -> AsyncIterator[Rig]:
+    async for rig in _rig(1.0, (SHORT, LONG, LONGEST)):
+        yield rig
+
+
+async def test_at_1_hz_a_5m_window_is_at_most_5_s_old_while_1m_is_this_samples(rig1_5m: Rig) -> None:
+    rig = rig1_5m
+    await _warm(rig)
+    distinct: list[derive.WindowValues] = []
+    for _ in range(20):
+        short, long, longest = await rig.sample()
+        assert short == rig.fresh(SHORT) and long == rig.fresh(LONG)
+        assert longest.window == LONGEST[0]
+        assert longest in rig.derived_within(LONG_WINDOWS_STALE_SHARE * LONGEST[1], LONGEST)  # never wrong
+        # The signals kept with a standing 5m window are its own, while the 1m window's move on every sample.
+        assert rig.signals_of(longest) == rig.signals_for(longest)
+        assert rig.signals_of(long) == rig.signals_for(long)
+        if not distinct or longest != distinct[-1]:
+            distinct.append(longest)
+    assert 3 <= len(distinct) <= 6  # about every fifth of the 20 samples, not each of them
+    assert all(a.tokens_per_second != b.tokens_per_second for a, b in zip(distinct, distinct[1:]))

@@ -111,18 +111,19 @@ def test_rising_edges_name_what_turned_on_once() -> None:
     assert edges == ("admission-bound batch",)
 
 
-def test_the_longer_windows_stand_for_a_second_unless_what_they_came_from_changed() -> None:
-    kept = policy.LongWindows(at=10.0, constants=CONSTANTS, kv_capacity_tokens=100.0, windows=())
-    every = policy.long_windows_every({"1m": 60.0})
-    assert every == policy.LONG_WINDOWS_EVERY_SECONDS
-    assert policy.long_windows_every({"30s": 30.0}) == pytest.approx(0.5)  # a sixtieth of a short long window
-    at_10hz = [policy.long_windows_kept(kept, 10.0 + dt, every, 0.1, CONSTANTS, 100.0) for dt in (0.0, 0.9, 0.96)]
+def test_each_longer_window_stands_for_a_sixtieth_of_itself_unless_what_it_came_from_changed() -> None:
+    assert policy.long_windows_every({"30s": 30.0, "1m": 60.0, "5m": 300.0}) == pytest.approx((0.5, 1.0, 5.0))
+    at_10hz = [policy.long_window_kept(10.0, 10.0 + dt, 1.0, 0.1) for dt in (0.0, 0.9, 0.96)]
     assert at_10hz == [True, True, False]  # half an interval early
-    assert not policy.long_windows_kept(kept, 11.0, every, 1.0, CONSTANTS, 100.0)  # 1 Hz: every sample
-    assert not policy.long_windows_kept(kept, 10.1, every, 0.1, CONSTANTS, 200.0)  # the KV pool changed
-    other = replace(CONSTANTS, tensor_parallel_size=2)
-    assert not policy.long_windows_kept(kept, 10.1, every, 0.1, other, 100.0)
-    assert not policy.long_windows_kept(kept, 9.0, every, 0.1, CONSTANTS, 100.0)  # the clock went back
+    assert not policy.long_window_kept(10.0, 11.0, 1.0, 1.0)  # a 1m window at 1 Hz: every sample
+    at_1hz = [policy.long_window_kept(10.0, 10.0 + dt, 5.0, 1.0) for dt in (1.0, 4.0, 5.0)]
+    assert at_1hz == [True, True, False]  # a 5m window at 1 Hz: every fifth sample
+    assert not policy.long_window_kept(10.0, 9.0, 1.0, 0.1)  # the clock went back
+    kept = policy.LongWindows(at=(10.0,), constants=CONSTANTS, kv_capacity_tokens=100.0, derived=(None,), windows=())
+    assert policy.long_windows_basis_kept(kept, CONSTANTS, 100.0)
+    assert not policy.long_windows_basis_kept(kept, CONSTANTS, 200.0)  # the KV pool changed
+    assert not policy.long_windows_basis_kept(kept, replace(CONSTANTS, tensor_parallel_size=2), 100.0)
+    assert not policy.long_windows_basis_kept(None, CONSTANTS, 100.0)
 
 
 def test_the_itl_tail_judges_against_its_own_past_and_the_proxy_only_when_it_judges() -> None:
