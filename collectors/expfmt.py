@@ -45,6 +45,7 @@ for 32k samples). Without Bounds the reader is exact, as the comparisons above n
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -622,6 +623,10 @@ def select(
     that page 56 us against parse()'s ~300 us of stepping through lines. The pattern also finds every
     line that starts with anything but a name's first character, `#` or nothing (leading whitespace, a
     `{__name__=...}` line), which is then read through the same checks as parse() reads it.
+
+    A page whose found lines are all series read before, in the order of a page read before, is read in C
+    (_as_before): select() on that page 150 us against 213 warm, 365-487 against 556-637 us after 100 ms
+    asleep (thread CPU time, median of 55 pages, interleaved).
     """
     want = tuple(prefixes) if prefixes is not None else None
     keep = frozenset(names)
@@ -632,60 +637,80 @@ def select(
     first, after_newline = finders
     _fresh_series_cache()
     reading = _Reading(bounds if bounds is not None else _BOUNDS.get())
+    found = _found(first, after_newline, text)
+    head = list(itertools.islice(found, _LAYOUT_MAX_LINES + 1)) if len(text) <= _LAYOUT_MAX_CHARS else []
+    known = 0 < len(head) <= _LAYOUT_MAX_LINES  # the page's found lines are all in `head`
+    if known and (same := _as_before(head, reading)) is not None:
+        return same
     by_name: dict[str, list[Sample]] = {}
     # The counts _Reading.count keeps, kept here as locals: a method call per sample is not free.
     series, counted = _SERIES, reading.limits is not None
     room, label_room, created, used = reading.room, reading.label_room, 0, 0
-    for line, odd in _found(first, after_newline, text):
-        if line:
-            end = line.find('"}')
-            seen = series.get(line[: end + 2]) if end != -1 and not reading.full else None
+    seen_lines: list[tuple[str, dict[str, str]]] | None = [] if known else None  # while every line is a known series
+    for key, rest, odd in itertools.chain(head, found):
+        if key:  # a line starting with a wanted name: `key` is its name and labels (_LINE), `rest` what follows
+            seen = series.get(key) if not reading.full else None
+            line = ""
         else:  # a line no name starts: blank, indented or `{__name__=...}`; what parse() would keep of it
+            seen_lines = None
             line = odd.strip()
             if not line or line[0] == "#" or (line[0] != "{" and want is not None and not line.startswith(want)):
                 continue
             end, seen = line.find('"}'), None
             if end != -1 and not reading.full:
                 seen = series.get(line[: end + 2])
+                rest = line[end + 2 :]
         if seen is not None:  # a series read before (most lines): its name and labels, as _parse_sample finds them
             name = seen[0]
             if name not in keep:
+                seen_lines = None
                 continue
             try:
-                sample = _finish(name, dict(seen[1]), line[end + 2 :])
+                sample = _finish(name, dict(seen[1]), rest)
             except ValueError:
                 reading.bad += 1
+                seen_lines = None
                 continue
+            if seen_lines is not None:
+                seen_lines.append(seen)
         else:
-            line = line.rstrip()
+            line = (line or key + rest).rstrip()
             brace = line.find("{")
             if line[0] != "{" and _sample_name(line, brace, keep) not in keep:
+                seen_lines = None
                 continue  # the line starts with a wanted name, followed by more of another name
             sample = reading.read(line, brace)
             if sample is None:
+                seen_lines = None
                 continue
             if line[0] == "{" and not _kept(sample.name, want, keep):
+                seen_lines = None
                 continue  # a `{__name__="..."}` line: its name is known only now
+            if seen_lines is not None:  # a line without labels, `name value`, is known by its name and blank
+                if key[-1:] in _BLANKS and sample.name == key[:-1] and not sample.labels:
+                    seen_lines.append((sample.name, _NO_LABELS))
+                else:
+                    seen_lines = None
         if counted:
             created += 1
             used += len(sample.labels)
             reading.full = created == room or (label_room != -1 and used >= label_room)
-        same = by_name.get(sample.name)
-        if same is None:
+        same_name = by_name.get(sample.name)
+        if same_name is None:
             by_name[sample.name] = [sample]
         else:
-            same.append(sample)
+            same_name.append(sample)
     reading.created, reading.used = created, used
     reading.close()
+    if seen_lines and not (reading.dropped or reading.bad):
+        _remember_layout(tuple(key for key, _, _ in head), seen_lines)
     return Selection(by_name, reading.bad)
 
 
-def _found(first: re.Pattern[str], after_newline: re.Pattern[str], text: str) -> Iterator[tuple[str, str]]:
-    """select()'s lines, as findall's (line, odd line) pairs: a tuple each, where finditer made a Match
-    object each and a call to read it. With the counts kept as locals, select() on bench_sampling.py's vLLM
-    page takes 196 us against 219 (median of five interleaved runs of 300 pages, warm); after 100 ms asleep
-    a page costs ~540 us either way, its memory gone cold. A block of _SELECT_BLOCK_CHARS at a time, cut at
-    newlines: a page of a million blank lines starting with a space is a million pairs, never all at once."""
+def _found(first: re.Pattern[str], after_newline: re.Pattern[str], text: str) -> Iterator[tuple[str, str, str]]:
+    """select()'s lines, as findall's (key, rest, odd line) triples: a tuple each, where finditer made a Match
+    object each and a call to read it. A block of _SELECT_BLOCK_CHARS at a time, cut at newlines: a page of a
+    million blank lines starting with a space is a million triples, never all at once."""
     head = first.match(text)
     if head is not None:
         yield head.groups()  # type: ignore[misc]
@@ -698,12 +723,95 @@ def _found(first: re.Pattern[str], after_newline: re.Pattern[str], text: str) ->
         start = end
 
 
+class _Layout(NamedTuple):
+    """The names and labels of a page's found lines, each a series read before (select's _as_before)."""
+
+    names: tuple[str, ...]
+    labels: tuple[dict[str, str], ...]  # _SERIES' own dicts (or _NO_LABELS), never handed out: each sample gets a copy
+    runs: tuple[tuple[str, int, int], ...]  # (name, first, end) of each name's lines, one run per name
+    label_count: int
+
+
+# A page's found lines' keys -> their _Layout. An engine's page keeps its series from one scrape to the next,
+# so after two pages the third is read by _as_before: its values in C (map(float, ...)) and its samples made
+# in C, where the loop took a Python step per line (measured: see select()). Bounded in the key
+# characters the layouts hold (the pages of 64 targets with a vLLM page each take ~640 kB); when a new one
+# would not fit, every one is forgotten and the pages read now are remembered afresh.
+_LAYOUTS: dict[tuple[str, ...], _Layout] = {}
+_LAYOUT_CHARS_MAX = 1024 * 1024
+# A page larger, or finding more lines, is read line by line, a block at a time: a layout's page has its found
+# lines all held at once, at most ~1 MB (a 4 MiB page of lines of sixty labels held whole took the agent past 100 MB).
+_LAYOUT_MAX_CHARS = 512 * 1024
+_LAYOUT_MAX_LINES = 4096
+_layout_chars = 0
+
+
+def _as_before(head: list[tuple[str, str, str]], reading: _Reading) -> Selection | None:
+    """select()'s Selection of a page whose found lines have the keys of a remembered layout, every value a
+    plain number and the Bounds' room enough for all of them; None otherwise (the page is read line by line)."""
+    if not head:
+        return None
+    keys, rests, _ = zip(*head)
+    layout = _LAYOUTS.get(keys)  # an odd line's key is "": never in a layout
+    if layout is None:
+        return None
+    n = len(keys)
+    if (reading.room != -1 and n >= reading.room) or (reading.label_room != -1 and layout.label_count >= reading.label_room):
+        return None
+    joined = "".join(rests)
+    if "_" in joined or "#" in joined:  # `_` is refused, `#` starts an exemplar: _finish decides, line by line
+        return None
+    try:
+        values = list(map(float, rests))
+    except ValueError:  # a timestamp after a value, or no value: read line by line
+        return None
+    samples = list(map(_new_sample, itertools.repeat(Sample, n),
+                       zip(layout.names, map(dict, layout.labels), values, itertools.repeat(None, n))))
+    if reading.limits is not None:
+        reading.created, reading.used = n, layout.label_count
+    reading.close()
+    return Selection({name: samples[first:end] for name, first, end in layout.runs}, 0)
+
+
+def _remember_layout(keys: tuple[str, ...], seen: list[tuple[str, dict[str, str]]]) -> None:
+    """Remember the layout of a page whose every found line was a series read before (a cache hit), its
+    lines of one name together (as every engine writes them)."""
+    global _layout_chars
+    if keys in _LAYOUTS:
+        return
+    names = tuple(name for name, _ in seen)
+    runs: list[tuple[str, int, int]] = []
+    for i, name in enumerate(names):
+        if runs and runs[-1][0] == name:
+            runs[-1] = (name, runs[-1][1], i + 1)
+        else:
+            runs.append((name, i, i + 1))
+    if len(runs) != len(set(names)):
+        return  # one name's lines in two places: by_name joins them, line by line
+    chars = sum(map(len, keys))
+    if _layout_chars + chars > _LAYOUT_CHARS_MAX:
+        _LAYOUTS.clear()
+        _layout_chars = 0
+        if chars > _LAYOUT_CHARS_MAX:
+            return
+    _LAYOUTS[keys] = _Layout(names, tuple(labels for _, labels in seen), tuple(runs),
+                             sum(len(labels) for _, labels in seen))
+    _layout_chars += chars
+
+
 # select() reads a page this many characters at a time (_found): at most ~8k lines' pairs (~0.6 MB) at once.
 _SELECT_BLOCK_CHARS = 16 * 1024
 
-# A line starting with one of the names where the name ends (group 1), or a line whose first character
-# cannot start a name, a comment or an empty line (group 2: leading whitespace, `{__name__=...}`).
-_LINE = r"(?:({names}(?![A-Za-z0-9_:])[^\n]*)|([^A-Za-z_:#\n][^\n]*))"
+# A line starting with one of the names where the name ends: its key (group 1: the name, and where a `{` follows
+# it, its labels up to the line's last `"}`, else the space or tab after it) and the rest (group 2); or a line whose first character cannot start
+# a name, a comment or an empty line (group 3: leading whitespace, `{__name__=...}`). _SERIES keeps a line's
+# name and labels up to its first `"}`: where the two differ (a `"}` in a value, or in an exemplar after it),
+# the key is no series read before, and the line is read as a new one (the same samples). The greedy scan
+# back from the line's end costs findall 81 us on the vLLM page against 63 for the whole line, where a lazy
+# one forward took 142 (timeit, warm).
+_LINE = r'(?:({names}(?![A-Za-z0-9_:])(?:\{[^\n]*"\}|[ \t])?)([^\n]*)|([^A-Za-z_:#\n][^\n]*))'
+_BLANKS = (" ", "\t")  # what ends the key of a line without labels
+_NO_LABELS: dict[str, str] = {}  # a layout's labels of such a line (never handed out: each sample gets a copy)
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,0 +1,131 @@
+"""select() reads a page whose found lines are the series of a page it read before (the same keys, in the same
+order) without a Python step per line (expfmt._as_before): what it returns, and what it counts into the
+Bounds, must still be exactly parse()'s `by_name`, whatever the new values are (NaN, +Inf, `1_0`, a
+timestamp after the value, an exemplar, nothing), and the layouts it remembers stay within their bound.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rooflight.collectors import expfmt, vllm
+from test_expfmt_select import ADAPTERS, PAGES, _agree, _by_name
+from test_fuzz import FUZZ
+
+VLLM_PAGE = (Path(__file__).parents[1] / "fixtures" / "engine-samples" / "vllm-cpu-load-c16.prom").read_text()
+_VALUE = re.compile(r"^([^#\s][^\n]*?[}\w]) (\S+)$", re.M)  # a sample line without a timestamp, and its value
+ODD_VALUES = ("NaN", "+Inf", "-Inf", "1_0", "1e3", "-0.0", "0x1", "", "1 1700000000000", '2 # {a="b"} 1',
+              "7 \r", "nan", "1.5e-9", "12345678901234567890")
+
+
+def _with_values(text: str, values: list[str]) -> str:
+    """The page with its sample lines' values replaced in turn by `values` (cycled)."""
+    count = iter(range(1 << 30))
+    return _VALUE.sub(lambda m: f"{m.group(1)} {values[next(count) % len(values)]}".rstrip(" "), text)
+
+
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No series and no layout known yet (the module's caches as at start; put back after the test)."""
+    for name, value in (("_SERIES", {}), ("_series_chars", 0), ("_LAYOUTS", {}), ("_layout_chars", 0)):
+        monkeypatch.setattr(expfmt, name, value)
+
+
+@pytest.fixture
+def as_before(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each select() call read its page as one read before (the layout path)."""
+    used: list[bool] = []
+    real = expfmt._as_before
+
+    def spy(head, reading):  # type: ignore[no-untyped-def]
+        found = real(head, reading)
+        used.append(found is not None)
+        return found
+
+    monkeypatch.setattr(expfmt, "_as_before", spy)
+    return used
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_a_recorded_page_read_again_with_new_values_reads_as_parse_reads_it(path: Path, as_before: list[bool]) -> None:
+    text = path.read_text()
+    for adapter in ADAPTERS:
+        for step in range(4):
+            page = _with_values(text, [str(step * 7 + i) for i in range(13)])
+            for bounded in (False, True):
+                _agree(page, adapter.NAMES, None, bounded)
+    if _VALUE.search(text):
+        assert any(as_before), "no page was read as one read before"
+
+
+def test_the_vllm_page_is_read_as_before_from_its_third_reading(fresh: None, as_before: list[bool]) -> None:
+    pages = [_with_values(VLLM_PAGE, [f"{n}.{i}" for i in range(9)]) for n in range(4)]
+    selections = [expfmt.select(page, vllm.NAMES, prefixes=("vllm:",)) for page in pages]
+    assert as_before == [False, False, True, True]  # the first page's lines were new: the second's were all known
+    for page, selected in zip(pages, selections):
+        parsed = expfmt._read(page, prefixes=("vllm:",), names=frozenset(vllm.NAMES), bounds=None)
+        assert _by_name(selected.by_name) == _by_name(parsed.by_name)
+        assert list(selected.by_name) == list(parsed.by_name)
+    third, fourth = selections[2:]
+    running = "vllm:num_requests_running"
+    assert third.get(running)[0].value != fourth.get(running)[0].value  # each page's own values
+    assert third.get(running)[0].labels is not fourth.get(running)[0].labels  # and labels of its own
+
+
+@pytest.mark.parametrize("odd", ODD_VALUES)
+def test_an_odd_value_on_a_known_page_reads_as_parse_reads_it(odd: str) -> None:
+    known = _with_values(VLLM_PAGE, ["1"])
+    for _ in range(2):
+        expfmt.select(known, vllm.NAMES, prefixes=("vllm:",))  # its layout remembered
+    for values in ([odd], ["3", odd, "4"]):
+        page = _with_values(VLLM_PAGE, values)
+        for bounded in (False, True):
+            _agree(page, vllm.NAMES, ("vllm:",), bounded)
+
+
+@FUZZ
+@given(st.lists(st.one_of(st.sampled_from(ODD_VALUES), st.floats(allow_nan=True).map(repr),
+                          st.text(alphabet="0123456789.e+-_ #xXaInf", max_size=8)), min_size=1, max_size=20))
+def test_any_values_on_a_known_page_read_as_parse_reads_them(values: list[str]) -> None:
+    known = _with_values(VLLM_PAGE, ["2"])
+    for _ in range(2):
+        expfmt.select(known, vllm.NAMES, prefixes=("vllm:",))
+    page = _with_values(VLLM_PAGE, values)
+    _agree(page, vllm.NAMES, ("vllm:",), bounded=False)
+    _agree(page, vllm.NAMES, ("vllm:",), bounded=True)
+
+
+def test_bounds_that_would_cut_a_known_page_cut_it_as_parse_does() -> None:
+    page = _with_values(VLLM_PAGE, ["5"])
+    for _ in range(2):
+        expfmt.select(page, vllm.NAMES, prefixes=("vllm:",))
+    n = sum(len(v) for v in expfmt.select(page, vllm.NAMES, prefixes=("vllm:",)).by_name.values())
+    for max_samples, max_labels in ((n - 1, None), (n, None), (n + 1, None), (None, 3 * n), (None, 10 * n)):
+        parsed, selected = (expfmt.Bounds(max_samples=max_samples, max_labels=max_labels) for _ in range(2))
+        want = expfmt._read(page, prefixes=("vllm:",), names=frozenset(vllm.NAMES), bounds=parsed).by_name
+        got = expfmt.select(page, vllm.NAMES, prefixes=("vllm:",), bounds=selected).by_name
+        assert _by_name(got) == _by_name(want) and selected == parsed, (max_samples, max_labels)
+
+
+def test_the_layouts_held_stay_within_their_bound(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages of ever new label sets (a new model name each) each leave a layout: the keys' characters held stay
+    under _LAYOUT_CHARS_MAX (here a twentieth of it, so forty pages pass it twice), and the latest page is still
+    read as before."""
+    monkeypatch.setattr(expfmt, "_LAYOUT_CHARS_MAX", expfmt._LAYOUT_CHARS_MAX // 20)
+    finders = expfmt._finders(frozenset(vllm.NAMES), ("vllm:",))
+    cleared = 0
+    for n in range(40):
+        page = VLLM_PAGE.replace('model_name="', f'model_name="m{n}-')
+        before = len(expfmt._LAYOUTS)
+        for _ in range(3):
+            expfmt.select(page, vllm.NAMES, prefixes=("vllm:",))
+        cleared += len(expfmt._LAYOUTS) <= before
+        held = sum(len(key) for keys in expfmt._LAYOUTS for key in keys)
+        assert held == expfmt._layout_chars <= expfmt._LAYOUT_CHARS_MAX
+        assert tuple(key for key, _, _ in expfmt._found(*finders, page)) in expfmt._LAYOUTS  # the latest page's
+    assert cleared >= 2
