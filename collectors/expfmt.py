@@ -109,6 +109,7 @@ class Selection:
 
     by_name: dict[str, list[Sample]]
     bad_lines: int = 0  # lines of those names that did not parse
+    layout: _Layout | None = None  # the layout of a page read as one read before (histograms() plans on it)
 
     def get(self, name: str) -> list[Sample]:
         """Samples with this exact wire name (empty list if none)."""
@@ -728,8 +729,9 @@ class _Layout(NamedTuple):
 
     names: tuple[str, ...]
     labels: tuple[dict[str, str], ...]  # _SERIES' own dicts (or _NO_LABELS), never handed out: each sample gets a copy
-    runs: tuple[tuple[str, int, int], ...]  # (name, first, end) of each name's lines, one run per name
+    runs: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]  # each name's lines: (first, end) of each run of them
     label_count: int
+    plans: dict[tuple[str, object], _HistogramPlan | None]  # histograms()' plans on this layout, by base and key
 
 
 # A page's found lines' keys -> their _Layout. An engine's page keeps its series from one scrape to the next,
@@ -770,32 +772,33 @@ def _as_before(head: list[tuple[str, str, str]], reading: _Reading) -> Selection
     if reading.limits is not None:
         reading.created, reading.used = n, layout.label_count
     reading.close()
-    return Selection({name: samples[first:end] for name, first, end in layout.runs}, 0)
+    return Selection({name: samples[spans[0][0]:spans[0][1]] if len(spans) == 1 else
+                      [sample for first, end in spans for sample in samples[first:end]]
+                      for name, spans in layout.runs}, 0, layout)
 
 
 def _remember_layout(keys: tuple[str, ...], seen: list[tuple[str, dict[str, str]]]) -> None:
-    """Remember the layout of a page whose every found line was a series read before (a cache hit), its
-    lines of one name together (as every engine writes them)."""
+    """Remember the layout of a page whose every found line was a series read before (a cache hit)."""
     global _layout_chars
     if keys in _LAYOUTS:
         return
     names = tuple(name for name, _ in seen)
-    runs: list[tuple[str, int, int]] = []
+    runs: dict[str, list[tuple[int, int]]] = {}  # by name in order of first appearance, as by_name has them
     for i, name in enumerate(names):
-        if runs and runs[-1][0] == name:
-            runs[-1] = (name, runs[-1][1], i + 1)
+        spans = runs.setdefault(name, [])
+        if spans and spans[-1][1] == i:
+            spans[-1] = (spans[-1][0], i + 1)
         else:
-            runs.append((name, i, i + 1))
-    if len(runs) != len(set(names)):
-        return  # one name's lines in two places: by_name joins them, line by line
+            spans.append((i, i + 1))  # a name's lines in another place (a histogram per rank on a DP page)
     chars = sum(map(len, keys))
     if _layout_chars + chars > _LAYOUT_CHARS_MAX:
         _LAYOUTS.clear()
         _layout_chars = 0
         if chars > _LAYOUT_CHARS_MAX:
             return
-    _LAYOUTS[keys] = _Layout(names, tuple(labels for _, labels in seen), tuple(runs),
-                             sum(len(labels) for _, labels in seen))
+    _LAYOUTS[keys] = _Layout(names, tuple(labels for _, labels in seen),
+                             tuple((name, tuple(spans)) for name, spans in runs.items()),
+                             sum(len(labels) for _, labels in seen), {})
     _layout_chars += chars
 
 
@@ -862,7 +865,20 @@ def histograms(
     prometheus multiprocess mode, distinguished only by a label the key drops). A group whose
     values are not all finite and non-negative, or that has no buckets, is left out; so is one with
     more than MAX_HISTOGRAM_BUCKETS buckets, counted (drop_value) as HISTOGRAM_TOO_MANY_BUCKETS.
+
+    On a page read as one read before (Selection.layout), where each bucket, count and sum is one sample, the
+    grouping and order are planned once per layout (_plan) and each page only reads its values (_planned).
     """
+    layout = exp.layout if isinstance(exp, Selection) else None
+    ident = _key_identity(key) if layout is not None else None
+    if layout is not None and ident is not None:
+        plan = layout.plans.get((base, ident), _UNPLANNED)
+        if plan is _UNPLANNED:
+            plan = _plan(exp, base, key)
+            if len(layout.plans) < _PLANS_PER_LAYOUT:
+                layout.plans[(base, ident)] = plan
+        if plan is not None:
+            return _planned(exp, base, plan)  # type: ignore[arg-type]
     buckets: dict[K, dict[float, float]] = {}
     counts: dict[K, float] = {}
     sums: dict[K, float] = {}
@@ -896,6 +912,77 @@ def histograms(
         if not all(0.0 <= v < INF for v in values) or total != total or abs(total) == INF:
             continue
         out[k] = Histogram(buckets=tuple(pairs), count=count, sum=total)
+    return out
+
+
+class _Group(NamedTuple):
+    """One histogram of a planned page: its key, sorted bounds, the index of each bound's bucket sample, and
+    of its count and sum samples (None: absent)."""
+
+    key: Hashable
+    bounds: tuple[float, ...]
+    at: tuple[int, ...]
+    count_at: int | None
+    sum_at: int | None
+
+
+_HistogramPlan = tuple[_Group, ...]
+_UNPLANNED = object()
+_PLANS_PER_LAYOUT = 64  # a caller making a new key function per call leaves no more plans than this
+
+
+def _key_identity(key: Callable[[Mapping[str, str]], K]) -> object | None:
+    """What a key function is planned under: its code, where nothing but its code decides what it gives (a
+    lambda an adapter writes in its body is a new function on every call, with the same code); None else."""
+    code = getattr(key, "__code__", None)
+    if code is None or getattr(key, "__closure__", None) or getattr(key, "__defaults__", None) \
+            or getattr(key, "__kwdefaults__", None):
+        return None
+    return code
+
+
+def _plan(exp: Selection, base: str, key: Callable[[Mapping[str, str]], K]) -> _HistogramPlan | None:
+    """histograms()' grouping of a page, as sample indices: None where a bucket, count or sum is repeated (the
+    generic reading sums them), a bound is NaN, or a histogram has too many buckets (it is counted)."""
+    groups: dict[K, dict[float, int]] = {}
+    for i, s in enumerate(exp.get(base + "_bucket")):
+        bound = _bound(s.labels.get("le"))
+        if bound is None:
+            continue
+        group = groups.setdefault(key(s.labels), {})
+        if bound in group or bound != bound:
+            return None
+        group[bound] = i
+    found: list[dict[K, int]] = [{}, {}]
+    for suffix, at in zip(("_count", "_sum"), found):
+        for i, s in enumerate(exp.get(base + suffix)):
+            if at.setdefault(key(s.labels), i) != i:
+                return None
+    if any(len(group) > MAX_HISTOGRAM_BUCKETS for group in groups.values()):
+        return None
+    return tuple(_Group(k, tuple(bounds := sorted(group)), tuple(group[b] for b in bounds), found[0].get(k),
+                        found[1].get(k)) for k, group in groups.items())
+
+
+def _planned(exp: Selection, base: str, plan: _HistogramPlan) -> dict[Hashable, Histogram]:
+    """histograms() of a page by its plan: the same Histograms, each value read by index (a value plus 0.0, as
+    the generic reading sums from 0.0: -0.0 reads as 0.0 either way)."""
+    buckets, counts, sums = exp.get(base + "_bucket"), exp.get(base + "_count"), exp.get(base + "_sum")
+    out: dict[Hashable, Histogram] = {}
+    for group in plan:
+        values = [0.0 + buckets[i].value for i in group.at]
+        finite = group.bounds[-1] != INF
+        count = 0.0 + counts[group.count_at].value if group.count_at is not None else (None if finite else values[-1])
+        if count is None or group.sum_at is None:
+            continue
+        total = 0.0 + sums[group.sum_at].value
+        pairs = list(zip(group.bounds, values))
+        if finite:
+            pairs.append((INF, count))
+        values.append(count)
+        if not all(0.0 <= v < INF for v in values) or total != total or abs(total) == INF:
+            continue
+        out[group.key] = Histogram(buckets=tuple(pairs), count=count, sum=total)
     return out
 
 

@@ -129,3 +129,97 @@ def test_the_layouts_held_stay_within_their_bound(fresh: None, monkeypatch: pyte
         assert held == expfmt._layout_chars <= expfmt._LAYOUT_CHARS_MAX
         assert tuple(key for key, _, _ in expfmt._found(*finders, page)) in expfmt._LAYOUTS  # the latest page's
     assert cleared >= 2
+
+
+def _generic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """histograms() without plans: every page grouped as the first one is."""
+    monkeypatch.setattr(expfmt, "_key_identity", lambda key: None)
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_histograms_planned_on_a_known_page_are_those_grouped_anew(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every adapter's reading of a recorded page, read again with new values (odd ones among them: a NaN or
+    negative bucket, +Inf, a missing value), is the same with histograms() planning on the page's layout as
+    without."""
+    text = path.read_text()
+    planned: list[object] = []
+    real = expfmt._planned
+
+    def spy(exp, base, plan):  # type: ignore[no-untyped-def]
+        planned.append(plan)
+        return real(exp, base, plan)
+
+    for step, values in enumerate(([str(i) for i in range(1, 14)], ["3", "NaN", "4", "-1", "+Inf", "5", "7"],
+                                   [str(2 * i) for i in range(1, 14)], ["1", "2", "", "3"])):
+        page = _with_values(text, values)
+        for adapter in ADAPTERS:
+            monkeypatch.setattr(expfmt, "_planned", spy)
+            expfmt.select(page, adapter.NAMES, prefixes=None)  # the layout known before the reading compared
+            expfmt.select(page, adapter.NAMES, prefixes=None)
+            try:
+                fast = adapter.parse(page, target="t", timestamp=1.0, duration=0.1)
+            except Exception as exc:  # noqa: BLE001 - a page that has none of the adapter's families
+                fast = repr(exc)
+            with monkeypatch.context() as generic:
+                _generic(generic)
+                try:
+                    slow = adapter.parse(page, target="t", timestamp=1.0, duration=0.1)
+                except Exception as exc:  # noqa: BLE001
+                    slow = repr(exc)
+            assert fast == slow, (path.name, adapter.__name__, step)
+    if path.name.startswith("vllm-"):
+        assert any(planned), "no histogram was read by its plan"
+
+
+HISTOGRAM_PAGE = """\
+e:h_bucket{m="a",le="+Inf"} $0
+e:h_bucket{m="a",le="0.5"} $1
+e:h_bucket{m="a",le="0.1"} $2
+e:h_count{m="a"} $0
+e:h_sum{m="a"} 1.5
+e:h_bucket{m="b",le="1"} $1
+e:h_bucket{m="b",le="2"} $0
+e:h_sum{m="b"} 2.5
+e:h_bucket{m="c",le="1"} $1
+e:h_count{m="c"} $0
+"""
+REPEATED_BOUND = """\
+e:h_bucket{m="d",le="1"} $2
+e:h_bucket{m="d",le="1.0"} $1
+e:h_count{m="d"} $0
+e:h_sum{m="d"} 0.5
+"""
+
+
+def _histogram_page(*values: str, page: str = HISTOGRAM_PAGE) -> str:
+    for i, value in enumerate(values):
+        page = page.replace(f"${i}", value)
+    return page
+
+
+@pytest.mark.parametrize("repeated", [False, True], ids=["planned", "a-bound-twice"])
+@pytest.mark.parametrize("values", [("9", "5", "2"), ("-0.0", "0", "-0.0"), ("4", "NaN", "1"), ("3", "2", "-1"),
+                                    ("+Inf", "1", "1")])
+def test_histograms_planned_in_any_bucket_order_are_those_grouped_anew(values: tuple[str, str, str], repeated: bool,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Buckets written out of order, a histogram without its sum (`c`) or count (`b`: its +Inf bucket's is
+    taken, here none); and with one whose bound is written twice (`d`: summed, never planned)."""
+    names = ("e:h_bucket", "e:h_count", "e:h_sum")
+    template = HISTOGRAM_PAGE + (REPEATED_BOUND if repeated else "")
+    planned: list[object] = []
+    real = expfmt._planned
+    monkeypatch.setattr(expfmt, "_planned", lambda *args: planned.append(args[2]) or real(*args))
+
+    def key(labels: dict[str, str]) -> str:
+        return labels["m"]
+
+    for warm in ("7", "8", "6"):  # the layout remembered, then a page read as before
+        expfmt.histograms(expfmt.select(_histogram_page(warm, warm, warm, page=template), names), "e:h", key)
+    page = _histogram_page(*values, page=template)
+    fast = expfmt.histograms(expfmt.select(page, names), "e:h", key)
+    assert bool(planned) is not repeated
+    with monkeypatch.context() as generic:
+        _generic(generic)
+        slow = expfmt.histograms(expfmt.select(page, names), "e:h", key)
+    assert fast == slow and list(fast) == list(slow)
+    assert {repr(v) for h in fast.values() for _, v in h.buckets} == {repr(v) for h in slow.values() for _, v in h.buckets}
