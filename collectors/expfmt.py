@@ -635,11 +635,12 @@ def select(
     if finders is None:  # no name a line could start with: only a `{__name__=...}` line could hold one
         exp = _read(text, prefixes=want, names=keep, bounds=bounds)
         return Selection(exp.by_name, exp.bad_lines)
-    first, after_newline = finders
+    small = len(text) <= _LAYOUT_MAX_CHARS  # a layout's page: its lines found split in key and rest
+    first, after_newline = finders[:2] if small else finders[2:]
     _fresh_series_cache()
     reading = _Reading(bounds if bounds is not None else _BOUNDS.get())
     found = _found(first, after_newline, text)
-    head = list(itertools.islice(found, _LAYOUT_MAX_LINES + 1)) if len(text) <= _LAYOUT_MAX_CHARS else []
+    head = list(itertools.islice(found, _LAYOUT_MAX_LINES + 1)) if small else []
     known = 0 < len(head) <= _LAYOUT_MAX_LINES  # the page's found lines are all in `head`
     if known and (same := _as_before(head, reading)) is not None:
         return same
@@ -649,9 +650,14 @@ def select(
     room, label_room, created, used = reading.room, reading.label_room, 0, 0
     seen_lines: list[tuple[str, dict[str, str]]] | None = [] if known else None  # while every line is a known series
     for key, rest, odd in itertools.chain(head, found):
-        if key:  # a line starting with a wanted name: `key` is its name and labels (_LINE), `rest` what follows
+        if key and small:  # a line starting with a wanted name: `key` is its name and labels (_LINE), `rest` the rest
             seen = series.get(key) if not reading.full else None
             line = ""
+        elif key:  # ... on a larger page, `key` is the whole line (_WHOLE_LINE): never copied to be read
+            line, end, seen = key, key.find('"}'), None
+            if end != -1 and not reading.full:
+                seen = series.get(line[: end + 2])
+                rest = line[end + 2 :]
         else:  # a line no name starts: blank, indented or `{__name__=...}`; what parse() would keep of it
             seen_lines = None
             line = odd.strip()
@@ -736,16 +742,19 @@ class _Layout(NamedTuple):
 
 # A page's found lines' keys -> their _Layout. An engine's page keeps its series from one scrape to the next,
 # so after two pages the third is read by _as_before: its values in C (map(float, ...)) and its samples made
-# in C, where the loop took a Python step per line (measured: see select()). Bounded in the key
-# characters the layouts hold (the pages of 64 targets with a vLLM page each take ~640 kB); when a new one
-# would not fit, every one is forgotten and the pages read now are remembered afresh.
+# in C, where the loop took a Python step per line (measured: see select()). Bounded in the bytes the layouts
+# hold, estimated as their keys' characters and _LAYOUT_LINE_BYTES a line (the key's str, its slots, its run,
+# a labels dict once the series cache let it go: 480-530 bytes a line measured with tracemalloc, the test
+# test_the_layouts_held_take_no_more_memory_than_they_are_counted_as): a vLLM page's layout ~92 kB, 64 targets'
+# 5.9 MB. When a new one would not fit, every one is forgotten and the pages read now are remembered afresh.
 _LAYOUTS: dict[tuple[str, ...], _Layout] = {}
-_LAYOUT_CHARS_MAX = 1024 * 1024
+_LAYOUT_BYTES_MAX = 8 * 1024 * 1024
+_LAYOUT_LINE_BYTES = 600
 # A page larger, or finding more lines, is read line by line, a block at a time: a layout's page has its found
 # lines all held at once, at most ~1 MB (a 4 MiB page of lines of sixty labels held whole took the agent past 100 MB).
 _LAYOUT_MAX_CHARS = 512 * 1024
 _LAYOUT_MAX_LINES = 4096
-_layout_chars = 0
+_layout_bytes = 0
 
 
 def _as_before(head: list[tuple[str, str, str]], reading: _Reading) -> Selection | None:
@@ -779,7 +788,7 @@ def _as_before(head: list[tuple[str, str, str]], reading: _Reading) -> Selection
 
 def _remember_layout(keys: tuple[str, ...], seen: list[tuple[str, dict[str, str]]]) -> None:
     """Remember the layout of a page whose every found line was a series read before (a cache hit)."""
-    global _layout_chars
+    global _layout_bytes
     if keys in _LAYOUTS:
         return
     names = tuple(name for name, _ in seen)
@@ -790,16 +799,21 @@ def _remember_layout(keys: tuple[str, ...], seen: list[tuple[str, dict[str, str]
             spans[-1] = (spans[-1][0], i + 1)
         else:
             spans.append((i, i + 1))  # a name's lines in another place (a histogram per rank on a DP page)
-    chars = sum(map(len, keys))
-    if _layout_chars + chars > _LAYOUT_CHARS_MAX:
+    cost = layout_bytes(keys)
+    if _layout_bytes + cost > _LAYOUT_BYTES_MAX:
         _LAYOUTS.clear()
-        _layout_chars = 0
-        if chars > _LAYOUT_CHARS_MAX:
+        _layout_bytes = 0
+        if cost > _LAYOUT_BYTES_MAX:
             return
     _LAYOUTS[keys] = _Layout(names, tuple(labels for _, labels in seen),
                              tuple((name, tuple(spans)) for name, spans in runs.items()),
                              sum(len(labels) for _, labels in seen), {})
-    _layout_chars += chars
+    _layout_bytes += cost
+
+
+def layout_bytes(keys: tuple[str, ...]) -> int:
+    """What a layout of these keys is counted as holding (_LAYOUT_BYTES_MAX)."""
+    return sum(map(len, keys)) + _LAYOUT_LINE_BYTES * len(keys)
 
 
 # select() reads a page this many characters at a time (_found): at most ~8k lines' pairs (~0.6 MB) at once.
@@ -813,20 +827,26 @@ _SELECT_BLOCK_CHARS = 16 * 1024
 # back from the line's end costs findall 81 us on the vLLM page against 63 for the whole line, where a lazy
 # one forward took 142 (timeit, warm).
 _LINE = r'(?:({names}(?![A-Za-z0-9_:])(?:\{[^\n]*"\}|[ \t])?)([^\n]*)|([^A-Za-z_:#\n][^\n]*))'
+# The same lines found whole (group 1; group 2 empty), on a page over _LAYOUT_MAX_CHARS, read line by line: a line
+# split in key and rest is copied whole again to be read where it is no series read before, and a page of one
+# label value of 4 MB held one copy more (tracemalloc peak 25.2 MB against 21.0).
+_WHOLE_LINE = r"(?:({names}(?![A-Za-z0-9_:])[^\n]*)()|([^A-Za-z_:#\n][^\n]*))"
 _BLANKS = (" ", "\t")  # what ends the key of a line without labels
 _NO_LABELS: dict[str, str] = {}  # a layout's labels of such a line (never handed out: each sample gets a copy)
 
 
 @functools.lru_cache(maxsize=64)
-def _finders(keep: frozenset[str], want: tuple[str, ...] | None) -> tuple[re.Pattern[str], re.Pattern[str]] | None:
+def _finders(keep: frozenset[str], want: tuple[str, ...] | None) -> tuple[re.Pattern[str], ...] | None:
     """select()'s patterns for the kept names that start with `want` (an adapter passes the same ones on
     every page): the first line's, and every other line's, after its newline (a literal start lets the
-    regex engine jump from newline to newline); None when no name could start a sample line."""
+    regex engine jump from newline to newline), each splitting a line in key and rest (_LINE), then the same
+    two finding it whole (_WHOLE_LINE); None when no name could start a sample line."""
     usable = sorted(n for n in keep if n and (want is None or n.startswith(want)) and "{" not in n and "\n" not in n)
     if not usable:
         return None
-    line = _LINE.replace("{names}", _trie(usable))
-    return re.compile(line), re.compile("\n" + line)
+    names = _trie(usable)
+    split, whole = _LINE.replace("{names}", names), _WHOLE_LINE.replace("{names}", names)
+    return re.compile(split), re.compile("\n" + split), re.compile(whole), re.compile("\n" + whole)
 
 
 def _trie(words: list[str]) -> str:

@@ -7,6 +7,7 @@ timestamp after the value, an exemplar, nothing), and the layouts it remembers s
 from __future__ import annotations
 
 import re
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ def _with_values(text: str, values: list[str]) -> str:
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """No series and no layout known yet (the module's caches as at start; put back after the test)."""
-    for name, value in (("_SERIES", {}), ("_series_chars", 0), ("_LAYOUTS", {}), ("_layout_chars", 0)):
+    for name, value in (("_SERIES", {}), ("_series_chars", 0), ("_LAYOUTS", {}), ("_layout_bytes", 0)):
         monkeypatch.setattr(expfmt, name, value)
 
 
@@ -113,10 +114,10 @@ def test_bounds_that_would_cut_a_known_page_cut_it_as_parse_does() -> None:
 
 
 def test_the_layouts_held_stay_within_their_bound(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pages of ever new label sets (a new model name each) each leave a layout: the keys' characters held stay
-    under _LAYOUT_CHARS_MAX (here a twentieth of it, so forty pages pass it twice), and the latest page is still
-    read as before."""
-    monkeypatch.setattr(expfmt, "_LAYOUT_CHARS_MAX", expfmt._LAYOUT_CHARS_MAX // 20)
+    """Pages of ever new label sets (a new model name each) each leave a layout: what they are counted as
+    holding stays under _LAYOUT_BYTES_MAX (here a twentieth of it, so forty pages pass it twice), and the latest
+    page is still read as before."""
+    monkeypatch.setattr(expfmt, "_LAYOUT_BYTES_MAX", expfmt._LAYOUT_BYTES_MAX // 20)
     finders = expfmt._finders(frozenset(vllm.NAMES), ("vllm:",))
     cleared = 0
     for n in range(40):
@@ -125,10 +126,59 @@ def test_the_layouts_held_stay_within_their_bound(fresh: None, monkeypatch: pyte
         for _ in range(3):
             expfmt.select(page, vllm.NAMES, prefixes=("vllm:",))
         cleared += len(expfmt._LAYOUTS) <= before
-        held = sum(len(key) for keys in expfmt._LAYOUTS for key in keys)
-        assert held == expfmt._layout_chars <= expfmt._LAYOUT_CHARS_MAX
-        assert tuple(key for key, _, _ in expfmt._found(*finders, page)) in expfmt._LAYOUTS  # the latest page's
+        held = sum(expfmt.layout_bytes(keys) for keys in expfmt._LAYOUTS)
+        assert held == expfmt._layout_bytes <= expfmt._LAYOUT_BYTES_MAX
+        assert tuple(key for key, _, _ in expfmt._found(*finders[:2], page)) in expfmt._LAYOUTS  # the latest page's
     assert cleared >= 2
+
+
+def test_the_layouts_held_take_no_more_memory_than_they_are_counted_as(fresh: None) -> None:
+    """Layouts of short keys (a line little more than its name) and of the vLLM page, each page a new label
+    set, measured with tracemalloc once the pages and selections are gone: within what they are counted as."""
+    short_names = [f"e:m{i}" for i in range(200)]
+    kinds = {
+        "short": (lambda n: "".join(f'e:m{i}{{m="{n}"}} {i}\n' for i in range(200)), short_names, None),
+        "vllm": (lambda n: VLLM_PAGE.replace('model_name="', f'model_name="m{n}-'), vllm.NAMES, ("vllm:",)),
+    }
+    for kind, (page_of, names, prefixes) in kinds.items():
+        expfmt._LAYOUTS.clear()
+        expfmt._layout_bytes = 0
+        expfmt._SERIES.clear()
+        expfmt._series_chars = 0
+        expfmt.select(page_of(-1), names, prefixes=prefixes)  # the pattern compiled, the caches' first growth
+        tracemalloc.start()
+        try:
+            start = tracemalloc.get_traced_memory()[0]
+            for n in range(30):
+                for _ in range(3):
+                    expfmt.select(page_of(n), names, prefixes=prefixes)
+            expfmt._SERIES.clear()  # the layouts keep their labels; the series cache lets them go
+            held = tracemalloc.get_traced_memory()[0] - start
+        finally:
+            tracemalloc.stop()
+        assert len(expfmt._LAYOUTS) >= 10, kind
+        assert held <= expfmt._layout_bytes, (kind, held, expfmt._layout_bytes, len(expfmt._LAYOUTS))
+
+
+def test_a_page_over_the_layout_size_is_read_without_a_copy_of_its_lines(fresh: None) -> None:
+    """A page with one 4 MB label value: its line found whole, not split and joined again (one page-sized copy
+    more: tracemalloc peak 25.2 MB against 21.0)."""
+    page = f'vllm:num_requests_running{{engine="0",model_name="{"x" * (4 * 2**20)}"}} 1\n'
+    tracemalloc.start()
+    try:
+        selected = expfmt.select(page, vllm.NAMES, prefixes=("vllm:",), bounds=expfmt.Bounds(max_samples=100))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert selected.get("vllm:num_requests_running")[0].value == 1.0
+    assert peak < 5.5 * len(page), f"{peak / 2**20:.1f} MiB for a {len(page) / 2**20:.1f} MiB page"
+
+
+def test_a_page_read_in_a_worker_thread_never_uses_a_layout() -> None:
+    """Only the event loop reads or writes the layouts: a page parsed in a worker thread is over their size."""
+    from rooflight.agent.sampling import engine_loop
+
+    assert expfmt._LAYOUT_MAX_CHARS <= engine_loop.PARSE_IN_THREAD_CHARS
 
 
 def _generic(monkeypatch: pytest.MonkeyPatch) -> None:
