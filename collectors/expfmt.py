@@ -47,6 +47,7 @@ from __future__ import annotations
 import functools
 import itertools
 import re
+import types
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -805,10 +806,10 @@ def _remember_layout(keys: tuple[str, ...], seen: list[tuple[str, dict[str, str]
         _layout_bytes = 0
         if cost > _LAYOUT_BYTES_MAX:
             return
-    _LAYOUTS[keys] = _Layout(names, tuple(labels for _, labels in seen),
-                             tuple((name, tuple(spans)) for name, spans in runs.items()),
-                             sum(len(labels) for _, labels in seen), {})
-    _layout_bytes += cost
+    layout = _Layout(names, tuple(labels for _, labels in seen), tuple((name, tuple(spans)) for name, spans in runs.items()),
+                     sum(len(labels) for _, labels in seen), {})
+    if _LAYOUTS.setdefault(keys, layout) is layout:  # counted once, were another thread to remember the same keys
+        _layout_bytes += cost
 
 
 def layout_bytes(keys: tuple[str, ...]) -> int:
@@ -880,7 +881,8 @@ def histograms(
 ) -> dict[K, Histogram]:
     """Assemble `<base>_bucket/_count/_sum` into Histograms, grouped by `key(labels)`.
 
-    `key` receives each sample's labels (with `le` still present on buckets; it must ignore it).
+    `key` receives each sample's labels (with `le` still present on buckets; it must ignore it), and gives what
+    they alone decide (see _key_identity).
     Samples with the same key and the same `le` are summed (e.g. one series per process in
     prometheus multiprocess mode, distinguished only by a label the key drops). A group whose
     values are not all finite and non-negative, or that has no buckets, is left out; so is one with
@@ -952,13 +954,12 @@ _PLANS_PER_LAYOUT = 64  # a caller making a new key function per call leaves no 
 
 
 def _key_identity(key: Callable[[Mapping[str, str]], K]) -> object | None:
-    """What a key function is planned under: its code, where nothing but its code decides what it gives (a
-    lambda an adapter writes in its body is a new function on every call, with the same code); None else."""
-    code = getattr(key, "__code__", None)
-    if code is None or getattr(key, "__closure__", None) or getattr(key, "__defaults__", None) \
-            or getattr(key, "__kwdefaults__", None):
+    """What a key function is planned under: its code and its module's globals, where nothing else decides what it
+    gives (a lambda an adapter writes in its body is a new function on every call, with the same code); None for
+    a closure, defaults, a bound method or another callable. A planned key must read no global that changes."""
+    if type(key) is not types.FunctionType or key.__closure__ or key.__defaults__ or key.__kwdefaults__:
         return None
-    return code
+    return key.__code__, id(key.__globals__)
 
 
 def _plan(exp: Selection, base: str, key: Callable[[Mapping[str, str]], K]) -> _HistogramPlan | None:

@@ -273,3 +273,34 @@ def test_histograms_planned_in_any_bucket_order_are_those_grouped_anew(values: t
         slow = expfmt.histograms(expfmt.select(page, names), "e:h", key)
     assert fast == slow and list(fast) == list(slow)
     assert {repr(v) for h in fast.values() for _, v in h.buckets} == {repr(v) for h in slow.values() for _, v in h.buckets}
+
+
+class _ByLabel:
+    def __init__(self, label: str) -> None:
+        self.label = label
+
+    def key(self, labels: dict[str, str]) -> str:
+        return labels.get(self.label, "")
+
+
+def test_key_functions_that_differ_by_more_than_their_code_are_never_planned_as_one() -> None:
+    """A bound method (its state), a closure (its cells) and a function with defaults give what more than their
+    code decides: each reads the page as the generic grouping does, never by another's plan."""
+    page = 'e:h_bucket{m="a",n="x",le="+Inf"} 1\ne:h_count{m="a",n="x"} 1\ne:h_sum{m="a",n="x"} 1\n' \
+           'e:h_bucket{m="b",n="y",le="+Inf"} 2\ne:h_count{m="b",n="y"} 2\ne:h_sum{m="b",n="y"} 2\n'
+    names = ("e:h_bucket", "e:h_count", "e:h_sum")
+    for _ in range(3):
+        selected = expfmt.select(page, names)
+    assert selected.layout is not None
+
+    def by(label: str):  # type: ignore[no-untyped-def]
+        return lambda labels: labels.get(label, "")
+
+    def with_default(labels: dict[str, str], label: str = "m") -> str:
+        return labels.get(label, "")
+
+    for first, second in ((_ByLabel("m").key, _ByLabel("n").key), (by("m"), by("n"))):
+        assert list(expfmt.histograms(selected, "e:h", first)) == ["a", "b"]
+        assert list(expfmt.histograms(selected, "e:h", second)) == ["x", "y"]
+    assert list(expfmt.histograms(selected, "e:h", with_default)) == ["a", "b"]
+    assert expfmt._key_identity(with_default) is None and expfmt._key_identity(_ByLabel("m").key) is None
