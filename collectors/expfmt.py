@@ -926,15 +926,20 @@ def histograms(
         pairs = sorted(group.items())
         count = counts.get(k, pairs[-1][1] if pairs[-1][0] == INF else None)
         total = sums.get(k)
-        if count is None or total is None:
-            continue
-        if pairs[-1][0] != INF:
-            pairs.append((INF, count))
-        values = [v for _, v in pairs] + [count]
-        if not all(0.0 <= v < INF for v in values) or total != total or abs(total) == INF:
-            continue
-        out[k] = Histogram(buckets=tuple(pairs), count=count, sum=total)
+        if count is not None and total is not None and (hist := _histogram(pairs, count, total)) is not None:
+            out[k] = hist
     return out
+
+
+def _histogram(pairs: list[tuple[float, float]], count: float, total: float) -> Histogram | None:
+    """The Histogram of sorted (bound, count) pairs, ended by +Inf at `count` where they stop short; None unless
+    every count is finite and non-negative and the sum a number (histograms() and _planned alike)."""
+    if pairs[-1][0] != INF:
+        pairs.append((INF, count))
+    values = [v for _, v in pairs] + [count]
+    if not all(0.0 <= v < INF for v in values) or total != total or abs(total) == INF:
+        return None
+    return Histogram(buckets=tuple(pairs), count=count, sum=total)
 
 
 class _Group(NamedTuple):
@@ -996,14 +1001,9 @@ def _planned(exp: Selection, base: str, plan: _HistogramPlan) -> dict[Hashable, 
         count = 0.0 + counts[group.count_at].value if group.count_at is not None else (None if finite else values[-1])
         if count is None or group.sum_at is None:
             continue
-        total = 0.0 + sums[group.sum_at].value
-        pairs = list(zip(group.bounds, values))
-        if finite:
-            pairs.append((INF, count))
-        values.append(count)
-        if not all(0.0 <= v < INF for v in values) or total != total or abs(total) == INF:
-            continue
-        out[group.key] = Histogram(buckets=tuple(pairs), count=count, sum=total)
+        hist = _histogram(list(zip(group.bounds, values)), count, 0.0 + sums[group.sum_at].value)
+        if hist is not None:
+            out[group.key] = hist
     return out
 
 
