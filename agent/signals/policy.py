@@ -9,8 +9,8 @@ sampling loop keeps one per (model, rank) and passes it to signals/series.py's d
   15-30 s Prometheus scrape sees a stall that lasted one step.
 - The rising edges: which verdicts turned on since the series' previous verdicts (the loop marks them for
   Nsight Systems).
-- The longer windows' cadence (docs/metrics.md, Conventions): each derived again once it is a sixtieth of its
-  length old.
+- The windows' cadence (docs/metrics.md, Conventions): each derived again once it is a sixtieth of its length
+  old.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ MARKED = (
     ("admission_bound", "admission-bound batch"),
 )
 
-# Each window longer than the shortest is derived again once it is LONG_WINDOWS_STALE_SHARE of its length
-# old (docs/metrics.md, Conventions): a 1m window every second, a 5m one every 5 s. In that time its start and
-# end move by under 2% of it, so deriving it on every sample would cost ten times the work at 10 Hz, and five
-# times a 5m window's at 1 Hz, for no information. The shortest window, which the detectors judge, is derived
-# on every sample.
-LONG_WINDOWS_STALE_SHARE = 1 / 60
+# Each window is derived again once it is WINDOW_STALE_SHARE of its length old (docs/metrics.md, Conventions):
+# a 1m window every second, a 5m one every 5 s, a 10s one every other sample at 10 Hz and on every sample at
+# 1 Hz. In that time its start and end move by under 2% of it, so deriving it on every sample would cost ten
+# times the work at 10 Hz, and five times a 5m window's at 1 Hz, for no information. What the detectors judge
+# of the latest sample itself (the worst ITL, the largest step, the gauges, a stall) is read on every sample.
+WINDOW_STALE_SHARE = 1 / 60
 
 # The usual largest step: the value 80% of the recent prefill seconds' largest steps stay at or under
 # (signals/baseline.py says why not their median; docs/physics.md, section Head-of-line blocking): a
@@ -51,18 +51,19 @@ STEP_SIZES = "steps"  # the source named by the largest step's ItlTail
 ITL_SPAN_INTERVALS = 1.5
 
 
-class LongWindows(NamedTuple):
-    """The windows after the shortest of one series as last derived, each when it was, and what from."""
+class KeptWindows(NamedTuple):
+    """The windows of one series as last derived, each when it was, and what from."""
 
-    at: tuple[float, ...]  # monotonic: when each longer window was last derived, in DeriveSettings.longer's order
+    at: tuple[float, ...]  # monotonic: when each window was last derived, in DeriveSettings.windows' order
     constants: TargetConstants
     kv_capacity_tokens: float | None
-    derived: tuple[derive.WindowValues | None, ...]  # each as last derived (None: the history did not cover it)
-    windows: tuple[derive.WindowValues, ...]  # those derived, checked against the GPUs' physics (signals/bounds.py)
+    # Each as last derived and checked against the GPUs' physics (signals/bounds.py); None: the history did not
+    # cover it.
+    derived: tuple[derive.WindowValues | None, ...]
 
 
-class LongSignals(NamedTuple):
-    """The longer windows' capacity signals as last computed, each with the window it came from."""
+class KeptSignals(NamedTuple):
+    """The windows' capacity signals as last computed, each with the window it came from."""
 
     windows: tuple[derive.WindowValues, ...]
     batch_max: float | None
@@ -80,8 +81,8 @@ class DetectorState(NamedTuple):
     step_sizes: TailBaseline | None = None  # the largest step of the seconds that ran a prefill
     last_stall: float | None = None  # monotonic time head-of-line was last judged on
     raised: Verdicts | None = None  # the verdicts last judged (rising edges)
-    long: LongWindows | None = None  # the longer windows as last derived (their cadence)
-    long_signals: LongSignals | None = None  # their signals, kept while they stand
+    windows: KeptWindows | None = None  # the windows as last derived (their cadence)
+    signals: KeptSignals | None = None  # their signals, kept while they stand
     work: derive.WorkTotals | None = None  # the work counters' totals (derive.accumulate_work)
 
 
@@ -189,19 +190,19 @@ def rising_edges(state: DetectorState, verdicts: Verdicts | None) -> tuple[tuple
     return edges, state._replace(raised=verdicts)
 
 
-def long_windows_every(longer: Mapping[str, float]) -> tuple[float, ...]:
-    """How often each longer window is derived again: LONG_WINDOWS_STALE_SHARE of its length."""
-    return tuple(LONG_WINDOWS_STALE_SHARE * seconds for seconds in longer.values())
+def windows_every(windows: Mapping[str, float]) -> tuple[float, ...]:
+    """How often each window is derived again: WINDOW_STALE_SHARE of its length."""
+    return tuple(WINDOW_STALE_SHARE * seconds for seconds in windows.values())
 
 
-def long_window_kept(at: float, now: float, every: float, interval: float) -> bool:
-    """Whether a longer window derived at `at` still stands: derived under `every` ago (half an interval early,
-    so a window due every interval is derived on every sample, whatever the scheduling jitter)."""
+def window_kept(at: float, now: float, every: float, interval: float) -> bool:
+    """Whether a window derived at `at` still stands: derived under `every` ago (half an interval early, so a
+    window due every interval is derived on every sample, whatever the scheduling jitter)."""
     return 0.0 <= now - at < every - interval / 2
 
 
-def long_windows_basis_kept(kept: LongWindows | None, constants: TargetConstants,
-                            kv_capacity_tokens: float | None) -> bool:
-    """Whether the longer windows were derived from these constants and KV pool (else each is derived again
-    at once: up to LONG_WINDOWS_STALE_SHARE of its length old, never wrong)."""
+def windows_basis_kept(kept: KeptWindows | None, constants: TargetConstants,
+                       kv_capacity_tokens: float | None) -> bool:
+    """Whether the windows were derived from these constants and KV pool (else each is derived again at once:
+    up to WINDOW_STALE_SHARE of its length old, never wrong)."""
     return kept is not None and kept.kv_capacity_tokens == kv_capacity_tokens and kept.constants == constants

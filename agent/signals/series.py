@@ -3,8 +3,9 @@ the time, to the frozen SeriesView the snapshot holds, with the next detector st
 
 Pure: no I/O, no clock; the sampling loop fetches and bounds the page, remembers it in the history,
 calls derive_series once per series and sample, and counts, logs and marks what it returns. Everything
-a series exports is computed here, once per sample: its windows (checked against the GPUs' physics,
-with what the GPUs measured over each), the detectors' verdicts (their policy in signals/policy.py),
+a series exports is computed here: its windows (checked against the GPUs' physics, with what the GPUs
+measured over each; each again once it is a sixtieth of its length old, policy.WINDOW_STALE_SHARE), the
+detectors' verdicts (their policy in signals/policy.py),
 the work counters and the capacity signals (signals/headroom.py).
 
 A derivation that raises on odd inputs (an arithmetic error) gives the series as the engine said it,
@@ -19,6 +20,7 @@ counters count each interval of the history once.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, NamedTuple
 
@@ -42,22 +44,19 @@ GPU_DRAM = "dram"  # a GPU's DRAM bandwidth utilization (0..1) inside its Series
 class DeriveSettings:
     """What the derive step needs of the agent's configuration: fixed for a target's life."""
 
-    shortest: tuple[str, float] | None  # (name, seconds) of the shortest window: the detectors judge it
-    longer: Mapping[str, float]  # the other windows by name, shortest first (derive_target's order)
+    windows: Mapping[str, float]  # seconds by name, shortest first: the detectors judge the shortest
     percentiles: tuple[str, ...]
     interval: float  # seconds between samples
     thresholds: DetectorThresholds
-    long_every: tuple[float, ...]  # how often each longer window is derived again (policy.long_windows_every)
+    every: tuple[float, ...]  # how often each window is derived again (policy.windows_every)
     tails: policy.TailSpan
 
 
 def derive_settings(windows: Mapping[str, float], percentiles: tuple[str, ...], interval: float,
                     thresholds: DetectorThresholds) -> DeriveSettings:
-    ordered = sorted(windows.items(), key=lambda kv: kv[1])
-    longer = dict(ordered[1:])
-    return DeriveSettings(shortest=ordered[0] if ordered else None, longer=longer, percentiles=percentiles,
-                          interval=interval, thresholds=thresholds, long_every=policy.long_windows_every(longer),
-                          tails=policy.tail_span(tuple(windows.values())))
+    ordered = dict(sorted(windows.items(), key=lambda kv: kv[1]))
+    return DeriveSettings(windows=ordered, percentiles=percentiles, interval=interval, thresholds=thresholds,
+                          every=policy.windows_every(ordered), tails=policy.tail_span(tuple(windows.values())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +133,7 @@ def derive_series(series: EngineSeries, history: SeriesHistory | None, target: T
         judged = _Judged()
     batch_max = judged.batch_max
     try:
-        signals, state = _signals_kept(judged.windows, judged.longer, batch_max, series, target, state)
+        signals, state = _signals_kept(judged.windows, batch_max, series, target, state)
     except (ArithmeticError, ValueError) as exc:
         signals_failed = f"{series.model!r} rank {series.rank!r}: {exc!r}"
         signals = ()
@@ -151,32 +150,30 @@ def with_signals(view: SeriesView, constants: TargetConstants | None, settings: 
                                                 view.series.kv_capacity_tokens, settings))
 
 
-def _signals_kept(windows: tuple[derive.WindowValues, ...], longer: tuple[derive.WindowValues, ...],
-                  batch_max: float | None, series: EngineSeries, target: TargetInputs,
-                  state: DetectorState) -> tuple[tuple[WindowSignals, ...], DetectorState]:
-    """The windows' capacity signals (as with_signals gives them), each longer window's (the last ones) kept
-    with it while it stands (policy.LongSignals): the same window, batch cap and settings give the same
-    signals, and a 5m window stands for five seconds."""
+def _signals_kept(windows: tuple[derive.WindowValues, ...], batch_max: float | None, series: EngineSeries,
+                  target: TargetInputs, state: DetectorState) -> tuple[tuple[WindowSignals, ...], DetectorState]:
+    """The windows' capacity signals (as with_signals gives them), each window's kept with it while it stands
+    (policy.KeptSignals): the same window, batch cap and settings give the same signals, and a 5m window stands
+    for five seconds."""
     settings, capacity, constants = target.signal_settings, series.kv_capacity_tokens, target.constants
-    if not longer:
-        return series_signals(windows, constants, batch_max, capacity, settings), state
-    short = series_signals(windows[:-len(longer)], constants, batch_max, capacity, settings)
-    kept = state.long_signals
-    if kept is not None and kept.windows is longer and kept.batch_max == batch_max and kept.settings == settings:
-        return short + kept.signals, state
-    # Each kept window's signals by the window's id: the kept windows are alive in `kept`, so an id is one of them.
-    same = {} if kept is None or kept.batch_max != batch_max or kept.settings != settings else \
-        {id(w): s for w, s in zip(kept.windows, kept.signals)}
-    signals = tuple(same.get(id(w)) or window_signals(w, constants, batch_max, capacity, settings) for w in longer)
-    return short + signals, state._replace(long_signals=policy.LongSignals(longer, batch_max, settings, signals))
+    kept = state.signals
+    if not windows:
+        return (), state
+    if kept is None or kept.batch_max != batch_max or kept.settings != settings:
+        same = {}
+    elif len(kept.windows) == len(windows) and all(map(operator.is_, kept.windows, windows)):
+        return kept.signals, state
+    else:  # each kept window's signals by the window's id: the kept windows are alive in `kept`, so an id is one of them
+        same = {id(w): s for w, s in zip(kept.windows, kept.signals)}
+    signals = tuple(same.get(id(w)) or window_signals(w, constants, batch_max, capacity, settings) for w in windows)
+    return signals, state._replace(signals=policy.KeptSignals(windows, batch_max, settings, signals))
 
 
 class _Judged(NamedTuple):
-    """What one sample judged of a series: its windows (shortest first; `longer` the windows after it, as
-    policy.LongWindows holds them), verdicts, batch cap, live KV, work counters, and the verdicts that rose."""
+    """What one sample judged of a series: its windows (shortest first), verdicts, batch cap, live KV, work
+    counters, and the verdicts that rose."""
 
     windows: tuple[derive.WindowValues, ...] = ()
-    longer: tuple[derive.WindowValues, ...] = ()
     verdicts: Verdicts | None = None
     batch_max: float | None = None
     live_kv_bytes: float | None = None
@@ -187,55 +184,42 @@ class _Judged(NamedTuple):
 def _judged(series: EngineSeries, history: SeriesHistory | None, target: TargetInputs, settings: DeriveSettings,
             state: DetectorState, now: float, dropped: list[str]) -> tuple[_Judged, DetectorState]:
     """The windows, work counters and verdicts of the series, with the state they leave."""
-    constants = target.constants
-    shortest = tuple(within_physics(w, constants) for w in _shortest_window(series, history, target, settings, dropped))
-    longer, state = _longer_windows(series, history, target, settings, state, now, dropped)
-    windows = shortest + longer
-    state = _count_work(state, history, shortest)
+    derived, state = _windows(series, history, target, settings, state, now, dropped)
+    windows = tuple(w for w in derived if w is not None)
+    state = _count_work(state, history, derived[0] if derived else None)
     batch_max = _first(target.batch_max_flag, series.batch_max_requests, target.info_batch_max)
-    live = derive.live_kv_bytes(series.kv_usage_ratio, series.kv_capacity_tokens, constants)
+    live = derive.live_kv_bytes(series.kv_usage_ratio, series.kv_capacity_tokens, target.constants)
     tail, state = policy.itl_tail(state, history, settings.interval, settings.tails, now,
                                   target.proxy_itl_worst, target.proxy_judges)
     verdicts = _verdicts(series, windows, history, batch_max, tail, settings.thresholds)
     verdicts, state = policy.hold_head_of_line(state, verdicts, now, settings.thresholds.hol_hold_seconds)
     rising, state = policy.rising_edges(state, verdicts)
-    return _Judged(windows, longer, verdicts, batch_max, live, state.work, rising), state
+    return _Judged(windows, verdicts, batch_max, live, state.work, rising), state
 
 
 def _count_work(state: DetectorState, history: SeriesHistory | None,
-                shortest: tuple[derive.WindowValues, ...]) -> DetectorState:
+                shortest: derive.WindowValues | None) -> DetectorState:
     """The series' work counters with the latest sample's interval added (once per sample)."""
     interval = history.last_interval() if history is not None else None
     if interval is None:
         return state
-    return state._replace(work=derive.accumulate_work(state.work, *interval, shortest[0] if shortest else None))
+    return state._replace(work=derive.accumulate_work(state.work, *interval, shortest))
 
 
-def _shortest_window(series: EngineSeries, history: SeriesHistory | None, target: TargetInputs,
-                     settings: DeriveSettings, dropped: list[str]) -> tuple[derive.WindowValues, ...]:
-    """The shortest window, derived on every sample: the detectors judge it."""
-    if history is None or settings.shortest is None:
-        return ()
-    name, seconds = settings.shortest
-    values = derive.derive_window(history, name, seconds, target.constants, series.kv_capacity_tokens,
-                                  settings.percentiles)
-    return _measured((values,) if values is not None else (), target.gpu, dropped)
-
-
-def _longer_windows(series: EngineSeries, history: SeriesHistory | None, target: TargetInputs,
-                    settings: DeriveSettings, state: DetectorState, now: float,
-                    dropped: list[str]) -> tuple[tuple[derive.WindowValues, ...], DetectorState]:
-    """The longer windows, checked against the GPUs' physics: each as last derived while it stands
-    (policy.long_window_kept), else derived again."""
-    if history is None or not settings.longer:
+def _windows(series: EngineSeries, history: SeriesHistory | None, target: TargetInputs, settings: DeriveSettings,
+             state: DetectorState, now: float,
+             dropped: list[str]) -> tuple[tuple[derive.WindowValues | None, ...], DetectorState]:
+    """Each window in DeriveSettings.windows' order (None where the history does not cover it), checked against
+    the GPUs' physics: as last derived while it stands (policy.window_kept), else derived again."""
+    if history is None or not settings.windows:
         return (), state
-    kept, constants, capacity = state.long, target.constants, series.kv_capacity_tokens
-    standing = kept.at if kept is not None and policy.long_windows_basis_kept(kept, constants, capacity) else None
+    kept, constants, capacity = state.windows, target.constants, series.kv_capacity_tokens
+    standing = kept if kept is not None and policy.windows_basis_kept(kept, constants, capacity) else None
     at, derived = [], []
-    for i, ((name, seconds), every) in enumerate(zip(settings.longer.items(), settings.long_every)):
-        if standing is not None and policy.long_window_kept(standing[i], now, every, settings.interval):
-            at.append(standing[i])
-            derived.append(kept.derived[i])  # type: ignore[union-attr]
+    for i, ((name, seconds), every) in enumerate(zip(settings.windows.items(), settings.every)):
+        if standing is not None and policy.window_kept(standing.at[i], now, every, settings.interval):
+            at.append(standing.at[i])
+            derived.append(standing.derived[i])
             continue
         values = derive.derive_window(history, name, seconds, constants, capacity, settings.percentiles)
         if values is not None:
@@ -243,10 +227,9 @@ def _longer_windows(series: EngineSeries, history: SeriesHistory | None, target:
             values = within_physics(values, constants)
         at.append(now)
         derived.append(values)
-    if kept is not None and standing is not None and tuple(at) == standing:
-        return kept.windows, state  # every one stands: the same tuple (its signals are kept with it)
-    windows = tuple(w for w in derived if w is not None)
-    return windows, state._replace(long=policy.LongWindows(tuple(at), constants, capacity, tuple(derived), windows))
+    if standing is not None and tuple(at) == standing.at:
+        return standing.derived, state  # every one stands
+    return tuple(derived), state._replace(windows=policy.KeptWindows(tuple(at), constants, capacity, tuple(derived)))
 
 
 def _measured(windows: tuple[derive.WindowValues, ...], gpu: GpuMeasures,

@@ -1,7 +1,7 @@
 """The derive step (signals/series.py) and the detector policy (signals/policy.py), called directly: pure
 functions of (history, constants, settings, detector state, now) that return the series' view and the next
 state, never changing the state they were given. The same behaviour through the agent over HTTP is in
-test_head_of_line_source.py, test_long_windows_cadence.py and test_engine_stalled.py."""
+test_head_of_line_source.py, test_windows_cadence.py and test_engine_stalled.py."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_the_step_is_pure_the_same_inputs_give_the_same_view_and_leave_the_state
         assert first == again and state == before
         state = first.state
         rising.append(first.rising)
-    assert first.state.itl_engine is not None and first.state.long is not None and first.state.work is not None
+    assert first.state.itl_engine is not None and first.state.windows is not None and first.state.work is not None
     view = first.view
     assert [w.window for w in view.windows] == ["5s", "30s"]
     assert view.windows[0].tokens_per_second["decode"] == pytest.approx(1000.0)
@@ -111,19 +111,21 @@ def test_rising_edges_name_what_turned_on_once() -> None:
     assert edges == ("admission-bound batch",)
 
 
-def test_each_longer_window_stands_for_a_sixtieth_of_itself_unless_what_it_came_from_changed() -> None:
-    assert policy.long_windows_every({"30s": 30.0, "1m": 60.0, "5m": 300.0}) == pytest.approx((0.5, 1.0, 5.0))
-    at_10hz = [policy.long_window_kept(10.0, 10.0 + dt, 1.0, 0.1) for dt in (0.0, 0.9, 0.96)]
+def test_each_window_stands_for_a_sixtieth_of_itself_unless_what_it_came_from_changed() -> None:
+    assert policy.windows_every({"10s": 10.0, "1m": 60.0, "5m": 300.0}) == pytest.approx((1 / 6, 1.0, 5.0))
+    at_10hz = [policy.window_kept(10.0, 10.0 + dt, 1.0, 0.1) for dt in (0.0, 0.9, 0.96)]
     assert at_10hz == [True, True, False]  # half an interval early
-    assert not policy.long_window_kept(10.0, 11.0, 1.0, 1.0)  # a 1m window at 1 Hz: every sample
-    at_1hz = [policy.long_window_kept(10.0, 10.0 + dt, 5.0, 1.0) for dt in (1.0, 4.0, 5.0)]
+    assert not policy.window_kept(10.0, 11.0, 1.0, 1.0)  # a 1m window at 1 Hz: every sample
+    at_1hz = [policy.window_kept(10.0, 10.0 + dt, 5.0, 1.0) for dt in (1.0, 4.0, 5.0)]
     assert at_1hz == [True, True, False]  # a 5m window at 1 Hz: every fifth sample
-    assert not policy.long_window_kept(10.0, 9.0, 1.0, 0.1)  # the clock went back
-    kept = policy.LongWindows(at=(10.0,), constants=CONSTANTS, kv_capacity_tokens=100.0, derived=(None,), windows=())
-    assert policy.long_windows_basis_kept(kept, CONSTANTS, 100.0)
-    assert not policy.long_windows_basis_kept(kept, CONSTANTS, 200.0)  # the KV pool changed
-    assert not policy.long_windows_basis_kept(kept, replace(CONSTANTS, tensor_parallel_size=2), 100.0)
-    assert not policy.long_windows_basis_kept(None, CONSTANTS, 100.0)
+    assert not policy.window_kept(10.0, 9.0, 1.0, 0.1)  # the clock went back
+    at_10hz_10s = [policy.window_kept(10.0, 10.0 + dt, 1 / 6, 0.1) for dt in (0.1, 0.2)]
+    assert at_10hz_10s == [True, False]  # a 10s window at 10 Hz: every other sample
+    kept = policy.KeptWindows(at=(10.0,), constants=CONSTANTS, kv_capacity_tokens=100.0, derived=(None,))
+    assert policy.windows_basis_kept(kept, CONSTANTS, 100.0)
+    assert not policy.windows_basis_kept(kept, CONSTANTS, 200.0)  # the KV pool changed
+    assert not policy.windows_basis_kept(kept, replace(CONSTANTS, tensor_parallel_size=2), 100.0)
+    assert not policy.windows_basis_kept(None, CONSTANTS, 100.0)
 
 
 def test_the_itl_tail_judges_against_its_own_past_and_the_proxy_only_when_it_judges() -> None:

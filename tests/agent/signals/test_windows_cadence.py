@@ -1,12 +1,11 @@
-"""Each window after the shortest is derived again once it is a sixtieth of its length old (a 1m window once a
-second, a 5m one every 5 s), the shortest on every sample.
+"""Each window is derived again once it is a sixtieth of its length old: a 1m window once a second, a 5m one
+every 5 s, a 10s one every other sample at 10 Hz.
 
 A scripted vLLM over real HTTP on a FakeClock, its counters moving by a different amount each sample, so
 every derivation differs from the one before. What the agent exports is compared with a fresh
-derive_window over the same history: the shortest window must be this sample's, a longer one must be
-one derived within the last sixtieth of its length (up to a second old for 1m, never wrong), and its
-capacity signals those of the window exported; at 1 Hz a 1m window, or windows so short that a second is a
-large share of them, are this sample's.
+derive_window over the same history: a window must be one derived within the last sixtieth of its length
+(up to a second old for 1m, never wrong), and its capacity signals those of the window exported; at 1 Hz a
+1m window, or windows so short that a sample is a large share of a sixtieth of them, are this sample's.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from rooflight.agent.roofline.models import PRESETS
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.config.agent import build
 from rooflight.agent.signals.headroom import window_signals
-from rooflight.agent.signals.policy import LONG_WINDOWS_STALE_SHARE
+from rooflight.agent.signals.policy import WINDOW_STALE_SHARE
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.signals import derive
 from support import FakeEngine, started_agent
@@ -68,7 +67,7 @@ class Rig:
         self.short, *self.longer = windows
         self.long = self.longer[0]
         self.vllm = ScriptedVllm()
-        # (when, each longer window by name as derived fresh then)
+        # (when, each window by name as derived fresh then)
         self.derived: list[tuple[float, dict[str, derive.WindowValues | None]]] = []
 
     async def sample(self) -> tuple[derive.WindowValues, ...]:
@@ -77,12 +76,12 @@ class Rig:
         self.engine.body = self.vllm.page()
         self.clock.advance(self.interval)
         await self.agent.sample_engines_once()
-        self.derived.append((self.clock.monotonic(), {w[0]: self.fresh(w) for w in self.longer}))
+        self.derived.append((self.clock.monotonic(), {w[0]: self.fresh(w) for w in (self.short, *self.longer)}))
         (view,) = self.agent.snapshot.targets[0].series
         return view.windows
 
     def derived_within(self, seconds: float, window: tuple[str, float] | None = None) -> list[derive.WindowValues | None]:
-        """What fresh derivations of a longer window (the first by default) gave over the last `seconds`."""
+        """What fresh derivations of a window (the first longer one by default) gave over the last `seconds`."""
         now = self.clock.monotonic()
         name = (window or self.long)[0]
         return [fresh[name] for t, fresh in self.derived if now - t < seconds]
@@ -150,7 +149,7 @@ async def test_at_10_hz_the_long_window_is_at_most_a_second_old_and_the_short_on
         short, long = await rig10.sample()
         assert short == rig10.fresh(SHORT)  # every sample
         assert long.window == LONG[0]
-        assert long in rig10.derived_within(LONG_WINDOWS_STALE_SHARE * LONG[1])  # up to a second old, never wrong
+        assert long in rig10.derived_within(WINDOW_STALE_SHARE * LONG[1])  # up to a second old, never wrong
         if not distinct or long != distinct[-1]:
             distinct.append(long)
     # Derived again about once a second (4 s of samples), not on each of the 40 samples.
@@ -192,11 +191,32 @@ async def test_at_1_hz_a_5m_window_is_at_most_5_s_old_while_1m_is_this_samples(r
         short, long, longest = await rig.sample()
         assert short == rig.fresh(SHORT) and long == rig.fresh(LONG)
         assert longest.window == LONGEST[0]
-        assert longest in rig.derived_within(LONG_WINDOWS_STALE_SHARE * LONGEST[1], LONGEST)  # never wrong
+        assert longest in rig.derived_within(WINDOW_STALE_SHARE * LONGEST[1], LONGEST)  # never wrong
         # The signals kept with a standing 5m window are its own, while the 1m window's move on every sample.
         assert rig.signals_of(longest) == rig.signals_for(longest)
         assert rig.signals_of(long) == rig.signals_for(long)
         if not distinct or longest != distinct[-1]:
             distinct.append(longest)
     assert 3 <= len(distinct) <= 6  # about every fifth of the 20 samples, not each of them
+    assert all(a.tokens_per_second != b.tokens_per_second for a, b in zip(distinct, distinct[1:]))
+
+
+@pytest.fixture
+async def rig10_10s() -> AsyncIterator[Rig]:
+    async for rig in _rig(0.1, (("10s", 10.0), LONG)):
+        yield rig
+
+
+async def test_at_10_hz_a_10s_window_is_derived_every_other_sample_and_never_wrong(rig10_10s: Rig) -> None:
+    rig = rig10_10s
+    await _warm(rig)
+    distinct: list[derive.WindowValues] = []
+    for _ in range(20):
+        short, _ = await rig.sample()
+        assert short.window == "10s"
+        assert short in rig.derived_within(WINDOW_STALE_SHARE * 10.0, rig.short)  # this sample's or the one before
+        assert rig.signals_of(short) == rig.signals_for(short)  # the signals kept with it are its own
+        if not distinct or short != distinct[-1]:
+            distinct.append(short)
+    assert 8 <= len(distinct) <= 12  # about every other one of the 20 samples, not each of them
     assert all(a.tokens_per_second != b.tokens_per_second for a, b in zip(distinct, distinct[1:]))
