@@ -22,7 +22,6 @@ import logging
 import signal
 import socket
 import ssl
-import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence

@@ -20,7 +20,7 @@ from typing import Mapping
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.signals.windows import (
-    CorrectedHistogram, Point, SeriesHistory, histogram_delta, histogram_quantile, histogram_quantiles, increase,
+    CorrectedHistogram, Point, SeriesHistory, histogram_delta, histogram_quantiles, increase,
     mean, rate,
 )
 from rooflight.collectors.samples import EngineSeries, Histogram
@@ -28,7 +28,8 @@ from rooflight.collectors.samples import EngineSeries, Histogram
 # Names inside a SeriesHistory.
 PROMPT, GENERATION, STEPS, PREEMPTIONS = "prompt_tokens", "generation_tokens", "steps", "preemptions"
 RUNNING, WAITING, KV_USAGE = "running", "waiting", "kv_usage"
-DRAFT, ACCEPTED, DRAFTS = "spec_draft_tokens", "spec_accepted_tokens", "spec_drafts"
+DRAFT, ACCEPTED = "spec_draft_tokens", "spec_accepted_tokens"
+DRAFTS = "spec_drafts"  # speculative proposals (one per sequence and step that drafted)
 KV_TRANSFER = "kv_transfer_tokens"  # prompt tokens whose KV arrived from another instance (vLLM's KV connector)
 # SGLang's KV transfers (disaggregated): the last transfer's latency (ms) and speed (GB/s) as gauges, or
 # as histograms whose sums and counts are kept as counters (collectors/sglang.py).
@@ -41,7 +42,6 @@ PREFIX_HIT_RATIO = "prefix_cache_hit_ratio"  # the engine's own gauge, where it 
 PROMPT_LENGTH_SUM, PROMPT_LENGTH_COUNT = "prompt_length_sum", "prompt_length_count"  # its histogram's
 ITERATION_TOKENS = "iteration_tokens"  # tokens the engine scheduled, summed over its steps (vLLM)
 STEP_TOKENS = "step_tokens"  # the histogram of tokens per step (vLLM): head-of-line's largest step
-DRAFTS = "spec_drafts"  # speculative proposals (one per sequence and step that drafted)
 # 1 while the engine's prompt counter counts prefix-cache hits as prompt tokens (EngineSeries)
 PROMPT_INCLUDES_HITS = "prompt_includes_cache_hits"
 PROMPT_LENGTH, OUTPUT_LENGTH, QUEUE_TIME = "prompt_length", "output_length", "queue_time"  # per request
@@ -68,7 +68,6 @@ def history_inputs(
         PROMPT_LENGTH_SUM: series.prompt_length.sum if series.prompt_length else None,
         PROMPT_LENGTH_COUNT: series.prompt_length.count if series.prompt_length else None,
         ACCEPTED: series.extra.get("spec_decode_num_accepted_tokens_total"),
-        DRAFTS: series.extra.get("spec_decode_num_drafts_total"),
         KV_TRANSFER: series.extra.get("prompt_tokens_external_kv_transfer_total"),
         KV_TRANSFER_MS_SUM: series.extra.get("kv_transfer_latency_ms_sum_total"),
         KV_TRANSFER_MS_COUNT: series.extra.get("kv_transfer_latency_ms_count_total"),
