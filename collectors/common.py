@@ -60,7 +60,7 @@ def read_page(text: str, prefixes: tuple[str, ...], names: Collection[str], *, w
     """The samples an adapter reads (`names`, all starting with one of `prefixes`) from a page;
     ParseError naming `what` (default: the prefixes) when the page holds none of them."""
     exp = expfmt.select(text, names, prefixes=prefixes)
-    if not exp.by_name:
+    if not exp.names():
         raise ParseError(f"no {what or ' or '.join(prefixes)} metric families in the exposition")
     return exp
 

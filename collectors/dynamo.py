@@ -122,7 +122,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
     inner = next((m for m in PASSED_THROUGH if m.recognises(text)), None)
     if inner is not None:
         return _worker(exp, inner.parse(text, target=target, timestamp=timestamp, duration=duration), inner.ENGINE)
-    if not any(k.startswith(_F) for k in exp.by_name):  # a worker whose engine exports nothing here
+    if not any(k.startswith(_F) for k in exp.names()):  # a worker whose engine exports nothing here
         models = sorted({s.labels.get("model", "") for s in exp.get(INFLIGHT)})
         bare = EngineSample(target, ENGINE, timestamp, duration, tuple(EngineSeries(model=m) for m in models))
         return _worker(exp, bare, "unknown")

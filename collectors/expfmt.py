@@ -106,15 +106,41 @@ class Exposition:
 
 @dataclass(slots=True)
 class Selection:
-    """The samples of the names an adapter reads, by wire name in page order (select())."""
+    """The samples of the names an adapter reads, by wire name in page order (select()).
 
-    by_name: dict[str, list[Sample]]
+    On a page read as one read before (`layout`), a name's samples are made when first asked for, and a plan
+    made on the layout (planned(): histograms()', an adapter's) reads `values` by line instead: an adapter
+    whose tables are all planned makes no Sample for them (measured: see planned())."""
+
+    made: dict[str, list[Sample]]  # by wire name: every name's, or on a layout's page those asked for so far
     bad_lines: int = 0  # lines of those names that did not parse
-    layout: _Layout | None = None  # the layout of a page read as one read before (histograms() plans on it)
+    layout: _Layout | None = None  # the layout of a page read as one read before
+    values: list[float] | None = None  # with `layout`: each found line's value, in page order
+
+    @property
+    def by_name(self) -> dict[str, list[Sample]]:
+        """Samples by wire name, in page order (on a layout's page, every name's made now)."""
+        if self.layout is not None and len(self.made) < len(self.layout.runs):
+            self.made = {name: self.get(name) for name in self.layout.runs}
+        return self.made
 
     def get(self, name: str) -> list[Sample]:
         """Samples with this exact wire name (empty list if none)."""
-        return self.by_name.get(name, [])
+        found = self.made.get(name)
+        if found is None:
+            if self.layout is None or name not in self.layout.runs:
+                return []
+            found = self.made[name] = _laid_out(self.layout, self.values, name)  # type: ignore[arg-type]
+        return found
+
+    def names(self) -> Collection[str]:
+        """The wire names found (none of their samples made)."""
+        return self.layout.runs.keys() if self.layout is not None else self.made.keys()
+
+    def lines(self, name: str) -> list[int]:
+        """On a layout's page, the line (index into `values`) of each of the name's samples, in get()'s order."""
+        assert self.layout is not None
+        return [i for first, end in self.layout.runs.get(name, ()) for i in range(first, end)]
 
 
 # A label value longer than this is cut (under Bounds): an engine's model names, reasons and bucket
@@ -734,11 +760,10 @@ def _found(first: re.Pattern[str], after_newline: re.Pattern[str], text: str) ->
 class _Layout(NamedTuple):
     """The names and labels of a page's found lines, each a series read before (select's _as_before)."""
 
-    names: tuple[str, ...]
     labels: tuple[dict[str, str], ...]  # _SERIES' own dicts (or _NO_LABELS), never handed out: each sample gets a copy
-    runs: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]  # each name's lines: (first, end) of each run of them
+    runs: dict[str, tuple[tuple[int, int], ...]]  # each name's lines, in page order: (first, end) of each run of them
     label_count: int
-    plans: dict[tuple[str, object], _HistogramPlan | None]  # histograms()' plans on this layout, by base and key
+    plans: dict[Hashable, object]  # planned()'s plans on this layout, by their key
 
 
 # A page's found lines' keys -> their _Layout. An engine's page keeps its series from one scrape to the next,
@@ -777,14 +802,20 @@ def _as_before(head: list[tuple[str, str, str]], reading: _Reading) -> Selection
         values = list(map(float, rests))
     except ValueError:  # a timestamp after a value, or no value: read line by line
         return None
-    samples = list(map(_new_sample, itertools.repeat(Sample, n),
-                       zip(layout.names, map(dict, layout.labels), values, itertools.repeat(None, n))))
-    if reading.limits is not None:
+    if reading.limits is not None:  # counted as made: each is, when first asked for (Selection.get)
         reading.created, reading.used = n, layout.label_count
     reading.close()
-    return Selection({name: samples[spans[0][0]:spans[0][1]] if len(spans) == 1 else
-                      [sample for first, end in spans for sample in samples[first:end]]
-                      for name, spans in layout.runs}, 0, layout)
+    return Selection({}, 0, layout, values)
+
+
+def _laid_out(layout: _Layout, values: list[float], name: str) -> list[Sample]:
+    """The samples of one name on a layout's page, each with its own copy of its labels (made in C, a run at a time)."""
+    out: list[Sample] = []
+    for first, end in layout.runs[name]:
+        n = end - first
+        out += map(_new_sample, itertools.repeat(Sample, n), zip(itertools.repeat(name, n), map(dict, layout.labels[first:end]),
+                                                                 values[first:end], itertools.repeat(None, n)))
+    return out
 
 
 def _remember_layout(keys: tuple[str, ...], seen: list[tuple[str, dict[str, str]]]) -> None:
@@ -792,9 +823,8 @@ def _remember_layout(keys: tuple[str, ...], seen: list[tuple[str, dict[str, str]
     global _layout_bytes
     if keys in _LAYOUTS:
         return
-    names = tuple(name for name, _ in seen)
     runs: dict[str, list[tuple[int, int]]] = {}  # by name in order of first appearance, as by_name has them
-    for i, name in enumerate(names):
+    for i, (name, _) in enumerate(seen):
         spans = runs.setdefault(name, [])
         if spans and spans[-1][1] == i:
             spans[-1] = (spans[-1][0], i + 1)
@@ -806,7 +836,7 @@ def _remember_layout(keys: tuple[str, ...], seen: list[tuple[str, dict[str, str]
         _layout_bytes = 0
         if cost > _LAYOUT_BYTES_MAX:
             return
-    layout = _Layout(names, tuple(labels for _, labels in seen), tuple((name, tuple(spans)) for name, spans in runs.items()),
+    layout = _Layout(tuple(labels for _, labels in seen), {name: tuple(spans) for name, spans in runs.items()},
                      sum(len(labels) for _, labels in seen), {})
     if _LAYOUTS.setdefault(keys, layout) is layout:  # counted once, were another thread to remember the same keys
         _layout_bytes += cost
@@ -891,16 +921,11 @@ def histograms(
     On a page read as one read before (Selection.layout), where each bucket, count and sum is one sample, the
     grouping and order are planned once per layout (_plan) and each page only reads its values (_planned).
     """
-    layout = exp.layout if isinstance(exp, Selection) else None
-    ident = _key_identity(key) if layout is not None else None
-    if layout is not None and ident is not None:
-        plan = layout.plans.get((base, ident), _UNPLANNED)
-        if plan is _UNPLANNED:
-            plan = _plan(exp, base, key)
-            if len(layout.plans) < _PLANS_PER_LAYOUT:
-                layout.plans[(base, ident)] = plan
+    ident = _key_identity(key) if isinstance(exp, Selection) and exp.layout is not None else None
+    if ident is not None:
+        plan = planned(exp, (base, ident), lambda: _plan(exp, base, key))  # type: ignore[arg-type]
         if plan is not None:
-            return _planned(exp, base, plan)  # type: ignore[arg-type]
+            return _planned(exp.values, plan)  # type: ignore[union-attr]
     buckets: dict[K, dict[float, float]] = {}
     counts: dict[K, float] = {}
     sums: dict[K, float] = {}
@@ -943,8 +968,8 @@ def _histogram(pairs: list[tuple[float, float]], count: float, total: float) -> 
 
 
 class _Group(NamedTuple):
-    """One histogram of a planned page: its key, sorted bounds, the index of each bound's bucket sample, and
-    of its count and sum samples (None: absent)."""
+    """One histogram of a planned page: its key, sorted bounds, the line (Selection.values' index) of each bound's
+    bucket sample, and of its count and sum samples (None: absent)."""
 
     key: Hashable
     bounds: tuple[float, ...]
@@ -956,6 +981,25 @@ class _Group(NamedTuple):
 _HistogramPlan = tuple[_Group, ...]
 _UNPLANNED = object()
 _PLANS_PER_LAYOUT = 64  # a caller making a new key function per call leaves no more plans than this
+
+P = TypeVar("P")
+
+
+def planned(exp: Selection, key: Hashable, make: Callable[[], P]) -> P | None:
+    """The plan under `key` on this page's layout, made by `make` on the first page of the layout; None on a
+    page read line by line. A plan reads only names and labels (a layout's pages share them) and gives lines to
+    read in `exp.values`: each page of the layout then reads its values by line, no Sample made.
+
+    Why (measured, warm, the vLLM page, timeit): vllm.parse 258 us with its Samples made, ... without."""
+    layout = exp.layout
+    if layout is None:
+        return None
+    plan = layout.plans.get(key, _UNPLANNED)
+    if plan is _UNPLANNED:
+        plan = make()
+        if len(layout.plans) < _PLANS_PER_LAYOUT:
+            layout.plans[key] = plan
+    return plan  # type: ignore[return-value]
 
 
 def _key_identity(key: Callable[[Mapping[str, str]], K]) -> object | None:
@@ -971,7 +1015,7 @@ def _plan(exp: Selection, base: str, key: Callable[[Mapping[str, str]], K]) -> _
     """histograms()' grouping of a page, as sample indices: None where a bucket, count or sum is repeated (the
     generic reading sums them), a bound is NaN, or a histogram has too many buckets (it is counted)."""
     groups: dict[K, dict[float, int]] = {}
-    for i, s in enumerate(exp.get(base + "_bucket")):
+    for i, s in zip(exp.lines(base + "_bucket"), exp.get(base + "_bucket")):
         bound = _bound(s.labels.get("le"))
         if bound is None:
             continue
@@ -981,7 +1025,7 @@ def _plan(exp: Selection, base: str, key: Callable[[Mapping[str, str]], K]) -> _
         group[bound] = i
     found: list[dict[K, int]] = [{}, {}]
     for suffix, at in zip(("_count", "_sum"), found):
-        for i, s in enumerate(exp.get(base + suffix)):
+        for i, s in zip(exp.lines(base + suffix), exp.get(base + suffix)):
             if at.setdefault(key(s.labels), i) != i:
                 return None
     if any(len(group) > MAX_HISTOGRAM_BUCKETS for group in groups.values()):
@@ -990,18 +1034,17 @@ def _plan(exp: Selection, base: str, key: Callable[[Mapping[str, str]], K]) -> _
                         found[1].get(k)) for k, group in groups.items())
 
 
-def _planned(exp: Selection, base: str, plan: _HistogramPlan) -> dict[Hashable, Histogram]:
-    """histograms() of a page by its plan: the same Histograms, each value read by index (a value plus 0.0, as
+def _planned(lines: list[float], plan: _HistogramPlan) -> dict[Hashable, Histogram]:
+    """histograms() of a page by its plan: the same Histograms, each value read by line (a value plus 0.0, as
     the generic reading sums from 0.0: -0.0 reads as 0.0 either way)."""
-    buckets, counts, sums = exp.get(base + "_bucket"), exp.get(base + "_count"), exp.get(base + "_sum")
     out: dict[Hashable, Histogram] = {}
     for group in plan:
-        values = [0.0 + buckets[i].value for i in group.at]
+        values = [0.0 + lines[i] for i in group.at]
         finite = group.bounds[-1] != INF
-        count = 0.0 + counts[group.count_at].value if group.count_at is not None else (None if finite else values[-1])
+        count = 0.0 + lines[group.count_at] if group.count_at is not None else (None if finite else values[-1])
         if count is None or group.sum_at is None:
             continue
-        hist = _histogram(list(zip(group.bounds, values)), count, 0.0 + sums[group.sum_at].value)
+        hist = _histogram(list(zip(group.bounds, values)), count, 0.0 + lines[group.sum_at])
         if hist is not None:
             out[group.key] = hist
     return out

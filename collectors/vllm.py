@@ -60,6 +60,7 @@ from rooflight.collectors.common import (
     MAX_KV_BLOCK_TOKENS,
     MAX_KV_BLOCKS,
     MAX_KV_TOKENS,
+    combine,
     combine_each,
     good,
     has_families,
@@ -369,12 +370,38 @@ def _rank_order(rank: str) -> tuple[int, str]:
 
 def _values(exp: expfmt.Selection, name: str, *, gauge: bool) -> dict[_Key, float]:
     """One value per (model, rank); see the module docstring for pid/duplicate rules."""
+    plan = expfmt.planned(exp, (_values, name), lambda: _values_plan(exp, name))
+    if plan is not None:
+        return _values_planned(exp.values, plan, gauge)  # type: ignore[arg-type]
     per: dict[_Key, dict[str | None, float]] = {}
     for s in exp.get(name):
         labels = s.labels
         key = (labels.get("model_name", ""), labels.get("engine", "0"))
         per.setdefault(key, {})[labels.get("pid")] = s.value
     return combine_each(per, gauge=gauge)
+
+
+def _values_plan(exp: expfmt.Selection, name: str) -> tuple[tuple[_Key, tuple[int, ...]], ...]:
+    """_values' grouping on a layout's page: each (model, rank) with the line of each pid's value (the last)."""
+    per: dict[_Key, dict[str | None, int]] = {}
+    for line, s in zip(exp.lines(name), exp.get(name)):
+        labels = s.labels
+        per.setdefault((labels.get("model_name", ""), labels.get("engine", "0")), {})[labels.get("pid")] = line
+    return tuple((key, tuple(lines.values())) for key, lines in per.items())
+
+
+def _values_planned(values: list[float], plan: tuple[tuple[_Key, tuple[int, ...]], ...],
+                    gauge: bool) -> dict[_Key, float]:
+    """_values by its plan: the same values (a lone one as combine() gives it: a counter's fsum reads -0.0 as 0.0)."""
+    out: dict[_Key, float] = {}
+    for key, lines in plan:
+        if len(lines) == 1:
+            value = values[lines[0]]
+            if good(value):
+                out[key] = value if gauge else value + 0.0
+        elif (value := combine([values[line] for line in lines], gauge=gauge)) is not None:  # type: ignore[assignment]
+            out[key] = value
+    return out
 
 
 def _labelled(exp: expfmt.Selection, name: str, label: str, *, gauge: bool) -> dict[_Key, dict[str, float]]:

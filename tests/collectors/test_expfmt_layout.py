@@ -182,8 +182,9 @@ def test_a_page_read_in_a_worker_thread_never_uses_a_layout() -> None:
 
 
 def _generic(monkeypatch: pytest.MonkeyPatch) -> None:
-    """histograms() without plans: every page grouped as the first one is."""
+    """histograms() and the adapters without plans: every page grouped as the first one is."""
     monkeypatch.setattr(expfmt, "_key_identity", lambda key: None)
+    monkeypatch.setattr(expfmt, "planned", lambda exp, key, make: None)
 
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
@@ -195,9 +196,9 @@ def test_histograms_planned_on_a_known_page_are_those_grouped_anew(path: Path, m
     planned: list[object] = []
     real = expfmt._planned
 
-    def spy(exp, base, plan):  # type: ignore[no-untyped-def]
+    def spy(lines, plan):  # type: ignore[no-untyped-def]
         planned.append(plan)
-        return real(exp, base, plan)
+        return real(lines, plan)
 
     for step, values in enumerate(([str(i) for i in range(1, 14)], ["3", "NaN", "4", "-1", "+Inf", "5", "7"],
                                    [str(2 * i) for i in range(1, 14)], ["1", "2", "", "3"])):
@@ -258,7 +259,7 @@ def test_histograms_planned_in_any_bucket_order_are_those_grouped_anew(values: t
     template = HISTOGRAM_PAGE + (REPEATED_BOUND if repeated else "")
     planned: list[object] = []
     real = expfmt._planned
-    monkeypatch.setattr(expfmt, "_planned", lambda *args: planned.append(args[2]) or real(*args))
+    monkeypatch.setattr(expfmt, "_planned", lambda *args: planned.append(args[1]) or real(*args))
 
     def key(labels: dict[str, str]) -> str:
         return labels["m"]
@@ -304,3 +305,34 @@ def test_key_functions_that_differ_by_more_than_their_code_are_never_planned_as_
         assert list(expfmt.histograms(selected, "e:h", second)) == ["x", "y"]
     assert list(expfmt.histograms(selected, "e:h", with_default)) == ["a", "b"]
     assert expfmt._key_identity(with_default) is None and expfmt._key_identity(_ByLabel("m").key) is None
+
+
+MULTIPROCESS_PAGE = "".join(
+    f'vllm:{name}{{engine="{rank}",model_name="m",pid="{pid}"}} $\n'
+    for rank in ("0", "1") for pid in ("11", "12", "11")  # pid 11 twice: the last one counts
+    for name in ("kv_cache_usage_perc", "num_requests_running", "generation_tokens_total", "prompt_tokens_total")
+) + 'vllm:num_preemptions_total{engine="0",model_name="m"} $\n'
+
+
+@pytest.mark.parametrize("values", [("3", "1", "4", "1", "5"), ("NaN", "2", "-1", "+Inf", "-0.0"), ("-0.0",),
+                                    ("0.5", "-0.0", "7")])
+def test_vllm_values_planned_on_a_multiprocess_page_are_those_combined_anew(values: tuple[str, ...],
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gauges split over API-server pids take their max, counters their sum, the last of a pid's repeated lines
+    counting, bad parts dropped: by the plan made on the page's layout as when each page is grouped anew."""
+    def page(fill: tuple[str, ...]) -> str:
+        count = iter(range(1 << 30))
+        return re.sub(r"\$", lambda _: fill[next(count) % len(fill)], MULTIPROCESS_PAGE)
+
+    used: list[object] = []
+    real = vllm._values_planned
+    monkeypatch.setattr(vllm, "_values_planned", lambda *args: used.append(args[1]) or real(*args))
+    for warm in ("1", "2", "3"):
+        vllm.parse(page((warm,)), target="t", timestamp=1.0, duration=0.1)
+    fast = vllm.parse(page(values), target="t", timestamp=1.0, duration=0.1)
+    assert used and any(len(lines) == 2 for plan in used for _, lines in plan)  # per (model, rank): pids 11 and 12
+    with monkeypatch.context() as generic:
+        _generic(generic)
+        slow = vllm.parse(page(values), target="t", timestamp=1.0, duration=0.1)
+    assert fast == slow
+    assert [repr(s.generation_tokens_total) for s in fast.series] == [repr(s.generation_tokens_total) for s in slow.series]
