@@ -69,7 +69,7 @@ DERIVATION_FAILED = "derivation_failed"  # a series' windows or signals raised (
 # The reasons this loop counts besides health.VALUE_REASONS: counted from zero, so rates work from the start.
 INPUT_REASONS = (expfmt.HISTOGRAM_TOO_MANY_BUCKETS, INFO_OUT_OF_RANGE, DERIVATION_FAILED)
 
-ConstantsFor = Callable[[TargetConfig, Any, Any], TargetConstants]
+ConstantsFor = Callable[[TargetConfig, Any, Any, bool], TargetConstants]
 # The target's GPUs as NVML measured them (the sampler's histories of them).
 GpuMeasuresFor = Callable[[TargetConfig], GpuMeasures]
 
@@ -275,9 +275,9 @@ class EngineLoop:
         counted."""
         model = self._model_with_engine_dtypes()
         info_tp = self.latest.info.tensor_parallel_size if self.latest else None
-        constants = self._constants_for(self.target, model, _first(self.hints.tensor_parallel_size, info_tp))
         # vLLM's hybrid KV-cache manager pages a hybrid model's layers by attention type (docs/physics.md, Live ratios)
-        constants = replace(constants, kv_pool_grouped=self._adapter is not None and self._adapter.ENGINE == "vllm")
+        grouped = self._adapter is not None and self._adapter.ENGINE == "vllm"
+        constants = self._constants_for(self.target, model, _first(self.hints.tensor_parallel_size, info_tp), grouped)
         if constants == self._constants:  # the instance the last sample used: its peaks are computed already
             constants = self._constants
         self._constants = constants

@@ -211,11 +211,13 @@ class Agent:
             due = max(due + interval, loop.time())
             await asyncio.sleep(due - loop.time())
 
-    def _constants_for(self, target: TargetConfig, model: ModelSpec | None, engine_tp: float | None) -> TargetConstants:
+    def _constants_for(self, target: TargetConfig, model: ModelSpec | None, engine_tp: float | None,
+                       kv_pool_grouped: bool = False) -> TargetConstants:
         profile, source, note = self._profile_for(target)
         tp = self._tp_for(target, engine_tp)
         return TargetConstants(model=model, gpu=profile, gpu_source=source, tensor_parallel_size=tp, gpu_note=note,
-                               expert_parallel_size=target.ep or 1, draft=self._draft_for(target))
+                               expert_parallel_size=target.ep or 1, draft=self._draft_for(target),
+                               kv_pool_grouped=kv_pool_grouped)
 
     def _draft_for(self, target: TargetConfig) -> ModelSpec | None:
         """The target's draft model, read once (checked at start by the CLI: a bad one exits 2)."""
