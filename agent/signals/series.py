@@ -33,7 +33,7 @@ from rooflight.agent.signals.headroom import (
 )
 from rooflight.agent.signals.policy import DetectorState, ItlTail
 from rooflight.agent.signals.view import SeriesView
-from rooflight.agent.signals.windows import Point, SeriesHistory, mean
+from rooflight.agent.signals.windows import SeriesHistory, mean
 from rooflight.collectors.samples import EngineSeries
 
 INITIAL_STATE = DetectorState()
@@ -191,7 +191,7 @@ def _judged(series: EngineSeries, history: SeriesHistory | None, target: TargetI
     live = derive.live_kv_bytes(series.kv_usage_ratio, series.kv_capacity_tokens, target.constants)
     tail, state = policy.itl_tail(state, history, settings.interval, settings.tails, now,
                                   target.proxy_itl_worst, target.proxy_judges)
-    verdicts = _verdicts(series, windows, history, batch_max, tail, settings.thresholds)
+    verdicts, state = _verdicts(series, windows, history, batch_max, tail, settings.thresholds, state)
     verdicts, state = policy.hold_head_of_line(state, verdicts, now, settings.thresholds.hol_hold_seconds)
     rising, state = policy.rising_edges(state, verdicts)
     return _Judged(windows, verdicts, batch_max, live, state.work, rising), state
@@ -262,13 +262,16 @@ def _first(*values: float | int | None) -> float | None:
 
 
 def _verdicts(series: EngineSeries, windows: tuple[derive.WindowValues, ...], history: SeriesHistory | None,
-              batch_max: float | None, tail: ItlTail, thresholds: DetectorThresholds) -> Verdicts | None:
+              batch_max: float | None, tail: ItlTail, thresholds: DetectorThresholds,
+              state: DetectorState) -> tuple[Verdicts | None, DetectorState]:
     """The detectors over the shortest window, against the ITL tail's own recent median."""
     if not windows or history is None:
-        return None
+        return None, state
     short = windows[0]
     span = history.window(short.seconds)
-    kv_peak, waiting_low = _kv_peak_and_queue_floor(history, span[0]) if span else (None, None)
+    kv_peak = waiting_low = None
+    if span:
+        kv_peak, waiting_low, state = policy.kv_peak_and_queue_floor(state, history, span[0])
     inputs = DetectorInputs(
         itl_worst_recent=tail.worst,
         itl_worst_baseline=tail.baseline,
@@ -285,20 +288,4 @@ def _verdicts(series: EngineSeries, windows: tuple[derive.WindowValues, ...], hi
         batch_max=batch_max,
         **derive.stall_inputs(history, thresholds.stall_seconds),
     )
-    return evaluate(inputs, thresholds)
-
-
-def _kv_peak_and_queue_floor(history: SeriesHistory, first: Point) -> tuple[float | None, float | None]:
-    """The highest KV occupancy and the shortest queue since `first` (derive.maximum and derive.minimum in
-    one pass over the points: at 10 Hz a 10 s window holds a hundred of them)."""
-    kv, waiting = derive.KV_USAGE, derive.WAITING
-    peak = low = None
-    for p in history.points_since(first):
-        gauges = p.gauges
-        value = gauges.get(kv)
-        if value is not None and (peak is None or value > peak):
-            peak = value
-        value = gauges.get(waiting)
-        if value is not None and (low is None or value < low):
-            low = value
-    return peak, low
+    return evaluate(inputs, thresholds), state

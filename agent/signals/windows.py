@@ -247,6 +247,15 @@ class SeriesHistory:
         i = bisect.bisect_left(self._times, first.t)
         return iter(self._points[i:])
 
+    def points_after(self, point: Point) -> list[Point]:
+        """The points newer than `point`, oldest first."""
+        return self._points[bisect.bisect_right(self._times, point.t):]
+
+    def holds(self, point: Point) -> bool:
+        """Whether `point` is still one of the history's (not pruned nor thinned away)."""
+        i = bisect.bisect_left(self._times, point.t)
+        return i < len(self._points) and self._points[i] is point
+
     def unreliable(self, name: str) -> bool:
         """Whether this counter is left out of the points for going backwards repeatedly."""
         latest = self.latest
