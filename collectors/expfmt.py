@@ -112,7 +112,7 @@ class Selection:
     made on the layout (planned(): histograms()', an adapter's) reads `values` by line instead: an adapter
     whose tables are all planned makes no Sample for them (measured: see planned())."""
 
-    made: dict[str, list[Sample]]  # by wire name: every name's, or on a layout's page those asked for so far
+    samples_made: dict[str, list[Sample]]  # by wire name: every name's, or on a layout's page those asked for so far
     bad_lines: int = 0  # lines of those names that did not parse
     layout: _Layout | None = None  # the layout of a page read as one read before
     values: list[float] | None = None  # with `layout`: each found line's value, in page order
@@ -120,22 +120,22 @@ class Selection:
     @property
     def by_name(self) -> dict[str, list[Sample]]:
         """Samples by wire name, in page order (on a layout's page, every name's made now)."""
-        if self.layout is not None and len(self.made) < len(self.layout.runs):
-            self.made = {name: self.get(name) for name in self.layout.runs}
-        return self.made
+        if self.layout is not None and len(self.samples_made) < len(self.layout.runs):
+            self.samples_made = {name: self.get(name) for name in self.layout.runs}
+        return self.samples_made
 
     def get(self, name: str) -> list[Sample]:
         """Samples with this exact wire name (empty list if none)."""
-        found = self.made.get(name)
+        found = self.samples_made.get(name)
         if found is None:
             if self.layout is None or name not in self.layout.runs:
                 return []
-            found = self.made[name] = _laid_out(self.layout, self.values, name)  # type: ignore[arg-type]
+            found = self.samples_made[name] = _laid_out(self.layout, self.values, name)  # type: ignore[arg-type]
         return found
 
     def names(self) -> Collection[str]:
         """The wire names found (none of their samples made)."""
-        return self.layout.runs.keys() if self.layout is not None else self.made.keys()
+        return self.layout.runs.keys() if self.layout is not None else self.samples_made.keys()
 
     def lines(self, name: str) -> list[int]:
         """On a layout's page, the line (index into `values`) of each of the name's samples, in get()'s order."""
@@ -1013,7 +1013,7 @@ def _key_identity(key: Callable[[Mapping[str, str]], K]) -> object | None:
 
 
 def _plan(exp: Selection, base: str, key: Callable[[Mapping[str, str]], K]) -> _HistogramPlan | None:
-    """histograms()' grouping of a page, as sample indices: None where a bucket, count or sum is repeated (the
+    """histograms()' grouping of a page, as lines (Selection.values' indices): None where a bucket, count or sum is repeated (the
     generic reading sums them), a bound is NaN, or a histogram has too many buckets (it is counted)."""
     groups: dict[K, dict[float, int]] = {}
     for i, s in zip(exp.lines(base + "_bucket"), exp.get(base + "_bucket")):
@@ -1035,17 +1035,17 @@ def _plan(exp: Selection, base: str, key: Callable[[Mapping[str, str]], K]) -> _
                         found[1].get(k)) for k, group in groups.items())
 
 
-def _planned(lines: list[float], plan: _HistogramPlan) -> dict[Hashable, Histogram]:
+def _planned(values: list[float], plan: _HistogramPlan) -> dict[Hashable, Histogram]:
     """histograms() of a page by its plan: the same Histograms, each value read by line (a value plus 0.0, as
     the generic reading sums from 0.0: -0.0 reads as 0.0 either way)."""
     out: dict[Hashable, Histogram] = {}
     for group in plan:
-        values = [0.0 + lines[i] for i in group.at]
+        counts = [0.0 + values[i] for i in group.at]
         finite = group.bounds[-1] != INF
-        count = 0.0 + lines[group.count_at] if group.count_at is not None else (None if finite else values[-1])
+        count = 0.0 + values[group.count_at] if group.count_at is not None else (None if finite else counts[-1])
         if count is None or group.sum_at is None:
             continue
-        hist = _histogram(list(zip(group.bounds, values)), count, 0.0 + lines[group.sum_at])
+        hist = _histogram(list(zip(group.bounds, counts)), count, 0.0 + values[group.sum_at])
         if hist is not None:
             out[group.key] = hist
     return out

@@ -172,16 +172,15 @@ class PageClient:
                          monotonic: Callable[[], float]) -> Fetched:
         """What fetch_text(session, url, ...) gives, over this client's connection where the URL allows."""
         request = self._requests.get(url)
-        if request is None:
-            parts = urlsplit(url)
-            if parts.scheme != "http" or "@" in parts.netloc or parts.hostname is None:
-                return await fetch_text(self.session, url, timeout=timeout, max_bytes=max_bytes, monotonic=monotonic)
+        parts = urlsplit(url) if request is None else None
+        if parts is not None and (parts.scheme != "http" or "@" in parts.netloc or parts.hostname is None):
+            return await fetch_text(self.session, url, timeout=timeout, max_bytes=max_bytes, monotonic=monotonic)
         start = monotonic()
         shown = _public(url) if request is None else request.shown
         try:
             async with asyncio.timeout(timeout):
                 if request is None:
-                    request = self._request(url, parts, shown)
+                    request = self._request(url, parts, shown)  # type: ignore[arg-type]
                 answered, body = await self._get(request, max_bytes, shown, monotonic)
         except SourceError:
             self.close()
@@ -388,7 +387,8 @@ _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], max_bytes: int,
                      shown: str) -> bytes | bytearray:
     """The body as framed by Transfer-Encoding: chunked, Content-Length, or the connection's end; capped, in
-    one buffer (filled in place for a Content-Length; else grown, a reader's limit at a time: _read_into)."""
+    one buffer (for a Content-Length, the reader's own bytes up to its limit, else one filled in place; else
+    grown, a reader's limit at a time: _read_into)."""
     if headers.get("transfer-encoding", "").lower().rpartition(",")[2].strip() == "chunked":
         return await _read_chunked(reader, max_bytes, shown)
     length = headers.get("content-length")

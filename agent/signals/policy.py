@@ -225,10 +225,11 @@ def kv_peak_and_queue_floor(state: DetectorState, history: SeriesHistory,
     Read from the previous sample's where that covered the span: its extremes still in the history and inside
     the span, only the points since are read. At 10 Hz a 10 s window holds a hundred points, and reading each
     one's gauges on every sample was 4% of the agent's CPU (py-spy, 1 target x 10 Hz): each point is another
-    object the cache has lost since the previous sample. Points are only ever appended or dropped, so the
-    extremes of the points still held are the same, or the span is read whole again."""
+    object the cache has lost since the previous sample. Points are only ever appended or dropped, so while the
+    span starts inside the one read last, the extremes of the points still held are the same, or the span is read
+    whole again."""
     kept, kv, waiting = state.extremes, derive.KV_USAGE, derive.WAITING
-    if kept is not None and kept.first <= first.t and history.holds(kept.last) and all(
+    if kept is not None and kept.first <= first.t <= kept.last.t and history.holds(kept.last) and all(
             p is None or (p.t >= first.t and history.holds(p)) for p in (kept.peak, kept.low)):
         peak, low, points = kept.peak, kept.low, history.points_after(kept.last)
     else:

@@ -5,8 +5,8 @@ Pure: no I/O, no clock; the sampling loop fetches and bounds the page, remembers
 calls derive_series once per series and sample, and counts, logs and marks what it returns. Everything
 a series exports is computed here: its windows (checked against the GPUs' physics, with what the GPUs
 measured over each; each again once it is a sixtieth of its length old, policy.WINDOW_STALE_SHARE), the
-detectors' verdicts (their policy in signals/policy.py),
-the work counters and the capacity signals (signals/headroom.py).
+detectors' verdicts (their policy in signals/policy.py), the work counters and the capacity signals
+(signals/headroom.py).
 
 A derivation that raises on odd inputs (an arithmetic error) gives the series as the engine said it,
 without what could not be derived, and says why (`windows_failed`, `signals_failed`): the loop counts

@@ -49,3 +49,32 @@ def test_a_window_moving_on_reads_only_the_new_points() -> None:
     history.points_since = lambda p: read.append(p) or points_since(p)  # type: ignore[method-assign]
     peak, low, _ = policy.kv_peak_and_queue_floor(state, history, history.window(10.0)[0])  # type: ignore[index]
     assert (peak, low) == (0.9, 1.0) and read == []  # the previous extremes, then the one new point
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(STEP, st.booleans()), min_size=1, max_size=80))
+def test_samples_not_judged_in_between_leave_the_extremes_those_of_the_whole_window(
+        steps: list[tuple[tuple[float, ...], bool]]) -> None:
+    """Samples whose state was not kept (a derivation that raised) may leave the last span read far behind."""
+    history = SeriesHistory(4.0, dense=1.0)
+    state, t = DetectorState(), 100.0
+    for (dt, kv, waiting, seconds), judged in steps:
+        t += dt
+        history.append(t, {}, {derive.KV_USAGE: kv, derive.WAITING: waiting}, {})
+        span = history.window(seconds, reach=None)
+        if span is None or not judged:
+            continue
+        peak, low, state = policy.kv_peak_and_queue_floor(state, history, span[0])
+        assert (peak, low) == _read_whole(history, span[0])
+
+
+def test_a_span_starting_after_the_last_one_read_is_read_whole() -> None:
+    """Found by review: the last span read had neither gauge, and the next starts after its newest point."""
+    history = SeriesHistory(60.0)
+    for t in (0.0, 1.0, 2.0):
+        history.append(t, {}, {}, {})
+    _, _, state = policy.kv_peak_and_queue_floor(DetectorState(), history, history.points()[0])
+    for t, kv, waiting in ((3.0, 0.9, 1.0), (4.0, 0.1, 5.0), (5.0, 0.2, 6.0)):
+        history.append(t, {}, {derive.KV_USAGE: kv, derive.WAITING: waiting}, {})
+    peak, low, _ = policy.kv_peak_and_queue_floor(state, history, history.points()[4])
+    assert (peak, low) == (0.2, 5.0)
