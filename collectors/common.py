@@ -86,7 +86,12 @@ def combine(values: Iterable[float], *, gauge: bool) -> float | None:
     kept = [v for v in values if good(v)]
     if not kept:
         return None
-    return max(kept) if gauge else math.fsum(kept)
+    if gauge:
+        return max(kept)
+    try:
+        return math.fsum(kept)
+    except OverflowError:  # parts that sum past the largest float: no number, as an infinite one is none
+        return None
 
 
 def combine_each(groups: Mapping[K, Mapping[Any, float]], *, gauge: bool) -> dict[K, float]:

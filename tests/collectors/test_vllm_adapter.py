@@ -235,6 +235,19 @@ def test_multiprocess_pids_gauges_take_max_counters_and_histograms_sum() -> None
     assert (s.ttft.count, s.ttft.sum, s.ttft.buckets) == (3.0, 0.75, ((math.inf, 3.0),))
 
 
+def test_pid_parts_summing_past_the_largest_float_lose_that_counter_not_the_page() -> None:
+    """Two API servers' counters of 1e308 each (an attacker's page) sum to no number: that counter is absent,
+    the rest of the series is read."""
+    s = only(
+        page(
+            f'vllm:generation_tokens_total{L(pid="11")} 1e308',
+            f'vllm:generation_tokens_total{L(pid="12")} 1e308',
+            f'vllm:num_requests_running{L(pid="11")} 8',
+        )
+    )
+    assert (s.generation_tokens_total, s.running) == (None, 8.0)
+
+
 def test_nan_inf_and_negative_values_become_none() -> None:
     s = only(
         page(
