@@ -813,8 +813,9 @@ def _laid_out(layout: _Layout, values: list[float], name: str) -> list[Sample]:
     out: list[Sample] = []
     for first, end in layout.runs[name]:
         n = end - first
-        out += map(_new_sample, itertools.repeat(Sample, n), zip(itertools.repeat(name, n), map(dict, layout.labels[first:end]),
-                                                                 values[first:end], itertools.repeat(None, n)))
+        out += map(_new_sample, itertools.repeat(Sample, n),
+                   zip(itertools.repeat(name, n), map(dict, layout.labels[first:end]), values[first:end],
+                       itertools.repeat(None, n)))
     return out
 
 
@@ -831,15 +832,23 @@ def _remember_layout(keys: tuple[str, ...], seen: list[tuple[str, dict[str, str]
         else:
             spans.append((i, i + 1))  # a name's lines in another place (a histogram per rank on a DP page)
     cost = layout_bytes(keys)
-    if _layout_bytes + cost > _LAYOUT_BYTES_MAX:
-        _LAYOUTS.clear()
-        _layout_bytes = 0
-        if cost > _LAYOUT_BYTES_MAX:
-            return
+    if not _room_for(cost) and cost > _LAYOUT_BYTES_MAX:
+        return
     layout = _Layout(tuple(labels for _, labels in seen), {name: tuple(spans) for name, spans in runs.items()},
                      sum(len(labels) for _, labels in seen), {})
     if _LAYOUTS.setdefault(keys, layout) is layout:  # counted once, were another thread to remember the same keys
         _layout_bytes += cost
+
+
+def _room_for(cost: int) -> bool:
+    """Whether `cost` more bytes fit in what the layouts and their plans may hold (_LAYOUT_BYTES_MAX); where they do
+    not, every layout is forgotten, and the pages read from now on are remembered afresh."""
+    global _layout_bytes
+    if _layout_bytes + cost <= _LAYOUT_BYTES_MAX:
+        return True
+    _LAYOUTS.clear()
+    _layout_bytes = 0
+    return False
 
 
 def layout_bytes(keys: tuple[str, ...]) -> int:
@@ -1005,14 +1014,13 @@ def planned(exp: Selection, key: Hashable, make: Callable[[], P]) -> P | None:
 
 
 def _count_plan(plan: object) -> None:
-    """Count a plan kept into the layouts' bytes (_LAYOUT_BYTES_MAX), every layout forgotten once they pass it:
-    a page of a thousand one-bucket histograms planned 44% over what its layout was counted as (an attacker's
-    review), where the vLLM page's plans add 9%."""
+    """Count a plan kept into the layouts' bytes (_room_for; where it does not fit, its layout is forgotten with
+    the others): a page of a thousand one-bucket histograms planned 44% over what its layout was counted as (an
+    attacker's review), where the vLLM page's plans add 9%."""
     global _layout_bytes
-    _layout_bytes += _plan_bytes(plan)
-    if _layout_bytes > _LAYOUT_BYTES_MAX:
-        _LAYOUTS.clear()
-        _layout_bytes = 0
+    cost = _plan_bytes(plan)
+    if _room_for(cost):
+        _layout_bytes += cost
 
 
 def _plan_bytes(plan: object) -> int:
@@ -1035,8 +1043,8 @@ def _key_identity(key: Callable[[Mapping[str, str]], K]) -> object | None:
 
 
 def _plan(exp: Selection, base: str, key: Callable[[Mapping[str, str]], K]) -> _HistogramPlan | None:
-    """histograms()' grouping of a page, as lines (Selection.values' indices): None where a bucket, count or sum is repeated (the
-    generic reading sums them), a bound is NaN, or a histogram has too many buckets (it is counted)."""
+    """histograms()' grouping of a page, as lines (Selection.values' indices): None where a bucket, count or sum is
+    repeated (the generic reading sums them), a bound is NaN, or a histogram has too many buckets (it is counted)."""
     groups: dict[K, dict[float, int]] = {}
     for i, s in zip(exp.lines(base + "_bucket"), exp.get(base + "_bucket")):
         bound = _bound(s.labels.get("le"))

@@ -163,7 +163,7 @@ def _signals_kept(windows: tuple[derive.WindowValues, ...], batch_max: float | N
         same = {}
     elif len(kept.windows) == len(windows) and all(map(operator.is_, kept.windows, windows)):
         return kept.signals, state
-    else:  # each kept window's signals by the window's id: the kept windows are alive in `kept`, so an id is one of them
+    else:  # each kept window's signals by its id: the kept windows are alive in `kept`, so an id is one of them
         same = {id(w): s for w, s in zip(kept.windows, kept.signals)}
     signals = tuple(same.get(id(w)) or window_signals(w, constants, batch_max, capacity, settings) for w in windows)
     return signals, state._replace(signals=policy.KeptSignals(windows, batch_max, settings, signals))
