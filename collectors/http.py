@@ -181,7 +181,7 @@ class PageClient:
             async with asyncio.timeout(timeout):
                 if request is None:
                     request = self._request(url, parts, shown)  # type: ignore[arg-type]
-                answered, body = await self._get(request, max_bytes, shown, monotonic)
+                answered, body = await self._get(request, max_bytes, monotonic)
         except SourceError:
             self.close()
             raise
@@ -220,9 +220,9 @@ class PageClient:
         self._requests[url] = request
         return request
 
-    async def _get(self, prepared: _Request, max_bytes: int, shown: str,
+    async def _get(self, prepared: _Request, max_bytes: int,
                    monotonic: Callable[[], float]) -> tuple[float, bytes | bytearray]:
-        peer, request = prepared.peer, prepared.data
+        peer, request, shown = prepared
         reused = self._conn is not None and self._peer == peer and self._clean()
         if not reused:
             self.close()
@@ -395,14 +395,15 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], max_
     if length is not None:
         if not length.isdigit():
             raise _Malformed("bad Content-Length", length)
-        if int(length) > max_bytes:
+        size = int(length)
+        if size > max_bytes:
             raise SourceError("too_large", f"{shown}: body of {length} bytes is over the {max_bytes}-byte cap")
-        if int(length) <= _PIECE:  # one piece, the reader's own copy (a vLLM page: ~55 kB): no second one
-            return await reader.readexactly(int(length))
+        if size <= _PIECE:  # one piece, the reader's own copy (a vLLM page: ~55 kB): no second one
+            return await reader.readexactly(size)
         # One block of the page's size, filled in place: grown piece by piece, the buffer was reallocated and
         # copied on the way, and the agent's peak RSS on 4 MiB pages reached 95.8-96.9 MB in 2 of 10 runs of
         # tests/collectors/test_bounds.py's RSS test (peak printed); filled in place, 86.6-88.3 in 5 runs.
-        body = bytearray(int(length))
+        body = bytearray(size)
         with memoryview(body) as view:
             at = 0
             while at < len(body):
