@@ -382,16 +382,6 @@ def derive_target(
     return tuple(out)
 
 
-def minimum(history: SeriesHistory, first: Point, name: str) -> float | None:
-    values = [p.gauges[name] for p in history.points_since(first) if name in p.gauges]
-    return min(values) if values else None
-
-
-def maximum(history: SeriesHistory, first: Point, name: str) -> float | None:
-    values = [p.gauges[name] for p in history.points_since(first) if name in p.gauges]
-    return max(values) if values else None
-
-
 def stall_inputs(history: SeriesHistory, seconds: float) -> dict[str, float | None]:
     """The stall detector's inputs over the last `seconds`: the least requests held (running + waiting) and
     the progress made (engine steps + prompt + generated tokens, reset-corrected). Both None until the
