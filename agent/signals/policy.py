@@ -227,7 +227,8 @@ def kv_peak_and_queue_floor(state: DetectorState, history: SeriesHistory,
     one's gauges on every sample was 4% of the agent's CPU (py-spy, 1 target x 10 Hz): each point is another
     object the cache has lost since the previous sample. Points are only ever appended or dropped, so while the
     span starts inside the one read last, the extremes of the points still held are the same, or the span is read
-    whole again."""
+    whole again. Of equal values the newest point is kept: it leaves the span last (a gauge that holds still, an
+    idle queue at 0, kept the oldest, which left with the next sample, and the span was read whole every time)."""
     kept, kv, waiting = state.extremes, derive.KV_USAGE, derive.WAITING
     if kept is not None and kept.first <= first.t <= kept.last.t and history.holds(kept.last) and all(
             p is None or (p.t >= first.t and history.holds(p)) for p in (kept.peak, kept.low)):
@@ -238,10 +239,10 @@ def kv_peak_and_queue_floor(state: DetectorState, history: SeriesHistory,
     for p in points:
         gauges = p.gauges
         value = gauges.get(kv)
-        if value is not None and (peak is None or value > peak.gauges[kv]):
+        if value is not None and (peak is None or value >= peak.gauges[kv]):
             peak = p
         value = gauges.get(waiting)
-        if value is not None and (low is None or value < low.gauges[waiting]):
+        if value is not None and (low is None or value <= low.gauges[waiting]):
             low = p
     last = points[-1] if points else kept.last if kept is not None else first
     extremes = GaugeExtremes(first.t, last, peak, low)

@@ -78,3 +78,21 @@ def test_a_span_starting_after_the_last_one_read_is_read_whole() -> None:
         history.append(t, {}, {derive.KV_USAGE: kv, derive.WAITING: waiting}, {})
     peak, low, _ = policy.kv_peak_and_queue_floor(state, history, history.points()[4])
     assert (peak, low) == (0.2, 5.0)
+
+
+def test_gauges_holding_still_are_never_read_whole_again() -> None:
+    """An idle queue stays at 0 and a full pool at its occupancy for minutes: of equal values the newest point is
+    carried, so the window moving on never leaves its extremes behind (the oldest was carried, and left the
+    window with the next sample: the whole window was read on every sample)."""
+    history = SeriesHistory(60.0)
+    read: list[object] = []
+    points_since = history.points_since
+    history.points_since = lambda p: read.append(p) or points_since(p)  # type: ignore[method-assign]
+    state = DetectorState()
+    for i in range(300):  # 30 s at 10 Hz, a 10 s window
+        history.append(100.0 + 0.1 * i, {}, {derive.KV_USAGE: 0.5, derive.WAITING: 0.0}, {})
+        span = history.window(10.0, reach=None)
+        if span is not None:
+            peak, low, state = policy.kv_peak_and_queue_floor(state, history, span[0])
+            assert (peak, low) == (0.5, 0.0)
+    assert len(read) == 1  # the first span only
