@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import re
 import types
 from contextlib import contextmanager
@@ -970,8 +971,10 @@ def _histogram(pairs: list[tuple[float, float]], count: float, total: float) -> 
     every count is finite and non-negative and the sum a number (histograms() and _planned alike)."""
     if pairs[-1][0] != INF:
         pairs.append((INF, count))
-    values = [v for _, v in pairs] + [count]
-    if not all(0.0 <= v < INF for v in values) or total != total or abs(total) == INF:
+    values = [v for _, v in pairs]
+    values.append(count)
+    # every count in [0, inf), NaN refused: three passes in C where a generator took a Python step per bucket
+    if not (min(values) >= 0.0 and max(values) < INF) or any(map(math.isnan, values)) or not math.isfinite(total):
         return None
     return Histogram(buckets=tuple(pairs), count=count, sum=total)
 

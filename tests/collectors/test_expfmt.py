@@ -187,6 +187,19 @@ def test_histograms_groups_sums_pids_and_drops_nonfinite() -> None:
     assert (hists["a"].count, hists["a"].sum) == (6.0, 4.0)
 
 
+@pytest.mark.parametrize("odd", ["NaN", "+Inf", "-Inf", "-1", "-0"])
+@pytest.mark.parametrize("at", ["first bucket", "middle bucket", "last bucket", "count", "sum"])
+def test_a_histogram_with_a_value_out_of_range_anywhere_is_dropped(odd: str, at: str) -> None:
+    """Every count in [0, inf) and the sum finite, wherever the odd value sits (a NaN first or later alike)."""
+    values = {"first bucket": "1", "middle bucket": "2", "last bucket": "3", "count": "3", "sum": "4.5"}
+    values[at] = odd
+    text = (f't_bucket{{le="0.1"}} {values["first bucket"]}\nt_bucket{{le="1"}} {values["middle bucket"]}\n'
+            f't_bucket{{le="+Inf"}} {values["last bucket"]}\nt_count {values["count"]}\nt_sum {values["sum"]}\n')
+    hists = expfmt.histograms(expfmt.parse(text), "t", lambda labels: "k")
+    kept = odd == "-0" or (at == "sum" and odd == "-1")  # -0 is 0; a sum may be negative (observed values can be)
+    assert set(hists) == ({"k"} if kept else set())
+
+
 # --- property: anything prometheus_client renders, we read back identically ----------------------
 
 _label_text = st.text(
