@@ -491,3 +491,40 @@ def test_a_gzip_body_of_many_members_is_refused_before_its_cost_grows_with_its_s
     with pytest.raises(http._Malformed, match="over 16 members"):
         http._inflated(gzip.compress(PAGE) + member * ((4 << 20) // len(member)), "gzip", 1 << 22, "x")
     assert time.process_time() - started < 2.0  # 10-12 s before the cap
+
+
+_HEADS = [b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % len(PAGE),
+          b"HTTP/1.1 200 OK\nContent-Length: %d\n\n" % len(PAGE),  # lines ended by LF alone
+          b"HTTP/1.1 200 OK\r\nContent-Length: %d\n\r\n" % len(PAGE)]
+
+
+@pytest.mark.parametrize("head", _HEADS, ids=["crlf", "lf", "mixed"])
+async def test_a_head_that_comes_in_pieces_reads_as_one_that_came_whole(client: PageClient, head: bytes) -> None:
+    """A head cut anywhere, its first piece held while the rest is on its way (a slow or busy engine), reads as one
+    that came whole: the same page, and the connection kept for the next."""
+    for cut in (5, 6, 16, len(head) - 3, len(head) - 2, len(head) - 1, len(head)):
+        async def answer(_: asyncio.StreamReader, w: asyncio.StreamWriter, __: bytes, cut: int = cut) -> bool:
+            w.write(head[:cut])
+            await w.drain()
+            await asyncio.sleep(0.02)
+            w.write(head[cut:] + PAGE)
+            return True
+
+        async with RawEngine(answer) as engine:
+            assert await _read(client, engine.url) == PAGE.decode(), cut
+            assert await _read(client, engine.url) == PAGE.decode(), cut
+            assert len(set(engine.peers)) == 1
+        client.close()
+
+
+async def test_a_head_over_64_kib_held_whole_is_refused(client: PageClient) -> None:
+    lines = b"".join(b"X-Filler-%d: %s\r\n" % (i, b"a" * 700) for i in range(100))  # ~71 KiB, every line short
+
+    async def answer(_: asyncio.StreamReader, w: asyncio.StreamWriter, __: bytes) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\n" + lines + b"Content-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE))
+        return False
+
+    async with RawEngine(answer) as engine:
+        with pytest.raises(SourceError) as failed:
+            await _read(client, engine.url)
+    assert failed.value.reason == "other" and "64 KiB" in str(failed.value)
