@@ -63,6 +63,11 @@ CAUGHT_WITHIN_S = 3.0  # a stall is sampled within 1.5 intervals, then the poll 
 STALL_SEEN_S = 1.5  # after a long prompt's answer: within the 2 s the agent looks back for its step
 POLL_S = 0.25
 UNPINNED_CONTROL_S = 40.0  # the host's stalls come every few seconds: twice the pinned run's control
+# The control is judged on the agent's pages: no stretch of it this long without one. A count of pages (one a
+# second asked for) read the host's load instead: each poll waits for its answer, which took up to 2.3 s from
+# the agent with the proxy on a busy 2-core box (54 pages in the 40 s at load 7, too few at load 12-16), while
+# a run of fast pages and one long hole passed it.
+CONTROL_HOLE_S = 6.0  # one poll's timeout (5 s) and a late wake-up
 DECODES = ["--requests", "3000", "--concurrency", "8", "--max-tokens", "256", "--prompt-words", "40"]
 
 HOL = "rooflight_head_of_line_blocking"
@@ -233,6 +238,13 @@ def unpinned_run(vllm_python, tiny_model, run_dir, started) -> UnpinnedRun:
     return run
 
 
+def _polled_through(verdicts: list[Verdict], control: tuple[float, float]) -> tuple[bool, str]:
+    """Whether every stretch of the control had a page within CONTROL_HOLE_S, and what was seen."""
+    times = [control[0], *(v.t for v in verdicts if control[0] <= v.t <= control[1]), control[1]]
+    hole = max(b - a for a, b in zip(times, times[1:]))
+    return hole <= CONTROL_HOLE_S, f"{len(times) - 2} pages in {control[1] - control[0]:g} s, longest hole {hole:.2f} s"
+
+
 def _caught(verdicts: list[Verdict], sent: list[tuple[float, int]]) -> list[float]:
     """The long prompts (times sent) that a flag followed within CAUGHT_WITHIN_S."""
     return [t for t, _ in sent if any(v.flag == 1.0 and t <= v.t <= t + CAUGHT_WITHIN_S for v in verdicts)]
@@ -280,8 +292,8 @@ def test_every_long_prompt_whose_stall_the_proxy_saw_is_caught_through_the_proxy
 def test_unpinned_the_control_phase_raises_no_flag(unpinned_run: UnpinnedRun, which: str) -> None:
     verdicts = getattr(unpinned_run, which)
     control = [v for v in verdicts if unpinned_run.control[0] <= v.t <= unpinned_run.control[1]]
-    # two pollers on a loaded machine: 37-42 polls in 20 s at load 16, where 80 were asked for
-    assert len(control) >= UNPINNED_CONTROL_S / POLL_S / 4, "the agent was not polled through the control phase"
+    covered, seen = _polled_through(verdicts, unpinned_run.control)
+    assert covered, f"the agent was not polled through the control phase: {seen}"
     assert sum(v.flag == 0.0 for v in control) >= len(control) / 2, "the detector could not tell most of the time"
     # The old rule flagged 15-25% of these samples; against the usual largest step (80% of the prefill
     # seconds at or under it) none.
