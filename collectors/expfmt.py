@@ -239,6 +239,18 @@ _series_chars = 0
 _series_turned_away = 0  # new lines the cache had no room for, since the last parse began
 
 
+def _may_be_remembered(end: int) -> bool:
+    """Whether a line whose labels end at `end` (its `"}`) may be one _SERIES holds: a key over what it may hold in
+    all is never in it, and is not copied out of its line to be looked for (a 4 MB label value: 4 MB more)."""
+    return end != -1 and end + 2 <= _SERIES_CHARS_MAX
+
+
+# Labels longer than this are read by the slow path, one copy of each value, where the fast one's split and
+# partition held three copies of a long value at once: a 4 MB label value's page took the agent's RSS to
+# 96-102 MB for a moment (tests/collectors/test_bounds.py's RSS test, its 50 ms polls catching it now and then).
+_FAST_LABELS_MAX = 64 * 1024
+
+
 def _remember(key: str, name: str, labels: dict[str, str]) -> None:
     global _series_chars, _series_turned_away
     if len(_SERIES) >= _SERIES_MAX or _series_chars + len(key) > _SERIES_CHARS_MAX:
@@ -319,16 +331,17 @@ def _parse_sample(line: str, brace: int, tally: list[int] | None = None) -> Samp
 
     With `tally` (under Bounds), over-long label values are cut and counted in tally[0]."""
     end = line.find('"}', brace) if brace != -1 else -1
-    if end != -1:  # a line starting as a remembered one has its name first, then its labels: no more checks
+    if _may_be_remembered(end):  # a line starting as a remembered one has its name first, then its labels: no more checks
         hit = _SERIES.get(line[: end + 2])
         if hit is not None:
             return _finish(hit[0], dict(hit[1]), line[end + 2 :])
     space = line.find(" ")
     if brace != -1 and (space == -1 or brace < space or not line[space:brace].strip()):
         name = line[:brace].rstrip()
-        body = line[brace + 1 : end + 1] if end != -1 else ""
+        fast = end != -1 and end - brace <= _FAST_LABELS_MAX
+        body = line[brace + 1 : end + 1] if fast else ""
         labels: dict[str, str] = {}
-        fast = end != -1 and "\\" not in body and " " not in body and "}" not in body
+        fast = fast and "\\" not in body and " " not in body and "}" not in body
         if fast:
             for pair in body.split('",'):
                 key, eq, val = pair.partition('="')
@@ -689,7 +702,7 @@ def select(
             line = ""
         elif key:  # ... on a larger page, `key` is the whole line (_WHOLE_LINE): never copied to be read
             line, end, seen = key, key.find('"}'), None
-            if end != -1 and not reading.full:
+            if _may_be_remembered(end) and not reading.full:
                 seen = series.get(line[: end + 2])
                 rest = line[end + 2 :]
         else:  # a line no name starts: blank, indented or `{__name__=...}`; what parse() would keep of it
@@ -698,7 +711,7 @@ def select(
             if not line or line[0] == "#" or (line[0] != "{" and want is not None and not line.startswith(want)):
                 continue
             end, seen = line.find('"}'), None
-            if end != -1 and not reading.full:
+            if _may_be_remembered(end) and not reading.full:
                 seen = series.get(line[: end + 2])
                 rest = line[end + 2 :]
         if seen is not None:  # a series read before (most lines): its name and labels, as _parse_sample finds them

@@ -192,7 +192,9 @@ def test_the_layouts_and_their_plans_take_no_more_memory_than_they_are_counted_a
 
 def test_a_page_over_the_layout_size_is_read_without_a_copy_of_its_lines(fresh: None) -> None:
     """A page with one 4 MB label value: its line found whole, not split and joined again (one page-sized copy
-    more: tracemalloc peak 25.2 MB against 21.0)."""
+    more: tracemalloc peak 25.2 MB against 21.0), and its labels read with one copy of the value, not looked for
+    among the series read before (never held: over what they may hold) nor split and partitioned (21.0 -> 8.4 MB:
+    the line and its value; the agent's RSS on this page touched 96-102 MB, tests/collectors/test_bounds.py)."""
     page = f'vllm:num_requests_running{{engine="0",model_name="{"x" * (4 * 2**20)}"}} 1\n'
     tracemalloc.start()
     try:
@@ -201,7 +203,7 @@ def test_a_page_over_the_layout_size_is_read_without_a_copy_of_its_lines(fresh: 
     finally:
         tracemalloc.stop()
     assert selected.get("vllm:num_requests_running")[0].value == 1.0
-    assert peak < 5.5 * len(page), f"{peak / 2**20:.1f} MiB for a {len(page) / 2**20:.1f} MiB page"
+    assert peak < 2.5 * len(page), f"{peak / 2**20:.1f} MiB for a {len(page) / 2**20:.1f} MiB page"
 
 
 def test_a_page_read_in_a_worker_thread_never_uses_a_layout() -> None:
