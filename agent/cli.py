@@ -124,6 +124,7 @@ def _check_expert_parallel(target: cfg.TargetConfig, model: Any) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from rooflight.agent.config.proxy import for_agent
+    from rooflight.agent.sampling.engine_loop import map_big_blocks
     from rooflight.agent.sampling.gc_tuning import tune_for_sampling
     from rooflight.agent.sampling.sampler import Agent
 
@@ -146,6 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     limits = ServerLimits(read_header_timeout=config.read_header_timeout, max_connections=config.max_connections)
     tune_for_sampling()
+    map_big_blocks()
     asyncio.run(serve(Agent(config, models=models), config.listen_host, config.listen_port, security=security,
                       limits=limits, proxy=proxy))
     return 0

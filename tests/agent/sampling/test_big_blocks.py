@@ -1,0 +1,33 @@
+"""engine_loop.map_big_blocks: blocks of 1 MiB and more are handed back to the OS when freed, whatever big block
+was freed before them (glibc's own threshold follows the largest block freed, and keeps smaller ones after it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+_FREED_AFTER_A_BIGGER_ONE = textwrap.dedent("""
+    import sys, psutil
+    from rooflight.agent.sampling.engine_loop import map_big_blocks
+    if sys.argv[1] == "mapped":
+        map_big_blocks()
+    rss = lambda: psutil.Process().memory_info().rss
+    first = bytearray(8 << 20)
+    del first[:]  # a first big page's 8 MiB, freed
+    blocks = [bytearray(3 << 20) for _ in range(4)]  # the next pages' 12 MiB, written
+    before = rss()
+    del blocks
+    print(before - rss())
+""")
+
+
+def _handed_back(how: str) -> int:
+    done = subprocess.run([sys.executable, "-c", _FREED_AFTER_A_BIGGER_ONE, how], capture_output=True, text=True,
+                          timeout=60, check=True)
+    return int(done.stdout)
+
+
+def test_big_blocks_freed_after_a_bigger_one_leave_the_process() -> None:
+    assert _handed_back("mapped") >= 10 << 20  # of the 12 MiB freed
+    assert _handed_back("default") < 4 << 20  # glibc's own threshold: kept in the heap (the control)
