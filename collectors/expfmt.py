@@ -245,12 +245,6 @@ def _may_be_remembered(end: int) -> bool:
     return end != -1 and end + 2 <= _SERIES_CHARS_MAX
 
 
-# Labels longer than this are read by the slow path, one copy of each value, where the fast one's split and
-# partition held three copies of a long value at once: a 4 MB label value's page took the agent's RSS to
-# 96-102 MB for a moment (tests/collectors/test_bounds.py's RSS test, its 50 ms polls catching it now and then).
-_FAST_LABELS_MAX = 64 * 1024
-
-
 def _remember(key: str, name: str, labels: dict[str, str]) -> None:
     global _series_chars, _series_turned_away
     if len(_SERIES) >= _SERIES_MAX or _series_chars + len(key) > _SERIES_CHARS_MAX:
@@ -326,6 +320,34 @@ def _labels_slow(line: str, start: int) -> tuple[dict[str, str], int]:
             return labels, pos
 
 
+def _plain_labels(line: str, start: int, stop: int) -> dict[str, str] | None:
+    """The labels of line[start:stop] (after its `{`, up to the quote before its `}`) where they are plain: no
+    escape, blank or brace, each `name="value"` and every quote a delimiter; None otherwise (the slow path decides).
+
+    Read in place, each value copied once: the span split in pairs and each pair partitioned held a 4 MB label
+    value three times over at once, and the agent's RSS on its page touched 96-102 MB for a moment
+    (tests/collectors/test_bounds.py's RSS test, its polls every 50 ms catching it now and then)."""
+    if line.find("\\", start, stop) != -1 or line.find(" ", start, stop) != -1 or line.find("}", start, stop) != -1:
+        return None
+    labels: dict[str, str] = {}
+    pos = start
+    while True:
+        sep = line.find('",', pos, stop)
+        end = stop if sep == -1 else sep  # this pair: line[pos:end]
+        eq = line.find('="', pos, end)
+        if eq == -1:
+            return None
+        key = line[pos:eq]
+        if key in labels or '"' in key or "=" in key:
+            return None
+        labels[intern(key)] = line[eq + 2 : end - 1 if end > eq + 2 and line[end - 1] == '"' else end]
+        if sep == -1:
+            break
+        pos = sep + 2
+    # Every quote a delimiter, two a pair: else the '"}' found was an opening quote (a value starting with `}`)
+    return labels if line.count('"', start, stop) == 2 * len(labels) else None
+
+
 def _parse_sample(line: str, brace: int, tally: list[int] | None = None) -> Sample:
     """One sample line (stripped, not a comment); `brace` = line.find("{"). ValueError if malformed.
 
@@ -338,31 +360,18 @@ def _parse_sample(line: str, brace: int, tally: list[int] | None = None) -> Samp
     space = line.find(" ")
     if brace != -1 and (space == -1 or brace < space or not line[space:brace].strip()):
         name = line[:brace].rstrip()
-        fast = end != -1 and end - brace <= _FAST_LABELS_MAX
-        body = line[brace + 1 : end + 1] if fast else ""
-        labels: dict[str, str] = {}
-        fast = fast and "\\" not in body and " " not in body and "}" not in body
-        if fast:
-            for pair in body.split('",'):
-                key, eq, val = pair.partition('="')
-                if not eq or key in labels or '"' in key or "=" in key:
-                    fast = False
-                    break
-                labels[intern(key)] = val if val[-1:] != '"' else val[:-1]  # names repeat: one copy each
-            # Without escapes every quote is a delimiter: two per pair, or the '"}' found above
-            # was an opening quote (a value starting with '}') and the slow path must decide.
-            if fast and body.count('"') != 2 * len(labels):
-                fast = False
-            rest = line[end + 2 :]
-            if fast and name and _NAME_RE.match(name):
-                # Remembered only where the name runs up to its `{`: a hit then tells the name as a filter would
-                # read it from the line (select() checks a hit's name alone; `name\x0b{` is another name there).
-                if not _cut(labels, tally) and brace == len(name):
-                    _remember(line[: end + 2], name, labels)
-                return _finish(name, labels, rest)
-        if not fast:
+        plain = _plain_labels(line, brace + 1, end + 1) if end != -1 else None
+        if plain is None:
             labels, after = _labels_slow(line, brace)
             rest = line[after:]
+        else:
+            labels, rest = plain, line[end + 2 :]
+            if name and _NAME_RE.match(name):
+                # Remembered only where the name runs up to its `{`: a hit then tells the name as a filter would
+                # read it from the line (select() checks a hit's name alone; `name\x0b{` is another name there).
+                if not _cut(labels, tally) and brace == len(name) and _may_be_remembered(end):
+                    _remember(line[: end + 2], name, labels)
+                return _finish(name, labels, rest)
         if not name:
             name = labels.pop("__name__", "")
         _cut(labels, tally)

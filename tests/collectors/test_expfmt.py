@@ -284,3 +284,17 @@ def test_seen_series_cache_is_invisible_to_callers() -> None:
         ({"a": "1", "b": "x"}, 6.0, 1.5),
     ]
     assert second.get("c_total")[0].labels is not second.get("c_total")[1].labels
+
+
+@pytest.mark.parametrize("size", [10, 65_531, 65_540, 2 << 20])
+def test_a_line_reads_the_same_whatever_the_length_of_its_labels(size: int) -> None:
+    """Found by review: labels over a length were read by the other path, whose rule for a label's name differs
+    (`a:b`, as prometheus_client reads it): a line was read or refused by its length alone."""
+    value = "x" * size
+    for bounds in (None, expfmt.Bounds(max_samples=10)):
+        exp = expfmt.parse(f'm{{a:b="{value}",c="1"}} 2\n', bounds=bounds)
+        (sample,) = exp.get("m")
+        assert (sample.value, sample.labels["c"]) == (2.0, "1")
+        cut = bounds is not None and size > expfmt.MAX_LABEL_VALUE_CHARS
+        assert sample.labels["a:b"] == (value[: expfmt.MAX_LABEL_VALUE_CHARS] + expfmt.TRUNCATED_MARK if cut else value)
+        assert exp.labels_truncated == cut
