@@ -20,6 +20,7 @@ import asyncio
 import ctypes
 import functools
 import logging
+import os
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -397,7 +398,7 @@ class EngineLoop:
 def _libc(name: str) -> Callable[..., int] | None:
     try:
         return getattr(ctypes.CDLL(None), name)  # type: ignore[no-any-return]
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to call
+    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS; Windows has no CDLL(None)): nothing to call
         return None
 
 
@@ -411,8 +412,11 @@ def map_big_blocks() -> None:
 
     glibc otherwise raises its mmap threshold to the largest block freed (up to 32 MiB), and from then on such
     blocks come from the heap; a fixed threshold stops that. Measured with tests/collectors/test_bounds.py's RSS
-    test, seven 4 MiB pages of different shapes in turn: peak RSS 90-92 MB without, 81-83 with (six runs each).
-    A vLLM page (~55 kB a rank) is far under it. Called once, by `rooflight run`."""
+    test, seven 4 MiB pages of different shapes in turn: peak RSS 90-92 MB without, 79-84 with (six runs each).
+    A vLLM page (~55 kB a rank) is far under it. Called once, by `rooflight run`; a threshold the operator set
+    (MALLOC_MMAP_THRESHOLD_, or glibc.malloc.mmap_threshold in GLIBC_TUNABLES) is left as set."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
+        return
     mallopt = _libc("mallopt")
     if mallopt is not None:
         mallopt(_M_MMAP_THRESHOLD, BIG_BLOCK_BYTES)

@@ -246,5 +246,6 @@ def kv_peak_and_queue_floor(state: DetectorState, history: SeriesHistory,
             low = p
     last = points[-1] if points else kept.last if kept is not None else first
     extremes = GaugeExtremes(first.t, last, peak, low)
-    return (None if peak is None else peak.gauges[kv], None if low is None else low.gauges[waiting],
+    # (+ 0.0: of a 0 and a -0 the newest may be the -0, where a read of the whole span gives the first of them)
+    return (None if peak is None else peak.gauges[kv] + 0.0, None if low is None else low.gauges[waiting] + 0.0,
             state._replace(extremes=extremes))
