@@ -428,7 +428,8 @@ def _give_back_freed_memory() -> None:
     glibc raises its mmap threshold to the largest block freed, so after one big page the next one's
     body and text come from the heap and stay resident once freed: without this, RSS ratchets up to
     the sum of what different pages left behind rather than the largest of them (measured peak RSS:
-    92-93 MB without, 85-88 MB with, seven 4 MiB pages of different shapes in turn).
+    92-93 MB without, 85-88 MB with, seven 4 MiB pages of different shapes in turn). Under map_big_blocks the
+    threshold holds, and what is left to hand back is the heap's blocks under it (a big page's lines, its samples).
     """
     trim = _libc("malloc_trim")
     if trim is not None:
