@@ -23,8 +23,9 @@ What must hold, and why it can:
   not met here; the test holds the nesting and that the proxy sees at least half of the peer's TTFT
   (CLIENT_SHARE) at p50; at p99 only the nesting: a p99 of 80 requests is their two longest, and one stall of the
   peer's own client (a Python process parsing every chunk, on the loaded 2-core machine) is all of it (a CI run
-  here: the peer's p99 201.6 ms, the proxy's 68.1, p50 20.2 and 17.0). So the joint goodput (TTFT and TPOT) can read high by the requests the peer failed on
-  TTFT alone (measured 0-8 in 80 with the old clock, 0 and 4 with the first-byte clock): it is held between
+  here: the peer's p99 201.6 ms, the proxy's 68.1, p50 20.2 and 17.0). So the joint goodput (TTFT and TPOT)
+  can read high by the requests the peer failed on TTFT alone (measured 0-8 in 80 with the old clock, 0 and 4
+  with the first-byte clock): it is held between
   the peer's joint count and its TPOT-alone count, 2 in 80 either side.
 - ITL p50 within 1 ms of the peer's (measured 0.003-0.19 ms apart). ITL p99 within ITL_P99_REL of the
   peer's: the issue's target is 5%, which held in four runs of seven here (0.4-2.6% apart); in the
