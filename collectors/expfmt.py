@@ -245,13 +245,15 @@ def _may_be_remembered(end: int) -> bool:
     return end != -1 and end + 2 <= _SERIES_CHARS_MAX
 
 
-def _remember(key: str, name: str, labels: dict[str, str]) -> None:
+def _remember(line: str, end: int, name: str, labels: dict[str, str]) -> None:
+    """Remember the series of a line whose labels end at `end` (its `"}`): its key, the line up to there, is
+    copied out only where the cache has room for it."""
     global _series_chars, _series_turned_away
-    if len(_SERIES) >= _SERIES_MAX or _series_chars + len(key) > _SERIES_CHARS_MAX:
+    if len(_SERIES) >= _SERIES_MAX or _series_chars + end + 2 > _SERIES_CHARS_MAX:
         _series_turned_away += 1
         return
-    _SERIES[key] = (name, dict(labels))
-    _series_chars += len(key)
+    _SERIES[line[: end + 2]] = (name, dict(labels))
+    _series_chars += end + 2
 
 
 def _fresh_series_cache() -> None:
@@ -353,7 +355,7 @@ def _parse_sample(line: str, brace: int, tally: list[int] | None = None) -> Samp
 
     With `tally` (under Bounds), over-long label values are cut and counted in tally[0]."""
     end = line.find('"}', brace) if brace != -1 else -1
-    if _may_be_remembered(end):  # a line starting as a remembered one has its name first, then its labels: no more checks
+    if _may_be_remembered(end):  # a line starting as a remembered one has its name first, then its labels
         hit = _SERIES.get(line[: end + 2])
         if hit is not None:
             return _finish(hit[0], dict(hit[1]), line[end + 2 :])
@@ -369,8 +371,8 @@ def _parse_sample(line: str, brace: int, tally: list[int] | None = None) -> Samp
             if name and _NAME_RE.match(name):
                 # Remembered only where the name runs up to its `{`: a hit then tells the name as a filter would
                 # read it from the line (select() checks a hit's name alone; `name\x0b{` is another name there).
-                if not _cut(labels, tally) and brace == len(name) and _may_be_remembered(end):
-                    _remember(line[: end + 2], name, labels)
+                if not _cut(labels, tally) and brace == len(name):
+                    _remember(line, end, name, labels)
                 return _finish(name, labels, rest)
         if not name:
             name = labels.pop("__name__", "")
@@ -822,7 +824,9 @@ def _as_before(head: list[tuple[str, str, str]], reading: _Reading) -> Selection
     if layout is None:
         return None
     n = len(keys)
-    if (reading.room != -1 and n >= reading.room) or (reading.label_room != -1 and layout.label_count >= reading.label_room):
+    if reading.room != -1 and n >= reading.room:
+        return None
+    if reading.label_room != -1 and layout.label_count >= reading.label_room:
         return None
     joined = "".join(rests)
     if "_" in joined or "#" in joined:  # `_` is refused, `#` starts an exemplar: _finish decides, line by line
@@ -889,12 +893,12 @@ def layout_bytes(keys: tuple[str, ...]) -> int:
 _SELECT_BLOCK_CHARS = 16 * 1024
 
 # A line starting with one of the names where the name ends: its key (group 1: the name, and where a `{` follows
-# it, its labels up to the line's last `"}`, else the space or tab after it) and the rest (group 2); or a line whose first character cannot start
-# a name, a comment or an empty line (group 3: leading whitespace, `{__name__=...}`). _SERIES keeps a line's
-# name and labels up to its first `"}`: where the two differ (a `"}` in a value, or in an exemplar after it),
-# the key is no series read before, and the line is read as a new one (the same samples). The greedy scan
-# back from the line's end costs findall 81 us on the vLLM page against 63 for the whole line, where a lazy
-# one forward took 142 (timeit, warm).
+# it, its labels up to the line's last `"}`, else the space or tab after it) and the rest (group 2); or a line
+# whose first character cannot start a name, a comment or an empty line (group 3: leading whitespace,
+# `{__name__=...}`). _SERIES keeps a line's name and labels up to its first `"}`: where the two differ (a `"}` in
+# a value, or in an exemplar after it), the key is no series read before, and the line is read as a new one (the
+# same samples). The greedy scan back from the line's end costs findall 81 us on the vLLM page against 63 for the
+# whole line, where a lazy one forward took 142 (timeit, warm).
 _LINE = r'(?:({names}(?![A-Za-z0-9_:])(?:\{[^\n]*"\}|[ \t])?)([^\n]*)|([^A-Za-z_:#\n][^\n]*))'
 # The same lines found whole (group 1; group 2 empty), on a page over _LAYOUT_MAX_CHARS, read line by line: a line
 # split in key and rest is copied whole again to be read where it is no series read before, and a page of one

@@ -238,11 +238,12 @@ def unpinned_run(vllm_python, tiny_model, run_dir, started) -> UnpinnedRun:
     return run
 
 
-def _polled_through(verdicts: list[Verdict], control: tuple[float, float]) -> tuple[bool, str]:
-    """Whether every stretch of the control had a page within CONTROL_HOLE_S, and what was seen."""
-    times = [control[0], *(v.t for v in verdicts if control[0] <= v.t <= control[1]), control[1]]
+def _polled_through(control: list[Verdict], bounds: tuple[float, float]) -> tuple[bool, str]:
+    """Whether every stretch of the control (its pages, from bounds[0] to bounds[1]) had a page within
+    CONTROL_HOLE_S, and what was seen."""
+    times = [bounds[0], *(v.t for v in control), bounds[1]]
     hole = max(b - a for a, b in zip(times, times[1:]))
-    return hole <= CONTROL_HOLE_S, f"{len(times) - 2} pages in {control[1] - control[0]:g} s, longest hole {hole:.2f} s"
+    return hole <= CONTROL_HOLE_S, f"{len(control)} pages in {bounds[1] - bounds[0]:g} s, longest hole {hole:.2f} s"
 
 
 def _caught(verdicts: list[Verdict], sent: list[tuple[float, int]]) -> list[float]:
@@ -292,7 +293,7 @@ def test_every_long_prompt_whose_stall_the_proxy_saw_is_caught_through_the_proxy
 def test_unpinned_the_control_phase_raises_no_flag(unpinned_run: UnpinnedRun, which: str) -> None:
     verdicts = getattr(unpinned_run, which)
     control = [v for v in verdicts if unpinned_run.control[0] <= v.t <= unpinned_run.control[1]]
-    covered, seen = _polled_through(verdicts, unpinned_run.control)
+    covered, seen = _polled_through(control, unpinned_run.control)
     assert covered, f"the agent was not polled through the control phase: {seen}"
     assert sum(v.flag == 0.0 for v in control) >= len(control) / 2, "the detector could not tell most of the time"
     # The old rule flagged 15-25% of these samples; against the usual largest step (80% of the prefill
@@ -312,4 +313,5 @@ def test_unpinned_every_flag_follows_a_long_prompt(unpinned_run: UnpinnedRun, wh
              and not any(start <= v.t <= end for start, end in spans)]
     after = [v for v in getattr(unpinned_run, which) if v.t >= unpinned_run.control[0]]
     # as in the control: a stray host stall may get through now and then, never the old 15-25% of samples
-    assert len(stray) <= max(2, len(after) / 10), f"flags with no long prompt before them, s after the control began: {stray}"
+    assert len(stray) <= max(2, len(after) / 10), \
+        f"flags with no long prompt before them, s after the control began: {stray}"

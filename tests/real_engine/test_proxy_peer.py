@@ -25,8 +25,8 @@ What must hold, and why it can:
   peer's own client (a Python process parsing every chunk, on the loaded 2-core machine) is all of it (a CI run
   here: the peer's p99 201.6 ms, the proxy's 68.1, p50 20.2 and 17.0). So the joint goodput (TTFT and TPOT)
   can read high by the requests the peer failed on TTFT alone (measured 0-8 in 80 with the old clock, 0 and 4
-  with the first-byte clock): it is held between
-  the peer's joint count and its TPOT-alone count, 2 in 80 either side.
+  with the first-byte clock): it is held between the peer's joint count and its TPOT-alone count, 2 in 80 either
+  side.
 - ITL p50 within 1 ms of the peer's (measured 0.003-0.19 ms apart). ITL p99 within ITL_P99_REL of the
   peer's: the issue's target is 5%, which held in four runs of seven here (0.4-2.6% apart); in the
   others the proxy read 6% high, 21% and 24% low, on the loaded 2-core machine where the peer's own
@@ -53,7 +53,8 @@ GOOD_TOLERANCE = 2  # requests in 80: the issue's 1, with a 2x margin
 ITL_GOOD_TOLERANCE = 6  # the longest gap per request sees the peer's client stalls (measured 0-4 apart)
 ITL_P50_MS = 1.0
 ITL_P99_REL = 0.5  # the issue's target is 0.05 (see above: 3 of 7 runs here missed it, by 6%, 21%, 24%)
-CLIENT_SHARE = 0.5  # at most this share of the peer's TTFT is its client's, before the proxy's first byte (measured 0.25-0.41)
+# at most this share of the peer's TTFT is its client's, before the proxy's first byte (measured 0.25-0.41)
+CLIENT_SHARE = 0.5
 CLOCK_SLACK_MS = 1.0  # two processes' clocks read the nested intervals; allow for the order of their readings
 
 

@@ -39,7 +39,8 @@ def test_big_blocks_freed_after_a_bigger_one_leave_the_process() -> None:
         assert _handed_back("default") < 4 << 20  # glibc's own threshold: kept in the heap (the control)
 
 
-@pytest.mark.parametrize("env", [{}, {"MALLOC_MMAP_THRESHOLD_": "65536"}, {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}])
+@pytest.mark.parametrize("env", [{}, {"MALLOC_MMAP_THRESHOLD_": "65536"},
+                                 {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}])
 def test_a_threshold_the_operator_set_is_left_as_set(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
     calls: list[tuple[int, int]] = []
     for name in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"):
