@@ -18,7 +18,7 @@ import shutil
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterable
+from typing import Iterable
 
 import pytest
 import yaml

@@ -11,7 +11,6 @@ import aiohttp
 import pytest
 
 from fake_upstream import FakeUpstream, Script
-from rooflight.agent.proxy.server import ProxyServer
 from test_proxy_relay import CHAT, chat, scrape, start_proxy
 from rooflight.agent.proxy import catalog as c
 from rooflight.agent.proxy import relay as rl

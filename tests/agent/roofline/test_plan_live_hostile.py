@@ -7,7 +7,6 @@ what its signal lines cost, not five times the page.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys

@@ -14,7 +14,7 @@ import pytest
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.signals import derive
 from rooflight.agent.signals.windows import COUNTER_REGRESS_LIMIT, SeriesHistory, rate
-from support import Metrics, Rig, exported, sample_text, scripted_agent
+from support import Metrics, Rig, sample_text, scripted_agent
 
 PAGE = sample_text("vllm-cpu-load-c16.prom")
 STEPS = "vllm:iteration_tokens_total_count"

@@ -8,7 +8,6 @@ a TypeError. The fetch runs over real sockets against an engine on 127.0.0.1 tha
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import aiohttp
 import pytest
