@@ -963,11 +963,9 @@ def histograms(
     On a page read as one read before (Selection.layout), where each bucket, count and sum is one sample, the
     grouping and order are planned once per layout (_plan) and each page only reads its values (_planned).
     """
-    ident = _key_identity(key) if isinstance(exp, Selection) and exp.layout is not None else None
-    if ident is not None:
-        plan = planned(exp, (base, ident), lambda: _plan(exp, base, key))  # type: ignore[arg-type]
-        if plan is not None:
-            return _planned(exp.values, plan)  # type: ignore[union-attr]
+    plan = histogram_plan(exp, base, key) if isinstance(exp, Selection) else None
+    if plan is not None:
+        return _planned(exp.values, plan)  # type: ignore[arg-type]
     buckets: dict[K, dict[float, float]] = {}
     counts: dict[K, float] = {}
     sums: dict[K, float] = {}
@@ -998,6 +996,32 @@ def histograms(
     return out
 
 
+def histogram_plan(exp: Selection, base: str, key: Callable[[Mapping[str, str]], K]) -> HistogramPlan | None:
+    """histograms()' plan of `base` on this page's layout (planned()); None on a page read line by line, for a key
+    function that cannot be planned, or where the page's histograms are read anew each time (_plan)."""
+    ident = _key_identity(key) if exp.layout is not None else None
+    if ident is None:
+        return None
+    return planned(exp, (base, ident), lambda: _plan(exp, base, key))
+
+
+def planned_histograms(values: list[float], plan: HistogramPlan) -> dict[Hashable, Histogram]:
+    """histograms() of a page of the plan's layout whose every value (Selection.values) the caller found finite and
+    non-negative: none is refused for its values then, and none is checked again (_planned less its _histogram's
+    checks, the same Histograms: tests/collectors/test_vllm_planned.py)."""
+    out: dict[Hashable, Histogram] = {}
+    for group in plan:
+        finite = group.bounds[-1] != INF
+        if group.sum_at is None or (finite and group.count_at is None):
+            continue
+        buckets = tuple(zip(group.bounds, [0.0 + values[i] for i in group.at]))
+        count = 0.0 + values[group.count_at] if group.count_at is not None else buckets[-1][1]
+        if finite:
+            buckets += ((INF, count),)
+        out[group.key] = Histogram(buckets=buckets, count=count, sum=0.0 + values[group.sum_at])
+    return out
+
+
 def _histogram(pairs: list[tuple[float, float]], count: float, total: float) -> Histogram | None:
     """The Histogram of sorted (bound, count) pairs, ended by +Inf at `count` where they stop short; None unless
     every count is finite and non-negative and the sum a number (histograms() and _planned alike)."""
@@ -1022,7 +1046,7 @@ class _Group(NamedTuple):
     sum_at: int | None
 
 
-_HistogramPlan = tuple[_Group, ...]
+HistogramPlan = tuple[_Group, ...]
 _UNPLANNED = object()
 _PLANS_PER_LAYOUT = 64  # a caller making a new key function per call leaves no more plans than this
 
@@ -1077,7 +1101,7 @@ def _key_identity(key: Callable[[Mapping[str, str]], K]) -> object | None:
     return key.__code__, id(key.__globals__)
 
 
-def _plan(exp: Selection, base: str, key: Callable[[Mapping[str, str]], K]) -> _HistogramPlan | None:
+def _plan(exp: Selection, base: str, key: Callable[[Mapping[str, str]], K]) -> HistogramPlan | None:
     """histograms()' grouping of a page, as lines (Selection.values' indices): None where a bucket, count or sum is
     repeated (the generic reading sums them), a bound is NaN, or a histogram has too many buckets (it is counted)."""
     groups: dict[K, dict[float, int]] = {}
@@ -1100,7 +1124,7 @@ def _plan(exp: Selection, base: str, key: Callable[[Mapping[str, str]], K]) -> _
                         found[1].get(k)) for k, group in groups.items())
 
 
-def _planned(values: list[float], plan: _HistogramPlan) -> dict[Hashable, Histogram]:
+def _planned(values: list[float], plan: HistogramPlan) -> dict[Hashable, Histogram]:
     """histograms() of a page by its plan: the same Histograms, each value read by line (a value plus 0.0, as
     the generic reading sums from 0.0: -0.0 reads as 0.0 either way)."""
     out: dict[Hashable, Histogram] = {}

@@ -52,8 +52,9 @@ no scheduler setting (max_num_batched_tokens) and no TP there.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from rooflight.collectors import expfmt, registry
 from rooflight.collectors.common import (
@@ -254,7 +255,14 @@ def recognises(text: str) -> bool:
 def parse(text: str, *, target: str, timestamp: float, duration: float) -> EngineSample:
     """Normalize one vLLM exposition. Raises ParseError when it holds none of the vLLM families read."""
     exp = read_page(text, ("vllm:",), NAMES)
+    plan = expfmt.planned(exp, _PAGE_PLAN, lambda: _page_plan(exp))
+    read = _read_planned(plan, exp.values) if plan is not None else None  # type: ignore[arg-type]
+    series, info = read if read is not None else _read(exp)
+    return EngineSample(target=target, engine=ENGINE, timestamp=timestamp, duration=duration, series=series, info=info)
 
+
+def _read(exp: expfmt.Selection) -> tuple[tuple[EngineSeries, ...], EngineInfo]:
+    """The page's series, one per (model, rank), and its engine info, grouped anew from its samples."""
     running = _values(exp, _RUNNING, gauge=True)
     waiting = _values(exp, _WAITING, gauge=True)
     kv_usage = _first(*(_values(exp, n, gauge=True) for n in _KV_USAGE))
@@ -318,14 +326,129 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
                 extra=extra,
             )
         )
-    return EngineSample(
-        target=target,
-        engine=ENGINE,
-        timestamp=timestamp,
-        duration=duration,
-        series=tuple(series),
-        info=engine_info(configs[min(configs, key=_rank_order)]) if configs else EngineInfo(),
-    )
+    return tuple(series), engine_info(configs[min(configs, key=_rank_order)]) if configs else EngineInfo()
+
+
+# A page read as one read before (expfmt.Selection.layout) is read by a plan made on its layout's first page:
+# which line holds each field of each series. Why (bench/bench_process_cpu.py, 1 target x 10 Hz): after the
+# select, grouping the samples anew took 290-420 us of each page's ~0.8 ms (thread CPU time after 100 ms
+# asleep, median of 100 pages), the plan's read ~160 (tests/collectors/test_vllm_planned.py holds the two equal).
+_PAGE_PLAN = "vllm.parse"  # the plan's key among its layout's plans
+_PLANNED_SERIES_MAX = 256  # (model, rank)s a plan is made for: a DP-256 engine; an attacker's 1,300 are read anew
+_GAUGES = (("running", (_RUNNING,)), ("waiting", (_WAITING,)), ("kv_usage_ratio", _KV_USAGE))
+_COUNTERS = (("generation_tokens_total", (_GENERATION,)), ("steps_total", (_STEPS,)),
+             ("preemptions_total", (_PREEMPTIONS,)), ("kv_transfer_failures_total", (_KV_TRANSFER_FAILURES,)))
+# EngineSeries field -> its histogram's names, preferred first; all but step_tokens make a series of their own
+_HISTOGRAMS = (("ttft", (_TTFT,)), ("itl", _ITL), ("prompt_length", (_PROMPT_LENGTH,)),
+               ("output_length", (_OUTPUT_LENGTH,)), ("queue_time", (_QUEUE_TIME,)), ("step_tokens", (_STEP_TOKENS,)))
+
+
+class _SeriesPlan(NamedTuple):
+    """One (model, rank) on a planned page: the line (Selection.values' index) of each of its values."""
+
+    gauges: tuple[tuple[str, int], ...]  # EngineSeries field -> line, read as it is
+    counters: tuple[tuple[str, int], ...]  # ... read + 0.0, as a counter's sum reads -0.0
+    extra: tuple[tuple[str, int], ...]  # EXTRA_KEYS key -> line (counters)
+    by_reason: tuple[tuple[str, int], ...]  # waiting reason -> line (gauges)
+    by_source: tuple[tuple[str, int], ...]  # prompt source -> line (counters), in page order
+    kv_capacity_tokens: float | None
+    settings: tuple[tuple[str, str], ...]
+
+
+class _PagePlan(NamedTuple):
+    keys: frozenset[_Key]  # the series its gauges, counters and extras make (histograms may add more)
+    series: tuple[tuple[_Key, _SeriesPlan], ...]  # every series the page can make, in order (_plan_bytes counts tuples)
+    histograms: tuple[tuple[str, tuple[expfmt.HistogramPlan, ...]], ...]  # field -> its names' plans, preferred first
+    config: tuple[tuple[str, str], ...] | None  # the lowest rank's cache_config_info labels (EngineInfo)
+
+
+def _page_plan(exp: expfmt.Selection) -> _PagePlan | None:
+    """parse()'s reading of this page's layout, on a page where every value it reads is good; None where the
+    reading depends on more than the lines' places: a series split over pids (combined by value), LoRA (its
+    latest series is the one of the largest value), a histogram read anew, an implausible cache config (counted
+    on every page), more series than _PLANNED_SERIES_MAX."""
+    if exp.get(_LORA):
+        return None
+    configs = _cache_configs(exp)
+    with expfmt.bounded(expfmt.Bounds()) as probe:
+        ranks = {rank: (kv_capacity_tokens(c), tuple(settings_from(c, SETTINGS).items()))
+                 for rank, c in configs.items()}
+    if probe.values_dropped:
+        return None
+    lines: dict[tuple[str, _Key], int] = {}  # (field or extra key, series) -> line: the first name that has it
+    for field, names in (*_GAUGES, *_COUNTERS, *EXTRA_KEYS.items()):
+        for name in reversed(names):
+            for key, at in _values_plan(exp, name):
+                if len(at) != 1:
+                    return None
+                lines[field, key] = at[0]
+    parts = [_parts_plan(exp, _WAITING_BY_REASON, "reason"), _parts_plan(exp, _PROMPT_BY_SOURCE, "source")]
+    histograms = tuple((field, tuple(expfmt.histogram_plan(exp, name, _hist_key) for name in names))
+                       for field, names in _HISTOGRAMS)
+    if parts[0] is None or parts[1] is None or any(None in plans for _, plans in histograms):
+        return None
+    keys = {key for _, key in lines} | parts[0].keys() | parts[1].keys()
+    every = keys | {group.key for _, plans in histograms for plan in plans for group in plan}  # type: ignore[union-attr]
+    if len(every) > _PLANNED_SERIES_MAX:
+        return None
+
+    def one(key: _Key) -> _SeriesPlan:
+        def of(fields: Any) -> tuple[tuple[str, int], ...]:
+            return tuple((field, lines[field, key]) for field, *_ in fields if (field, key) in lines)
+
+        capacity, settings = ranks.get(key[1], (None, ()))
+        return _SeriesPlan(of(_GAUGES), of(_COUNTERS), of(EXTRA_KEYS.items()), tuple(parts[0].get(key, {}).items()),
+                           tuple(parts[1].get(key, {}).items()), capacity, settings)
+
+    return _PagePlan(frozenset(keys), tuple((key, one(key)) for key in sorted(every)), histograms,  # type: ignore[arg-type]
+                     tuple(configs[min(configs, key=_rank_order)].items()) if configs else None)
+
+
+def _parts_plan(exp: expfmt.Selection, name: str, label: str) -> dict[_Key, dict[str, int]] | None:
+    """_labelled's grouping as lines: each series' parts, in page order; None where a part is split over pids."""
+    per: dict[_Key, dict[str, dict[str | None, int]]] = {}
+    for line, s in zip(exp.lines(name), exp.get(name)):
+        labels = s.labels
+        part = labels.get(label)
+        if part is not None:
+            key = (labels.get("model_name", ""), labels.get("engine", "0"))
+            per.setdefault(key, {}).setdefault(part, {})[labels.get("pid")] = line
+    if any(len(pids) != 1 for parts in per.values() for pids in parts.values()):
+        return None
+    return {key: {part: next(iter(pids.values())) for part, pids in parts.items()} for key, parts in per.items()}
+
+
+def _read_planned(plan: _PagePlan, values: list[float]) -> tuple[tuple[EngineSeries, ...], EngineInfo] | None:
+    """_read() of a page of the plan's layout, where every value is a good one (else None: it is read anew)."""
+    if any(map(math.isnan, values)) or not (min(values) >= 0.0 and max(values) < math.inf):
+        return None
+    histograms = {}
+    for field, plans in plan.histograms:
+        tables = [expfmt.planned_histograms(values, p) for p in plans]
+        histograms[field] = tables[0] if len(tables) == 1 else _first(*tables)
+    keys = set(plan.keys)
+    for field, table in histograms.items():
+        if field != "step_tokens":
+            keys.update(table)
+    series = []
+    for key, p in plan.series:
+        if key not in keys:
+            continue
+        extra = {field: values[at] + 0.0 for field, at in p.extra}
+        sources = {source: values[at] + 0.0 for source, at in p.by_source}
+        for source, value in sources.items():
+            extra[f"prompt_tokens_{source}_total"] = value
+        prompt = sources.get("local_compute", extra.get("prompt_tokens_all_total"))
+        fields = {field: values[at] for field, at in p.gauges}
+        fields.update((field, values[at] + 0.0) for field, at in p.counters)
+        series.append(EngineSeries(
+            model=key[0], rank=key[1], **fields, waiting_by_reason={reason: values[at] for reason, at in p.by_reason},
+            kv_capacity_tokens=p.kv_capacity_tokens, prompt_tokens_total=prompt,
+            prompt_tokens_include_cache_hits=prompt is not None and "local_compute" not in sources,
+            prefix_cache_queries_total=extra.get("prefix_cache_queries_total"),
+            prefix_cache_hits_total=extra.get("prefix_cache_hits_total"),
+            **{field: table.get(key) for field, table in histograms.items()}, settings=dict(p.settings), extra=extra))
+    return tuple(series), engine_info(dict(plan.config)) if plan.config is not None else EngineInfo()
 
 
 def parse_info(data: Any) -> EngineInfoHints:
