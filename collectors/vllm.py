@@ -330,9 +330,10 @@ def _read(exp: expfmt.Selection) -> tuple[tuple[EngineSeries, ...], EngineInfo]:
 
 
 # A page read as one read before (expfmt.Selection.layout) is read by a plan made on its layout's first page:
-# which line holds each field of each series. Why (bench/bench_process_cpu.py, 1 target x 10 Hz): after the
-# select, grouping the samples anew took 290-420 us of each page's ~0.8 ms (thread CPU time after 100 ms
-# asleep, median of 100 pages), the plan's read ~160 (tests/collectors/test_vllm_planned.py holds the two equal).
+# which line holds each field of each series. Why: grouping the samples anew was ~40% of a parse; with the plan,
+# 64 targets at 1 Hz took 9.40 and 9.84% of a core against 11.04 and 11.39 without, in the same seconds
+# (`python bench/bench_process_cpu.py --configs 64x1 --runs 2 --before DIR`, README "Performance").
+# tests/collectors/test_vllm_planned.py holds the two readings equal.
 _PAGE_PLAN = "vllm.parse"  # the plan's key among its layout's plans
 _PLANNED_SERIES_MAX = 256  # (model, rank)s a plan is made for: a DP-256 engine; an attacker's 1,300 are read anew
 _GAUGES = (("running", (_RUNNING,)), ("waiting", (_WAITING,)), ("kv_usage_ratio", _KV_USAGE))
