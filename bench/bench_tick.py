@@ -88,7 +88,8 @@ async def fetches(seconds: float, port: int) -> None:
         bare = await per_async_tick(seconds, None, False)
         fetched = await per_async_tick(seconds, fetch, False)
         pages.close()
-    print(f"the fetch (PageClient, the vLLM page): {fetched:6.0f} us a tick against {bare:.0f} bare (+{fetched - bare:.0f})")
+    print(f"the fetch (PageClient, the vLLM page): {fetched:6.0f} us a tick against {bare:.0f} bare"
+          f" (+{fetched - bare:.0f})")
 
 
 def parses(pages: list[str]) -> None:
@@ -111,7 +112,8 @@ def parses(pages: list[str]) -> None:
                     read(page)
                 spent[name].append(time.thread_time() - t0)
         shown = ", ".join(f"{name} {statistics.median(times[10:]) * 1e6:.0f} us" for name, times in spent.items())
-        print(f"vllm.parse, {'after 100 ms asleep' if idle else 'back to back'}: {shown} (median of {len(pages) * 2 - 10})")
+        when = "after 100 ms asleep" if idle else "back to back"
+        print(f"vllm.parse, {when}: {shown} (median of {len(pages) * 2 - 10})")
 
 
 def main() -> None:
