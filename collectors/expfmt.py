@@ -1083,7 +1083,11 @@ def _count_plan(plan: object) -> None:
 
 
 def _plan_bytes(plan: object) -> int:
-    """What a plan is counted as holding: _PLAN_ITEM_BYTES an item of its tuples, nested ones included."""
+    """What a plan is counted as holding: _PLAN_ITEM_BYTES an item of its tuples, nested ones included, and the
+    characters of each string in them (one the plan made, e.g. a setting normalized: vllm._page_plan; the item's
+    bytes count its string's header)."""
+    if isinstance(plan, str):
+        return len(plan)
     if not isinstance(plan, tuple):
         return 0
     return _PLAN_ITEM_BYTES * len(plan) + sum(_plan_bytes(item) for item in plan)

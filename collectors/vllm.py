@@ -357,7 +357,7 @@ class _SeriesPlan(NamedTuple):
 
 
 class _PagePlan(NamedTuple):
-    keys: frozenset[_Key]  # the series its gauges, counters and extras make (histograms may add more)
+    keys: tuple[_Key, ...]  # the series its gauges, counters and extras make (histograms may add more)
     series: tuple[tuple[_Key, _SeriesPlan], ...]  # every series the page can make, in order (_plan_bytes counts tuples)
     histograms: tuple[tuple[str, tuple[expfmt.HistogramPlan, ...]], ...]  # field -> its names' plans, preferred first
     config: tuple[tuple[str, str], ...] | None  # the lowest rank's cache_config_info labels (EngineInfo)
@@ -401,7 +401,7 @@ def _page_plan(exp: expfmt.Selection) -> _PagePlan | None:
         return _SeriesPlan(of(_GAUGES), of(_COUNTERS), of(EXTRA_KEYS.items()), tuple(parts[0].get(key, {}).items()),
                            tuple(parts[1].get(key, {}).items()), capacity, settings)
 
-    return _PagePlan(frozenset(keys), tuple((key, one(key)) for key in sorted(every)), histograms,  # type: ignore[arg-type]
+    return _PagePlan(tuple(keys), tuple((key, one(key)) for key in sorted(every)), histograms,  # type: ignore[arg-type]
                      tuple(configs[min(configs, key=_rank_order)].items()) if configs else None)
 
 

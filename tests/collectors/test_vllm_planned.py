@@ -6,6 +6,7 @@ over pids, LoRA, too many series, an implausible cache config) is grouped anew.
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,88 @@ def test_a_plan_is_made_for_as_many_series_as_it_may_hold(plans_read: list[bool]
     fast, slow, _, _ = _both(_ranks(vllm._PLANNED_SERIES_MAX), monkeypatch)
     assert plans_read and all(plans_read[1:])
     assert fast == slow
+
+
+_RUNNING = 'vllm:num_requests_running{engine="0",model_name="m"} 1\n'
+# Small pages, each of a reading a wrong plan would give differently (a reviewer's mutants of the plan): the page's
+# `$` is 0 for its first readings (the plan made then), then the value given.
+HAND_PAGES = {
+    "a NaN after a good value": (_RUNNING + 'vllm:num_requests_waiting{engine="0",model_name="m"} $\n', "NaN"),
+    "the lowest rank's config": (_RUNNING + 'vllm:cache_config_info{block_size="16",engine="0"} 1\n'
+                                 'vllm:cache_config_info{block_size="32",engine="1"} 1\n', "1"),
+    "the newer ITL name": ('vllm:inter_token_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 2\n'
+                           'vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 1\n'
+                           'vllm:time_per_output_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} 3\n'
+                           'vllm:time_per_output_token_seconds_sum{engine="0",model_name="m"} 1\n', "1"),
+    "a source named all": ('vllm:prompt_tokens_total{engine="0",model_name="m"} 5\n'
+                           'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="all"} $\n', "7"),
+    "the last of a repeated reason": (
+        'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 1\n'
+        'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} $\n', "2"),
+    "a series made by its reasons alone": (
+        'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} $\n', "1"),
+    "the last of a rank's configs": (_RUNNING + 'vllm:cache_config_info{block_size="16",engine="0"} 1\n'
+                                     'vllm:cache_config_info{block_size="32",engine="0"} 1\n', "1"),
+    "a histogram without its sum makes no series": (
+        _RUNNING + 'vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf",model_name="m"} 2\n', "1"),
+    "LoRA at 0 when the plan is made": (
+        _RUNNING + 'vllm:lora_requests_info{max_lora="4",running_lora_adapters="a",waiting_lora_adapters=""} $\n',
+        "1700000000"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HAND_PAGES))
+@pytest.mark.parametrize("max_series", [100_000, 1])
+def test_small_pages_read_by_their_plan_as_grouped_anew(kind: str, max_series: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also under Bounds that cut the page (no layout then: each is read line by line), every count equal."""
+    page, value = HAND_PAGES[kind]
+
+    def parsed() -> tuple[str, expfmt.Bounds]:
+        with expfmt.bounded(page_bounds(max_series)) as bounds:
+            try:
+                return repr(vllm.parse(page.replace("$", value), target="t", timestamp=1.0, duration=0.1)), bounds
+            except ParseError as exc:
+                return repr(exc), bounds
+
+    for _ in range(3):
+        with expfmt.bounded(page_bounds(max_series)):
+            vllm.parse(page.replace("$", "0"), target="t", timestamp=1.0, duration=0.1)
+    fast, fast_bounds = parsed()
+    with monkeypatch.context() as generic:
+        _generic(generic)
+        slow, slow_bounds = parsed()
+    assert fast == slow
+    assert fast_bounds == slow_bounds
+
+
+def _long_settings(n: int) -> str:
+    """256 ranks whose cache configs state every setting at 100 characters (cut when read: a new string each)."""
+    out = []
+    for rank in range(256):
+        config = ",".join(f'{key}="{chr(97 + j) * 100}{n}"' for j, key in enumerate(vllm.SETTINGS))
+        out.append(f'vllm:cache_config_info{{engine="{rank}",{config}}} 1\n'
+                   f'vllm:num_requests_running{{engine="{rank}",model_name="m{n}"}} 1\n')
+    return "".join(out)
+
+
+def test_a_plan_holds_no_more_than_it_is_counted_as(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a page plan holds (measured with tracemalloc, the page's samples gone) is within what the layouts'
+    bound counts it as, the strings it made included."""
+    for name, value in (("_SERIES", {}), ("_series_chars", 0), ("_LAYOUTS", {}), ("_layout_bytes", 0)):
+        monkeypatch.setattr(expfmt, name, value)
+    page = _long_settings(0)
+    for _ in range(2):
+        vllm.parse(page, target="t", timestamp=1.0, duration=0.1)
+    exp = expfmt.select(page, vllm.NAMES, prefixes=("vllm:",))
+    assert exp.layout is not None
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        plan = vllm._page_plan(exp)
+        del exp
+        held = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert plan is not None and len(plan.series) == 256
+    assert held <= expfmt._plan_bytes(plan), (held, expfmt._plan_bytes(plan))
