@@ -44,7 +44,7 @@ def parse_visible_devices(value: str | None, order: Sequence[str]) -> tuple[str,
         return None
     out: list[str] = []
     for item in (x.strip() for x in value.split(",")):
-        if item.isdigit() and int(item) < len(order):
+        if item.isdecimal() and int(item) < len(order):
             uuid = order[int(item)]
         else:
             matches = [u for u in order if item and u.startswith(item)]

@@ -393,7 +393,7 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], max_
         return await _read_chunked(reader, max_bytes, shown)
     length = headers.get("content-length")
     if length is not None:
-        if not length.isdigit():
+        if not length.isdecimal():
             raise _Malformed("bad Content-Length", length)
         size = int(length)
         if size > max_bytes:

@@ -296,7 +296,8 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
         )
     page = [v for t in gauges[PAGE_SIZE].values() for v in t.values()]
     tp_ranks = {s.labels["tp_rank"] for s in exp.get(RUNNING) if "tp_rank" in s.labels}
-    tp = max(int(r) for r in tp_ranks if r.isdigit()) + 1 if len(tp_ranks) > 1 else None
+    highest = max((int(r) for r in tp_ranks if r.isdecimal()), default=None) if len(tp_ranks) > 1 else None
+    tp = highest + 1 if highest is not None else None
     return EngineSample(
         target=target,
         engine=ENGINE,
@@ -312,7 +313,7 @@ def _model(labels: dict[str, str]) -> str:
 
 
 def _replica(labels: dict[str, str]) -> tuple[int, ...]:
-    return tuple(int(v) if (v := labels.get(n, "0")).isdigit() else 1 << 30 for n in _REPLICA_LABELS)
+    return tuple(int(v) if (v := labels.get(n, "0")).isdecimal() else 1 << 30 for n in _REPLICA_LABELS)
 
 
 def _read(

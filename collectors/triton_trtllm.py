@@ -141,7 +141,7 @@ def parse(text: str, *, target: str, timestamp: float, duration: float) -> Engin
 
 def _version(labels: dict[str, str]) -> int:
     v = labels.get("version", "")
-    return int(v) if v.isdigit() else -1
+    return int(v) if v.isdecimal() else -1
 
 
 def _by_category(exp: expfmt.Selection, name: str, label: str) -> dict[str, dict[str, float]]:

@@ -489,7 +489,7 @@ def _hist_key(labels: dict[str, str]) -> _Key:
 
 
 def _rank_order(rank: str) -> tuple[int, str]:
-    return (int(rank), rank) if rank.isdigit() else (1 << 30, rank)
+    return (int(rank), rank) if rank.isdecimal() else (1 << 30, rank)  # isdigit() holds for "²", which int() refuses
 
 
 def _values(exp: expfmt.Selection, name: str, *, gauge: bool) -> dict[_Key, float]:

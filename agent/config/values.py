@@ -38,7 +38,7 @@ def parse_duration(value: Any, what: str) -> float:
 
 def split_listen(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ConfigError(f"listen address {listen!r}: write HOST:PORT, e.g. 127.0.0.1:9746 or 0.0.0.0:9746")
     return host.strip("[]") or "0.0.0.0", int(port)
 
