@@ -37,19 +37,24 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(expfmt, name, value)
 
 
+def found_spy(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[bool]:
+    """owner.name spied on: whether each call found something (returned other than None)."""
+    found: list[bool] = []
+    real = getattr(owner, name)
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        result = real(*args)
+        found.append(result is not None)
+        return result
+
+    monkeypatch.setattr(owner, name, spy)
+    return found
+
+
 @pytest.fixture
 def as_before(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Whether each select() call read its page as one read before (the layout path)."""
-    used: list[bool] = []
-    real = expfmt._as_before
-
-    def spy(head, reading):  # type: ignore[no-untyped-def]
-        found = real(head, reading)
-        used.append(found is not None)
-        return found
-
-    monkeypatch.setattr(expfmt, "_as_before", spy)
-    return used
+    return found_spy(monkeypatch, expfmt, "_as_before")
 
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)

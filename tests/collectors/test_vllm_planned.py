@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from rooflight.collectors import expfmt, vllm
 from rooflight.collectors.common import page_bounds
 from rooflight.collectors.errors import ParseError
-from test_expfmt_layout import MULTIPROCESS_PAGE, _generic, _with_values
+from test_expfmt_layout import MULTIPROCESS_PAGE, _generic, _with_values, found_spy, fresh  # noqa: F401 (fresh: a fixture)
 
 SAMPLES = Path(__file__).parents[1] / "fixtures" / "engine-samples"
 PAGES = {path.name: path.read_text() for path in (*sorted(SAMPLES.glob("vllm-*.prom")),
@@ -44,16 +44,7 @@ ODD = st.sampled_from(["NaN", "+Inf", "-1", "-Inf", "1_0", ""])
 @pytest.fixture
 def plans_read(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Whether each parse read its page by the page's plan."""
-    read: list[bool] = []
-    real = vllm._read_planned
-
-    def spy(plan, values):  # type: ignore[no-untyped-def]
-        found = real(plan, values)
-        read.append(found is not None)
-        return found
-
-    monkeypatch.setattr(vllm, "_read_planned", spy)
-    return read
+    return found_spy(monkeypatch, vllm, "_read_planned")
 
 
 def _both(page: str, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str, dict[str, int], dict[str, int]]:
@@ -79,12 +70,10 @@ def _both(page: str, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str, dict[st
 @settings(max_examples=60, deadline=None)
 @given(name=st.sampled_from(sorted(PAGES)), values=st.lists(GOOD, min_size=1, max_size=12))
 def test_a_planned_page_of_good_values_reads_as_one_grouped_anew(name: str, values: list[str]) -> None:
-    read: list[bool] = []
-    real = vllm._read_planned
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(vllm, "_read_planned", lambda plan, values: read.append(True) or real(plan, values))
+        read = found_spy(patch, vllm, "_read_planned")
         fast, slow, fast_dropped, slow_dropped = _both(_with_values(PAGES[name], values), patch)
-    assert read, "the page was not read by its plan"
+    assert read and all(read), "the page was not read by its plan"
     assert fast == slow
     assert fast_dropped == slow_dropped
 
@@ -211,11 +200,10 @@ def _long_settings(n: int) -> str:
     return "".join(out)
 
 
-def test_a_plan_holds_no_more_than_it_is_counted_as(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("fresh")
+def test_a_plan_holds_no_more_than_it_is_counted_as() -> None:
     """What a page plan holds (measured with tracemalloc, the page's samples gone) is within what the layouts'
     bound counts it as, the strings it made included."""
-    for name, value in (("_SERIES", {}), ("_series_chars", 0), ("_LAYOUTS", {}), ("_layout_bytes", 0)):
-        monkeypatch.setattr(expfmt, name, value)
     page = _long_settings(0)
     for _ in range(2):
         vllm.parse(page, target="t", timestamp=1.0, duration=0.1)
