@@ -71,6 +71,7 @@ class Poller:
     interval: float = 0.5
     enabled: bool = True
     pages: list[tuple[float, str | None]] = field(default_factory=list)
+    failed: list[tuple[float, float, str]] = field(default_factory=list)  # (time.time() asked, seconds, why)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -84,10 +85,12 @@ class Poller:
     def _loop(self) -> None:
         due = time.monotonic()
         while not self._stop.is_set():
+            asked, began = time.time(), time.monotonic()
             try:
                 text: str | None = http_text(self.url, timeout=5.0)
-            except OSError:
+            except OSError as e:
                 text = None
+                self.failed.append((asked, time.monotonic() - began, type(e).__name__))
             self.pages.append((time.time(), text))
             due = max(due + self.interval, time.monotonic())  # late: poll now, and keep the cadence from here
             self._stop.wait(max(0.0, due - time.monotonic()))

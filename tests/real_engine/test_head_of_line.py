@@ -39,6 +39,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -63,11 +64,14 @@ CAUGHT_WITHIN_S = 3.0  # a stall is sampled within 1.5 intervals, then the poll 
 STALL_SEEN_S = 1.5  # after a long prompt's answer: within the 2 s the agent looks back for its step
 POLL_S = 0.25
 UNPINNED_CONTROL_S = 40.0  # the host's stalls come every few seconds: twice the pinned run's control
-# The control is judged on the agent's pages: no stretch of it this long without one. A count of pages (one a
-# second asked for) read the host's load instead: each poll waits for its answer, which took up to 2.3 s from
-# the agent with the proxy on a busy 2-core box (54 pages in the 40 s at load 7, too few at load 12-16), while
-# a run of fast pages and one long hole passed it.
+# A control is judged on the agent's pages: it lasts until each agent's pages cover CONTROL_S
+# (UNPINNED_CONTROL_S) of it, a stretch between two pages counting only when they lie at most CONTROL_HOLE_S
+# apart. A count of pages read the host's load (an answer took up to 2.3 s from the agent with the proxy on a
+# busy 2-core box: 54 pages in the 40 s at load 7), and a fixed 40 s with no 6 s hole read the host's stalls:
+# in CI both agents went 15-16 s without a page at the same time, while the same run here at load 9.6 (three
+# spinning processes beside it) had no poll fail.
 CONTROL_HOLE_S = 6.0  # one poll's timeout (5 s) and a late wake-up
+CONTROL_STRETCH = 3.0  # the control ends by then, covered or not
 DECODES = ["--requests", "3000", "--concurrency", "8", "--max-tokens", "256", "--prompt-words", "40"]
 
 HOL = "rooflight_head_of_line_blocking"
@@ -120,25 +124,34 @@ async def words_for(engine: str, tokens: tuple[int, int]) -> int:
 
 
 async def drive(proxy: str, engine: str, control_s: float = CONTROL_S,
+                covered: Callable[[float, float], float] | None = None,
                 ) -> tuple[tuple[float, float], list[tuple[float, int]], list[float]]:
     """The decodes, the control phase, the long prompts: the control's span, each prompt's (time sent,
-    tokens), and when each prompt's answer (its one token, right after its prefill) came back."""
+    tokens), and when each prompt's answer (its one token, right after its prefill) came back.
+
+    With `covered` (seconds of (start, end) the agents' pages cover), the control goes on past control_s
+    until they cover control_s of it, or for CONTROL_STRETCH times control_s."""
     words = await words_for(engine, LONG_PROMPT_TOKENS)  # before the decodes: its prefill is not in the control
-    decode_seconds = WARMUP_S + control_s + LONG_PROMPTS * SPACING_S + 2.0
+    longest = control_s * (CONTROL_STRETCH if covered else 1.0)
+    decode_seconds = WARMUP_S + longest + LONG_PROMPTS * SPACING_S + 2.0
     decodes = subprocess.Popen([sys.executable, str(ROOT / "bench" / "loadgen.py"), "--url", proxy, *DECODES,
                                 "--total-timeout", str(decode_seconds)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         await asyncio.sleep(WARMUP_S)
-        control = (time.time(), time.time() + control_s)
+        start = time.time()
         await asyncio.sleep(control_s)
+        while covered and covered(start, time.time()) < control_s and time.time() < start + longest:
+            await asyncio.sleep(0.5)
+        control = (start, time.time())
         sent, answered = [], []
         for _ in range(LONG_PROMPTS):
             t = time.time()
             sent.append((t, await long_prompt(engine, words)))
             answered.append(time.time())
             await asyncio.sleep(max(0.0, t + SPACING_S - time.time()))
-        decodes.wait(timeout=30)  # exits 1: the requests cut off by its total timeout count as failed
+        decodes.terminate()  # its total timeout allowed for the longest control
+        decodes.wait(timeout=30)
     finally:
         decodes.kill()
     return control, sent, answered
@@ -151,6 +164,7 @@ class UnpinnedRun:
     control: tuple[float, float]
     sent: list[tuple[float, int]]
     answered: list[float]  # when each long prompt's answer came back
+    failed: dict[str, list[tuple[float, float, str]]]  # each agent's polls with no page: (asked, seconds, why)
 
 
 def engine_on_its_own_core(vllm: ManagedProcess) -> None:
@@ -186,7 +200,9 @@ def hol_run(vllm_python, tiny_model, run_dir, started) -> HolRun:
         started.append(agent.start())
         agent.wait_http(f"http://127.0.0.1:{agent_port}/-/healthy", AGENT_READY_TIMEOUT_S)
         poller.start()
-        control, sent, answered = asyncio.run(drive(f"http://127.0.0.1:{proxy_port}", engine))
+        control, sent, answered = asyncio.run(drive(
+            f"http://127.0.0.1:{proxy_port}", engine,
+            covered=lambda start, end: _covered([t for t, text in list(poller.pages) if text], start, end)))
         pages = poller.stop()
     finally:
         poller.stop()
@@ -218,7 +234,11 @@ def unpinned_run(vllm_python, tiny_model, run_dir, started) -> UnpinnedRun:
             agent.wait_http(f"http://127.0.0.1:{port}/-/healthy", AGENT_READY_TIMEOUT_S)
         for poller in pollers:
             poller.start()
-        control, sent, answered = asyncio.run(drive(f"http://127.0.0.1:{proxy_port}", engine, UNPINNED_CONTROL_S))
+        def covered(start: float, end: float) -> float:
+            return min(_covered([t for t, text in list(poller.pages) if text], start, end) for poller in pollers)
+
+        control, sent, answered = asyncio.run(drive(f"http://127.0.0.1:{proxy_port}", engine, UNPINNED_CONTROL_S,
+                                                    covered))
         pages = [poller.stop() for poller in pollers]
     finally:
         for poller in pollers:
@@ -227,23 +247,38 @@ def unpinned_run(vllm_python, tiny_model, run_dir, started) -> UnpinnedRun:
         plain.stop()
         vllm.stop()
     (through_proxy, plain_verdicts) = ([verdict(t, page) for t, page in agent_pages] for agent_pages in pages)
-    run = UnpinnedRun(through_proxy, plain_verdicts, control, sent, answered)
-    for name, verdicts in (("through the proxy", run.through_proxy), ("without it", run.plain)):
+    failed = {"through_proxy": pollers[0].failed, "plain": pollers[1].failed}
+    run = UnpinnedRun(through_proxy, plain_verdicts, control, sent, answered, failed)
+    for name, verdicts, poller in (("through the proxy", run.through_proxy, pollers[0]),
+                                   ("without it", run.plain, pollers[1])):
         in_control = [v for v in verdicts if control[0] <= v.t <= control[1]]
-        print(f"\n[hol unpinned, {name}] load {os.getloadavg()[0]:.1f}; control: "
+        print(f"\n[hol unpinned, {name}] load {os.getloadavg()[0]:.1f}; control {control[1] - control[0]:.1f} s, "
+              f"{_covered([v.t for v in in_control], *control):.1f} s of it covered: "
               f"{sum(v.flag == 1.0 for v in in_control)} of {len(in_control)} samples flagged, sources "
               f"{sorted({str(v.source) for v in in_control})}, max inflation "
               f"{max((v.inflation for v in in_control if v.inflation is not None), default=float('nan')):.2f}; "
-              f"long prompts caught {len(_caught(verdicts, sent))} of {len(sent)}")
+              f"long prompts caught {len(_caught(verdicts, sent))} of {len(sent)}; polls failed "
+              f"{[(round(asked - control[0], 1), round(took, 1), why) for asked, took, why in poller.failed]}")
     return run
 
 
-def _polled_through(control: list[Verdict], bounds: tuple[float, float]) -> tuple[bool, str]:
-    """Whether every stretch of the control (its pages, from bounds[0] to bounds[1]) had a page within
-    CONTROL_HOLE_S, and what was seen."""
-    times = [bounds[0], *(v.t for v in control), bounds[1]]
-    hole = max(b - a for a, b in zip(times, times[1:]))
-    return hole <= CONTROL_HOLE_S, f"{len(control)} pages in {bounds[1] - bounds[0]:g} s, longest hole {hole:.2f} s"
+def _covered(times: list[float], start: float, end: float) -> float:
+    """Seconds of (start, end) that pages at `times` cover: the stretches between two pages (or a page and an end)
+    at most CONTROL_HOLE_S apart."""
+    points = [start, *sorted(t for t in times if start <= t <= end), end]
+    return sum(b - a for a, b in zip(points, points[1:]) if b - a <= CONTROL_HOLE_S)
+
+
+def _holes(times: list[float], bounds: tuple[float, float], failed: list[tuple[float, float, str]]) -> str:
+    """The stretches of the control longer than CONTROL_HOLE_S without a page, and the polls that failed in them."""
+    points = [bounds[0], *sorted(times), bounds[1]]
+    holes = [(a, b) for a, b in zip(points, points[1:]) if b - a > CONTROL_HOLE_S]
+
+    def failed_in(a: float, b: float) -> list[tuple[float, float, str]]:
+        return [(round(t - bounds[0], 1), round(took, 1), why) for t, took, why in failed if a <= t <= b]
+
+    return "; ".join(f"{a - bounds[0]:.1f}-{b - bounds[0]:.1f} s, polls failed in it (s after the control began, "
+                     f"seconds, why) {failed_in(a, b)}" for a, b in holes)
 
 
 def _caught(verdicts: list[Verdict], sent: list[tuple[float, int]]) -> list[float]:
@@ -266,7 +301,8 @@ def _max_inflation(run: HolRun, start: float, end: float) -> float:
 
 def test_the_control_phase_raises_no_flag_and_the_proxy_judges_it(hol_run: HolRun) -> None:
     control = _between(hol_run, *hol_run.control)
-    assert len(control) >= CONTROL_S / POLL_S / 2, "the agent was not polled through the control phase"
+    covered = _covered([v.t for v in control], *hol_run.control)
+    assert covered >= CONTROL_S / 2, f"the agent's pages covered {covered:.1f} s of the control"
     assert [v for v in control if v.flag != 0.0] == []
     assert {v.source for v in control} == {"proxy"}
 
@@ -293,8 +329,11 @@ def test_every_long_prompt_whose_stall_the_proxy_saw_is_caught_through_the_proxy
 def test_unpinned_the_control_phase_raises_no_flag(unpinned_run: UnpinnedRun, which: str) -> None:
     verdicts = getattr(unpinned_run, which)
     control = [v for v in verdicts if unpinned_run.control[0] <= v.t <= unpinned_run.control[1]]
-    covered, seen = _polled_through(control, unpinned_run.control)
-    assert covered, f"the agent was not polled through the control phase: {seen}"
+    times = [v.t for v in control]
+    covered = _covered(times, *unpinned_run.control)
+    assert covered >= UNPINNED_CONTROL_S / 2, (
+        f"the agent's pages covered {covered:.1f} s of the {unpinned_run.control[1] - unpinned_run.control[0]:.1f} s "
+        f"control; holes: {_holes(times, unpinned_run.control, unpinned_run.failed[which])}")
     assert sum(v.flag == 0.0 for v in control) >= len(control) / 2, "the detector could not tell most of the time"
     # The old rule flagged 15-25% of these samples; against the usual largest step (80% of the prefill
     # seconds at or under it) none.
