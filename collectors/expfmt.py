@@ -1007,24 +1007,14 @@ def histogram_plan(exp: Selection, base: str, key: Callable[[Mapping[str, str]],
 
 def planned_histograms(values: list[float], plan: HistogramPlan) -> dict[Hashable, Histogram]:
     """histograms() of a page of the plan's layout whose every value (Selection.values) the caller found finite and
-    non-negative: none is refused for its values then, and none is checked again (_planned less its _histogram's
-    checks, the same Histograms: tests/collectors/test_vllm_planned.py)."""
-    out: dict[Hashable, Histogram] = {}
-    for group in plan:
-        finite = group.bounds[-1] != INF
-        if group.sum_at is None or (finite and group.count_at is None):
-            continue
-        buckets = tuple(zip(group.bounds, [0.0 + values[i] for i in group.at]))
-        count = 0.0 + values[group.count_at] if group.count_at is not None else buckets[-1][1]
-        if finite:
-            buckets += ((INF, count),)
-        out[group.key] = Histogram(buckets=buckets, count=count, sum=0.0 + values[group.sum_at])
-    return out
+    non-negative: none is refused for its values then, and none is checked again (the same Histograms:
+    tests/collectors/test_vllm_planned.py)."""
+    return _planned(values, plan, False)
 
 
 def _histogram(pairs: list[tuple[float, float]], count: float, total: float) -> Histogram | None:
     """The Histogram of sorted (bound, count) pairs, ended by +Inf at `count` where they stop short; None unless
-    every count is finite and non-negative and the sum a number (histograms() and _planned alike)."""
+    every count is finite and non-negative and the sum a number (histograms() and a checked _planned alike)."""
     if pairs[-1][0] != INF:
         pairs.append((INF, count))
     values = [v for _, v in pairs]
@@ -1128,9 +1118,10 @@ def _plan(exp: Selection, base: str, key: Callable[[Mapping[str, str]], K]) -> H
                         found[1].get(k)) for k, group in groups.items())
 
 
-def _planned(values: list[float], plan: HistogramPlan) -> dict[Hashable, Histogram]:
+def _planned(values: list[float], plan: HistogramPlan, checked: bool = True) -> dict[Hashable, Histogram]:
     """histograms() of a page by its plan: the same Histograms, each value read by line (a value plus 0.0, as
-    the generic reading sums from 0.0: -0.0 reads as 0.0 either way)."""
+    the generic reading sums from 0.0: -0.0 reads as 0.0 either way); `checked` False where the caller found every
+    value good (planned_histograms)."""
     out: dict[Hashable, Histogram] = {}
     for group in plan:
         counts = [0.0 + values[i] for i in group.at]
@@ -1138,9 +1129,16 @@ def _planned(values: list[float], plan: HistogramPlan) -> dict[Hashable, Histogr
         count = 0.0 + values[group.count_at] if group.count_at is not None else (None if finite else counts[-1])
         if count is None or group.sum_at is None:
             continue
-        hist = _histogram(list(zip(group.bounds, counts)), count, 0.0 + values[group.sum_at])
-        if hist is not None:
-            out[group.key] = hist
+        pairs = list(zip(group.bounds, counts))
+        if checked:
+            hist = _histogram(pairs, count, 0.0 + values[group.sum_at])
+            if hist is None:
+                continue
+        else:
+            if finite:
+                pairs.append((INF, count))
+            hist = Histogram(buckets=tuple(pairs), count=count, sum=0.0 + values[group.sum_at])
+        out[group.key] = hist
     return out
 
 

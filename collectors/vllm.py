@@ -54,7 +54,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, NamedTuple
+from collections.abc import Iterable
+from typing import Any, NamedTuple, TypeVar
 
 from rooflight.collectors import expfmt, registry
 from rooflight.collectors.common import (
@@ -275,10 +276,11 @@ def _read(exp: expfmt.Selection) -> tuple[tuple[EngineSeries, ...], EngineInfo]:
     extras = {
         key: _first(*(_values(exp, n, gauge=False) for n in names)) for key, names in EXTRA_KEYS.items()
     }
-    ttft = expfmt.histograms(exp, _TTFT, _hist_key)
-    itl = _first(*(expfmt.histograms(exp, base, _hist_key) for base in _ITL))
-    step_tokens = expfmt.histograms(exp, _STEP_TOKENS, _hist_key)
-    requests = {base: expfmt.histograms(exp, base, _hist_key) for base in (_PROMPT_LENGTH, _OUTPUT_LENGTH, _QUEUE_TIME)}
+    ttft = expfmt.histograms(exp, _TTFT, _series_key)
+    itl = _first(*(expfmt.histograms(exp, base, _series_key) for base in _ITL))
+    step_tokens = expfmt.histograms(exp, _STEP_TOKENS, _series_key)
+    requests = {base: expfmt.histograms(exp, base, _series_key)
+                for base in (_PROMPT_LENGTH, _OUTPUT_LENGTH, _QUEUE_TIME)}
     configs = _cache_configs(exp)
     lora = lora_extra(exp)
 
@@ -384,7 +386,7 @@ def _page_plan(exp: expfmt.Selection) -> _PagePlan | None:
                     return None
                 lines[field, key] = at[0]
     parts = [_parts_plan(exp, _WAITING_BY_REASON, "reason"), _parts_plan(exp, _PROMPT_BY_SOURCE, "source")]
-    histograms = tuple((field, tuple(expfmt.histogram_plan(exp, name, _hist_key) for name in names))
+    histograms = tuple((field, tuple(expfmt.histogram_plan(exp, name, _series_key) for name in names))
                        for field, names in _HISTOGRAMS)
     if parts[0] is None or parts[1] is None or any(None in plans for _, plans in histograms):
         return None
@@ -407,13 +409,7 @@ def _page_plan(exp: expfmt.Selection) -> _PagePlan | None:
 
 def _parts_plan(exp: expfmt.Selection, name: str, label: str) -> dict[_Key, dict[str, int]] | None:
     """_labelled's grouping as lines: each series' parts, in page order; None where a part is split over pids."""
-    per: dict[_Key, dict[str, dict[str | None, int]]] = {}
-    for line, s in zip(exp.lines(name), exp.get(name)):
-        labels = s.labels
-        part = labels.get(label)
-        if part is not None:
-            key = (labels.get("model_name", ""), labels.get("engine", "0"))
-            per.setdefault(key, {}).setdefault(part, {})[labels.get("pid")] = line
+    per = _by_part(zip(exp.get(name), exp.lines(name)), label)
     if any(len(pids) != 1 for parts in per.values() for pids in parts.values()):
         return None
     return {key: {part: next(iter(pids.values())) for part, pids in parts.items()} for key, parts in per.items()}
@@ -484,7 +480,8 @@ def _quiet_within(value: float | None, upper: float) -> float | None:
     return value if value is not None and 0.0 < value <= upper else None
 
 
-def _hist_key(labels: dict[str, str]) -> _Key:
+def _series_key(labels: dict[str, str]) -> _Key:
+    """The (model, rank) a sample belongs to: one EngineSeries each."""
     return labels.get("model_name", ""), labels.get("engine", "0")
 
 
@@ -499,9 +496,7 @@ def _values(exp: expfmt.Selection, name: str, *, gauge: bool) -> dict[_Key, floa
         return _values_planned(exp.values, plan, gauge)  # type: ignore[arg-type]
     per: dict[_Key, dict[str | None, float]] = {}
     for s in exp.get(name):
-        labels = s.labels
-        key = (labels.get("model_name", ""), labels.get("engine", "0"))
-        per.setdefault(key, {})[labels.get("pid")] = s.value
+        per.setdefault(_series_key(s.labels), {})[s.labels.get("pid")] = s.value
     return combine_each(per, gauge=gauge)
 
 
@@ -509,8 +504,7 @@ def _values_plan(exp: expfmt.Selection, name: str) -> tuple[tuple[_Key, tuple[in
     """_values' grouping on a layout's page: each (model, rank) with the line of each pid's value (the last)."""
     per: dict[_Key, dict[str | None, int]] = {}
     for line, s in zip(exp.lines(name), exp.get(name)):
-        labels = s.labels
-        per.setdefault((labels.get("model_name", ""), labels.get("engine", "0")), {})[labels.get("pid")] = line
+        per.setdefault(_series_key(s.labels), {})[s.labels.get("pid")] = line
     return tuple((key, tuple(lines.values())) for key, lines in per.items())
 
 
@@ -530,20 +524,27 @@ def _values_planned(values: list[float], plan: tuple[tuple[_Key, tuple[int, ...]
 
 def _labelled(exp: expfmt.Selection, name: str, label: str, *, gauge: bool) -> dict[_Key, dict[str, float]]:
     """Like _values, split further by one label (reason, source)."""
-    per: dict[_Key, dict[str, dict[str | None, float]]] = {}
-    for s in exp.get(name):
-        labels = s.labels
-        part = labels.get(label)
-        if part is None:
-            continue
-        key = (labels.get("model_name", ""), labels.get("engine", "0"))
-        per.setdefault(key, {}).setdefault(part, {})[labels.get("pid")] = s.value
     out: dict[_Key, dict[str, float]] = {}
-    for key, parts in per.items():
+    for key, parts in _by_part(((s, s.value) for s in exp.get(name)), label).items():
         values = combine_each(parts, gauge=gauge)
         if values:
             out[key] = values
     return out
+
+
+T = TypeVar("T")
+
+
+def _by_part(samples: Iterable[tuple[expfmt.Sample, T]], label: str) -> dict[_Key, dict[str, dict[str | None, T]]]:
+    """Each (model, rank)'s parts by `label` (samples without it left out), each part's pids with what was given
+    for its sample (a value, a line)."""
+    per: dict[_Key, dict[str, dict[str | None, T]]] = {}
+    for s, given in samples:
+        labels = s.labels
+        part = labels.get(label)
+        if part is not None:
+            per.setdefault(_series_key(labels), {}).setdefault(part, {})[labels.get("pid")] = given
+    return per
 
 
 def _first(*tables: dict[_Key, object]) -> dict:

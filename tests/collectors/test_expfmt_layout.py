@@ -234,9 +234,9 @@ def test_histograms_planned_on_a_known_page_are_those_grouped_anew(path: Path, m
     planned: list[object] = []
     real = expfmt._planned
 
-    def spy(lines, plan):  # type: ignore[no-untyped-def]
+    def spy(lines, plan, *checked):  # type: ignore[no-untyped-def]
         planned.append(plan)
-        return real(lines, plan)
+        return real(lines, plan, *checked)
 
     for step, values in enumerate(([str(i) for i in range(1, 14)], ["3", "NaN", "4", "-1", "+Inf", "5", "7"],
                                    [str(2 * i) for i in range(1, 14)], ["1", "2", "", "3"])):
