@@ -18,6 +18,7 @@ import asyncio
 import json
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,32 @@ from rooflight.agent.config.agent import build  # noqa: E402
 from rooflight.agent.sampling.sampler import Agent  # noqa: E402
 from rooflight.agent.serve.server import build_app  # noqa: E402
 from support import free_port, sample_text  # noqa: E402
+
+
+class HostStalls:
+    """The longest a thread asleep for 10 ms woke late while the run lasted: the host's own stalls (another
+    process on the cores, a paused VM), which delay the agent's loop as much and are not the agent's doing.
+    A thread, not a task: a task on the loop would also count the loop's own blocking, which is what is measured."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> "HostStalls":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while True:
+            asked = time.monotonic()
+            if self._done.wait(0.01):
+                return
+            self.longest = max(self.longest, time.monotonic() - asked - 0.01)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -83,9 +110,10 @@ async def run(clients: int = 50, seconds: float = 10.0, interval: float = 1.0) -
         start = len(arrivals)
         until = time.monotonic() + seconds
         connector = aiohttp.TCPConnector(limit=clients)
-        async with aiohttp.ClientSession(connector=connector) as session:
-            await asyncio.gather(*(_client(session, f"http://127.0.0.1:{port}/metrics", until, latencies)
-                                   for _ in range(clients)))
+        with HostStalls() as stalls:
+            async with aiohttp.ClientSession(connector=connector) as session:
+                await asyncio.gather(*(_client(session, f"http://127.0.0.1:{port}/metrics", until, latencies)
+                                       for _ in range(clients)))
         during = arrivals[start:]
     finally:
         await runner.cleanup()
@@ -103,6 +131,7 @@ async def run(clients: int = 50, seconds: float = 10.0, interval: float = 1.0) -
         "jitter_p99_ms": round(1000 * percentile(jitter, 99), 2),
         "jitter_max_ms": round(1000 * max(jitter), 2) if jitter else None,
         "mean_interval_s": round(statistics.fmean(gaps), 4) if gaps else None,
+        "host_stall_max_ms": round(1000 * stalls.longest, 2),
     }
 
 
