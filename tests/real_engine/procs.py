@@ -50,7 +50,8 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def http_text(url: str, timeout: float = 10.0) -> str:
+def http_text(url: str, timeout: float = 30.0) -> str:
+    """The page at url. The timeout is each socket operation's, past the 15-16 s a CI host once stalled for."""
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read().decode("utf-8")
 

@@ -40,6 +40,19 @@ def one(samples: Samples, name: str, **labels: str) -> float:
     return values[0]
 
 
+LAST_SUCCESS = "rooflight_source_last_success_timestamp_seconds"
+
+
+def sample_gap_near(pages: list[tuple[float, Samples]], last: Samples, window_s: float, **labels: str) -> float:
+    """The longest wait between two of the agent's samples of one source (its last-success timestamps on the
+    polled pages) within 2 s of where the window ending at its sample on `last` starts: a host stall there leaves
+    the window's first sample later, its span shorter than the window."""
+    end = one(last, LAST_SUCCESS, **labels)
+    seen = {v for _, page in pages for v in select(page, LAST_SUCCESS, **labels)}
+    times, start = sorted(seen | {end}), end - window_s
+    return max((b - a for a, b in zip(times, times[1:]) if b >= start - 2.0 and a <= start + 2.0), default=0.0)
+
+
 def total(samples: Samples, name: str, **labels: str) -> float:
     return sum(select(samples, name, **labels))
 

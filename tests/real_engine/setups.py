@@ -20,13 +20,15 @@ from pathlib import Path
 
 from bench.loadgen import LoadReport, LoadSpec, run_load
 from procs import ManagedProcess, agent_process, free_port, http_text, vllm_process
-from promserver import prometheus_process, wait_for_samples
-from scrape import Poller, Samples, parse
+from promserver import prometheus_process, scalar, wait_for_samples
+from scrape import Poller, Samples, parse, total
 
 VLLM_READY_TIMEOUT_S = 180.0  # 23-41 s warm; 82 s measured on the first start after a cold install
 AGENT_READY_TIMEOUT_S = 30.0
 BASELINE_S = 8.0  # idle agent samples before the load, so the 1m window starts before it
 WINDOW_1M_S = 60.0
+CATCH_UP_S = 60.0  # the quiet read waits at most this long past its time for the agent and Prometheus
+CAUGHT_UP = {"rooflight_generation_tokens_total": "vllm:generation_tokens_total"}  # the same count in every setup
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,12 @@ def run_setup(python: str, model_dir: Path, run_dir: Path, setup: Setup,
         quiet_at = max(quiet_at, agent_started + WINDOW_1M_S + 3.0)
         assert report.started > quiet_at - WINDOW_1M_S + 1.0, "load started outside the 1m window"
     time.sleep(max(0.0, quiet_at - time.time()))
+    # then on, until the agent's counters and Prometheus' last scrape have caught up with the quiet engine: a host
+    # stall past the 3 s (CI has seen 15 s) must not leave the read a sample behind
+    last_read = report.started + WINDOW_1M_S - 1.0 if setup.wait_for_1m_window else quiet_at + CATCH_UP_S
+    while time.time() < last_read and not _caught_up(vllm_port, agent.port if agent_error is None else None,
+                                                     prom.port, report.ended):
+        time.sleep(0.5)
     read_time = time.time()
     agent_after = parse(http_text(f"http://127.0.0.1:{agent.port}/metrics")) if agent_error is None else {}
     vllm_after = parse(http_text(f"http://127.0.0.1:{vllm_port}/metrics"))
@@ -159,6 +167,18 @@ def run_setup(python: str, model_dir: Path, run_dir: Path, setup: Setup,
     return obs
 
 
+def _caught_up(vllm_port: int, agent_port: int | None, prom_port: int, ended: float) -> bool:
+    """Whether the agent's counters equal the engine's (no agent: nothing to wait for) and Prometheus scraped
+    the engine after the load ended."""
+    vllm = parse(http_text(f"http://127.0.0.1:{vllm_port}/metrics"))
+    if agent_port is not None:
+        agent = parse(http_text(f"http://127.0.0.1:{agent_port}/metrics"))
+        if any(total(agent, ours) != total(vllm, theirs) for ours, theirs in CAUGHT_UP.items()):
+            return False
+    scraped = scalar(prom_port, "max(timestamp(vllm:generation_tokens_total))")
+    return scraped is not None and scraped > ended
+
+
 HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds"}
 PERCENTILES = ("50", "90", "99")
 
@@ -167,8 +187,6 @@ def prometheus_quantiles(obs: Observation) -> None:
     """histogram_quantile by the real Prometheus over the same bucket deltas the agent's 1m window
     saw: the buckets at the quiet read minus the buckets just before the load (both quiet moments,
     so no extrapolation is involved: this is `increase` without rate()'s edge guessing)."""
-    from promserver import scalar
-
     before = obs.load.started - 0.5
     for key, metric in HISTOGRAMS.items():
         for p in PERCENTILES:

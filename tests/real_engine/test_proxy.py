@@ -57,7 +57,8 @@ PROXY_REFRESH_S = 2.0  # the proxy refreshes its exports every 1 s; wait past on
 ABORT_MAX_TOKENS = 2000  # with the short prompt, within --max-model-len
 ABORT_AFTER_CHUNKS = 10
 ABORT_TRIES = 3  # a try where vLLM finished before the starved client could leave judges nothing
-IDLE_TIMEOUT_S = 5.0
+IDLE_TIMEOUT_S = 60.0  # a deadline for a defect, not a speed: "cut short" is judged in tokens (a host stall stops
+# vLLM as much as the clock)
 # the client's last token after the proxy's: relative (3.5% seen at load 5-10; 36% once on a CI run, the client's
 # first chunk read 60 ms late: its TTFT 107 ms against the proxy's 47) ...
 CLIENT_LAST_TOL = 1.0  # ... a 2x margin, as a bound on another process's lateness on a busy host must have
@@ -91,6 +92,7 @@ class Abort:
     idle: Samples  # vLLM once its running gauge read 0 after the disconnect
     later: Samples  # vLLM one second after that
     idle_after_s: float | None  # disconnect -> running gauge 0 (None: not within IDLE_TIMEOUT_S)
+    proxy_before: Samples  # the proxy just before the request (an earlier try's records are not this one's)
     proxy: Samples  # the proxy after the disconnect
 
 
@@ -151,22 +153,23 @@ def observe_abort(proxy_url: str, vllm_metrics: str, proxy_metrics: str) -> Abor
 
 
 def _abort_once(proxy_url: str, vllm_metrics: str, proxy_metrics: str) -> Abort:
-    before = parse(http_text(vllm_metrics))
+    before, proxy_before = parse(http_text(vllm_metrics)), parse(http_text(proxy_metrics))
     chunks = asyncio.run(abandon_stream(proxy_url, ABORT_MAX_TOKENS, ABORT_AFTER_CHUNKS))
     left = time.monotonic()
     at_leave = parse(http_text(vllm_metrics))
     idle_after: float | None = None
-    idle = at_leave
-    while time.monotonic() - left < IDLE_TIMEOUT_S:
+    while True:
         idle = parse(http_text(vllm_metrics))
         if _running(idle) == 0:
             idle_after = time.monotonic() - left
+            break
+        if time.monotonic() - left > IDLE_TIMEOUT_S:
             break
         time.sleep(0.1)
     time.sleep(1.0)
     later = parse(http_text(vllm_metrics))
     time.sleep(max(0.0, left + PROXY_REFRESH_S - time.monotonic()))
-    return Abort(chunks, before, at_leave, idle, later, idle_after, parse(http_text(proxy_metrics)))
+    return Abort(chunks, before, at_leave, idle, later, idle_after, proxy_before, parse(http_text(proxy_metrics)))
 
 
 @pytest.fixture(scope="module")
@@ -396,8 +399,8 @@ def test_client_disconnect_aborts_the_request_in_vllm(proxy_run):
     generated = _generated(abort, abort.idle)
     assert ABORT_AFTER_CHUNKS <= generated < ABORT_MAX_TOKENS  # cut short (the engine may have run ahead)
     assert _generated(abort, abort.later) == generated  # stopped, not slowed
-    remaining_s = (ABORT_MAX_TOKENS - generated) * vllm_mean(proxy_run.streams, VLLM_ITL)
-    assert abort.idle_after_s < remaining_s / 2, (abort.idle_after_s, remaining_s)  # not run to its end
+    at_leave = _generated(abort, abort.left)
+    assert generated - at_leave < (ABORT_MAX_TOKENS - at_leave) / 2, (at_leave, generated)  # not run to its end
     assert _running(abort.later) == 0
     assert total(abort.later, "vllm:prompt_tokens_total") > total(abort.before, "vllm:prompt_tokens_total")
     finished = {reason: total(abort.later, "vllm:request_success_total", finished_reason=reason)
@@ -407,9 +410,13 @@ def test_client_disconnect_aborts_the_request_in_vllm(proxy_run):
 
 
 def test_proxy_counts_the_disconnect(proxy_run):
-    page, before = proxy_run.abort.proxy, proxy_run.single.proxy_after
-    assert total(page, CLIENT + "requests_total", finish_reason="client_disconnected", status="200") == 1
+    page, before = proxy_run.abort.proxy, proxy_run.abort.proxy_before  # the last try's (observe_abort)
+    disconnected = {"finish_reason": "client_disconnected", "status": "200"}
+    assert total(page, CLIENT + "requests_total", **disconnected) - total(before, CLIENT + "requests_total",
+                                                                         **disconnected) == 1
     assert total(page, CLIENT + "requests_in_flight") == 0
     # an abandoned request is neither good nor bad: it is not judged against the SLO
     judged = total(page, CLIENT + "slo_requests_total")
-    assert judged == total(before, CLIENT + "slo_requests_total") == STREAMS["requests"] + SINGLE["requests"]
+    assert judged == total(before, CLIENT + "slo_requests_total")
+    judged_before = total(proxy_run.single.proxy_after, CLIENT + "slo_requests_total")
+    assert judged_before == STREAMS["requests"] + SINGLE["requests"]

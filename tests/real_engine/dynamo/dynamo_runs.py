@@ -25,7 +25,7 @@ from bench.loadgen import LoadReport, LoadSpec, run_load
 from dynamo_deploy import MODEL, READY_TIMEOUT_S, frontend_process, mocker_process, system_port
 from procs import ManagedProcess, agent_process, free_port, http_text
 from promserver import prometheus_process, scalar, wait_for_samples
-from scrape import Poller, Samples, parse
+from scrape import Poller, Samples, parse, select, total
 
 WINDOW = "30s"
 WINDOW_S = 30.0
@@ -208,6 +208,10 @@ def run_deployment(python: str, model_dir: Path, run_dir: Path, dep: Deployment,
     quiet_at = max(report.ended + 3.0, agent_started + WINDOW_S + 1.0)
     assert report.started > quiet_at - WINDOW_S + 1.0, "the load started outside the agent's window"
     time.sleep(max(0.0, quiet_at - time.time()))
+    # then on, while the window still holds the load's start, until the agent has the frontend's last counts: a
+    # host stall past the 3 s (CI has seen 15 s) must not leave the read a sample behind
+    while time.time() < report.started + WINDOW_S - 1.0 and not _caught_up(ports):
+        time.sleep(0.5)
     read_time = time.time()
     agent_after = parse(http_text(f"http://127.0.0.1:{ports['agent']}/metrics"))
     sustained = len(report.ok) / max(1e-9, report.ended - report.started)
@@ -225,6 +229,14 @@ def run_deployment(python: str, model_dir: Path, run_dir: Path, dep: Deployment,
     _capture(run)
     _frontend_quantiles(run)
     return run
+
+
+def _caught_up(ports: dict[str, int]) -> bool:
+    """Whether the agent's generated tokens for the frontend equal the frontend's own count."""
+    agent = parse(http_text(f"http://127.0.0.1:{ports['agent']}/metrics"))
+    frontend = parse(http_text(f"http://127.0.0.1:{ports['frontend']}/metrics"))
+    ours = select(agent, "rooflight_generation_tokens_total", target=f"127.0.0.1:{ports['frontend']}")
+    return ours == [total(frontend, "dynamo_frontend_output_tokens_total")]
 
 
 def _plan(agent_port: int, rate: float) -> dict:

@@ -68,9 +68,10 @@ def _values(text: str, name: str, target: str | None = None) -> list[float]:
 
 
 def _rates(text: str) -> dict[str, float]:
-    """rooflight_tokens_per_second{window="10s"} by phase."""
+    """rooflight_tokens_per_second{window="1m"} by phase: the load (a second or two) stays in it for a minute,
+    where a host stall of a few seconds could take it out of the 10 s window before that one is exported."""
     return {s.labels["phase"]: s.value for s in expfmt.parse(text).get("rooflight_tokens_per_second")
-            if s.labels.get("window") == "10s"}
+            if s.labels.get("window") == "1m"}
 
 
 def test_agent_reads_a_real_llama_server(llamacpp_dir: Path, tiny_gguf: Path, tmp_path: Path,
@@ -101,7 +102,10 @@ def test_agent_reads_a_real_llama_server(llamacpp_dir: Path, tiny_gguf: Path, tm
 
     def poll() -> None:
         while not done.is_set():
-            text = http_text(metrics)
+            try:
+                text = http_text(metrics)
+            except OSError:  # a page late past the timeout on a stalled host: the next poll
+                continue
             seen_running.extend(_values(text, "rooflight_requests_running", target))
             seen_waiting.extend(_values(text, "rooflight_requests_waiting", target))
             time.sleep(0.1)
@@ -131,7 +135,7 @@ def test_agent_reads_a_real_llama_server(llamacpp_dir: Path, tiny_gguf: Path, tm
     predicted = own.get("llamacpp:tokens_predicted_total")[0].value
     decodes = own.get("llamacpp:n_decode_total")[0].value
     prompt = own.get("llamacpp:prompt_tokens_total")[0].value
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while True:
         text = http_text(metrics)
         if _values(text, "rooflight_generation_tokens_total", target) == [predicted] or time.monotonic() > deadline:
@@ -149,14 +153,14 @@ def test_agent_reads_a_real_llama_server(llamacpp_dir: Path, tiny_gguf: Path, tm
     assert _values(text, "rooflight_engine_steps_total", target) == [decodes] and decodes >= MAX_TOKENS
     assert seen_running and 1 <= max(seen_running) <= SLOTS
     assert max(seen_waiting) >= 1  # 4 clients, 2 slots: llama-server defers the rest
-    # A window is exported once the agent's own samples span half of it: 5 s for the 10 s window.
-    deadline = time.monotonic() + 15
+    # A window is exported once the agent's own samples span half of it: 30 s for the 1 m window.
+    deadline = time.monotonic() + 90
     while not (rates := _rates(text)) and time.monotonic() < deadline:
         time.sleep(0.5)
         text = http_text(metrics)
     assert rates.get("decode", 0) > 0 and rates.get("prefill", 0) > 0, rates
     # the window holds the whole load (the agent's first sample was before it): no more than its tokens
-    assert rates["decode"] * 5 <= completion_tokens
+    assert rates["decode"] * 30 <= completion_tokens
     for absent in ("rooflight_kv_cache_usage_ratio", "rooflight_kv_cache_capacity_tokens", "rooflight_ttft_seconds",
                    "rooflight_itl_seconds", "rooflight_preemptions_total"):
         assert not _values(text, absent, target), f"{absent} exported for llama.cpp, which cannot say it"
