@@ -26,8 +26,10 @@ async def test_fifty_concurrent_scrapers_keep_metrics_fast_and_sampling_on_time(
     result = await scrape_load.run(clients=50, seconds=SECONDS, interval=INTERVAL)
     print(result)
     stall_ms = result["host_stall_max_ms"]
-    assert result["scrapes"] >= 50  # the load was real: every client scraped
+    assert result["scrapes"] >= 100 * (SECONDS - stall_ms / 1000) / SECONDS  # the load was real
     assert result["latency_p99_ms"] < 1000 + stall_ms
     assert result["samples"] >= (SECONDS - stall_ms / 1000) / INTERVAL - 1
     assert result["jitter_max_ms"] < 1000 * INTERVAL + stall_ms
-    assert abs(result["mean_interval_s"] - INTERVAL) < 0.2 * INTERVAL + stall_ms / 1000
+    # a stall moves the samples after it by its length at most (the loop keeps its cadence from then on): the
+    # mean of the intervals by that over their count
+    assert abs(result["mean_interval_s"] - INTERVAL) < 0.2 * INTERVAL + stall_ms / 1000 / max(1, result["samples"] - 1)

@@ -210,7 +210,7 @@ def run_deployment(python: str, model_dir: Path, run_dir: Path, dep: Deployment,
     time.sleep(max(0.0, quiet_at - time.time()))
     # then on, while the window still holds the load's start, until the agent has the frontend's last counts: a
     # host stall past the 3 s (CI has seen 15 s) must not leave the read a sample behind
-    while time.time() < report.started + WINDOW_S - 1.0 and not _caught_up(ports):
+    while time.time() < report.started + WINDOW_S - 1.0 and not _caught_up(ports, prom.port, report.ended):
         time.sleep(0.5)
     read_time = time.time()
     agent_after = parse(http_text(f"http://127.0.0.1:{ports['agent']}/metrics"))
@@ -231,12 +231,16 @@ def run_deployment(python: str, model_dir: Path, run_dir: Path, dep: Deployment,
     return run
 
 
-def _caught_up(ports: dict[str, int]) -> bool:
-    """Whether the agent's generated tokens for the frontend equal the frontend's own count."""
+def _caught_up(ports: dict[str, int], prom_port: int, ended: float) -> bool:
+    """Whether the agent's generated tokens for the frontend equal the frontend's own count, and Prometheus
+    scraped the frontend after the load ended."""
     agent = parse(http_text(f"http://127.0.0.1:{ports['agent']}/metrics"))
     frontend = parse(http_text(f"http://127.0.0.1:{ports['frontend']}/metrics"))
     ours = select(agent, "rooflight_generation_tokens_total", target=f"127.0.0.1:{ports['frontend']}")
-    return ours == [total(frontend, "dynamo_frontend_output_tokens_total")]
+    if ours != [total(frontend, "dynamo_frontend_output_tokens_total")]:
+        return False
+    scraped = scalar(prom_port, "max(timestamp(dynamo_frontend_output_tokens_total))")
+    return scraped is not None and scraped > ended
 
 
 def _plan(agent_port: int, rate: float) -> dict:

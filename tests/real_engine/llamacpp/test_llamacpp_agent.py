@@ -105,6 +105,7 @@ def test_agent_reads_a_real_llama_server(llamacpp_dir: Path, tiny_gguf: Path, tm
             try:
                 text = http_text(metrics)
             except OSError:  # a page late past the timeout on a stalled host: the next poll
+                time.sleep(0.1)
                 continue
             seen_running.extend(_values(text, "rooflight_requests_running", target))
             seen_waiting.extend(_values(text, "rooflight_requests_waiting", target))
