@@ -53,6 +53,7 @@ PEER_MAIN = ("from vllm.benchmarks.serve import add_cli_args, main; "
              "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args())")
 PROXY_WINDOW = "30m"  # holds a whole proxied run: each gets a fresh proxy, so the window holds it alone
 PROXY_REFRESH_S = 2.0  # the proxy refreshes its exports every second: read past one refresh
+SETTLE_S = 60.0
 PEER_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}  # the peer's --goodput keys -> the proxy's
 CLIENT = "rooflight_client_"
 
@@ -291,6 +292,18 @@ class ProxyFigures:
         return value * 1000.0
 
 
+def settled(metrics: str, before: Samples, completed: int) -> ProxyFigures:
+    """The proxy's figures once its snapshot (refreshed every second, counts and windows together) holds the
+    peer's every completed request: a stall of the host's can hold a refresh past PROXY_REFRESH_S. At most
+    SETTLE_S more, then as they are (the counts' checks say what is missing)."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        figures = ProxyFigures(before, parse(http_text(metrics)))
+        if figures.requests >= completed or time.monotonic() > deadline:
+            return figures
+        time.sleep(0.2)
+
+
 # -- one pair and its comparison -----------------------------------------------------------------------------
 
 @dataclass
@@ -353,7 +366,7 @@ def run_pair(engine: str, vllm_python: str, spec: Spec, workdir: Path, index: in
             before = parse(http_text(proxy.metrics))
             runs["proxied"] = run_peer(vllm_python, proxy.url, spec, f"proxied-{index}", workdir)
             time.sleep(PROXY_REFRESH_S)
-            runs["figures"] = ProxyFigures(before, parse(http_text(proxy.metrics)))
+            runs["figures"] = settled(proxy.metrics, before, runs["proxied"].completed)
         finally:
             proxy.stop()
 

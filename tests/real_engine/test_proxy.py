@@ -54,6 +54,7 @@ SINGLE = dict(requests=16, concurrency=2, max_tokens=1, prompt_words=100, seed=1
 STREAMS_WINDOW = "1m"  # holds the whole streaming load at its quiet read
 SINGLE_WINDOW = "10s"  # holds the single-token load alone: read more than 10 s after the streams ended
 PROXY_REFRESH_S = 2.0  # the proxy refreshes its exports every 1 s; wait past one refresh
+SETTLE_S = 60.0
 ABORT_MAX_TOKENS = 2000  # with the short prompt, within --max-model-len
 ABORT_AFTER_CHUNKS = 10
 ABORT_TRIES = 3  # a try where vLLM finished before the starved client could leave judges nothing
@@ -116,7 +117,20 @@ def run_phase(url: str, spec: dict, vllm_metrics: str, proxy_metrics: str) -> Ph
     vllm_before, proxy_before = parse(http_text(vllm_metrics)), parse(http_text(proxy_metrics))
     load = asyncio.run(run_load(LoadSpec(url=url, **spec)))
     time.sleep(PROXY_REFRESH_S)
-    return Phase(load, vllm_before, parse(http_text(vllm_metrics)), proxy_before, parse(http_text(proxy_metrics)))
+    proxy_after = _settled(proxy_metrics, proxy_before, len(load.results))
+    return Phase(load, vllm_before, parse(http_text(vllm_metrics)), proxy_before, proxy_after)
+
+
+def _settled(proxy_metrics: str, before: Samples, requests: int) -> Samples:
+    """The proxy's page once its snapshot (refreshed every second, counts and windows together) holds the load's
+    every request: a stall of the host's can hold a refresh past PROXY_REFRESH_S. At most SETTLE_S more."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        page = parse(http_text(proxy_metrics))
+        counted = total(page, CLIENT + "requests_total") - total(before, CLIENT + "requests_total")
+        if counted >= requests or time.monotonic() > deadline:
+            return page
+        time.sleep(0.2)
 
 
 async def abandon_stream(url: str, max_tokens: int, after_chunks: int) -> int:
@@ -169,7 +183,8 @@ def _abort_once(proxy_url: str, vllm_metrics: str, proxy_metrics: str) -> Abort:
     time.sleep(1.0)
     later = parse(http_text(vllm_metrics))
     time.sleep(max(0.0, left + PROXY_REFRESH_S - time.monotonic()))
-    return Abort(chunks, before, at_leave, idle, later, idle_after, proxy_before, parse(http_text(proxy_metrics)))
+    return Abort(chunks, before, at_leave, idle, later, idle_after, proxy_before,
+                 _settled(proxy_metrics, proxy_before, 1))
 
 
 @pytest.fixture(scope="module")
