@@ -52,6 +52,12 @@ def scalar(port: int, expr: str, at: float | None = None) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
+def scraped_after(port: int, metric: str, t: float) -> bool:
+    """Whether Prometheus' latest sample of `metric` was scraped after t (time.time())."""
+    scraped = scalar(port, f"max(timestamp({metric}))")
+    return scraped is not None and scraped > t
+
+
 def wait_for_samples(port: int, expr: str, timeout: float = 30.0) -> None:
     """Until expr returns something (the first scrape lands ~5 s after start)."""
     deadline = time.monotonic() + timeout

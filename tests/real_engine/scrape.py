@@ -117,6 +117,10 @@ class Poller:
     def parsed(self) -> list[tuple[float, Samples]]:
         return [(t, parse(text)) for t, text in list(self.pages) if text]
 
+    def answered(self) -> list[float]:
+        """When each page it got came back (time.time()); safe to call while it polls."""
+        return [t for t, text in list(self.pages) if text]
+
 
 def reference_quantile(q: float, cumulative: list[tuple[float, float]]) -> float | None:
     """histogram_quantile as Prometheus 2.x interpolates it, over (le, cumulative count) pairs

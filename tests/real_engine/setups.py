@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench.loadgen import LoadReport, LoadSpec, run_load
 from procs import ManagedProcess, agent_process, free_port, http_text, vllm_process
-from promserver import prometheus_process, scalar, wait_for_samples
+from promserver import prometheus_process, scalar, scraped_after, wait_for_samples
 from scrape import Poller, Samples, parse, total
 
 VLLM_READY_TIMEOUT_S = 180.0  # 23-41 s warm; 82 s measured on the first start after a cold install
@@ -175,8 +175,7 @@ def _caught_up(vllm_port: int, agent_port: int | None, prom_port: int, ended: fl
         agent = parse(http_text(f"http://127.0.0.1:{agent_port}/metrics"))
         if any(total(agent, ours) != total(vllm, theirs) for ours, theirs in CAUGHT_UP.items()):
             return False
-    scraped = scalar(prom_port, "max(timestamp(vllm:generation_tokens_total))")
-    return scraped is not None and scraped > ended
+    return scraped_after(prom_port, "vllm:generation_tokens_total", ended)
 
 
 HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds"}

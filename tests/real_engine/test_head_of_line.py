@@ -35,6 +35,7 @@ caught is asserted where the proxy sees the gaps (hol_run).
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import subprocess
 import sys
@@ -202,7 +203,7 @@ def hol_run(vllm_python, tiny_model, run_dir, started) -> HolRun:
         poller.start()
         control, sent, answered = asyncio.run(drive(
             f"http://127.0.0.1:{proxy_port}", engine,
-            covered=lambda start, end: _covered([t for t, text in list(poller.pages) if text], start, end)))
+            covered=lambda start, end: _covered(poller.answered(), start, end)))
         pages = poller.stop()
     finally:
         poller.stop()
@@ -235,7 +236,7 @@ def unpinned_run(vllm_python, tiny_model, run_dir, started) -> UnpinnedRun:
         for poller in pollers:
             poller.start()
         def covered(start: float, end: float) -> float:
-            return min(_covered([t for t, text in list(poller.pages) if text], start, end) for poller in pollers)
+            return min(_covered(poller.answered(), start, end) for poller in pollers)
 
         control, sent, answered = asyncio.run(drive(f"http://127.0.0.1:{proxy_port}", engine, UNPINNED_CONTROL_S,
                                                     covered))
@@ -258,7 +259,7 @@ def unpinned_run(vllm_python, tiny_model, run_dir, started) -> UnpinnedRun:
               f"{sorted({str(v.source) for v in in_control})}, max inflation "
               f"{max((v.inflation for v in in_control if v.inflation is not None), default=float('nan')):.2f}; "
               f"long prompts caught {len(_caught(verdicts, sent))} of {len(sent)}; polls failed "
-              f"{[(round(asked - control[0], 1), round(took, 1), why) for asked, took, why in poller.failed]}")
+              f"{_failed_between(poller.failed, control[0])}")
     return run
 
 
@@ -273,12 +274,14 @@ def _holes(times: list[float], bounds: tuple[float, float], failed: list[tuple[f
     """The stretches of the control longer than CONTROL_HOLE_S without a page, and the polls that failed in them."""
     points = [bounds[0], *sorted(times), bounds[1]]
     holes = [(a, b) for a, b in zip(points, points[1:]) if b - a > CONTROL_HOLE_S]
-
-    def failed_in(a: float, b: float) -> list[tuple[float, float, str]]:
-        return [(round(t - bounds[0], 1), round(took, 1), why) for t, took, why in failed if a <= t <= b]
-
     return "; ".join(f"{a - bounds[0]:.1f}-{b - bounds[0]:.1f} s, polls failed in it (s after the control began, "
-                     f"seconds, why) {failed_in(a, b)}" for a, b in holes)
+                     f"seconds, why) {_failed_between(failed, bounds[0], a, b)}" for a, b in holes)
+
+
+def _failed_between(failed: list[tuple[float, float, str]], origin: float, a: float = -math.inf,
+                    b: float = math.inf) -> list[tuple[float, float, str]]:
+    """The polls asked between a and b that failed: (when, s after origin; how long; why), rounded to be read."""
+    return [(round(t - origin, 1), round(took, 1), why) for t, took, why in failed if a <= t <= b]
 
 
 def _caught(verdicts: list[Verdict], sent: list[tuple[float, int]]) -> list[float]:

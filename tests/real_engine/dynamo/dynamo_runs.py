@@ -24,7 +24,7 @@ from pathlib import Path
 from bench.loadgen import LoadReport, LoadSpec, run_load
 from dynamo_deploy import MODEL, READY_TIMEOUT_S, frontend_process, mocker_process, system_port
 from procs import ManagedProcess, agent_process, free_port, http_text
-from promserver import prometheus_process, scalar, wait_for_samples
+from promserver import prometheus_process, scalar, scraped_after, wait_for_samples
 from scrape import Poller, Samples, parse, select, total
 
 WINDOW = "30s"
@@ -239,8 +239,7 @@ def _caught_up(ports: dict[str, int], prom_port: int, ended: float) -> bool:
     ours = select(agent, "rooflight_generation_tokens_total", target=f"127.0.0.1:{ports['frontend']}")
     if ours != [total(frontend, "dynamo_frontend_output_tokens_total")]:
         return False
-    scraped = scalar(prom_port, "max(timestamp(dynamo_frontend_output_tokens_total))")
-    return scraped is not None and scraped > ended
+    return scraped_after(prom_port, "dynamo_frontend_output_tokens_total", ended)
 
 
 def _plan(agent_port: int, rate: float) -> dict:
