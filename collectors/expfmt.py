@@ -800,13 +800,17 @@ class _Layout(NamedTuple):
 # A page's found lines' keys -> their _Layout. An engine's page keeps its series from one scrape to the next,
 # so after two pages the third is read by _as_before: its values in C (map(float, ...)) and its samples made
 # in C, where the loop took a Python step per line (measured: see select()). Bounded in the bytes the layouts
-# hold, estimated as their keys' characters and _LAYOUT_LINE_BYTES a line (the key's str, its slots, its run,
-# a labels dict once the series cache let it go: 480-530 bytes a line measured with tracemalloc, the test
-# test_the_layouts_held_take_no_more_memory_than_they_are_counted_as): a vLLM page's layout ~92 kB, 64 targets'
-# 5.9 MB. When a new one would not fit, every one is forgotten and the pages read now are remembered afresh.
+# hold, estimated as their keys' characters twice (the key's str, its labels' strs), _LAYOUT_LINE_BYTES a line (the
+# key's slots, its run, a labels dict once the series cache let it go) and _LAYOUT_LABEL_BYTES a label (its dict
+# entry, its strs' headers). Measured with tracemalloc (the test test_the_layouts_held_take_no_more_memory_than_
+# they_are_counted_as), a line held ~270 bytes + 61 a label + 2 a character: counted as the keys' characters once
+# and 600 a line, a line of 20 labels held 1.7x, of 30 2.2x. A vLLM page's layout ~130 kB, ~170 kB with its plans,
+# 64 targets' ~10.7 MB. When a new one would not fit, every one is forgotten and the pages read now are
+# remembered afresh (at 64 targets with 8 MiB, each page's layout was forgotten before it was read a third time).
 _LAYOUTS: dict[tuple[str, ...], _Layout] = {}
-_LAYOUT_BYTES_MAX = 8 * 1024 * 1024
+_LAYOUT_BYTES_MAX = 16 * 1024 * 1024
 _LAYOUT_LINE_BYTES = 600
+_LAYOUT_LABEL_BYTES = 64
 # A page larger, or finding more lines, is read line by line, a block at a time: a layout's page has its found
 # lines all held at once, at most ~1 MB (a 4 MiB page of lines of sixty labels held whole took the agent past 100 MB).
 _LAYOUT_MAX_CHARS = 512 * 1024
@@ -886,7 +890,8 @@ def _room_for(cost: int) -> bool:
 
 def layout_bytes(keys: tuple[str, ...]) -> int:
     """What a layout of these keys is counted as holding (_LAYOUT_BYTES_MAX)."""
-    return sum(map(len, keys)) + _LAYOUT_LINE_BYTES * len(keys)
+    labels = sum(key.count('="') for key in keys)  # a `="` in a value counts one more: over, never under
+    return 2 * sum(map(len, keys)) + _LAYOUT_LINE_BYTES * len(keys) + _LAYOUT_LABEL_BYTES * labels
 
 
 # select() reads a page this many characters at a time (_found): at most ~8k lines' pairs (~0.6 MB) at once.

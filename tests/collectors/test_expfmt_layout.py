@@ -138,13 +138,23 @@ def test_the_layouts_held_stay_within_their_bound(fresh: None, monkeypatch: pyte
     assert cleared >= 2
 
 
+def _labels(count: int, value: str) -> str:
+    return ",".join(f'l{j}="{value}"' for j in range(count))
+
+
 def test_the_layouts_held_take_no_more_memory_than_they_are_counted_as(fresh: None) -> None:
-    """Layouts of short keys (a line little more than its name) and of the vLLM page, each page a new label
-    set, measured with tracemalloc once the pages and selections are gone: within what they are counted as."""
+    """Layouts of short keys (a line little more than its name), of long ones, of many labels and of the vLLM
+    page, each page a new label set, measured with tracemalloc once the pages and selections are gone: within what they are counted as."""
     short_names = [f"e:m{i}" for i in range(200)]
     kinds = {
         "short": (lambda n: "".join(f'e:m{i}{{m="{n}"}} {i}\n' for i in range(200)), short_names, None),
         "vllm": (lambda n: VLLM_PAGE.replace('model_name="', f'model_name="m{n}-'), vllm.NAMES, ("vllm:",)),
+        # a Kubernetes pod's labels on every line: the key's characters held twice (its str, the labels' strs)
+        "long labels": (lambda n: "".join(f'e:m{i}{{pod="{"p" * 120}-{n}",node="{"n" * 80}"}} {i}\n'
+                                          for i in range(200)), short_names, None),
+        # thirty short labels a line: each a dict entry and two strs (held 2.2x when counted by characters alone)
+        "many labels": (lambda n: "".join(f"e:m{i}{{{_labels(30, f'v{n}')}}} {i}\n" for i in range(200)),
+                        short_names, None),
     }
     for kind, (page_of, names, prefixes) in kinds.items():
         expfmt._LAYOUTS.clear()
