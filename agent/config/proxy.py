@@ -41,6 +41,7 @@ class ProxyConfig:
     max_buffered_total: int = 64 * 1024 * 1024  # all bodies read whole at once; past it a body is streamed too
     max_accounting_total: int = 64 * 1024 * 1024  # the accounting's copies of answers held at once, in total
     refresh: float = 1.0  # seconds between snapshots of the exports
+    request_log: str | None = None  # --request-log: a JSON line per finished request (agent/proxy/journal.py)
     name: str = ""  # the `target` label when given (`rooflight run`: the engine target's own name)
     # The Authorization value made from --upstream's user:password, added to requests that carry none of
     # their own (only with --upstream-credentials-for-anonymous: anyone who reaches the port is lent it).
@@ -70,6 +71,7 @@ def build(
     max_connections: Any = None,
     max_connections_per_client: Any = None,
     read_body_timeout: Any = None,
+    request_log: str | None = None,
 ) -> ProxyConfig:
     """Flags (strings as typed) -> a validated ProxyConfig."""
     listen = listen or DEFAULTS["listen"]
@@ -89,6 +91,7 @@ def build(
         windows=_check("windows", windows or DEFAULTS["windows"]),
         percentiles=_check("percentiles", percentiles or DEFAULTS["percentiles"]),
         connect_timeout=_check("connect_timeout", connect_timeout),
+        request_log=_check("request_log", request_log),
         **parse_port_limits(read_header_timeout, idle_timeout, max_connections, max_connections_per_client,
                             read_body_timeout),
     )

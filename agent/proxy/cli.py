@@ -57,13 +57,24 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 async def run(config: pc.ProxyConfig) -> None:
     """Serve until SIGINT or SIGTERM: the relay on an event loop and thread of its own (agent/proxy/thread.py),
     /metrics on this one, so scrapes never queue in front of a token."""
-    from rooflight.agent.proxy.server import ProxyServer, serve_metrics
+    from rooflight.agent.proxy.journal import open_for
+    from rooflight.agent.proxy.server import ProxyServer
+
+    journal = open_for(config.request_log)
+    try:
+        await _serve(ProxyServer(config, journal=journal))
+    finally:
+        if journal is not None:
+            journal.close()
+
+
+async def _serve(server: Any) -> None:
+    from rooflight.agent.proxy.limits import quiet_accept_errors
+    from rooflight.agent.proxy.server import serve_metrics
     from rooflight.agent.proxy.thread import ProxyThread
 
-    server = ProxyServer(config)
+    config = server.config
     proxy = ProxyThread(server)
-    from rooflight.agent.proxy.limits import quiet_accept_errors
-
     quiet_accept_errors(asyncio.get_running_loop())  # /metrics' loop; the relay's installs its own
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -43,6 +43,7 @@ from rooflight.agent.proxy import tracker as tr
 from rooflight.agent.config.proxy import ProxyConfig
 from rooflight.agent.config.urls import shown_url
 from rooflight.agent.proxy.exposition import ClientCollector, registry_for
+from rooflight.agent.proxy.journal import RequestJournal
 from rooflight.agent.proxy.stats import EMPTY, ClientSnapshot, ClientStats, StatsConfig
 from rooflight.agent.proxy.tenants import tenant_key
 from rooflight.agent.proxy.tracker import ByteBudget
@@ -68,9 +69,11 @@ class ProxyServer:
     """The proxy app, its metrics app, and the stats they share (one event loop, no locks)."""
 
     def __init__(self, config: ProxyConfig, clock: Clock | None = None, *, reuse_port: bool = False,
-                 on_record: Callable[[tr.RequestRecord], None] | None = None) -> None:
+                 on_record: Callable[[tr.RequestRecord], None] | None = None,
+                 journal: RequestJournal | None = None) -> None:
         """`reuse_port` and `on_record` are for a worker process (agent/proxy/workers.py): its port shared
-        with the other workers (SO_REUSEPORT), its finished requests sent to the process that exports them."""
+        with the other workers (SO_REUSEPORT), its finished requests sent to the process that exports them.
+        `journal`: --request-log's, handed every finished request that `observe` counts."""
         self.config = config
         self.reuse_port = reuse_port
         self.clock = clock or SystemClock()
@@ -83,6 +86,7 @@ class ProxyServer:
         )
         self.snapshot: ClientSnapshot = EMPTY
         self._on_record = on_record
+        self.journal = journal
         self.client_gaps = ClientGaps()  # every gap between tokens, live, for the head-of-line detector
         self.registry = registry_for(lambda: self.snapshot)
         self._pool: rl.UpstreamPool | None = None
@@ -97,6 +101,12 @@ class ProxyServer:
         self.proxy_url = ""
         self.metrics_url = ""
         self._undo_quiet: Any = None  # the loop's accept-error handler, put back by stop()
+
+    def observe(self, record: tr.RequestRecord) -> None:
+        """A finished request into the exports (and the request log, where there is one)."""
+        self.stats.observe(record)
+        if self.journal is not None:
+            self.journal.add(record)
 
     def collector(self) -> ClientCollector:
         """For an agent that serves these metrics on its own /metrics (`rooflight run` with a proxy)."""
@@ -508,7 +518,7 @@ class ProxyServer:
         if tracker is None:
             return
         try:
-            (self._on_record or self.stats.observe)(tracker.finish(self._now(), outcome, reason))
+            (self._on_record or self.observe)(tracker.finish(self._now(), outcome, reason))
         except Exception:
             log.debug("proxy accounting failed at request end", exc_info=True)
             self.stats.accounting_error()

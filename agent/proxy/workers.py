@@ -250,7 +250,7 @@ class Workers:
     def _handle(self, i: int, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "stats":
-            observe = self.server.stats.observe
+            observe = self.server.observe
             for record in message[1]:
                 try:
                     observe(record)
@@ -315,10 +315,22 @@ def _refuse_a_taken_port(host: str, port: int) -> None:
 
 async def run(config: ProxyConfig, n: int) -> int:
     """`rooflight proxy --workers N`: serve until SIGINT or SIGTERM (exit 0) or a worker's death (exit 1)."""
-    from rooflight.agent.proxy.limits import quiet_accept_errors
-    from rooflight.agent.proxy.server import ProxyServer, serve_metrics
+    from rooflight.agent.proxy.journal import open_for
+    from rooflight.agent.proxy.server import ProxyServer
 
-    server = ProxyServer(config)  # here: the stats and /metrics of every worker; it relays nothing itself
+    journal = open_for(config.request_log)  # here too: the workers send their records to this process
+    try:
+        return await _serve(ProxyServer(config, journal=journal), n)
+    finally:
+        if journal is not None:
+            journal.close()
+
+
+async def _serve(server: Any, n: int) -> int:
+    from rooflight.agent.proxy.limits import quiet_accept_errors
+    from rooflight.agent.proxy.server import serve_metrics
+
+    config = server.config
     workers = Workers(server, n)
     loop = asyncio.get_running_loop()
     quiet_accept_errors(loop)

@@ -214,7 +214,7 @@ def test_the_ports_counters_are_the_sums_of_every_workers_latest() -> None:
     from rooflight.agent.proxy.workers import Workers
 
     stats = ClientStats(StatsConfig(target="up:8000"), started=0.0)
-    workers = Workers(SimpleNamespace(stats=stats), 3)
+    workers = Workers(SimpleNamespace(stats=stats, observe=stats.observe), 3)
     workers._handle(0, ("stats", [], {"in_flight": 3, "over_budget": 1, "accounting_errors": 0,
                                       "refused": {"per_client": 2}, "bad_requests": {"malformed": 1}}))
     workers._handle(1, ("stats", [], {"in_flight": 4, "over_budget": 0, "accounting_errors": 2,

@@ -1,0 +1,177 @@
+"""`rooflight proxy --request-log FILE`: a line per finished request, with the times the exports judged it by.
+
+The command as a user runs it (one process, and --workers 2), over real HTTP to a scripted upstream whose
+first token and gaps are known; the journal alone for what a disk does wrong (a full one, a stalled one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from fake_upstream import FakeUpstream, Script
+
+from rooflight.agent.proxy.journal import RequestJournal
+from rooflight.agent.proxy.tracker import COMPLETE, RequestRecord
+from demo_procs import async_child
+from support import free_port
+
+TTFT, GAP, TOKENS = 0.05, 0.02, 5
+PROMPT = "a secret the log must never hold"
+
+
+async def _served(tmp_path: Path, workers: int, requests: int) -> tuple[list[dict], float, float, str]:
+    """`requests` streamed through the command, stopped by SIGTERM: its log's lines, the wall clock before
+    and after the requests, and /metrics as it stood."""
+    up = FakeUpstream(scripts={"m": Script(ttft=TTFT, gaps=(GAP,) * (TOKENS - 1))})
+    await up.start()
+    port, metrics_port, log = free_port(), free_port(), tmp_path / "requests.jsonl"
+    try:
+        async with async_child(
+                sys.executable, "-m", "rooflight.agent.proxy.cli", "--upstream", up.url, "--listen", f"127.0.0.1:{port}",
+                "--metrics-listen", f"127.0.0.1:{metrics_port}", "--workers", str(workers), "--request-log", str(log),
+                "--slo", f"tpot={GAP * 2:g}", "--log-level", "warning",
+        ) as proc:
+            async with aiohttp.ClientSession() as session:
+                for _ in range(400):  # the child imports and binds (workers spawn): seconds on a busy machine
+                    try:
+                        async with session.get(f"http://127.0.0.1:{metrics_port}/-/healthy") as r:
+                            if r.status == 200:
+                                break
+                    except aiohttp.ClientError:
+                        await asyncio.sleep(0.05)
+                before = time.time()
+                body = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": PROMPT}]})
+                for _ in range(requests):
+                    async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions", data=body) as r:
+                        assert r.status == 200 and (await r.read()).endswith(b"data: [DONE]\n\n")
+                after = time.time()
+                metrics = ""
+                for _ in range(100):  # the exports hold every request within a refresh (and a worker's flush)
+                    async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+                        metrics = await r.text()
+                    if f'rooflight_client_slo_requests_total{{slo="tpot={GAP * 2:g}",' in metrics and \
+                            _judged(metrics) >= requests:
+                        break
+                    await asyncio.sleep(0.1)
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 20) == 0  # the log is written whole at the end
+    finally:
+        await up.stop()
+    text = log.read_text()
+    assert PROMPT not in text and "content" not in text
+    return [json.loads(line) for line in text.splitlines()], before, after, metrics
+
+
+def _judged(metrics: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("rooflight_client_slo_requests_total{"))
+
+
+def _good(metrics: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("rooflight_client_slo_good_requests_total{"))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_each_request_is_a_line_with_the_times_it_was_judged_by(tmp_path: Path, workers: int) -> None:
+    lines, before, after, metrics = await _served(tmp_path, workers, requests=6)
+    assert len(lines) == 6  # one a request: none lost at SIGTERM, none twice (workers: sent to the parent)
+    for line in lines:
+        assert (line["route"], line["status"], line["outcome"], line["stream"]) == ("chat", 200, COMPLETE, True)
+        assert line["output_tokens"] == TOKENS and line["prompt_tokens"] == 7
+        assert before - 1.0 <= line["start"] <= after + 1.0  # the wall clock (a clock read apart: 1 s)
+        # the upstream's own waits bound the times from below, as sums (a late read of one token shortens the
+        # next gap); 20x above (a unit's error is 1000x)
+        assert TTFT <= line["ttft"] <= 20 * TTFT
+        assert TTFT + (TOKENS - 1) * GAP <= line["last_token"] <= line["e2e"]
+        assert 0 < line["tpot"] <= line["itl_max"] <= 20 * GAP  # the mean gap, then the longest
+        assert line["tpot"] == pytest.approx((line["last_token"] - line["ttft"]) / (TOKENS - 1), abs=2e-6)
+    starts = [line["start"] for line in lines]
+    assert starts == sorted(starts)  # one after another, each ended before the next began: in order
+    # the exports' goodput is the log's: the same records, the same rule
+    assert _judged(metrics) == 6 and _good(metrics) == sum(line["tpot"] <= GAP * 2 for line in lines)
+
+
+def test_a_log_the_proxy_cannot_write_exits_2_saying_what_to_fix(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir" / "requests.jsonl"
+    done = subprocess.run([sys.executable, "-m", "rooflight.agent.proxy.cli", "--upstream", "http://127.0.0.1:9",
+                           "--listen", f"127.0.0.1:{free_port()}", "--metrics-listen", f"127.0.0.1:{free_port()}",
+                           "--request-log", str(missing)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"--request-log {missing}: cannot write there (No such file or directory)" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def _record(i: int) -> RequestRecord:
+    return RequestRecord(route="completions", tenant=None, start=float(i), end=i + 1.0, status=200, outcome=COMPLETE,
+                         stream=True, finish_reason="length", ttft=0.25, prompt_tokens=3, output_tokens=4,
+                         counted_by="usage", last_token=i + 0.85)
+
+
+def test_a_writer_that_falls_behind_drops_the_oldest_and_says_how_many(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "requests.jsonl"
+    journal = RequestJournal(str(path), every=3600.0, max_pending=3)  # the writer never wakes before close()
+    for i in range(5):
+        journal.add(_record(i))
+    with caplog.at_level(logging.WARNING, logger="rooflight.proxy"):
+        journal.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["tpot"] for line in lines] == [pytest.approx(0.2)] * 3  # (0.85 - 0.25) / (4 - 1)
+    assert (journal.written, journal.dropped, journal.failed) == (3, 2, 0)
+    starts = [line["start"] - (time.time() - time.monotonic()) for line in lines]
+    assert starts == [pytest.approx(s, abs=0.5) for s in (2.0, 3.0, 4.0)]  # the newest kept
+    assert "2 request(s) not logged" in caplog.text
+
+
+def test_a_full_disk_costs_the_lines_not_the_proxy(caplog: pytest.LogCaptureFixture) -> None:
+    journal = RequestJournal("/dev/full", every=0.05)  # every write fails with ENOSPC
+    with caplog.at_level(logging.WARNING, logger="rooflight.proxy"):
+        for i in range(4):
+            journal.add(_record(i))
+        for _ in range(200):  # the writer's next turn (a busy machine: seconds)
+            if journal.failed:
+                break
+            time.sleep(0.05)
+        journal.add(_record(9))
+        journal.close()
+    assert journal.written == 0 and journal.failed == 5
+    assert "request(s) not logged so far" in caplog.text and "No space left on device" in caplog.text
+
+
+def test_a_request_waiting_to_be_logged_holds_its_fields_not_its_gaps(tmp_path: Path) -> None:
+    """A stalled disk holds MAX_PENDING waiting: each must be small, whatever its stream's length (a record
+    holds its every gap, up to 64 kB; 20,000 of those would be 1.3 GB)."""
+    import tracemalloc
+
+    from rooflight.agent.proxy.tracker import EXACT_GAPS, TokenGaps
+
+    journal = RequestJournal(str(tmp_path / "requests.jsonl"), every=3600.0)
+    gaps = TokenGaps(tuple(0.01 for _ in range(EXACT_GAPS)))
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        for i in range(200):
+            record = RequestRecord(route="completions", tenant=None, start=float(i), end=i + 90.0, status=200,
+                                   outcome=COMPLETE, stream=True, finish_reason="length", ttft=0.25,
+                                   itl=TokenGaps(gaps), prompt_tokens=3, output_tokens=EXACT_GAPS + 1,
+                                   counted_by="usage", last_token=i + 82.0)
+            journal.add(record)
+            del record
+        held = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    journal.close()
+    assert held / 200 < 1024, f"{held / 200:.0f} bytes a waiting request"
+    lines = (tmp_path / "requests.jsonl").read_text().splitlines()
+    assert len(lines) == 200 and json.loads(lines[0])["itl_max"] == 0.01
