@@ -122,6 +122,18 @@ class PeerRun:
     def gaps(self) -> int:
         return sum(len(self.result["itls"][i]) for i in self._ok())
 
+    def requests(self) -> list[PeerRequest]:
+        """Each successful request on the wall clock. The peer's start times are time.perf_counter(), on Linux
+        CLOCK_MONOTONIC as the proxy's clock (time.monotonic), shared by every process: moved onto the wall
+        clock as the proxy's log moves its own, by the wall clock's offset from it, read here."""
+        r, offset = self.result, time.time() - time.monotonic()
+        out = []
+        for i in self._ok():
+            start = r["start_times"][i] + offset
+            out.append(PeerRequest(start, start + r["ttfts"][i], start + r["latencies"][i], r["output_lens"][i],
+                                   max(r["itls"][i], default=0.0)))
+        return out
+
     def own_good(self) -> int:
         """Good requests by the peer's own --goodput: its request_goodput (good / duration) x its duration."""
         return round(self.result["request_goodput"] * self.result["duration"])
@@ -142,6 +154,75 @@ class PeerRun:
     def ms(self, name: str) -> float:
         """One of the peer's own figures, e.g. p50_ttft_ms."""
         return float(self.result[name])
+
+
+@dataclass(frozen=True)
+class PeerRequest:
+    """One request as the peer saw it, on the wall clock: when it started, its first and last token arrived."""
+
+    start: float
+    first_token: float
+    last_token: float
+    output_tokens: int
+    itl_max: float  # its longest gap between chunks with choices; 0 for one chunk
+
+    @property
+    def tpot(self) -> float:
+        """The peer's TPOT (calculate_metrics): (latency - TTFT) / (output tokens - 1), 0 for one token."""
+        return (self.last_token - self.first_token) / (self.output_tokens - 1) if self.output_tokens > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class ProxyRequest:
+    """One line of the proxy's --request-log, its times made absolute (wall clock)."""
+
+    start: float
+    first_token: float
+    last_token: float
+    output_tokens: int
+    tpot: float
+    itl_max: float
+
+    @classmethod
+    def of(cls, line: dict[str, Any]) -> ProxyRequest:
+        start = line["start"]
+        return cls(start, start + line["ttft"], start + line["last_token"], line["output_tokens"],
+                   line["tpot"] or 0.0, line["itl_max"] or 0.0)
+
+
+def least_cost_assignment(cost: list[list[float]]) -> list[int]:
+    """The column for each row of a square cost matrix, least total cost (the Hungarian method with potentials,
+    O(n^3)). Written here: 80 x 80 in ~2 ms, and the bench's venv has no scipy (linear_sum_assignment)."""
+    n, inf = len(cost), float("inf")
+    u, v = [0.0] * (n + 1), [0.0] * (n + 1)
+    row_of, way = [0] * (n + 1), [0] * (n + 1)  # row_of[j]: the row given column j (1-based; 0: none)
+    for i in range(1, n + 1):
+        row_of[0], j0 = i, 0
+        least, used = [inf] * (n + 1), [False] * (n + 1)
+        while row_of[j0]:
+            used[j0], i0, delta, j1 = True, row_of[j0], inf, 0
+            for j in range(1, n + 1):
+                if not used[j]:
+                    reduced = cost[i0 - 1][j - 1] - u[i0] - v[j]
+                    if reduced < least[j]:
+                        least[j], way[j] = reduced, j0
+                    if least[j] < delta:
+                        delta, j1 = least[j], j
+            for j in range(n + 1):
+                if used[j]:
+                    u[row_of[j]] += delta
+                    v[j] -= delta
+                else:
+                    least[j] -= delta
+            j0 = j1
+        while j0:
+            j1 = way[j0]
+            row_of[j0] = row_of[j1]
+            j0 = j1
+    column = [0] * n
+    for j in range(1, n + 1):
+        column[row_of[j] - 1] = j - 1
+    return column
 
 
 def peer_argv(vllm_python: str, base_url: str, spec: Spec, result_dir: Path, filename: str) -> list[str]:
@@ -203,6 +284,7 @@ class Proxy:
     upstream: str
     slos: list[str]
     log_path: Path
+    request_log: Path  # its --request-log: a line per request, read once it has stopped
     extra: Sequence[str] = ()
     port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
@@ -219,7 +301,8 @@ class Proxy:
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "rooflight", "proxy", "--upstream", self.upstream,
                 "--listen", f"127.0.0.1:{self.port}", "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
-                "--windows", PROXY_WINDOW, "--percentiles", "50,99", "--log-level", "warning"]
+                "--windows", PROXY_WINDOW, "--percentiles", "50,99", "--log-level", "warning",
+                "--request-log", str(self.request_log)]
         for slo in self.slos:
             argv += ["--slo", slo]
         return argv + list(self.extra)
@@ -313,6 +396,28 @@ class Pair:
     proxied: PeerRun
     proxy: ProxyFigures
     order: str  # "direct first" or "proxied first"
+    logged: list[dict[str, Any]]  # the proxy's request log: a line per completion of the proxied run
+
+    def matched(self, slack: float = 0.001) -> list[tuple[PeerRequest, ProxyRequest]]:
+        """Each of the peer's requests with the proxy's line for it; [] when no such pairing exists.
+
+        A line can be a request's only if the proxy started it after the peer did and before the peer's first
+        token (within `slack`, two clocks read apart) and both counted the same tokens. The start order alone
+        does not pair them: the peer starts its clock before its client library connects, and two requests
+        started 0.05 ms apart reached the proxy in the other order. Among the pairings allowed, the one whose
+        first and last tokens lie closest (an assignment of least total distance)."""
+        peer, proxy = self.proxied.requests(), [ProxyRequest.of(line) for line in self.logged]
+        if len(peer) != len(proxy):
+            return []
+
+        def allowed(a: PeerRequest, b: ProxyRequest) -> bool:
+            return a.start - slack <= b.start <= a.first_token + slack and a.output_tokens == b.output_tokens
+
+        far = 1e6
+        cost = [[abs(a.first_token - b.first_token) + abs(a.last_token - b.last_token) if allowed(a, b) else far
+                 for b in proxy] for a in peer]
+        pairs = [(peer[i], proxy[j]) for i, j in enumerate(least_cost_assignment(cost))]
+        return pairs if all(allowed(a, b) for a, b in pairs) else []
 
     def counts(self) -> dict[str, tuple[int, int]]:
         """(peer, proxy) for each count that must be equal."""
@@ -354,7 +459,7 @@ def run_pair(engine: str, vllm_python: str, spec: Spec, workdir: Path, index: in
              proxy_extra: Sequence[str] = ()) -> Pair:
     """Direct and proxied, same seed; even pairs run direct first, odd ones proxied first."""
     slos = [slo_spelling(t) for t in spec.slos().values()]
-    proxy = Proxy(engine, slos, workdir / f"proxy-{index}.log", proxy_extra)
+    proxy = Proxy(engine, slos, workdir / f"proxy-{index}.log", workdir / f"proxy-{index}.jsonl", proxy_extra)
     runs: dict[str, Any] = {}
 
     def direct() -> None:
@@ -368,13 +473,15 @@ def run_pair(engine: str, vllm_python: str, spec: Spec, workdir: Path, index: in
             time.sleep(PROXY_REFRESH_S)
             runs["figures"] = settled(proxy.metrics, before, runs["proxied"].completed)
         finally:
-            proxy.stop()
+            proxy.stop()  # SIGTERM: its request log is written whole
+        runs["logged"] = [json.loads(line) for line in proxy.request_log.read_text().splitlines()]
 
     steps = (direct, proxied) if index % 2 == 0 else (proxied, direct)
     for step in steps:
         step()
     return Pair(spec, runs["direct"], runs["proxied"], runs["figures"],
-                "direct first" if index % 2 == 0 else "proxied first")
+                "direct first" if index % 2 == 0 else "proxied first",
+                [line for line in runs["logged"] if line["route"] == "completions"])
 
 
 def main(argv: list[str] | None = None) -> int:

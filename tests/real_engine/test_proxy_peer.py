@@ -10,11 +10,18 @@ What must hold, and why it can:
   the peer records one per chunk with choices after the first, the proxy one per token chunk, the same
   events a hop apart. vLLM's byte-level tokenizer sends `"text":""` for tokens whose text it holds back
   (the proxy used to skip them: 1,918 gaps against the peer's 2,041 in one run here).
+- Per request (the proxy's --request-log beside the peer's per-request results, paired by when each started
+  and when its tokens came: bench/proxy_peer.py, Pair.matched): the same output tokens, and the proxy saw
+  the first and the last token before the peer did (the median request's last token 0.7-0.8 ms before on a
+  quiet machine; 74 ms with a spinning process beside it, the peer's client behind on its reads). The
+  proxy's good counts on /metrics are its rule applied to its logged requests.
 - The peer's own --goodput equals its goodput rule applied to its per-request results (the harness reads
   the rule right), and the proxy's good count for a TPOT-alone SLO is the peer's within 2 in 80 (the
-  issue's target is 1 in 80; 2x margin on a shared machine): the decode clocks of the two differ by the
-  hop's jitter only, and TPOT averages it out (measured: 0-1 apart). An ITL-alone SLO judges each
-  request's longest gap, which every stall of the peer's own client lengthens: within 6 (measured 0-4).
+  issue's target is 1 in 80; 2x margin on a shared machine), plus the requests the two judge apart whose
+  difference is a stall of the peer's own client: its TPOT x the gaps over the proxy's by more than
+  STALL_MS (a CI run: 76 against 80, which a 1 ms hop cannot make). An ITL-alone SLO judges each
+  request's longest gap, which every stall of the peer's own client lengthens: within 6 (measured 0-4),
+  plus those whose longest gap the peer's stall made STALL_MS longer.
 - TTFT: per request the proxy's interval lies inside the peer's (the peer starts its clock before its client
   library connects and sends; the proxy at the request's first byte on its socket), so each percentile of the
   proxy's is at most the peer's. What lies between is the peer's own client, which no proxy sees: on this
@@ -37,10 +44,11 @@ What must hold, and why it can:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bench.proxy_peer import Pair, Spec, run_pair
+from bench.proxy_peer import Pair, PeerRequest, ProxyRequest, Spec, run_pair
 from procs import free_port, vllm_process
 from setups import VLLM_READY_TIMEOUT_S
 
@@ -56,6 +64,7 @@ ITL_P99_REL = 0.5  # the issue's target is 0.05 (see above: 3 of 7 runs here mis
 # at most this share of the peer's TTFT is its client's, before the proxy's first byte (measured 0.25-0.41)
 CLIENT_SHARE = 0.5
 CLOCK_SLACK_MS = 1.0  # two processes' clocks read the nested intervals; allow for the order of their readings
+STALL_MS = 5.0  # a peer's measure over the proxy's by more: its own client's stall, not the hop
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +99,49 @@ def test_the_peers_own_goodput_is_its_rule_on_its_per_request_results(pair: Pair
         assert run.own_good() == run.good(joint)
 
 
+def test_each_request_the_proxy_logged_the_peer_sent_and_the_proxy_saw_its_tokens_first(pair: Pair) -> None:
+    matched = pair.matched()
+    assert len(matched) == SPEC["num_prompts"], (len(pair.logged), pair.proxied.completed)
+    slack = CLOCK_SLACK_MS / 1000.0
+    for peer, proxy in matched:
+        assert proxy.output_tokens == peer.output_tokens
+        assert proxy.first_token <= peer.first_token + slack and proxy.last_token <= peer.last_token + slack, \
+            (peer, proxy)
+
+
+def test_the_proxys_good_counts_are_its_logged_requests_judged(pair: Pair) -> None:
+    """The exports and the log are the same records: each SLO's good count is its rule on the lines."""
+    for targets in pair.spec.slos().values():
+        measured = [{"ttft": line["ttft"], "tpot": line["tpot"] or 0.0, "itl": line["itl_max"] or 0.0}
+                    for line in pair.logged]
+        good = sum(all(measured[key] <= limit for key, limit in targets.items()) for measured in measured)
+        assert pair.proxy.good(targets) == good, targets
+
+
 @pytest.mark.parametrize("role, tolerance", [("tpot", GOOD_TOLERANCE), ("itl", ITL_GOOD_TOLERANCE)])
 def test_decode_goodput_equals_the_peers(pair: Pair, role: str, tolerance: int) -> None:
     peer, proxy = pair.goodput()[role]
-    judged = pair.proxy.judged(pair.spec.slos()[role])
-    assert judged == SPEC["num_prompts"]
-    assert abs(peer - proxy) <= tolerance, pair.goodput()
+    target = pair.spec.slos()[role][role]
+    assert pair.proxy.judged(pair.spec.slos()[role]) == SPEC["num_prompts"]
+    # Requests the two judge apart because the peer's own client stalled: the peer's measure over the
+    # proxy's, in the stream's time, more than STALL_MS (TPOT x its gaps: what the peer read late at the
+    # last token less at the first; ITL: its longest gap's excess). The hop alone is under a millisecond.
+    apart = [(round(value(p) * 1000.0, 3), round(value(x) * 1000.0, 3), round(excess * 1000.0, 2))
+             for p, x in pair.matched() for value, excess in [_measure(role, p, x)]
+             if (value(p) <= target) != (value(x) <= target)]
+    stalled = [a for a in apart if abs(a[2]) > STALL_MS]
+    evidence = (pair.goodput(), "judged apart (peer ms, proxy ms, the peer's excess ms)", apart)
+    assert len(pair.matched()) == SPEC["num_prompts"]
+    assert len(apart) - len(stalled) <= tolerance, evidence
+    assert abs(peer - proxy) <= tolerance + len(stalled), evidence
+
+
+def _measure(role: str, peer: PeerRequest, proxy: ProxyRequest) -> tuple[Any, float]:
+    """The role's per-request measure (one function for both sides) and the peer's excess over the proxy's,
+    in seconds of the stream."""
+    if role == "tpot":
+        return (lambda r: r.tpot), (peer.tpot - proxy.tpot) * max(1, peer.output_tokens - 1)
+    return (lambda r: r.itl_max), peer.itl_max - proxy.itl_max
 
 
 def test_joint_goodput_against_the_peers_own(pair: Pair) -> None:

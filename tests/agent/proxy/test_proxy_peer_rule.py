@@ -4,9 +4,13 @@ The real-engine test checks it against the peer's own count on a real run."""
 
 from __future__ import annotations
 
+import itertools
+import random
+import time
+
 import pytest
 
-from bench.proxy_peer import PeerRun, Spec, slo_label, slo_spelling
+from bench.proxy_peer import Pair, PeerRun, Spec, least_cost_assignment, slo_label, slo_spelling
 from rooflight.agent.proxy.slo import parse_slo
 
 
@@ -57,3 +61,41 @@ def test_the_proxy_is_given_the_peers_targets_as_the_same_floats() -> None:
 @pytest.mark.parametrize("targets", [{"ttft": 0.15}, {"tpot": 0.0094, "itl": 0.05}])
 def test_labels_match_the_proxys_canonical_spelling(targets: dict[str, float]) -> None:
     assert parse_slo(slo_spelling(targets)).name == slo_label(targets)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 6])
+def test_the_least_cost_assignment_is_the_least_of_every_permutation(n: int) -> None:
+    rng = random.Random(n)
+    for _ in range(60):
+        cost = [[rng.choice([rng.random(), 1e6]) for _ in range(n)] for _ in range(n)]
+        column = least_cost_assignment(cost)
+        assert sorted(column) == list(range(n))
+        best = min(sum(cost[i][p[i]] for i in range(n)) for p in itertools.permutations(range(n)))
+        assert sum(cost[i][column[i]] for i in range(n)) == pytest.approx(best)
+
+
+def _pair(peer: list[tuple[float, float, float]], logged: list[tuple[float, float, float]]) -> Pair:
+    """Peer requests (start, first token, last token) on the monotonic clock and the proxy's lines for them."""
+    offset = time.time() - time.monotonic()
+    result = {"start_times": [s for s, _, _ in peer], "ttfts": [f - s for s, f, _ in peer],
+              "latencies": [e - s for s, _, e in peer], "output_lens": [4] * len(peer), "itls": [[]] * len(peer),
+              "errors": [""] * len(peer), "completed": len(peer)}
+    lines = [{"start": s + offset, "ttft": f - s, "last_token": e - s, "output_tokens": 4, "tpot": None,
+              "itl_max": None} for s, f, e in logged]
+    spec = Spec(model="m", tokenizer="t")
+    return Pair(spec, PeerRun("d", result, 0.0), PeerRun("p", result, 0.0), None, "direct first", lines)  # type: ignore[arg-type]
+
+
+def test_requests_that_reached_the_proxy_out_of_their_start_order_are_paired_by_their_tokens() -> None:
+    # the peer started A, then B 0.05 ms later; B reached the proxy first, and B's tokens came first
+    a, b = (10.0, 10.5, 11.0), (10.00005, 10.3, 10.8)
+    pairs = _pair([a, b], [(10.002, 10.2998, 10.7998), (10.003, 10.4998, 10.9998)]).matched()
+    # each 0.2 ms apart (paired in start order, 0.2 s: the other's), give or take two reads of the clocks' offset
+    assert [(p.first_token - x.first_token, p.last_token - x.last_token) for p, x in pairs] \
+        == [(pytest.approx(0.0002, abs=1e-4), pytest.approx(0.0002, abs=1e-4))] * 2
+
+
+def test_a_line_no_request_could_have_made_leaves_nothing_paired() -> None:
+    # the proxy's line starts after the peer already had its first token: not that request's
+    assert _pair([(10.0, 10.5, 11.0)], [(10.6, 10.7, 10.9)]).matched() == []
+    assert _pair([(10.0, 10.5, 11.0)], []).matched() == []
