@@ -192,7 +192,7 @@ SETTINGS: tuple[Setting, ...] = (
             metavar="N", commands=(PROXY,), env=False, file=False),
     Setting("request_log", "append one JSON line per finished request to this file: its times, tokens and outcome,"
             " never its content (default: off)", metavar="FILE", commands=(PROXY,), env=False, file=False,
-            parse=v.optional_path),
+            parse=v.log_file),
     Setting("upstream_credentials_for_anonymous", "add --upstream's user:password to requests that carry no"
             " Authorization of their own (anyone who reaches --listen is lent them); without it a user:password is"
             " refused", commands=(PROXY,), action="store_true", flag_default=False, env=False, file=False),

@@ -92,6 +92,22 @@ def optional_path(value: Any, what: str) -> str | None:
     return str(value)
 
 
+def log_file(value: Any, what: str) -> str | None:
+    """A file to append to: its directory must exist (checked by --check-only too); the open is the writer's."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise ConfigError(f"{what}: {value!r} is not a file path; write e.g. {what} /var/log/rooflight/requests.jsonl")
+    path = str(value)
+    if os.path.isdir(path):
+        raise ConfigError(f"{what} {path}: is a directory; name a file in it, e.g. {what} "
+                          f"{os.path.join(path, 'requests.jsonl')}")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ConfigError(f"{what} {path}: there is no directory {parent}; create it or choose another")
+    return path
+
+
 GPU_SCOPES = ("own", "all")
 
 

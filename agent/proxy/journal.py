@@ -17,9 +17,10 @@ import collections
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
-from typing import IO, Any
+from typing import Any
 
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy.tracker import RequestRecord
@@ -28,6 +29,7 @@ log = logging.getLogger("rooflight.proxy")
 MAX_PENDING = 20_000  # entries waiting for the writer (20 s of 1,000 requests/s), ~400 bytes each
 WRITE_EVERY_S = 1.0
 WARN_EVERY_S = 60.0
+CLOSE_WITHIN_S = 5.0  # shutdown waits this long for the last write
 
 
 def open_for(path: str | None) -> RequestJournal | None:
@@ -60,18 +62,15 @@ def line(values: tuple[Any, ...], unix_offset: float) -> dict[str, Any]:
 class RequestJournal:
     """Appends each record handed to `add` to `path` as a JSON line; `close` writes what is left."""
 
-    def __init__(self, path: str, every: float = WRITE_EVERY_S, max_pending: int = MAX_PENDING) -> None:
-        try:
-            # unbuffered: a failed write leaves nothing behind to be written twice by the next one
-            self._file: IO[bytes] = open(path, "ab", buffering=0)  # noqa: SIM115 (closed by close())
-        except OSError as exc:
-            raise ConfigError(f"--request-log {path}: cannot write there ({exc.strerror or exc}); choose a file"
-                              " in a directory this user may write") from None
-        self.path, self._every, self._max = path, every, max_pending
+    def __init__(self, path: str, every: float = WRITE_EVERY_S, max_pending: int = MAX_PENDING,
+                 close_within: float = CLOSE_WITHIN_S) -> None:
+        self._fd = _open(path)
+        self.path, self._every, self._max, self._close_within = path, every, max_pending, close_within
         self._pending: collections.deque[tuple[Any, ...]] = collections.deque()
         self.written = 0
         self.dropped = 0  # by add() (the relay's thread), past max_pending
-        self.failed = 0  # by the writer, a batch whose write failed
+        self.failed = 0  # by the writer: lines a failed write did not put in the file whole
+        self._torn = False  # a failed write left a part of a line: the next write ends it first
         self._lost_told, self._told_at = 0, float("-inf")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rooflight-proxy-request-log", daemon=True)
@@ -86,18 +85,29 @@ class RequestJournal:
         if len(self._pending) >= self._max:
             self._pending.popleft()
             self.dropped += 1
+            self._tell(f"more than {self._max} waited to be written")  # the writer is stuck: say so from here
         self._pending.append(entry(record))
 
     def close(self) -> None:
+        """Write what is left, on the writer's thread, for at most `close_within` seconds: a file that blocks (a
+        FIFO nobody reads, a stalled mount) must not hold the proxy's shutdown; what it kept back is logged."""
         self._stop.set()
-        self._thread.join(timeout=10.0)
-        self._write()
+        self._thread.join(timeout=self._close_within)
+        unwritten = len(self._pending)
+        if self._thread.is_alive():
+            log.warning("proxy: --request-log %s: still blocked after %.0f s at shutdown; %d request(s) not"
+                        " logged (%d before)", self.path, self._close_within, unwritten + self.lost, self.lost)
+            return  # the thread is stuck in a write: the descriptor stays open under it
         with contextlib.suppress(OSError):
-            self._file.close()
+            os.close(self._fd)
+        if self.lost:
+            log.warning("proxy: --request-log %s: %d request(s) not logged in all, %d logged", self.path,
+                        self.lost, self.written)
 
     def _run(self) -> None:
         while not self._stop.wait(self._every):
             self._write()
+        self._write()  # the last: close() waits for it
 
     def _write(self) -> None:
         batch: list[tuple[Any, ...]] = []
@@ -107,22 +117,60 @@ class RequestJournal:
                 batch.append(take())
         except IndexError:
             pass
-        why = f"more than {self._max} waited to be written"
-        if batch:
-            offset = time.time() - time.monotonic()  # the records' clock is time.monotonic (agent/proxy/server.py)
-            data = memoryview("".join(json.dumps(line(r, offset), separators=(",", ":")) + "\n"
-                                      for r in batch).encode())
-            try:
-                while data:
-                    wrote = self._file.write(data)
-                    if not wrote:
-                        raise OSError("the file took no bytes")
-                    data = data[wrote:]
-                self.written += len(batch)
-            except (OSError, ValueError) as exc:  # a full disk, a file closed under us
-                self.failed += len(batch)
-                why = f"{type(exc).__name__}: {exc}"
-        if self.lost > self._lost_told and time.monotonic() - self._told_at >= WARN_EVERY_S:
+        if not batch:
+            return
+        offset = time.time() - time.monotonic()  # the records' clock is time.monotonic (agent/proxy/server.py)
+        lines = [(json.dumps(line(r, offset), separators=(",", ":")) + "\n").encode() for r in batch]
+        prefix = b"\n" if self._torn else b""
+        data = memoryview(prefix + b"".join(lines))
+        done = 0
+        try:
+            while done < len(data):
+                wrote = os.write(self._fd, data[done:])
+                if not wrote:
+                    raise OSError("the file took no bytes")
+                done += wrote
+        except OSError as exc:  # a full disk, a file size limit
+            whole = 0
+            if done:  # some of it reached the file: the lines in it whole are written, a part of one is not
+                body = done - len(prefix)
+                whole = _whole_lines(lines, body)
+                self._torn = body != sum(map(len, lines[:whole]))
+            self.written += whole
+            self.failed += len(lines) - whole
+            self._tell(f"{type(exc).__name__}: {exc}")
+            return
+        self._torn = False
+        self.written += len(lines)
+
+    def _tell(self, why: str) -> None:
+        """Log the count lost so far, at most once every WARN_EVERY_S."""
+        now = time.monotonic()
+        if self.lost > self._lost_told and now - self._told_at >= WARN_EVERY_S:
+            self._told_at, self._lost_told = now, self.lost
             log.warning("proxy: --request-log %s: %d request(s) not logged so far (the latest: %s)", self.path,
                         self.lost, why)
-            self._told_at, self._lost_told = time.monotonic(), self.lost
+
+
+def _whole_lines(lines: list[bytes], done: int) -> int:
+    """How many of `lines`, written one after another, lie whole in the first `done` bytes."""
+    whole = 0
+    for one in lines:
+        done -= len(one)
+        if done < 0:
+            break
+        whole += 1
+    return whole
+
+
+def _open(path: str) -> int:
+    """The file, opened to append (O_APPEND: logrotate's copytruncate moves the end under us safely), or
+    ConfigError. O_NONBLOCK for the open only: a FIFO nobody reads fails at once (ENXIO) where it blocked the
+    start; the writes then block as a file's do (on the journal's thread)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise ConfigError(f"--request-log {path}: cannot write there ({exc.strerror or exc}); choose a file in a"
+                          " directory this user may write") from None
+    os.set_blocking(fd, True)
+    return fd

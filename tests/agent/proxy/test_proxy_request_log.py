@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -102,13 +103,16 @@ async def test_each_request_is_a_line_with_the_times_it_was_judged_by(tmp_path: 
     assert _judged(metrics) == 6 and _good(metrics) == sum(line["tpot"] <= GAP * 2 for line in lines)
 
 
-def test_a_log_the_proxy_cannot_write_exits_2_saying_what_to_fix(tmp_path: Path) -> None:
-    missing = tmp_path / "no-such-dir" / "requests.jsonl"
+def test_a_log_the_proxy_cannot_open_exits_2_saying_what_to_fix(tmp_path: Path) -> None:
+    """A FIFO nobody reads passes the flag's check (its directory exists) and fails the open, at start: not a
+    start that waits on it forever (opening a FIFO to write blocks until a reader comes)."""
+    fifo = tmp_path / "requests.fifo"
+    os.mkfifo(fifo)
     done = subprocess.run([sys.executable, "-m", "rooflight.agent.proxy.cli", "--upstream", "http://127.0.0.1:9",
                            "--listen", f"127.0.0.1:{free_port()}", "--metrics-listen", f"127.0.0.1:{free_port()}",
-                           "--request-log", str(missing)], capture_output=True, text=True, timeout=60)
+                           "--request-log", str(fifo)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
-    assert f"--request-log {missing}: cannot write there (No such file or directory)" in done.stderr
+    assert f"--request-log {fifo}: cannot write there (No such device or address)" in done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -175,3 +179,76 @@ def test_a_request_waiting_to_be_logged_holds_its_fields_not_its_gaps(tmp_path: 
     assert held / 200 < 1024, f"{held / 200:.0f} bytes a waiting request"
     lines = (tmp_path / "requests.jsonl").read_text().splitlines()
     assert len(lines) == 200 and json.loads(lines[0])["itl_max"] == 0.01
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ("{tmp}/no-such-dir/requests.jsonl", "there is no directory {tmp}/no-such-dir; create it or choose another"),
+    ("{tmp}", "{tmp}: is a directory; name a file in it, e.g. --request-log {tmp}/requests.jsonl"),
+    ("  ", "--request-log: '  ' is not a file path; write e.g. --request-log /var/log/rooflight/requests.jsonl"),
+])
+def test_check_only_refuses_a_log_path_that_cannot_be_a_file(tmp_path: Path, given: str, says: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "rooflight.agent.proxy.cli", "--upstream", "http://127.0.0.1:9",
+                           "--request-log", given.format(tmp=tmp_path), "--check-only"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and says.format(tmp=tmp_path) in done.stderr, done.stderr
+
+
+def test_a_log_that_blocks_holds_shutdown_no_longer_than_its_limit(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A FIFO whose reader never reads (a stalled collector, a hung mount): the writer blocks once the pipe
+    is full; close() gives up after close_within and says how many were not logged."""
+    fifo = tmp_path / "requests.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        journal = RequestJournal(str(fifo), every=0.05, close_within=0.5)
+        for i in range(2000):  # ~600 kB of lines: ten times a pipe's buffer
+            journal.add(_record(i))
+        for _ in range(200):  # the writer's first turn, now blocked in its write
+            if not journal._pending:
+                break
+            time.sleep(0.05)
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="rooflight.proxy"):
+            journal.close()
+        assert time.monotonic() - started < 5.0  # 0.5 s asked; 10x for a busy machine
+        assert "still blocked after 0 s at shutdown" in caplog.text or "still blocked after 1 s" in caplog.text
+    finally:
+        os.close(reader)  # the writer's write fails (EPIPE) and its thread ends
+
+
+def test_a_write_cut_short_leaves_whole_lines_and_counts_what_it_cut(tmp_path: Path) -> None:
+    """A file size limit reached mid-batch (as a full disk would): the lines written whole are counted as
+    written, the cut one and the rest as failed, and the next write ends the cut line before its own."""
+    path = tmp_path / "requests.jsonl"
+    script = f"""
+import resource, json
+from rooflight.agent.proxy.journal import RequestJournal
+from rooflight.agent.proxy.tracker import COMPLETE, RequestRecord
+def record(i):
+    return RequestRecord(route="completions", tenant=None, start=float(i), end=i + 1.0, status=200, outcome=COMPLETE,
+                         stream=True, finish_reason="length", ttft=0.25, prompt_tokens=3, output_tokens=4,
+                         counted_by="usage", last_token=i + 0.85)
+journal = RequestJournal({str(path)!r}, every=3600.0)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))  # SIGXFSZ: ignored by Python
+for i in range(10):
+    journal.add(record(i))
+journal._write()
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+for i in range(10, 12):
+    journal.add(record(i))
+journal.close()
+print(json.dumps([journal.written, journal.failed]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    written, failed = json.loads(done.stdout)
+    assert written + failed == 12 and 0 < failed < 10
+    parsed, torn = [], []
+    for text in path.read_text().splitlines():
+        try:
+            parsed.append(json.loads(text))
+        except json.JSONDecodeError:
+            torn.append(text)
+    assert len(parsed) == written and len(torn) == 1  # the cut line alone, ended by the next write
+    assert path.stat().st_size > 1000  # the size limit was reached (the test cut what it meant to)
