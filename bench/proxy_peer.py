@@ -42,7 +42,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -377,14 +377,38 @@ class ProxyFigures:
 
 def settled(metrics: str, before: Samples, completed: int) -> ProxyFigures:
     """The proxy's figures once its snapshot (refreshed every second, counts and windows together) holds the
-    peer's every completed request: a stall of the host's can hold a refresh past PROXY_REFRESH_S. At most
-    SETTLE_S more, then as they are (the counts' checks say what is missing)."""
+    peer's every completed request: a stall of the host's can hold a refresh past PROXY_REFRESH_S."""
+    return ProxyFigures(before, counted(metrics, lambda page: ProxyFigures(before, page).requests, completed))
+
+
+def counted(metrics: str, count: Callable[[Samples], float], n: int) -> Samples:
+    """The page once `count` of it reaches n: at most SETTLE_S, then as it is (the counts' checks say what is
+    missing)."""
     deadline = time.monotonic() + SETTLE_S
     while True:
-        figures = ProxyFigures(before, parse(http_text(metrics)))
-        if figures.requests >= completed or time.monotonic() > deadline:
-            return figures
+        page = parse(http_text(metrics))
+        if count(page) >= n or time.monotonic() > deadline:
+            return page
         time.sleep(0.2)
+
+
+@dataclass(frozen=True)
+class EngineTTFT:
+    """vLLM's own TTFT histogram over the proxied run: its count and sum. vLLM's clock starts when its server
+    has parsed the request and stops when its output processor has the first token: inside the proxy's
+    interval, which starts at the request's first byte on the proxy's socket and ends when the token's
+    bytes reach it."""
+
+    count: int
+    sum: float
+
+    @classmethod
+    def over(cls, engine_metrics: str, before: Samples, completed: int) -> EngineTTFT:
+        name = "vllm:time_to_first_token_seconds"
+        after = counted(engine_metrics, lambda page: total(page, name + "_count") - total(before, name + "_count"),
+                        completed)
+        return cls(int(total(after, name + "_count") - total(before, name + "_count")),
+                   total(after, name + "_sum") - total(before, name + "_sum"))
 
 
 # -- one pair and its comparison -----------------------------------------------------------------------------
@@ -397,6 +421,7 @@ class Pair:
     proxy: ProxyFigures
     order: str  # "direct first" or "proxied first"
     logged: list[dict[str, Any]]  # the proxy's request log: a line per completion of the proxied run
+    engine_ttft: EngineTTFT | None = None  # vLLM's own, over the proxied run
 
     def matched(self, slack: float = 0.001) -> list[tuple[PeerRequest, ProxyRequest]]:
         """Each of the peer's requests with the proxy's line for it; [] when no such pairing exists.
@@ -451,6 +476,8 @@ class Pair:
         return {"order": self.order, "counts": self.counts(), "goodput": self.goodput(),
                 "percentiles_ms": {k: [round(a, 3), round(b, 3)] for k, (a, b) in self.percentiles().items()},
                 "added_ms": {k: round(v, 3) for k, v in self.added().items()},
+                "ttft_sum_s (vLLM's, the proxy's)": None if self.engine_ttft is None else [
+                    round(self.engine_ttft.sum, 3), round(sum(line["ttft"] for line in self.logged), 3)],
                 "direct_completed": self.direct.completed, "wall_s": [round(self.direct.wall_s, 1),
                                                                        round(self.proxied.wall_s, 1)]}
 
@@ -468,10 +495,11 @@ def run_pair(engine: str, vllm_python: str, spec: Spec, workdir: Path, index: in
     def proxied() -> None:
         proxy.start()
         try:
-            before = parse(http_text(proxy.metrics))
+            before, engine_before = parse(http_text(proxy.metrics)), parse(http_text(engine + "/metrics"))
             runs["proxied"] = run_peer(vllm_python, proxy.url, spec, f"proxied-{index}", workdir)
             time.sleep(PROXY_REFRESH_S)
             runs["figures"] = settled(proxy.metrics, before, runs["proxied"].completed)
+            runs["engine"] = EngineTTFT.over(engine + "/metrics", engine_before, runs["proxied"].completed)
         finally:
             proxy.stop()  # SIGTERM: its request log is written whole
         runs["logged"] = [json.loads(line) for line in proxy.request_log.read_text().splitlines()]
@@ -481,7 +509,7 @@ def run_pair(engine: str, vllm_python: str, spec: Spec, workdir: Path, index: in
         step()
     return Pair(spec, runs["direct"], runs["proxied"], runs["figures"],
                 "direct first" if index % 2 == 0 else "proxied first",
-                [line for line in runs["logged"] if line["route"] == "completions"])
+                [line for line in runs["logged"] if line["route"] == "completions"], runs["engine"])
 
 
 def main(argv: list[str] | None = None) -> int:

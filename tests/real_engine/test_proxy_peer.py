@@ -27,10 +27,14 @@ What must hold, and why it can:
   proxy's is at most the peer's. What lies between is the peer's own client, which no proxy sees: on this
   loaded 2-core box, with the first-byte clock, p50 12.0 ms against the peer's 20.4, p99 77 against 103 (the
   old clock, which started after the request was read, read 2-22 ms low at p50). The issue's 1 ms at p50 is
-  not met here; the test holds the nesting and that the proxy sees at least half of the peer's TTFT
-  (CLIENT_SHARE) at p50; at p99 only the nesting: a p99 of 80 requests is their two longest, and one stall of the
-  peer's own client (a Python process parsing every chunk, on the loaded 2-core machine) is all of it (a CI run
-  here: the peer's p99 201.6 ms, the proxy's 68.1, p50 20.2 and 17.0). So the joint goodput (TTFT and TPOT)
+  not met here: the peer's own client starts its clock before it sends (the proxy had the request 1.6-1.7 ms
+  after at the median on a quiet machine, 94 ms with a process spinning beside it, where the proxy saw 0.57
+  of the peer's TTFT at p50). So the test holds the nesting at p50 and p99 (a p99 of 80 requests is their two
+  longest, and one stall of the peer's own client is all of it: a CI run here, the peer's p99 201.6 ms, the
+  proxy's 68.1), and from below, vLLM's own TTFT inside the proxy's (their sums over the run: vLLM's clock
+  starts once its server has parsed the request, after the proxy relayed it; 0.88 s against 1.39 over 80
+  requests on a quiet machine, 6.3 ms a request between them; 1.94 against 25.5 with two processes spinning
+  beside the test, vLLM's server under nice). So the joint goodput (TTFT and TPOT)
   can read high by the requests the peer failed on TTFT alone (measured 0-8 in 80 with the old clock, 0 and 4
   with the first-byte clock): it is held between the peer's joint count and its TPOT-alone count, 2 in 80 either
   side.
@@ -61,8 +65,6 @@ GOOD_TOLERANCE = 2  # requests in 80: the issue's 1, with a 2x margin
 ITL_GOOD_TOLERANCE = 6  # the longest gap per request sees the peer's client stalls (measured 0-4 apart)
 ITL_P50_MS = 1.0
 ITL_P99_REL = 0.5  # the issue's target is 0.05 (see above: 3 of 7 runs here missed it, by 6%, 21%, 24%)
-# at most this share of the peer's TTFT is its client's, before the proxy's first byte (measured 0.25-0.41)
-CLIENT_SHARE = 0.5
 CLOCK_SLACK_MS = 1.0  # two processes' clocks read the nested intervals; allow for the order of their readings
 STALL_MS = 5.0  # a peer's measure over the proxy's by more: its own client's stall, not the hop
 
@@ -162,8 +164,17 @@ def test_ttft_lies_inside_the_peers(pair: Pair, q: str) -> None:
     evidence = {"percentiles": pair.percentiles(), "peer_top_ttft_ms": [round(t, 2) for t in top],
                 "proxy_ttft_buckets": sorted(hist, key=lambda b: float(b[0])), "counts": pair.counts()}
     assert 0 < proxy <= peer + CLOCK_SLACK_MS, evidence
-    if q == "50":  # a p99 is the peer's two longest of 80, where one stall of its own client is all of the tail
-        assert peer - proxy <= CLIENT_SHARE * peer, evidence
+
+
+def test_ttft_holds_the_engines_own(pair: Pair) -> None:
+    """From below: per request the proxy's TTFT holds vLLM's (its clock starts when its server has parsed the
+    request, after the proxy read and relayed it; it stops before the token's bytes leave for the proxy), so
+    the sums nest. A proxy clock that started late (once the request was read, not at its first byte) would
+    read under vLLM's by what the hop takes."""
+    engine = pair.engine_ttft
+    proxy = sum(line["ttft"] for line in pair.logged)
+    assert engine is not None and engine.count == SPEC["num_prompts"], engine
+    assert engine.sum <= proxy, (engine, proxy, pair.percentiles())
 
 
 def test_itl_percentiles_equal_the_peers(pair: Pair) -> None:
