@@ -71,6 +71,7 @@ class RequestJournal:
         self.dropped = 0  # by add() (the relay's thread), past max_pending
         self.failed = 0  # by the writer: lines a failed write did not put in the file whole
         self._torn = False  # a failed write left a part of a line: the next write ends it first
+        self._writing = 0  # the lines of the write under way (a blocked one holds them)
         self._lost_told, self._told_at = 0, float("-inf")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rooflight-proxy-request-log", daemon=True)
@@ -93,7 +94,7 @@ class RequestJournal:
         FIFO nobody reads, a stalled mount) must not hold the proxy's shutdown; what it kept back is logged."""
         self._stop.set()
         self._thread.join(timeout=self._close_within)
-        unwritten = len(self._pending)
+        unwritten = len(self._pending) + self._writing
         if self._thread.is_alive():
             log.warning("proxy: --request-log %s: still blocked after %.0f s at shutdown; %d request(s) not"
                         " logged (%d before)", self.path, self._close_within, unwritten + self.lost, self.lost)
@@ -123,7 +124,7 @@ class RequestJournal:
         lines = [(json.dumps(line(r, offset), separators=(",", ":")) + "\n").encode() for r in batch]
         prefix = b"\n" if self._torn else b""
         data = memoryview(prefix + b"".join(lines))
-        done = 0
+        done, self._writing = 0, len(lines)
         try:
             while done < len(data):
                 wrote = os.write(self._fd, data[done:])
@@ -138,9 +139,10 @@ class RequestJournal:
                 self._torn = body != sum(map(len, lines[:whole]))
             self.written += whole
             self.failed += len(lines) - whole
+            self._writing = 0
             self._tell(f"{type(exc).__name__}: {exc}")
             return
-        self._torn = False
+        self._torn, self._writing = False, 0
         self.written += len(lines)
 
     def _tell(self, why: str) -> None:
