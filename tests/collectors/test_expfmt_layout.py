@@ -37,6 +37,11 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(expfmt, name, value)
 
 
+# Every test here starts with the caches as at start (a series cache the tests before it filled nearly full turns
+# a page's lines away, and no layout is ever remembered for it).
+pytestmark = pytest.mark.usefixtures("fresh")
+
+
 def found_spy(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[bool]:
     """owner.name spied on: whether each call found something (returned other than None)."""
     found: list[bool] = []
