@@ -10,6 +10,8 @@ import subprocess
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
+import aiohttp
+
 from support import rooflight_exe
 
 
@@ -60,3 +62,16 @@ async def async_child(*argv: str, env: dict[str, str] | None = None) -> AsyncIte
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def wait_healthy(session: aiohttp.ClientSession, url: str) -> None:
+    """Until `url` answers 200: a child that spawns, imports and binds (up to 60 s on a busy machine)."""
+    for _ in range(1200):  # proxy workers are up in ~3 s here
+        try:
+            async with session.get(url) as r:
+                if r.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{url} never answered")

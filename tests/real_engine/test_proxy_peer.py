@@ -114,9 +114,9 @@ def test_each_request_the_proxy_logged_the_peer_sent_and_the_proxy_saw_its_token
 def test_the_proxys_good_counts_are_its_logged_requests_judged(pair: Pair) -> None:
     """The exports and the log are the same records: each SLO's good count is its rule on the lines."""
     for targets in pair.spec.slos().values():
-        measured = [{"ttft": line["ttft"], "tpot": line["tpot"] or 0.0, "itl": line["itl_max"] or 0.0}
+        requests = [{"ttft": line["ttft"], "tpot": line["tpot"] or 0.0, "itl": line["itl_max"] or 0.0}
                     for line in pair.logged]
-        good = sum(all(measured[key] <= limit for key, limit in targets.items()) for measured in measured)
+        good = sum(all(request[key] <= limit for key, limit in targets.items()) for request in requests)
         assert pair.proxy.good(targets) == good, targets
 
 

@@ -18,7 +18,7 @@ from fake_upstream import FakeUpstream, Script
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy import cli
 from rooflight.agent.proxy.catalog import DEFAULT_BUCKETS
-from demo_procs import async_child
+from demo_procs import async_child, wait_healthy
 from support import ROOT, free_port
 
 
@@ -143,13 +143,7 @@ async def test_the_command_serves_until_sigterm() -> None:
                 "--metrics-listen", f"127.0.0.1:{metrics_port}", "--slo", "ttft=1,tpot=0.5", "--log-level", "warning",
         ) as proc:
             async with aiohttp.ClientSession() as session:
-                for _ in range(200):  # the child imports and binds: up to ~10 s on a busy machine
-                    try:
-                        async with session.get(f"http://127.0.0.1:{metrics_port}/-/healthy") as r:
-                            if r.status == 200:
-                                break
-                    except aiohttp.ClientError:
-                        await asyncio.sleep(0.05)
+                await wait_healthy(session, f"http://127.0.0.1:{metrics_port}/-/healthy")
                 body = json.dumps({"model": "m", "stream": True}).encode()
                 async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions", data=body) as r:
                     assert r.status == 200 and (await r.read()).endswith(b"data: [DONE]\n\n")

@@ -19,7 +19,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from demo_procs import async_child
+from demo_procs import async_child, wait_healthy
 from fake_upstream import FakeUpstream, Script
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy import catalog as c
@@ -39,18 +39,6 @@ def totals(text: str) -> dict[str, float]:
         for s in family.samples:
             out[s.name] = out.get(s.name, 0.0) + s.value
     return out
-
-
-async def wait_healthy(session: aiohttp.ClientSession, url: str) -> None:
-    for _ in range(1200):  # the workers are spawned, import and bind: ~3 s here, 60 s allowed on a busy machine
-        try:
-            async with session.get(url) as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{url} never answered")
 
 
 async def one(port: int) -> bytes:
