@@ -228,15 +228,18 @@ _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 # Name-and-labels text -> (name, labels) for lines the fast path parsed. An engine's series keep
 # their label sets from one scrape to the next, so after the first scrape a sample line costs a
 # dict lookup and a float(); bounded in entries and in key characters so label churn cannot grow it.
-# Once full it takes nothing more; a parse that met more new lines than half of what it holds starts
-# the next one afresh (the label sets moved on). Clearing in the middle of a page would only churn
-# memory on a page it cannot hold anyway, and a page a little larger than the cache still mostly hits.
+# Once full it takes nothing more; once the new lines it turned away, counted over the parses since it was last
+# emptied, are more than half of what it holds, the next parse starts it afresh: the label sets moved on, or the
+# targets' series outgrew it (64 vLLM targets read ~8,500 series: counted parse by parse, the ~130 lines of the
+# three pages that did not fit were never enough, and those pages were read line by line at every scrape). Pages
+# read by their layout never look it up, so after one emptying the pages still read line by line get in. Clearing
+# in the middle of a page would only churn memory on a page it cannot hold anyway.
 # Only lines without an over-long label value are kept: an entry reads the same with and without Bounds.
 _SERIES: dict[str, tuple[str, dict[str, str]]] = {}
 _SERIES_MAX = 8192  # vLLM reads 67 samples per (model, rank): a page of 100 series fits
 _SERIES_CHARS_MAX = 1024 * 1024
 _series_chars = 0
-_series_turned_away = 0  # new lines the cache had no room for, since the last parse began
+_series_turned_away = 0  # new lines the cache had no room for, since it was last emptied
 
 
 def _may_be_remembered(end: int) -> bool:
@@ -257,12 +260,12 @@ def _remember(line: str, end: int, name: str, labels: dict[str, str]) -> None:
 
 
 def _fresh_series_cache() -> None:
-    """At the start of a parse: empty the cache if the last one met many lines it had no room for."""
+    """At the start of a parse: empty the cache once the lines it had no room for outnumber half of what it holds."""
     global _series_chars, _series_turned_away
     if _series_turned_away > len(_SERIES) // 2:
         _SERIES.clear()
         _series_chars = 0
-    _series_turned_away = 0
+        _series_turned_away = 0
 
 
 def _cut(labels: dict[str, str], tally: list[int] | None) -> bool:

@@ -33,7 +33,8 @@ def _with_values(text: str, values: list[str]) -> str:
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """No series and no layout known yet (the module's caches as at start; put back after the test)."""
-    for name, value in (("_SERIES", {}), ("_series_chars", 0), ("_LAYOUTS", {}), ("_layout_bytes", 0)):
+    for name, value in (("_SERIES", {}), ("_series_chars", 0), ("_series_turned_away", 0), ("_LAYOUTS", {}),
+                        ("_layout_bytes", 0)):
         monkeypatch.setattr(expfmt, name, value)
 
 
@@ -141,6 +142,28 @@ def test_the_layouts_held_stay_within_their_bound(fresh: None, monkeypatch: pyte
         latest = tuple(key for block in expfmt._found(*finders[:2], page) for key, _, _ in block)
         assert latest in expfmt._LAYOUTS  # the latest page's
     assert cleared >= 2
+
+
+def test_targets_whose_series_outgrow_the_series_cache_are_each_read_as_before(
+        fresh: None, monkeypatch: pytest.MonkeyPatch, as_before: list[bool]) -> None:
+    """Targets read in turn, their series a little more than the series cache holds (64 vLLM targets: ~8,500 for
+    8,192): the pages whose lines did not fit are soon read as before too, not line by line at every scrape."""
+    targets = [VLLM_PAGE.replace('model_name="', f'model_name="t{n}-') for n in range(8)]
+    expfmt.select(targets[0], vllm.NAMES, prefixes=("vllm:",))
+    per_page = len(expfmt._SERIES)
+    monkeypatch.setattr(expfmt, "_SERIES_MAX", per_page * len(targets) - per_page // 2)  # 7.5 pages' series
+    expfmt._SERIES.clear()
+    as_before.clear()
+    rounds, emptied, held = 16, 0, 0  # half a page turned away a round: half the cache's worth after ~8
+    for _ in range(rounds):
+        for page in targets:
+            expfmt.select(page, vllm.NAMES, prefixes=("vllm:",))
+            emptied += len(expfmt._SERIES) < held
+            held = len(expfmt._SERIES)
+            assert held <= expfmt._SERIES_MAX
+    last_rounds = as_before[-4 * len(targets):]
+    assert last_rounds == [True] * len(last_rounds), last_rounds
+    assert emptied == 1  # once: the pages read by their layout never filled it again
 
 
 def _labels(count: int, value: str) -> str:
