@@ -32,6 +32,7 @@ ACCOUNTING_ERRORS = "rooflight_client_accounting_errors_total"
 OVER_BUDGET = "rooflight_client_accounting_over_budget_total"
 REFUSED = "rooflight_client_connections_refused_total"
 BAD_REQUESTS = "rooflight_client_bad_requests_total"
+REQUEST_LOG_LOST = "rooflight_client_request_log_lost_total"
 
 # Histogram key (as --buckets spells it) -> exported name, and the SLO key whose targets become edges.
 HISTOGRAMS = {"ttft": TTFT_HISTOGRAM, "itl": ITL_HISTOGRAM, "tpot": TPOT_HISTOGRAM, "e2e": E2E_HISTOGRAM}
@@ -101,6 +102,8 @@ CATALOG: tuple[MetricDef, ...] = (
        "body that paused longer than --read-body-timeout)."),
     counter(BAD_REQUESTS, BY_REASON, "", "Requests answered 400 without reaching the upstream: malformed "
        "(not valid HTTP), target (not a path), unsendable (a target or header the proxy cannot send on)."),
+    counter(REQUEST_LOG_LOST, TARGET, "", "Finished requests --request-log did not write: past 20,000 waiting for a "
+       "file that blocks, or in a write that failed (a full disk). Exported only with --request-log."),
 )
 
 BY_NAME = {d.name: d for d in CATALOG}

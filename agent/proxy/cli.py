@@ -69,6 +69,7 @@ async def run(config: pc.ProxyConfig) -> None:
 
 
 async def _serve(server: Any) -> None:
+    from rooflight.agent.proxy.journal import reopen_on_hangup
     from rooflight.agent.proxy.limits import quiet_accept_errors
     from rooflight.agent.proxy.server import serve_metrics
     from rooflight.agent.proxy.thread import ProxyThread
@@ -81,6 +82,7 @@ async def _serve(server: Any) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    reopen_on_hangup(loop, server.journal)
     try:
         await proxy.start(serve_metrics=False)
     except OSError as exc:

@@ -7,17 +7,19 @@ times, token counts and outcomes, never a prompt, a completion, a header or a te
 Off the relay's path: the relay hands a finished request's fields over (a tuple appended to a deque) and a
 thread of the journal's own turns them into lines and writes them, once a second and at the end. Bounded:
 past MAX_PENDING unwritten requests (a disk that stalls: ~8 MB of them) the oldest are dropped, and a write
-that fails drops its batch; either is logged, at most once a minute, with how many were lost. The proxy
-never waits for the disk.
+that fails drops its batch; either is logged, at most once a minute, with how many were lost, and counted
+(rooflight_client_request_log_lost_total). The proxy never waits for the disk. SIGHUP reopens the path.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from typing import Any
@@ -35,6 +37,14 @@ CLOSE_WITHIN_S = 5.0  # shutdown waits this long for the last write
 def open_for(path: str | None) -> RequestJournal | None:
     """--request-log's journal, None without one; ConfigError (exit 2) when the file cannot be opened."""
     return None if path is None else RequestJournal(path)
+
+
+def reopen_on_hangup(loop: asyncio.AbstractEventLoop, journal: RequestJournal | None) -> None:
+    """SIGHUP reopens the log (logrotate's `create`, or a `postrotate` that signals); without a log SIGHUP keeps
+    its default."""
+    if journal is not None:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGHUP, journal.reopen)
 
 
 FIELDS = ("start", "route", "stream", "status", "outcome", "finish_reason", "upstream_error", "ttft", "last_token",
@@ -72,6 +82,7 @@ class RequestJournal:
         self.failed = 0  # by the writer: lines a failed write did not put in the file whole
         self._torn = False  # a failed write left a part of a line: the next write ends it first
         self._writing = 0  # the lines of the write under way (a blocked one holds them)
+        self._reopen = False  # reopen() asked: the writer opens the path anew before its next write
         self._lost_told, self._told_at = 0, float("-inf")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rooflight-proxy-request-log", daemon=True)
@@ -88,6 +99,11 @@ class RequestJournal:
             self.dropped += 1
             self._tell(f"more than {self._max} waited to be written")  # the writer is stuck: say so from here
         self._pending.append(entry(record))
+
+    def reopen(self) -> None:
+        """On SIGHUP: the path is opened anew within a second (logrotate's `create` moved the file away), on the
+        writer's thread, which alone writes to the descriptor."""
+        self._reopen = True
 
     def close(self) -> None:
         """Write what is left, on the writer's thread, for at most `close_within` seconds: a file that blocks (a
@@ -111,6 +127,9 @@ class RequestJournal:
         self._write()  # the last: close() waits for it
 
     def _write(self) -> None:
+        if self._reopen:
+            self._reopen = False
+            self._open_anew()
         batch: list[tuple[Any, ...]] = []
         take = self._pending.popleft
         try:
@@ -144,6 +163,17 @@ class RequestJournal:
             return
         self._torn, self._writing = False, 0
         self.written += len(lines)
+
+    def _open_anew(self) -> None:
+        """The path opened again; where it cannot be, the file open before is kept, and that is logged."""
+        try:
+            fd = _open(self.path)
+        except ConfigError as exc:
+            log.warning("proxy: --request-log: not reopened on SIGHUP, still writing the file opened before: %s", exc)
+            return
+        old, self._fd, self._torn = self._fd, fd, False  # a part of a line left in the old file stays there
+        os.close(old)
+        log.info("proxy: --request-log %s: reopened", self.path)
 
     def _tell(self, why: str) -> None:
         """Log the count lost so far, at most once every WARN_EVERY_S."""

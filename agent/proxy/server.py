@@ -200,6 +200,8 @@ class ProxyServer:
         (self.stats.refused if kind == "refused" else self.stats.bad_requests)[reason] += 1
 
     def refresh_now(self) -> ClientSnapshot:
+        if self.journal is not None:
+            self.stats.request_log_lost = self.journal.lost
         try:
             self.snapshot = self.stats.snapshot(self._now())
         except Exception:  # accounting must never take the proxy down

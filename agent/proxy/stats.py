@@ -106,6 +106,7 @@ class ClientStats:
         self.over_budget = 0  # answers relayed unaccounted: the accounting's memory budget was spent
         self.refused: Counter[str] = Counter()  # connections refused on the proxy's port, by reason
         self.bad_requests: Counter[str] = Counter()  # requests answered 400, by reason
+        self.request_log_lost: int | None = None  # --request-log's lines lost; None without one
         self._histograms: dict[tuple[str, str], _Histogram] = {}
         self._exact = {key: ExactWindows(config.windows) for key in ("ttft", "tpot", "e2e")}
         self._gaps = GapSketch(config.windows)
@@ -192,6 +193,8 @@ class ClientStats:
         counters.append((c.OVER_BUDGET, (target,), float(self.over_budget)))
         counters += [(c.REFUSED, (target, k), float(v)) for k, v in sorted(self.refused.items())]
         counters += [(c.BAD_REQUESTS, (target, k), float(v)) for k, v in sorted(self.bad_requests.items())]
+        if self.request_log_lost is not None:
+            counters.append((c.REQUEST_LOG_LOST, (target,), float(self.request_log_lost)))
         gauges: list[tuple[str, Labels, float]] = [(c.IN_FLIGHT, (target,), float(self.in_flight))]
         gauges += self._percentile_gauges(now)
         gauges += self._goodput_gauges(now)

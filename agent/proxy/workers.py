@@ -81,6 +81,8 @@ async def _worker(config: ProxyConfig, pipe: Connection) -> None:
     loop, stop = asyncio.get_running_loop(), asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if config.request_log is not None:  # the parent reopens it: a SIGHUP to the process group must not end a worker
+        loop.add_signal_handler(signal.SIGHUP, lambda: None)
     loop.add_reader(pipe.fileno(), stop.set)  # the parent went away (its end closed)
 
     # The pipe is written by a thread of its own: a parent busy rendering /metrics never holds the relay up.
@@ -327,6 +329,7 @@ async def run(config: ProxyConfig, n: int) -> int:
 
 
 async def _serve(server: Any, n: int) -> int:
+    from rooflight.agent.proxy.journal import reopen_on_hangup
     from rooflight.agent.proxy.limits import quiet_accept_errors
     from rooflight.agent.proxy.server import serve_metrics
 
@@ -338,6 +341,7 @@ async def _serve(server: Any, n: int) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    reopen_on_hangup(loop, server.journal)
     try:
         await workers.start()
     except OSError as exc:

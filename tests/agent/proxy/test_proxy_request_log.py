@@ -7,6 +7,7 @@ first token and gaps are known; the journal alone for what a disk does wrong (a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -15,8 +16,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import AsyncIterator, Callable
 
 import aiohttp
+import psutil
 import pytest
 
 from fake_upstream import FakeUpstream, Script
@@ -28,14 +31,16 @@ from support import free_port
 
 TTFT, GAP, TOKENS = 0.05, 0.02, 5
 PROMPT = "a secret the log must never hold"
+LOST = "rooflight_client_request_log_lost_total"
 
 
-async def _served(tmp_path: Path, workers: int, requests: int) -> tuple[list[dict], float, float, str]:
-    """`requests` streamed through the command, stopped by SIGTERM: its log's lines, the wall clock before
-    and after the requests, and /metrics as it stood."""
+@contextlib.asynccontextmanager
+async def _proxy(log: Path, workers: int) -> AsyncIterator[tuple[asyncio.subprocess.Process, aiohttp.ClientSession,
+                                                                    str, str]]:
+    """The command in front of a fake upstream, writing `log`: (its process, a session, its URL, its /metrics)."""
     up = FakeUpstream(scripts={"m": Script(ttft=TTFT, gaps=(GAP,) * (TOKENS - 1))})
     await up.start()
-    port, metrics_port, log = free_port(), free_port(), tmp_path / "requests.jsonl"
+    port, metrics_port = free_port(), free_port()
     try:
         async with async_child(
                 sys.executable, "-m", "rooflight.agent.proxy.cli", "--upstream", up.url, "--listen", f"127.0.0.1:{port}",
@@ -43,25 +48,49 @@ async def _served(tmp_path: Path, workers: int, requests: int) -> tuple[list[dic
                 "--slo", f"tpot={GAP * 2:g}", "--log-level", "warning",
         ) as proc:
             async with aiohttp.ClientSession() as session:
-                await wait_healthy(session, f"http://127.0.0.1:{metrics_port}/-/healthy")
-                before = time.time()
-                body = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": PROMPT}]})
-                for _ in range(requests):
-                    async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions", data=body) as r:
-                        assert r.status == 200 and (await r.read()).endswith(b"data: [DONE]\n\n")
-                after = time.time()
-                metrics = ""
-                for _ in range(100):  # the exports hold every request within a refresh (and a worker's flush)
-                    async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
-                        metrics = await r.text()
-                    if f'rooflight_client_slo_requests_total{{slo="tpot={GAP * 2:g}",' in metrics and \
-                            _judged(metrics) >= requests:
-                        break
-                    await asyncio.sleep(0.1)
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 20) == 0  # the log is written whole at the end
+                metrics = f"http://127.0.0.1:{metrics_port}"
+                await wait_healthy(session, metrics + "/-/healthy")
+                yield proc, session, f"http://127.0.0.1:{port}", metrics + "/metrics"
     finally:
         await up.stop()
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, requests: int) -> None:
+    """`requests` streamed chat completions, one after another, each read to its end."""
+    body = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": PROMPT}]})
+    for _ in range(requests):
+        async with session.post(url + "/v1/chat/completions", data=body) as r:
+            assert r.status == 200 and (await r.read()).endswith(b"data: [DONE]\n\n")
+
+
+async def _metrics_when(session: aiohttp.ClientSession, url: str, holds: Callable[[str], bool]) -> str:
+    """/metrics once `holds` it (a refresh, a worker's flush, the log's writer: seconds on a busy machine), or as
+    it stands after 20 s."""
+    metrics = ""
+    for _ in range(200):
+        async with session.get(url) as r:
+            metrics = await r.text()
+        if holds(metrics):
+            break
+        await asyncio.sleep(0.1)
+    return metrics
+
+
+async def _stopped(proc: asyncio.subprocess.Process) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), 20) == 0  # the log is written whole at the end
+
+
+async def _served(tmp_path: Path, workers: int, requests: int) -> tuple[list[dict], float, float, str]:
+    """`requests` streamed through the command, stopped by SIGTERM: its log's lines, the wall clock before
+    and after the requests, and /metrics as it stood."""
+    log = tmp_path / "requests.jsonl"
+    async with _proxy(log, workers) as (proc, session, url, metrics_url):
+        before = time.time()
+        await _stream(session, url, requests)
+        after = time.time()
+        metrics = await _metrics_when(session, metrics_url, lambda page: _judged(page) >= requests)
+        await _stopped(proc)
     text = log.read_text()
     assert PROMPT not in text and "content" not in text
     return [json.loads(line) for line in text.splitlines()], before, after, metrics
@@ -94,6 +123,42 @@ async def test_each_request_is_a_line_with_the_times_it_was_judged_by(tmp_path: 
     assert starts == sorted(starts)  # one after another, each ended before the next began: in order
     # the exports' goodput is the log's: the same records, the same rule
     assert _judged(metrics) == 6 and _total(metrics, "rooflight_client_slo_good_requests_total") == sum(line["tpot"] <= GAP * 2 for line in lines)
+    assert "rooflight_client_request_log_lost_total{" in metrics and _total(metrics, LOST) == 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_lines_a_full_disk_lost_are_counted_on_metrics(workers: int) -> None:
+    async with _proxy(Path("/dev/full"), workers) as (proc, session, url, metrics_url):
+        await _stream(session, url, 3)
+        metrics = await _metrics_when(session, metrics_url, lambda page: _total(page, LOST) >= 3)
+        assert _total(metrics, LOST) == 3
+        assert _total(metrics, "rooflight_client_requests_total") == 3  # the requests themselves went through
+        await _stopped(proc)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_sighup_reopens_the_log_a_rotation_moved_away(tmp_path: Path, workers: int) -> None:
+    """logrotate's `create` with a postrotate that signals: the moved file holds the lines before, the new one
+    those after; a SIGHUP to every process (a process group's hangup) ends none of them."""
+    log, moved = tmp_path / "requests.jsonl", tmp_path / "requests.jsonl.1"
+    async with _proxy(log, workers) as (proc, session, url, metrics_url):
+        await _stream(session, url, 2)
+        for _ in range(200):  # written within a second (a busy machine: more)
+            if log.exists() and log.read_text().count("\n") == 2:
+                break
+            await asyncio.sleep(0.1)
+        log.rename(moved)
+        for pid in [proc.pid, *(child.pid for child in psutil.Process(proc.pid).children())]:
+            os.kill(pid, signal.SIGHUP)
+        for _ in range(200):
+            if log.exists():
+                break
+            await asyncio.sleep(0.1)
+        assert log.exists(), "SIGHUP did not reopen the log's path"
+        await _stream(session, url, 3)
+        await _stopped(proc)
+    assert [len(path.read_text().splitlines()) for path in (moved, log)] == [2, 3]
+    assert all(json.loads(line)["outcome"] == COMPLETE for line in log.read_text().splitlines())
 
 
 def test_a_log_the_proxy_cannot_open_exits_2_saying_what_to_fix(tmp_path: Path) -> None:
@@ -144,6 +209,23 @@ def test_a_full_disk_costs_the_lines_not_the_proxy(caplog: pytest.LogCaptureFixt
         journal.close()
     assert journal.written == 0 and journal.failed == 5
     assert "request(s) not logged so far" in caplog.text and "No space left on device" in caplog.text
+
+
+def test_a_reopen_that_cannot_open_the_path_keeps_writing_the_file_it_had(tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A rotation that moved the log's directory away: the path cannot be opened anew, no line is lost."""
+    directory = tmp_path / "logs"
+    directory.mkdir()
+    journal = RequestJournal(str(directory / "requests.jsonl"), every=0.05)
+    journal.add(_record(0))
+    directory.rename(tmp_path / "moved")
+    with caplog.at_level(logging.WARNING, logger="rooflight.proxy"):
+        journal.reopen()
+        journal.add(_record(1))
+        journal.close()
+    assert len((tmp_path / "moved" / "requests.jsonl").read_text().splitlines()) == 2
+    assert (journal.written, journal.lost) == (2, 0)
+    assert "not reopened on SIGHUP, still writing the file opened before" in caplog.text
 
 
 def test_a_request_waiting_to_be_logged_holds_its_fields_not_its_gaps(tmp_path: Path) -> None:
