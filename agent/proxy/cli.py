@@ -57,7 +57,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 async def run(config: pc.ProxyConfig) -> None:
     """Serve until SIGINT or SIGTERM: the relay on an event loop and thread of its own (agent/proxy/thread.py),
     /metrics on this one, so scrapes never queue in front of a token."""
-    from rooflight.agent.proxy.journal import open_for
+    from rooflight.agent.proxy.journal import ignore_hangup, open_for
     from rooflight.agent.proxy.server import ProxyServer
 
     journal = open_for(config.request_log)
@@ -66,6 +66,7 @@ async def run(config: pc.ProxyConfig) -> None:
     finally:
         if journal is not None:
             journal.close()
+            ignore_hangup(journal)
 
 
 async def _serve(server: Any) -> None:
@@ -82,7 +83,7 @@ async def _serve(server: Any) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    reopen_on_hangup(loop, server.journal)
+    reopen_on_hangup(server.journal)
     try:
         await proxy.start(serve_metrics=False)
     except OSError as exc:

@@ -13,7 +13,6 @@ that fails drops its batch; either is logged, at most once a minute, with how ma
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import json
@@ -39,12 +38,22 @@ def open_for(path: str | None) -> RequestJournal | None:
     return None if path is None else RequestJournal(path)
 
 
-def reopen_on_hangup(loop: asyncio.AbstractEventLoop, journal: RequestJournal | None) -> None:
+def reopen_on_hangup(journal: RequestJournal | None) -> None:
     """SIGHUP reopens the log (logrotate's `create`, or a `postrotate` that signals); without a log SIGHUP keeps
-    its default."""
+    its default (the process ends). A handler of the interpreter's, not the event loop's: the loop takes its own
+    away as it closes, and a SIGHUP in the shutdown after that ended the process (exit -1, every line written).
+    Called on the main thread."""
     if journal is not None:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signal.SIGHUP, journal.reopen)
+        signal.signal(signal.SIGHUP, lambda signum, frame: journal.reopen())
+
+
+def ignore_hangup(journal: RequestJournal | None) -> None:
+    """With a log, SIGHUP ignored: before the workers start, so that they (and multiprocessing's resource
+    tracker) inherit it ignored through their exec and a SIGHUP to the process group (`systemctl kill -s HUP`)
+    ends none of them, even before a worker is ready; and once the log is closed, since the interpreter's exit
+    puts a Python handler back to the default, and a late SIGHUP ended a clean shutdown with exit -1."""
+    if journal is not None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 FIELDS = ("start", "route", "stream", "status", "outcome", "finish_reason", "upstream_error", "ttft", "last_token",
@@ -165,13 +174,22 @@ class RequestJournal:
         self.written += len(lines)
 
     def _open_anew(self) -> None:
-        """The path opened again; where it cannot be, the file open before is kept, and that is logged."""
+        """The path opened again; where it cannot be, the file open before is kept (until the next SIGHUP), and
+        that is logged. A line a failed write cut short is ended in the file it is in: the path may be that
+        same file (a SIGHUP with no rotation), where the next line would otherwise be glued to it."""
         try:
-            fd = _open(self.path)
-        except ConfigError as exc:
-            log.warning("proxy: --request-log: not reopened on SIGHUP, still writing the file opened before: %s", exc)
+            fd = _open_fd(self.path)
+        except OSError as exc:
+            log.warning("proxy: --request-log %s: not reopened on SIGHUP (%s); still writing the file opened before",
+                        self.path, exc.strerror or exc)
             return
-        old, self._fd, self._torn = self._fd, fd, False  # a part of a line left in the old file stays there
+        old, self._fd = self._fd, fd
+        if self._torn:
+            try:
+                os.write(old, b"\n")
+                self._torn = False
+            except OSError:  # still cut short: in the file now open, if it is that one, the next write ends it
+                self._torn = os.path.sameopenfile(old, fd)
         os.close(old)
         log.info("proxy: --request-log %s: reopened", self.path)
 
@@ -200,9 +218,13 @@ def _open(path: str) -> int:
     ConfigError. O_NONBLOCK for the open only: a FIFO nobody reads fails at once (ENXIO) where it blocked the
     start; the writes then block as a file's do (on the journal's thread)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        return _open_fd(path)
     except OSError as exc:
         raise ConfigError(f"--request-log {path}: cannot write there ({exc.strerror or exc}); choose a file in a"
                           " directory this user may write") from None
+
+
+def _open_fd(path: str) -> int:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     os.set_blocking(fd, True)
     return fd

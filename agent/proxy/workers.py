@@ -81,8 +81,6 @@ async def _worker(config: ProxyConfig, pipe: Connection) -> None:
     loop, stop = asyncio.get_running_loop(), asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if config.request_log is not None:  # the parent reopens it: a SIGHUP to the process group must not end a worker
-        loop.add_signal_handler(signal.SIGHUP, lambda: None)
     loop.add_reader(pipe.fileno(), stop.set)  # the parent went away (its end closed)
 
     # The pipe is written by a thread of its own: a parent busy rendering /metrics never holds the relay up.
@@ -317,7 +315,7 @@ def _refuse_a_taken_port(host: str, port: int) -> None:
 
 async def run(config: ProxyConfig, n: int) -> int:
     """`rooflight proxy --workers N`: serve until SIGINT or SIGTERM (exit 0) or a worker's death (exit 1)."""
-    from rooflight.agent.proxy.journal import open_for
+    from rooflight.agent.proxy.journal import ignore_hangup, open_for
     from rooflight.agent.proxy.server import ProxyServer
 
     journal = open_for(config.request_log)  # here too: the workers send their records to this process
@@ -326,10 +324,11 @@ async def run(config: ProxyConfig, n: int) -> int:
     finally:
         if journal is not None:
             journal.close()
+            ignore_hangup(journal)
 
 
 async def _serve(server: Any, n: int) -> int:
-    from rooflight.agent.proxy.journal import reopen_on_hangup
+    from rooflight.agent.proxy.journal import ignore_hangup, reopen_on_hangup
     from rooflight.agent.proxy.limits import quiet_accept_errors
     from rooflight.agent.proxy.server import serve_metrics
 
@@ -341,12 +340,13 @@ async def _serve(server: Any, n: int) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    reopen_on_hangup(loop, server.journal)
+    ignore_hangup(server.journal)
     try:
         await workers.start()
     except OSError as exc:
         raise ConfigError(f"--listen {config.listen}: cannot listen there ({exc}); stop the other process or"
                           " choose another address or port") from None
+    reopen_on_hangup(server.journal)  # the workers are up, SIGHUP ignored in each
     try:
         try:
             metrics = await serve_metrics(server)

@@ -34,10 +34,34 @@ PROMPT = "a secret the log must never hold"
 LOST = "rooflight_client_request_log_lost_total"
 
 
+def _hang_up(pid: int) -> list[psutil.Process]:
+    """SIGHUP to a process and every process under it (a process group's hangup): those still running after."""
+    tree = [psutil.Process(pid)]
+    with contextlib.suppress(psutil.Error):
+        tree += tree[0].children(recursive=True)
+    for one in tree:
+        with contextlib.suppress(psutil.Error):
+            one.send_signal(signal.SIGHUP)
+    return [one for one in tree if one.is_running() and one.status() != psutil.STATUS_ZOMBIE]
+
+
+async def _hang_up_until(proc: asyncio.subprocess.Process, every: float = 0.02, once_it_has_children: bool = False
+                         ) -> None:
+    """SIGHUP to the whole tree every `every` s while the process runs (cancelled by the caller); with
+    `once_it_has_children`, from when its first child process appears (a process still importing has no handler
+    of its own yet: SIGHUP ends it, as it ends any program then)."""
+    while proc.returncode is None:
+        with contextlib.suppress(psutil.Error):
+            if not once_it_has_children or psutil.Process(proc.pid).children():
+                _hang_up(proc.pid)
+        await asyncio.sleep(every)
+
+
 @contextlib.asynccontextmanager
-async def _proxy(log: Path, workers: int) -> AsyncIterator[tuple[asyncio.subprocess.Process, aiohttp.ClientSession,
-                                                                    str, str]]:
-    """The command in front of a fake upstream, writing `log`: (its process, a session, its URL, its /metrics)."""
+async def _proxy(log: Path, workers: int, hang_up_while_starting: bool = False
+                 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, aiohttp.ClientSession, str, str]]:
+    """The command in front of a fake upstream, writing `log`: (its process, a session, its URL, its /metrics);
+    `hang_up_while_starting`: SIGHUP to every process of it from its first worker's start until it answers."""
     up = FakeUpstream(scripts={"m": Script(ttft=TTFT, gaps=(GAP,) * (TOKENS - 1))})
     await up.start()
     port, metrics_port = free_port(), free_port()
@@ -49,7 +73,13 @@ async def _proxy(log: Path, workers: int) -> AsyncIterator[tuple[asyncio.subproc
         ) as proc:
             async with aiohttp.ClientSession() as session:
                 metrics = f"http://127.0.0.1:{metrics_port}"
-                await wait_healthy(session, metrics + "/-/healthy")
+                hangups = asyncio.ensure_future(_hang_up_until(proc, once_it_has_children=True)) \
+                    if hang_up_while_starting else None
+                try:
+                    await wait_healthy(session, metrics + "/-/healthy")
+                finally:
+                    if hangups is not None:
+                        hangups.cancel()
                 yield proc, session, f"http://127.0.0.1:{port}", metrics + "/metrics"
     finally:
         await up.stop()
@@ -139,24 +169,30 @@ async def test_lines_a_full_disk_lost_are_counted_on_metrics(workers: int) -> No
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_sighup_reopens_the_log_a_rotation_moved_away(tmp_path: Path, workers: int) -> None:
     """logrotate's `create` with a postrotate that signals: the moved file holds the lines before, the new one
-    those after; a SIGHUP to every process (a process group's hangup) ends none of them."""
+    those after. SIGHUPs to every process (a process group's hangup: `systemctl kill -s HUP`) from its workers'
+    start, after its rotation and through its shutdown end none of them: the workers (and multiprocessing's resource
+    tracker) started with it ignored, and the parent's handler outlives its event loop (exit 0, not -1)."""
     log, moved = tmp_path / "requests.jsonl", tmp_path / "requests.jsonl.1"
-    async with _proxy(log, workers) as (proc, session, url, metrics_url):
+    async with _proxy(log, workers, hang_up_while_starting=True) as (proc, session, url, metrics_url):
         await _stream(session, url, 2)
         for _ in range(200):  # written within a second (a busy machine: more)
             if log.exists() and log.read_text().count("\n") == 2:
                 break
             await asyncio.sleep(0.1)
+        tree = len(_hang_up(proc.pid))
         log.rename(moved)
-        for pid in [proc.pid, *(child.pid for child in psutil.Process(proc.pid).children())]:
-            os.kill(pid, signal.SIGHUP)
+        assert len(_hang_up(proc.pid)) == tree == 1 + (workers + 1 if workers > 1 else 0)  # workers, the tracker
         for _ in range(200):
             if log.exists():
                 break
             await asyncio.sleep(0.1)
         assert log.exists(), "SIGHUP did not reopen the log's path"
         await _stream(session, url, 3)
-        await _stopped(proc)
+        hangups = asyncio.ensure_future(_hang_up_until(proc, every=0.002))
+        try:
+            await _stopped(proc)
+        finally:
+            hangups.cancel()
     assert [len(path.read_text().splitlines()) for path in (moved, log)] == [2, 3]
     assert all(json.loads(line)["outcome"] == COMPLETE for line in log.read_text().splitlines())
 
@@ -225,7 +261,7 @@ def test_a_reopen_that_cannot_open_the_path_keeps_writing_the_file_it_had(tmp_pa
         journal.close()
     assert len((tmp_path / "moved" / "requests.jsonl").read_text().splitlines()) == 2
     assert (journal.written, journal.lost) == (2, 0)
-    assert "not reopened on SIGHUP, still writing the file opened before" in caplog.text
+    assert "not reopened on SIGHUP (No such file or directory); still writing the file opened before" in caplog.text
 
 
 def test_a_request_waiting_to_be_logged_holds_its_fields_not_its_gaps(tmp_path: Path) -> None:
@@ -294,12 +330,14 @@ def test_a_log_that_blocks_holds_shutdown_no_longer_than_its_limit(tmp_path: Pat
         os.close(reader)  # the writer's write fails (EPIPE) and its thread ends
 
 
-def test_a_write_cut_short_leaves_whole_lines_and_counts_what_it_cut(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reopen", [None, "the same file", "a moved file"])
+def test_a_write_cut_short_leaves_whole_lines_and_counts_what_it_cut(tmp_path: Path, reopen: str | None) -> None:
     """A file size limit reached mid-batch (as a full disk would): the lines written whole are counted as
-    written, the cut one and the rest as failed, and the next write ends the cut line before its own."""
-    path = tmp_path / "requests.jsonl"
+    written, the cut one and the rest as failed, and the cut line is ended before the next line: by the next
+    write, or at a SIGHUP's reopen in the file it is in (the same file reopened glued the next line to it)."""
+    path, moved = tmp_path / "requests.jsonl", tmp_path / "requests.jsonl.1"
     script = f"""
-import resource, json
+import os, resource, json
 from rooflight.agent.proxy.journal import RequestJournal
 from rooflight.agent.proxy.tracker import COMPLETE, RequestRecord
 def record(i):
@@ -312,6 +350,10 @@ for i in range(10):
     journal.add(record(i))
 journal._write()
 resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+if {reopen!r} == "a moved file":
+    os.rename({str(path)!r}, {str(moved)!r})
+if {reopen!r}:
+    journal.reopen()
 for i in range(10, 12):
     journal.add(record(i))
 journal.close()
@@ -321,11 +363,14 @@ print(json.dumps([journal.written, journal.failed]))
     assert done.returncode == 0, done.stderr
     written, failed = json.loads(done.stdout)
     assert written + failed == 12 and 0 < failed < 10
+    files = [moved, path] if reopen == "a moved file" else [path]
     parsed, torn = [], []
-    for text in path.read_text().splitlines():
+    for text in (line for file in files for line in file.read_text().splitlines()):
         try:
             parsed.append(json.loads(text))
         except json.JSONDecodeError:
             torn.append(text)
     assert len(parsed) == written and len(torn) == 1  # the cut line alone, ended by the next write
-    assert path.stat().st_size > 1000  # the size limit was reached (the test cut what it meant to)
+    assert all(file.read_bytes().endswith(b"\n") for file in files)
+    assert len(path.read_text().splitlines()) == (2 if reopen == "a moved file" else written + 1)
+    assert files[0].stat().st_size > 1000  # the size limit was reached (the test cut what it meant to)
