@@ -56,6 +56,7 @@ PROXY_REFRESH_S = 2.0  # the proxy refreshes its exports every second: read past
 SETTLE_S = 60.0
 PEER_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}  # the peer's --goodput keys -> the proxy's
 CLIENT = "rooflight_client_"
+READ_TOGETHER_S = 1e-4  # a gap of the peer's under this: two chunks its client read at once
 
 Samples = dict[tuple[str, frozenset], float]
 
@@ -121,6 +122,12 @@ class PeerRun:
     @property
     def gaps(self) -> int:
         return sum(len(self.result["itls"][i]) for i in self._ok())
+
+    def read_together(self) -> float:
+        """The share of the peer's gaps under READ_TOGETHER_S: chunks its client read at once, not as they came (an
+        engine step is milliseconds here): where most are, its gaps measure its own reads, not the tokens'."""
+        gaps = [gap for i in self._ok() for gap in self.result["itls"][i]]
+        return sum(gap < READ_TOGETHER_S for gap in gaps) / len(gaps) if gaps else 0.0
 
     def requests(self) -> list[PeerRequest]:
         """Each successful request on the wall clock. The peer's start times are time.perf_counter(), on Linux
@@ -363,6 +370,15 @@ class ProxyFigures:
     def gaps(self) -> int:
         return int(self.delta(CLIENT + "inter_token_latency_seconds_count"))
 
+    @property
+    def gap_sum(self) -> float:
+        return self.delta(CLIENT + "inter_token_latency_seconds_sum")
+
+    def together(self) -> float:
+        """The share of the proxy's gaps of at most 1 ms (its histogram's first bucket): chunks that reached it
+        together, or nearly, from vLLM's server."""
+        return self.delta(CLIENT + "inter_token_latency_seconds_bucket", le="0.001") / self.gaps if self.gaps else 0.0
+
     def good(self, targets: dict[str, float]) -> int:
         return int(self.delta(CLIENT + "slo_good_requests_total", slo=slo_label(targets)))
 
@@ -393,22 +409,28 @@ def counted(metrics: str, count: Callable[[Samples], float], n: int) -> Samples:
 
 
 @dataclass(frozen=True)
-class EngineTTFT:
-    """vLLM's own TTFT histogram over the proxied run: its count and sum. vLLM's clock starts when its server
-    has parsed the request and stops when its output processor has the first token: inside the proxy's
-    interval, which starts at the request's first byte on the proxy's socket and ends when the token's
-    bytes reach it."""
+class EngineTimes:
+    """vLLM's own TTFT and inter-token histograms over the proxied run: their counts and sums. vLLM's TTFT clock
+    starts when its server has parsed the request and stops when its output processor has the first token:
+    inside the proxy's interval, which starts at the request's first byte on the proxy's socket and ends when
+    the token's bytes reach it. Its gaps are between its output processor's times of a request's tokens: the
+    proxy's are the same gaps, each end moved by the hop."""
 
-    count: int
-    sum: float
+    ttft_count: int
+    ttft_sum: float
+    itl_count: int
+    itl_sum: float
 
     @classmethod
-    def over(cls, engine_metrics: str, before: Samples, completed: int) -> EngineTTFT:
-        name = "vllm:time_to_first_token_seconds"
-        after = counted(engine_metrics, lambda page: total(page, name + "_count") - total(before, name + "_count"),
+    def over(cls, engine_metrics: str, before: Samples, completed: int) -> EngineTimes:
+        ttft, itl = "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"
+        after = counted(engine_metrics, lambda page: total(page, ttft + "_count") - total(before, ttft + "_count"),
                         completed)
-        return cls(int(total(after, name + "_count") - total(before, name + "_count")),
-                   total(after, name + "_sum") - total(before, name + "_sum"))
+
+        def delta(name: str) -> float:
+            return total(after, name) - total(before, name)
+
+        return cls(int(delta(ttft + "_count")), delta(ttft + "_sum"), int(delta(itl + "_count")), delta(itl + "_sum"))
 
 
 # -- one pair and its comparison -----------------------------------------------------------------------------
@@ -421,7 +443,7 @@ class Pair:
     proxy: ProxyFigures
     order: str  # "direct first" or "proxied first"
     logged: list[dict[str, Any]]  # the proxy's request log: a line per completion of the proxied run
-    engine_ttft: EngineTTFT | None = None  # vLLM's own, over the proxied run
+    engine: EngineTimes | None = None  # vLLM's own, over the proxied run
 
     def matched(self, slack: float = 0.001) -> list[tuple[PeerRequest, ProxyRequest]]:
         """Each of the peer's requests with the proxy's line for it; [] when no such pairing exists.
@@ -476,8 +498,13 @@ class Pair:
         return {"order": self.order, "counts": self.counts(), "goodput": self.goodput(),
                 "percentiles_ms": {k: [round(a, 3), round(b, 3)] for k, (a, b) in self.percentiles().items()},
                 "added_ms": {k: round(v, 3) for k, v in self.added().items()},
-                "ttft_sum_s (vLLM's, the proxy's)": None if self.engine_ttft is None else [
-                    round(self.engine_ttft.sum, 3), round(sum(line["ttft"] for line in self.logged), 3)],
+                "ttft_sum_s (vLLM's, the proxy's)": None if self.engine is None else [
+                    round(self.engine.ttft_sum, 3), round(sum(line["ttft"] for line in self.logged), 3)],
+                "itl_sum_s (vLLM's, the proxy's)": None if self.engine is None else [
+                    round(self.engine.itl_sum, 3), round(self.proxy.gap_sum, 3)],
+                "together (peer direct, peer proxied, proxy)": [
+                    round(self.direct.read_together(), 3), round(self.proxied.read_together(), 3),
+                    round(self.proxy.together(), 3)],
                 "direct_completed": self.direct.completed, "wall_s": [round(self.direct.wall_s, 1),
                                                                        round(self.proxied.wall_s, 1)]}
 
@@ -499,7 +526,7 @@ def run_pair(engine: str, vllm_python: str, spec: Spec, workdir: Path, index: in
             runs["proxied"] = run_peer(vllm_python, proxy.url, spec, f"proxied-{index}", workdir)
             time.sleep(PROXY_REFRESH_S)
             runs["figures"] = settled(proxy.metrics, before, runs["proxied"].completed)
-            runs["engine"] = EngineTTFT.over(engine + "/metrics", engine_before, runs["proxied"].completed)
+            runs["engine"] = EngineTimes.over(engine + "/metrics", engine_before, runs["proxied"].completed)
         finally:
             proxy.stop()  # SIGTERM: its request log is written whole
         runs["logged"] = [json.loads(line) for line in proxy.request_log.read_text().splitlines()]
