@@ -110,8 +110,9 @@ class RequestJournal:
         self._pending.append(entry(record))
 
     def reopen(self) -> None:
-        """On SIGHUP: the path is opened anew within a second (logrotate's `create` moved the file away), on the
-        writer's thread, which alone writes to the descriptor."""
+        """On SIGHUP: the path is opened anew before the next write (within a second, or once a blocked write
+        returns; logrotate's `create` moved the file away), on the writer's thread, which alone writes to the
+        descriptor."""
         self._reopen = True
 
     def close(self) -> None:
