@@ -228,18 +228,22 @@ _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 # Name-and-labels text -> (name, labels) for lines the fast path parsed. An engine's series keep
 # their label sets from one scrape to the next, so after the first scrape a sample line costs a
 # dict lookup and a float(); bounded in entries and in key characters so label churn cannot grow it.
-# Once full it takes nothing more; once the new lines it turned away, counted over the parses since it was last
-# emptied, are more than half of what it holds, the next parse starts it afresh: the label sets moved on, or the
-# targets' series outgrew it (64 vLLM targets read ~8,500 series: counted parse by parse, the ~130 lines of the
-# three pages that did not fit were never enough, and those pages were read line by line at every scrape). Pages
-# read by their layout never look it up, so after one emptying the pages still read line by line get in. Clearing
-# in the middle of a page would only churn memory on a page it cannot hold anyway.
+# Once full it takes nothing more; a parse that met more new lines than half of what it holds starts
+# the next one afresh (the label sets moved on). Clearing in the middle of a page would only churn
+# memory on a page it cannot hold anyway, and a page a little larger than the cache still mostly hits
+# (sixteen pages of 1,000 series each read in turn: half their lines hit; emptied whenever the lines turned
+# away over several parses passed half of it, every line missed, 1.3x and 1.5x the CPU at 12 and 16 pages).
+# A page read by its layout never looks its lines up: they leave it when the layout is remembered
+# (_remember_layout), so the cache holds the pages still read line by line (64 vLLM targets read ~8,500 series
+# into its 8,192 entries: three pages' lines were turned away at every scrape, never enough in one parse to
+# empty it, and were never laid out). A line on several pages leaves with the first laid out: the next misses it
+# once, and is laid out a read later.
 # Only lines without an over-long label value are kept: an entry reads the same with and without Bounds.
 _SERIES: dict[str, tuple[str, dict[str, str]]] = {}
 _SERIES_MAX = 8192  # vLLM reads 67 samples per (model, rank): a page of 100 series fits
 _SERIES_CHARS_MAX = 1024 * 1024
 _series_chars = 0
-_series_turned_away = 0  # new lines the cache had no room for, since it was last emptied
+_series_turned_away = 0  # new lines the cache had no room for, since the last parse began
 
 
 def _may_be_remembered(end: int) -> bool:
@@ -260,12 +264,22 @@ def _remember(line: str, end: int, name: str, labels: dict[str, str]) -> None:
 
 
 def _fresh_series_cache() -> None:
-    """At the start of a parse: empty the cache once the lines it had no room for outnumber half of what it holds."""
+    """At the start of a parse: empty the cache if the last one met many lines it had no room for."""
     global _series_chars, _series_turned_away
     if _series_turned_away > len(_SERIES) // 2:
         _SERIES.clear()
         _series_chars = 0
-        _series_turned_away = 0
+    _series_turned_away = 0
+
+
+def _let_go(keys: tuple[str, ...]) -> None:
+    """The series of a page now read by its layout leave the cache: the layout holds their labels, and the room
+    is for the lines of pages still read line by line (a line without labels, or whose key ran past a `"}` in a
+    value, was never in it)."""
+    global _series_chars
+    for key in keys:
+        if _SERIES.pop(key, None) is not None:
+            _series_chars -= len(key)
 
 
 def _cut(labels: dict[str, str], tally: list[int] | None) -> bool:
@@ -878,6 +892,7 @@ def _remember_layout(keys: tuple[str, ...], seen: list[tuple[str, dict[str, str]
                      sum(len(labels) for _, labels in seen), {})
     if _LAYOUTS.setdefault(keys, layout) is layout:  # counted once, were another thread to remember the same keys
         _layout_bytes += cost
+        _let_go(keys)
 
 
 def _room_for(cost: int) -> bool:
