@@ -123,6 +123,11 @@ class PeerRun:
     def gaps(self) -> int:
         return sum(len(self.result["itls"][i]) for i in self._ok())
 
+    @property
+    def later_tokens(self) -> int:
+        """The successful requests' tokens after their first: the gaps an engine times one per token."""
+        return sum(max(0, self.result["output_lens"][i] - 1) for i in self._ok())
+
     def read_together(self) -> float:
         """The share of the peer's gaps under READ_TOGETHER_S: chunks its client read at once, not as they came (an
         engine step is milliseconds here): where most are, its gaps measure its own reads, not the tokens'."""
@@ -422,10 +427,17 @@ class EngineTimes:
     itl_sum: float
 
     @classmethod
-    def over(cls, engine_metrics: str, before: Samples, completed: int) -> EngineTimes:
+    def over(cls, engine_metrics: str, before: Samples, completed: int, later_tokens: int) -> EngineTimes:
+        """Once vLLM counted `completed` TTFTs and `later_tokens` gaps (its stats are recorded after it hands the
+        outputs on: they can trail the last response)."""
         ttft, itl = "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"
-        after = counted(engine_metrics, lambda page: total(page, ttft + "_count") - total(before, ttft + "_count"),
-                        completed)
+
+        def both(page: Samples) -> float:
+            ttfts = total(page, ttft + "_count") - total(before, ttft + "_count")
+            gaps = total(page, itl + "_count") - total(before, itl + "_count")
+            return ttfts if gaps >= later_tokens else min(ttfts, completed - 1)
+
+        after = counted(engine_metrics, both, completed)
 
         def delta(name: str) -> float:
             return total(after, name) - total(before, name)
@@ -526,7 +538,8 @@ def run_pair(engine: str, vllm_python: str, spec: Spec, workdir: Path, index: in
             runs["proxied"] = run_peer(vllm_python, proxy.url, spec, f"proxied-{index}", workdir)
             time.sleep(PROXY_REFRESH_S)
             runs["figures"] = settled(proxy.metrics, before, runs["proxied"].completed)
-            runs["engine"] = EngineTimes.over(engine + "/metrics", engine_before, runs["proxied"].completed)
+            peer = runs["proxied"]
+            runs["engine"] = EngineTimes.over(engine + "/metrics", engine_before, peer.completed, peer.later_tokens)
         finally:
             proxy.stop()  # SIGTERM: its request log is written whole
         runs["logged"] = [json.loads(line) for line in proxy.request_log.read_text().splitlines()]

@@ -226,6 +226,7 @@ def _open(path: str) -> int:
 
 
 def _open_fd(path: str) -> int:
+    """_open's descriptor, or OSError (a reopen keeps the file it had)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     os.set_blocking(fd, True)
     return fd

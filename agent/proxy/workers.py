@@ -347,6 +347,8 @@ async def _serve(server: Any, n: int) -> int:
         raise ConfigError(f"--listen {config.listen}: cannot listen there ({exc}); stop the other process or"
                           " choose another address or port") from None
     reopen_on_hangup(server.journal)  # the workers are up, SIGHUP ignored in each
+    if server.journal is not None:
+        server.journal.reopen()  # a rotation's SIGHUP while they started was ignored (the same file: harmless)
     try:
         try:
             metrics = await serve_metrics(server)

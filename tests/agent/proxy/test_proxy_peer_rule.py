@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from bench.proxy_peer import Pair, PeerRun, Spec, least_cost_assignment, slo_label, slo_spelling
+from bench.proxy_peer import Pair, PeerRun, ProxyFigures, Spec, least_cost_assignment, slo_label, slo_spelling
 from rooflight.agent.proxy.slo import parse_slo
 
 
@@ -99,3 +99,21 @@ def test_a_line_no_request_could_have_made_leaves_nothing_paired() -> None:
     # the proxy's line starts after the peer already had its first token: not that request's
     assert _pair([(10.0, 10.5, 11.0)], [(10.6, 10.7, 10.9)]).matched() == []
     assert _pair([(10.0, 10.5, 11.0)], []).matched() == []
+
+
+def test_the_peers_gaps_read_together_and_its_later_tokens_count_its_successful_requests_alone() -> None:
+    peer = run(req(gaps=(0.004, 0.00005, 0.00009, 0.0001)),  # two gaps under 0.1 ms: chunks read at once
+               req(gaps=(0.00001,) * 6, error="timeout"),  # a failed request counts in neither
+               req(gaps=(), out=1))
+    assert peer.read_together() == 2 / 4
+    assert peer.later_tokens == 4
+    assert run(req(gaps=(), out=1)).read_together() == 0.0  # no gap: nothing read together
+
+
+def test_the_proxys_share_of_gaps_together_is_its_first_buckets_over_the_run() -> None:
+    name = "rooflight_client_inter_token_latency_seconds"
+    first, rest = frozenset({("le", "0.001")}), frozenset({("le", "0.002")})
+    before = {(name + "_bucket", first): 10.0, (name + "_bucket", rest): 30.0, (name + "_count", frozenset()): 40.0}
+    after = {(name + "_bucket", first): 25.0, (name + "_bucket", rest): 90.0, (name + "_count", frozenset()): 100.0}
+    assert ProxyFigures(before, after).together() == 15 / 60
+    assert ProxyFigures(after, after).together() == 0.0  # no gap over the run
