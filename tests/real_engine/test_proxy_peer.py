@@ -53,6 +53,7 @@ What must hold, and why it can:
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +218,6 @@ def test_itl_percentiles_equal_the_peers(pair: Pair) -> None:
     equal = abs(peer50 - proxy50) <= ITL_P50_MS and peer99 > 0 and abs(peer99 - proxy99) <= ITL_P99_REL * peer99
     not_the_hops = proxy >= proxied - TOGETHER_SLACK or direct >= proxied - TOGETHER_SLACK
     assert equal or (proxied > READ_TOGETHER_MAX and not_the_hops), evidence
+    if not equal:  # passed without the comparison: said in the run's summary, not only in its captured output
+        warnings.warn(f"ITL percentiles not compared: the peer's client read its chunks together {evidence}",
+                      stacklevel=1)
