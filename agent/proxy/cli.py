@@ -57,16 +57,11 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 async def run(config: pc.ProxyConfig) -> None:
     """Serve until SIGINT or SIGTERM: the relay on an event loop and thread of its own (agent/proxy/thread.py),
     /metrics on this one, so scrapes never queue in front of a token."""
-    from rooflight.agent.proxy.journal import ignore_hangup, open_for
+    from rooflight.agent.proxy.journal import opened
     from rooflight.agent.proxy.server import ProxyServer
 
-    journal = open_for(config.request_log)
-    try:
+    with opened(config.request_log) as journal:
         await _serve(ProxyServer(config, journal=journal))
-    finally:
-        if journal is not None:
-            journal.close()
-            ignore_hangup(journal)
 
 
 async def _serve(server: Any) -> None:

@@ -21,7 +21,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy.tracker import RequestRecord
@@ -33,9 +33,17 @@ WARN_EVERY_S = 60.0
 CLOSE_WITHIN_S = 5.0  # shutdown waits this long for the last write
 
 
-def open_for(path: str | None) -> RequestJournal | None:
-    """--request-log's journal, None without one; ConfigError (exit 2) when the file cannot be opened."""
-    return None if path is None else RequestJournal(path)
+@contextlib.contextmanager
+def opened(path: str | None) -> Iterator[RequestJournal | None]:
+    """--request-log's journal for the proxy's life, None without one; ConfigError (exit 2) when the file cannot
+    be opened. At the end it writes what is left and SIGHUP is ignored from then on (ignore_hangup)."""
+    journal = None if path is None else RequestJournal(path)
+    try:
+        yield journal
+    finally:
+        if journal is not None:
+            journal.close()
+            ignore_hangup(journal)
 
 
 def reopen_on_hangup(journal: RequestJournal | None) -> None:

@@ -315,16 +315,11 @@ def _refuse_a_taken_port(host: str, port: int) -> None:
 
 async def run(config: ProxyConfig, n: int) -> int:
     """`rooflight proxy --workers N`: serve until SIGINT or SIGTERM (exit 0) or a worker's death (exit 1)."""
-    from rooflight.agent.proxy.journal import ignore_hangup, open_for
+    from rooflight.agent.proxy.journal import opened
     from rooflight.agent.proxy.server import ProxyServer
 
-    journal = open_for(config.request_log)  # here too: the workers send their records to this process
-    try:
+    with opened(config.request_log) as journal:  # here too: the workers send their records to this process
         return await _serve(ProxyServer(config, journal=journal), n)
-    finally:
-        if journal is not None:
-            journal.close()
-            ignore_hangup(journal)
 
 
 async def _serve(server: Any, n: int) -> int:
