@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from rooflight.agent.proxy.limits import FD_RESERVE, fit_to_open_files
+from demo_procs import wait_healthy
 from support import free_port, rooflight_exe
 from test_run_proxy import Engine, engine  # noqa: F401 (the fixture)
 
@@ -66,14 +67,7 @@ async def _flood(proc: asyncio.subprocess.Process, port: int, proxy_port: int) -
     """FLOOD slow bodies held 3 s while the agent's /metrics is read; the child's output once it stopped."""
     async with aiohttp.ClientSession() as session:
         metrics = f"http://127.0.0.1:{port}/metrics"
-        for _ in range(200):  # up within 40 s
-            try:
-                async with session.get(metrics) as r:
-                    if r.status == 200:
-                        break
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
+        await wait_healthy(session, metrics)  # where a copy of it went on after 40 s as if the agent were up
         writers = [await _slow_body(proxy_port) for _ in range(FLOOD)]
         await asyncio.sleep(3.0)  # the old code logged ~100,000 tracebacks in this time
         for _ in range(3):  # the agent's own port still answers, during the flood
