@@ -418,8 +418,8 @@ class EngineTimes:
     """vLLM's own TTFT and inter-token histograms over the proxied run: their counts and sums. vLLM's TTFT clock
     starts when its server has parsed the request and stops when its output processor has the first token:
     inside the proxy's interval, which starts at the request's first byte on the proxy's socket and ends when
-    the token's bytes reach it. Its gaps are between its output processor's times of a request's tokens: the
-    proxy's are the same gaps, each end moved by the hop."""
+    the token's bytes reach it. Its gaps are between its engine core's times of a request's tokens: the proxy's
+    are the same gaps, each end moved by what lies between (vLLM's own server, the hop)."""
 
     ttft_count: int
     ttft_sum: float
@@ -432,17 +432,16 @@ class EngineTimes:
         outputs on: they can trail the last response)."""
         ttft, itl = "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"
 
+        def delta(page: Samples, name: str) -> float:
+            return total(page, name) - total(before, name)
+
         def both(page: Samples) -> float:
-            ttfts = total(page, ttft + "_count") - total(before, ttft + "_count")
-            gaps = total(page, itl + "_count") - total(before, itl + "_count")
-            return ttfts if gaps >= later_tokens else min(ttfts, completed - 1)
+            ttfts = delta(page, ttft + "_count")
+            return ttfts if delta(page, itl + "_count") >= later_tokens else min(ttfts, completed - 1)
 
         after = counted(engine_metrics, both, completed)
-
-        def delta(name: str) -> float:
-            return total(after, name) - total(before, name)
-
-        return cls(int(delta(ttft + "_count")), delta(ttft + "_sum"), int(delta(itl + "_count")), delta(itl + "_sum"))
+        return cls(int(delta(after, ttft + "_count")), delta(after, ttft + "_sum"), int(delta(after, itl + "_count")),
+                   delta(after, itl + "_sum"))
 
 
 # -- one pair and its comparison -----------------------------------------------------------------------------
