@@ -64,14 +64,20 @@ async def async_child(*argv: str, env: dict[str, str] | None = None) -> AsyncIte
             await proc.wait()
 
 
-async def wait_healthy(session: aiohttp.ClientSession, url: str) -> None:
-    """Until `url` answers 200: a child that spawns, imports and binds (up to 60 s on a busy machine)."""
+async def wait_healthy(session: aiohttp.ClientSession, url: str,
+                       child: asyncio.subprocess.Process | None = None) -> None:
+    """Until `url` answers 200: a child that spawns, imports and binds (up to 60 s on a busy machine). A `child`
+    that exits first (a port taken between free_port() and its bind, say) fails at once with what it said on
+    stderr, where polling its port went on for the whole minute."""
     for _ in range(1200):  # proxy workers are up in ~3 s here
+        if child is not None and child.returncode is not None:
+            said = await child.stderr.read() if child.stderr is not None else b""
+            raise AssertionError(f"the child exited {child.returncode} before {url} answered: {said[-2000:]!r}")
         try:
             async with session.get(url) as r:
                 if r.status == 200:
                     return
-        except aiohttp.ClientError:
+        except (aiohttp.ClientError, TimeoutError):  # not listening yet, or something else on the port
             pass
         await asyncio.sleep(0.05)
     raise AssertionError(f"{url} never answered")

@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from demo_procs import async_child
+from demo_procs import async_child, wait_healthy
 from support import free_port, rooflight_exe, sample_text, serve_app
 
 TTFT, GAP, TOKENS = 0.05, 0.02, 12
@@ -120,25 +120,6 @@ async def timed_streams(url: str) -> tuple[float, float]:
     return statistics.median(r[0] for r in results), statistics.median(r[1] for r in results)
 
 
-async def wait_ready(url: str, child: asyncio.subprocess.Process, timeout: float = 40.0) -> None:
-    """Until the agent answers ready; an agent that exited first (a port taken between free_port() and its bind,
-    say) fails at once with what it said, where polling its port went on for the whole timeout (a CI run)."""
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
-        while time.monotonic() < deadline:
-            if child.returncode is not None:
-                said = await child.stderr.read() if child.stderr is not None else b""
-                raise AssertionError(f"the agent exited {child.returncode} before it was ready: {said[-2000:]!r}")
-            try:
-                async with session.get(url + "/-/ready") as r:
-                    if r.status == 200:
-                        return
-            except (aiohttp.ClientError, TimeoutError):  # not listening yet, or something else on the port
-                pass
-            await asyncio.sleep(0.2)
-    raise AssertionError(f"{url} not ready within {timeout} s (the agent still running)")
-
-
 async def measure(engine_url: str, scrapers: int = SCRAPERS) -> tuple[tuple[float, float], tuple[float, float]]:
     """`rooflight run --proxy-listen` in front of `engine_url`: (median TTFT, median worst gap) of proxied
     streams without scrapers, then with `scrapers` scraping the agent's port, in the same run."""
@@ -149,7 +130,8 @@ async def measure(engine_url: str, scrapers: int = SCRAPERS) -> tuple[tuple[floa
     async with async_child(exe, "run", "--engine-url", engine_url, "--target-name", "pod-a",
                            "--listen", f"127.0.0.1:{port}", "--proxy-listen", f"127.0.0.1:{proxy_port}",
                            "--no-nvml", "--no-process", "--interval", "0.5", "--log-level", "error", env=env) as child:
-        await wait_ready(agent, child)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+            await wait_healthy(session, agent + "/-/ready", child)
         await timed_streams(proxy)  # warm up
         quiet = await timed_streams(proxy)
         flood = Path(__file__).with_name("scrape_flood.py")
