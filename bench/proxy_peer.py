@@ -57,6 +57,7 @@ SETTLE_S = 60.0
 PEER_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}  # the peer's --goodput keys -> the proxy's
 CLIENT = "rooflight_client_"
 READ_TOGETHER_S = 1e-4  # a gap of the peer's under this: two chunks its client read at once
+TOGETHER_S = 1e-3  # a gap of the proxy's at most this: two chunks that reached it together, or nearly
 
 Samples = dict[tuple[str, frozenset], float]
 
@@ -380,9 +381,14 @@ class ProxyFigures:
         return self.delta(CLIENT + "inter_token_latency_seconds_sum")
 
     def together(self) -> float:
-        """The share of the proxy's gaps of at most 1 ms (its histogram's first bucket): chunks that reached it
-        together, or nearly, from vLLM's server."""
-        return self.delta(CLIENT + "inter_token_latency_seconds_bucket", le="0.001") / self.gaps if self.gaps else 0.0
+        """The share of the proxy's gaps of at most TOGETHER_S (its histogram's edge there, the first by default):
+        chunks that reached it together, or nearly, from vLLM's server."""
+        bucket = CLIENT + "inter_token_latency_seconds_bucket"
+        edges = {le for (n, labels) in self.after if n == bucket for k, le in labels if k == "le"}
+        within = [le for le in edges if le != "+Inf" and float(le) <= TOGETHER_S]
+        if not within:
+            raise ValueError(f"the proxy's {bucket} has no edge at or under {TOGETHER_S} s: {sorted(edges)}")
+        return self.delta(bucket, le=max(within, key=float)) / self.gaps if self.gaps else 0.0
 
     def good(self, targets: dict[str, float]) -> int:
         return int(self.delta(CLIENT + "slo_good_requests_total", slo=slo_label(targets)))

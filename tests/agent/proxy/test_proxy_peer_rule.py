@@ -117,3 +117,15 @@ def test_the_proxys_share_of_gaps_together_is_its_first_buckets_over_the_run() -
     after = {(name + "_bucket", first): 25.0, (name + "_bucket", rest): 90.0, (name + "_count", frozenset()): 100.0}
     assert ProxyFigures(before, after).together() == 15 / 60
     assert ProxyFigures(after, after).together() == 0.0  # no gap over the run
+
+
+def test_the_proxys_share_of_gaps_together_reads_its_edge_at_1_ms_whatever_its_buckets() -> None:
+    name = "rooflight_client_inter_token_latency_seconds"
+    edges = ("0.0005", "0.001", "0.002", "+Inf")
+    before = {(name + "_bucket", frozenset({("le", le)})): 0.0 for le in edges} | {(name + "_count", frozenset()): 0.0}
+    after = {(name + "_bucket", frozenset({("le", le)})): n for le, n in zip(edges, (5.0, 20.0, 70.0, 80.0))}
+    after[(name + "_count", frozenset())] = 80.0
+    assert ProxyFigures(before, after).together() == 20 / 80  # the 1 ms edge, not the first (0.5 ms)
+    coarse = {(name + "_bucket", frozenset({("le", le)})): 1.0 for le in ("0.005", "+Inf")}
+    with pytest.raises(ValueError, match="no edge at or under 0.001 s"):
+        ProxyFigures(coarse, coarse).together()
