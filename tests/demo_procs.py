@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
+import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -69,7 +70,8 @@ async def wait_healthy(session: aiohttp.ClientSession, url: str,
     """Until `url` answers 200: a child that spawns, imports and binds (up to 60 s on a busy machine). A `child`
     that exits first (a port taken between free_port() and its bind, say) fails at once with what it said on
     stderr, where polling its port went on for the whole minute."""
-    for _ in range(1200):  # proxy workers are up in ~3 s here
+    deadline = time.monotonic() + 60.0  # a wall-clock bound: a poll held by the session's timeout counts too
+    while time.monotonic() < deadline:  # proxy workers are up in ~3 s here
         if child is not None and child.returncode is not None:
             said = await child.stderr.read() if child.stderr is not None else b""
             raise AssertionError(f"the child exited {child.returncode} before {url} answered: {said[-2000:]!r}")
@@ -80,4 +82,4 @@ async def wait_healthy(session: aiohttp.ClientSession, url: str,
         except (aiohttp.ClientError, TimeoutError):  # not listening yet, or something else on the port
             pass
         await asyncio.sleep(0.05)
-    raise AssertionError(f"{url} never answered")
+    raise AssertionError(f"{url} never answered within 60 s")
