@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 from rooflight.agent import __version__
 from rooflight.agent.config import agent as cfg
 from rooflight.agent.config import settings
+from rooflight.agent.config import values as v
 from rooflight.agent.errors import ConfigError
 
 log = logging.getLogger("rooflight")
@@ -55,20 +56,7 @@ def _flag_settings(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("config", "check_only", "log_level"):
         out.pop(key, None)
     if "detectors" in out:
-        out["detectors"] = _detector_flags(out["detectors"])
-    return out
-
-
-def _detector_flags(items: Sequence[str]) -> dict[str, float]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        try:
-            out[key.strip()] = float(value)
-        except ValueError:
-            raise ConfigError(f"--detector {item!r}: write KEY=NUMBER, e.g. hol_inflation=4") from None
-        if not sep:
-            raise ConfigError(f"--detector {item!r}: write KEY=NUMBER, e.g. hol_inflation=4")
+        out["detectors"] = v.detector_flags(out["detectors"])
     return out
 
 

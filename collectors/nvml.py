@@ -78,6 +78,7 @@ GPM_MIN_INTERVAL_S = 0.1  # NVML: the two GPM samples must be more than 100 ms a
 MIB = 1024 * 1024
 _CACHE_CODES = {3: "not_supported", 13: "function_not_found", 4: "no_permission"}  # NVML return codes
 _GPU_IS_LOST = 15
+_LIBRARY_NOT_FOUND = 12  # NVML_ERROR_LIBRARY_NOT_FOUND: no libnvidia-ml.so on this machine
 
 
 class _GpuLost(Exception):
@@ -149,6 +150,7 @@ class NvmlCollector:
         self._stuck_since: float | None = None
         self._closed = False
         self.processes: Mapping[str, tuple[tuple[int, int | None], ...]] = {}  # uuid -> ((pid, used bytes), ...)
+        self.absent = False  # NVML's library is not on this machine: no GPU hardware to read
 
     # -- async surface ---------------------------------------------------------------------
     @property
@@ -221,8 +223,12 @@ class NvmlCollector:
             self._lib.nvmlInit()
             self._devices = self._enumerate()
         except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded, NoPermission, ...
+            # No NVML library at all (no NVIDIA driver installed, or a container without the NVIDIA runtime's
+            # mount): no GPU to read here, not a GPU down. A driver that will not load is a fault.
+            self.absent = isinstance(exc, ImportError) or getattr(exc, "value", None) == _LIBRARY_NOT_FOUND
             self._init_failed(now, f"NVML unavailable: {type(exc).__name__}: {exc}")
             raise SourceError("nvml", self._init_error) from exc
+        self.absent = False
         if self._init_failures:
             log.info("NVML available after %d failed init tries", self._init_failures)
         self._init_failures, self._init_wait = 0, self._init_retry_s

@@ -37,6 +37,9 @@ class ServiceFamilies:
     requests_failed: str  # a selector: the finished requests that count as failures
     requests_finished: str  # every finished request (also the dashboards' request rate)
     prefill: Histogram | None = None  # time in prefill per request, where the engine exports it
+    # The API server's HTTP responses to inference routes, by `status` class ("5xx"), where it counts them:
+    # the clients' availability SLO reads them where no proxy of Rooflight's stands in front (rules/availability.py).
+    http_requests: str = ""
 
 
 @runtime_checkable

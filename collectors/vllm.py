@@ -206,6 +206,8 @@ SERVICE_FAMILIES = registry.ServiceFamilies(
     requests_failed=_REQUEST_SUCCESS + '{finished_reason=~"abort|error"}',
     requests_finished=_REQUEST_SUCCESS,
     prefill=registry.Histogram("vllm:request_prefill_time_seconds", REQUEST_LATENCY_EDGES),
+    # prometheus-fastapi-instrumentator's, on vLLM's API server: status is a class ("2xx", "5xx"), no model
+    http_requests='http_requests_total{handler=~"/v1/.*"}',
 )
 
 # extra key -> wire names, preferred first (the second is the deprecated spelling, same unit;

@@ -68,6 +68,7 @@ class AgentConfig:
     process: bool
     web_config: str | None
     detectors: Mapping[str, float]
+    canary: bool  # a 1-token request to an engine the stall detector calls stalled (agent/sampling/canary.py)
     read_header_timeout: float  # a client must send a request's headers within this (slowloris)
     max_connections: int  # open HTTP connections to the agent; more are answered 503 and closed
     # The client-side proxy (`rooflight proxy` in the same process, docs/proxy.md): on when proxy_listen

@@ -138,10 +138,15 @@ SETTINGS: tuple[Setting, ...] = (
             " (default 10s)", metavar="SECONDS", parse=v.parse_duration, default=10.0),
     Setting("max_connections", "open connections to the agent at most; more are answered 503 (default 256)",
             metavar="N", type=int, parse=v.positive_int, default=256),
-    Setting("detectors", "a detector threshold, e.g. hol_inflation=4", flags={RUN: "--detector"}, metavar="KEY=VALUE",
+    Setting("detectors", "a detector threshold, e.g. hol_inflation=4", flags={RUN: "--detector", DEMO: "--detector"},
+            commands=(RUN, DEMO), metavar="KEY=VALUE",
             action="append", env=False, parse=v.detector_thresholds,
             hint="detectors: {KEY: NUMBER} (ROOFLIGHT_* has no twin: use the file or --detector)"),
     # `rooflight run`: capacity signals of each target
+    Setting("canary", "send a 1-token request to an engine the stall detector calls stalled: unanswered, the hang"
+            " is confirmed (RooflightEngineStalled pages); answered, it was stuck gauges (default: off)",
+            commands=(RUN, DEMO), action="store_true", parse=v.parse_bool, default=False,
+            hint="canary: true (ROOFLIGHT_CANARY=true)"),
     Setting("role", "the engine's part in disaggregated serving (default: its config's, else both)",
             choices=v.ROLES, group=CAPACITY, target=True, parse=v.role),
     Setting("ttft_slo", "TTFT SLO for rooflight_headroom_ratio{resource=\"ttft_slo\"}", metavar="SECONDS",
@@ -214,6 +219,9 @@ SETTINGS: tuple[Setting, ...] = (
             commands=(DEMO,), type=int, env=False, file=False),
     Setting("chunked_prefill", "split long prompts into chunks (smooths ITL)", commands=(DEMO,), action="store_true",
             flag_default=False, env=False, file=False),
+    Setting("fault", "fail the simulated engine on a schedule: KIND@START[:FOR], KIND one of hang, stuck-gauges, 503,"
+            " down, gpu-lost, or crash-loop@START:DOWN:UP (repeatable; agent/demo/faults.py)", metavar="SPEC",
+            commands=(DEMO,), action="append", env=False, file=False),
     Setting("time_scale", "simulated seconds per real second (rates then read in simulated time / X)", metavar="X",
             commands=(DEMO,), type=float, flag_default=1.0, env=False, file=False),
     # every command

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from rooflight.agent.errors import ConfigError
 
@@ -256,3 +256,17 @@ def header_name(value: Any, what: str) -> str | None:
 
 def required_percentiles(value: Any, what: str) -> tuple[str, ...]:
     return parse_percentiles(value, what, required=True)
+
+
+def detector_flags(items: Sequence[str]) -> dict[str, float]:
+    """--detector KEY=NUMBER items (repeated) as the `detectors` mapping."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"--detector {item!r}: write KEY=NUMBER, e.g. hol_inflation=4") from None
+        if not sep:
+            raise ConfigError(f"--detector {item!r}: write KEY=NUMBER, e.g. hol_inflation=4")
+    return out

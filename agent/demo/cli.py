@@ -13,7 +13,7 @@ from typing import Any
 
 from rooflight.agent.config import agent as cfg
 from rooflight.agent.config import settings
-from rooflight.agent.config.values import split_listen
+from rooflight.agent.config.values import detector_flags, split_listen
 
 DEMO_EPILOG = """\
 scenarios:
@@ -23,6 +23,9 @@ scenarios:
   kv-wall       long outputs at a high rate: KV pinned at 100%, preemptions climb, requests wait
   queue         max_num_seqs 16: the batch sits at its configured cap while KV has room
   idle          no traffic: rates read 0 and percentiles are absent, as on an engine nobody calls
+
+faults (--fault, repeatable; seconds from the start):
+  hang@30s  stuck-gauges@30s  503@20s[:60s]  down@0s:24s (a model load)  crash-loop@20s:15s:3s  gpu-lost@30s
 """
 
 
@@ -40,23 +43,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from rooflight.agent.errors import ConfigError
 
         raise ConfigError(f"--scenario {args.scenario!r}: choose one of {', '.join(SCENARIOS)}")
+    from rooflight.agent.demo.faults import parse_fault
+
+    faults = tuple(parse_fault(spec) for spec in args.fault or ())
     host, port = split_listen(args.engine_listen)
     config = DemoConfig(scenario=args.scenario, seed=args.seed, max_num_seqs=args.max_num_seqs,
                         chunked_prefill=args.chunked_prefill, time_scale=args.time_scale)
     from rooflight.agent.sampling.gc_tuning import tune_for_sampling
 
     tune_for_sampling()
-    asyncio.run(_demo(config, host, port, args))
+    asyncio.run(_demo(config, host, port, args, faults))
     return 0
 
 
-async def _demo(demo_config: Any, engine_host: str, engine_port: int, args: argparse.Namespace) -> None:
+async def _demo(demo_config: Any, engine_host: str, engine_port: int, args: argparse.Namespace,
+                faults: tuple[Any, ...] = ()) -> None:
     from rooflight.agent.serve.server import serve
     from rooflight.agent.demo import start_demo_engine
     from rooflight.agent.sampling.sampler import Agent
 
     try:
-        engine = await start_demo_engine(demo_config, engine_host, engine_port)
+        engine = await start_demo_engine(demo_config, engine_host, engine_port, faults=faults)
     except OSError as exc:  # the port is taken, privileged, or not on this machine: say so (exit 2)
         from rooflight.agent.errors import ConfigError
         from rooflight.agent.serve.server import bind_error
@@ -66,7 +73,8 @@ async def _demo(demo_config: Any, engine_host: str, engine_port: int, args: argp
         # the user of an engine knows its max_num_seqs (vLLM does not export it): pass it, as --batch-max would
         given = {"engine_url": [engine.url], "listen": args.listen, "interval": args.interval,
                     "batch_max": engine.sim.max_num_seqs, "target_name": args.target_name,
-                    "gpu_hour_cost": args.gpu_hour_cost}
+                    "gpu_hour_cost": args.gpu_hour_cost, "canary": args.canary,
+                 "detectors": detector_flags(args.detectors) if args.detectors else None}
         config = cfg.build({}, {}, given)
         agent = Agent(config, nvml_lib=engine.nvml, process_pids={config.targets[0].name: os.getpid()})
         host, port = config.listen_host, config.listen_port

@@ -257,6 +257,18 @@ class Simulator:
         tally.observe("request_num_preemptions", req.preemptions)
         tally.observe("request_prefill_kv_computed_tokens", req.prompt_tokens)
 
+    def abort_all(self) -> int:
+        """Every client gives up at once and none comes after: running and waiting dropped, arrivals stopped
+        (vLLM counts a client's disconnect as no finish reason); returns how many were running."""
+        running = len(self.running)
+        for req in self.running:
+            self.free_blocks += req.blocks
+            req.blocks, req.aborted = 0, True
+        self.running, self.waiting, self._injected = [], deque(), []
+        self.inflight = None
+        self._stream = ArrivalStream(Workload(arrival_rate=0.0), self.config.seed, self.config.max_model_len)
+        return running
+
     def abort_injected(self) -> int:
         """Drop every injected request, running or waiting (finished_reason "abort"); returns how many."""
         n = 0

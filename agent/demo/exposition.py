@@ -101,15 +101,16 @@ class _Writer:
         self._created(name, [labels])
 
 
-def render(sim: Simulator, config: DemoConfig, created: float) -> str:
-    """The full vLLM-format exposition for the simulator's current state."""
+def render(sim: Simulator, config: DemoConfig, created: float, running: int | None = None) -> str:
+    """The full vLLM-format exposition for the simulator's current state (`running`: the count its gauges
+    stuck at, where they are stuck)."""
     L: Labels = {"engine": "0", "model_name": config.served_model_name}
     tl = sim.tally
     w = _Writer(created)
     w.family("estimated_flops_per_gpu", "counter", [(L, tl.estimated_flops)])
     w.family("estimated_read_bytes_per_gpu", "counter", [(L, tl.estimated_read_bytes)])
     w.family("estimated_write_bytes_per_gpu", "counter", [(L, tl.estimated_write_bytes)])
-    w.family("num_requests_running", "gauge", [(L, len(sim.running))])
+    w.family("num_requests_running", "gauge", [(L, len(sim.running) if running is None else running)])
     w.family("num_requests_waiting", "gauge", [(L, len(sim.waiting))])
     w.family("num_requests_waiting_by_reason", "gauge",
              [({**L, "reason": "capacity"}, len(sim.waiting)), ({**L, "reason": "deferred"}, 0.0)])

@@ -3,14 +3,17 @@
 An asyncio task wakes every tick (~50 ms), converts elapsed wall time into simulated time
 (x time_scale) and runs every engine step that fits, then refreshes the simulated GPU. It never
 sleeps per step. Time comes from an injected clock (rooflight.agent.sampling.clock), so tests drive `tick()` with a
-FakeClock and no wall time. Routes: /metrics (vLLM text format), /v1/models, /health, /version.
+FakeClock and no wall time. Routes: /metrics (vLLM text format), /v1/models, /health, /version, and
+/v1/completions (a 1-token answer: what the agent's canary asks). Faults (`--fault`, agent/demo/faults.py)
+hang it, freeze its gauges, answer 503, close its port or lose its GPU on a schedule, each tick.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+import socket
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
@@ -18,6 +21,7 @@ from rooflight.agent.sampling.clock import Clock, SystemClock
 from rooflight.agent.demo import exposition, scenarios
 from rooflight.agent.config.demo import DemoConfig
 from rooflight.agent.demo.engine import Simulator
+from rooflight.agent.demo.faults import Fault, active, listening
 from rooflight.agent.demo.gpu import apply_reading, gpu_reading, make_fake_nvml
 from rooflight.agent.demo.plant import make_plant
 from rooflight.agent.demo.state import History, mark, predicted_state
@@ -30,21 +34,35 @@ EVENTS = ("long-prompt", "kv-wall", "clear")
 class DemoEngine:
     """The simulated vLLM engine and its simulated GPU."""
 
-    def __init__(self, config: DemoConfig, clock: Clock | None = None) -> None:
+    def __init__(self, config: DemoConfig, clock: Clock | None = None, faults: tuple[Fault, ...] = ()) -> None:
         self.config = config
         self.clock: Clock = clock or SystemClock()
         self.plant = make_plant(config.gpu, config.model, bandwidth_efficiency=config.bandwidth_efficiency,
                                 prefill_mfu=config.prefill_mfu, block_size=config.block_size,
                                 gpu_memory_utilization=config.gpu_memory_utilization)
-        self.sim = Simulator(config, self.plant, scenarios.workload_for(config.scenario))
-        self.history = History()
         self.nvml = make_fake_nvml(self.plant)
+        self.faults = faults
         self.url = ""
-        self._start_mono = self.clock.monotonic()
-        self._created = self.clock.time()
+        self._born = self.clock.monotonic()  # the faults' schedule counts from here
+        self._host, self._port = "127.0.0.1", 0
         self._runner: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stuck_running: int | None = None  # the running count a mass abort left on the page
+        self._stuck_done = False  # a completion request refreshed the gauges
+        self._gpu_lost = False
+        self._new_process()
+
+    def _new_process(self) -> None:
+        """A fresh engine process: a new simulator, its counters from 0 (at start, and after each crash)."""
+        self.sim = Simulator(self.config, self.plant, scenarios.workload_for(self.config.scenario))
+        self.history = History()
+        self._start_mono = self.clock.monotonic()
+        self._created = self.clock.time()
         self.history.add(mark(self.sim))
+
+    def since_start(self) -> float:
+        """Wall seconds since the demo started (the faults' clock)."""
+        return self.clock.monotonic() - self._born
 
     # -- time -------------------------------------------------------------------------------------
     def sim_time(self) -> float:
@@ -54,6 +72,11 @@ class DemoEngine:
     def tick(self) -> None:
         """Bring the simulation up to the clock's present and refresh the simulated GPU."""
         before = self.sim.now
+        t = self.since_start()
+        if active(self.faults, "stuck-gauges", t) and self._stuck_running is None:
+            self._stuck_running = self.sim.abort_all()  # every client gives up; none comes after
+        if active(self.faults, "hang", t):
+            return  # no step, no token: what the page says stays as it was
         self.sim.advance_to(self.sim_time())
         self.history.add(mark(self.sim))
         gpu = self.nvml.gpus[0]
@@ -63,7 +86,22 @@ class DemoEngine:
     async def _run(self) -> None:
         while True:
             self.tick()
+            await self._apply_faults()
             await asyncio.sleep(self.config.tick_seconds)
+
+    async def _apply_faults(self) -> None:
+        """Close or reopen the engine's port as the schedule says; lose the GPU once its time comes."""
+        t = self.since_start()
+        if not self._gpu_lost and any(f.kind == "gpu-lost" and t >= f.start for f in self.faults):
+            self._gpu_lost = True
+            self.nvml.gpu_lost(0)
+        up = listening(self.faults, t)
+        if up and self._runner is None:
+            self._new_process()
+            await self._listen()
+        elif not up and self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
 
     # -- control ----------------------------------------------------------------------------------
     def inject(self, event: str) -> float:
@@ -93,16 +131,38 @@ class DemoEngine:
         return out
 
     def metrics_text(self) -> str:
-        return exposition.render(self.sim, self.config, self._created)
+        stuck = self._stuck_running if not self._stuck_done else None
+        return exposition.render(self.sim, self.config, self._created, running=stuck)
 
     # -- HTTP -------------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._unavailable])
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/version", self._version)
+        app.router.add_post("/v1/completions", self._completions)
         return app
+
+    @web.middleware
+    async def _unavailable(self, request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """Every route answers 503 while a `503` fault holds (the engine core dead behind its API server)."""
+        if active(self.faults, "503", self.since_start()):
+            return web.Response(status=503, text="engine is dead\n")
+        return await handler(request)
+
+    async def _completions(self, _request: web.Request) -> web.Response:
+        """One token, as vLLM answers a completion request with max_tokens 1; never, while the engine hangs.
+        It runs a step: gauges stuck after a mass abort are refreshed by it."""
+        while active(self.faults, "hang", self.since_start()):
+            await asyncio.sleep(self.config.tick_seconds)
+        self.sim.add_arrivals([scenarios.Arrival(max(self.sim_time(), self.sim.now), 1, 1)])
+        self._stuck_done = self._stuck_running is not None
+        c = self.config
+        return web.json_response({"object": "text_completion", "model": c.served_model_name,
+                                  "choices": [{"index": 0, "text": "!", "finish_reason": "length"}],
+                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics_text().encode(),
@@ -123,14 +183,18 @@ class DemoEngine:
         return web.json_response({"version": VLLM_VERSION})
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        """Serve on host:port (0 = any free port) and start advancing the simulation."""
+        """Serve on host:port (0 = any free port) and start advancing the simulation (a fault scheduled at the
+        start, a model load, keeps the port closed until it ends: the port is chosen now all the same)."""
+        self._host, self._port = host, port or _free_port(host)
+        self.url = f"http://{host}:{self._port}"
+        if listening(self.faults, 0.0):
+            await self._listen()
+        self._task = asyncio.create_task(self._run())
+
+    async def _listen(self) -> None:
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        bound = self._runner.addresses[0][1]
-        self.url = f"http://{host}:{bound}"
-        self._task = asyncio.create_task(self._run())
+        await web.TCPSite(self._runner, self._host, self._port).start()
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -143,9 +207,15 @@ class DemoEngine:
             self._runner = None
 
 
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 async def start_demo_engine(config: DemoConfig, host: str = "127.0.0.1", port: int = 0,
-                            clock: Clock | None = None) -> DemoEngine:
+                            clock: Clock | None = None, faults: tuple[Fault, ...] = ()) -> DemoEngine:
     """Build the demo engine for `config` and start serving it (ConfigError for a bad scenario/model/GPU)."""
-    engine = DemoEngine(config, clock)
+    engine = DemoEngine(config, clock, faults)
     await engine.start(host, port)
     return engine

@@ -50,7 +50,8 @@ def counter(name: str, labels: tuple[str, ...], unit: str, help_: str) -> Metric
 _BEFORE_DETECTORS: tuple[MetricDef, ...] = (
     # Health of each source.
     gauge(n.SOURCE_UP, HEALTH, "", "1 if the last sample of this source succeeded, else 0."),
-    gauge(n.SOURCE_STARTING, HEALTH, "", "1 until this source's first good sample since the agent started (an engine still loading its weights), then 0 for good: the engine-down alert pages only for an engine that was up."),
+    gauge(n.SOURCE_STARTING, HEALTH, "", "1 while the engine's port has refused every connection since the agent started (nothing listens yet: an engine loading its weights), else 0: a 503, a page that is not an engine's, a timeout, or an engine that answered once is down, not starting. Always 0 for the other sources."),
+    counter(n.ENGINE_CANARY, TARGET + ("result",), "", "1-token completion requests the agent sent an engine its stall detector called stalled (rooflight run --canary), by result: ok (answered), failed (no answer within the stall window, or an error). Exported from 0 where the canary runs."),
     gauge(n.SOURCE_LAST_SUCCESS, HEALTH, "seconds", "Unix time of the last good sample of this source."),
     gauge(n.SOURCE_SAMPLE_DURATION, HEALTH, "seconds", "How long the last sample of this source took."),
     counter(n.SOURCE_ERRORS, HEALTH_REASONS, "", "Failed samples by reason (timeout, refused, http_status, parse, too_large, nvml, process, other); counter_regress: a sample read, with a counter that keeps going backwards, its rates withheld."),

@@ -47,6 +47,8 @@ def render_health(f: Families, snap: Snapshot) -> None:
             f.add(n.SOURCE_LABELS_TRUNCATED, key, float(h.labels_truncated))
         for reason, count in sorted(h.values_dropped.items()):
             f.add(n.SOURCE_VALUES_DROPPED, (*key, reason), float(count))
+        for result, count in sorted((h.canary or {}).items()):
+            f.add(n.ENGINE_CANARY, (h.target, result), float(count))
 
 
 def render_series(f: Families, target: TargetView, view: SeriesView) -> None:

@@ -10,7 +10,8 @@ PREFIX = "rooflight_"
 
 # Health of each source (label: source, target; errors also reason).
 SOURCE_UP = "rooflight_source_up"
-SOURCE_STARTING = "rooflight_source_starting"  # 1 until the source's first good sample since the agent started
+SOURCE_STARTING = "rooflight_source_starting"  # 1 while nothing has ever listened on the engine's port
+ENGINE_CANARY = "rooflight_engine_canary_requests_total"  # counter; result: ok, failed (rooflight run --canary)
 SOURCE_LAST_SUCCESS = "rooflight_source_last_success_timestamp_seconds"
 SOURCE_SAMPLE_DURATION = "rooflight_source_sample_duration_seconds"
 SOURCE_ERRORS = "rooflight_source_errors_total"  # counter; exposed name carries _total
@@ -106,7 +107,9 @@ ALERTS = (
     "RooflightITLBudgetBurn",
     "RooflightLowDecodeMBU",
     "RooflightEngineDown",
+    "RooflightModelDown",
     "RooflightGPUDown",
+    "RooflightGPULost",
     "RooflightSourceDown",
     "RooflightAgentDown",
     "RooflightAgentAbsent",

@@ -53,7 +53,8 @@ class Health:
     samples_dropped: int | None = None  # wanted exposition samples past the per-page cap, not read
     labels_truncated: int | None = None  # label values cut to the maximum length
     values_dropped: Mapping[str, int] = field(default_factory=dict)  # by reason, since start
-    starting: bool = False  # no good sample yet since the agent started (an engine still loading)
+    starting: bool = False  # the engine's port has refused every connection since the agent started (loading)
+    canary: Mapping[str, int] | None = None  # engine sources with --canary: its requests by result (ok, failed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ import aiohttp
 from rooflight.agent.metrics.snapshot import TargetView
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.sampling import nvtx_marks
+from rooflight.agent.sampling.canary import Canary
 from rooflight.agent.sampling.clock import Clock
 from rooflight.agent.config.agent import AgentConfig, TargetConfig
 from rooflight.agent.sampling.discovery import model_from_id
@@ -99,6 +100,11 @@ class EngineLoop:
             self.state.values_dropped.setdefault(reason, 0)
         self._derivation_noted: str | None = None
         self.thresholds = DetectorThresholds(**config.detectors)
+        self.canary: Canary | None = None
+        if config.canary:
+            self.state.canary = {}
+            self.canary = Canary(session, target.url, self.thresholds.stall_seconds,
+                                 self.state.canary, clock.monotonic)
         self._adapter: EngineAdapter | None = None if target.engine == "auto" else engines.adapter(target.engine)
         self._histories: dict[tuple[str, str], SeriesHistory] = {}
         self._states: dict[tuple[str, str], DetectorState] = {}  # by series: what the derive step carries on
@@ -133,10 +139,14 @@ class EngineLoop:
         self.state.ok(self.clock.time(), self.clock.monotonic() - start, self.clock.monotonic())
         await self._refresh_info()
         self._rebuild_view(count_dropped=True)
+        if self.canary is not None:
+            self.canary.consider([v.series.model for v in self.view.series if v.verdicts and v.verdicts.engine_stalled])
 
     def close(self) -> None:
-        """Close the connection the target's pages are read over (the agent stops)."""
+        """Close the connection the target's pages are read over, and a canary in flight (the agent stops)."""
         self._pages.close()
+        if self.canary is not None:
+            self.canary.close()
 
     async def _fetch(self, path: str) -> Fetched:
         return await self._pages.fetch_text(

@@ -31,20 +31,26 @@ class SourceState:
         self.errors = dict.fromkeys(SOURCE_REASONS.get(source, REASONS), 0)
         self.message: str | None = None
         self.sampled = False  # whether a sample was attempted at all
-        # No good sample yet since the agent started: an engine loading its weights refuses connections for
-        # minutes on every rollout and scale-up. Starting, not down (rules: RooflightEngineDown waits for it).
-        self.starting = True
+        # Starting is earned by evidence of a model load, never by the agent's own start: an engine's port that
+        # has refused every connection since the agent started (nothing listens yet: a new engine process
+        # loading its weights binds its port once loaded, on every rollout and scale-up). A 503, a page that is
+        # not an engine's, a timeout (something listens and fails), or an engine that has answered once, is
+        # down. No other source loads anything: one that keeps failing is down (rules/outage.py reads it).
+        self.starting = False
+        self._only_refused = source == "engine"  # every sample so far refused (none answered, none failed else)
+        self.absent = False  # the hardware it reads is not on this machine (no NVML library): not exported
         self._noted: str | None = None  # the last message of note(): the same one again is not logged again
         engine = source == "engine"
         self.series_dropped: int | None = 0 if engine else None
         self.samples_dropped: int | None = 0 if engine else None
         self.labels_truncated: int | None = 0 if engine else None
+        self.canary: dict[str, int] | None = None  # engine sources with --canary: its requests by result
         # Counted from zero so that rates work from the start, as the error counts.
         self.values_dropped: dict[str, int] = dict.fromkeys(VALUE_REASONS, 0) if engine else {}
 
     def ok(self, wall: float, duration: float, monotonic: float | None = None) -> None:
         self.up, self.last_success, self.duration, self.message = True, wall, duration, None
-        self.sampled, self.starting = True, False
+        self.sampled, self.starting, self._only_refused = True, False, False
         self.last_success_monotonic = monotonic
 
     def fail(self, reason: str, message: str, duration: float) -> None:
@@ -54,6 +60,8 @@ class SourceState:
             log.warning("%s source for %s failed (%s): %s", self.source, self.target, reason, message)
         self.up, self.duration, self.message, self.sampled = False, duration, message, True
         self.errors[reason] = self.errors.get(reason, 0) + 1
+        self._only_refused = self._only_refused and reason == "refused"
+        self.starting = self._only_refused
 
     def note(self, reason: str, message: str) -> None:
         """An error reason of a sample that was still read (counter_regress): counted, logged when it
@@ -71,5 +79,5 @@ class SourceState:
         return Health(
             self.source, self.target, self.up, self.last_success, self.duration, dict(self.errors), self.message,
             self.series_dropped, self.samples_dropped, self.labels_truncated, dict(self.values_dropped),
-            self.starting,
+            self.starting, None if self.canary is None else dict(self.canary),
         )

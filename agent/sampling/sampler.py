@@ -156,7 +156,7 @@ class Agent:
         for state in stepped:
             cache[state] = state.view()
         sources = [e.state for e in self.engines]
-        if self.config.nvml:
+        if self.config.nvml and not self._nvml_state.absent:  # absent: no NVML here, no GPU to be down
             sources.append(self._nvml_state)
         sources += self._process_states.values()
         health = [cache[s] if s in cache else cache.setdefault(s, s.view()) for s in sources]
@@ -337,8 +337,10 @@ class Agent:
         except SourceError as exc:
             self._gpu = None
             self._nvml_state.fail(exc.reason, str(exc), self.clock.monotonic() - start)
+            self._nvml_state.absent = bool(getattr(collector, "absent", False))
         else:
             self._nvml_state.ok(self.clock.time(), self.clock.monotonic() - start)
+            self._nvml_state.absent = False
             self._remember_gpus(self._gpu)
 
     def _remember_gpus(self, sample: GpuSample) -> None:

@@ -61,7 +61,7 @@ async def _demo_exposition(scenario: str, seconds: float, **flags: object) -> st
 async def test_every_documented_metric_is_served_and_every_served_one_documented() -> None:
     served = set()
     served |= _served_names(await _demo_exposition("steady", 50.0, batch_max=256))
-    served |= _served_names(await _demo_exposition("queue", 30.0, batch_max=16))
+    served |= _served_names(await _demo_exposition("queue", 30.0, batch_max=16, canary=True))
     for golden in GOLDEN.glob("*.prom"):
         served |= _served_names(golden.read_text())
     # the process source only exists where the engine runs as a separate process (tests/collectors/test_process.py)

@@ -1,6 +1,8 @@
-"""An engine loading its model is starting, not down: rooflight_source_starting is 1 until the engine's first
-good sample since the agent started, then 0 for good, so RooflightEngineDown (rules/alerts.py) pages only for
-an engine that was up. Over real HTTP on 127.0.0.1: the engine's port refuses, then serves, then goes away."""
+"""An engine loading its model is starting, not down: rooflight_source_starting is 1 while the engine's port has
+refused every connection since the agent started (nothing listens yet: weights loading), then 0 for good. The
+agent's own start earns nothing: an engine that answers 503, serves a page that is not an engine's, or has
+answered once, is down from its first failed sample, so an agent restarted during an outage reports it down
+(rules/outage.py pages on it). Over real HTTP on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -43,3 +45,57 @@ async def test_a_loading_engine_is_starting_until_its_first_good_sample_then_dow
             clock.advance(0.5)
             await agent.sample_engines_once()
             assert _engine_health(exported(agent)) == (0.0, 0.0)
+
+
+async def _health_after(engine: FakeEngine, samples: int) -> tuple[float, float]:
+    config = build({}, {}, {"engine_url": [engine.url], "process": False, "nvml": False,
+                            "interval": "0.5", "windows": "5s", "model": "llama-3-8b"})
+    clock = FakeClock()
+    async with started_agent(config, loops=False, clock=clock) as agent:
+        for _ in range(samples):
+            clock.advance(0.5)
+            await agent.sample_engines_once()
+        return _engine_health(exported(agent))
+
+
+async def test_an_engine_answering_503_is_down_from_the_agents_first_sample() -> None:
+    """The agent restarted during an outage: the engine's core is dead behind its API server."""
+    engine = FakeEngine(body="engine is dead\n", status=503)
+    await engine.start()
+    try:
+        assert await _health_after(engine, 3) == (0.0, 0.0)
+    finally:
+        await engine.stop()
+
+
+async def test_a_page_that_is_not_an_engines_is_down_not_starting() -> None:
+    """Something else listens on the engine's port (a sidecar's, a proxy's 200 page): the engine is not loading."""
+    engine = FakeEngine(body="<html>hello</html>\n")
+    await engine.start()
+    try:
+        assert await _health_after(engine, 3) == (0.0, 0.0)
+    finally:
+        await engine.stop()
+
+
+async def test_refused_after_any_other_failure_is_down() -> None:
+    """A 503, then the port closes (the process exits): a crash, not a first load."""
+    port = free_port()
+    engine = FakeEngine(body="", status=503)
+    config = build({}, {}, {"engine_url": [f"http://127.0.0.1:{port}"], "process": False, "nvml": False,
+                            "interval": "0.5", "windows": "5s", "model": "llama-3-8b"})
+    clock = FakeClock()
+    async with started_agent(config, loops=False, clock=clock) as agent:
+        clock.advance(0.5)
+        await agent.sample_engines_once()
+        assert _engine_health(exported(agent)) == (1.0, 0.0)  # refused: loading
+        await engine.start(port)
+        try:
+            clock.advance(0.5)
+            await agent.sample_engines_once()
+            assert _engine_health(exported(agent)) == (0.0, 0.0)  # a 503: down
+        finally:
+            await engine.stop()
+        clock.advance(0.5)
+        await agent.sample_engines_once()
+        assert _engine_health(exported(agent)) == (0.0, 0.0)  # refused again: still down
