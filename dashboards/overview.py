@@ -33,6 +33,7 @@ from .panels import (
     WHO,
     WINDOWED,
     Grid,
+    alert_table,
     build,
     custom_variable,
     detector_panel,
@@ -220,6 +221,18 @@ def _capacity_row(g: Grid) -> None:
 
 def dashboard() -> dict[str, Any]:
     g = Grid()
+    g.row("Firing alerts")
+    g.add(alert_table(
+        "Firing Rooflight alerts",
+        "Every Rooflight alert firing now in the selected clusters, namespaces and pods, one row each: the alert, "
+        "its pod (none for a model's: an SLO burn, a model down), its severity (critical pages, warning "
+        "tickets) and since when it fires. Red regions on every time series below mark when each fired; the "
+        "runbook of each is docs/runbooks.md, its heading the alert's name.",
+        f'1000 * max by (cluster, namespace, pod, alertname, severity, model) (ALERTS_FOR_STATE{{{ALERT}}} '
+        f'and ignoring (alertstate) ALERTS{{{ALERT}, alertstate="firing"}})',
+        (("alertname", "alert"), ("pod", "pod"), ("severity", "severity"), ("Value", "since"),
+         ("model", "model"), ("namespace", "namespace"), ("cluster", "cluster")),
+    ), 24, 6)
     g.row("SLOs and goodput")
     g.add(single(
         "TTFT SLO attainment",
@@ -228,7 +241,7 @@ def dashboard() -> dict[str, Any]:
         "is blocking the line; the Latency row says which.",
         "percentunit", query(native(_attainment(_TTFT, "ttft_slo")), _ENGINE_WHO, "A", instant=True),
         thresholds=[(None, "red"), (0.9, "orange"), (0.99, "green")], decimals=1,
-    ), 6, 5)
+    ), 8, 5)
     g.add(single(
         "ITL SLO attainment",
         "Share of inter-token gaps at or under $itl_slo s (per token, not per request), one value per pod. "
@@ -236,7 +249,7 @@ def dashboard() -> dict[str, Any]:
         "prefills (see the Head-of-line blocking row).",
         "percentunit", query(native(_attainment(_ITL, "itl_slo")), _ENGINE_WHO, "A", instant=True),
         thresholds=[(None, "red"), (0.9, "orange"), (0.99, "green")], decimals=1,
-    ), 6, 5)
+    ), 8, 5)
     g.add(single(
         "Goodput bound (req/s meeting TTFT SLO)",
         "Finished requests per second times TTFT attainment, per pod: an upper bound on goodput, the requests/s "
@@ -244,15 +257,7 @@ def dashboard() -> dict[str, Any]:
         "number.",
         "reqps", query(native(f"{_rate_sum(_FINISHED)} * ({_attainment(_TTFT, 'ttft_slo')})"),
                        _ENGINE_WHO, "A", instant=True), decimals=2,
-    ), 6, 5)
-    g.add(single(
-        "Firing Rooflight alerts",
-        "How many Rooflight alerts fire now in the selected clusters, namespaces and pods (head-of-line "
-        "blocking, capacity-capped batch, SLO burn, low decode MBU, engine or GPU down). The Active Rooflight "
-        "alerts panel below names them and their pods; red regions on every time series mark when they fired.",
-        "none", query(f'count(ALERTS{{{ALERT}, alertstate="firing"}}) or vector(0)', "firing", "A", instant=True),
-        thresholds=[(None, "green"), (1, "red")],
-    ), 6, 5)
+    ), 8, 5)
 
     slo_row(g)
 

@@ -259,6 +259,26 @@ def info_table(title: str, description: str, target: prometheus.Dataquery, hide:
     )
 
 
+def alert_table(title: str, description: str, expr: str, columns: tuple[tuple[str, str], ...]) -> table.Panel:
+    """A table of firing alerts, one row each: `columns` ((label or Value, header), in order) shown, every
+    other column hidden; the value is when the alert became active (ms since the epoch), shown as "since"."""
+    shown = {name for name, _ in columns}
+    organize = DataTransformerConfig(
+        id_val="organize",
+        options={"excludeByName": {}, "includeByName": {name: True for name in shown},
+                 "indexByName": {name: i for i, (name, _) in enumerate(columns)},
+                 "renameByName": {name: header for name, header in columns}},
+    )
+    return (
+        titled(table.Panel(), title, description)
+        .with_target(query(expr, "", "A", instant=True, table=True))
+        .with_transformation(organize)
+        .unit("dateTimeFromNow")
+        .show_header(True)
+        .filterable(True)
+    )
+
+
 @dataclass
 class Grid:
     """Left-to-right placement on Grafana's 24-column grid; wraps before a panel would overflow."""

@@ -16,7 +16,7 @@ from rooflight.rules import availability, slo
 from rooflight.rules.config import RulesConfig
 from rooflight.rules.promql import number
 
-from .panels import ALERT, CLIENT, SERVICE, SERVICE_WHO, Grid, query, sel, service, ts
+from .panels import ALERT, SERVICE, SERVICE_WHO, Grid, query, sel, service, ts
 
 RULES = RulesConfig()
 _WINDOWS = slo.slo_windows(RULES)  # every window a burn row reads, shortest first
@@ -64,12 +64,13 @@ def _slos() -> tuple[_Slo, ...]:
              f"the {1 - RULES.request_error_objective:.3g} budget of {availability.REQUEST_ALERT}, per service and "
              "model.", "An abort storm is clients giving up (TTFT past their timeout: see the TTFT burn) or the "
              "scheduler dropping requests; errors are the engine's own (its log)."),
-        _Slo("Burn rate: client availability (proxy)", "client availability", availability.client_record, CLIENT,
-             1 - RULES.client_error_objective, "{{pod}} {{target}}", False,
-             f"Inference requests the proxy answered 5xx or saw cut by the upstream, over all it relayed, against "
-             f"the {1 - RULES.client_error_objective:.3g} budget of {availability.CLIENT_ALERT}, per pod and target "
-             "(the proxy's view, which a crash-looping engine cannot reset).", "See Client requests by finish "
-             "reason for upstream_error; blank unless the proxy runs."),
+        _Slo("Burn rate: client availability", "client availability", lambda w: availability.client_record(RULES, w),
+             SERVICE, 1 - RULES.client_error_objective, SERVICE_WHO, True,
+             f"Inference requests answered 5xx or cut by the upstream, over all of them, against the "
+             f"{1 - RULES.client_error_objective:.3g} budget of {availability.CLIENT_ALERT}, per service and model, "
+             "summed over its pods: the proxy's count where it runs (which a crash-looping engine cannot reset), "
+             "else the engine API server's own HTTP responses.", "See Client requests by finish reason for "
+             "upstream_error through the proxy."),
     )
 
 
@@ -100,8 +101,7 @@ def slo_row(g: Grid) -> None:
         f"Error budget left ({_LONGEST} window)",
         f"1 - the error ratio over the longest burn window ({_LONGEST}) / the budget, per SLO: the share of that "
         "window's budget not yet spent, at its current pace. Below 0 the window has spent more than its budget: "
-        "hold risky rollouts and work the SLO whose line is lowest. TTFT, ITL and engine availability per "
-        "service and model; client availability per pod and target.",
+        "hold risky rollouts and work the SLO whose line is lowest. Each per service and model.",
         "percentunit", [query(s.ratio(_LONGEST, minus_from="1 - "), f"{s.who} {s.short}", ref)
                         for ref, s in zip(_REFS, slos)],
         min_val=None, max_val=1, thresholds=[(None, "transparent"), (0.0, "red")],

@@ -16,7 +16,7 @@ instance, and its description names the replica (its `pod`, else its `instance`)
 
 Meta-monitoring, in the monitoring-mixin way: the agent's own scrape is down (`up == 0`, per pod) or
 missing altogether (`absent(up)`: the monitor is not selected, the job is misnamed), and a source other
-than the engine and NVML (which have their own alerts) stays down.
+than the engine (rules/outage.py) and NVML (which have their own alerts) stays down.
 """
 
 from __future__ import annotations
@@ -228,38 +228,8 @@ def _failures(window: str) -> str:
 def source_alerts(config: RulesConfig) -> list[Rule]:
     up = names.SOURCE_UP
     sel = config.agent_selector
-    on_source = labels(keep(config, "source", "target"))
-    own = ("engine", "nvml")  # the sources with an alert of their own
+    own = ("engine", "nvml")  # the sources with an alert of their own (the engine's: rules/outage.py)
     return [
-        alert(
-            config,
-            "RooflightEngineDown",
-            # an engine that has not been up since the agent started is loading, not down: it pages through
-            # RooflightEngineStartTimeout only once it outlasts its load budget
-            f"{series(up, sel, _source('engine'))} == 0\n"
-            f"unless on ({on_source})\n"
-            f"{series(names.SOURCE_STARTING, sel, _source('engine'))} == 1",
-            config.engine_down_for,
-            "critical",
-            "Rooflight cannot scrape the inference engine.",
-            f"{SOURCE_WHERE}: the engine's /metrics endpoint has failed every sample for "
-            f"{config.engine_down_for}; the engine is down, hung, or unreachable from the agent. "
-            f"Most failures: {_failures(config.engine_down_for)}.",
-            dashboard=("overview", PER_SOURCE),
-        ),
-        alert(
-            config,
-            "RooflightEngineStartTimeout",
-            f"{series(names.SOURCE_STARTING, sel, _source('engine'))} == 1",
-            config.engine_start_budget,
-            "warning",
-            "An engine has not come up within its load budget.",
-            f"{SOURCE_WHERE}: no sample of the engine's /metrics has succeeded since the agent started "
-            f"{config.engine_start_budget} ago, longer than a model load should take. The engine is stuck "
-            f"loading, crash-looping before it serves, or the agent watches the wrong address. "
-            f"Most failures: {_failures(config.engine_start_budget)}.",
-            dashboard=("overview", PER_SOURCE),
-        ),
         alert(
             config,
             "RooflightGPUDown",

@@ -237,6 +237,10 @@ class RulesConfig:
     # rules --engine picks them: vLLM's finish counter by reason, SGLang's aborted and processed counters).
     requests_failed: str = field(default_factory=lambda: service_families(DEFAULT_ENGINE).requests_failed)
     requests_finished: str = field(default_factory=lambda: service_families(DEFAULT_ENGINE).requests_finished)
+    # The API server's HTTP responses to inference routes by status class, where the engine counts them (vLLM's):
+    # the clients' availability SLO reads their 5xx where no Rooflight proxy stands in front. The same selector
+    # for every --engine: where an engine has no such family, that branch of the SLO reads nothing.
+    http_requests: str = field(default_factory=lambda: service_families(DEFAULT_ENGINE).http_requests)
     # The agent's `engine` label of the engine whose histograms the SLOs read (rooflight rules --engine):
     # where the agent watches such an engine and Prometheus holds none of its histograms, the SLOs are blind.
     slo_engine: str = DEFAULT_ENGINE
@@ -245,6 +249,9 @@ class RulesConfig:
     # Every burn-rate row (latency, goodput, availability) fires only where its long window saw at least
     # this many requests: two slow or failed requests in a quiet hour are not a burn rate.
     slo_min_requests: int = 20
+    # ... and at least this many bad events (slow first tokens or tokens, failed requests): four slow
+    # requests in a quiet night hour are a ratio of 17%, not a reason to wake anyone.
+    slo_min_bad_events: int = 10
     bucket_guard_for: str = "15m"
     rate_window: str = "5m"  # for the recording rules (MBU, MFU, tokens/s)
     head_of_line: DetectorAlert = DetectorAlert("10m", 0.25, "5m")
@@ -253,7 +260,19 @@ class RulesConfig:
     low_mbu_threshold: float = 0.3  # a healthy decode streams 60-80% of peak bandwidth
     low_mbu_for: str = "30m"
     low_mbu_min_running: float = 1.0  # decode must have been busy the whole rate window
+    # An engine down (rules/outage.py): its pod's ticket once its engine failed every sample for at least
+    # `engine_down_share` of `engine_down_window` (a crash loop's minutes up in between do not reset it; one
+    # restart that reloads in a few minutes stays under it); the model's page once more than
+    # `model_down_share` of its engines are down, for `engine_down_for`. Both keep firing for
+    # `keep_firing_for` after their condition clears, so a crash loop's minute up neither resolves nor
+    # re-sends them. `engine_memory`: how far back Prometheus's memory of a pod's model and of its engine
+    # having served reaches (an agent restarted during an outage has forgotten both; Prometheus has not).
     engine_down_for: str = "2m"
+    engine_down_window: str = "15m"
+    engine_down_share: float = 0.5
+    model_down_share: float = 0.5
+    keep_firing_for: str = "10m"
+    engine_memory: str = "6h"
     # How long an engine may stay starting (not one good sample since the agent started: loading weights)
     # before RooflightEngineStartTimeout: above the slowest model load, as the Helm chart's startup probe.
     engine_start_budget: str = "30m"
@@ -266,6 +285,7 @@ class RulesConfig:
     gpu_throttle_share: float = 0.25
     gpu_temperature_celsius: float = 85.0
     gpu_down_for: str = "5m"
+    gpu_lost_for: str = "1m"  # RooflightGPULost: NVML says the GPU fell off the bus (rooflight_gpu_up 0)
     source_down_for: str = "15m"  # any other source (process, ...): a gap in the data, not an outage
     # Meta-monitoring: the agent's own scrape, by Prometheus's `up`. The chart and the kustomize base set
     # job="rooflight" on the agent's endpoint (not the engine's), the compose stack names its job so.
@@ -295,6 +315,10 @@ class RulesConfig:
             (self.rate_window, "rate_window"),
             (self.low_mbu_for, "low_mbu_for"),
             (self.engine_down_for, "engine_down_for"),
+            (self.engine_down_window, "engine_down_window"),
+            (self.keep_firing_for, "keep_firing_for"),
+            (self.engine_memory, "engine_memory"),
+            (self.gpu_lost_for, "gpu_lost_for"),
             (self.engine_start_budget, "engine_start_budget"),
             (self.engine_stalled_window, "engine_stalled_window"),
             (self.engine_stalled_for, "engine_stalled_for"),
@@ -328,7 +352,13 @@ class RulesConfig:
                 raise ConfigError(f"{what} must be in (0, 1) (got {objective})")
         if self.slo_min_requests < 1:
             raise ConfigError(f"slo_min_requests must be at least 1 (got {self.slo_min_requests})")
-        for selector, what in ((self.requests_failed, "requests_failed"), (self.requests_finished, "requests_finished")):
+        if self.slo_min_bad_events < 1:
+            raise ConfigError(f"slo_min_bad_events must be at least 1 (got {self.slo_min_bad_events})")
+        for share, what in ((self.engine_down_share, "engine_down_share"), (self.model_down_share, "model_down_share")):
+            if not 0.0 < share < 1.0:
+                raise ConfigError(f"{what} must be in (0, 1) (got {share})")
+        for selector, what in ((self.requests_failed, "requests_failed"), (self.requests_finished, "requests_finished"),
+                               (self.http_requests, "http_requests")):
             if not re.match(r"^[a-zA-Z_:][a-zA-Z0-9_:]*(\{.*\})?$", selector):
                 raise ConfigError(f"{what} {selector!r} must be a metric name with optional matchers")
         if not 0.0 < self.low_mbu_threshold < 1.0:

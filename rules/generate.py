@@ -6,6 +6,7 @@
     rooflight rules --topology-labels cluster,namespace,pod,instance,job --extra-labels region
     rooflight rules --ttft-threshold-for llama-70b=5 --dashboard-base-url https://grafana.example.com
     rooflight rules --saturation-window 1m --capacity-window 5m   # the agent windows the capacity rules read
+    rooflight rules --time-scale 20   # every duration / 20: a test stage's minutes-long incidents
 
 The checked-in files are rendered from the default RulesConfig; `rooflight rules` renders the same
 code with the user's thresholds and selectors.
@@ -23,6 +24,7 @@ from typing import Any, Sequence
 from rooflight.agent.errors import ConfigError
 from rooflight.rules import config as cfg
 from rooflight.rules.render import render
+from rooflight.rules.timescale import scaled
 
 HERE = Path(__file__).resolve().parent
 OUTPUTS = {"yaml": HERE / "rooflight.rules.yaml", "prometheusrule": HERE / "rooflight.prometheusrule.yaml"}
@@ -162,6 +164,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--runbook-base-url", default=cfg.RulesConfig.runbook_base_url)
     p.add_argument("--dashboard-base-url", default=cfg.RulesConfig.dashboard_base_url,
                    help="Grafana's URL; each alert's dashboard_url is <this>/d/<uid>?var-pod=... (default %(default)s)")
+    p.add_argument("--time-scale", type=int, default=1, metavar="N",
+                   help="divide every duration of the rules (windows, for, burn rows) by N: the same rules, N times "
+                        "sooner, for a test stage against short-lived agents (default %(default)s)")
     p.add_argument("-o", "--output", help="write here instead of stdout")
     p.set_defaults(func=run_rules)
 
@@ -242,7 +247,7 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
 
 def run_rules(args: argparse.Namespace) -> int:
     try:
-        text = render(config_from_args(args), args.format)
+        text = render(scaled(config_from_args(args), args.time_scale), args.format)
     except ConfigError as exc:
         print(f"rooflight rules: {exc}", file=sys.stderr)
         return 2

@@ -2,8 +2,16 @@
 
 A hung engine answers its /metrics (the API process serves it) while its counters stay flat: no source is
 down, no TTFT/ITL observation arrives for the burn-rate alerts to count, and MBU falls to zero only after
-the low-MBU alert's half hour. `RooflightEngineStalled` pages on the flat counters themselves: requests
-running or waiting the whole window, and not one token of either phase, nor one engine step, in it.
+the low-MBU alert's half hour. `RooflightEngineStalled` reads the flat counters themselves: requests
+running or waiting the whole window, and not one token of either phase, nor one engine step, in it. The
+same counters read the same on an idle vLLM whose gauges stuck after a mass client abort (running > 0 with
+nothing running), so the stall pages only once confirmed: the agent's canary (`rooflight run --canary`, a
+1-token request sent while its own detector sees the stall) went unanswered. Without a canary it is a
+warning.
+
+A GPU that fell off the bus (XID 79) is what NVML says of it: GPU_IS_LOST on every call, which the agent
+exports as `rooflight_gpu_up 0` and nothing else for that GPU. `RooflightGPULost` pages on it, for as long
+as it lasts.
 
 GPU health reads the NVML series the agent exports per GPU (`rooflight_gpu_*`, labels gpu and uuid), as
 dcgm-exporter users alert on XID and double-bit ECC first: an XID of a hardware class (the GPU needs a
@@ -17,6 +25,7 @@ from rooflight.agent.metrics import names
 from rooflight.agent.metrics import registry
 from rooflight.collectors.nvml import GPU_EXTRA_METRICS
 from rooflight.rules.alerts import PER_TARGET, WHERE, Link, alert
+from rooflight.rules.burn import duration, seconds
 from rooflight.rules.config import RulesConfig
 from rooflight.rules.promql import labels, number, series
 from rooflight.rules.recording import Rule, keep, rank_labels
@@ -32,6 +41,7 @@ HARDWARE_XIDS = (48, 64, 74, 79, 94, 95, 119, 120, 140)
 # thermal (64), HW power brake (128). SW power cap (4) is a busy GPU at its power limit: normal, not alerted.
 SLOWDOWN_BITS = (8, 32, 64, 128)
 ENGINE_SOURCE = 'source="engine"'  # the agent's engine source, in rooflight_source_up
+GPU_LOST = "RooflightGPULost"
 
 GPU_WHERE = (
     "GPU {{ $labels.gpu }} ({{ $labels.uuid }}"
@@ -78,20 +88,46 @@ def stall_expr(config: RulesConfig) -> str:
     )
 
 
-def engine_stalled_alert(config: RulesConfig) -> Rule:
-    w = config.engine_stalled_window
-    return alert(
-        config,
-        registry.ENGINE_STALLED.alert,  # the agent's engine_stalled detector judges the same at its resolution
-        stall_expr(config),
-        config.engine_stalled_for,
-        "critical",
-        "The engine holds requests and makes no progress: not one token or engine step.",
-        f"{WHERE}: {{{{ $value | printf \"%.0f\" }}}} requests are running or waiting and the engine has "
-        f"produced no prompt or generated token and run no engine step for {w}, while its /metrics still "
-        "answers. The engine is hung (a stuck collective, a dead worker, a deadlocked scheduler), not slow.",
-        dashboard=("overview", PER_TARGET),
-    )
+def _canary(config: RulesConfig, result: str) -> str:
+    return series(names.ENGINE_CANARY, config.agent_selector, f'result="{result}"')
+
+
+def canary_failed(config: RulesConfig) -> str:
+    """Targets whose canary (a 1-token request the agent sends an engine its detector calls stalled: `rooflight
+    run --canary`) went unanswered within the stall window, and none was answered."""
+    w, on = config.engine_stalled_window, labels(keep(config, "target"))
+    return (f"sum by ({on}) (increase({_canary(config, 'failed')}[{w}])) > 0\n"
+            f"unless on ({on})\n"
+            f"sum by ({on}) (increase({_canary(config, 'ok')}[{w}])) > 0")
+
+
+def engine_stalled_alerts(config: RulesConfig) -> list[Rule]:
+    """Critical where the canary confirms the hang; a warning where the agent sends none (a hang and vLLM's
+    gauges stuck after a mass abort read the same on the counters: running > 0, nothing moving)."""
+    w, on = config.engine_stalled_window, labels(keep(config, "target"))
+    held = (f"{WHERE}: {{{{ $value | printf \"%.0f\" }}}} requests are running or waiting and the engine has "
+            f"produced no prompt or generated token and run no engine step for {w}, while its /metrics still answers.")
+    name = registry.ENGINE_STALLED.alert  # the agent's engine_stalled detector judges the same at its resolution
+    return [
+        alert(
+            config, name,
+            f"{stall_expr(config)}\nand on ({on})\n({canary_failed(config)})",
+            config.engine_stalled_for, "critical",
+            "The engine holds requests, makes no progress, and does not answer a 1-token request: it is hung.",
+            f"{held} The agent's canary (a 1-token request) went unanswered: the engine is hung (a stuck "
+            "collective, a dead worker, a deadlocked scheduler), not slow, and not idle behind stuck gauges.",
+            dashboard=("overview", PER_TARGET),
+        ),
+        alert(
+            config, name,
+            f"{stall_expr(config)}\nunless on ({on})\ngroup by ({on}) ({_canary(config, 'ok')})",
+            config.engine_stalled_for, "warning",
+            "The engine holds requests and makes no progress; without a canary the hang is not confirmed.",
+            f"{held} The agent sends no canary here (rooflight run --canary), so this may be a hang or an idle "
+            "engine whose gauges stuck after a mass client abort (a vLLM bug): the runbook tells them apart.",
+            dashboard=("overview", PER_TARGET),
+        ),
+    ]
 
 
 def _any_of(value: str, codes: tuple[int, ...]) -> str:
@@ -110,6 +146,18 @@ def gpu_health_alerts(config: RulesConfig) -> list[Rule]:
     window = config.gpu_health_window
     throttle = config.gpu_throttle_share
     return [
+        {**alert(
+            config,
+            GPU_LOST,
+            f"{_gpu(config, 'up')} == 0",
+            config.gpu_lost_for,
+            "critical",
+            "A GPU fell off the bus: NVML has lost it, and every process on it with it.",
+            f"{GPU_WHERE}: NVML answers GPU_IS_LOST for it (rooflight_gpu_up 0; XID 79, or a reset gone wrong). "
+            "The engine on it has died or will; nothing it held is coming back. Drain the node, then reset or "
+            "replace the GPU. Its heat and throttle alerts, and its pod's engine alerts, are inhibited under this one.",
+            dashboard=PER_GPU,
+        ), "keep_firing_for": config.keep_firing_for},
         alert(
             config,
             "RooflightGPUHardwareXid",
@@ -157,7 +205,7 @@ def gpu_health_alerts(config: RulesConfig) -> list[Rule]:
         alert(
             config,
             "RooflightGPUThrottled",
-            f"avg_over_time(({_slowdown(_gpu(config, 'clock_event_reasons'))})[{window}:1m])\n"
+            f"avg_over_time(({_slowdown(_gpu(config, 'clock_event_reasons'))})[{window}:{duration(seconds(window) / 10)}])\n"
             f">= {number(throttle)}",
             "5m",
             "warning",
@@ -216,5 +264,5 @@ def _replica_of() -> str:
 
 
 def health_alerts(config: RulesConfig) -> list[Rule]:
-    return [engine_stalled_alert(config), *gpu_health_alerts(config), slo_blind_alert(config)]
+    return [*engine_stalled_alerts(config), *gpu_health_alerts(config), slo_blind_alert(config)]
 

@@ -17,6 +17,7 @@ from rooflight.rules.availability import client_availability, engine_availabilit
 from rooflight.rules.health import health_alerts
 from rooflight.rules.config import RulesConfig
 from rooflight.rules.goodput import goodput_rules
+from rooflight.rules.outage import outage_alerts, outage_records
 from rooflight.rules.recording import recording_rules
 from rooflight.rules.slo import slo_rules
 
@@ -35,13 +36,16 @@ def groups(config: RulesConfig) -> list[dict[str, Any]]:
     name = config.rule_name
     return [
         {"name": f"{name}.rules", "rules": recording_rules(config)},
-        {"name": f"{name}-slo.rules", "rules": [*slo_records, *engine_records]},
-        {"name": f"{name}-goodput.rules", "rules": [*goodput_records, *client_records]},
+        {"name": f"{name}-slo.rules", "rules": [*slo_records, *engine_records, *client_records]},
+        {"name": f"{name}-goodput.rules", "rules": goodput_records},
         {"name": f"{name}-capacity.rules", "rules": capacity_rules(config)},
         {"name": f"{name}.alerts", "rules": [*source_alerts(config), *detector_alerts(config), mbu_alert(config)]},
+        # the records and the alerts that read them in one group: evaluated in order, the alerts see this
+        # evaluation's records (groups run concurrently, another group's records lag by up to an interval)
+        {"name": f"{name}-outage.alerts", "rules": [*outage_records(config), *outage_alerts(config)]},
         {"name": f"{name}-health.alerts", "rules": health_alerts(config)},
-        {"name": f"{name}-slo.alerts", "rules": [*slo_alerts, *engine_alerts]},
-        {"name": f"{name}-goodput.alerts", "rules": [*goodput_alerts, *client_alerts]},
+        {"name": f"{name}-slo.alerts", "rules": [*slo_alerts, *engine_alerts, *client_alerts]},
+        {"name": f"{name}-goodput.alerts", "rules": goodput_alerts},
         {"name": f"{name}-meta.alerts", "rules": meta_alerts(config)},
     ]
 

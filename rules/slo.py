@@ -110,10 +110,14 @@ def burn_alerts(config: RulesConfig, slo: LatencySLO) -> list[Rule]:
                 f"within it); burn rate above {row.factor:g}x, confirmed over {row.short}."
                 + worst_replica(config, slo, row.short))
 
+    by = slo_by(config)
+    # Both guards count requests: the TTFT histogram observes one a request, the ITL one a token, hundreds a
+    # request. An ITL ratio times the requests is how many requests' worth of tokens were slow.
+    requests = series(f"{config.ttft.histogram}_count", config.ttft.selector)
     return burn.burn_alerts(config, burn.BurnSLO(
-        slo.alert, slo.budget, lambda w: error_record(config, slo, w), slo_by(config),
-        series(f"{slo.histogram}_count", slo.selector),
+        slo.alert, slo.budget, lambda w: error_record(config, slo, w), by, series(f"{slo.histogram}_count", slo.selector),
         lambda speed: f"The {slo.title} SLO error budget is burning {speed}.", description, _dashboard(config),
+        requests=burn.increase_by(by, requests), model_label=config.slo_model_label,
     ))
 
 

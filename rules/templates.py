@@ -47,6 +47,14 @@ def first_label(query: str, label: str, *args: str, missing: str = "none") -> st
     )
 
 
+def each_label(query: str, label: str, *args: str, missing: str = "none") -> str:
+    """The `label` of every sample of `query` run now, in order, comma-separated (the pods a page is about)."""
+    return (
+        f'{{{{ range $i, $s := {_printf(query, args)} | query | sortByLabel "{label}" }}}}'
+        f'{{{{ if $i }}}}, {{{{ end }}}}{{{{ $s | label "{label}" }}}}{{{{ else }}}}{missing}{{{{ end }}}}'
+    )
+
+
 def first_sample(query: str, *args: str, unit: str = "", missing: str = "unknown") -> str:
     """The labels of the first sample of `query` run now, each as `name value` (only those it has), then its
     value in parentheses: a topk(1, ...) by replica names the worst one however the replicas are labelled."""

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from incidents import (A, B, SAMPLES, Check, Incident, absent_until, agent, change, client, engine, fires, flat, fleet,
-                       gpu, quiet, rank, rising, starts, stops, without, _idle)
+from incidents import (A, B, SAMPLES, Check, Incident, absent_until, agent, canary, change, client, engine, fires, flat,
+                       fleet, gpu, quiet, rank, rising, starts, stops, without, _idle)
 from test_incidents import promtool_test
 
 STALLED = ("RooflightEngineStalled", "critical", A, "")
@@ -72,7 +72,8 @@ EDGES: tuple[Incident, ...] = (
              fleet(llm_a={rank(A, "rooflight_engine_steps_total"): flat(5e5),
                           rank(A, "rooflight_generation_tokens_total"): flat(9e5),
                           rank(A, "rooflight_prompt_tokens_total"): flat(7e5),
-                          rank(A, "rooflight_requests_running"): change(0, 28, 1)}),
+                          rank(A, "rooflight_requests_running"): change(0, 28, 1),
+                          canary(A, "failed"): starts(2, 29)}),
              (Check("29m"), Check("31m", fires(STALLED)))),
     # -- GPU health: each alert means a state held or an event inside its window (10m), not a sample ever seen.
     # One minute at 90 C (a fan hiccup): GPUHot wants >= 85 C throughout the 10m window (min_over_time).
@@ -105,11 +106,11 @@ EDGES: tuple[Incident, ...] = (
     # 1h row pages at ~23m, as the catalogue's 502 incident does with the same numbers.
     Incident("Upstream cuts streams", "From 20m llm-a's upstream drops 30 of 100 streams a minute after the 200.",
              fleet(llm_a={client(A, "200", "stop"): rising(70), client(A, "200", "upstream_error"): starts(30, 20)}),
-             (Check("20m"), Check("30m", fires(("RooflightClientErrorBudgetBurn", "critical", A, "1h"))))),
+             (Check("20m"), Check("30m", fires(("RooflightClientErrorBudgetBurn", "critical", "", "1h"))))),
     # 1 in 100 requests a minute answered 502 and marked upstream_error from the start: 1% failed, counted
     # once. Under the 1h row's 14.4 x 0.1% = 1.44%, over the 6h row's 6 x 0.1% = 0.6%; but the replay's
-    # Prometheus holds 90 minutes, and the 6h row judges only once its window holds history from its start
-    # (rules/burn.py): quiet here, it pages at 6h in rules/tests/availability_test.yaml.
+    # Prometheus holds 90 minutes, and the 6h row judges the budget spent so far (rules/burn.py): 1% over 89
+    # of 360 minutes is 0.25% < 0.6%: quiet here; it pages once 216 minutes are spent (rules/tests/availability_test.yaml).
     Incident("A 1% trickle of 502s", "llm-a's upstream answers 1 of 100 requests a minute 502, cut.",
              fleet(llm_a={client(A, "200", "stop"): rising(99), client(A, "502", "upstream_error"): rising(1)}),
              quiet("10m", "20m", "89m")),
@@ -120,19 +121,21 @@ EDGES: tuple[Incident, ...] = (
              quiet("20m", "60m")),
     # A client storm, 30 of 100 requests a minute answered 502 from 20m to 40m, then healthy. The 1h row paged
     # during it (as "Upstream cuts streams" shows). At 46m the 1h window still reads 600 / 4600 = 13% (past
-    # 1.44%), but the 5m window 41m-46m has no failure: the 1h row is over. The 6h row's window holds 46
-    # minutes, not 6 hours, and it waits (rules/burn.py): the replay's Prometheus cannot tell what share of
-    # six hours' requests the 600 failures are. (With six healthy hours behind it, 600 / 36,000 = 1.7% would
-    # keep the 6h row paging: the page on-call already has.)
+    # 1.44%), but the 5m window 41m-46m has no failure: the 1h row is over. The 6h row judges the budget spent
+    # so far (rules/burn.py): 13% over the 46 of its 360 minutes the series lived is 1.7%, past 6 x 0.1%, and
+    # its 30m window still holds the storm: 600 failures are 14% of the 4,320 a 30-day budget allows at 100
+    # requests a minute, more than the 5% the 6h page means; it has paged since ~45m (pending from ~30m, its
+    # `for` 15m), the page on-call already has for this model (one Alertmanager group).
     Incident("Client storm that ended", "llm-a's upstream fails 30% with 502 from 20m to 40m, then recovers.",
              fleet(llm_a={client(A, "200", "stop"): counter((20, 100), (40, 70), (90, 100)),
                           client(A, "502", "none"): counter((20, 0), (40, 30))}),
-             quiet("46m")),
+             (Check("30m", fires(("RooflightClientErrorBudgetBurn", "critical", "", "1h"))),
+              Check("46m", fires(("RooflightClientErrorBudgetBurn", "critical", "", "6h"))))),
     # The engine's abort storm of the catalogue (300 aborts and 600 finished a minute on each replica), from
     # 20m to 40m only. At 46m: 1h window 12,000 / 67,200 = 18% (past 14.4 x 1%), its 5m window clean -> the
     # 1h row is over. With six hours of history the 6h window would read 12,000 / 388,800 = 3%, under 6 x 1%:
-    # no page; the replay's 46 minutes read 18%, and the 6h row waits for its history (rules/burn.py), so
-    # nothing pages either way.
+    # no page; the replay's 46 minutes read 18%, over 46 of 360 minutes 2.3% of the budget the 6h page means
+    # (rules/burn.py: the budget spent so far), under 6 x 1%, so nothing pages either way.
     Incident("Abort storm that ended", "Both replicas abort 300 requests a minute from 20m to 40m.",
              fleet(llm_a={engine(A, "vllm:request_success_total", finished_reason="abort"): counter((20, 0), (40, 300))},
                    llm_b={engine(B, "vllm:request_success_total", finished_reason="abort"): counter((20, 0), (40, 300))}),

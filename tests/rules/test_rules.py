@@ -171,7 +171,7 @@ def test_every_dashboard_url_opens_a_real_dashboard_with_its_variables() -> None
             assert f"{{{{ if $labels.{label} }}}}&var-{var}=" in url, "an absent label must leave the variable at All"
         if rule["alert"] in ("RooflightHeadOfLineBlocking", "RooflightBatchCapacityCapped", "RooflightLowDecodeMBU"):
             assert [v for v, _ in variables] == list(cfg.DASHBOARD_VARIABLES), rule["alert"]
-        if rule["alert"] in ("RooflightGoodputBudgetBurn", "RooflightClientErrorBudgetBurn"):
+        if rule["alert"] == "RooflightGoodputBudgetBurn":
             # The proxy's counters are the agent's own series: its job, pod and target select them.
             assert [v for v, _ in variables] == ["cluster", "namespace", "job", "pod", "instance", "target"]
         elif "-slo" in url or rule["alert"].endswith(("BudgetBurn", "BucketMissing")):
@@ -243,8 +243,8 @@ def test_rendering_is_deterministic_and_ordered() -> None:
     kinds = [g["name"] for g in groups(config)]
     assert kinds == [
         "rooflight.rules", "rooflight-slo.rules", "rooflight-goodput.rules", "rooflight-capacity.rules",
-        "rooflight.alerts", "rooflight-health.alerts", "rooflight-slo.alerts", "rooflight-goodput.alerts",
-        "rooflight-meta.alerts",
+        "rooflight.alerts", "rooflight-outage.alerts", "rooflight-health.alerts", "rooflight-slo.alerts",
+        "rooflight-goodput.alerts", "rooflight-meta.alerts",
     ]
 
 
@@ -290,7 +290,7 @@ def test_rooflight_rules_applies_selectors_thresholds_and_format(capsys: pytest.
     doc = yaml.safe_load(text)
     assert doc["metadata"]["labels"]["release"] == "prom"
     exprs = "\n".join(r["expr"] for g in doc["spec"]["groups"] for r in g["rules"])
-    assert 'rooflight_source_up{job="rooflight", source="engine"} == 0' in exprs
+    assert 'rooflight_source_up{job="rooflight", source="engine"} == bool 0' in exprs
     assert 'vllm:time_to_first_token_seconds_bucket{namespace="llm", le=~"1(\\\\.0)?"}' in exprs
     assert 'vllm:inter_token_latency_seconds_bucket{namespace="llm", le="0.05"}' in exprs
     assert "model_name:rooflight_ttft_slo_errors:ratio_rate1h > 0.072" in exprs  # 14.4 x 0.005
@@ -391,8 +391,16 @@ def test_every_per_target_clause_keeps_the_topology_labels(config: cfg.RulesConf
                     fleet_levels = [(*config.service_labels, *level) for level in FLEET_LEVELS]
                     assert per_rank_join or names_ in fleet_levels, (name, kw, names_)
                 elif "-slo." in group["name"]:
-                    # An SLO sums over the replicas and keeps where the service runs.
-                    assert names_ == (*config.service_labels, *config.slo_group_by), (name, kw, names_)
+                    # An SLO sums over the replicas and keeps where the service runs. Below its sum, the clients'
+                    # SLO joins each pod (the engine's HTTP counters) or agent target (the proxy's) to its model,
+                    # and takes the proxy's or the engine's per model where it runs (its scope: no scrape job).
+                    service = (*config.service_labels, *config.slo_group_by)
+                    scope = (*(x for x in config.service_labels if x not in ("job", "instance")), *config.slo_group_by)
+                    below = (kept, (*kept, "target"), (*kept, *config.slo_group_by))
+                    assert names_ == service or names_ in below or (kw == "on" and names_ == scope), (name, kw, names_)
+                elif name == "RooflightModelDown":
+                    # A model's share of its engines down: its pods summed, within its service scope.
+                    assert names_ == (*config.service_labels, "model"), (name, kw, names_)
                 else:
                     assert names_[: len(kept)] == kept, (name, kw, names_)
     assert checked > 40
@@ -439,7 +447,8 @@ def test_rooflight_rules_refuses_a_bad_topology_label(capsys: pytest.CaptureFixt
 
 def test_per_target_alert_descriptions_name_the_replica() -> None:
     doc = yaml.safe_load(OUTPUTS["yaml"].read_text())
-    alerts = [r for g in doc["groups"] if g["name"] == "rooflight.alerts" for r in g["rules"]]
+    alerts = [r for g in doc["groups"] if g["name"] in ("rooflight.alerts", "rooflight-outage.alerts")
+              for r in g["rules"] if "alert" in r and r["alert"] != "RooflightModelDown"]  # a model's: it names its pods
     assert len(alerts) == 8
     for rule in alerts:
         description = rule["annotations"]["description"]
@@ -568,7 +577,8 @@ def test_goodput_burns_on_the_proxys_judged_and_good_counters_per_replica_and_sl
         (row.severity, row.long, row.short, row.for_) for row in config.burn_windows]
     assert {a["alert"] for a in alerts} == {"RooflightGoodputBudgetBurn"}
     assert "ratio_rate5m > 0.144\n" in alerts[0]["expr"]  # 14.4 x (1 - 0.99)
-    assert alerts[0]["expr"].endswith(f"[1h])) >= {config.slo_min_requests}")  # a sample in the long window
+    assert f"[1h])) >= {config.slo_min_requests}\n" in alerts[0]["expr"]  # a sample in the long window
+    assert alerts[0]["expr"].endswith(f") >= {config.slo_min_bad_events}")  # and bad events in it
     for rule in alerts:
         description = rule["annotations"]["description"]
         assert "{{ if $labels.pod }}" in description and "{{ else if $labels.instance }}" in description

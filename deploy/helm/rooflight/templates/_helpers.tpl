@@ -54,7 +54,7 @@ Called with (dict "root" $ "service" BOOL).
 {{- $replicas := default list .root.Values.prometheusRule.replicaLabels -}}
 {{- $kept := list -}}
 {{- range concat $topology (keys (default dict .root.Values.extraLabels) | sortAlpha) -}}
-{{- if and (not (has . $kept)) (not (and $.service (has . $replicas))) -}}
+{{- if and (not (has . $kept)) (not (and $.service (has . $replicas))) (not (and $.scope (has . (list "job" "instance")))) -}}
 {{- $kept = append $kept . -}}
 {{- end -}}
 {{- end -}}
