@@ -10,6 +10,8 @@ What it owns (and nothing else in deploy/ is generated):
 - helm/rooflight/dashboards/*.json: copies the chart's ConfigMap template reads with .Files.Get.
 - helm/rooflight/templates/prometheusrule.yaml: the same rule groups with the thresholds the chart's
   values expose (SLO thresholds, low-MBU threshold, detector `for`s) turned into Helm expressions.
+- alertmanager/alertmanager.yml and helm/rooflight/templates/alertmanagerconfig.yaml: the routes and
+  inhibitions of deploy/alertmanager.py, as a whole Alertmanager config and as the operator's resource.
 
 The Helm template is made by rendering the rules with sentinel thresholds and replacing each sentinel
 with the expression that prints the value the way rules/ prints it (helpers in _helpers.tpl). The
@@ -35,6 +37,7 @@ from pathlib import Path
 
 import yaml
 
+from deploy import alertmanager
 from rooflight.rules.config import RulesConfig
 from rooflight.rules.generate import ENGINE_PRESETS
 from rooflight.rules.render import _Dumper, groups, render
@@ -67,6 +70,9 @@ V = ".Values.prometheusRule"
 REPLACEMENTS = [  # (sentinel text, Helm expression); most specific first
     # Topology labels lead every by()/on() list they are in, so each sentinel is followed by ", ".
     (f"{SERVICE_LABEL}, {REPLICA_LABEL}, ", "{{ $keep }}"),
+    (f"({SERVICE_LABEL}, {REPLICA_LABEL})", "({{ $keepBare }})"),  # a pod's engine series: the labels alone
+    # the clients' availability SLO: proxy or engine, per model where it runs (not the scrape's job)
+    (f"or on ({SERVICE_LABEL}, ", "or on ({{ $scope }}"),
     (f"{SERVICE_LABEL}, ", "{{ $service }}"),
     # the SLO alerts' worst-replica query: the replica labels alone, and the first of them to print
     (f"{REPLICA_LABEL}, ", "{{ $replicas }}"),
@@ -212,6 +218,8 @@ def helm_prometheus_rule() -> str:
         f"{{{{- if {V}.enabled }}}}\n"
         '{{- $keep := include "rooflight.ruleLabels" (dict "root" $ "service" false) }}\n'
         '{{- $service := include "rooflight.ruleLabels" (dict "root" $ "service" true) }}\n'
+        '{{- $scope := include "rooflight.ruleLabels" (dict "root" $ "service" true "scope" true) }}\n'
+        '{{- $keepBare := trimSuffix ", " $keep }}\n'
         f'{{{{- $replicaList := default (list "instance") {V}.replicaLabels }}}}\n'
         '{{- $replicas := printf "%s, " (join ", " $replicaList) }}\n'
         + _histograms()
@@ -258,6 +266,8 @@ def outputs() -> dict[Path, str]:
         DEPLOY / "k8s" / "base" / "prometheusrule.yaml": render(RulesConfig(), "prometheusrule"),
         DEPLOY / "k8s" / "base" / "dashboards.yaml": dashboard_configmaps(),
         CHART / "templates" / "prometheusrule.yaml": helm_prometheus_rule(),
+        DEPLOY / "alertmanager" / "alertmanager.yml": alertmanager.alertmanager_yml(),
+        CHART / "templates" / "alertmanagerconfig.yaml": alertmanager.helm_template(),
     }
     for path in sorted(DASHBOARD_JSON.glob("*.json")):
         out[CHART / "dashboards" / path.name] = path.read_text(encoding="utf-8")

@@ -92,18 +92,27 @@ refuse "a PodDisruptionBudget with maxUnavailable 0 (it would block every node d
 # Rules and dashboards once per cluster: the monitoring-only release renders nothing of a workload, an engine
 # release without monitoring renders neither rules nor dashboards (values.yaml, `workload`).
 kinds() { grep -h '^kind:' "$@" | sort -u | tr '\n' ' '; }
-[ "$(kinds "$out/helm-examples-monitoring-once-per-cluster.yaml")" = "kind: ConfigMap kind: PrometheusRule " ] \
+[ "$(kinds "$out/helm-examples-monitoring-once-per-cluster.yaml")" = "kind: AlertmanagerConfig kind: ConfigMap kind: PrometheusRule " ] \
   || { echo "FAIL the monitoring-only release renders: $(kinds "$out/helm-examples-monitoring-once-per-cluster.yaml")" >&2; exit 1; }
-if grep -q '^kind: \(PrometheusRule\|ConfigMap\)' "$out/helm-examples-vllm-pool-without-monitoring.yaml"; then
-  echo "FAIL an engine release without monitoring still renders rules or dashboards" >&2; exit 1
-fi
+# ... and an engine release renders none of them by default: a second release must not page twice.
+for rendered in "$out/helm-default.yaml" "$out/helm-examples-vllm-pool-without-monitoring.yaml"; do
+  if grep -q '^kind: \(PrometheusRule\|ConfigMap\|AlertmanagerConfig\)' "$rendered"; then
+    echo "FAIL an engine release ($(basename "$rendered")) renders rules, dashboards or alert routes" >&2; exit 1
+  fi
+done
+# The engine drains on SIGTERM for the grace period left after its preStop sleep (vLLM's --shutdown-timeout),
+# and the agent's sidecar has no readinessProbe (its failure must not pull a serving pod out of the Service).
+grep -q -- '- "--shutdown-timeout=110"' "$out/helm-default.yaml" \
+  || { echo "FAIL the default engine is not given --shutdown-timeout=110 (120 s grace - 10 s preStop)" >&2; exit 1; }
+[ "$(grep -c '^ *readinessProbe:' "$out/helm-default.yaml")" = 1 ] \
+  || { echo "FAIL the default pod has a readinessProbe besides the engine's" >&2; exit 1; }
 # An autoscaled pool (replicas: null) leaves the count to its autoscaler and still gets its PDB.
 if grep -q '^  replicas:' "$out/helm-examples-vllm-prefill-pool.yaml" \
    || ! grep -q '^kind: PodDisruptionBudget' "$out/helm-examples-vllm-prefill-pool.yaml"; then
   echo "FAIL the autoscaled prefill pool renders a replica count, or no PodDisruptionBudget" >&2; exit 1
 fi
 # No topology labels at all (a single Prometheus that adds none): the rules keep only the agent's labels.
-"$helm" template no-topology deploy/helm/rooflight --set prometheusRule.topologyLabels=null \
+"$helm" template no-topology deploy/helm/rooflight --set prometheusRule.enabled=true --set prometheusRule.topologyLabels=null \
   --show-only templates/prometheusrule.yaml > "$out/helm-no-topology.yaml"
 for dir in base overlays/vllm overlays/demo autoscaling/keda autoscaling/prometheus-adapter; do
   "$kubectl" kustomize "deploy/k8s/$dir" > "$out/kustomize-${dir//\//-}.yaml"

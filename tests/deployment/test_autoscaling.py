@@ -114,8 +114,11 @@ def test_each_pool_scales_on_its_own_roles_saturation_demand_record() -> None:
 def test_only_one_pool_release_ships_the_rules_and_dashboards() -> None:
     decode = yaml.safe_load((CHART_EXAMPLES / "vllm-decode-pool.yaml").read_text())
     prefill = yaml.safe_load((CHART_EXAMPLES / "vllm-prefill-pool.yaml").read_text())
-    assert "prometheusRule" not in decode and prefill["prometheusRule"]["enabled"] is False
-    assert prefill["dashboards"]["enabled"] is False
+    defaults = yaml.safe_load((CHART_EXAMPLES.parent / "values.yaml").read_text())
+    # the chart installs neither by default (once per cluster); the decode release turns both on
+    assert defaults["prometheusRule"]["enabled"] is False and defaults["dashboards"]["enabled"] is False
+    assert decode["prometheusRule"]["enabled"] is True and decode["dashboards"]["enabled"] is True
+    assert "prometheusRule" not in prefill and "dashboards" not in prefill
     assert decode["agent"]["gpuHourCost"] == prefill["agent"]["gpuHourCost"] > 0
 
 

@@ -311,3 +311,22 @@ def test_agent_security_context_comes_from_values() -> None:
     assert ".Values.agent.securityContext" in agent and "runAsUser: 65532" not in agent
     sc = yaml.safe_load((DEPLOY / "helm/rooflight/values.yaml").read_text())["agent"]["securityContext"]
     assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_engine_releases_install_no_rules_dashboards_or_routes_and_drain_their_streams() -> None:
+    """Rules, dashboards and the AlertmanagerConfig are once per cluster: a second engine release with the
+    chart's defaults must not record every series twice or page twice. vLLM aborts its streams on SIGTERM
+    unless --shutdown-timeout is set: the chart sets it to the grace period left after the preStop sleep.
+    The agent's sidecar has no readinessProbe (it must not pull a serving engine out of the Service), and the
+    engine asks for resources beside its GPU."""
+    values = yaml.safe_load((DEPLOY / "helm/rooflight/values.yaml").read_text())
+    assert [values[k]["enabled"] for k in ("prometheusRule", "dashboards", "alertmanagerConfig")] == [False] * 3
+    assert values["engine"]["shutdownTimeoutFlag"] == "--shutdown-timeout"
+    assert values["engine"]["resources"]["requests"]["cpu"] and values["engine"]["resources"]["requests"]["memory"]
+    assert values["agent"]["canary"] is True
+    text = (DEPLOY / "helm/rooflight/templates/deployment.yaml").read_text()
+    agent = text.split("- name: rooflight", 1)[1]
+    assert "readinessProbe:" not in agent.replace("No readinessProbe:", "")
+    assert "sub (int $.Values.terminationGracePeriodSeconds) (int $.Values.engine.preStopSleepSeconds)" in text
+    base = (DEPLOY / "k8s/base/deployment.yaml").read_text().split("- name: rooflight", 1)[1]
+    assert "readinessProbe:" not in base.replace("No readinessProbe:", "")
