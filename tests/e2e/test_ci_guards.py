@@ -108,10 +108,14 @@ def _stub_bin(tmp_path: Path, *names: str) -> Path:
 @pytest.mark.parametrize(
     ("present", "installs"),
     [
-        (("promtool", "prometheus", "systemd-analyze"), []),
-        (("promtool", "systemd-analyze"), ["prometheus"]),  # promtool alone is not enough: e2e needs the server
-        (("prometheus", "systemd-analyze"), ["prometheus"]),
-        (("promtool", "prometheus"), ["systemd"]),  # systemd-analyze: deploy/validate.sh verifies the unit
+        (("promtool", "prometheus", "prometheus-alertmanager", "amtool", "systemd-analyze"), []),
+        # promtool alone is not enough: e2e needs the server
+        (("promtool", "prometheus-alertmanager", "amtool", "systemd-analyze"), ["prometheus"]),
+        (("prometheus", "prometheus-alertmanager", "amtool", "systemd-analyze"), ["prometheus"]),
+        # amtool alone is not enough: the notifications stage runs the Alertmanager itself
+        (("promtool", "prometheus", "amtool", "systemd-analyze"), ["prometheus-alertmanager"]),
+        # systemd-analyze: deploy/validate.sh verifies the unit
+        (("promtool", "prometheus", "prometheus-alertmanager", "amtool"), ["systemd"]),
     ],
 )
 def test_ci_install_installs_what_is_missing(tmp_path: Path, present: tuple[str, ...], installs: list[str]) -> None:
