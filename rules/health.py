@@ -108,7 +108,8 @@ def engine_stalled_alerts(config: RulesConfig) -> list[Rule]:
     held = (f"{WHERE}: {{{{ $value | printf \"%.0f\" }}}} requests are running or waiting and the engine has "
             f"produced no prompt or generated token and run no engine step for {w}, while its /metrics still answers.")
     name = registry.ENGINE_STALLED.alert  # the agent's engine_stalled detector judges the same at its resolution
-    return [
+    # keep_firing_for: a canary answered late, or a window edge between two of its tries, does not resolve a hang
+    return [{**rule, "keep_firing_for": config.keep_firing_for} for rule in (
         alert(
             config, name,
             f"{stall_expr(config)}\nand on ({on})\n({canary_failed(config)})",
@@ -127,7 +128,7 @@ def engine_stalled_alerts(config: RulesConfig) -> list[Rule]:
             "engine whose gauges stuck after a mass client abort (a vLLM bug): the runbook tells them apart.",
             dashboard=("overview", PER_TARGET),
         ),
-    ]
+    )]
 
 
 def _any_of(value: str, codes: tuple[int, ...]) -> str:

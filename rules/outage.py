@@ -11,8 +11,9 @@ a model that lost more than `model_down_share` of its engines pages, once, whate
   within `engine_memory`: an agent restarted during an outage has forgotten the engine it watched,
   Prometheus has not. The series carries the pod's `model`, as Prometheus last saw it within
   `engine_memory` (`target_model:rooflight_engine_model:...`), where it ever saw one.
-- **RooflightEngineDown** (warning, per pod): down for at least `engine_down_share` of `engine_down_window`.
-  A crash loop's minute up between its restarts does not reset it, one restart that reloads in a few minutes
+- **RooflightEngineDown** (warning, per pod): down for at least `engine_down_share` of `engine_down_window`,
+  counted in the agent's scrapes (`up{job="rooflight"}`: a scrape that failed is no evidence either way). A
+  crash loop's minute up between its restarts does not reset it, one restart that reloads in a few minutes
   stays under it, and neither does an agent whose samples time out for a few minutes.
 - **RooflightModelDown** (critical, per model): more than `model_down_share` of the model's engines down
   now, for `engine_down_for`. A model served by one pod pages when it is down; a model of two pages when
@@ -80,10 +81,13 @@ def outage_alerts(config: RulesConfig) -> list[Rule]:
     model_share = config.model_down_share
     by_model = fleet_by(config, "model")
     down = f'{down_record()}{{model!=""}}'
+    # the share of the agent's scrapes in the window that read the engine down: a scrape that failed (the agent
+    # too busy to answer, restarting) reads nothing, and counts as no evidence of an engine down
+    scrapes = f"count_over_time({series('up', config.agent_job_selector)}[{w}])"
     return [
         {**alert(
             config, ENGINE_DOWN,
-            f"avg_over_time({down_record()}[{w}]) >= {number(share)}",
+            f"sum_over_time({down_record()}[{w}])\n/ on ({labels(keep(config))}) group_left\n{scrapes}\n>= {number(share)}",
             config.engine_down_for, "warning",
             "An engine has been down for much of the last minutes; its pod serves nothing meanwhile.",
             f"{SOURCE_WHERE}: every sample of the engine's /metrics failed for {{{{ $value | humanizePercentage }}}} "

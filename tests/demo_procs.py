@@ -26,12 +26,13 @@ def start_rooflight(*args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([*rooflight_command(), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def start_demo(scenario: str, listen: str, engine_listen: str, *, seed: int | None = None) -> subprocess.Popen[bytes]:
+def start_demo(scenario: str, listen: str, engine_listen: str, *, seed: int | None = None,
+               extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     """`rooflight demo` on `listen` (the agent) and `engine_listen` (the simulated engine), sampling every
-    1 s, quiet but for warnings; `seed` as given, else the demo's own."""
+    1 s, quiet but for warnings; `seed` as given, else the demo's own; `extra` flags after those."""
     seeded = ("--seed", str(seed)) if seed is not None else ()
     return start_rooflight("demo", "--scenario", scenario, *seeded, "--listen", listen,
-                           "--engine-listen", engine_listen, "--interval", "1s", "--log-level", "warning")
+                           "--engine-listen", engine_listen, "--interval", "1s", "--log-level", "warning", *extra)
 
 
 def stop_process(proc: subprocess.Popen[bytes], *, grace: float = 10.0) -> str:

@@ -58,12 +58,18 @@ class PromStack:
         interval: str = "1s",
         metrics_path: str = "/metrics",
         ready_timeout: float = 30.0,
+        scrape_configs: Sequence[dict[str, Any]] | None = None,
+        alertmanagers: Sequence[str] = (),
+        flags: Sequence[str] = (),
     ) -> None:
         self.targets = list(targets)
         self.rule_files = [Path(p) for p in rule_files]
         self.interval = interval
         self.metrics_path = metrics_path
         self.ready_timeout = ready_timeout
+        self.scrape_configs = list(scrape_configs) if scrape_configs is not None else None  # instead of `targets`
+        self.alertmanagers = list(alertmanagers)  # host:port of each Alertmanager the alerts are sent to
+        self.flags = list(flags)
         self.port = 0
         self.dir: Path | None = None
         self.proc: subprocess.Popen[bytes] | None = None
@@ -73,16 +79,19 @@ class PromStack:
         return f"http://127.0.0.1:{self.port}"
 
     def config(self, rule_names: Sequence[str]) -> dict[str, Any]:
-        return {
+        config: dict[str, Any] = {
             "global": {"scrape_interval": self.interval, "evaluation_interval": self.interval,
                        "scrape_timeout": self.interval},
             "rule_files": list(rule_names),
-            "scrape_configs": [{
+            "scrape_configs": self.scrape_configs if self.scrape_configs is not None else [{
                 "job_name": "test",
                 "metrics_path": self.metrics_path,
                 "static_configs": [{"targets": self.targets}],
             }],
         }
+        if self.alertmanagers:
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": self.alertmanagers}]}]}
+        return config
 
     def start(self) -> "PromStack":
         self.dir = Path(tempfile.mkdtemp(prefix="promstack-"))
@@ -95,7 +104,8 @@ class PromStack:
         self.port = free_port()
         self.proc = subprocess.Popen(
             [PROMETHEUS, f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle", "--log.level=warn"],
+             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle", "--log.level=warn",
+             *self.flags],
             stdout=subprocess.DEVNULL, stderr=open(self.dir / "prometheus.log", "wb"),
         )
         deadline = time.monotonic() + self.ready_timeout

@@ -220,7 +220,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("chunked_prefill", "split long prompts into chunks (smooths ITL)", commands=(DEMO,), action="store_true",
             flag_default=False, env=False, file=False),
     Setting("fault", "fail the simulated engine on a schedule: KIND@START[:FOR], KIND one of hang, stuck-gauges, 503,"
-            " down, gpu-lost, or crash-loop@START:DOWN:UP (repeatable; agent/demo/faults.py)", metavar="SPEC",
+            " down, gpu-lost, or crash-loop@START:DOWN:UP, or 5xx@START:SHARE (repeatable; agent/demo/faults.py)", metavar="SPEC",
             commands=(DEMO,), action="append", env=False, file=False),
     Setting("time_scale", "simulated seconds per real second (rates then read in simulated time / X)", metavar="X",
             commands=(DEMO,), type=float, flag_default=1.0, env=False, file=False),

@@ -26,6 +26,7 @@ scenarios:
 
 faults (--fault, repeatable; seconds from the start):
   hang@30s  stuck-gauges@30s  503@20s[:60s]  down@0s:24s (a model load)  crash-loop@20s:15s:3s  gpu-lost@30s
+  5xx@30s:5% (that share of the finished requests answered 5xx)
 """
 
 

@@ -101,9 +101,22 @@ class _Writer:
         self._created(name, [labels])
 
 
-def render(sim: Simulator, config: DemoConfig, created: float, running: int | None = None) -> str:
+def http_responses(finished: float, server_errors: int) -> list[str]:
+    """vLLM's API server's HTTP counter (prometheus-fastapi-instrumentator): one response a finished request,
+    by status class; the 5xx series exists once one was answered, as the instrumentator creates it."""
+    name, labels = "http_requests_total", {"handler": "/v1/chat/completions", "method": "POST"}
+    lines = ["# HELP http_requests_total Total number of requests by method, status and handler.",
+             "# TYPE http_requests_total counter",
+             f"{name}{_labels({**labels, 'status': '2xx'})} {_num(finished - server_errors)}"]
+    if server_errors:
+        lines.append(f"{name}{_labels({**labels, 'status': '5xx'})} {_num(server_errors)}")
+    return lines
+
+
+def render(sim: Simulator, config: DemoConfig, created: float, running: int | None = None,
+           server_errors: int = 0) -> str:
     """The full vLLM-format exposition for the simulator's current state (`running`: the count its gauges
-    stuck at, where they are stuck)."""
+    stuck at, where they are stuck; `server_errors`: its finished requests answered 5xx)."""
     L: Labels = {"engine": "0", "model_name": config.served_model_name}
     tl = sim.tally
     w = _Writer(created)
@@ -133,6 +146,7 @@ def render(sim: Simulator, config: DemoConfig, created: float, running: int | No
     for name, h in tl.histograms.items():
         w.histogram(name, L, h.cumulative(), h.count, h.sum)
     w.family("cache_config_info", "gauge", [(cache_config_labels(sim, config), 1.0)])
+    w.lines += http_responses(sum(tl.request_success.values()), server_errors)
     return "\n".join(w.lines) + "\n"
 
 

@@ -2,6 +2,7 @@
 
     KIND@START[:FOR]          e.g. hang@30s, 503@20s, down@0s:24s, gpu-lost@30s
     crash-loop@START:DOWN:UP  e.g. crash-loop@20s:15s:3s
+    5xx@START:SHARE           e.g. 5xx@30s:5%
 
 - `hang`: the engine stops stepping, holding its requests; its /metrics still answers (frozen) and a
   completion request is never answered. The stall the canary confirms.
@@ -14,6 +15,8 @@
 - `crash-loop`: down for DOWN, up for UP, again, from START.
 - `gpu-lost`: the simulated GPU falls off the bus (the fake NVML answers GPU_IS_LOST) and the engine on it
   dies (down for good).
+- `5xx`: from START, SHARE of the requests the engine finishes are answered 5xx (its API server's
+  `http_requests_total{status="5xx"}`, as vLLM's instrumentator counts them).
 
 Times are wall seconds from the demo's start; `FOR` omitted is for good.
 """
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from rooflight.agent.config.values import parse_duration
 from rooflight.agent.errors import ConfigError
 
-KINDS = ("hang", "stuck-gauges", "503", "down", "crash-loop", "gpu-lost")
+KINDS = ("hang", "stuck-gauges", "503", "down", "crash-loop", "gpu-lost", "5xx")
 _SPEC = re.compile(r"^(?P<kind>[a-z0-9-]+)@(?P<start>[^:]+)(?::(?P<rest>.+))?$")
 
 
@@ -37,6 +40,7 @@ class Fault:
     start: float  # seconds from the demo's start
     length: float = math.inf  # how long it lasts (down, 503, hang, stuck-gauges); crash-loop: its down time
     up: float = 0.0  # crash-loop: how long it is up between crashes
+    share: float = 0.0  # 5xx: the share of finished requests answered 5xx
 
 
 def _seconds(text: str, spec: str) -> float:
@@ -62,6 +66,14 @@ def parse_fault(spec: str) -> Fault:
         if down <= 0 or up <= 0:
             raise ConfigError(f"--fault {spec!r}: DOWN and UP must be longer than 0s")
         return Fault(kind, start, down, up)
+    if kind == "5xx":
+        try:
+            share = float(rest[0].rstrip("%")) / 100 if len(rest) == 1 and rest[0].endswith("%") else -1.0
+        except ValueError:
+            share = -1.0
+        if not 0.0 < share <= 1.0:
+            raise ConfigError(f"--fault {spec!r}: 5xx takes START:SHARE, e.g. 5xx@30s:5%")
+        return Fault(kind, start, share=share)
     if len(rest) > 1 or (kind == "gpu-lost" and rest):
         raise ConfigError(f"--fault {spec!r}: {kind} takes START" + ("" if kind == "gpu-lost" else "[:FOR]"))
     return Fault(kind, start, _seconds(rest[0], spec) if rest else math.inf)

@@ -50,6 +50,7 @@ class DemoEngine:
         self._stuck_running: int | None = None  # the running count a mass abort left on the page
         self._stuck_done = False  # a completion request refreshed the gauges
         self._gpu_lost = False
+        self._finished_before_5xx: float | None = None  # requests finished when a 5xx fault began
         self._new_process()
 
     def _new_process(self) -> None:
@@ -132,7 +133,18 @@ class DemoEngine:
 
     def metrics_text(self) -> str:
         stuck = self._stuck_running if not self._stuck_done else None
-        return exposition.render(self.sim, self.config, self._created, running=stuck)
+        return exposition.render(self.sim, self.config, self._created, running=stuck,
+                                 server_errors=self._server_errors())
+
+    def _server_errors(self) -> int:
+        """The finished requests answered 5xx: the fault's share of those finished since it began."""
+        finished = sum(self.sim.tally.request_success.values())
+        share = next((f.share for f in self.faults if f.kind == "5xx" and f.start <= self.since_start()), 0.0)
+        if not share:
+            return 0
+        if self._finished_before_5xx is None:
+            self._finished_before_5xx = finished
+        return int((finished - self._finished_before_5xx) * share)
 
     # -- HTTP -------------------------------------------------------------------------------------
     def app(self) -> web.Application:

@@ -29,6 +29,7 @@ A, B = PODS
 
 Series = dict[str, str]  # promtool series selector -> its values (promtool's expanding notation)
 Alert = tuple[str, str, str, str]  # (alertname, severity, pod or "", the burn row's long window or "")
+Delivery = tuple[str, str, str]  # (Alertmanager receiver, alertname, pod or ""): one notification of it
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,10 @@ class Incident:
     checks: tuple[Check, ...]
     pages: str = ""  # what must page (alert and severity), "" where nothing may
     within: str = ""  # from the onset to the page, as checked
+    # Run end to end (tests/e2e/test_notifications_e2e.py: live agents, Prometheus, the shipped Alertmanager
+    # config): what arrives, each exactly once, and nothing else; None where the incident is not run there.
+    delivered: tuple[Delivery, ...] | None = None
+    inhibited: tuple[tuple[str, str], ...] = ()  # (alertname, pod) that fire in Prometheus and never arrive
 
 
 # -- values ---------------------------------------------------------------------------------------------
@@ -96,7 +101,9 @@ def _selector(metric: str, labels: dict[str, str]) -> str:
 
 
 def agent(pod: str, metric: str, **labels: str) -> str:
-    return _selector(metric, {"cluster": CLUSTER, "namespace": NS, "pod": pod, "job": "rooflight", **labels})
+    """A series of the pod's agent, with the labels its scrape adds (its `up` has the same: up())."""
+    return _selector(metric, {"cluster": CLUSTER, "namespace": NS, "pod": pod, "job": "rooflight",
+                              "instance": f"{pod}:9746", **labels})
 
 
 def rank(pod: str, metric: str, **labels: str) -> str:
@@ -410,18 +417,21 @@ def _agent_gone(pod: str, at: int) -> Series:
 
 INCIDENTS: tuple[Incident, ...] = (
     Incident("Healthy steady", "Two replicas serve 10 requests/s each; every SLO is met.",
-             fleet(), quiet("30m", "89m")),
+             fleet(), quiet("30m", "89m"),
+             delivered=()),
     Incident("Idle", "Nothing to do: no request running or waiting, every counter flat.",
              fleet(llm_a=_idle(A), llm_b=_idle(B)), quiet("30m", "89m")),
     Incident("Hung engine", "llm-a's engine hangs at 20m holding 8 requests and 20 waiting; its /metrics still "
              "answers, so no source is down and no latency is observed; the agent's canary goes unanswered.",
              fleet(llm_a=_hung(A, 20)),
              (Check("21m"), Check("25m", fires(STALLED)), Check("89m", fires(STALLED))),
-             "RooflightEngineStalled (critical)", "5 min"),
+             "RooflightEngineStalled (critical)", "5 min",
+             delivered=(("pager", "RooflightEngineStalled", A),)),
     Incident("Stuck gauges after a mass abort", "At 20m on a quiet night every client of llm-a gives up at once: "
              "then vLLM's gauges stay stuck at 12 running with nothing running and no request "
              "arriving. The agent's canary, sent once its detector sees the stall, is answered and unsticks them.",
-             fleet(llm_a=_stuck_gauges(A, 20, canary_answers=True), llm_b=_idle(B)), quiet("21m", "25m", "89m")),
+             fleet(llm_a=_stuck_gauges(A, 20, canary_answers=True), llm_b=_idle(B)), quiet("21m", "25m", "89m"),
+             delivered=()),
     Incident("Stuck gauges, agent without a canary", "The same abort on an agent run without --canary: the gauges "
              "stay stuck all night, indistinguishable on the counters from a hang.",
              fleet(llm_a={**_stuck_gauges(A, 20, canary_answers=False), **_without_canary(A)}, llm_b=_idle(B)),
@@ -429,7 +439,8 @@ INCIDENTS: tuple[Incident, ...] = (
               Check("89m", fires(("RooflightEngineStalled", "warning", A, "")))),
              "RooflightEngineStalled (warning: unconfirmed)", "5 min"),
     Incident("Slow model load on rollout", "A rollout's new pod llm-b loads its model for 8 minutes (connections "
-             "refused) before it serves.", fleet(llm_b=_loading(B, 8)), quiet("5m", "7m", "30m")),
+             "refused) before it serves.", fleet(llm_b=_loading(B, 8)), quiet("5m", "7m", "30m"),
+             delivered=()),
     Incident("Model load that never finishes", "llm-b never comes up (a bad image, weights that do not fit).",
              fleet(llm_b=_stuck(B)),
              (Check("29m"), Check("32m", fires(("RooflightEngineStartTimeout", "warning", B, ""))),
@@ -449,12 +460,14 @@ INCIDENTS: tuple[Incident, ...] = (
              fleet(llm_a=_crash_loop(A, 20)),
              (Check("25m"), Check("32m", fires(ENGINE_DOWN_A)), Check("45m", fires(ENGINE_DOWN_A)),
               Check("62m", fires(ENGINE_DOWN_A)), Check("89m", fires(ENGINE_DOWN_A))),
-             "RooflightEngineDown (warning)", "10 min"),
+             "RooflightEngineDown (warning)", "10 min",
+             delivered=(("ticket", "RooflightEngineDown", A),)),
     Incident("Half of a model's replicas down", "llm-b's engine, up for 20 minutes, goes down and stays down "
              "(its node lost); llm-a serves.", fleet(llm_b=_down(B, set(range(20, SAMPLES)))),
              (Check("27m"), Check("31m", fires(("RooflightEngineDown", "warning", B, ""))),
               Check("89m", fires(("RooflightEngineDown", "warning", B, "")))),
-             "RooflightEngineDown (warning)", "11 min"),
+             "RooflightEngineDown (warning)", "11 min",
+             delivered=(("ticket", "RooflightEngineDown", B),)),
     Incident("Model-wide crash loop", "Both engines crash-loop from 20m (down 5 min, up 1, a bad config pushed to "
              "both): the model pages once, and stays paged through the minutes it is up.",
              fleet(llm_a=_crash_loop(A, 20), llm_b=_crash_loop(B, 20)),
@@ -471,12 +484,15 @@ INCIDENTS: tuple[Incident, ...] = (
              (Check("21m"), Check("23m", fires(MODEL_DOWN)),
               Check("45m", fires(MODEL_DOWN, ENGINE_DOWN_A, ("RooflightEngineDown", "warning", B, "")))),
              "RooflightModelDown (critical), RooflightEngineDown (warning, each pod's; inhibited under the page)",
-             "3 min"),
+             "3 min",
+             delivered=(("pager", "RooflightModelDown", ""),),
+             inhibited=(("RooflightEngineDown", A), ("RooflightEngineDown", B))),
     Incident("KV wall", "llm-a's KV cache fills at 20m: 98% full, preempting, 12 waiting; its detector holds.",
              fleet(llm_a=_detector(A, "rooflight_batch_capacity_capped", 20,
                                    rooflight_kv_cache_usage_ratio=(0.4, 0.98), rooflight_requests_waiting=(0, 12))),
              (Check("25m"), Check("45m", fires(("RooflightBatchCapacityCapped", "warning", A, "")))),
-             "RooflightBatchCapacityCapped (warning)", "25 min"),
+             "RooflightBatchCapacityCapped (warning)", "25 min",
+             delivered=(("ticket", "RooflightBatchCapacityCapped", A),)),
     Incident("Head-of-line blocking", "Long prompts stall llm-a's decode batch from 20m: its worst ITL 6x its "
              "median, the detector holds.",
              fleet(llm_a=_detector(A, "rooflight_head_of_line_blocking", 20,
@@ -508,7 +524,8 @@ INCIDENTS: tuple[Incident, ...] = (
              fleet(llm_a={http(A, "2xx"): rising(582), http(A, "5xx"): starts(18, 20)},
                    llm_b={http(B, "2xx"): rising(582), http(B, "5xx"): starts(18, 20)}),
              (Check("35m"), Check("45m", fires(("RooflightClientErrorBudgetBurn", "critical", "", "1h")))),
-             "RooflightClientErrorBudgetBurn (critical)", "25 min"),
+             "RooflightClientErrorBudgetBurn (critical)", "25 min",
+             delivered=(("pager", "RooflightClientErrorBudgetBurn", ""),)),
     Incident("XID error", "llm-a's GPU reports a double-bit ECC error (XID 48) at 30m and stays on the bus.",
              fleet(llm_a={gpu(A, "rooflight_gpu_xid_errors_total"): change(0, 30, 1),
                           gpu(A, "rooflight_gpu_xid_last_code"): absent_until(30, flat(48, SAMPLES - 30))}),
@@ -518,7 +535,8 @@ INCIDENTS: tuple[Incident, ...] = (
              "it dies. The page stays while the GPU is gone.", fleet(llm_a=_lost_gpu(A, 30)),
              (Check("30m"), Check("32m", fires(GPU_LOST)),
               Check("50m", fires(GPU_LOST, ENGINE_DOWN_A)), Check("89m", fires(GPU_LOST, ENGINE_DOWN_A))),
-             "RooflightGPULost (critical), RooflightEngineDown (warning; inhibited under the page)", "2 min"),
+             "RooflightGPULost (critical), RooflightEngineDown (warning; inhibited under the page)", "2 min",
+             delivered=(("pager", "RooflightGPULost", A),), inhibited=(("RooflightEngineDown", A),)),
     Incident("Thermal throttling", "llm-b's GPU overheats from 20m: 90 C and the HW thermal slowdown bit set.",
              fleet(llm_b={gpu(B, "rooflight_gpu_clock_event_reasons"): change(4, 20, 68),
                           gpu(B, "rooflight_gpu_temperature_celsius"): change(62, 20, 90)}),
@@ -553,7 +571,8 @@ INCIDENTS: tuple[Incident, ...] = (
     Incident("Agent down", "llm-a's agent crash-loops from 20m: its scrape fails and its series go stale.",
              fleet(llm_a=_agent_gone(A, 20)),
              (Check("21m"), Check("30m", fires(("RooflightAgentDown", "warning", A, "")))),
-             "RooflightAgentDown (warning)", "10 min"),
+             "RooflightAgentDown (warning)", "10 min",
+             delivered=(("ticket", "RooflightAgentDown", A),)),
 )
 
 # A model launched with a slow-prefill bug: 10% of its first tokens over 2.5 s from its first request, a burn of
@@ -567,13 +586,25 @@ INCIDENTS += (
              "RooflightTTFTBudgetBurn (critical, the 6h row)", "4 h 30 min"),
 )
 
+def delivered_text(incident: Incident) -> str:
+    """The incident's notifications, as the end-to-end stage checks them arrive (each once), and what it
+    checks never arrives though it fired."""
+    if incident.delivered is None:
+        return "not run end to end"
+    sent = "; ".join(f"{receiver}: {name}{f' ({pod})' if pod else ''}" for receiver, name, pod in incident.delivered)
+    held = ", ".join(f"{name} ({pod})" for name, pod in incident.inhibited)
+    return (sent or "none") + (f"; inhibited: {held}" if held else "")
+
+
 def markdown() -> str:
     """docs/incidents.md's table (generated: `python tests/rules/incidents.py`)."""
-    rows = ["| incident | what happens | pages | within | stays quiet |", "|---|---|---|---|---|"]
+    rows = ["| incident | what happens | pages | within | stays quiet | notifications delivered |",
+            "|---|---|---|---|---|---|"]
     for i in INCIDENTS:
         checked = ", ".join(c.at for c in i.checks)
         rows.append(f"| {i.name} | {i.what} | {i.pages or 'nothing'} | {i.within or '-'} | "
-                    f"{'every other alert' if i.pages else 'every alert'} (checked at {checked}) |")
+                    f"{'every other alert' if i.pages else 'every alert'} (checked at {checked}) | "
+                    f"{delivered_text(i)} |")
     return "\n".join(rows) + "\n"
 
 
@@ -581,9 +612,13 @@ def summary() -> str:
     """README's line on the catalogue."""
     alerted = [i for i in INCIDENTS if i.pages]
     critical = sum(1 for i in alerted if any(a[1] == "critical" for c in i.checks for a in c.firing))
+    run = [i for i in INCIDENTS if i.delivered is not None]
+    pages = sum(1 for i in run for d in i.delivered or () if d[0] == "pager")
+    tickets = sum(1 for i in run for d in i.delivered or () if d[0] == "ticket")
     return (f"{len(INCIDENTS)} incidents replayed through the shipped rules: {len(alerted)} alert as they must "
             f"({critical} page critical, {len(alerted) - critical} open a warning), {len(INCIDENTS) - len(alerted)} "
-            f"stay quiet, 0 false alerts")
+            f"stay quiet, 0 false alerts; {len(run)} of them run end to end through a real Alertmanager deliver "
+            f"{pages} pages and {tickets} tickets, each once, and nothing else")
 
 
 if __name__ == "__main__":

@@ -66,8 +66,8 @@ def test_every_agent_series_of_the_catalogue_is_declared_with_its_labels() -> No
 
 def test_every_engine_series_of_the_catalogue_is_on_a_real_vllm_page() -> None:
     page = exposition_shapes(sample_text("vllm-cpu-load-c16.prom"))
-    shapes = catalogue_shapes("vllm:")
-    assert {"vllm:time_to_first_token_seconds_count", "vllm:request_success_total"} <= set(shapes)
+    shapes = catalogue_shapes("vllm:") | catalogue_shapes("http_requests_total")  # vLLM's API server's too
+    assert {"vllm:time_to_first_token_seconds_count", "vllm:request_success_total", "http_requests_total"} <= set(shapes)
     for name, label_sets in shapes.items():
         assert name in page, f"{name}: in the incident catalogue, not on vLLM's page"
         live = set().union(*page[name])
@@ -93,7 +93,7 @@ def scrape_until(url: str, families: tuple[str, ...], timeout: float) -> str:
 
 def test_a_running_agent_exports_the_catalogues_series_with_the_same_labels() -> None:
     listen, engine = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    demo = start_demo("head-of-line", listen, engine)
+    demo = start_demo("head-of-line", listen, engine, extra=("--canary",))  # as the chart runs it
     try:
         # generous: the detectors judge after a few seconds of samples, 120 s holds on a loaded 2-core box
         text = scrape_until(f"http://{listen}/metrics", DETECTOR_GAUGES, timeout=120)
