@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from promstack import PromError, free_port
+from promstack import PromError, free_port, stop_server, wait_ready
 
 ALERTMANAGER = "prometheus-alertmanager"
 
@@ -107,41 +104,18 @@ class AMStack:
              f"--web.listen-address={self.address}", "--cluster.listen-address=", "--log.level=warn"],
             stdout=subprocess.DEVNULL, stderr=open(self.dir / "alertmanager.log", "wb"),
         )
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise PromError(f"alertmanager exited with {self.proc.returncode}: {self.log()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"http://{self.address}/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.1)
+        if wait_ready(self.proc, f"http://{self.address}/-/ready", self.ready_timeout, self.log):
+            return self
         self.stop()
         raise PromError(f"alertmanager not ready after {self.ready_timeout}s")
-
-    def alerts(self) -> list[dict[str, Any]]:
-        """Every alert Alertmanager holds now (API v2), with its status: active, or suppressed and by what."""
-        with urllib.request.urlopen(f"http://{self.address}/api/v2/alerts", timeout=10) as r:
-            return list(json.loads(r.read()))
 
     def log(self) -> str:
         path = self.dir / "alertmanager.log" if self.dir else None
         return path.read_text(encoding="utf-8", errors="replace") if path and path.exists() else ""
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        self.proc = None
-        if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            self.dir = None
+        stop_server(self.proc, self.dir)
+        self.proc, self.dir = None, None
 
     def __enter__(self) -> "AMStack":
         return self.start()

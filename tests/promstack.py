@@ -24,7 +24,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import yaml
 
@@ -45,6 +45,36 @@ def free_port() -> int:
 def available() -> bool:
     """Whether the prometheus binary is on PATH."""
     return shutil.which(PROMETHEUS) is not None
+
+
+def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float, log: Callable[[], str]) -> bool:
+    """Until `url` (a server's /-/ready) answers 200: True; False after `timeout`; PromError with the tail of
+    `log()` as soon as the server exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise PromError(f"{proc.args[0]} exited with {proc.returncode}: {log()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return True
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def stop_server(proc: subprocess.Popen[bytes] | None, folder: Path | None) -> None:
+    """A server stopped by PID (SIGTERM, 10 s, then SIGKILL) and its temp dir removed."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class PromStack:
@@ -108,17 +138,8 @@ class PromStack:
              *self.flags],
             stdout=subprocess.DEVNULL, stderr=open(self.dir / "prometheus.log", "wb"),
         )
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise PromError(f"prometheus exited with {self.proc.returncode}: {self.log()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.1)
+        if wait_ready(self.proc, f"{self.url}/-/ready", self.ready_timeout, self.log):
+            return self
         self.stop()
         raise PromError(f"prometheus not ready after {self.ready_timeout}s")
 
@@ -127,17 +148,8 @@ class PromStack:
         return path.read_text(encoding="utf-8", errors="replace") if path and path.exists() else ""
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        self.proc = None
-        if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            self.dir = None
+        stop_server(self.proc, self.dir)
+        self.proc, self.dir = None, None
 
     def __enter__(self) -> "PromStack":
         return self.start()

@@ -6,6 +6,8 @@ answered once, is down from its first failed sample, so an agent restarted durin
 
 from __future__ import annotations
 
+import pytest
+
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.config.agent import build
 from support import FakeEngine, exported, free_port, sample_text, started_agent
@@ -58,19 +60,12 @@ async def _health_after(engine: FakeEngine, samples: int) -> tuple[float, float]
         return _engine_health(exported(agent))
 
 
-async def test_an_engine_answering_503_is_down_from_the_agents_first_sample() -> None:
-    """The agent restarted during an outage: the engine's core is dead behind its API server."""
-    engine = FakeEngine(body="engine is dead\n", status=503)
-    await engine.start()
-    try:
-        assert await _health_after(engine, 3) == (0.0, 0.0)
-    finally:
-        await engine.stop()
-
-
-async def test_a_page_that_is_not_an_engines_is_down_not_starting() -> None:
-    """Something else listens on the engine's port (a sidecar's, a proxy's 200 page): the engine is not loading."""
-    engine = FakeEngine(body="<html>hello</html>\n")
+@pytest.mark.parametrize(("body", "status"), [
+    ("engine is dead\n", 503),  # the agent restarted during an outage: the engine's core dead behind its API
+    ("<html>hello</html>\n", 200),  # something else listens on the engine's port: the engine is not loading
+], ids=["503", "not-an-engine-page"])
+async def test_an_engine_that_answers_wrong_is_down_from_the_agents_first_sample(body: str, status: int) -> None:
+    engine = FakeEngine(body=body, status=status)
     await engine.start()
     try:
         assert await _health_after(engine, 3) == (0.0, 0.0)
