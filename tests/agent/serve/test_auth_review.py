@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import statistics
 import subprocess
 import sys
 import time
@@ -163,16 +162,21 @@ async def test_a_client_looping_on_429_waits_for_each_answer(served) -> None:  #
 
 # -- 4. the same cost whatever the user ------------------------------------------------------------------------
 async def test_a_wrong_password_costs_the_same_for_cheap_and_dear_users(served) -> None:  # type: ignore[no-untyped-def]
+    """Each user's cost is the fastest of 15 checks: a busy machine only ever adds time to a check, so the
+    minimum is the check's own cost, where a median of a few moves with whatever else runs (a ratio of 4.28
+    was read from medians of 5 on two busy cores)."""
     cheap = bcrypt.hashpw(b"pw-cheap", bcrypt.gensalt(rounds=4)).decode()
     dear = bcrypt.hashpw(b"pw-dear", bcrypt.gensalt(rounds=10)).decode()
     async with served({"cheap": cheap, "dear": dear}) as base:
-        users = {"dear": "127.0.0.3", "cheap": "127.0.0.4", "nobody": "127.0.0.5"}
+        # three addresses a user, 5 wrong passwords each: under FAIL_BURST, so each is a real check
+        users = {"dear": ("127.0.0.3", "127.0.0.13", "127.0.0.23"), "cheap": ("127.0.0.4", "127.0.0.14", "127.0.0.24"),
+                 "nobody": ("127.0.0.5", "127.0.0.15", "127.0.0.25")}
         times: dict[str, list[float]] = {user: [] for user in users}
-        sessions = {user: _from(address) for user, address in users.items()}
-        opened = {user: await cm.__aenter__() for user, cm in sessions.items()}
+        sessions = {(user, a): _from(a) for user, addresses in users.items() for a in addresses}
+        opened = {key: await cm.__aenter__() for key, cm in sessions.items()}
         try:
-            for i in range(5):  # under FAIL_BURST: each a real check; the users interleaved, so load hits all
-                for user, session in opened.items():
+            for i in range(5):  # the users interleaved, so load hits all
+                for (user, _), session in opened.items():
                     start = time.perf_counter()
                     async with session.get(base + "/metrics", headers=_basic(user, f"wrong{i}")) as r:
                         assert r.status == 401
@@ -180,7 +184,8 @@ async def test_a_wrong_password_costs_the_same_for_cheap_and_dear_users(served) 
         finally:
             for cm in sessions.values():
                 await cm.__aexit__(None, None, None)
-        dear_s, cheap_s, nobody_s = (statistics.median(times[u]) for u in ("dear", "cheap", "nobody"))
+        assert all(len(t) == 15 for t in times.values())
+        dear_s, cheap_s, nobody_s = (min(times[u]) for u in ("dear", "cheap", "nobody"))
         # cost 4 alone is 64x cheaper than cost 10 (a ratio of 0.016); topped up, the three agree: within 4x
         # either way on a loaded machine, 16x away from what the leak reads
         assert 0.25 < cheap_s / dear_s < 4, (cheap_s, dear_s)
