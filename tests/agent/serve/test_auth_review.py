@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import subprocess
 import sys
 import time
@@ -130,10 +131,56 @@ async def test_a_client_holds_at_most_its_share_of_the_queue() -> None:
     assert waited < 2 * 3 * 0.3, waited  # the running check, maybe one more of the flood's, then its own
 
 
+async def test_many_failing_addresses_do_not_refuse_a_first_login_from_one_that_has_not_failed() -> None:
+    """40 addresses, each with its share of wrong passwords always under way, fill the queue of checks
+    (40 x AUTH_PER_CLIENT > AUTH_QUEUE). A first correct login from an address that has not failed is never
+    refused for their backlog (it was 429: the shared queue was full), and waits for the check running and
+    its own, not for theirs: 32 queued checks of 0.1 s would be 3.2 s."""
+    auth = webconfig.BasicAuth()
+    # four users, so that each of the four logins is a first one (a login seen before is remembered)
+    users = {f"u{k}": bcrypt.hashpw(f"pw{k}".encode(), bcrypt.gensalt(rounds=4)) for k in range(4)}
+    real = auth._verify
+    auth._verify = lambda p, h: time.sleep(0.1) or real(p, h)  # type: ignore[method-assign]
+    wrong = "Basic " + base64.b64encode(b"u0:wrong").decode()
+    stop, failed = asyncio.Event(), collections.Counter()
+
+    async def flood(client: str) -> None:
+        while not stop.is_set():
+            answer = await auth.decide(wrong, users, client)
+            failed[client] += answer == webconfig.DENIED
+            if answer == webconfig.LIMITED:
+                await asyncio.sleep(0.05)  # a real client is held LIMITED_DELAY
+
+    flooders = [asyncio.create_task(flood(f"10.8.0.{i}")) for i in range(40) for _ in range(webconfig.AUTH_PER_CLIENT)]
+    try:
+        deadline = time.monotonic() + 60
+        # every flooding address has failed, and the checks of theirs sent before that have run: from now on
+        # all of theirs are in the second lane (the first seconds, 40 new addresses are as new as any other)
+        while len(failed) < 40 or auth._pending[0]:
+            assert time.monotonic() < deadline, (len(failed), auth._pending)
+            await asyncio.sleep(0.1)
+        assert auth._pending[1] >= webconfig.AUTH_QUEUE // 2, auth._pending  # the flood holds a backlog
+        answers = []
+        for k in range(4):
+            start = time.monotonic()
+            right = "Basic " + base64.b64encode(f"u{k}:pw{k}".encode()).decode()
+            answers.append((await auth.decide(right, users, f"10.9.0.{k}"), time.monotonic() - start))
+    finally:
+        stop.set()
+        await asyncio.gather(*flooders)
+    assert [status for status, _ in answers] == [webconfig.OK] * 4, answers
+    assert max(waited for _, waited in answers) < 1.5, answers  # 0.2 s quiet; 3.2 s behind the flood's queue
+
+
 # -- 2. a web config that configures nothing ------------------------------------------------------------------
+HEADERS_ONLY = "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"
+
+
 @pytest.mark.parametrize(("text", "check_only"), [
     ("", True), ("# only a comment\n", True), ("{}\n", True), ("null\n", True), ("basic_auth_users: {}\n", True),
-    ("basic_auth_users:\n", True), ("http_server_config: {}\n", True), ("", False), ("basic_auth_users: {}\n", False)])
+    ("basic_auth_users:\n", True), ("http_server_config: {}\n", True), ("", False), ("basic_auth_users: {}\n", False),
+    # headers alone guard nothing: a config of only http_server_config serves as openly as an empty one
+    (HEADERS_ONLY, True), (HEADERS_ONLY, False)])
 def test_a_web_config_that_configures_nothing_exits_2(tmp_path: Path, text: str, check_only: bool) -> None:
     path = tmp_path / "web.yml"
     path.write_text(text)
