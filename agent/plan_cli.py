@@ -233,7 +233,8 @@ def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
                           " point it at the agent's /metrics") from None
     windows = {labels["window"] for _, labels, _ in rows}
     if window is not None and window not in windows:
-        raise ConfigError(f"--window {window}: the agent serves {', '.join(sorted(windows)) or 'no windows yet'}")
+        served = ", ".join(_shown(w) for w in sorted(windows))
+        raise ConfigError(f"--window {_shown(window)}: the agent serves {served or 'no windows yet'}")
     chosen = window or max(windows, key=window_seconds, default=None)
     out: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for kind, labels, value in rows:
