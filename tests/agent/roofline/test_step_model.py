@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from support import ROOT
 
 # Where a step's bytes and FLOPs may be computed: the step model, and the model constants and formulas it is
@@ -104,3 +106,24 @@ def test_the_check_sees_what_it_guards() -> None:
                      "agent/roofline/plan.py", "agent/serve/status.py", "agent/demo/plant.py"):
         text = (ROOT / consumer).read_text()
         assert "rooflight.agent.roofline.step import" in text or "roofline.step" in text, consumer
+
+
+def test_a_histograms_buckets_become_points_whose_mean_is_its_sum() -> None:
+    # vLLM's iteration_tokens buckets over a window: 503 steps in (8, 16], 2 in (32, 64], 1 in (64, 128],
+    # 2 in (512, 1024], 9,784 tokens in all. Whole tokens: 9..16, 33..64, 65..128, 513..1024; one fraction f
+    # of each range with the points' mean 9,784 / 508: f = (9,784 - 5,684) / 4,668 = 0.878.
+    from rooflight.agent.roofline.step import Lengths
+
+    bounds = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, float("inf"))
+    cumulative = (0, 0, 503, 503, 505, 506, 506, 506, 508, 508)
+    mix = Lengths.from_histogram(bounds, cumulative, 9784.0)
+    f = 4100 / 4668
+    expected = ((503 / 508, 9 + 7 * f), (2 / 508, 33 + 31 * f), (1 / 508, 65 + 63 * f), (2 / 508, 513 + 511 * f))
+    assert mix is not None and len(mix.points) == 4
+    for got, want in zip(mix.points, expected):
+        assert got == pytest.approx(want)
+    assert mix.mean() == pytest.approx(9784 / 508)
+    # one bucket holding everything: its observations' mean, exactly; the first bucket of whole tokens is 1
+    assert Lengths.from_histogram((1000.0, 2000.0, float("inf")), (0, 10, 10), 12_345.0).points == ((1.0, 1234.5),)
+    assert Lengths.from_histogram((1.0, 8.0, float("inf")), (4, 4, 4), None).points == ((1.0, 1.0),)
+    assert Lengths.from_histogram((1.0, float("inf")), (0, 0), 0.0) is None  # no observations
