@@ -43,7 +43,8 @@ def format_plan(plan: Plan) -> str:
     p = plan
     moe = f" ({sig(p.params_active / 1e9)}B active)" if p.params_active < p.params_total else ""
     lines = [
-        f"{p.model} on {p.tp} x {p.gpu}: {sig(p.params_total / 1e9)}B params{moe}, "
+        f"{p.model} on {p.tp} x {p.gpu}{f' (experts over {p.ep} GPUs)' if p.ep > p.tp else ''}: "
+        f"{sig(p.params_total / 1e9)}B params{moe}, "
         f"weights {p.weight_dtype}, KV cache {p.kv_dtype}; context {p.context_tokens:,} tokens, "
         f"batch {p.batch}",
         "",
@@ -58,8 +59,8 @@ def format_plan(plan: Plan) -> str:
         f" in all), after {_gb(p.reserved_bytes_per_gpu)} reserved for runtime and activations",
     ]
     if p.weight_bytes_streamed_per_step < p.weight_bytes:
-        lines.append(f"  MoE weights streamed    {_gb(p.weight_bytes_streamed_per_step)} per step at batch "
-                     f"{p.batch} (the experts its tokens touch; batch 1 reads only the active ones)")
+        lines.append(f"  weights read a step     {_gb(p.weight_bytes_streamed_per_step)} at batch {p.batch} (the "
+                     "input embeddings a row a token; MoE: the experts its tokens touch)")
     if p.fits:
         lines.append(f"  max concurrent seqs     {p.max_concurrent_sequences:,.0f} at {p.context_tokens:,}"
                      " tokens each: the batch the KV wall allows")
@@ -80,11 +81,12 @@ def format_plan(plan: Plan) -> str:
         f"  decode at batch {p.batch:<7} {ms(p.decode_step_seconds_at_batch)}/step, "
         f"{sig(p.decode_tokens_per_second_at_batch)} tok/s in all; intensity "
         f"{sig(p.decode_intensity_at_batch)} FLOP/byte = "
-        f"{sig(100 * p.decode_attainable_fraction_of_peak)}% of peak compute at best",
+        f"{sig(100 * p.decode_attainable_fraction_of_peak)}% of peak compute at best"
+        + (" (on the compute roof)" if p.decode_attainable_fraction_of_peak >= 0.9999 else ""),
     ]
     if p.tp > 1:
-        lines.append(f"  TP all-reduce           ~{ms(p.tp_allreduce_seconds_per_token)}/token on NVLink"
-                     " (2 per layer, ~5 us each), on top of the decode step")
+        lines.append(f"  TP all-reduce           ~{ms(p.tp_allreduce_seconds_per_token)}/token on {p.link}"
+                     " (2 per layer, latency only), on top of the decode step")
         lines.append(f"  with TP at batch {p.batch:<6} {ms(p.decode_step_seconds_at_batch_with_tp)}/step, "
                      f"{sig(p.decode_tokens_per_second_at_batch_with_tp)} tok/s in all (all-reduces "
                      f"{ms(p.tp_allreduce_seconds_at_batch)}: latency + the batch's activations over the link)")
@@ -95,7 +97,8 @@ def format_plan(plan: Plan) -> str:
         "",
         f"Prefill of {p.prompt_tokens:,} tokens ({bound})",
         f"  work                    {sig(p.prefill_flops / 1e12)} TFLOP, "
-        f"{ms(p.prefill_compute_seconds_at_roof)} at peak compute",
+        f"{ms(p.prefill_compute_seconds_at_roof)} at peak compute (causal attention "
+        f"{sig(p.prefill_attention_flops / 1e12)} TFLOP of it)",
         f"  weight streaming        {ms(p.prefill_weight_seconds)} to read the weights once: the floor "
         f"of any prompt under {sig(p.prefill_crossover_tokens)} tokens",
         f"  time                    {ms(p.prefill_seconds_at_roof)} at the compute roof, "
@@ -140,12 +143,17 @@ def format_pools(p: PoolPlan) -> str:
         f"{sig(p.prefill_capacity_per_group)} prefill tok/s, {sig(p.decode_capacity_per_group)} decode tok/s "
         f"({source.get(p.capacity_source, p.capacity_source)}"
         + (f"; decode batch {p.decode_batch:,.0f}" if p.decode_batch else "") + ")",
+        f"  one group               {sig(p.requests_per_second_per_group)} req/s at this mix; {sig(p.rate)} req/s "
+        f"are {sig(p.load_per_group)} groups' work",
         f"  prefill pool            {_groups(p.prefill_groups)} at {_pct(p.prefill_utilization)} busy: "
         f"p99 TTFT within {ms(p.ttft_slo)} ({sig(p.prefill_tokens_per_second)} prompt tok/s / "
         f"{sig(p.prefill_capacity_per_group)} = {sig(p.prefill_tokens_per_second / p.prefill_capacity_per_group)} "
         "groups' work; the rest is room for the queue, which never drains at 100%)",
-        f"  decode pool             {_groups(p.decode_groups)} at {_pct(p.decode_utilization)} busy "
-        f"({sig(p.decode_tokens_per_second)} output tok/s / {sig(p.decode_capacity_per_group)})",
+        f"  decode pool             {_groups(p.decode_groups)} at {_pct(p.decode_utilization)} busy: "
+        f"at most 1% of requests wait for one of its {sig(p.decode_slots_per_group)} slots a group "
+        f"({sig(p.decode_tokens_per_second)} output tok/s / {sig(p.decode_capacity_per_group)} = "
+        f"{sig(p.decode_tokens_per_second / p.decode_capacity_per_group)} groups' work; "
+        f"{p.decode_groups_at_full_load} at 100%)",
         f"  one shared pool         {_groups(p.shared_groups)} at {_pct(p.shared_utilization)} busy "
         f"({p.shared_groups_at_full_load} at 100%)",
     ]
@@ -435,7 +443,7 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> Poo
     output = args.output if args.output is not None else (mix[1] if mix else None)
     if prompt is None or output is None:
         raise ConfigError("--rate needs --prompt and --output (mean tokens per request), or --from-live with traffic")
-    source, batch, kv, gpus = "flags", None, None, args.tp
+    source, batch, kv, gpus, step = "flags", None, None, args.tp, None
     cp, cd = args.prefill_capacity, args.decode_capacity
     if cp is None or cd is None:
         if live is not None:
@@ -445,21 +453,25 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> Poo
         else:
             source = "physics"
             model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
-            p_cap, d_cap, batch, kv = physics_capacities(
+            p_cap, d_cap, batch, kv, step = physics_capacities(
                 model, get_profile(args.gpu), tp=args.tp, prompt_tokens=prompt, output_tokens=output,
                 batch_max=args.batch_max, prefill_mfu=args.prefill_mfu, decode_mbu=args.decode_mbu,
-                reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo)
+                reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo, ep=args.ep)
             cp = cp if cp is not None else p_cap
-            cd = cd if cd is not None else d_cap
+            if cd is None:
+                cd = d_cap
+            else:  # a decode capacity as given: its slots are what it carries at the ITL target
+                batch, step = None, None
     return build_pool_plan(args.rate, prompt, output, cp, cd, itl_slo=args.itl_slo, ttft_slo=args.ttft_slo, source=source,
-                           gpus_per_group=gpus, decode_batch=batch, kv_bytes_per_request=kv)
+                           gpus_per_group=gpus, decode_batch=batch, kv_bytes_per_request=kv,
+                           decode_step_seconds=step)
 
 
 def _calculator(args: argparse.Namespace) -> Plan:
     model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
     return build_plan(model, get_profile(args.gpu), tp=args.tp, context_tokens=args.context, batch=args.batch,
                       prompt_tokens=args.prompt_tokens, prefill_mfu=args.prefill_mfu,
-                      reserved_bytes_per_gpu=args.reserved_gb * 1e9)
+                      reserved_bytes_per_gpu=args.reserved_gb * 1e9, ep=args.ep)
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -490,6 +502,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "a100-sxm-80gb, l40s (default %(default)s)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size: GPUs one model copy spans; "
                    "weights and KV heads split across them (default %(default)s)")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel size: GPUs the routed experts are spread "
+                   "over (vLLM --enable-expert-parallel: data-parallel x tensor-parallel size); each copy of --tp "
+                   "GPUs holds --tp/--ep of them and its steps read only those (default %(default)s)")
     p.add_argument("--context", type=int, default=8000, help="tokens per sequence (prompt + output) "
                    "for KV sizing and the decode ceiling at context (default %(default)s)")
     p.add_argument("--batch", type=int, default=1, help="concurrent sequences for the decode step, "

@@ -265,9 +265,19 @@ def erlang_c(servers: int, offered_load: float) -> float:
         return 0.0
     if offered_load >= servers:
         return 1.0
-    blocking = 1.0
-    for k in range(1, servers + 1):
-        blocking = offered_load * blocking / (k + offered_load * blocking)
+    if servers <= 2000:
+        blocking = 1.0
+        for k in range(1, servers + 1):
+            blocking = offered_load * blocking / (k + offered_load * blocking)
+    else:  # Erlang B = P(N = c) / P(N <= c) for N ~ Poisson(a), in logs over the terms that are not negligible
+        def log_pmf(k: int) -> float:
+            return k * math.log(offered_load) - offered_load - math.lgamma(k + 1)
+
+        spread = 40 * math.sqrt(offered_load)
+        logs = [log_pmf(k) for k in range(max(0, math.floor(offered_load - spread)),
+                                          min(servers, math.ceil(offered_load + spread)) + 1)]
+        most = max(logs)
+        blocking = math.exp(log_pmf(servers) - most - math.log(sum(math.exp(x - most) for x in logs)))
     return servers * blocking / (servers - offered_load * (1.0 - blocking))
 
 

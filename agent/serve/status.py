@@ -8,15 +8,14 @@ is computed when a client asks, from the frozen Snapshot the agent already publi
 /api/v1/snapshot it shows no URL and no error message (docs/security.md): everything it shows is a
 number /metrics exports or arithmetic on them and on the agent's constants.
 
-Operating points (shortest window, the livest one):
-- decode: intensity = the agent's decode arithmetic intensity (running x 2P / (weights + live KV bytes)),
-  attained FLOP/s = decode tokens/s x 2P = MFU(decode) x peak FLOP/s.
-- prefill: intensity = computed prompt tokens per engine step x 2P / weight bytes per step (the prompt
-  tokens' FLOPs over the weights every step streams, averaged over all steps, so a lower bound on one
-  prefill step's intensity), attained FLOP/s = MFU(prefill) x peak FLOP/s.
-Each point's FLOP/s over its FLOP/byte is the bytes/s its steps stream: steps/s x (weights + live KV)
-for decode, steps/s x weights for prefill. With a small KV both sit on one line parallel to the memory
-roof, below it by the MBU.
+Operating points (shortest window, the livest one), both the step model's (agent/roofline/step.py):
+- decode: intensity = the agent's decode arithmetic intensity (a decode step of the mean running batch: its
+  FLOPs over the weights it touches and the live KV bytes), attained FLOP/s = MFU(decode) x peak FLOP/s.
+- prefill: intensity = the prefill FLOP/s MFU counts over the bytes/s the engine's steps read (MBU's
+  numerator: the prompt tokens' FLOPs over every step's bytes, averaged over all steps, so a lower bound on
+  one prefill step's intensity), attained FLOP/s = MFU(prefill) x peak FLOP/s.
+The ceilings are the step model's too: a decode step of the same batch over the same live KV per sequence (and
+of the batch cap over it), at the roofline of the copy's peaks.
 """
 
 from __future__ import annotations
@@ -27,11 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Deque, Iterable, Mapping
 
 from rooflight.agent import __version__
-from rooflight.agent.errors import ConfigError
 from rooflight.agent.metrics.snapshot import Health, SeriesView, Snapshot, TargetView
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
-from rooflight.agent.roofline.plan import build_plan
+from rooflight.agent.roofline.step import Decode, Step
 from rooflight.agent.metrics import registry
 from rooflight.agent.signals.derive import WindowValues
 
@@ -194,49 +192,48 @@ def operating_points(c: TargetConstants | None, w: WindowValues | None) -> dict[
     if decode_flops is not None and intensity:
         out["decode"] = {"intensity": intensity, "flops": decode_flops * c.peak_flops}
     prefill_mfu = _num(w.mfu.get("prefill"))
-    per_step = _num(w.prefill_tokens_per_step)
-    running = w.mean_running or 1.0
-    if prefill_mfu is not None and per_step:
-        prefill_intensity = per_step * physics.FLOPS_PER_PARAM_PER_TOKEN * c.model.params_active / (
-            c.model.weight_bytes_streamed(running))
-        out["prefill"] = {"intensity": prefill_intensity, "flops": prefill_mfu * c.peak_flops}
+    prefill_flops = _num(w.flops_per_second.get("prefill"))
+    streamed = _num(w.streamed_bytes_per_second)
+    if prefill_mfu is not None and prefill_flops and streamed:
+        out["prefill"] = {"intensity": prefill_flops / streamed, "flops": prefill_mfu * c.peak_flops}
     return out
 
 
 def ceilings(c: TargetConstants | None, view: SeriesView) -> list[dict[str, Any]]:
-    """`rooflight plan`'s decode ceiling at the current batch and context, and at the batch cap.
+    """The step model's decode ceiling at the current batch and context, and at the batch cap: a decode step of
+    that many sequences, each holding the live KV layer-tokens a running sequence holds now, at the roofline of
+    the copy's peaks (its FLOPs over its bytes, and the FLOP/s it reaches on the roofs).
 
     The batch and its live KV are the shortest window's means (the decode point's own inputs, so the
-    ceiling sits above it); context per sequence = live KV / (batch x KV bytes per token).
+    ceiling sits above it).
     """
-    if c is None or c.model is None or c.gpu is None:  # no profile for this GPU: no ceilings, not another GPU's
+    if c is None or c.layout is None or c.roofs is None:  # no profile for this GPU: no ceilings, not another GPU's
         return []
     w = view.windows[0] if view.windows else None
     running = _num(w.mean_running if w and w.mean_running is not None else view.series.running)
     live = _num(w.mean_live_kv_bytes if w and w.mean_live_kv_bytes is not None else view.live_kv_bytes)
     if not running or live is None:
         return []
-    per_token = c.model.kv_bytes_per_token_per_gpu(c.tensor_parallel_size) * c.tensor_parallel_size
-    context = max(1, round(live / (running * per_token)))
+    layout, roofs = c.layout, c.roofs
+    context = layout.layer_tokens_in(live) / running  # KV layer-tokens a running sequence holds
     batches = [("batch", max(1, round(running)))]
     cap = _num(view.batch_max)
     if cap and round(cap) > batches[0][1]:
         batches.append(("cap", int(round(cap))))
     out = []
     for kind, batch in batches:
-        try:
-            plan = build_plan(c.model, c.gpu, tp=c.tensor_parallel_size, context_tokens=context, batch=batch,
-                              prompt_tokens=1)
-        except ConfigError:
+        cost = layout.cost(Step(decode=Decode(batch, context)))
+        seconds = cost.seconds(roofs)
+        if not 0 < seconds < math.inf:
             return []
         out.append({
             "kind": kind,
             "batch": batch,
-            "context_tokens": context,
-            "intensity": plan.decode_intensity_at_batch,
-            "flops": plan.decode_attainable_fraction_of_peak * plan.peak_flops,
-            "tokens_per_second": plan.decode_tokens_per_second_at_batch,
-            "step_seconds": plan.decode_step_seconds_at_batch,
+            "context_tokens": round(layout.context_of(context)),
+            "intensity": cost.intensity,
+            "flops": cost.flops / seconds,
+            "tokens_per_second": batch / seconds,
+            "step_seconds": seconds,
         })
     return out
 

@@ -110,6 +110,16 @@ async def test_decode_sits_left_of_the_ridge_under_its_plan_ceiling(steady: tupl
     assert batch["flops"] == pytest.approx(batch["intensity"] * roof["peak_bandwidth"])
     assert decode["flops"] / batch["flops"] == pytest.approx(w["mbu"], rel=0.12)
     assert cap["intensity"] > batch["intensity"] and cap["tokens_per_second"] > batch["tokens_per_second"]
+    # the ceilings are the step model's decode step, the one `rooflight plan` and capacity ask: that batch, each
+    # sequence holding the live KV layer-tokens a running sequence holds now, on the copy's roofs
+    from rooflight.agent.roofline.step import Decode, Step
+
+    short = agent.snapshot.targets[0].series[0].windows[0]
+    context = c.layout.layer_tokens_in(short.mean_live_kv_bytes) / short.mean_running
+    for ceiling in (batch, cap):
+        cost = c.layout.cost(Step(decode=Decode(ceiling["batch"], context)))
+        assert ceiling["step_seconds"] == pytest.approx(cost.seconds(c.roofs))
+        assert ceiling["intensity"] == pytest.approx(cost.intensity)
 
 
 async def test_with_tp_2_the_decode_point_is_its_achieved_flops_on_the_doubled_roofs() -> None:
