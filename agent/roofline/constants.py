@@ -27,13 +27,6 @@ class TargetConstants:
     kv_pool_grouped: bool = False  # the engine groups layers by attention type in its KV pool (vLLM)
 
     @cached_property
-    def expert_ranks(self) -> float:
-        """Model copies (data-parallel ranks of tp GPUs each) that share one set of routed experts under
-        expert parallelism: ep / tp, at least 1. Each copy holds 1/that of the experts and its step runs
-        the tokens of all of them through those experts (docs/physics.md, Expert parallelism)."""
-        return max(1.0, self.expert_parallel_size / self.tensor_parallel_size)
-
-    @cached_property
     def layout(self) -> Layout | None:
         """The model on these GPUs, for the step model (agent/roofline/step.py); None without a model."""
         if self.model is None:

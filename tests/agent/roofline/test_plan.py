@@ -271,6 +271,22 @@ def test_pool_capacities_from_the_physics(capsys: pytest.CaptureFixture[str]) ->
         4, 5, 215, "physics")
 
 
+def test_a_compute_bound_decode_pool_runs_at_the_prefill_mfu_share_of_the_compute_peak() -> None:
+    # ref-8b on one H100, 100 + 100 tokens (live context 150), up to 1,024 sequences: KV 150 x 128 KiB = 19.7 MB
+    # a sequence, 60 GB hold 3,051, so the cap's 1,024 decode. A step reads 16 GB of weights + 1,024 x 19.7 MB
+    # = 36.1 GB (15.4 ms at 70% of 3.35 TB/s) and runs 2 x 8e9 x 1,024 + 32 x 16,384 x 150 x 1,024 = 16.46
+    # TFLOP: 33.3 ms at 50% of 989 TFLOP/s, the longer, so 30,800 tok/s. At the whole compute peak the
+    # step would be 16.6 ms and the pool twice as fast as the GEMMs can run.
+    prefill, decode, batch, kv, step = physics_capacities(preset("ref-8b"), H100, tp=1, prompt_tokens=100,
+                                                           output_tokens=100, batch_max=1024, prefill_mfu=0.5,
+                                                           decode_mbu=0.7, reserved_bytes_per_gpu=4e9)
+    flops = 2 * 8e9 * 1024 + 32 * 16_384 * 150 * 1024
+    assert batch == 1024
+    assert step == pytest.approx(flops / (989e12 * 0.5))
+    assert step > (16e9 + 1024 * 150 * 131_072) / (3.35e12 * 0.7)  # compute-bound
+    assert decode == pytest.approx(1024 / step) and round(decode, -2) == 30_800
+
+
 def test_pool_flags_must_make_sense(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ConfigError, match="--prompt and --output"):
         run(capsys, "--rate", "10")

@@ -36,7 +36,7 @@ def test_expert_ranks_are_the_model_copies_that_share_one_set_of_experts(tp: int
     # 8 / 2 = 4 copies share one set (each holds a quarter). EP 8 at TP 8 is one copy holding them all; an
     # EP smaller than TP still leaves every copy all of them (at least 1).
     c = _constants("deepseek-v3", tensor_parallel_size=tp, expert_parallel_size=ep)
-    assert c.expert_ranks == copies
+    assert c.layout.expert_ranks == copies
 
 
 def test_decode_attention_under_vllms_hybrid_pool_counts_the_layers_a_pool_token_holds() -> None:
