@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from rooflight.agent.errors import ConfigError
 from rooflight.collectors import engines
 
-# The engine whose families the checked-in rules read (`rooflight rules --engine` picks another). Its
-# histogram names, bucket edges and request counters are its adapter's (collectors/registry.py,
-# ServiceFamilies): the rules ask it, they never spell an engine's family.
-DEFAULT_ENGINE = "vllm"
+# The engine whose families the checked-in rules read (`rooflight rules --engine` picks another), as
+# collectors/engines.py names it. Its histogram names, bucket edges and request counters are its adapter's
+# (collectors/registry.py, ServiceFamilies): the rules ask it, they never spell an engine or its families.
+DEFAULT_ENGINE = engines.SERVICE_DEFAULT
 # The default SLO targets; each engine's threshold is its largest bucket edge at or below the target
 # (vLLM: 2.5 s and 0.1 s, SGLang: 2 s and 0.1 s), since a threshold must be an edge.
 TTFT_TARGET_SECONDS = 2.5
