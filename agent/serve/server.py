@@ -31,7 +31,8 @@ from prometheus_client.registry import Collector
 
 from rooflight.agent import __version__
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.metrics.exposition import registry_for
+from rooflight.agent.metrics import family
+from rooflight.agent.metrics.exposition import GpuRow, api_values, registry_for
 from rooflight.agent.metrics.http import metrics_handler
 from rooflight.agent.proxy import limits
 from rooflight.agent.config.proxy import ProxyConfig
@@ -111,19 +112,14 @@ def public_url(url: str) -> str:
 
 
 def snapshot_dict(snap: Snapshot) -> dict[str, Any]:
-    """The snapshot as plain data: only what /metrics shows, in a shape a script can read."""
+    """The snapshot as plain data: only what /metrics shows, in a shape a script can read. Each value is a
+    family's (agent/metrics/names.py: the families that name an `api` field), as derived."""
     return {
         "created": snap.created,
-        "health": [
-            {"source": h.source, "target": h.target, "up": h.up, "last_success": h.last_success,
-             "duration": h.duration, "errors": dict(h.errors)}
-            for h in snap.health
-        ],
+        "health": [{"source": h.source, "target": h.target, **api_values(family.HEALTH, h)} for h in snap.health],
         "targets": [_target_dict(t) for t in snap.targets],
         "gpus": [
-            {"index": d.index, "uuid": d.uuid, "name": d.name, "memory_used_bytes": d.memory_used_bytes,
-             "memory_total_bytes": d.memory_total_bytes, "kernel_residency_ratio": d.kernel_residency_ratio,
-             "dram_bandwidth_utilization_ratio": d.dram_bandwidth_utilization_ratio}
+            {"index": d.index, "uuid": d.uuid, "name": d.name, **api_values(family.GPU, GpuRow(d, ()))}
             for d in (snap.gpu.devices if snap.gpu else ())
         ],
     }
@@ -143,17 +139,9 @@ def _target_dict(t: Any) -> dict[str, Any]:
             {
                 "model": v.series.model,
                 "rank": v.series.rank,
-                "running": v.series.running,
-                "waiting": v.series.waiting,
-                "kv_usage_ratio": v.series.kv_usage_ratio,
-                "batch_max": v.batch_max,
-                "windows": [
-                    {"window": w.window, "seconds": w.seconds, "tokens_per_second": dict(w.tokens_per_second),
-                     "steps_per_second": w.steps_per_second, "mbu": w.mbu, "mfu": dict(w.mfu),
-                     "decode_intensity": w.decode_intensity, "ttft": dict(w.ttft), "itl": dict(w.itl),
-                     "preemptions_per_second": w.preemptions_per_second}
-                    for w in v.windows
-                ],
+                **api_values(family.SERIES, v),
+                "windows": [{"window": w.window, "seconds": w.seconds, **api_values(family.WINDOW, w)}
+                            for w in v.windows],
                 "verdicts": _verdicts_dict(v.verdicts),
             }
             for v in t.series

@@ -32,7 +32,8 @@ from rooflight.agent.metrics.snapshot import Health, SeriesView, Snapshot, Targe
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.roofline.plan import build_plan
-from rooflight.agent.metrics import registry
+from rooflight.agent.metrics import family, registry
+from rooflight.agent.metrics.exposition import api_values, page_names
 from rooflight.agent.signals.derive import WindowValues
 
 # The rules' default runbook_url base (rules/config.py; tests hold the two equal). The agent sits below
@@ -260,13 +261,13 @@ def detectors(verdicts: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _shown(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Family values (exposition.api_values) as the page shows them: what /metrics would export, else None."""
+    return {k: _nums(v) if isinstance(v, Mapping) else _num(v) for k, v in values.items()}
+
+
 def window_dict(w: WindowValues) -> dict[str, Any]:
-    return {
-        "window": w.window, "seconds": w.seconds,
-        "mbu": _num(w.mbu), "mfu": _nums(w.mfu), "tokens_per_second": _nums(w.tokens_per_second),
-        "steps_per_second": _num(w.steps_per_second), "decode_intensity": _num(w.decode_intensity),
-        "ttft": _nums(w.ttft), "itl": _nums(w.itl), "preemptions_per_second": _num(w.preemptions_per_second),
-    }
+    return {"window": w.window, "seconds": w.seconds, **_shown(api_values(family.WINDOW, w))}
 
 
 def series_dict(target: TargetView, view: SeriesView, history: History | None) -> dict[str, Any]:
@@ -276,10 +277,7 @@ def series_dict(target: TargetView, view: SeriesView, history: History | None) -
     return {
         "model": s.model,
         "rank": s.rank,
-        "running": _num(s.running),
-        "waiting": _num(s.waiting),
-        "batch_max": _num(view.batch_max),
-        "kv_usage_ratio": _num(s.kv_usage_ratio),
+        **_shown(api_values(family.SERIES, view)),
         "live_kv_bytes": _num(view.live_kv_bytes),
         "windows": [window_dict(w) for w in view.windows],
         "operating": operating_points(c, shortest),
@@ -325,7 +323,7 @@ def status_dict(snap: Snapshot, history: History | None = None) -> dict[str, Any
         "created": snap.created,
         "runbook_base_url": RUNBOOK_BASE_URL,
         "history_fields": list(HISTORY_FIELDS),
-        "metric_names": registry.page_metrics(),  # so the page can say which series each number is
+        "metric_names": page_names(),  # so the page can say which series each number is
         "health": [health_dict(h, history) for h in snap.health],
         "targets": [target_dict(snap, t, history) for t in snap.targets],
         "gpus": [
