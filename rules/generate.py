@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rooflight.agent.errors import ConfigError
+from rooflight.agent.signals.detectors import Detector, detectors
 from rooflight.rules import config as cfg
 from rooflight.rules.render import render
 
@@ -87,6 +88,11 @@ def _floats(text: str) -> tuple[float, ...]:
         raise ConfigError(f"bucket edges must be comma-separated numbers ({text!r})") from exc
 
 
+def _stem(d: Detector) -> str:
+    """The stem of a detector alert's flags: `--hol-for`, `--capacity-capped-severity`."""
+    return (d.rule.flag if d.rule and d.rule.flag else d.key).replace("_", "-")
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
@@ -133,9 +139,11 @@ def register(subparsers: Any) -> None:
                    help="the engine's label naming the model, for --*-threshold-for (default %(default)s)")
     p.add_argument("--low-mbu-threshold", type=float, default=cfg.RulesConfig.low_mbu_threshold)
     p.add_argument("--low-mbu-for", default=cfg.RulesConfig.low_mbu_for)
-    p.add_argument("--hol-for", default=cfg.RulesConfig.head_of_line.for_)
-    p.add_argument("--capacity-capped-for", default=cfg.RulesConfig.capacity_capped.for_)
-    p.add_argument("--admission-bound-for", default=cfg.RulesConfig.admission_bound.for_)
+    for d in detectors():  # each detector alert's `for` and severity, as the detector declares them
+        if d.rule is not None:
+            p.add_argument(f"--{_stem(d)}-for", default=d.rule.for_)
+            p.add_argument(f"--{_stem(d)}-severity", choices=cfg.SEVERITIES, default=d.rule.severity,
+                           help=f"{d.alert}'s severity label (default %(default)s)")
     p.add_argument("--source-down-for", default=cfg.RulesConfig.source_down_for)
     p.add_argument("--engine-start-budget", default=cfg.RulesConfig.engine_start_budget,
                    help="how long an engine may load (no good sample since the agent started) before "
@@ -216,9 +224,10 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
         requests_finished=ENGINE_PRESETS[args.engine]["requests"][1],
         client_error_objective=args.client_error_objective,
         slo_min_requests=args.slo_min_requests,
-        head_of_line=replace(base.head_of_line, for_=args.hol_for),
-        capacity_capped=replace(base.capacity_capped, for_=args.capacity_capped_for),
-        admission_bound=replace(base.admission_bound, for_=args.admission_bound_for),
+        detector_alerts=tuple(
+            (d.key, replace(base.detector_alert(d.key), for_=getattr(args, f"{_stem(d).replace('-', '_')}_for"),
+                            severity=getattr(args, f"{_stem(d).replace('-', '_')}_severity")))
+            for d in detectors() if d.rule is not None),
         low_mbu_threshold=args.low_mbu_threshold,
         low_mbu_for=args.low_mbu_for,
         source_down_for=args.source_down_for,

@@ -246,9 +246,9 @@ def _check_proxy_listen(proxy_listen: str, listen: str) -> None:
 
 
 def _check_detectors(thresholds: Mapping[str, float]) -> None:
-    from rooflight.agent.signals.detectors import DetectorThresholds
+    from rooflight.agent.signals.detectors import DetectorThresholds, knobs
 
-    known = set(DetectorThresholds.__dataclass_fields__)
+    known = {k.name for k in knobs()}
     unknown = set(thresholds) - known
     if unknown:
         raise ConfigError(f"unknown detector threshold(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")

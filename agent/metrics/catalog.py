@@ -1,7 +1,7 @@
 """The catalogue: every family the agent exports, in the order /metrics shows them, and docs/metrics.md's table.
 
-The families are those agent/metrics/names.py declares, with each registered detector's series in their place
-(after the capacity signals, as the exposition walks a series: agent/metrics/registry.py). The exposition
+The families are those agent/metrics/names.py declares, with each detector's series in their place (after the
+capacity signals, as the exposition walks a series), as each detector declares them (agent/signals/detectors/). The exposition
 renders from this list, docs/metrics.md's table is generated from it (`python -m rooflight.regen`), and the
 rules and dashboards are checked to name only what it (or a supported engine) exports.
 """
@@ -11,8 +11,10 @@ from __future__ import annotations
 import functools
 from typing import Iterable
 
-from rooflight.agent.metrics import names, registry
+from rooflight.agent.metrics import names
 from rooflight.agent.metrics.family import SCOPES, SERIES_LABELS, VERDICTS, Family, MetricDef
+from rooflight.agent.signals import detectors as signal_detectors
+from rooflight.agent.signals.detectors.base import Choice
 
 __all__ = ["BY_NAME", "MetricDef", "all_defs", "counter", "families", "gauge", "markdown_table", "table_of"]
 
@@ -29,16 +31,16 @@ _KEPT: list[tuple[object, object, tuple[Family, ...]]] = []  # (declared, detect
 
 
 def families() -> tuple[Family, ...]:
-    """Every family, by scope in the exposition's order, the declarations and the registry's detectors as they
+    """Every family, by scope in the exposition's order, the declarations and the detectors as they
     stand now (put together again only when either changed: every scrape asks)."""
-    declared, detectors = names.FAMILIES, registry.detectors()
+    declared, detectors = names.FAMILIES, signal_detectors.detectors()
     if not _KEPT or _KEPT[0][0] is not declared or _KEPT[0][1] is not detectors:
         every = (*declared, *detector_families(detectors))
         _KEPT[:] = [(declared, detectors, tuple(sorted(every, key=lambda f: SCOPES.index(f.scope))))]
     return _KEPT[0][2]
 
 
-def detector_families(detectors: Iterable[registry.Detector]) -> tuple[Family, ...]:
+def detector_families(detectors: Iterable[signal_detectors.Detector]) -> tuple[Family, ...]:
     """Each detector's series from its verdicts: every flag (1, 0, or absent while it cannot tell), then the
     numbers verdicts carry, then the choices they name (one series per choice, 1 for the one named)."""
     detectors = tuple(detectors)
@@ -58,7 +60,7 @@ def _verdict(attr: str, verdicts: object) -> object:
     return getattr(verdicts, attr, None)
 
 
-def _choice(choice: registry.Choice, verdicts: object) -> dict[str, float]:
+def _choice(choice: Choice, verdicts: object) -> dict[str, float]:
     chosen = getattr(verdicts, choice.attr, None) or choice.default
     return {c: float(c == chosen) for c in choice.choices}
 

@@ -5,7 +5,7 @@ Each line declares one family and gives its name, which rules, dashboards, docs 
 breaks a test rather than a dashboard in production. The exposition (agent/metrics/exposition.py),
 /api/v1/snapshot and /api/v1/status, the catalogue and docs/metrics.md's table (agent/metrics/catalog.py)
 and the rules' and dashboards' name checks all read FAMILIES; the detectors' own series are declared with
-each detector (agent/metrics/registry.py) and the NVML collector's deeper readings by the collector
+each detector (agent/signals/detectors/) and the NVML collector's deeper readings by the collector
 (collectors/nvml.py, GPU_EXTRA_METRICS). Declared in the order /metrics shows them: by scope, as the
 exposition walks the Snapshot. Exposing a number the Snapshot already holds is one line here. The agreed
 core is docs/metric-contract.md.
@@ -20,6 +20,7 @@ from rooflight.agent.metrics.family import (
     AGENT, GPU, HEALTH, MODEL, PROCESS, SERIES, SETTINGS, SIGNALS, TARGET, TARGET_GPU, WINDOW, Declarations, Family,
 )
 from rooflight.agent.signals.derive import MAX_UTILIZATION
+from rooflight.agent.signals.detectors import detectors
 from rooflight.collectors.common import MIN_PAGE_SAMPLES, SAMPLES_PER_SERIES
 from rooflight.collectors.expfmt import MAX_HISTOGRAM_BUCKETS, MAX_LABEL_VALUE_CHARS
 from rooflight.collectors.nvml import GPU_EXTRA_METRICS
@@ -165,7 +166,7 @@ BLENDED_COST_PER_MILLION_TOKENS = _(SIGNALS, "rooflight_blended_cost_per_million
 TOKENS_PER_JOULE = _(SIGNALS, "rooflight_tokens_per_joule", "tokens/J", "The phase's tokens/s / (the mean power of the target's GPUs over the window (NVML's energy counter) x the phase's share of GPU time); absent where a GPU does not report energy.",
                      lambda s: s.tokens_per_joule, by=("phase",))
 
-# (Here each detector's series: agent/metrics/registry.py.)
+# (Here each detector's series, as it declares them: agent/signals/detectors/.)
 
 # Constants the derivations used, so PromQL can recompute them: of a target (a TargetView with constants) ...
 GPU_PEAK_FLOPS = _(TARGET, "rooflight_gpu_peak_flops", "FLOP/s", "Per-GPU dense peak FLOP/s the target's MFU used (no 2:4 sparsity); absent for a GPU with no constants on file.",
@@ -224,20 +225,8 @@ ENGINE_PROCESS_THREADS = _(PROCESS, "rooflight_engine_process_threads", "threads
 
 FAMILIES: tuple[Family, ...] = tuple(_.families)  # every family but the detectors' (catalog.families() adds them)
 
-# Detectors, evaluated by the agent at its sampling resolution (labels: target, engine, model, rank).
-HEAD_OF_LINE_BLOCKING = "rooflight_head_of_line_blocking"  # 0/1
-ITL_INFLATION = "rooflight_itl_tail_inflation_ratio"  # worst ITL since the last sample / its recent median
-HEAD_OF_LINE_SOURCE = "rooflight_head_of_line_source"  # 1 for the ITL source that judged (engine, proxy), 0 for the other
-BATCH_CAPACITY_CAPPED = "rooflight_batch_capacity_capped"  # 0/1: the KV wall
-BATCH_ADMISSION_BOUND = "rooflight_batch_admission_bound"  # 0/1: waiting, batch below cap, KV has room
-BATCH_AT_CONFIGURED_MAX = "rooflight_batch_at_configured_max"  # 0/1: running = cap, KV has room
-ENGINE_STALLED = "rooflight_engine_stalled"  # 0/1: requests held, no step and no token for stall_seconds
-
-# Alerts (names the rules must use).
-ALERTS = (
-    "RooflightHeadOfLineBlocking",
-    "RooflightBatchCapacityCapped",
-    "RooflightBatchAdmissionBound",
+# Alerts (names the rules must use): each detector's (as it declares it), then the rules' own.
+RULE_ALERTS = (
     "RooflightTTFTBudgetBurn",
     "RooflightITLBudgetBurn",
     "RooflightLowDecodeMBU",
@@ -249,7 +238,6 @@ ALERTS = (
     "RooflightGoodputBudgetBurn",
     "RooflightSLOBucketMissing",
     "RooflightSLOHistogramMissing",
-    "RooflightEngineStalled",
     "RooflightRequestErrorBudgetBurn",
     "RooflightClientErrorBudgetBurn",
     "RooflightEngineStartTimeout",
@@ -260,3 +248,11 @@ ALERTS = (
     "RooflightGPUThrottled",
     "RooflightGPUHot",
 )
+
+
+def alerts() -> tuple[str, ...]:
+    """Every alert the rules ship, each once: every detector's, then the rules' own (docs/metric-contract.md)."""
+    return tuple(dict.fromkeys((*(d.alert for d in detectors()), *RULE_ALERTS)))
+
+
+ALERTS = alerts()  # as the detectors stand at import (alerts() reads them again)

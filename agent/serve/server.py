@@ -43,7 +43,7 @@ from rooflight.agent.serve.page import add_status_routes
 from rooflight.agent.serve.webconfig import WEB_HEADERS
 from rooflight.agent.config.urls import public_url as _public_url
 from rooflight.agent.config.values import split_listen
-from rooflight.agent.metrics import registry as signal_registry
+from rooflight.agent.signals.detectors import detectors
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.metrics.snapshot import Snapshot
 
@@ -150,10 +150,10 @@ def _target_dict(t: Any) -> dict[str, Any]:
 
 
 def _verdicts_dict(verdicts: Any) -> dict[str, Any] | None:
-    """Each registered detector's verdict, followed by the numbers it carries (agent/metrics/registry.py)."""
+    """Each detector's verdict, followed by the numbers it carries (agent/signals/detectors/)."""
     if verdicts is None:
         return None
-    keys = (k for d in signal_registry.detectors() for k in (d.key, *(v.attr for v in d.values)))
+    keys = (k for d in detectors() for k in (d.key, *(v.attr for v in d.values)))
     return {k: getattr(verdicts, k, None) for k in keys}
 
 

@@ -32,9 +32,10 @@ from rooflight.agent.metrics.snapshot import Health, SeriesView, Snapshot, Targe
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.roofline.plan import build_plan
-from rooflight.agent.metrics import family, registry
+from rooflight.agent.metrics import family
 from rooflight.agent.metrics.exposition import api_values, page_names
 from rooflight.agent.signals.derive import WindowValues
+from rooflight.agent.signals.detectors import detectors as registered, runbook_anchor
 
 # The rules' default runbook_url base (rules/config.py; tests hold the two equal). The agent sits below
 # the rules package, so it keeps its own copy rather than importing upwards.
@@ -48,7 +49,7 @@ HISTORY_FIELDS = ("mbu", "mfu_prefill", "mfu_decode", "tokens_prefill", "tokens_
 
 def runbook_url(alert: str, base: str = RUNBOOK_BASE_URL) -> str:
     """The runbook section of an alert: GitHub's anchor of its heading."""
-    return f"{base}#{registry.runbook_anchor(alert)}"
+    return f"{base}#{runbook_anchor(alert)}"
 
 
 def _num(value: float | None) -> float | None:
@@ -245,10 +246,10 @@ def ceilings(c: TargetConstants | None, view: SeriesView) -> list[dict[str, Any]
 # -- the rest of one series ------------------------------------------------------------------------
 
 def detectors(verdicts: Any) -> list[dict[str, Any]]:
-    """Every registered detector (agent/metrics/registry.py): active, clear or unknown (the inputs cannot
-    tell), with its sentence and runbook, and the numbers and source its verdict carries."""
+    """Every detector (agent/signals/detectors/): active, clear or unknown (the inputs cannot tell), with its
+    sentence and runbook, and the numbers and source its verdict carries."""
     out = []
-    for d in registry.detectors():
+    for d in registered():
         value = getattr(verdicts, d.key, None) if verdicts is not None else None
         state = "unknown" if value is None else ("active" if value else "clear")
         row = {"key": d.key, "title": d.title, "state": state, "sentence": d.sentence,
@@ -256,7 +257,7 @@ def detectors(verdicts: Any) -> list[dict[str, Any]]:
         if verdicts is not None:
             row.update({v.attr: _num(getattr(verdicts, v.attr, None)) for v in d.values})
             if d.choice is not None:  # e.g. engine (its buckets) or proxy (exact gaps)
-                row[d.choice.attr] = getattr(verdicts, d.choice.attr, None)
+                row[d.choice.attr] = getattr(verdicts, d.choice.attr, None) or d.choice.default
         out.append(row)
     return out
 

@@ -318,6 +318,6 @@ async def test_a_gpu_no_profile_covers_draws_no_roofs_and_no_ceilings(steady: tu
 def test_the_head_of_line_row_says_which_itl_judged() -> None:
     engine = Verdicts(head_of_line=False, itl_inflation=1.2, capacity_capped=False, admission_bound=False,
                       at_configured_max=False)
-    proxy = dataclasses.replace(engine, head_of_line=True, itl_inflation=12.0, itl_source="proxy")
+    proxy = engine.replace(head_of_line=True, itl_inflation=12.0, itl_source="proxy")
     assert status.detectors(engine)[0]["itl_source"] == "engine"
     assert status.detectors(proxy)[0] | {"itl_inflation": 12.0, "itl_source": "proxy"} == status.detectors(proxy)[0]
