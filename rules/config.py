@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rooflight.agent.config.rules_settings import SEVERITIES
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.signals.detectors import detectors
 from rooflight.collectors import engines
@@ -49,7 +50,6 @@ DASHBOARD_UIDS = {
 DASHBOARD_VARIABLES = ("cluster", "namespace", "job", "pod", "instance", "target", "model", "rank")
 
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
-SEVERITIES = ("critical", "warning", "info")
 # A model name that may get its own SLO threshold: what serving engines accept as a served model name,
 # and nothing that needs escaping in a PromQL string, a Go template or a Helm value.
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")

@@ -40,7 +40,7 @@ from rooflight.agent.metrics.http import metrics_handler
 from rooflight.agent.proxy import limits
 from rooflight.agent.proxy import relay as rl
 from rooflight.agent.proxy import tracker as tr
-from rooflight.agent.config.proxy import ProxyConfig
+from rooflight.agent.proxy.config import ProxyConfig
 from rooflight.agent.config.urls import shown_url
 from rooflight.agent.proxy.exposition import ClientCollector, registry_for
 from rooflight.agent.proxy.journal import RequestJournal

@@ -35,7 +35,7 @@ from rooflight.agent.metrics import family
 from rooflight.agent.metrics.exposition import GpuRow, api_values, registry_for
 from rooflight.agent.metrics.http import metrics_handler
 from rooflight.agent.proxy import limits
-from rooflight.agent.config.proxy import ProxyConfig
+from rooflight.agent.proxy.config import ProxyConfig
 from rooflight.agent.proxy.limits import RefusalLog
 from rooflight.agent.proxy.server import ProxyServer
 from rooflight.agent.proxy.thread import ProxyThread

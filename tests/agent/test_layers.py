@@ -49,12 +49,7 @@ def _imports(name: str, path: Path) -> set[str]:
     return {f for f in found if f.startswith("rooflight.")}
 
 
-# The proxy's and the demo's configs sit on the floor of what they configure (agent/config/__init__.py).
-SAME_FLOOR = {"rooflight.agent.config.proxy": "rooflight.agent.proxy", "rooflight.agent.config.demo": "rooflight.agent.demo"}
-
-
 def _floor(module: str) -> int | None:
-    module = SAME_FLOOR.get(module, module)
     best = None
     for i, prefix in enumerate(FLOORS):
         if module == prefix or module.startswith(prefix + "."):

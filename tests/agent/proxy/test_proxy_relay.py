@@ -18,7 +18,7 @@ from yarl import URL
 from fake_upstream import FakeUpstream, Script, whole_body
 from rooflight.agent.proxy import catalog as c
 from rooflight.agent.proxy import tracker as tr
-from rooflight.agent.config.proxy import build
+from rooflight.agent.proxy.config import build
 from rooflight.agent.proxy.server import ProxyServer
 from rooflight.agent.proxy.tenants import tenant_key
 
