@@ -39,6 +39,7 @@ from pathlib import Path
 import yaml
 
 from rooflight.agent.signals.detectors import detectors
+from rooflight.regen import check_report
 from rooflight.rules.config import RulesConfig
 from rooflight.rules.generate import ENGINE_PRESETS
 from rooflight.rules.render import _Dumper, groups, render
@@ -320,14 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="fail if a generated deploy file is stale")
     args = parser.parse_args(argv)
     if args.check:
-        bad = stale()
-        for path in bad:
-            print(f"stale: {path.relative_to(REPO)}", file=sys.stderr)
-        if bad:
-            print("run `python -m deploy.generate`", file=sys.stderr)
-            return 1
-        print(f"{len(outputs())} generated deploy files up to date")
-        return 0
+        return check_report(stale(), REPO, "python -m deploy.generate", f"{len(outputs())} generated deploy files up to date")
     for path, text in outputs().items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")

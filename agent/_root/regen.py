@@ -161,6 +161,17 @@ def write() -> list[Path]:
     return sorted(set(written))
 
 
+def check_report(bad: list[Path], root: Path, command: str, fresh: str) -> int:
+    """A --check's answer: each stale file named and 1, or `fresh` and 0 (this command's and deploy/generate.py's)."""
+    for path in bad:
+        print(f"stale: {path.relative_to(root)}", file=sys.stderr)
+    if bad:
+        print(f"run `{command}`, then read the diff", file=sys.stderr)
+        return 1
+    print(fresh)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rooflight.regen", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail naming the stale files; write nothing")
@@ -170,14 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         print("rooflight.regen: run it from a checkout of the repository (tests/ is not here)", file=sys.stderr)
         return 2
     if args.check:
-        bad = stale()
-        for path in bad:
-            print(f"stale: {path.relative_to(ROOT)}", file=sys.stderr)
-        if bad:
-            print("run `python -m rooflight.regen`, then read the diff", file=sys.stderr)
-            return 1
-        print(f"{len(generated())} generated files up to date (the goldens: the test suite compares them)")
-        return 0
+        return check_report(stale(), ROOT, "python -m rooflight.regen",
+                            f"{len(generated())} generated files up to date (the goldens: the test suite compares them)")
     for path in write():
         print(f"written  {path.relative_to(ROOT)}")
     if args.no_goldens:

@@ -54,12 +54,39 @@ def knobs() -> tuple[Knob, ...]:
     return tuple({k.name: k for d in detectors() for k in d.knobs}.values())
 
 
-class DetectorThresholds:
+class _Fields:
+    """Named values read as attributes, frozen: what the knobs are set to, what the detectors concluded."""
+
+    __slots__ = ("_fields",)
+
+    def __init__(self, fields: Mapping[str, Any]) -> None:
+        object.__setattr__(self, "_fields", dict(fields))
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._fields[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._fields == other._fields  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._fields.items()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._fields.items())})"
+
+
+class DetectorThresholds(_Fields):
     """The knobs of every detector (each declared with its detector, with the reason for its default), as
     numbers: `DetectorThresholds(hol_inflation=4)`, the rest their defaults. A value out of its knob's range
     is a ConfigError saying which (exit 2 at start); a name no detector declares, a TypeError."""
 
-    __slots__ = ("_values",)
+    __slots__ = ()
 
     def __init__(self, **given: float) -> None:
         declared = knobs()
@@ -72,44 +99,17 @@ class DetectorThresholds:
                 problem = k.problem(values[k.name]) if k.check == check else None
                 if problem:
                     raise ConfigError(problem)
-        object.__setattr__(self, "_values", values)
-
-    def __getattr__(self, name: str) -> float:
-        try:
-            return self._values[name]  # type: ignore[no-any-return]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("DetectorThresholds is frozen")
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, DetectorThresholds) and self._values == other._values
-
-    def __hash__(self) -> int:
-        return hash(tuple(self._values.items()))
-
-    def __repr__(self) -> str:
-        return f"DetectorThresholds({', '.join(f'{k}={v:g}' for k, v in self._values.items())})"
+        super().__init__(values)
 
 
-class Verdicts(Mapping[str, Any]):
+class Verdicts(_Fields, Mapping[str, Any]):
     """What the detectors concluded, by field: each detector's key (True, False, None = cannot tell), and the
     numbers and choices its verdict carries. Read as attributes (`verdicts.head_of_line`) or as a mapping."""
 
-    __slots__ = ("_fields",)
+    __slots__ = ()
 
     def __init__(self, fields: Mapping[str, Any] | None = None, /, **more: Any) -> None:
-        object.__setattr__(self, "_fields", {**(fields or {}), **more})
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._fields[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("Verdicts is frozen")
+        super().__init__({**(fields or {}), **more})
 
     def __getitem__(self, key: str) -> Any:
         return self._fields[key]
@@ -120,14 +120,8 @@ class Verdicts(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._fields)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Verdicts) and self._fields == other._fields
-
-    def __hash__(self) -> int:
-        return hash(tuple(self._fields.items()))
-
-    def __repr__(self) -> str:
-        return f"Verdicts({', '.join(f'{k}={v!r}' for k, v in self._fields.items())})"
+    __eq__ = _Fields.__eq__
+    __hash__ = _Fields.__hash__
 
     def replace(self, **changes: Any) -> Verdicts:
         return Verdicts(self._fields, **changes)
