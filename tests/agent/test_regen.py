@@ -13,7 +13,7 @@ def test_every_generated_file_is_fresh() -> None:
 
 
 def test_it_covers_the_rules_dashboards_deploy_files_and_docs() -> None:
-    paths = {p.relative_to(ROOT).as_posix() for p in regen.generated()}
+    paths = {p.relative_to(regen.ROOT).as_posix() for p in regen.generated()}  # the checkout rooflight is imported from
     assert {"rules/rooflight.rules.yaml", "dashboards/json/rooflight-kv-batch.json",
             "deploy/helm/rooflight/templates/prometheusrule.yaml", "deploy/helm/rooflight/values.yaml",
             "docs/metrics.md", "docs/detectors.md", "docs/metric-contract.md", "docs/engines.md"} <= paths
