@@ -123,8 +123,8 @@ def _check_expert_parallel(target: cfg.TargetConfig, model: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rooflight.agent.config.proxy import for_agent
-    from rooflight.agent.sampling.engine_loop import map_big_blocks
+    from rooflight.agent.proxy.config import for_agent
+    from rooflight.agent.sampling.memory import map_big_blocks
     from rooflight.agent.sampling.gc_tuning import tune_for_sampling
     from rooflight.agent.sampling.sampler import Agent
 

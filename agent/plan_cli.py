@@ -16,12 +16,9 @@ from typing import Any
 
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.metrics import names as metric_names
-from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY, PROFILES, get_profile
+from rooflight.agent.roofline.gpus import PROFILES, get_profile
 from rooflight.agent.roofline.models import PRESETS
 from rooflight.agent.roofline.plan import (
-    DEFAULT_DECODE_MBU,
-    DEFAULT_ITL_SLO_SECONDS,
-    DEFAULT_TTFT_SLO_SECONDS,
     Plan,
     PoolPlan,
     build_plan,
@@ -31,6 +28,7 @@ from rooflight.agent.roofline.plan import (
     sig,
 )
 from rooflight.agent.model_files import resolve_model
+from rooflight.agent.config import settings
 from rooflight.agent.config.values import parse_duration
 
 
@@ -493,57 +491,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Work a model on a GPU through the roofline: how much memory the weights and each "
         "sequence's KV cache take, how many sequences fit, how fast decode can possibly go "
         "(bandwidth-bound) and how long a prefill takes (compute-bound). Bounds, not measurements.")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", help="preset name or Hugging Face id (default ref-8b, the reference 8B "
-                     "of docs/physics.md, with 8e9 params); presets: llama-3-8b, llama-3-70b, llama-3-405b, qwen3-8b, "
-                     "mixtral-8x7b, deepseek-v3, ...")
-    src.add_argument("--model-config", metavar="PATH", help="a Hugging Face config.json (or its directory)")
-    p.add_argument("--gpu", default=DEFAULT_PROFILE_KEY, help="GPU profile, e.g. h100-sxm, h200, "
-                   "a100-sxm-80gb, l40s (default %(default)s)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size: GPUs one model copy spans; "
-                   "weights and KV heads split across them (default %(default)s)")
-    p.add_argument("--ep", type=int, default=1, help="expert-parallel size: GPUs the routed experts are spread "
-                   "over (vLLM --enable-expert-parallel: data-parallel x tensor-parallel size); each copy of --tp "
-                   "GPUs holds --tp/--ep of them and its steps read only those (default %(default)s)")
-    p.add_argument("--context", type=int, default=8000, help="tokens per sequence (prompt + output) "
-                   "for KV sizing and the decode ceiling at context (default %(default)s)")
-    p.add_argument("--batch", type=int, default=1, help="concurrent sequences for the decode step, "
-                   "throughput and arithmetic intensity (default %(default)s)")
-    p.add_argument("--prompt-tokens", type=int, default=2048, help="prompt length for the prefill "
-                   "estimate (default %(default)s)")
-    p.add_argument("--prefill-mfu", type=float, default=0.5, help="fraction of peak a real prefill "
-                   "reaches; 0.4-0.6 is strong (default %(default)s)")
-    p.add_argument("--weight-dtype", choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"),
-                   help="override the weight dtype: fewer bytes raise the decode ceiling")
-    p.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8", "int8"),
-                   help="override the KV-cache dtype: fp8 halves the cache")
-    p.add_argument("--reserved-gb", type=float, default=4.0, help="GB per GPU kept for runtime and "
-                   "activations, not KV (default %(default)s)")
-    p.add_argument("--json", action="store_true", help="print every figure in base units as JSON")
-    p.add_argument("--list", action="store_true", help="list the model presets and GPU profiles")
-    pools = p.add_argument_group("capacity and pools (docs/physics.md, section Headroom)")
-    pools.add_argument("--rate", type=float, metavar="REQ_PER_S", help="size prefill and decode pools for this "
-                       "request rate, and say whether one shared pool is the better answer")
-    pools.add_argument("--prompt", type=float, metavar="TOKENS", help="mean prompt tokens per request for "
-                       "--rate (default with --from-live: the live mix)")
-    pools.add_argument("--output", type=float, metavar="TOKENS", help="mean output tokens per request for "
-                       "--rate (default with --from-live: the live mix)")
-    pools.add_argument("--prefill-capacity", type=float, metavar="TOK_PER_S", help="prefill tokens/s one "
-                       "group carries (default: the model on --gpu at --prefill-mfu, or the live agent's)")
-    pools.add_argument("--decode-capacity", type=float, metavar="TOK_PER_S", help="decode tokens/s one group "
-                       "carries (default: the roofline at --decode-mbu and the KV wall, or the live agent's)")
-    pools.add_argument("--batch-max", type=int, default=256, help="the decode batch cap for the physics "
-                       "capacity, like vLLM's max_num_seqs (default %(default)s)")
-    pools.add_argument("--decode-mbu", type=float, default=DEFAULT_DECODE_MBU, help="fraction of the "
-                       "bandwidth peak decode reaches; 0.6-0.8 is healthy (default %(default)s)")
-    pools.add_argument("--itl-slo", type=float, default=DEFAULT_ITL_SLO_SECONDS, metavar="SECONDS",
-                       help="the p99 inter-token latency target: the physics decode batch is the largest whose "
-                       "step meets it, and a shared pool's decodes may wait this long for one prompt's prefill "
-                       "(default %(default)s)")
-    pools.add_argument("--ttft-slo", type=float, default=DEFAULT_TTFT_SLO_SECONDS, metavar="SECONDS",
-                       help="the p99 time-to-first-token target the prefill (or shared) pool is sized for, with "
-                       "an M/M/c queue (default %(default)s)")
-    pools.add_argument("--from-live", metavar="URL", help="read a running agent's /metrics (its URL, e.g. "
-                       "http://127.0.0.1:9746): its headroom, saturation and capacity at the live mix")
-    pools.add_argument("--window", metavar="NAME", help="the live window to read, e.g. 1m (default: the longest)")
+    settings.add_flags(p, settings.PLAN)  # its flags: agent/config/settings.py and plan_settings.py
     p.set_defaults(func=run_plan)

@@ -125,7 +125,7 @@ def proxy_main(upstream: str, port: int, metrics_port: int, cpu: int | None = No
     if source:  # another build's `rooflight` package, found before the installed one
         sys.path.insert(0, source)
 
-    from rooflight.agent.config.proxy import build
+    from rooflight.agent.proxy.config import build
     from rooflight.agent.proxy.server import ProxyServer
 
     if cpu is not None:

@@ -14,7 +14,7 @@ thermal or power-brake slowdown for a share of the window, and temperature.
 from __future__ import annotations
 
 from rooflight.agent.metrics import names
-from rooflight.agent.metrics import registry
+from rooflight.agent.signals.detectors import engine_stalled
 from rooflight.collectors.nvml import GPU_EXTRA_METRICS
 from rooflight.rules.alerts import PER_TARGET, WHERE, Link, alert
 from rooflight.rules.config import RulesConfig
@@ -82,7 +82,7 @@ def engine_stalled_alert(config: RulesConfig) -> Rule:
     w = config.engine_stalled_window
     return alert(
         config,
-        registry.ENGINE_STALLED.alert,  # the agent's engine_stalled detector judges the same at its resolution
+        engine_stalled.DETECTOR.alert,  # the agent's engine_stalled detector judges the same at its resolution
         stall_expr(config),
         config.engine_stalled_for,
         "critical",

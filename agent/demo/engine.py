@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from rooflight.agent.demo import plant as costs
-from rooflight.agent.config.demo import DemoConfig
+from rooflight.agent.demo.config import DemoConfig
 from rooflight.agent.demo.plant import Plant
 from rooflight.agent.roofline.step import StepCost
 from rooflight.agent.demo.scenarios import Arrival, ArrivalStream, Workload

@@ -35,12 +35,12 @@ from typing import Any, AsyncIterator, Callable
 
 from aiohttp import HttpVersion11, web
 from aiohttp.http_exceptions import HttpProcessingError
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from rooflight.agent.metrics.http import metrics_handler
 from rooflight.agent.proxy import limits
 from rooflight.agent.proxy import relay as rl
 from rooflight.agent.proxy import tracker as tr
-from rooflight.agent.config.proxy import ProxyConfig
+from rooflight.agent.proxy.config import ProxyConfig
 from rooflight.agent.config.urls import shown_url
 from rooflight.agent.proxy.exposition import ClientCollector, registry_for
 from rooflight.agent.proxy.journal import RequestJournal
@@ -234,13 +234,11 @@ class ProxyServer:
 
     def metrics_app(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
+        # the agent's handler (agent/metrics/http.py): gzip, text or OpenMetrics, name[], one render per snapshot
+        app.router.add_get("/metrics", metrics_handler(self.registry, same_page_while=lambda: self.snapshot,
+                                                       refused=_METRICS_REFUSALS.note, gone=_METRICS_REFUSALS.note))
         app.router.add_get("/-/healthy", self._healthy)
         return app
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthy(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -572,6 +570,7 @@ class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
 
 _UNRELAYABLE = limits.RefusalLog("proxy: answered 502 to", logger=log)
 _PARSER_REFUSALS = limits.RefusalLog("proxy: answered 400 to", logger=log)
+_METRICS_REFUSALS = limits.RefusalLog("proxy: closed a /metrics client at", logger=log)
 
 
 class _Relayed(web.StreamResponse):

@@ -33,7 +33,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.config.proxy import ProxyConfig
+from rooflight.agent.proxy.config import ProxyConfig
 from rooflight.agent.config.values import split_listen
 
 log = logging.getLogger("rooflight.proxy")

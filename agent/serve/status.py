@@ -30,8 +30,10 @@ from rooflight.agent.metrics.snapshot import Health, SeriesView, Snapshot, Targe
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.roofline.step import Decode, Step
-from rooflight.agent.metrics import registry
+from rooflight.agent.metrics import family
+from rooflight.agent.metrics.exposition import api_values, page_names
 from rooflight.agent.signals.derive import WindowValues
+from rooflight.agent.signals.detectors import detectors as registered, runbook_anchor
 
 # The rules' default runbook_url base (rules/config.py; tests hold the two equal). The agent sits below
 # the rules package, so it keeps its own copy rather than importing upwards.
@@ -45,7 +47,7 @@ HISTORY_FIELDS = ("mbu", "mfu_prefill", "mfu_decode", "tokens_prefill", "tokens_
 
 def runbook_url(alert: str, base: str = RUNBOOK_BASE_URL) -> str:
     """The runbook section of an alert: GitHub's anchor of its heading."""
-    return f"{base}#{registry.runbook_anchor(alert)}"
+    return f"{base}#{runbook_anchor(alert)}"
 
 
 def _num(value: float | None) -> float | None:
@@ -241,10 +243,10 @@ def ceilings(c: TargetConstants | None, view: SeriesView) -> list[dict[str, Any]
 # -- the rest of one series ------------------------------------------------------------------------
 
 def detectors(verdicts: Any) -> list[dict[str, Any]]:
-    """Every registered detector (agent/metrics/registry.py): active, clear or unknown (the inputs cannot
-    tell), with its sentence and runbook, and the numbers and source its verdict carries."""
+    """Every detector (agent/signals/detectors/): active, clear or unknown (the inputs cannot tell), with its
+    sentence and runbook, and the numbers and source its verdict carries."""
     out = []
-    for d in registry.detectors():
+    for d in registered():
         value = getattr(verdicts, d.key, None) if verdicts is not None else None
         state = "unknown" if value is None else ("active" if value else "clear")
         row = {"key": d.key, "title": d.title, "state": state, "sentence": d.sentence,
@@ -252,18 +254,18 @@ def detectors(verdicts: Any) -> list[dict[str, Any]]:
         if verdicts is not None:
             row.update({v.attr: _num(getattr(verdicts, v.attr, None)) for v in d.values})
             if d.choice is not None:  # e.g. engine (its buckets) or proxy (exact gaps)
-                row[d.choice.attr] = getattr(verdicts, d.choice.attr, None)
+                row[d.choice.attr] = getattr(verdicts, d.choice.attr, None) or d.choice.default
         out.append(row)
     return out
 
 
+def _shown(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Family values (exposition.api_values) as the page shows them: what /metrics would export, else None."""
+    return {k: _nums(v) if isinstance(v, Mapping) else _num(v) for k, v in values.items()}
+
+
 def window_dict(w: WindowValues) -> dict[str, Any]:
-    return {
-        "window": w.window, "seconds": w.seconds,
-        "mbu": _num(w.mbu), "mfu": _nums(w.mfu), "tokens_per_second": _nums(w.tokens_per_second),
-        "steps_per_second": _num(w.steps_per_second), "decode_intensity": _num(w.decode_intensity),
-        "ttft": _nums(w.ttft), "itl": _nums(w.itl), "preemptions_per_second": _num(w.preemptions_per_second),
-    }
+    return {"window": w.window, "seconds": w.seconds, **_shown(api_values(family.WINDOW, w))}
 
 
 def series_dict(target: TargetView, view: SeriesView, history: History | None) -> dict[str, Any]:
@@ -273,10 +275,7 @@ def series_dict(target: TargetView, view: SeriesView, history: History | None) -
     return {
         "model": s.model,
         "rank": s.rank,
-        "running": _num(s.running),
-        "waiting": _num(s.waiting),
-        "batch_max": _num(view.batch_max),
-        "kv_usage_ratio": _num(s.kv_usage_ratio),
+        **_shown(api_values(family.SERIES, view)),
         "live_kv_bytes": _num(view.live_kv_bytes),
         "windows": [window_dict(w) for w in view.windows],
         "operating": operating_points(c, shortest),
@@ -322,7 +321,7 @@ def status_dict(snap: Snapshot, history: History | None = None) -> dict[str, Any
         "created": snap.created,
         "runbook_base_url": RUNBOOK_BASE_URL,
         "history_fields": list(HISTORY_FIELDS),
-        "metric_names": registry.page_metrics(),  # so the page can say which series each number is
+        "metric_names": page_names(),  # so the page can say which series each number is
         "health": [health_dict(h, history) for h in snap.health],
         "targets": [target_dict(snap, t, history) for t in snap.targets],
         "gpus": [

@@ -377,22 +377,6 @@ def _plus_one(x: float | None) -> float | None:
     return None if x is None else 1.0 + x
 
 
-def derive_target(
-    history: SeriesHistory,
-    windows: Mapping[str, float],
-    constants: TargetConstants | None,
-    kv_capacity_tokens: float | None,
-    percentiles: tuple[str, ...] = ("50", "90", "99"),
-) -> tuple[WindowValues, ...]:
-    """Every configured window that the history covers, shortest first."""
-    out = []
-    for name, seconds in sorted(windows.items(), key=lambda kv: kv[1]):
-        values = derive_window(history, name, seconds, constants, kv_capacity_tokens, percentiles)
-        if values is not None:
-            out.append(values)
-    return tuple(out)
-
-
 def stall_inputs(history: SeriesHistory, seconds: float) -> dict[str, float | None]:
     """The stall detector's inputs over the last `seconds`: the least requests held (running + waiting) and
     the progress made (engine steps + prompt + generated tokens, reset-corrected). Both None until the

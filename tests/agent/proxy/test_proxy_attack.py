@@ -12,7 +12,7 @@ from typing import AsyncIterator
 import pytest
 
 from raw_peers import Answer, RawUpstream, fixed
-from rooflight.agent.config.proxy import build
+from rooflight.agent.proxy.config import build
 from rooflight.agent.proxy import catalog as c
 from rooflight.agent.proxy.server import ProxyServer
 

@@ -16,7 +16,7 @@ import pytest
 
 from fake_upstream import FakeUpstream
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.config.proxy import build
+from rooflight.agent.proxy.config import build
 from rooflight.agent.proxy.server import ProxyServer
 
 

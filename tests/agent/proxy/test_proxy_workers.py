@@ -23,7 +23,7 @@ from demo_procs import async_child, wait_healthy
 from fake_upstream import FakeUpstream, Script
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy import catalog as c
-from rooflight.agent.config.proxy import build
+from rooflight.agent.proxy.config import build
 from rooflight.agent.proxy.server import ProxyServer
 from rooflight.agent.proxy.workers import Outbox, Workers, parse_workers
 from support import free_port

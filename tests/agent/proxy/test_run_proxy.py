@@ -22,7 +22,7 @@ from aiohttp import web
 
 from rooflight.agent import cli
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.config.proxy import for_agent
+from rooflight.agent.proxy.config import for_agent
 from rooflight.agent.config import agent as cfg
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve import server

@@ -14,7 +14,7 @@ import pytest
 from rooflight.agent.roofline import physics, step
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.config.agent import build
-from rooflight.agent.sampling.engine_loop import DERIVATION_FAILED
+from rooflight.agent.sampling.target_series import DERIVATION_FAILED
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.signals import derive
 from rooflight.collectors.common import INFO_OUT_OF_RANGE

@@ -27,7 +27,7 @@ from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve import page, status
 from rooflight.agent.serve.roofline_svg import render_roofline
 from rooflight.agent.serve.server import snapshot_dict
-from rooflight.agent.signals.detectors import Verdicts
+from rooflight.agent.signals.detectors import Verdicts, detectors
 from support import ROOT, started_agent
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -150,11 +150,10 @@ async def test_with_tp_2_the_decode_point_is_its_achieved_flops_on_the_doubled_r
 
 @pytest.mark.parametrize("value, state", [(True, "active"), (False, "clear"), (None, "unknown")])
 def test_detector_states_and_runbook_links(value: bool | None, state: str) -> None:
-    verdicts = Verdicts(head_of_line=value, itl_inflation=4.0 if value else None, capacity_capped=value,
-                        admission_bound=value, at_configured_max=value, engine_stalled=value)
+    verdicts = Verdicts({d.key: value for d in detectors()}, itl_inflation=4.0 if value else None)
     rows = status.detectors(verdicts)
-    assert [r["key"] for r in rows] == ["head_of_line", "capacity_capped", "admission_bound", "at_configured_max",
-                                        "engine_stalled"]
+    assert [r["key"] for r in rows] == [d.key for d in detectors()]  # every detector, in its order
+    assert {"head_of_line", "capacity_capped", "engine_stalled"} <= {r["key"] for r in rows}
     assert {r["state"] for r in rows} == {state}
     assert all(r["sentence"].endswith(".") and len(r["sentence"]) > 40 for r in rows)
     headings = {h.strip().lower() for h in re.findall(r"^## (\S+)", (ROOT / "docs" / "runbooks.md").read_text(), re.M)}
@@ -328,6 +327,6 @@ async def test_a_gpu_no_profile_covers_draws_no_roofs_and_no_ceilings(steady: tu
 def test_the_head_of_line_row_says_which_itl_judged() -> None:
     engine = Verdicts(head_of_line=False, itl_inflation=1.2, capacity_capped=False, admission_bound=False,
                       at_configured_max=False)
-    proxy = dataclasses.replace(engine, head_of_line=True, itl_inflation=12.0, itl_source="proxy")
+    proxy = engine.replace(head_of_line=True, itl_inflation=12.0, itl_source="proxy")
     assert status.detectors(engine)[0]["itl_source"] == "engine"
     assert status.detectors(proxy)[0] | {"itl_inflation": 12.0, "itl_source": "proxy"} == status.detectors(proxy)[0]

@@ -1,0 +1,58 @@
+"""What of a normalized engine sample the agent keeps: pure checks between the adapter and the history.
+
+An adapter reads what the page says; these say whether it can be so, the same for every engine. A KV
+occupancy outside 0..1 (1e308 is not a ratio) is withheld as KV_USAGE_OUT_OF_RANGE; a KV pool, batch cap,
+block size or TP of zero or past its plausible bound (collectors/common.py) as INFO_OUT_OF_RANGE; and
+(model, rank) series past the per-target cap are dropped, those already tracked kept first. Each check
+returns the sample (the very object when nothing was withheld, the common case on every sample) with
+what it withheld, for the engine loop to count in the source's health (docs/reliability.md, section
+Bounds on what an engine can cost). No I/O, no clock, no state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Container
+
+from rooflight.collectors import expfmt
+from rooflight.collectors.common import MAX_BATCH, MAX_KV_BLOCK_TOKENS, MAX_KV_TOKENS, MAX_TENSOR_PARALLEL, within
+from rooflight.collectors.samples import EngineSample, EngineSeries
+
+KV_USAGE_OUT_OF_RANGE = "kv_usage_out_of_range"  # an engine's KV occupancy outside 0..1
+
+
+def plausible(sample: EngineSample) -> tuple[EngineSample, dict[str, int]]:
+    """The sample without the values that cannot be so, and how many were withheld by reason."""
+    with expfmt.bounded(expfmt.Bounds()) as refused:
+        series = tuple(_plausible_series(s) for s in sample.series)
+        info = sample.info
+        tp, block = within(info.tensor_parallel_size, MAX_TENSOR_PARALLEL), \
+            within(info.kv_block_size_tokens, MAX_KV_BLOCK_TOKENS)
+    if (tp, block) != (info.tensor_parallel_size, info.kv_block_size_tokens):
+        info = replace(info, tensor_parallel_size=None if tp is None else int(tp), kv_block_size_tokens=block)
+    if info is not sample.info or not all(a is b for a, b in zip(series, sample.series)):
+        sample = replace(sample, series=series, info=info)
+    return sample, refused.values_dropped
+
+
+def _plausible_series(series: EngineSeries) -> EngineSeries:
+    usage = series.kv_usage_ratio
+    if usage is not None and not 0.0 <= usage <= 1.0:
+        expfmt.drop_value(KV_USAGE_OUT_OF_RANGE)
+        series = replace(series, kv_usage_ratio=None)
+    capacity, batch = within(series.kv_capacity_tokens, MAX_KV_TOKENS), within(series.batch_max_requests, MAX_BATCH)
+    if (capacity, batch) != (series.kv_capacity_tokens, series.batch_max_requests):
+        series = replace(series, kv_capacity_tokens=capacity, batch_max_requests=batch)
+    return series
+
+
+def capped(sample: EngineSample, cap: int, tracked: Container[tuple[str, str]]) -> tuple[EngineSample, int]:
+    """At most `cap` (model, rank) series, those `tracked` already first, then in page order, and how many
+    were dropped. Thousands of models or LoRA adapters on one page would otherwise mean thousands of
+    histories and tens of thousands of exported series."""
+    dropped = max(0, len(sample.series) - cap)
+    if not dropped:
+        return sample, 0
+    known = [s for s in sample.series if (s.model, s.rank) in tracked]
+    new = [s for s in sample.series if (s.model, s.rank) not in tracked]
+    return replace(sample, series=tuple((known + new)[:cap])), dropped
