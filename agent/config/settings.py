@@ -181,7 +181,7 @@ SETTINGS: tuple[Setting, ...] = (
             commands=(PROXY,), env=False, file=False, parse=v.parse_duration, default="10s"),
     Setting("read_header_timeout", "a request's headers must arrive within this of its first byte (default 10s)",
             metavar="SECONDS", commands=(PROXY,), env=False, file=False, parse=v.port_timeout, default="10s"),
-    Setting("read_body_timeout", "close a connection whose request body sends no byte for this long (default 10s)",
+    Setting("read_body_timeout", "close a connection whose request body is not in after this long of waiting for it, all pauses together (default 10s)",
             metavar="SECONDS", commands=(PROXY,), env=False, file=False, parse=v.port_timeout, default="10s"),
     Setting("idle_timeout", "close a keep-alive connection idle this long (default 60s)", metavar="SECONDS",
             commands=(PROXY,), env=False, file=False, parse=v.port_timeout, default="60s"),

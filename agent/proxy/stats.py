@@ -107,6 +107,7 @@ class ClientStats:
         self.refused: Counter[str] = Counter()  # connections refused on the proxy's port, by reason
         self.bad_requests: Counter[str] = Counter()  # requests answered 400, by reason
         self.request_log_lost: int | None = None  # --request-log's lines lost; None without one
+        self.worker_restarts: int | None = None  # --workers N: workers replaced; None with one process
         self._histograms: dict[tuple[str, str], _Histogram] = {}
         self._exact = {key: ExactWindows(config.windows) for key in ("ttft", "tpot", "e2e")}
         self._gaps = GapSketch(config.windows)
@@ -195,6 +196,8 @@ class ClientStats:
         counters += [(c.BAD_REQUESTS, (target, k), float(v)) for k, v in sorted(self.bad_requests.items())]
         if self.request_log_lost is not None:
             counters.append((c.REQUEST_LOG_LOST, (target,), float(self.request_log_lost)))
+        if self.worker_restarts is not None:
+            counters.append((c.WORKER_RESTARTS, (target,), float(self.worker_restarts)))
         gauges: list[tuple[str, Labels, float]] = [(c.IN_FLIGHT, (target,), float(self.in_flight))]
         gauges += self._percentile_gauges(now)
         gauges += self._goodput_gauges(now)
