@@ -48,11 +48,11 @@ from rooflight.agent.config.values import split_listen
 from rooflight.agent.proxy import limits
 
 log = logging.getLogger("rooflight.proxy")
-FLUSH_SECONDS = 0.1  # how often a worker sends its counters (its heartbeat) and what it has not sent yet
+FLUSH_SECONDS = 0.25  # how often a worker sends its counters, or a beat when they did not change
 RECORDS_WITHIN_SECONDS = 0.01  # a finished request's record (or a closed connection) goes to the parent this soon
 MAX_WORKERS = 256
 MAX_QUEUED = 600  # batches a worker holds for a parent that has stopped reading its pipe
-SUSPECT_SECONDS = 0.5  # a worker not heard from for this long is handed no new connection
+SUSPECT_SECONDS = 1.0  # a worker not heard from for this long (4 beats) is handed no new connection
 HANG_SECONDS = 10.0  # a worker not heard from for this long is taken for hung: killed and replaced
 READY_WITHIN_SECONDS = 120.0  # a worker (re)started must say it is ready within this, or it is replaced
 LIVED_SECONDS = 10.0  # a worker that dies younger than this died young: the next start waits (backoff)
@@ -61,6 +61,7 @@ RESTART_BACKOFF_MAX_SECONDS = 30.0
 READY_WAIT_SECONDS = 5.0  # a connection accepted as the last ready worker died waits this long for a new one
 _ID = struct.Struct("!Q")  # a handed connection's id, the message its socket travels with
 NO_WORKER = "no_worker"  # refused: no worker took the connection (each one gone or not reading)
+_BEAT = ("beat",)  # a worker's message when nothing changed: it lives (read by the parent's reading thread alone)
 
 
 def parse_workers(value: Any) -> int:
@@ -98,7 +99,8 @@ async def _worker(config: ProxyConfig, pipe: Connection, chan: socket.socket) ->
     outbox: Outbox | None = None
 
     def flush() -> None:
-        due.clear()
+        if due:
+            due.pop().cancel()
         if outbox is not None:
             outbox.put(server.stats, records[:], closed[:])
             records.clear()
@@ -152,12 +154,17 @@ async def _worker(config: ProxyConfig, pipe: Connection, chan: socket.socket) ->
             server.adopt(socket.socket(fileno=fds[0]), lambda cid=cid: ended(cid))
 
     loop.add_reader(chan.fileno(), receive)
+
+    def beat() -> None:  # every FLUSH_SECONDS: what changed, else a beat that says this loop turns
+        nonlocal beating
+        flush()
+        beating = loop.call_later(FLUSH_SECONDS, beat)
+
+    beating = loop.call_later(FLUSH_SECONDS, beat)
     try:
-        while not stop.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), FLUSH_SECONDS)
-            flush()
+        await stop.wait()
     finally:
+        beating.cancel()
         with contextlib.suppress(ValueError, OSError):
             loop.remove_reader(chan.fileno())
         await server.stop()
@@ -175,14 +182,16 @@ class Outbox:
 
     def __init__(self, pipe: Connection, limit: int = MAX_QUEUED) -> None:
         self.limit = limit
+        self._sent: dict[str, Any] = {}  # the counters last queued
         self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._sender = threading.Thread(target=_send_all, args=(self._queue, pipe), name="rooflight-proxy-records",
                                         daemon=True)
         self._sender.start()
 
     def put(self, stats: Any, records: list[Any], closed: list[int] | None = None) -> bool:
-        """Queue `records` and the ids of `closed` connections with the worker's counters; False (and the
-        records counted lost) when full."""
+        """Queue `records` and the ids of `closed` connections with the worker's counters (or, when none of
+        them changed, a beat: the parent's clue that this worker lives); False (and the records counted lost)
+        when full."""
         full = self._queue.qsize() >= self.limit
         if full:
             stats.accounting_errors += len(records)
@@ -190,8 +199,12 @@ class Outbox:
         counters = {"in_flight": stats.in_flight, "accounting_errors": stats.accounting_errors,
                     "over_budget": stats.over_budget, "refused": dict(stats.refused),
                     "bad_requests": dict(stats.bad_requests)}
-        if not full or closed:
-            self._queue.put(("stats", records, counters, closed or []))
+        if records or closed or counters != self._sent:
+            if not full or closed:
+                self._queue.put(("stats", records, counters, closed or []))
+                self._sent = counters
+        elif not full:
+            self._queue.put(_BEAT)
         return not full
 
     def close(self, timeout: float) -> None:
@@ -331,6 +344,8 @@ class Workers:
                     message = None
                 if slot.proc is proc:
                     slot.heard = time.monotonic()
+                if message == _BEAT:
+                    continue  # (nothing for the loop: 20 wake-ups a second of two idle workers cost 1% of a core)
                 try:
                     loop.call_soon_threadsafe(self._receive, slot, proc, message)
                 except RuntimeError:
