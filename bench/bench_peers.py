@@ -35,6 +35,7 @@ import multiprocessing
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -179,6 +180,19 @@ def _own_haproxy(_: str, peer: Peer) -> dict[str, float]:
                                                      "haproxy_backend_total_time_average_seconds"):
             out[name.replace("haproxy_backend_", "")] = value  # averages over its last 1,024 requests
     return out
+
+
+def _quiesce(procs: list[psutil.Process], within: float = 120.0) -> float:
+    """Wait until `procs` use under 5% of a core over 0.5 s (the next phase must not share the pinned core
+    with this one's backlog: LiteLLM at 64 x 100/s worked on for seconds after its streams were cut);
+    returns how long it took."""
+    start = time.monotonic()
+    while time.monotonic() - start < within:
+        before = _cpu(procs)
+        time.sleep(0.5)
+        if _cpu(procs) - before < 0.025:
+            break
+    return time.monotonic() - start
 
 
 def _switches(procs: list[psutil.Process]) -> int:
@@ -379,8 +393,9 @@ def run_scenario(args: argparse.Namespace, streams: int, rate: float, up_port: i
             if peer is not None and peer.read_own is not None:
                 time.sleep(1.5)  # a refresh of its exports (rooflight: 1 s; its workers' records 10 ms)
                 own = peer.read_own(urls[name], peer)
+            quiet = _quiesce(procs + [up_ps])  # a peer that fell behind works on after its streams were cut
             got[name] = {"path": path, "cpu": cpu, "up_cpu": _cpu([up_ps]) - up0, "me_cpu": _cpu([me]) - me0,
-                         "rss": rss, "own": own, "kernel": kernel, "switches": switches}
+                         "rss": rss, "own": own, "kernel": kernel, "switches": switches, "quiet_after_s": quiet}
         rounds.append(got)
     return summarize(streams, rate, rounds, list(urls))
 
@@ -491,6 +506,7 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the PyPI peers' venvs live")
     ap.add_argument("--json", default="", help="also write the results here")
     args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # (progress, into a file too)
     scenarios = [tuple(float(x) for x in s.split("x")) for s in args.scenarios.split(",")]
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-peers-"))
@@ -507,6 +523,7 @@ def main() -> int:
             me.cpu_affinity(rest)
     peers = make_peers(args.peers.split(","), args, up_port, tmp)
     results = []
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the peers are stopped on the way out
     try:
         for peer in peers:
             if not peer.unavailable:
