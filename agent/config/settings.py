@@ -217,7 +217,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("time_scale", "simulated seconds per real second (rates then read in simulated time / X)", metavar="X",
             commands=(DEMO,), type=float, flag_default=1.0, env=False, file=False),
     # every command
-    Setting("workers", "relay processes sharing --listen (SO_REUSEPORT), one /metrics (default 1)", metavar="N",
+    Setting("workers", "relay processes behind --listen, one /metrics; one that dies or hangs is replaced (default 1)", metavar="N",
             commands=(PROXY,), env=False, file=False),
     Setting("check_only", "validate the configuration and exit", commands=(RUN, PROXY), action="store_true",
             flag_default=False, env=False, file=False),

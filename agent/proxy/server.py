@@ -69,14 +69,13 @@ def safe_reason(reason: str | None) -> str | None:
 class ProxyServer:
     """The proxy app, its metrics app, and the stats they share (one event loop, no locks)."""
 
-    def __init__(self, config: ProxyConfig, clock: Clock | None = None, *, reuse_port: bool = False,
+    def __init__(self, config: ProxyConfig, clock: Clock | None = None, *,
                  on_record: Callable[[tr.RequestRecord], None] | None = None,
                  journal: RequestJournal | None = None) -> None:
-        """`reuse_port` and `on_record` are for a worker process (agent/proxy/workers.py): its port shared
-        with the other workers (SO_REUSEPORT), its finished requests sent to the process that exports them.
-        `journal`: --request-log's, handed every finished request that `observe` counts."""
+        """`on_record` is for a worker process (agent/proxy/workers.py): its finished requests sent to the
+        process that exports them. `journal`: --request-log's, handed every finished request that `observe`
+        counts."""
         self.config = config
-        self.reuse_port = reuse_port
         self.clock = clock or SystemClock()
         # read once per upstream read: the system's clock without SystemClock's frame around it
         self._now = time.monotonic if type(self.clock) is SystemClock else self.clock.monotonic
@@ -215,7 +214,7 @@ class ProxyServer:
     async def _listen_for_clients(self, runner: web.AppRunner, host: str, port: int) -> asyncio.AbstractServer:
         loop, handler = asyncio.get_running_loop(), self._handler_for(runner)
         server = await loop.create_server(lambda: limits.Gate(handler, self.connections, self.events),
-                                          host or None, port, backlog=1024, reuse_port=self.reuse_port or None)
+                                          host or None, port, backlog=1024)
         self._servers.append(server)
         return server
 
@@ -499,7 +498,13 @@ class ProxyServer:
         (past it the connection is closed): a deadline on the whole body, where one per pause let a byte
         every few seconds hold a connection for ever. The time a streamed body waits for the upstream to
         take it (the caller's drain, between pieces) is not the client's and is not counted."""
-        readany, left = request.content.readany, self.config.read_body_timeout
+        content = request.content
+        if content.is_eof():  # the whole body came with the headers (a usual request): nothing to wait for
+            data = content.read_nowait()
+            if data:
+                yield data
+            return
+        readany, left = content.readany, self.config.read_body_timeout
         clock = asyncio.get_running_loop().time
         while True:
             began = clock()

@@ -1,5 +1,5 @@
-"""`rooflight proxy --workers N`: N relay processes on one port (SO_REUSEPORT), one /metrics whose totals are
-every request sent, whichever worker relayed it."""
+"""`rooflight proxy --workers N`: N relay processes behind one port (the parent accepts and hands each connection
+to one), one /metrics whose totals are every request sent, whichever worker relayed it."""
 
 from __future__ import annotations
 
@@ -152,8 +152,9 @@ async def test_a_message_a_stopped_worker_left_half_written_does_not_hold_the_pa
 
 
 async def test_workers_refuse_a_port_another_proxy_listens_on() -> None:
-    """SO_REUSEPORT would let the workers share a port with another process, which the kernel then splits
-    the clients with (a new user's trial: every other request went to a proxy in front of a dead upstream)."""
+    """A port another process listens on, even with SO_REUSEPORT, is refused: sharing it, the kernel would split
+    the clients between the two (a new user's trial: every other request went to a proxy in front of a dead
+    upstream)."""
     taken = socket.socket()
     taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as another proxy's workers hold it
     taken.bind(("127.0.0.1", 0))
