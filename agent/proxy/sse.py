@@ -269,7 +269,10 @@ class ChunkShape:
         prefix, suffix = self.data_prefix, self.data_suffix
         if len(data) < self.least or not data.startswith(prefix) or not data.endswith(suffix):
             return None
-        return self._text(data[len(prefix):len(data) - len(suffix)])
+        text = data[len(prefix):len(data) - len(suffix)]
+        if len(text) <= _SHORT_TEXT and _PLAIN.fullmatch(text) is not None:  # the usual text, as in match
+            return self.info if text else self.empty
+        return self._text(text)
 
     def _text(self, text: bytes) -> ChunkInfo | None:
         if not text:
