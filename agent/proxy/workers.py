@@ -355,7 +355,7 @@ class Workers:
 
         thread = threading.Thread(target=read, name=f"rooflight-proxy-worker-{slot.index}", daemon=True)
         thread.start()
-        self._readers.append(thread)
+        self._readers = [t for t in self._readers if t.is_alive()] + [thread]
 
     def _receive(self, slot: _Slot, proc: Any, message: tuple[Any, ...] | None) -> None:
         """A whole message from the worker `proc` in `slot`, or None when its pipe ended (it is gone)."""
@@ -416,6 +416,9 @@ class Workers:
             was_ready, slot.ready, slot.proc = slot.ready, False, None
             if not any(s.ready for s in self.slots):
                 self._any_ready.clear()
+        if slot.pipe is not None:  # (its reading thread has ended: it read the pipe's end)
+            slot.pipe.close()
+            slot.pipe = None
         self._retire(slot.counters)
         slot.counters = {}
         if self._loop is not None:
@@ -618,9 +621,11 @@ class Workers:
                 if slot.chan is not None:
                     slot.chan.close()
                     slot.chan = None
-        for slot in self.slots:
-            if slot.pipe is not None and not any(t.is_alive() for t in self._readers):
-                slot.pipe.close()  # (never closed under a thread still reading it)
+        if not any(t.is_alive() for t in self._readers):  # (never closed under a thread still reading it)
+            for slot in self.slots:
+                if slot.pipe is not None:
+                    slot.pipe.close()
+                    slot.pipe = None
         self._readers.clear()
 
 
