@@ -83,12 +83,16 @@ async def test_a_worker_killed_cuts_only_its_own_streams_and_is_replaced(tmp_pat
                 done = await asyncio.gather(*(raw_stream(port, "short") for _ in range(10)))
                 assert all(whole(a) for _, a in done)
                 await asyncio.sleep(0.3)  # (a record reaches the parent within 10 ms of its request's end)
-                streams = [asyncio.ensure_future(raw_stream(port, "long")) for _ in range(8)]
+                streams: list[asyncio.Future[tuple[int, bytes]]] = []
                 held: dict[int, set[int]] = {}
-                for _ in range(100):  # until each worker streams some (the parent hands them out evenly)
-                    await asyncio.sleep(0.05)
-                    held = {w.pid: client_ports(w, port) for w in first}
-                    if sum(map(len, held.values())) == 8:
+                for _ in range(3):  # (a worker its parent has not heard from for 1 s gets none: more, then)
+                    streams += [asyncio.ensure_future(raw_stream(port, "long")) for _ in range(8)]
+                    for _ in range(100):  # until every stream is held (the parent hands them out evenly)
+                        await asyncio.sleep(0.05)
+                        held = {w.pid: client_ports(w, port) for w in first}
+                        if sum(map(len, held.values())) == len(streams):
+                            break
+                    if all(held.values()):
                         break
                 victim, survivor = first
                 assert held[victim.pid] and held[survivor.pid], held
