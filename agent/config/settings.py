@@ -152,7 +152,7 @@ _OWN: tuple[Setting, ...] = (
             commands=(PROXY,), env=False, file=False, parse=v.parse_duration, default="10s"),
     Setting("read_header_timeout", "a request's headers must arrive within this of its first byte (default 10s)",
             metavar="SECONDS", commands=(PROXY,), env=False, file=False, parse=v.port_timeout, default="10s"),
-    Setting("read_body_timeout", "close a connection whose request body sends no byte for this long (default 10s)",
+    Setting("read_body_timeout", "close a connection whose request body is not in after this long of waiting for it, all pauses together (default 10s)",
             metavar="SECONDS", commands=(PROXY,), env=False, file=False, parse=v.port_timeout, default="10s"),
     Setting("idle_timeout", "close a keep-alive connection idle this long (default 60s)", metavar="SECONDS",
             commands=(PROXY,), env=False, file=False, parse=v.port_timeout, default="60s"),
@@ -188,7 +188,7 @@ _OWN: tuple[Setting, ...] = (
     Setting("time_scale", "simulated seconds per real second (rates then read in simulated time / X)", metavar="X",
             commands=(DEMO,), type=float, flag_default=1.0, env=False, file=False),
     # every command
-    Setting("workers", "relay processes sharing --listen (SO_REUSEPORT), one /metrics (default 1)", metavar="N",
+    Setting("workers", "relay processes behind --listen, one /metrics; one that dies or hangs is replaced (default 1)", metavar="N",
             commands=(PROXY,), env=False, file=False),
     Setting("check_only", "validate the configuration and exit", commands=(RUN, PROXY), action="store_true",
             flag_default=False, env=False, file=False),

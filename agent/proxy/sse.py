@@ -114,6 +114,21 @@ class SSEParser:
             raise SSEError(f"an event-stream event longer than {self._max_event} bytes")
         return out
 
+    def data_events(self, chunk: bytes) -> list[bytes] | None:
+        """The data of each event in `chunk` where it is whole events of one `data: ` line each and nothing is
+        held before it: what `feed` would return, by one split (in C) where feed goes line by line (a read of
+        many chunks, from an upstream ahead of the proxy, cost ~3 us of Python an event). None for any other
+        read: feed it."""
+        if (not chunk.endswith(b"\n\n") or not self.idle or b"\r" in chunk
+                or len(chunk) > self._max_line or len(chunk) > self._max_event):
+            return None
+        parts = chunk.split(b"\n\n")
+        parts.pop()  # (what follows the last blank line: nothing)
+        for part in parts:
+            if part[:6] != b"data: " or b"\n" in part:
+                return None  # another field, a comment, a line of its own: the long way
+        return [part[6:] for part in parts]
+
     def _line(self, line: bytes) -> SSEEvent | None:
         if not line:
             return self._dispatch()
@@ -254,7 +269,10 @@ class ChunkShape:
         prefix, suffix = self.data_prefix, self.data_suffix
         if len(data) < self.least or not data.startswith(prefix) or not data.endswith(suffix):
             return None
-        return self._text(data[len(prefix):len(data) - len(suffix)])
+        text = data[len(prefix):len(data) - len(suffix)]
+        if len(text) <= _SHORT_TEXT and _PLAIN.fullmatch(text) is not None:  # the usual text, as in match
+            return self.info if text else self.empty
+        return self._text(text)
 
     def _text(self, text: bytes) -> ChunkInfo | None:
         if not text:
