@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from demo_procs import async_child, wait_healthy
 from fake_upstream import FakeUpstream, Script
-from rooflight.agent.config.proxy import build
+from rooflight.agent.proxy.config import build
 from rooflight.agent.proxy import catalog as c
 from rooflight.agent.proxy.server import ProxyServer
 from rooflight.agent.proxy.workers import Workers
