@@ -106,7 +106,7 @@ MBU_TO_DRAM = _(WINDOW, "rooflight_mbu_to_dram_bandwidth_ratio", "ratio", "Deriv
                 lambda w: w.mbu_to_dram)
 MFU = _(WINDOW, "rooflight_mfu_ratio", "ratio", "Model FLOPs utilization: computed tokens/s x (2 x the active params a token multiplies + its attention FLOPs) / (dense peak FLOP/s x TP). Judge prefill by it.",
         lambda w: w.mfu, by=("phase",), sort=True, api="mfu", page="mfu")
-DECODE_INTENSITY = _(WINDOW, "rooflight_decode_arithmetic_intensity_flops_per_byte", "FLOP/byte", "Decode arithmetic intensity at the mean batch B: B x 2P / (weight bytes + live KV bytes); compare with the ridge point.",
+DECODE_INTENSITY = _(WINDOW, "rooflight_decode_arithmetic_intensity_flops_per_byte", "FLOP/byte", "Decode arithmetic intensity at the mean batch: the decode step's FLOPs (2 x the parameters each token multiplies + its attention over its cache) / its bytes (weights read + live KV); compare with the ridge point.",
                      lambda w: w.decode_intensity, api="decode_intensity", page="decode_intensity")
 SPEC_DECODE_ACCEPTANCE = _(WINDOW, "rooflight_spec_decode_acceptance_ratio", "ratio", "Speculative decoding: accepted / proposed draft tokens over the window (vLLM, TRT-LLM, llama.cpp). Under spec decode ITL counts per output event, which can carry several tokens.",
                            lambda w: w.spec_decode_acceptance)
@@ -151,11 +151,11 @@ SATURATION_DEMAND = _(SIGNALS, "rooflight_saturation_demand", "", "rooflight_sat
 SATURATION_BINDING = _(SIGNALS, "rooflight_saturation_binding_info", "", "1; resource = the one whose headroom sets rooflight_saturation_ratio.",
                        lambda s: {(s.role, s.binding): 1.0} if s.binding is not None and s.saturation is not None else None,
                        by=("role", "resource"))
-CAPACITY_REQUESTS = _(SIGNALS, "rooflight_capacity_requests_per_second", "requests/s", "Requests/s the roofline sustains at the window's prompt/output mix before the first wall (KV or batch cap): 1 / (output x decode step at that batch / batch + prompt x 2P / (peak x prefill MFU)).",
+CAPACITY_REQUESTS = _(SIGNALS, "rooflight_capacity_requests_per_second", "requests/s", "Requests/s the roofline sustains at the window's prompt/output mix before the first wall (KV or batch cap): 1 / (output x decode step at that batch / batch + a prompt's prefill FLOPs / (peak x prefill MFU)), each the step model's.",
                       lambda s: s.capacity.requests_per_second if s.capacity is not None else None)
 CAPACITY_DECODE_TOKENS = _(SIGNALS, "rooflight_capacity_decode_tokens_per_second", "tokens/s", "Decode tokens/s at that capacity: capacity requests/s x mean output tokens per request.",
                            lambda s: s.capacity.decode_tokens_per_second if s.capacity is not None else None)
-CAPACITY_PHASE_TOKENS = _(SIGNALS, "rooflight_capacity_phase_tokens_per_second", "tokens/s", "Tokens/s of one phase alone (what one pool group of that phase carries): prefill = peak x prefill MFU / 2P; decode = the first wall's batch / its decode step.",
+CAPACITY_PHASE_TOKENS = _(SIGNALS, "rooflight_capacity_phase_tokens_per_second", "tokens/s", "Tokens/s of one phase alone (what one pool group of that phase carries): prefill = peak x prefill MFU / a computed prompt token's FLOPs (2P + its attention); decode = the first wall's batch / its decode step.",
                           lambda s: s.capacity.phase_tokens_per_second if s.capacity is not None else None, by=("phase",))
 GPU_TIME_SHARE = _(SIGNALS, "rooflight_gpu_time_share_ratio", "ratio", "The phase's share of the GPU time the window's work took (the roofline time of its tokens at the capacity efficiencies; 1 for a phase that ran alone); the phases add up to 1.",
                    lambda s: s.gpu_time_share, by=("phase",))
