@@ -21,6 +21,7 @@ from rooflight.agent.sampling.engine_loop import EngineLoop
 from rooflight.agent.sampling.gpu_assignment import TargetGpus, gpu_profiles
 from rooflight.agent.sampling.health import SourceState
 from rooflight.agent.roofline.models import ModelSpec
+from rooflight.agent.metrics.history import Sparklines
 from rooflight.agent.metrics.snapshot import EMPTY, Health, Snapshot
 from rooflight.agent.signals.headroom import ENERGY
 from rooflight.agent.signals.series import GPU_DRAM, NO_GPU, GpuMeasures
@@ -58,6 +59,7 @@ class Agent:
         self._health: dict[SourceState, Health] = {}  # each source's Health as last published (publish)
         self._stepped: dict[SourceState, None] = {}  # sources stepped since the last publish (_publish_soon)
         self._publish_due: asyncio.Handle | None = None
+        self.sparklines = Sparklines()  # the status page's last five minutes, recorded as engines are sampled
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False  # set by stop(): every loop ends at its next step, even if a cancel was lost
         self._session: aiohttp.ClientSession | None = None
@@ -154,6 +156,7 @@ class Agent:
             sources.append(self._nvml_state)
         sources += self._process_states.values()
         health = [cache[s] if s in cache else cache.setdefault(s, s.view()) for s in sources]
+        self._record_sparklines(stepped)
         target_gpus = {t.name: a for t in self.config.targets if (a := self.gpus.gpus_of(t)) is not None}
         exported = self.gpus.exported(target_gpus)
         profiles, notes = gpu_profiles(exported)
@@ -167,6 +170,16 @@ class Agent:
             target_gpus=target_gpus,
             processes=dict(self._processes),
         )
+
+    def _record_sparklines(self, stepped: tuple[SourceState, ...]) -> None:
+        """Each engine just sampled (every engine, without `stepped`) adds its series' numbers to the sparklines,
+        at its last successful sample's time."""
+        wanted = set(stepped)
+        engines = [e for e in self.engines if not wanted or e.state in wanted]
+        if engines:
+            count = sum(len(e.view.series) for e in self.engines)
+            for e in engines:
+                self.sparklines.record(e.view, self._health[e.state].last_success, count)
 
     def _publish_soon(self, *stepped: SourceState) -> None:
         """Publish once, at the next turn of the event loop, for every loop whose step ended in this one.

@@ -3,8 +3,9 @@
 `/api/v1/snapshot` is what `/metrics` shows; this adds what the page draws: each target's roofline
 (peaks, ridge point), the live operating points of decode and prefill on it, the ceilings `rooflight plan`
 gives for the current batch, the detectors with one sentence each and their runbook link, each source's
-last error reason, and short sparkline histories. Nothing here runs on the sampling path: every figure
-is computed when a client asks, from the frozen Snapshot the agent already published. Like
+last error reason, and the sparklines the agent keeps of the last five minutes (recorded as it samples,
+agent/metrics/history.py). Nothing else here runs on the sampling path: every figure is computed when a
+client asks, from the frozen Snapshot the agent already published. Like
 /api/v1/snapshot it shows no URL and no error message (docs/security.md): everything it shows is a
 number /metrics exports or arithmetic on them and on the agent's constants.
 
@@ -21,11 +22,11 @@ of the batch cap over it), at the roofline of the copy's peaks.
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from rooflight.agent import __version__
+from rooflight.agent.metrics.history import HISTORY_FIELDS, SeriesKey, Sparklines
 from rooflight.agent.metrics.snapshot import Health, SeriesView, Snapshot, TargetView
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
@@ -39,10 +40,6 @@ from rooflight.agent.signals.detectors import detectors as registered, runbook_a
 # the rules package, so it keeps its own copy rather than importing upwards.
 RUNBOOK_BASE_URL = "https://github.com/rooflight/rooflight/blob/main/docs/runbooks.md"
 
-HISTORY_POINTS = 300  # per series: five minutes at the default 1 s interval ...
-HISTORY_TOTAL_POINTS = 4096  # ... all series together: 128 series keep 32 points each (the answer's size bound)
-HISTORY_FIELDS = ("mbu", "mfu_prefill", "mfu_decode", "tokens_prefill", "tokens_decode", "ttft_p99", "itl_p99",
-                  "kv_usage", "running", "waiting", "preemptions_per_second")
 
 
 def runbook_url(alert: str, base: str = RUNBOOK_BASE_URL) -> str:
@@ -64,47 +61,16 @@ def _nums(values: Mapping[str, float]) -> dict[str, float]:
 
 # -- history ---------------------------------------------------------------------------------------
 
-SeriesKey = tuple[str, str, str]  # target, model, rank
-MIN_POINTS = 8  # a sparkline's fewest points, however many series share the budget
-
-
 @dataclass
 class History:
-    """Sparkline values of recent snapshots, per series: a bounded ring filled only when a client asks.
+    """What the page shows of the recent past: the agent's sparklines (recorded as its engines are sampled,
+    agent/metrics/history.py) and each source's last error reason, followed while someone looks."""
 
-    Nobody looking costs nothing; while the page is open (it polls every second) the ring follows the
-    agent's samples. A series that leaves the snapshot takes its ring with it, and the rings share
-    `total` points (each keeps at most `points`, and at least MIN_POINTS), so memory and the size of
-    /api/v1/status are bounded whatever the number of series: one series keeps five minutes, 128 keep 32
-    samples each.
-    """
-
-    points: int = HISTORY_POINTS
-    total: int | None = None  # None: HISTORY_TOTAL_POINTS
-    _rings: dict[SeriesKey, Deque[tuple[float, tuple[float | None, ...]]]] = field(default_factory=dict)
+    sparklines: Sparklines = field(default_factory=Sparklines)
     _errors: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
     _last_error: dict[tuple[str, str], tuple[float | None, str]] = field(default_factory=dict)
 
     def record(self, snap: Snapshot) -> None:
-        """Add the snapshot's values to each series' ring, once per engine sample."""
-        live: set[SeriesKey] = set()
-        count = sum(len(target.series) for target in snap.targets)
-        each = min(self.points, max(MIN_POINTS, (self.total or HISTORY_TOTAL_POINTS) // max(1, count)))
-        for target in snap.targets:
-            t = _engine_time(snap, target.name)
-            for view in target.series:
-                key = (target.name, view.series.model, view.series.rank)
-                live.add(key)
-                ring = self._rings.setdefault(key, deque(maxlen=each))
-                if ring.maxlen != each:  # the number of series changed: the share did too (newest kept)
-                    ring = self._rings[key] = deque(ring, maxlen=each)
-                if t is not None and (not ring or t > ring[-1][0]):
-                    ring.append((t, history_values(view)))
-        for key in set(self._rings) - live:
-            del self._rings[key]
-        self._record_errors(snap)
-
-    def _record_errors(self, snap: Snapshot) -> None:
         """Which error reason grew last, per source: the reason label /metrics counts, never the message
         (pages show nothing /metrics does not, docs/security.md). On a first look only a single failing
         reason names the last error; its time is then unknown."""
@@ -127,12 +93,8 @@ class History:
             self._last_error.pop(key, None)
 
     def series(self, key: SeriesKey) -> dict[str, list[float | None]]:
-        """The ring as columns: "t" and one list per HISTORY_FIELDS name."""
-        ring = self._rings.get(key, ())
-        out: dict[str, list[float | None]] = {"t": [t for t, _ in ring]}
-        for i, name in enumerate(HISTORY_FIELDS):
-            out[name] = [values[i] for _, values in ring]
-        return out
+        """The series' sparkline columns: "t" and one list per HISTORY_FIELDS name."""
+        return self.sparklines.series(key)
 
     def last_error(self, source: str, target: str) -> tuple[float | None, str] | None:
         """(when, reason) of the source's latest error seen while someone looked."""
@@ -145,25 +107,6 @@ def _engine_time(snap: Snapshot, target: str) -> float | None:
         if h.source == "engine" and h.target == target:
             return h.last_success
     return snap.created or None
-
-
-def history_values(view: SeriesView) -> tuple[float | None, ...]:
-    """One sparkline sample of a series, in HISTORY_FIELDS order, from its shortest window."""
-    w = view.windows[0] if view.windows else None
-    s = view.series
-    return (
-        _num(w.mbu) if w else None,
-        _num(w.mfu.get("prefill")) if w else None,
-        _num(w.mfu.get("decode")) if w else None,
-        _num(w.tokens_per_second.get("prefill")) if w else None,
-        _num(w.tokens_per_second.get("decode")) if w else None,
-        _num(w.ttft.get("99")) if w else None,
-        _num(w.itl.get("99")) if w else None,
-        _num(s.kv_usage_ratio),
-        _num(s.running),
-        _num(s.waiting),
-        _num(w.preemptions_per_second) if w else None,
-    )
 
 
 # -- the roofline ----------------------------------------------------------------------------------
@@ -313,7 +256,7 @@ def health_dict(h: Health, history: History | None) -> dict[str, Any]:
 
 
 def status_dict(snap: Snapshot, history: History | None = None) -> dict[str, Any]:
-    """Everything the status page shows, from one Snapshot (records it into `history` first)."""
+    """Everything the status page shows, from one Snapshot (records its errors into `history` first)."""
     if history is not None:
         history.record(snap)
     return {

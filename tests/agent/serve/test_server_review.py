@@ -190,10 +190,10 @@ def many_models_page(models: int) -> str:
 async def test_status_history_shares_a_total_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     import aiohttp
 
-    from rooflight.agent.serve import status
+    from rooflight.agent.metrics import history
     from support import FakeEngine
 
-    monkeypatch.setattr(status, "HISTORY_TOTAL_POINTS", 64, raising=False)
+    monkeypatch.setattr(history, "HISTORY_TOTAL_POINTS", 64)
     engine = FakeEngine(body=many_models_page(16))
     await engine.start()
     config = build({}, {}, {"engine_url": [engine.url], "nvml": False, "process": False, "interval": "0.1",

@@ -24,6 +24,7 @@ from rooflight.agent.roofline.gpus import get_profile
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.config.agent import build
 from rooflight.agent.sampling.sampler import Agent
+from rooflight.agent.metrics.history import HISTORY_FIELDS, Sparklines
 from rooflight.agent.serve import page, status
 from rooflight.agent.serve.roofline_svg import render_roofline
 from rooflight.agent.serve.server import snapshot_dict
@@ -169,26 +170,40 @@ def test_runbook_base_is_the_rules_default() -> None:
     assert status.RUNBOOK_BASE_URL == RulesConfig().runbook_base_url
 
 
-async def test_history_is_bounded_and_filled_only_on_request(steady: tuple) -> None:
+async def test_the_agent_keeps_the_sparklines_before_anyone_looks(steady: tuple) -> None:
+    """A page opened now draws the samples before it was opened: the agent records them as it samples."""
     engine, agent, clock = steady
     app = web.Application()
     page.add_status_routes(app, agent)
     history = app[page.STATUS_HISTORY_KEY]
     await advance(engine, agent, clock, 5.0)
-    assert history.series(("x", "y", "z")) == {"t": [], **{f: [] for f in status.HISTORY_FIELDS}}
+    assert history.series(("x", "y", "z")) == {"t": [], **{f: [] for f in HISTORY_FIELDS}}
     (target,) = agent.snapshot.targets
     key = (target.name, target.series[0].series.model, target.series[0].series.rank)
-    assert history.series(key)["t"] == []  # the agent sampled ten times; nobody asked, nothing was kept
-    small = status.History(points=4)
-    for _ in range(7):
-        small.record(agent.snapshot)
-        small.record(agent.snapshot)  # the same engine sample twice counts once
-        await advance(engine, agent, clock, 0.5)
-    cols = small.series(key)
-    assert len(cols["t"]) == 4 and cols["t"] == sorted(set(cols["t"]))
-    assert set(cols) == {"t", *status.HISTORY_FIELDS}
+    cols = history.series(key)  # the agent sampled ten times, nobody asked: all ten are there
+    assert len(cols["t"]) >= 8 and cols["t"] == sorted(set(cols["t"]))
     assert cols["mbu"][-1] is not None and cols["running"][-1] is not None
-    small.record(replace(agent.snapshot, targets=()))  # the series left: its ring goes with it
+    assert status.status_dict(agent.snapshot, history)["targets"][0]["series"][0]["history"] == cols
+
+
+async def test_a_sparkline_keeps_its_share_of_points_over_five_minutes(steady: tuple) -> None:
+    """Full before it spans five minutes, a ring keeps every other point; past five minutes the oldest go; the
+    same sample recorded twice counts once; a series that left takes its ring with it."""
+    engine, agent, clock = steady
+    (target,) = agent.snapshot.targets
+    key = (target.name, target.series[0].series.model, target.series[0].series.rank)
+    small = Sparklines(points=4)
+    for t in range(40):
+        small.record(agent.snapshot.targets[0], float(t), 1)
+        small.record(agent.snapshot.targets[0], float(t), 1)
+    t_kept = small.series(key)["t"]
+    assert len(t_kept) <= 4 and t_kept[-1] == 39.0 and t_kept[0] <= 39.0 - 16  # 40 s in 4 points, evenly thinned
+    assert set(small.series(key)) == {"t", *HISTORY_FIELDS}
+    for t in range(40, 1000, 10):
+        small.record(agent.snapshot.targets[0], float(t), 1)
+    t_kept = small.series(key)["t"]
+    assert t_kept[-1] == 990.0 and t_kept[0] >= 990.0 - 300  # nothing older than five minutes
+    small.record(replace(target, series=()), 1000.0, 1)  # the series left: its ring goes with it
     assert small.series(key)["t"] == []
 
 
