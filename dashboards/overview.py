@@ -311,7 +311,7 @@ def dashboard() -> dict[str, Any]:
     ), 12, 8)
     g.add(ts(
         "ITL tail inflation ratio",
-        "rooflight_itl_tail_inflation_ratio: the worst ITL since the agent's previous sample (the upper bound of "
+        "rooflight_itl_tail_inflation: the worst ITL since the agent's previous sample (the upper bound of "
         "the highest ITL bucket that gained observations) over its own recent median (the median of that worst "
         "over the longest window). ~1 on steady traffic; at or above the line "
         f"({HOL.hol_inflation:g}x) with prefill in the batch it is head-of-line blocking. An 8,000-token prompt "

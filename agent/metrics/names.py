@@ -102,7 +102,7 @@ PREEMPTIONS_PER_SECOND = _(WINDOW, "rooflight_preemptions_per_second", "preempti
                            lambda w: w.preemptions_per_second, api="preemptions_per_second", page="preemptions_per_second")
 MBU = _(WINDOW, "rooflight_mbu_ratio", "ratio", "Model bandwidth utilization: (weight bytes one step reads + mean live KV bytes) x steps/s / (HBM peak x TP). Judge decode by it.",
         lambda w: w.mbu, api="mbu", page="mbu")
-MBU_TO_DRAM = _(WINDOW, "rooflight_mbu_to_dram_bandwidth_ratio", "ratio", "Derived MBU / measured GPM DRAM bandwidth utilization of the target's GPUs over the window: 1 = the model explains the traffic; below 1 = traffic the model does not explain; above 1 = constants overstate bytes.",
+MBU_TO_DRAM = _(WINDOW, "rooflight_mbu_to_dram_bandwidth", "", "Derived MBU / measured GPM DRAM bandwidth utilization of the target's GPUs over the window: 1 = the model explains the traffic; below 1 = traffic the model does not explain; above 1 = constants overstate bytes (a factor around 1, not a _ratio in 0..1).",
                 lambda w: w.mbu_to_dram)
 MFU = _(WINDOW, "rooflight_mfu_ratio", "ratio", "Model FLOPs utilization: computed tokens/s x (2 x the active params a token multiplies + its attention FLOPs) / (dense peak FLOP/s x TP). Judge prefill by it.",
         lambda w: w.mfu, by=("phase",), sort=True, api="mfu", page="mfu")

@@ -311,7 +311,7 @@ def test_head_of_line_shows_active_within_seconds_of_the_stall(browser: Any, dem
                 exported_at = now
                 # the sample that flipped the detector: the stall's size as the agent judged it
                 flipped_by = [float(v) for v in re.findall(
-                    r"^rooflight_itl_tail_inflation_ratio\{[^}]*\} (\S+)$", exposition, re.M)]
+                    r"^rooflight_itl_tail_inflation\{[^}]*\} (\S+)$", exposition, re.M)]
             state, inflation = page.evaluate(HEAD_OF_LINE)
             if state == "active":
                 active_at = now

@@ -28,7 +28,7 @@ from rooflight.agent.signals.detectors.base import (
     Panel, Series, Value, Verdict, all_of, at_least, over_median,
 )
 
-ITL_INFLATION = "rooflight_itl_tail_inflation_ratio"  # the dashboards draw it beside the flag
+ITL_INFLATION = "rooflight_itl_tail_inflation"  # the dashboards draw it beside the flag
 
 
 def itl_inflation(itl_worst_recent: float | None, itl_worst_baseline: float | None) -> float | None:
@@ -92,7 +92,8 @@ DETECTOR = Detector(
     values=(Value("itl_inflation", Series(
         ITL_INFLATION, "The worst ITL since the agent's previous sample / its own recent median (of that worst, "
         "over the longest window); the worst is the upper bound of the highest ITL bucket that gained "
-        "observations, or the exact worst gap between tokens where the proxy judged.", "ratio"),
+        "observations, or the exact worst gap between tokens where the proxy judged. A factor, 1 on steady traffic "
+        "and unbounded above (not a _ratio in 0..1).", ""),
         lambda i: itl_inflation(i.itl_worst_recent, i.itl_worst_baseline)),),
     choice=Choice("itl_source", Series(
         "rooflight_head_of_line_source", "Which ITL judged head-of-line (one series per source, 1 for the one that "
