@@ -6,9 +6,12 @@
     rooflight rules --topology-labels cluster,namespace,pod,instance,job --extra-labels region
     rooflight rules --ttft-threshold-for llama-70b=5 --dashboard-base-url https://grafana.example.com
     rooflight rules --saturation-window 1m --capacity-window 5m   # the agent windows the capacity rules read
+    rooflight rules --pod      # each cluster's Prometheus, when a central ruler runs the fleet rules
+    rooflight rules --fleet    # that central ruler (Thanos, Mimir, vmalert): rules/fleet.py
 
-The checked-in files are rendered from the default RulesConfig; `rooflight rules` renders the same
-code with the user's thresholds and selectors.
+The checked-in files are rendered from the default RulesConfig (rooflight-pod.rules.yaml and
+rooflight-fleet.rules.yaml are the two halves of rooflight.rules.yaml plus the fleet's meta-alert);
+`rooflight rules` renders the same code with the user's thresholds and selectors.
 """
 
 from __future__ import annotations
@@ -26,6 +29,13 @@ from rooflight.rules.render import render
 
 HERE = Path(__file__).resolve().parent
 OUTPUTS = {"yaml": HERE / "rooflight.rules.yaml", "prometheusrule": HERE / "rooflight.prometheusrule.yaml"}
+# The fleet split (rules/fleet.py), by scope: rules files for a cluster's Prometheus and the central ruler.
+SPLIT_OUTPUTS = {"pod": HERE / "rooflight-pod.rules.yaml", "fleet": HERE / "rooflight-fleet.rules.yaml"}
+
+
+def _files(outputs: dict[str, Path], split: dict[str, Path]) -> list[tuple[Path, str, str]]:
+    """(path, format, scope) of every checked-in file."""
+    return [(path, fmt, "all") for fmt, path in outputs.items()] + [(path, "yaml", s) for s, path in split.items()]
 
 
 def _preset(engine: str) -> dict[str, Any]:
@@ -45,12 +55,13 @@ def _preset(engine: str) -> dict[str, Any]:
 ENGINE_PRESETS: dict[str, dict[str, Any]] = {engine: _preset(engine) for engine in cfg.slo_engines()}
 
 
-def check(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = None) -> int:
+def check(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = None,
+          split: dict[str, Path] = SPLIT_OUTPUTS) -> int:
     """0 when every checked-in file equals what the code renders; 1 with a unified diff otherwise."""
     config = config or cfg.RulesConfig()
     stale = 0
-    for fmt, path in outputs.items():
-        want = render(config, fmt)
+    for path, fmt, scope in _files(outputs, split):
+        want = render(config, fmt, scope)
         have = path.read_text() if path.exists() else ""
         if have != want:
             stale = 1
@@ -64,10 +75,11 @@ def check(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = N
     return stale
 
 
-def write(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = None) -> None:
+def write(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = None,
+          split: dict[str, Path] = SPLIT_OUTPUTS) -> None:
     config = config or cfg.RulesConfig()
-    for fmt, path in outputs.items():
-        path.write_text(render(config, fmt))
+    for path, fmt, scope in _files(outputs, split):
+        path.write_text(render(config, fmt, scope))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,6 +112,17 @@ def register(subparsers: Any) -> None:
                     "client-side goodput burn-rate alerts.",
     )
     p.add_argument("--format", choices=("yaml", "prometheusrule"), default="yaml")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--pod", dest="scope", action="store_const", const="pod", default="all",
+                       help="only the pod-level rules: each cluster's Prometheus, where a central ruler runs --fleet")
+    scope.add_argument("--fleet", dest="scope", action="store_const", const="fleet",
+                       help="only the rules that sum over replicas, plus RooflightClusterAbsent: the central "
+                            "ruler (Thanos, Mimir, vmalert) of clusters that remote-write to one store")
+    p.add_argument("--cluster-label", default=cfg.RulesConfig.cluster_label,
+                   help="the topology label naming a cluster, for RooflightClusterAbsent (default %(default)s)")
+    p.add_argument("--cluster-absent-for", default=cfg.RulesConfig.cluster_absent_for,
+                   help="how long a cluster's agents may not reach the central ruler before "
+                        "RooflightClusterAbsent (--fleet; default %(default)s)")
     p.add_argument("--release", default="", help="label release=<this> on the PrometheusRule (kube-prometheus-stack)")
     p.add_argument("--name", default="rooflight", help="PrometheusRule name and group-name prefix")
     p.add_argument("--agent-selector", default="", help="matchers for rooflight_* series, e.g. 'job=\"rooflight\"'")
@@ -233,6 +256,8 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
         itl_long_window=args.itl_long_window,
         saturation_window=args.saturation_window,
         capacity_window=args.capacity_window,
+        cluster_label=args.cluster_label,
+        cluster_absent_for=args.cluster_absent_for,
         runbook_base_url=args.runbook_base_url,
         dashboard_base_url=args.dashboard_base_url,
         rule_name=args.name,
@@ -242,7 +267,7 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
 
 def run_rules(args: argparse.Namespace) -> int:
     try:
-        text = render(config_from_args(args), args.format)
+        text = render(config_from_args(args), args.format, args.scope)
     except ConfigError as exc:
         print(f"rooflight rules: {exc}", file=sys.stderr)
         return 2
