@@ -55,7 +55,7 @@ def expected_rules(rules_args: str) -> dict[str, Any]:
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     args = parser.parse_args(["rules", *shlex.split(rules_args)])
-    return prometheus_rule(config_from_args(args))["spec"]
+    return prometheus_rule(config_from_args(args), args.scope)["spec"]
 
 
 def check_volumes(where: str, doc: dict[str, Any], errors: list[str]) -> None:
