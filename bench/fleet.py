@@ -16,12 +16,12 @@ that change, not a frozen page.
 Per N, everything is started fresh here on loopback (Debian's victoria-metrics package: victoria-metrics,
 vmagent, vmalert): vmagent scrapes the 2N targets (agent and engine of each pod) at --scrape and writes to
 VictoriaMetrics; vmalert evaluates rules/rooflight-pod.rules.yaml and rules/rooflight-fleet.rules.yaml
-every --eval, as the central ruler of agent-mode clusters does. After --minutes it reads:
+every --eval (60 s), as the central ruler of agent-mode clusters does. After --minutes it reads:
 - series in the store, per engine, by kind: the agent's, the engine's, the records the rules write;
 - samples/s ingested (vm_rows_inserted_total) and VictoriaMetrics' CPU seconds per million samples;
 - bytes on disk per sample after a forced flush, and so bytes a day per engine and per 1,000 GPUs;
 - each rule group's evaluation time as vmalert measures it (vmalert_iteration_duration_seconds), and each
-  fleet record's query timed alone against the store at the end.
+  fleet record's query timed alone against the store at the end (vmalert paused meanwhile).
 Samples/s at 1 Hz and 15 s scrapes are the series per engine over the interval. The printed table is the
 one docs/deploy.md (section Fleet) shows, with the machine it ran on.
 """
@@ -376,7 +376,26 @@ def fleet_records() -> list[str]:
     return [r["expr"] for g in doc["groups"] for r in g["rules"] if "record" in r]
 
 
-def size(n: int, scrape_s: float, minutes: float, eval_s: float, pages: EnginePages) -> Sized:
+class DidNotFit(RuntimeError):
+    """A rig process outgrew the memory it may take on this machine."""
+
+
+def rss_bytes(pid: int) -> float:
+    return float(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _wait(seconds: float, procs: dict[str, int], max_rss: float) -> None:
+    """Sleep `seconds`, checking every 5 s that no process of the rig outgrew `max_rss` bytes (on a shared
+    machine a store that cannot keep up grows until the kernel kills something)."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(5.0, left))
+        for name, pid in procs.items():
+            if (rss := rss_bytes(pid)) > max_rss:
+                raise DidNotFit(f"{name} reached {rss / 2**30:.1f} GiB of memory (the limit: {max_rss / 2**30:.1f})")
+
+
+def size(n: int, scrape_s: float, minutes: float, eval_s: float, pages: EnginePages, max_rss: float) -> Sized:
     """One fleet of `n` engines, fresh: warm up for a minute (every series is new then), measure the rest."""
     import yaml
 
@@ -412,25 +431,24 @@ def size(n: int, scrape_s: float, minutes: float, eval_s: float, pages: EnginePa
         started.append(vmalert)
         procs = {"victoria-metrics": vm.proc.pid, "vmagent": vmagent.proc.pid, "vmalert": vmalert.proc.pid,
                  "page server (this process)": os.getpid()}
-        time.sleep(60)
+        watch = {name: pid for name, pid in procs.items() if pid != os.getpid()}
+        _wait(60, watch, max_rss)
         before = _counters(vm, vmagent, vmalert)
         cpu0 = {name: cpu_seconds(pid) for name, pid in procs.items()}
         t0 = time.monotonic()
-        time.sleep(max(minutes * 60 - 60, 60))
+        _wait(max(minutes * 60 - 60, 60), watch, max_rss)
         took = time.monotonic() - t0
         after = _counters(vm, vmagent, vmalert)
         cpu = {name: (cpu_seconds(pid) - cpu0[name]) / took for name, pid in procs.items()}
         group_eval = {g: (after[("sum", g)] - before.get(("sum", g), 0)) / (after[("count", g)] - before.get(("count", g), 0))
                       for kind, g in after if kind == "count" and after[("count", g)] > before.get(("count", g), 0)}
-        timed = [(min(query(vm.url, expr)[1] for _ in range(3)), expr) for expr in fleet_records()]
-        # records are level:metric:operations (two colons; vLLM's own names have one); up and scrape_* are
-        # vmagent's own, 6 a scrape target, left out (here one target carries several engines)
-        kinds = {
-            "agent": 'count({job="rooflight", __name__=~"rooflight_.+"})',
-            "engine": 'count({job="vllm", __name__!~".+:.+:.+|ALERTS.*|up|scrape_.+"})',
-            "records": 'count({__name__=~".+:.+:.+"})',
-        }
-        series = {kind: float(query(vm.url, expr)[0][0]["value"][1]) for kind, expr in kinds.items()}
+        # each fleet record's query alone: vmalert paused, so the store answers nothing else meanwhile
+        vmalert.proc.send_signal(signal.SIGSTOP)
+        try:
+            timed = [(query(vm.url, expr)[1], expr) for expr in fleet_records()]
+        finally:
+            vmalert.proc.send_signal(signal.SIGCONT)
+        series = series_by_kind(vm.url)
         # Flush, then merge this month's parts as a day of data would be merged: bytes per sample of the few
         # minutes' small parts alone would overstate a day's several times.
         http(f"{vm.url}/internal/force_flush")
@@ -455,6 +473,20 @@ def size(n: int, scrape_s: float, minutes: float, eval_s: float, pages: EnginePa
             s.stop()
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def series_by_kind(base: str) -> dict[str, float]:
+    """The store's series today by kind, from its per-name counts (no query matches them all): the agent's
+    (rooflight_*), the engine's (vLLM's names have one colon), the records (level:metric:operations, two).
+    vmagent's up and scrape_* (6 a scrape target) and vmalert's ALERTS are left out."""
+    body = json.loads(http(f"{base}/api/v1/status/tsdb?topN=100000"))
+    out = {"agent": 0.0, "engine": 0.0, "records": 0.0}
+    for row in body["data"]["seriesCountByMetricName"]:
+        name, count = row["name"], float(row["value"])
+        kind = {2: "records", 1: "engine"}.get(name.count(":"), "agent" if name.startswith("rooflight_") else "")
+        if kind:
+            out[kind] += count
+    return out
 
 
 def _counters(vm: Server, vmagent: Server, vmalert: Server) -> dict[tuple[str, str], float]:
@@ -526,10 +558,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", default="100,1000,10000", help="comma list of fleet sizes (default %(default)s)")
     parser.add_argument("--scrape", type=float, default=15.0, help="vmagent's scrape interval, seconds")
-    parser.add_argument("--eval", type=float, default=30.0, help="vmalert's evaluation interval, seconds")
+    parser.add_argument("--eval", type=float, default=60.0, help="vmalert's evaluation interval, seconds")
     parser.add_argument("--minutes", type=float, default=8.0,
                         help="per size: one minute of warm-up, then the rest measured; 6 or more fills the 5 m windows")
     parser.add_argument("--pages-only", action="store_true", help="only what one engine exports")
+    parser.add_argument("--max-rss-gib", type=float, default=0.0,
+                        help="stop a size when one of its servers passes this much memory (default: a third of the machine's)")
     args = parser.parse_args(argv)
     missing = [b for b in ("victoria-metrics", "vmagent", "vmalert", "prometheus-alertmanager") if not shutil.which(b)]
     pages = asyncio.run(engine_pages())
@@ -540,14 +574,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"not installed: {', '.join(missing)} (apt-get install victoria-metrics prometheus-alertmanager)",
               file=sys.stderr)
         return 2
-    sized = []
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    max_rss = args.max_rss_gib * 2**30 or total / 3
+    sized, unfit = [], []
     for n in (int(x) for x in args.engines.split(",")):
-        sized.append(size(n, args.scrape, args.minutes, args.eval, pages))
+        try:
+            sized.append(size(n, args.scrape, args.minutes, args.eval, pages, max_rss))
+        except DidNotFit as exc:
+            unfit.append(f"N={n:,} did not fit this machine: {exc}; stopped")
+            print(unfit[-1], flush=True)
+            continue
         report(sized[-1:])
     print(f"\nmachine: {machine()}")
     print(f"command: python bench/fleet.py --engines {args.engines} --scrape {args.scrape:g} --eval {args.eval:g} "
           f"--minutes {args.minutes:g}")
     report(sized)
+    print("\n".join(unfit))
     return 0
 
 
