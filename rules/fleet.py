@@ -10,10 +10,10 @@ ruler evaluates what needs more than one pod. The rules split along the replica 
             never waits on remote write, and remote-writes the records with the raw series.
     fleet   every rule that sums over replicas (a `by` without them): the model, phase and role records,
             the SLO error ratios and their burn-rate alerts, the cost and capacity pools, the bucket guard;
-            and every rule that reads one of those records. A cluster's Prometheus may see only part of a
-            pool (an HA pair each writing the same series, shards that split the pods), so these run where
-            every replica's data meets: the central ruler. Each keeps `cluster` in its `by`, so a pool in
-            one cluster never adds to its copy in another.
+            and every rule that reads one of those records. A cluster's Prometheus may hold only part of
+            a pool (shards that split its pods) and hours of data where the SLO windows need days, so these
+            run where every replica's data and the long retention meet: the central ruler. Each keeps
+            `cluster` in its `by`, so a pool in one cluster never adds to its copy in another.
 
 `all` (the default, one Prometheus that scrapes everything) is both, group for group as before. `fleet`
 adds RooflightClusterAbsent, which only a ruler that sees several clusters can evaluate: a cluster whose
