@@ -19,7 +19,9 @@ topology labels every rule keeps are sentinels too: two sentinel labels (one for
 the replica) become the chart's `prometheusRule.topologyLabels`, `prometheusRule.replicaLabels` and
 `extraLabels` keys, printed in the order `rooflight rules` prints them. So are the histogram names
 (`prometheusRule.engine`), the runbook and dashboard base URLs, the agent's scrape job (`agent.job`) and
-the meta-monitoring `for`s. Per-model SLO thresholds (`prometheusRule.{ttft,itl}.byModel`) come from one
+the meta-monitoring `for`s. `prometheusRule.scope` picks the whole, the pod-level half or the fleet half
+(rules/fleet.py); the fleet half's RooflightClusterAbsent has sentinels of its own (its cluster label and
+`for`). Per-model SLO thresholds (`prometheusRule.{ttft,itl}.byModel`) come from one
 sentinel model per SLO: each line that names it becomes a `range` over the map (Helm walks a map in
 key order, rules/ sorts by model), and the inline pieces (the default branch's `model_name!=` matchers,
 the descriptions' threshold chain) become a `range` inside the line.
@@ -41,6 +43,7 @@ import yaml
 from rooflight.agent.signals.detectors import detectors
 from rooflight.regen import check_report
 from rooflight.rules.config import RulesConfig
+from rooflight.rules.fleet import SCOPES, cluster_alerts
 from rooflight.rules.generate import ENGINE_PRESETS
 from rooflight.rules.render import _Dumper, groups, render
 from rooflight.rules.slo import threshold_text
@@ -79,6 +82,10 @@ BY_MODEL = {"ttft": ("rooflight-sentinel-ttft-model", 4011.25), "itl": ("rooflig
 RUNBOOK, DASHBOARD = "https://rooflight-sentinel.invalid/runbooks", "https://rooflight-sentinel.invalid/grafana"
 JOB = "rooflight-sentinel-job"
 V = ".Values.prometheusRule"
+# RooflightClusterAbsent's (the fleet half's meta-alert): rendered from a config of its own, since its label
+# must be a service label of the config that names it.
+CLUSTER, CLUSTER_FOR = "rooflight_sentinel_cluster", "4014m"
+CLUSTER_REPLACEMENTS = [(CLUSTER, "{{ $clusterLabel }}"), (CLUSTER_FOR, f"{{{{ {V}.clusterAbsent.for }}}}")]
 REPLACEMENTS = [  # (sentinel text, Helm expression); most specific first
     # Topology labels lead every by()/on() list they are in, so each sentinel is followed by ", ".
     (f"{SERVICE_LABEL}, {REPLICA_LABEL}, ", "{{ $keep }}"),
@@ -173,20 +180,33 @@ def _per_model(body: str, config: RulesConfig, slo_name: str) -> str:
     return "".join(lines)
 
 
-def helm_rule_groups() -> str:
-    """The `groups:` YAML of the chart's PrometheusRule with Helm expressions for the thresholds."""
-    default = yaml.safe_dump(groups(RulesConfig()))
+def _sentinel_groups(scope: str) -> list[dict[str, object]]:
+    """The groups of `scope` from the sentinel config; the fleet half's meta-alert from its own."""
     config = sentinel_config()
-    body = yaml.dump({"groups": groups(config)}, Dumper=_Dumper, sort_keys=False, width=10_000)
+    rendered = groups(replace(config, cluster_label=SERVICE_LABEL), scope)
+    if scope == "fleet":
+        cluster = replace(config, topology_labels=(CLUSTER,), replica_labels=(), cluster_label=CLUSTER,
+                          cluster_absent_for=CLUSTER_FOR)
+        rendered[-1] = {**rendered[-1], "rules": cluster_alerts(cluster)}
+    return rendered
+
+
+def helm_rule_groups(scope: str = "all") -> str:
+    """The `groups:` YAML of the chart's PrometheusRule for one scope, with Helm expressions for the thresholds.
+    Every sentinel must be in the whole (`all`); a half holds only those of its own rules."""
+    default = yaml.safe_dump(groups(RulesConfig())) + yaml.safe_dump(groups(RulesConfig(), "fleet"))
+    config = sentinel_config()
+    body = yaml.dump({"groups": _sentinel_groups(scope)}, Dumper=_Dumper, sort_keys=False, width=10_000)
     body = _escape_go_template(body)
-    for slo_name in BY_MODEL:
+    for slo_name in BY_MODEL if scope != "pod" else ():  # the SLOs are fleet rules: none in the pod half
         body = _per_model(body, config, slo_name)
-    for sentinel, expr in REPLACEMENTS:
-        if sentinel not in body or sentinel in default:
+    for sentinel, expr in REPLACEMENTS + (CLUSTER_REPLACEMENTS if scope == "fleet" else []):
+        own = scope == "all" or (sentinel, expr) in CLUSTER_REPLACEMENTS
+        if (own and sentinel not in body) or sentinel in default:
             raise RuntimeError(f"sentinel {sentinel!r} is missing from the render or collides with a real value")
         body = body.replace(sentinel, expr)
     body = body.replace("{{{ ", '{{ "{" }}{{ ')  # a selector's brace right before an action
-    sentinels = ("4001", "4002", "4011", "4012", "0.9137", "91%", *FORS.values(), *DETECTOR_FORS.values())
+    sentinels = ("4001", "4002", "4011", "4012", "4014", "0.9137", "91%", *FORS.values(), *DETECTOR_FORS.values())
     leftover = [s for s in (*sentinels, "rooflight_sentinel", "rooflight-sentinel") if s in body]
     if leftover:
         raise RuntimeError(f"sentinels without a Helm expression: {leftover}")
@@ -217,7 +237,10 @@ def _histograms() -> str:
 
 
 def helm_prometheus_rule() -> str:
-    body = "\n".join("  " + line if line else line for line in helm_rule_groups().splitlines())
+    bodies = {scope: "\n".join("  " + line if line else line for line in helm_rule_groups(scope).splitlines())
+              for scope in SCOPES}
+    body = (f'{{{{- if eq $scope "pod" }}}}\n{bodies["pod"]}\n{{{{- else if eq $scope "fleet" }}}}\n{bodies["fleet"]}\n'
+            f'{{{{- else }}}}\n{bodies["all"]}\n{{{{- end }}}}')
     return (
         "{{- /* " + GENERATED.strip("# \n") + " */}}\n"
         f"{{{{- if {V}.enabled }}}}\n"
@@ -225,6 +248,11 @@ def helm_prometheus_rule() -> str:
         '{{- $service := include "rooflight.ruleLabels" (dict "root" $ "service" true) }}\n'
         f'{{{{- $replicaList := default (list "instance") {V}.replicaLabels }}}}\n'
         '{{- $replicas := printf "%s, " (join ", " $replicaList) }}\n'
+        f'{{{{- $scope := {V}.scope }}}}\n'
+        f'{{{{- $clusterLabel := {V}.clusterLabel }}}}\n'
+        '{{- if and (eq $scope "fleet") (not (has $clusterLabel (splitList ", " $service))) }}'
+        f'{{{{ fail (printf "prometheusRule.clusterLabel %q: one of the topology labels that is not a replica label '
+        f'(%s)" $clusterLabel (trimSuffix ", " $service)) }}}}{{{{ end }}}}\n'
         + _histograms()
         + "".join(f"{{{{- ${slo}ByModel := default dict {V}.{slo}.byModel }}}}\n" for slo in BY_MODEL)
         + "apiVersion: monitoring.coreos.com/v1\n"

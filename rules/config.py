@@ -295,6 +295,10 @@ class RulesConfig:
     # Grafana serving dashboards/ (the compose stack's by default); each alert links the dashboard that
     # shows its cause, filtered to the alert's labels (`dashboard_url`).
     dashboard_base_url: str = "http://localhost:3000"
+    # The fleet's central ruler (rules/fleet.py): the topology label that names a cluster (an external label
+    # of each cluster's Prometheus) and how long its agents may be silent before RooflightClusterAbsent.
+    cluster_label: str = "cluster"
+    cluster_absent_for: str = "10m"
     rule_name: str = "rooflight"  # PrometheusRule metadata.name and the group name prefix
     release: str = ""  # kube-prometheus-stack selects rules by `release: <helm release>`
 
@@ -316,6 +320,7 @@ class RulesConfig:
             (self.itl_long_window, "itl_long_window"),
             (self.saturation_window, "saturation_window"),
             (self.capacity_window, "capacity_window"),
+            (self.cluster_absent_for, "cluster_absent_for"),
         ):
             check_duration(duration, what)
         for window, what in ((self.saturation_window, "saturation_window"), (self.capacity_window, "capacity_window")):

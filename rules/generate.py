@@ -6,9 +6,12 @@
     rooflight rules --topology-labels cluster,namespace,pod,instance,job --extra-labels region
     rooflight rules --ttft-threshold-for llama-70b=5 --dashboard-base-url https://grafana.example.com
     rooflight rules --saturation-window 1m --capacity-window 5m   # the agent windows the capacity rules read
+    rooflight rules --pod      # each cluster's Prometheus, when a central ruler runs the fleet rules
+    rooflight rules --fleet    # that central ruler (Thanos, Mimir, vmalert): rules/fleet.py
 
-The checked-in files are rendered from the default RulesConfig; `rooflight rules` renders the same
-code with the user's thresholds and selectors.
+The checked-in files are rendered from the default RulesConfig (rooflight-pod.rules.yaml and
+rooflight-fleet.rules.yaml are the two halves of rooflight.rules.yaml plus the fleet's meta-alert);
+`rooflight rules` renders the same code with the user's thresholds and selectors.
 """
 
 from __future__ import annotations
@@ -29,6 +32,13 @@ from rooflight.rules.render import render
 
 HERE = Path(__file__).resolve().parent
 OUTPUTS = {"yaml": HERE / "rooflight.rules.yaml", "prometheusrule": HERE / "rooflight.prometheusrule.yaml"}
+# The fleet split (rules/fleet.py), by scope: rules files for a cluster's Prometheus and the central ruler.
+SPLIT_OUTPUTS = {"pod": HERE / "rooflight-pod.rules.yaml", "fleet": HERE / "rooflight-fleet.rules.yaml"}
+
+
+def files(outputs: dict[str, Path], split: dict[str, Path]) -> list[tuple[Path, str, str]]:
+    """(path, format, scope) of every checked-in file."""
+    return [(path, fmt, "all") for fmt, path in outputs.items()] + [(path, "yaml", s) for s, path in split.items()]
 
 
 def _preset(engine: str) -> dict[str, Any]:
@@ -48,12 +58,13 @@ def _preset(engine: str) -> dict[str, Any]:
 ENGINE_PRESETS: dict[str, dict[str, Any]] = {engine: _preset(engine) for engine in cfg.slo_engines()}
 
 
-def check(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = None) -> int:
+def check(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = None,
+          split: dict[str, Path] = SPLIT_OUTPUTS) -> int:
     """0 when every checked-in file equals what the code renders; 1 with a unified diff otherwise."""
     config = config or cfg.RulesConfig()
     stale = 0
-    for fmt, path in outputs.items():
-        want = render(config, fmt)
+    for path, fmt, scope in files(outputs, split):
+        want = render(config, fmt, scope)
         have = path.read_text() if path.exists() else ""
         if have != want:
             stale = 1
@@ -67,10 +78,11 @@ def check(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = N
     return stale
 
 
-def write(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = None) -> None:
+def write(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = None,
+          split: dict[str, Path] = SPLIT_OUTPUTS) -> None:
     config = config or cfg.RulesConfig()
-    for fmt, path in outputs.items():
-        path.write_text(render(config, fmt))
+    for path, fmt, scope in files(outputs, split):
+        path.write_text(render(config, fmt, scope))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -109,7 +121,8 @@ def flag_defaults() -> dict[str, Any]:
         "agent_absent_for": base.agent_absent_for, "itl_short_window": base.itl_short_window,
         "itl_long_window": base.itl_long_window, "saturation_window": base.saturation_window,
         "capacity_window": base.capacity_window, "runbook_base_url": base.runbook_base_url,
-        "dashboard_base_url": base.dashboard_base_url,
+        "dashboard_base_url": base.dashboard_base_url, "cluster_label": base.cluster_label,
+        "cluster_absent_for": base.cluster_absent_for,
     }
 
 
@@ -201,6 +214,8 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
         itl_long_window=args.itl_long_window,
         saturation_window=args.saturation_window,
         capacity_window=args.capacity_window,
+        cluster_label=args.cluster_label,
+        cluster_absent_for=args.cluster_absent_for,
         runbook_base_url=args.runbook_base_url,
         dashboard_base_url=args.dashboard_base_url,
         rule_name=args.name,
@@ -208,9 +223,14 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
     )
 
 
+def scope(args: argparse.Namespace) -> str:
+    """Which rules the command prints: `pod`, `fleet` (rules/fleet.py) or `all`."""
+    return "pod" if args.pod else "fleet" if args.fleet else "all"
+
+
 def run_rules(args: argparse.Namespace) -> int:
     try:
-        text = render(config_from_args(args), args.format)
+        text = render(config_from_args(args), args.format, scope(args))
     except ConfigError as exc:
         print(f"rooflight rules: {exc}", file=sys.stderr)
         return 2

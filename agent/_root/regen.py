@@ -134,11 +134,11 @@ def generated() -> dict[Path, str]:
     from deploy.generate import outputs as deploy_outputs
     from rooflight.dashboards.generate import JSON_DIR, render_all
     from rooflight.rules.config import RulesConfig
-    from rooflight.rules.generate import OUTPUTS
+    from rooflight.rules.generate import OUTPUTS, SPLIT_OUTPUTS, files
     from rooflight.rules.render import render
 
     config = RulesConfig()
-    out = {path: render(config, fmt) for fmt, path in OUTPUTS.items()}
+    out = {path: render(config, fmt, scope) for path, fmt, scope in files(OUTPUTS, SPLIT_OUTPUTS)}
     out |= {JSON_DIR / name: text for name, text in render_all().items()}
     out |= deploy_outputs()  # after the dashboards: it embeds them (written in this order)
     out |= docs()

@@ -53,6 +53,14 @@ def _detector_alerts() -> tuple[Setting, ...]:
 
 SETTINGS: tuple[Setting, ...] = (
     _rules("format", choices=FORMATS),
+    _rules("pod", "only the pod-level rules: each cluster's Prometheus, where a central ruler runs --fleet",
+           action="store_true", exclusive="scope"),
+    _rules("fleet", "only the rules that sum over replicas, plus RooflightClusterAbsent: the central ruler "
+           "(Thanos, Mimir, vmalert) of clusters that remote-write to one store", action="store_true",
+           exclusive="scope"),
+    _rules("cluster_label", "the topology label naming a cluster, for RooflightClusterAbsent (default %(default)s)"),
+    _rules("cluster_absent_for", "how long a cluster's agents may not reach the central ruler before "
+           "RooflightClusterAbsent (--fleet; default %(default)s)"),
     _rules("release", "label release=<this> on the PrometheusRule (kube-prometheus-stack)"),
     _rules("name", "PrometheusRule name and group-name prefix"),
     _rules("agent_selector", "matchers for rooflight_* series, e.g. 'job=\"rooflight\"'"),

@@ -105,13 +105,19 @@ def _stub_bin(tmp_path: Path, *names: str) -> Path:
     return folder
 
 
+FLEET = ("victoria-metrics", "vmalert", "vmagent", "prometheus-alertmanager")  # the fleet stage's
+
+
 @pytest.mark.parametrize(
     ("present", "installs"),
     [
-        (("promtool", "prometheus", "systemd-analyze"), []),
-        (("promtool", "systemd-analyze"), ["prometheus"]),  # promtool alone is not enough: e2e needs the server
-        (("prometheus", "systemd-analyze"), ["prometheus"]),
-        (("promtool", "prometheus"), ["systemd"]),  # systemd-analyze: deploy/validate.sh verifies the unit
+        (("promtool", "prometheus", "systemd-analyze", *FLEET), []),
+        (("promtool", "systemd-analyze", *FLEET), ["prometheus"]),  # promtool alone is not enough: e2e needs the server
+        (("prometheus", "systemd-analyze", *FLEET), ["prometheus"]),
+        (("promtool", "prometheus", *FLEET), ["systemd"]),  # systemd-analyze: deploy/validate.sh verifies the unit
+        (("promtool", "prometheus", "systemd-analyze", "victoria-metrics", "vmagent", "prometheus-alertmanager"),
+         ["victoria-metrics"]),  # vmalert comes with it: the package holds all three
+        (("promtool", "prometheus", "systemd-analyze", "victoria-metrics", "vmalert", "vmagent"), ["prometheus-alertmanager"]),
     ],
 )
 def test_ci_install_installs_what_is_missing(tmp_path: Path, present: tuple[str, ...], installs: list[str]) -> None:
