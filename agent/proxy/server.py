@@ -510,6 +510,8 @@ class ProxyServer:
                 data = await asyncio.wait_for(readany(), max(left, 0.0))
             except asyncio.TimeoutError:
                 raise self._body_late(request) from None
+            except ConnectionError:  # the client reset the connection mid-body: theirs to end, counted, no traceback
+                raise self._body_gone(request) from None
             left -= clock() - began
             if not data:
                 return
@@ -523,6 +525,13 @@ class ProxyServer:
         if request.transport is not None:
             request.transport.close()
         return _ClientGone(web.Response(status=408))
+
+    def _body_gone(self, request: web.Request) -> "_ClientGone":
+        """The client reset its connection before its body was in: counted, logged one line a minute at most
+        (a thousand clients doing it wrote 40,668 lines of tracebacks in 2.2 s), and the relay ends as for a
+        client that went away."""
+        self.events.refused(limits.BODY_RESET, request.remote, "reset the connection before its request body was in")
+        return _ClientGone(web.Response(status=400))
 
     # -- accounting, guarded ---------------------------------------------------------------------
 
