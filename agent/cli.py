@@ -28,7 +28,7 @@ what you get on /metrics (every name starts with rooflight_):
   detectors for head-of-line blocking and capacity-capped or admission-bound batches. "GPU util" is exported
   as rooflight_gpu_kernel_residency_ratio, named for what it measures.
 
-the client's view too: --proxy-listen HOST:PORT runs `rooflight proxy` in the same process, in front of
+the client's view too: --proxy-listen HOST:PORT runs `rooflight proxy` beside it (a child process), in front of
 the engine (--proxy-upstream, default the one --engine-url). Clients connect to that port; the same
 /metrics then carries rooflight_client_*: TTFT, every inter-token gap, TPOT and end-to-end latency as the
 client sees them, and goodput, the share of streamed requests meeting every target of each --slo

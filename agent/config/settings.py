@@ -129,7 +129,7 @@ _OWN: tuple[Setting, ...] = (
             commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["itl_slo"]}),
     Setting("gpu_hour_cost", "price of one GPU-hour, any currency: gives rooflight_cost_per_million_tokens",
             metavar="PRICE", type=float, group=CAPACITY, target=True, parse=v.gpu_hour_cost, commands=(RUN, DEMO)),
-    # `rooflight run --proxy-listen`: the proxy in the agent's process
+    # `rooflight run --proxy-listen`: the proxy beside the agent (its relay a child process)
     Setting("proxy_listen", "run the proxy here, e.g. 0.0.0.0:8100: clients connect to it, its rooflight_client_*"
             " metrics join this /metrics (default: off)", metavar="HOST:PORT", group=CLIENT, proxy=True),
     Setting("proxy_upstream", "the OpenAI-compatible server the proxy relays to (default: the one --engine-url)",

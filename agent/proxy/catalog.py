@@ -107,7 +107,8 @@ CATALOG: tuple[MetricDef, ...] = (
     counter(REQUEST_LOG_LOST, TARGET, "", "Finished requests --request-log did not write: past 20,000 waiting for a "
        "file that blocks, or in a write that failed (a full disk). Exported only with --request-log."),
     counter(WORKER_RESTARTS, TARGET, "", "Relay processes replaced (--workers N): a worker that died, or that sent "
-       "nothing for 10 s and was killed; only the connections it held were cut. Exported only with --workers above 1."),
+       "nothing for 10 s and was killed; only the connections it held were cut. Exported where the relay runs in processes "
+       "of its own: rooflight proxy --workers above 1, rooflight run --proxy-listen."),
 )
 
 BY_NAME = {d.name: d for d in CATALOG}

@@ -123,9 +123,10 @@ class ProxyServer:
                     listen: bool = True) -> None:
         """Bind the proxy (and, unless `serve_metrics` is False, its own /metrics port) and start relaying.
 
-        `rooflight run` passes serve_metrics=False: the agent serves `collector()` on its own /metrics; and
-        lag_probe=True where a head-of-line detector reads `client_gaps` (nothing else needs the probe).
-        listen=False (a worker process): no port of its own, the connections come through `adopt`.
+        A worker process (agent/proxy/workers.py) passes serve_metrics=False and listen=False: no port of its
+        own, the connections come through `adopt`, its records go to its parent (under `rooflight run`, the
+        agent, which serves `collector()` of a ProxyServer of its own on its /metrics); and lag_probe=True where
+        a head-of-line detector reads `client_gaps` (nothing else needs the probe: the worker sends them on).
         A failed bind raises OSError; call stop() to release what was already set up."""
         self._undo_quiet = limits.quiet_accept_errors(asyncio.get_running_loop())
         if listen:  # (a worker's parent fits the one cap of all workers)
