@@ -1,8 +1,10 @@
 """What of a normalized engine sample the agent keeps: pure checks between the adapter and the history.
 
 An adapter reads what the page says; these say whether it can be so, the same for every engine. A KV
-occupancy outside 0..1 (1e308 is not a ratio) is withheld as KV_USAGE_OUT_OF_RANGE; a KV pool, batch cap,
-block size or TP of zero or past its plausible bound (collectors/common.py) as INFO_OUT_OF_RANGE; and
+occupancy outside 0..1 (1e308 is not a ratio) is withheld as KV_USAGE_OUT_OF_RANGE; requests running or
+waiting below 0 or past MAX_REQUESTS, and a prefix-cache hit ratio outside 0..1, as GAUGE_OUT_OF_RANGE;
+a KV pool, batch cap, block size or TP of zero or past its plausible bound (collectors/common.py) as
+INFO_OUT_OF_RANGE; and
 (model, rank) series past the per-target cap are dropped, those already tracked kept first. Each check
 returns the sample (the very object when nothing was withheld, the common case on every sample) with
 what it withheld, for the engine loop to count in the source's health (docs/reliability.md, section
@@ -19,6 +21,10 @@ from rooflight.collectors.common import MAX_BATCH, MAX_KV_BLOCK_TOKENS, MAX_KV_T
 from rooflight.collectors.samples import EngineSample, EngineSeries
 
 KV_USAGE_OUT_OF_RANGE = "kv_usage_out_of_range"  # an engine's KV occupancy outside 0..1
+# A request count (running, waiting, waiting by reason) below 0 or past MAX_REQUESTS, or the engine's own
+# prefix-cache hit ratio outside 0..1: a Dynamo frontend's `inflight_requests 1e308` was exported as is.
+GAUGE_OUT_OF_RANGE = "gauge_out_of_range"
+MAX_REQUESTS = 10_000_000  # requests running or queued behind one endpoint: a whole fleet's behind a frontend
 
 
 def plausible(sample: EngineSample) -> tuple[EngineSample, dict[str, int]]:
@@ -40,10 +46,28 @@ def _plausible_series(series: EngineSeries) -> EngineSeries:
     if usage is not None and not 0.0 <= usage <= 1.0:
         expfmt.drop_value(KV_USAGE_OUT_OF_RANGE)
         series = replace(series, kv_usage_ratio=None)
+    running, waiting = _gauge(series.running, MAX_REQUESTS), _gauge(series.waiting, MAX_REQUESTS)
+    hits = _gauge(series.prefix_cache_hit_ratio, 1.0)
+    by_reason = series.waiting_by_reason
+    out = [reason for reason, v in by_reason.items() if _gauge(v, MAX_REQUESTS) is None]
+    if out:
+        by_reason = {reason: v for reason, v in by_reason.items() if reason not in out}
+    if (running, waiting, hits) != (series.running, series.waiting, series.prefix_cache_hit_ratio) \
+            or by_reason is not series.waiting_by_reason:
+        series = replace(series, running=running, waiting=waiting, prefix_cache_hit_ratio=hits,
+                         waiting_by_reason=by_reason)
     capacity, batch = within(series.kv_capacity_tokens, MAX_KV_TOKENS), within(series.batch_max_requests, MAX_BATCH)
     if (capacity, batch) != (series.kv_capacity_tokens, series.batch_max_requests):
         series = replace(series, kv_capacity_tokens=capacity, batch_max_requests=batch)
     return series
+
+
+def _gauge(value: float | None, upper: float) -> float | None:
+    """The value if it is from 0 to `upper`, else None and counted (GAUGE_OUT_OF_RANGE); None stays None."""
+    if value is None or 0.0 <= value <= upper:
+        return value
+    expfmt.drop_value(GAUGE_OUT_OF_RANGE)
+    return None
 
 
 def capped(sample: EngineSample, cap: int, tracked: Container[tuple[str, str]]) -> tuple[EngineSample, int]:

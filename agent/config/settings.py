@@ -25,6 +25,7 @@ from rooflight.agent.config.setting import (  # noqa: F401 - the commands and th
     COMMANDS, DEMO, ENV_PREFIX, PLAN, PROXY, RULES, RUN, SECTIONED, Setting, text,
 )
 from rooflight.agent.config.urls import parse_upstream
+from rooflight.collectors.common import MAX_BATCH, MAX_TENSOR_PARALLEL
 from rooflight.collectors.http import DEFAULT_MAX_BODY_BYTES
 
 DEFAULT_LISTEN = "127.0.0.1:9746"  # the agent's /metrics
@@ -66,21 +67,24 @@ _OWN: tuple[Setting, ...] = (
             commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["gpu"]}),
     Setting("tp", "tensor-parallel size: GPUs one model copy spans (default: what the engine says, else the GPUs"
             " its processes use / its data-parallel ranks, else 1; the engine wins over this)", metavar="N", type=int,
-            target=True, parse=v.positive_int,
+            target=True, parse=v.count_within(MAX_TENSOR_PARALLEL, "write the GPUs one model copy spans (an NVL72"
+                                              " rack is 72)"),
             commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["tp"]}),
     Setting("ep", "expert-parallel size of a MoE engine (vLLM --enable-expert-parallel: data-parallel x"
             " tensor-parallel size): each copy holds 1/(ep/tp) of the routed experts (default: 1)", metavar="N",
-            type=int, target=True, parse=v.positive_int,
+            type=int, target=True, parse=v.count_within(v.MAX_EXPERT_PARALLEL, "write the GPUs the routed experts"
+                                                        " are spread over (data-parallel x tensor-parallel size)"),
             commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["ep"]}),
     Setting("draft_model", "speculative decoding's draft model (a preset or Hugging Face id): its weights join MBU"
             " once per draft token a step", metavar="PRESET", target=True, parse=_text),
     Setting("draft_model_config", "the draft model's config.json (instead of --draft-model)", metavar="PATH",
             target=True, parse=_text),
     Setting("batch_max", "the engine's batch cap (vLLM max_num_seqs) where /metrics lacks it", metavar="N", type=int,
-            target=True, parse=v.positive_int,
+            target=True, parse=v.count_within(MAX_BATCH, "write the engine's batch cap (vLLM max_num_seqs: 256 to a"
+                                              " few thousand)"),
             commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["batch_max"]}),
     Setting("pid", "the engine's PID, for its CPU and memory (default: found by the URL's port)", type=int,
-            target=True, parse=v.positive_int),
+            target=True, parse=v.count_within(v.MAX_PID, "write the engine's process id")),
     # `rooflight run`: the agent
     Setting("listen", f"where to serve /metrics (default {DEFAULT_LISTEN})", metavar="HOST:PORT", parse=_text,
             default=DEFAULT_LISTEN),
@@ -88,8 +92,11 @@ _OWN: tuple[Setting, ...] = (
             default=1.0),
     Setting("scrape_timeout", "engine scrape timeout (default 5s; vLLM can take seconds under load)",
             metavar="SECONDS", parse=v.parse_duration, default=5.0),
-    Setting("max_body_bytes", flagged=False, parse=v.positive_int, default=DEFAULT_MAX_BODY_BYTES),  # sized: docs/reliability.md
-    Setting("max_series", flagged=False, parse=v.positive_int, default=128),  # (model, rank) series kept per target
+    Setting("max_body_bytes", flagged=False, parse=v.count_within(v.MAX_BODY_BYTES, "write the largest engine page"
+                                                                   " to read, in bytes (default 4 MiB)"),
+            default=DEFAULT_MAX_BODY_BYTES),  # sized: docs/reliability.md
+    Setting("max_series", flagged=False, parse=v.count_within(v.MAX_SERIES, "write the (model, rank) series to"
+                                                               " keep per target (default 128)"), default=128),  # (model, rank) series kept per target
     Setting("windows", "window lengths (default 10s,1m,5m)", metavar="LIST", parse=v.parse_windows,
             default=("10s", "1m", "5m")),
     Setting("percentiles", "TTFT/ITL percentiles (default 50,90,99)", metavar="LIST", parse=v.parse_percentiles,
@@ -106,7 +113,8 @@ _OWN: tuple[Setting, ...] = (
     Setting("read_header_timeout", "close a connection that has not sent a request's headers within this"
             " (default 10s)", metavar="SECONDS", parse=v.parse_duration, default=10.0),
     Setting("max_connections", "open connections to the agent at most; more are answered 503 (default 256)",
-            metavar="N", type=int, parse=v.positive_int, default=256),
+            metavar="N", type=int, parse=v.count_within(v.MAX_CONNECTIONS, "write the open connections to allow"
+                                                        " (default 256)"), default=256),
     Setting("detectors", "a detector threshold, e.g. hol_inflation=4", flags={RUN: "--detector"}, metavar="KEY=VALUE",
             action="append", env=False, parse=v.detector_thresholds,
             hint="detectors: {KEY: NUMBER} (ROOFLIGHT_* has no twin: use the file or --detector)"),
@@ -121,7 +129,7 @@ _OWN: tuple[Setting, ...] = (
             commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["itl_slo"]}),
     Setting("gpu_hour_cost", "price of one GPU-hour, any currency: gives rooflight_cost_per_million_tokens",
             metavar="PRICE", type=float, group=CAPACITY, target=True, parse=v.gpu_hour_cost, commands=(RUN, DEMO)),
-    # `rooflight run --proxy-listen`: the proxy in the agent's process
+    # `rooflight run --proxy-listen`: the proxy beside the agent (its relay a child process)
     Setting("proxy_listen", "run the proxy here, e.g. 0.0.0.0:8100: clients connect to it, its rooflight_client_*"
             " metrics join this /metrics (default: off)", metavar="HOST:PORT", group=CLIENT, proxy=True),
     Setting("proxy_upstream", "the OpenAI-compatible server the proxy relays to (default: the one --engine-url)",

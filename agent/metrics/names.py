@@ -23,6 +23,7 @@ from rooflight.agent.signals.derive import MAX_UTILIZATION
 from rooflight.agent.signals.detectors import detectors
 from rooflight.collectors.common import MIN_PAGE_SAMPLES, SAMPLES_PER_SERIES
 from rooflight.collectors.expfmt import MAX_HISTOGRAM_BUCKETS, MAX_LABEL_VALUE_CHARS
+from rooflight.collectors.normalize import MAX_REQUESTS
 from rooflight.collectors.nvml import GPU_EXTRA_METRICS
 from rooflight.collectors.samples import MAX_SETTING_CHARS
 
@@ -56,7 +57,7 @@ SOURCE_SAMPLES_DROPPED = _(HEALTH, "rooflight_source_samples_dropped", "samples"
                            lambda h: h.samples_dropped)
 SOURCE_LABELS_TRUNCATED = _(HEALTH, "rooflight_source_label_values_truncated", "labels", f"Label values on the engine's last page longer than {MAX_LABEL_VALUE_CHARS} characters, cut to that length and marked [truncated].",
                             lambda h: h.labels_truncated)
-SOURCE_VALUES_DROPPED = _(HEALTH, "rooflight_source_values_dropped_total", "", f"Values withheld as physically impossible, by reason: mbu_out_of_range and mfu_out_of_range (above {MAX_UTILIZATION:g}, per window and phase, once each time the window is derived), kv_usage_out_of_range (KV occupancy outside 0..1); what the engine's input made unusable: histogram_too_many_buckets (a histogram of over {MAX_HISTOGRAM_BUCKETS} buckets, not read), info_out_of_range (a KV pool, batch cap, context or TP past its plausible bound, or zero), derivation_failed (a series' windows or signals raised: exported without them).",
+SOURCE_VALUES_DROPPED = _(HEALTH, "rooflight_source_values_dropped_total", "", f"Values withheld as physically impossible, by reason: mbu_out_of_range and mfu_out_of_range (above {MAX_UTILIZATION:g}, per window and phase, once each time the window is derived), kv_usage_out_of_range (KV occupancy outside 0..1), gauge_out_of_range (requests running or waiting below 0 or past {MAX_REQUESTS:,}, a prefix-cache hit ratio outside 0..1); what the engine's input made unusable: histogram_too_many_buckets (a histogram of over {MAX_HISTOGRAM_BUCKETS} buckets, not read), info_out_of_range (a KV pool, batch cap, context or TP past its plausible bound, or zero), derivation_failed (a series' windows or signals raised: exported without them).",
                           lambda h: h.values_dropped, by=("reason",), sort=True, counter=True)
 
 # Engine state, normalized across engines (a signals.view.SeriesView).

@@ -100,13 +100,15 @@ CATALOG: tuple[MetricDef, ...] = (
        "(JSON bodies, unfinished SSE events) held at once reached their total budget (64 MiB)."),
     counter(REFUSED, BY_REASON, "", "Connections the proxy's port refused or closed: max_connections or "
        "per_client (answered 503), no_worker (--workers N: no worker could take it, answered 503), header_timeout (no complete request headers in time), body_timeout (a request "
-       "body not in after --read-body-timeout of waiting for it, its pauses added up)."),
+       "body not in after --read-body-timeout of waiting for it, its pauses added up), body_reset (the client reset the "
+       "connection before its request body was in)."),
     counter(BAD_REQUESTS, BY_REASON, "", "Requests answered 400 without reaching the upstream: malformed "
        "(not valid HTTP), target (not a path), unsendable (a target or header the proxy cannot send on)."),
     counter(REQUEST_LOG_LOST, TARGET, "", "Finished requests --request-log did not write: past 20,000 waiting for a "
        "file that blocks, or in a write that failed (a full disk). Exported only with --request-log."),
     counter(WORKER_RESTARTS, TARGET, "", "Relay processes replaced (--workers N): a worker that died, or that sent "
-       "nothing for 10 s and was killed; only the connections it held were cut. Exported only with --workers above 1."),
+       "nothing for 10 s and was killed; only the connections it held were cut. Exported where the relay runs in processes "
+       "of its own: rooflight proxy --workers above 1, rooflight run --proxy-listen."),
 )
 
 BY_NAME = {d.name: d for d in CATALOG}

@@ -39,6 +39,7 @@ MAX_CONNECTIONS = "max_connections"
 PER_CLIENT = "per_client"
 HEADER_TIMEOUT = "header_timeout"
 BODY_TIMEOUT = "body_timeout"  # a request's body was not in after read_body_timeout s of waiting for it
+BODY_RESET = "body_reset"  # the client reset its connection before its request's body was in
 MALFORMED = "malformed"  # aiohttp's parser refused it (answered 400)
 NOT_A_PATH = "target"  # the request target is not a path this reverse proxy can relay
 UNSENDABLE = "unsendable"  # a target or header the proxy's HTTP client will not send on

@@ -14,7 +14,9 @@ line in small reads quadratic (4 MiB in 512-byte reads: 4.9 s of CPU, now 13 ms;
 `interpret_chunk` reads one OpenAI chunk (`/v1/chat/completions` or `/v1/completions`, vLLM's and
 SGLang's extensions included) for what the accounting needs: how many choices carry a token and how many
 tokens, a finish reason, and `usage`. `interpret_body` does the same for a non-streamed JSON response.
-Both are total: anything unexpected reads as "no output here", never as an exception.
+Both are total: anything unexpected reads as "no output here", never as an exception, and a usage count
+is read only from 0 to MAX_USAGE_TOKENS (past it: no usage), so no number the upstream writes can grow
+the proxy's counters past what a float holds.
 
 What is a token (docs/proxy.md, section Exactness): a choice's `token_ids` or `logprobs` say how many
 tokens it carries where the client asked for them; otherwise a choice whose text field is a string
@@ -35,6 +37,10 @@ from typing import Any, NamedTuple
 MAX_LINE_BYTES = 4 * 1024 * 1024  # one SSE line longer than this is not a completion chunk
 MAX_EVENT_BYTES = 4 * 1024 * 1024  # nor is an event whose data lines (and unfinished line) hold more
 DONE = b"[DONE]"
+# A usage count above this is not one (ten billion tokens: a thousand choices of a 10M-token context): the
+# upstream's number is an arbitrary JSON integer, and one past a float's range (1 and 400 zeros) made every
+# snapshot of the proxy's metrics raise OverflowError, /metrics stuck on its last page for good.
+MAX_USAGE_TOKENS = 10 ** 10
 
 
 class SSEError(ValueError):
@@ -402,6 +408,7 @@ def _usage(usage: Any) -> tuple[int | None, int | None]:
 
 
 def _count(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    """A token count as the upstream wrote it, when it can be one: a whole number from 0 to MAX_USAGE_TOKENS."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_USAGE_TOKENS:
         return None
     return value

@@ -49,6 +49,9 @@ from rooflight.agent.proxy import limits
 
 log = logging.getLogger("rooflight.proxy")
 FLUSH_SECONDS = 0.25  # how often a worker sends its counters, or a beat when they did not change
+# ... and, where it feeds a head-of-line detector (`rooflight run --proxy-listen`), its gaps between tokens
+# this often: within one of their slots (token_gaps.SlotMaxima), well within a sample's span (1.5 intervals)
+GAPS_EVERY_SECONDS = 0.1
 RECORDS_WITHIN_SECONDS = 0.01  # a finished request's record (or a closed connection) goes to the parent this soon
 MAX_WORKERS = 256
 MAX_QUEUED = 600  # batches a worker holds for a parent that has stopped reading its pipe
@@ -81,15 +84,18 @@ def parse_workers(value: Any) -> int:
 # -- a worker (its own process) --------------------------------------------------------------------------------
 
 
-def worker_main(config: ProxyConfig, pipe: Connection, chan: socket.socket, log_level: int) -> None:
+def worker_main(config: ProxyConfig, pipe: Connection, chan: socket.socket, log_level: int,
+                gaps: bool = False) -> None:
+    """A worker process's life. `gaps`: it feeds a head-of-line detector in the parent (its gaps between tokens
+    and its loop's lateness go there with its records)."""
     if config.request_log is not None:  # the parent reopens the log on SIGHUP; a process group's ends no worker
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s[{os.getpid()}]: %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_worker(config, pipe, chan))
+        asyncio.run(_worker(config, pipe, chan, gaps))
 
 
-async def _worker(config: ProxyConfig, pipe: Connection, chan: socket.socket) -> None:
+async def _worker(config: ProxyConfig, pipe: Connection, chan: socket.socket, gaps: bool = False) -> None:
     from rooflight.agent.proxy.server import ProxyServer
 
     loop, stop = asyncio.get_running_loop(), asyncio.Event()
@@ -102,7 +108,7 @@ async def _worker(config: ProxyConfig, pipe: Connection, chan: socket.socket) ->
         if due:
             due.pop().cancel()
         if outbox is not None:
-            outbox.put(server.stats, records[:], closed[:])
+            outbox.put(server.stats, records[:], closed[:], slots.since() if slots is not None else None)
             records.clear()
             closed.clear()
 
@@ -119,8 +125,9 @@ async def _worker(config: ProxyConfig, pipe: Connection, chan: socket.socket) ->
         soon()
 
     server = ProxyServer(config, on_record=finished)
+    slots = GapSlots(server.client_gaps) if gaps else None
     try:
-        await server.start(refresh_loop=False, serve_metrics=False, listen=False)
+        await server.start(refresh_loop=False, serve_metrics=False, listen=False, lag_probe=gaps)
     except OSError as exc:
         await server.stop()
         pipe.send(("error", exc.strerror or str(exc)))
@@ -155,12 +162,14 @@ async def _worker(config: ProxyConfig, pipe: Connection, chan: socket.socket) ->
 
     loop.add_reader(chan.fileno(), receive)
 
+    every = GAPS_EVERY_SECONDS if gaps else FLUSH_SECONDS
+
     def beat() -> None:  # every FLUSH_SECONDS: what changed, else a beat that says this loop turns
         nonlocal beating
         flush()
-        beating = loop.call_later(FLUSH_SECONDS, beat)
+        beating = loop.call_later(every, beat)
 
-    beating = loop.call_later(FLUSH_SECONDS, beat)
+    beating = loop.call_later(every, beat)
     try:
         await stop.wait()
     finally:
@@ -171,6 +180,23 @@ async def _worker(config: ProxyConfig, pipe: Connection, chan: socket.socket) ->
         flush()  # what ended while stopping
         await loop.run_in_executor(None, outbox.close, 5.0)
         chan.close()
+
+
+class GapSlots:
+    """What a worker's gaps between tokens and loop lateness (a ClientGaps) added since it last sent them: the
+    slots from the last one sent (it may have grown) on, for the parent's copy to merge."""
+
+    def __init__(self, gaps: Any) -> None:
+        self._gaps = gaps
+        self._from = {"gaps": -1, "lag": -1}
+
+    def since(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]]] | None:
+        out = []
+        for key, maxima in (("gaps", self._gaps), ("lag", self._gaps.loop_lag)):
+            out.append(maxima.slots_since(self._from[key]))
+            if maxima.open_slot is not None:
+                self._from[key] = maxima.open_slot
+        return (out[0], out[1]) if out[0] or out[1] else None
 
 
 class Outbox:
@@ -188,10 +214,10 @@ class Outbox:
                                         daemon=True)
         self._sender.start()
 
-    def put(self, stats: Any, records: list[Any], closed: list[int] | None = None) -> bool:
-        """Queue `records` and the ids of `closed` connections with the worker's counters (or, when none of
-        them changed, a beat: the parent's clue that this worker lives); False (and the records counted lost)
-        when full."""
+    def put(self, stats: Any, records: list[Any], closed: list[int] | None = None, gaps: Any = None) -> bool:
+        """Queue `records` and the ids of `closed` connections with the worker's counters and its `gaps`
+        (GapSlots.since; or, when none of them changed, a beat: the parent's clue that this worker lives); False
+        (and the records counted lost) when full."""
         full = self._queue.qsize() >= self.limit
         if full:
             stats.accounting_errors += len(records)
@@ -199,9 +225,9 @@ class Outbox:
         counters = {"in_flight": stats.in_flight, "accounting_errors": stats.accounting_errors,
                     "over_budget": stats.over_budget, "refused": dict(stats.refused),
                     "bad_requests": dict(stats.bad_requests)}
-        if records or closed or counters != self._sent:
+        if records or closed or gaps or counters != self._sent:
             if not full or closed:
-                self._queue.put(("stats", records, counters, closed or []))
+                self._queue.put(("stats", records, counters, closed or [], gaps))
                 self._sent = counters
         elif not full:
             self._queue.put(_BEAT)
@@ -248,8 +274,10 @@ class Workers:
     feeds their records into `server.stats`, and stops them."""
 
     def __init__(self, server: Any, n: int, hang_seconds: float = HANG_SECONDS,
-                 suspect_seconds: float = SUSPECT_SECONDS) -> None:
-        self.server, self.n = server, n
+                 suspect_seconds: float = SUSPECT_SECONDS, gaps: bool = False) -> None:
+        """`gaps`: the workers send their gaps between tokens into `server.client_gaps` (a head-of-line
+        detector of the parent reads them: `rooflight run --proxy-listen`)."""
+        self.server, self.n, self.gaps = server, n, gaps
         self.hang_seconds, self.suspect_seconds = hang_seconds, suspect_seconds
         self.slots = [_Slot(i) for i in range(n)]
         self.shares: limits.ConnectionShares | None = getattr(server, "connections", None)
@@ -307,8 +335,8 @@ class Workers:
         self.server.proxy_url = f"http://{shown}:{bound[1]}"
         self.server.stats.worker_restarts = self.restarts
         self._watchdog = self._loop.call_later(self._watch_every(), self._watch, self._loop.time())
-        log.info("proxy on %s: %d worker processes (pids %s)", self.server.proxy_url, self.n,
-                 ", ".join(map(str, self.pids)))
+        log.info("proxy on %s: %d worker process%s (pid%s %s)", self.server.proxy_url, self.n,
+                 "es" if self.n > 1 else "", "s" if self.n > 1 else "", ", ".join(map(str, self.pids)))
 
     # -- the workers' lives -----------------------------------------------------------------------------
 
@@ -317,7 +345,8 @@ class Workers:
         ctx = multiprocessing.get_context("spawn")
         reader, writer = ctx.Pipe(duplex=False)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        proc = ctx.Process(target=worker_main, args=(self._worker_config, writer, theirs, logging.getLogger().level),
+        proc = ctx.Process(target=worker_main, args=(self._worker_config, writer, theirs, logging.getLogger().level,
+                                                     self.gaps),
                            name=f"rooflight-proxy-{slot.index}", daemon=True)
         try:
             proc.start()
@@ -379,6 +408,10 @@ class Workers:
             slot.counters = message[2]
             if len(message) > 3 and message[3]:
                 self._ended(slot, message[3])
+            if len(message) > 4 and message[4] is not None:
+                client_gaps = self.server.client_gaps
+                client_gaps.merge(message[4][0])
+                client_gaps.loop_lag.merge(message[4][1])
             self._sum_counters()
         elif kind == "ready":
             with self._lock:

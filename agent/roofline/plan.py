@@ -25,6 +25,7 @@ from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.gpus import GpuProfile
 from rooflight.agent.roofline.models import ModelSpec
 from rooflight.agent.roofline.step import Decode, Layout, Prefill, Roofs, Step
+from rooflight.collectors.common import MAX_BATCH, MAX_CONTEXT_TOKENS, MAX_TENSOR_PARALLEL
 
 DEFAULT_TTFT_SLO_SECONDS = 0.5  # a chat prompt's p99 time to first token
 TAIL_MISS = 0.01  # the SLOs are p99s: at most 1% of requests past them
@@ -101,8 +102,9 @@ def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: in
         raise ConfigError("--tp, --ep, --context, --batch and --prompt-tokens must be at least 1")
     if not 0 < prefill_mfu <= 1:
         raise ConfigError(f"--prefill-mfu must be in (0, 1], got {prefill_mfu}")
-    if model.n_heads % tp:
-        raise ConfigError(f"{model.n_heads} attention heads cannot be split over tp={tp} GPUs")
+    _check_counts(model, tp, ep, (("--batch", batch, MAX_BATCH, "sequences in one decode step"),
+                                  ("--context", context_tokens, MAX_CONTEXT_TOKENS, "tokens in one sequence"),
+                                  ("--prompt-tokens", prompt_tokens, MAX_CONTEXT_TOKENS, "tokens in one prompt")))
     layout = Layout(model, tp=tp, ep=ep)
     compute_dtype = gpu.peak_dtype_for(model.compute_dtype)
     roofs = Roofs(tp * gpu.peak_flops[compute_dtype], tp * gpu.memory_bandwidth_bytes_per_second, gpu.link)
@@ -294,6 +296,23 @@ def shared_groups_for(rate: float, prefill_seconds: float, decode_load: float, t
     return ph.fewest_meeting(max(1, math.ceil(rate * prefill_seconds + decode_load - 1e-9)), meets)
 
 
+def _check_counts(model: ModelSpec, tp: int, ep: int, counts: tuple[tuple[str, float, float, str], ...]) -> None:
+    """ConfigError, saying what to write, for a count past what the model and the GPUs allow: --tp past
+    MAX_TENSOR_PARALLEL or not a divisor of the attention heads, --ep past one routed expert a group of --tp
+    GPUs, and each (flag, value, most, what it counts) of `counts` past its most."""
+    if tp > MAX_TENSOR_PARALLEL:
+        raise ConfigError(f"--tp {tp}: at most {MAX_TENSOR_PARALLEL:,} GPUs one model copy spans (an NVL72 rack is 72)")
+    if model.n_heads % tp:
+        raise ConfigError(f"{model.n_heads} attention heads cannot be split over tp={tp} GPUs")
+    if model.n_experts and ep > model.n_experts * tp:
+        raise ConfigError(f"--ep {ep} over --tp {tp} is {-(-ep // tp):,} expert groups, but {model.name} has "
+                          f"{model.n_experts} routed experts and each group holds at least one; write at most "
+                          f"--ep {model.n_experts * tp:,}")
+    for flag, value, most, what in counts:
+        if value > most:
+            raise ConfigError(f"{flag} {value}: at most {most:,} {what}")
+
+
 def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tokens: float, output_tokens: float,
                        batch_max: int, prefill_mfu: float, decode_mbu: float, reserved_bytes_per_gpu: float,
                        itl_slo: float | None = None, ep: int = 1) -> tuple[float, float, float, float, float]:
@@ -308,6 +327,7 @@ def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tok
         raise ConfigError("--decode-mbu and --prefill-mfu must be in (0, 1]")
     if batch_max < 1:
         raise ConfigError("--batch-max must be at least 1")
+    _check_counts(model, tp, ep, (("--batch-max", batch_max, MAX_BATCH, "sequences in one batch"),))
     layout = Layout(model, tp=tp, ep=ep)
     roofs = Roofs(tp * gpu.peak_flops[gpu.peak_dtype_for(model.compute_dtype)],
                   tp * gpu.memory_bandwidth_bytes_per_second, gpu.link).at(prefill_mfu, decode_mbu)

@@ -47,7 +47,7 @@ INFO_EVERY_SECONDS = 300.0  # batch cap and TP change only with a restart; a res
 PARSE_IN_THREAD_CHARS = 512 * 1024
 
 # The reasons this loop counts besides health.VALUE_REASONS: counted from zero, so rates work from the start.
-INPUT_REASONS = (expfmt.HISTOGRAM_TOO_MANY_BUCKETS, INFO_OUT_OF_RANGE, DERIVATION_FAILED)
+INPUT_REASONS = (expfmt.HISTOGRAM_TOO_MANY_BUCKETS, INFO_OUT_OF_RANGE, DERIVATION_FAILED, normalize.GAUGE_OUT_OF_RANGE)
 
 ConstantsFor = Callable[[TargetConfig, Any, Any, bool], TargetConstants]
 

@@ -20,6 +20,7 @@ from rooflight.agent.sampling import nvtx_marks
 from rooflight.agent.sampling.health import SourceState
 from rooflight.agent.signals import derive
 from rooflight.agent.signals.detectors import DetectorThresholds
+from rooflight.agent.signals.exported import ExportedCounters, counter_bounds
 from rooflight.agent.signals.headroom import SignalSettings, role_for
 from rooflight.agent.signals.policy import ITL_SPAN_INTERVALS, DetectorState
 from rooflight.agent.signals.series import (
@@ -49,6 +50,7 @@ class TargetSeries:
         self._derive = derive_settings(config.windows, config.percentiles, config.interval, self.thresholds)
         self.histories: dict[tuple[str, str], SeriesHistory] = {}
         self._states: dict[tuple[str, str], DetectorState] = {}  # by series: what the derive step carries on
+        self._exported: dict[tuple[str, str], ExportedCounters] = {}  # by series: its counters as re-exported
         self._derivation_noted: str | None = None
 
     def remember(self, sample: EngineSample, t: float) -> None:
@@ -66,6 +68,7 @@ class TargetSeries:
         for key in set(self.histories) - seen:  # a model or rank that disappeared takes its state with it
             del self.histories[key]
             self._states.pop(key, None)
+            self._exported.pop(key, None)
         if regressed:  # one error per sample, however many counters
             self.state.note("counter_regress", f"counters going backwards repeatedly, their rates withheld: "
                             f"{', '.join(sorted(regressed)[:5])}{' ...' if len(regressed) > 5 else ''}")
@@ -76,13 +79,25 @@ class TargetSeries:
         """Each series of `sample` through the derive step, and the series whose signals failed; with
         `count_dropped` (once a sample) the values withheld and the derivations that raised are counted."""
         target = self._target_inputs(constants, hints, signal_settings, client_gaps, now)
+        bounds = counter_bounds(constants)
         views, signals_failed = [], []
         for series in sample.series:
+            series = self._as_exported(series, bounds)
             views.append(self._derived(series, target, now, count_dropped, signals_failed))
         if count_dropped:
             for failure in signals_failed:
                 self._derivation_failed(f"signals of {failure}")
         return tuple(views), tuple(signals_failed)
+
+    def _as_exported(self, series: EngineSeries, bounds: dict[str, float]) -> EngineSeries:
+        """The series with its counters as the agent re-exports them (signals/exported.py): never growing
+        faster than the physics its gauges are held to, a reset still a reset."""
+        key = (series.model, series.rank)
+        history = self.histories.get(key)
+        latest = history.latest if history is not None else None
+        if latest is None:
+            return series
+        return self._exported.setdefault(key, ExportedCounters()).series(series, latest.t, bounds)
 
     def signal_settings(self, hints: EngineInfoHints, sample: EngineSample | None) -> SignalSettings:
         """The target's role (its setting, else the engine's info endpoint, else its page), SLOs and GPU

@@ -38,7 +38,7 @@ from rooflight.agent.proxy import limits
 from rooflight.agent.proxy.config import ProxyConfig
 from rooflight.agent.proxy.limits import RefusalLog
 from rooflight.agent.proxy.server import ProxyServer
-from rooflight.agent.proxy.thread import ProxyThread
+from rooflight.agent.proxy.apart import ProxyApart
 from rooflight.agent.serve.page import add_status_routes
 from rooflight.agent.serve.webconfig import WEB_HEADERS
 from rooflight.agent.config.urls import public_url as _public_url
@@ -434,12 +434,12 @@ def bind_error(exc: OSError, host: str, port: int) -> str:
     return f"listen address {shown}: cannot listen there ({exc.strerror or exc})"
 
 
-async def start_proxy(proxy: ProxyThread) -> None:
-    """Start the client-side proxy, on a loop and thread of its own (scrapes here never queue in front of its
-    streams' tokens), without a /metrics port of its own; a failed bind is a ConfigError."""
+async def start_proxy(proxy: ProxyApart) -> None:
+    """Start the client-side proxy's relay in a process of its own (scrapes here never wait for its streams'
+    tokens, nor its tokens for the GIL the agent's pages hold), without a /metrics port of its own; a failed
+    bind is a ConfigError."""
     try:
-        # it fronts a target: its detector reads the gaps
-        await proxy.start(serve_metrics=False, lag_probe=bool(proxy.server.config.name))
+        await proxy.start()
     except OSError as exc:
         host, port = split_listen(proxy.server.config.listen)
         raise ConfigError(f"proxy_listen: {bind_error(exc, host, port)}") from None
@@ -449,8 +449,8 @@ async def serve(agent: Any, host: str, port: int, *, security: Any = None,
                 limits: ServerLimits = ServerLimits(), proxy: ProxyConfig | None = None) -> None:
     """Serve the agent until SIGINT/SIGTERM; `security` (webconfig.WebSecurity) adds TLS and auth.
 
-    With `proxy` (`rooflight run --proxy-listen`), the client-side proxy runs on an event loop and thread of
-    its own (agent/proxy/thread.py) and its rooflight_client_* metrics are on this /metrics; TLS, auth and
+    With `proxy` (`rooflight run --proxy-listen`), the client-side proxy relays in a process of its own
+    (agent/proxy/apart.py) and its rooflight_client_* metrics are on this /metrics; TLS, auth and
     the limits here are the agent's port's only, the proxy relays its clients' requests as they come
     (docs/proxy.md).
     Both addresses are bound before the agent starts, so a bad --listen or --proxy-listen stops the
@@ -458,23 +458,23 @@ async def serve(agent: Any, host: str, port: int, *, security: Any = None,
     middlewares: list[Callable[..., Awaitable[web.StreamResponse]]] = (
         [security.middleware] if security is not None else [])
     ssl_context = security.ssl_context if security is not None else None
-    proxy_server = ProxyServer(proxy, clock=agent.clock) if proxy is not None else None
-    if proxy_server is not None and proxy.name:  # it fronts one of the agent's targets: one clock, its gaps
+    proxy_server = ProxyServer(proxy) if proxy is not None else None
+    if proxy_server is not None and proxy.name:  # it fronts one of the agent's targets: its gaps
         agent.use_client_gaps(proxy.name, proxy_server.client_gaps)
     elif proxy_server is not None:
         log.warning("the proxy's upstream %s is none of the targets' host:port: its client series carry "
                     "target=%r, and head-of-line is judged by the engines' ITL buckets, not the proxy's gaps",
                     public_url(proxy.upstream), proxy.target)
     collectors = [proxy_server.collector()] if proxy_server is not None else []
-    proxy_thread = ProxyThread(proxy_server) if proxy_server is not None else None
+    proxy_apart = ProxyApart(proxy_server) if proxy_server is not None else None
     runner = web.AppRunner(build_app(agent, middlewares=middlewares, collectors=collectors), access_log=None,
                            handle_signals=False, keepalive_timeout=limits.idle_timeout, max_line_size=MAX_LINE_SIZE,
                            max_field_size=MAX_FIELD_SIZE, max_headers=MAX_HEADERS)
     server = await listen(runner, host, port, ssl_context=ssl_context, limits=limits)
     undo_quiet = quiet_accept_errors(asyncio.get_running_loop())
     try:
-        if proxy_thread is not None:
-            await start_proxy(proxy_thread)
+        if proxy_apart is not None:
+            await start_proxy(proxy_apart)
         await runner.setup()
         await server.start_serving()
         if security is not None:
@@ -494,8 +494,8 @@ async def serve(agent: Any, host: str, port: int, *, security: Any = None,
     finally:
         server.close()
         try:
-            if proxy_thread is not None:
-                await proxy_thread.stop()
+            if proxy_apart is not None:
+                await proxy_apart.stop()
         finally:
             await runner.cleanup()
             undo_quiet()

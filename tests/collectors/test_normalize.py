@@ -38,3 +38,16 @@ def test_the_series_cap_keeps_tracked_series_first_then_page_order() -> None:
     assert same is sample and dropped == 0
     capped, dropped = normalize.capped(sample, 3, {("m4", "0"), ("m3", "0")})
     assert [s.model for s in capped.series] == ["m3", "m4", "m0"] and dropped == 2
+
+
+def test_request_counts_and_ratios_outside_their_range_are_withheld_for_every_engine() -> None:
+    """A Dynamo frontend's `inflight_requests 1e308` was exported as rooflight_requests_running 1e+308: a gauge
+    the page states is checked here whatever the engine, like KV occupancy."""
+    sample = _sample(EngineSeries("m", running=1e308, waiting=-1.0, waiting_by_reason={"capacity": 1e20, "other": 2.0},
+                                  prefix_cache_hit_ratio=1.5),
+                     EngineSeries("n", running=normalize.MAX_REQUESTS, waiting=0.0, prefix_cache_hit_ratio=1.0))
+    checked, withheld = normalize.plausible(sample)
+    m, n = checked.series
+    assert (m.running, m.waiting, dict(m.waiting_by_reason), m.prefix_cache_hit_ratio) == (None, None, {"other": 2.0}, None)
+    assert n is sample.series[1]  # at the bounds: kept as it came
+    assert withheld == {normalize.GAUGE_OUT_OF_RANGE: 4}

@@ -109,9 +109,10 @@ def test_a_parent_that_stops_reading_bounds_a_workers_queue_and_every_request_is
     assert queued <= 5 + 2  # the limit, plus the batch the thread holds (and one it may have taken meanwhile)
     received = sum(len(reader.recv()[1]) for _ in range(queued))  # the parent reads again
     assert outbox.put(stats, [])
-    kind, records, counters, closed = reader.recv()
+    kind, records, counters, closed, gaps = reader.recv()
     outbox.close(5.0)
     assert received == queued and counters["accounting_errors"] == 100 - queued  # none lost silently
+    assert gaps is None  # (no gaps fed: `rooflight proxy --workers`)
 
 
 async def test_a_message_a_stopped_worker_left_half_written_does_not_hold_the_parent() -> None:

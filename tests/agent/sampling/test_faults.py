@@ -391,12 +391,14 @@ async def test_counters_going_backwards_are_a_restart(engine: RawEngine) -> None
 
 
 async def test_an_absurd_counter_jump_is_not_a_throughput(engine: RawEngine) -> None:
-    """An increase beyond 1e9/s re-baselines the counter instead of becoming a throughput."""
+    """An increase beyond 1e9/s re-baselines the counter instead of becoming a throughput, in the windows
+    and in the counter the agent re-exports (which the recording rules rate): the next increases count."""
     async def body(h: Harness) -> None:
         m = await _counter_walk(h, [1000, 1100, 1e18, 1e18 + 4096, 1e18 + 8192, 1e18 + 12288])
         for name in ("rooflight_tokens_per_second", "rooflight_mbu_ratio", "rooflight_mfu_ratio"):
             values = _values(m, name)
             assert values and max(values) < 1e6, (name, values)
+        assert _values(m, "rooflight_generation_tokens_total") == [1100.0 + 3 * 4096]  # before: 1e18 + 12288
 
     await _with_agent(engine, body)
 
