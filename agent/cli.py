@@ -17,6 +17,7 @@ from rooflight.agent.config import agent as cfg
 from rooflight.agent.config import settings
 from rooflight.agent.config import values as v
 from rooflight.agent.errors import ConfigError
+from rooflight.collectors.common import MAX_TENSOR_PARALLEL
 
 log = logging.getLogger("rooflight")
 LOG_LEVELS = {name: getattr(logging, name.upper()) for name in settings.LOG_LEVELS}
@@ -28,7 +29,7 @@ what you get on /metrics (every name starts with rooflight_):
   detectors for head-of-line blocking and capacity-capped or admission-bound batches. "GPU util" is exported
   as rooflight_gpu_kernel_residency_ratio, named for what it measures.
 
-the client's view too: --proxy-listen HOST:PORT runs `rooflight proxy` in the same process, in front of
+the client's view too: --proxy-listen HOST:PORT runs `rooflight proxy` beside it (a child process), in front of
 the engine (--proxy-upstream, default the one --engine-url). Clients connect to that port; the same
 /metrics then carries rooflight_client_*: TTFT, every inter-token gap, TPOT and end-to-end latency as the
 client sees them, and goodput, the share of streamed requests meeting every target of each --slo
@@ -98,21 +99,39 @@ def resolve_models(config: cfg.AgentConfig) -> dict[str, tuple[Any, str | None]]
             out[t.name] = (preset(t.model).with_dtypes(t.weight_dtype, t.kv_dtype), f"preset:{t.model}")
         else:
             out[t.name] = (None, None)
-        _check_expert_parallel(t, out[t.name][0])
+        _check_parallelism(t, out[t.name][0])
     return out
 
 
-def _check_expert_parallel(target: cfg.TargetConfig, model: Any) -> None:
-    """--ep on a dense model splits nothing: a typo for --tp or the wrong model, so say which (exit 2)."""
-    if target.ep and target.ep > 1 and model is not None and not model.is_moe:
-        raise ConfigError(f"target {target.name}: ep {target.ep}: {model.name} is dense (no routed experts), and "
-                          "expert parallelism splits only the experts of a MoE model; drop ep, or give the MoE model "
-                          "it serves (--model / --model-config)")
+def _check_parallelism(target: cfg.TargetConfig, model: Any) -> None:
+    """tp and ep as the model allows (exit 2, saying what to write): tp splits every layer's attention heads,
+    so it divides them; ep spreads the routed experts of a MoE model in groups of ep / tp GPUs, at least one
+    expert a group (ep on a dense model splits nothing: a typo for tp, or the wrong model)."""
+    if model is None:
+        return
+    tp, ep, name = target.tp, target.ep, target.name
+    if tp is not None and model.n_heads % tp:
+        fits = ", ".join(str(n) for n in range(1, min(model.n_heads, MAX_TENSOR_PARALLEL) + 1) if model.n_heads % n == 0)
+        raise ConfigError(f"target {name}: tp {tp}: {model.name}'s {model.n_heads} attention heads cannot be split over"
+                          f" {tp} GPUs; write one of {fits}")
+    if not ep or ep <= 1:
+        return
+    if not model.is_moe:
+        raise ConfigError(f"target {name}: ep {ep}: {model.name} is dense (no routed experts), and expert parallelism"
+                          " splits only the experts of a MoE model; drop ep, or give the MoE model it serves (--model /"
+                          " --model-config)")
+    per = tp if tp is not None else MAX_TENSOR_PARALLEL
+    if ep > model.n_experts * per:
+        over = f"ep {ep} over tp {tp} is {-(-ep // tp)} expert groups" if tp is not None else \
+            f"ep {ep} is more than {model.n_experts * per:,} GPUs even at tp {per:,}"
+        raise ConfigError(f"target {name}: {over}, but {model.name} has {model.n_experts} routed experts and each group"
+                          f" holds at least one; write at most ep {model.n_experts * per:,}"
+                          + ("" if tp is not None else " (or give tp)"))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rooflight.agent.config.proxy import for_agent
-    from rooflight.agent.sampling.engine_loop import map_big_blocks
+    from rooflight.agent.proxy.config import for_agent
+    from rooflight.agent.sampling.memory import map_big_blocks
     from rooflight.agent.sampling.gc_tuning import tune_for_sampling
     from rooflight.agent.sampling.sampler import Agent
 

@@ -16,12 +16,9 @@ from typing import Any
 
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.metrics import names as metric_names
-from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY, PROFILES, get_profile
+from rooflight.agent.roofline.gpus import PROFILES, get_profile
 from rooflight.agent.roofline.models import PRESETS
 from rooflight.agent.roofline.plan import (
-    DEFAULT_DECODE_MBU,
-    DEFAULT_ITL_SLO_SECONDS,
-    DEFAULT_TTFT_SLO_SECONDS,
     Plan,
     PoolPlan,
     build_plan,
@@ -31,6 +28,7 @@ from rooflight.agent.roofline.plan import (
     sig,
 )
 from rooflight.agent.model_files import resolve_model
+from rooflight.agent.config import settings
 from rooflight.agent.config.values import parse_duration
 
 
@@ -43,7 +41,8 @@ def format_plan(plan: Plan) -> str:
     p = plan
     moe = f" ({sig(p.params_active / 1e9)}B active)" if p.params_active < p.params_total else ""
     lines = [
-        f"{p.model} on {p.tp} x {p.gpu}: {sig(p.params_total / 1e9)}B params{moe}, "
+        f"{p.model} on {p.tp} x {p.gpu}{f' (experts over {p.ep} GPUs)' if p.ep > p.tp else ''}: "
+        f"{sig(p.params_total / 1e9)}B params{moe}, "
         f"weights {p.weight_dtype}, KV cache {p.kv_dtype}; context {p.context_tokens:,} tokens, "
         f"batch {p.batch}",
         "",
@@ -58,8 +57,8 @@ def format_plan(plan: Plan) -> str:
         f" in all), after {_gb(p.reserved_bytes_per_gpu)} reserved for runtime and activations",
     ]
     if p.weight_bytes_streamed_per_step < p.weight_bytes:
-        lines.append(f"  MoE weights streamed    {_gb(p.weight_bytes_streamed_per_step)} per step at batch "
-                     f"{p.batch} (the experts its tokens touch; batch 1 reads only the active ones)")
+        lines.append(f"  weights read a step     {_gb(p.weight_bytes_streamed_per_step)} at batch {p.batch} (the "
+                     "input embeddings a row a token; MoE: the experts its tokens touch)")
     if p.fits:
         lines.append(f"  max concurrent seqs     {p.max_concurrent_sequences:,.0f} at {p.context_tokens:,}"
                      " tokens each: the batch the KV wall allows")
@@ -80,11 +79,12 @@ def format_plan(plan: Plan) -> str:
         f"  decode at batch {p.batch:<7} {ms(p.decode_step_seconds_at_batch)}/step, "
         f"{sig(p.decode_tokens_per_second_at_batch)} tok/s in all; intensity "
         f"{sig(p.decode_intensity_at_batch)} FLOP/byte = "
-        f"{sig(100 * p.decode_attainable_fraction_of_peak)}% of peak compute at best",
+        f"{sig(100 * p.decode_attainable_fraction_of_peak)}% of peak compute at best"
+        + (" (on the compute roof)" if p.decode_attainable_fraction_of_peak >= 0.9999 else ""),
     ]
     if p.tp > 1:
-        lines.append(f"  TP all-reduce           ~{ms(p.tp_allreduce_seconds_per_token)}/token on NVLink"
-                     " (2 per layer, ~5 us each), on top of the decode step")
+        lines.append(f"  TP all-reduce           ~{ms(p.tp_allreduce_seconds_per_token)}/token on {p.link}"
+                     " (2 per layer, latency only), on top of the decode step")
         lines.append(f"  with TP at batch {p.batch:<6} {ms(p.decode_step_seconds_at_batch_with_tp)}/step, "
                      f"{sig(p.decode_tokens_per_second_at_batch_with_tp)} tok/s in all (all-reduces "
                      f"{ms(p.tp_allreduce_seconds_at_batch)}: latency + the batch's activations over the link)")
@@ -95,7 +95,8 @@ def format_plan(plan: Plan) -> str:
         "",
         f"Prefill of {p.prompt_tokens:,} tokens ({bound})",
         f"  work                    {sig(p.prefill_flops / 1e12)} TFLOP, "
-        f"{ms(p.prefill_compute_seconds_at_roof)} at peak compute",
+        f"{ms(p.prefill_compute_seconds_at_roof)} at peak compute (causal attention "
+        f"{sig(p.prefill_attention_flops / 1e12)} TFLOP of it)",
         f"  weight streaming        {ms(p.prefill_weight_seconds)} to read the weights once: the floor "
         f"of any prompt under {sig(p.prefill_crossover_tokens)} tokens",
         f"  time                    {ms(p.prefill_seconds_at_roof)} at the compute roof, "
@@ -140,12 +141,17 @@ def format_pools(p: PoolPlan) -> str:
         f"{sig(p.prefill_capacity_per_group)} prefill tok/s, {sig(p.decode_capacity_per_group)} decode tok/s "
         f"({source.get(p.capacity_source, p.capacity_source)}"
         + (f"; decode batch {p.decode_batch:,.0f}" if p.decode_batch else "") + ")",
+        f"  one group               {sig(p.requests_per_second_per_group)} req/s at this mix; {sig(p.rate)} req/s "
+        f"are {sig(p.load_per_group)} groups' work",
         f"  prefill pool            {_groups(p.prefill_groups)} at {_pct(p.prefill_utilization)} busy: "
         f"p99 TTFT within {ms(p.ttft_slo)} ({sig(p.prefill_tokens_per_second)} prompt tok/s / "
         f"{sig(p.prefill_capacity_per_group)} = {sig(p.prefill_tokens_per_second / p.prefill_capacity_per_group)} "
         "groups' work; the rest is room for the queue, which never drains at 100%)",
-        f"  decode pool             {_groups(p.decode_groups)} at {_pct(p.decode_utilization)} busy "
-        f"({sig(p.decode_tokens_per_second)} output tok/s / {sig(p.decode_capacity_per_group)})",
+        f"  decode pool             {_groups(p.decode_groups)} at {_pct(p.decode_utilization)} busy: "
+        f"at most 1% of requests wait for one of its {sig(p.decode_slots_per_group)} slots a group "
+        f"({sig(p.decode_tokens_per_second)} output tok/s / {sig(p.decode_capacity_per_group)} = "
+        f"{sig(p.decode_tokens_per_second / p.decode_capacity_per_group)} groups' work; "
+        f"{p.decode_groups_at_full_load} at 100%)",
         f"  one shared pool         {_groups(p.shared_groups)} at {_pct(p.shared_utilization)} busy "
         f"({p.shared_groups_at_full_load} at 100%)",
     ]
@@ -233,7 +239,8 @@ def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
                           " point it at the agent's /metrics") from None
     windows = {labels["window"] for _, labels, _ in rows}
     if window is not None and window not in windows:
-        raise ConfigError(f"--window {window}: the agent serves {', '.join(sorted(windows)) or 'no windows yet'}")
+        served = ", ".join(_shown(w) for w in sorted(windows))
+        raise ConfigError(f"--window {_shown(window)}: the agent serves {served or 'no windows yet'}")
     chosen = window or max(windows, key=window_seconds, default=None)
     out: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for kind, labels, value in rows:
@@ -434,7 +441,7 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> Poo
     output = args.output if args.output is not None else (mix[1] if mix else None)
     if prompt is None or output is None:
         raise ConfigError("--rate needs --prompt and --output (mean tokens per request), or --from-live with traffic")
-    source, batch, kv, gpus = "flags", None, None, args.tp
+    source, batch, kv, gpus, step = "flags", None, None, args.tp, None
     cp, cd = args.prefill_capacity, args.decode_capacity
     if cp is None or cd is None:
         if live is not None:
@@ -444,21 +451,25 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> Poo
         else:
             source = "physics"
             model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
-            p_cap, d_cap, batch, kv = physics_capacities(
+            p_cap, d_cap, batch, kv, step = physics_capacities(
                 model, get_profile(args.gpu), tp=args.tp, prompt_tokens=prompt, output_tokens=output,
                 batch_max=args.batch_max, prefill_mfu=args.prefill_mfu, decode_mbu=args.decode_mbu,
-                reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo)
+                reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo, ep=args.ep)
             cp = cp if cp is not None else p_cap
-            cd = cd if cd is not None else d_cap
+            if cd is None:
+                cd = d_cap
+            else:  # a decode capacity as given: its slots are what it carries at the ITL target
+                batch, step = None, None
     return build_pool_plan(args.rate, prompt, output, cp, cd, itl_slo=args.itl_slo, ttft_slo=args.ttft_slo, source=source,
-                           gpus_per_group=gpus, decode_batch=batch, kv_bytes_per_request=kv)
+                           gpus_per_group=gpus, decode_batch=batch, kv_bytes_per_request=kv,
+                           decode_step_seconds=step)
 
 
 def _calculator(args: argparse.Namespace) -> Plan:
     model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
     return build_plan(model, get_profile(args.gpu), tp=args.tp, context_tokens=args.context, batch=args.batch,
                       prompt_tokens=args.prompt_tokens, prefill_mfu=args.prefill_mfu,
-                      reserved_bytes_per_gpu=args.reserved_gb * 1e9)
+                      reserved_bytes_per_gpu=args.reserved_gb * 1e9, ep=args.ep)
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -480,54 +491,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Work a model on a GPU through the roofline: how much memory the weights and each "
         "sequence's KV cache take, how many sequences fit, how fast decode can possibly go "
         "(bandwidth-bound) and how long a prefill takes (compute-bound). Bounds, not measurements.")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", help="preset name or Hugging Face id (default ref-8b, the reference 8B "
-                     "of docs/physics.md, with 8e9 params); presets: llama-3-8b, llama-3-70b, llama-3-405b, qwen3-8b, "
-                     "mixtral-8x7b, deepseek-v3, ...")
-    src.add_argument("--model-config", metavar="PATH", help="a Hugging Face config.json (or its directory)")
-    p.add_argument("--gpu", default=DEFAULT_PROFILE_KEY, help="GPU profile, e.g. h100-sxm, h200, "
-                   "a100-sxm-80gb, l40s (default %(default)s)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size: GPUs one model copy spans; "
-                   "weights and KV heads split across them (default %(default)s)")
-    p.add_argument("--context", type=int, default=8000, help="tokens per sequence (prompt + output) "
-                   "for KV sizing and the decode ceiling at context (default %(default)s)")
-    p.add_argument("--batch", type=int, default=1, help="concurrent sequences for the decode step, "
-                   "throughput and arithmetic intensity (default %(default)s)")
-    p.add_argument("--prompt-tokens", type=int, default=2048, help="prompt length for the prefill "
-                   "estimate (default %(default)s)")
-    p.add_argument("--prefill-mfu", type=float, default=0.5, help="fraction of peak a real prefill "
-                   "reaches; 0.4-0.6 is strong (default %(default)s)")
-    p.add_argument("--weight-dtype", choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"),
-                   help="override the weight dtype: fewer bytes raise the decode ceiling")
-    p.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8", "int8"),
-                   help="override the KV-cache dtype: fp8 halves the cache")
-    p.add_argument("--reserved-gb", type=float, default=4.0, help="GB per GPU kept for runtime and "
-                   "activations, not KV (default %(default)s)")
-    p.add_argument("--json", action="store_true", help="print every figure in base units as JSON")
-    p.add_argument("--list", action="store_true", help="list the model presets and GPU profiles")
-    pools = p.add_argument_group("capacity and pools (docs/physics.md, section Headroom)")
-    pools.add_argument("--rate", type=float, metavar="REQ_PER_S", help="size prefill and decode pools for this "
-                       "request rate, and say whether one shared pool is the better answer")
-    pools.add_argument("--prompt", type=float, metavar="TOKENS", help="mean prompt tokens per request for "
-                       "--rate (default with --from-live: the live mix)")
-    pools.add_argument("--output", type=float, metavar="TOKENS", help="mean output tokens per request for "
-                       "--rate (default with --from-live: the live mix)")
-    pools.add_argument("--prefill-capacity", type=float, metavar="TOK_PER_S", help="prefill tokens/s one "
-                       "group carries (default: the model on --gpu at --prefill-mfu, or the live agent's)")
-    pools.add_argument("--decode-capacity", type=float, metavar="TOK_PER_S", help="decode tokens/s one group "
-                       "carries (default: the roofline at --decode-mbu and the KV wall, or the live agent's)")
-    pools.add_argument("--batch-max", type=int, default=256, help="the decode batch cap for the physics "
-                       "capacity, like vLLM's max_num_seqs (default %(default)s)")
-    pools.add_argument("--decode-mbu", type=float, default=DEFAULT_DECODE_MBU, help="fraction of the "
-                       "bandwidth peak decode reaches; 0.6-0.8 is healthy (default %(default)s)")
-    pools.add_argument("--itl-slo", type=float, default=DEFAULT_ITL_SLO_SECONDS, metavar="SECONDS",
-                       help="the p99 inter-token latency target: the physics decode batch is the largest whose "
-                       "step meets it, and a shared pool's decodes may wait this long for one prompt's prefill "
-                       "(default %(default)s)")
-    pools.add_argument("--ttft-slo", type=float, default=DEFAULT_TTFT_SLO_SECONDS, metavar="SECONDS",
-                       help="the p99 time-to-first-token target the prefill (or shared) pool is sized for, with "
-                       "an M/M/c queue (default %(default)s)")
-    pools.add_argument("--from-live", metavar="URL", help="read a running agent's /metrics (its URL, e.g. "
-                       "http://127.0.0.1:9746): its headroom, saturation and capacity at the live mix")
-    pools.add_argument("--window", metavar="NAME", help="the live window to read, e.g. 1m (default: the longest)")
+    settings.add_flags(p, settings.PLAN)  # its flags: agent/config/settings.py and plan_settings.py
     p.set_defaults(func=run_plan)

@@ -76,12 +76,16 @@ def _free_port() -> int:
 def upstream_main(port: int) -> None:
     from aiohttp import web
 
-    head = b'data: {"id":"b","object":"chat.completion.chunk","model":"bench","choices":[{"index":0,"delta":{"content":"'
+    head = (b'data: {"id":"b","object":"chat.completion.chunk","created":1,"model":"bench","choices":[{"index":0,'
+            b'"delta":{"content":"')
     tail = b'"},"finish_reason":null}]}\n\n'
 
     async def stream(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         seconds, rate = float(body.get("seconds", 5.0)), float(body.get("rate", 100.0))
+        named = str(body.get("model", "")).split("-")  # "bench-RATE-SECONDS": for a peer that sends its own body
+        if "seconds" not in body and len(named) == 3 and named[0] == "bench":
+            rate, seconds = float(named[1]), float(named[2])
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         start = time.monotonic()
@@ -96,15 +100,22 @@ def upstream_main(port: int) -> None:
                     await asyncio.sleep(due - now)
                 await response.write(head + str(time.monotonic_ns()).encode() + tail)
                 n += 1
-            await response.write(b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}],'
-                                 b'"usage":{"prompt_tokens":1,"completion_tokens":%d}}\n\ndata: [DONE]\n\n' % n)
+            await response.write(b'data: {"id":"b","object":"chat.completion.chunk","created":1,"model":"bench",'
+                                 b'"choices":[{"index":0,"delta":{},"finish_reason":"length"}],'
+                                 b'"usage":{"prompt_tokens":1,"completion_tokens":%d,"total_tokens":%d}}\n\n'
+                                 b'data: [DONE]\n\n' % (n, n + 1))
             await response.write_eof()
         except (ConnectionError, asyncio.CancelledError):
             pass
         return response
 
+    async def health(request: web.Request) -> web.Response:  # (what a router checks before it routes)
+        return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model"}]})
+
     async def main() -> None:
         app = web.Application()
+        app.router.add_get("/health", health)
+        app.router.add_get("/v1/models", health)
         app.router.add_post("/v1/chat/completions", stream)
         app.router.add_post("/raw/stream", stream)  # the same stream on a route the proxy only relays
         runner = web.AppRunner(app, access_log=None)
@@ -125,7 +136,7 @@ def proxy_main(upstream: str, port: int, metrics_port: int, cpu: int | None = No
     if source:  # another build's `rooflight` package, found before the installed one
         sys.path.insert(0, source)
 
-    from rooflight.agent.config.proxy import build
+    from rooflight.agent.proxy.config import build
     from rooflight.agent.proxy.server import ProxyServer
 
     if cpu is not None:
@@ -174,14 +185,15 @@ class Path_:
 
 
 async def one_stream(session, url: str, seconds: float, rate: float, delay: float,  # type: ignore[no-untyped-def]
-                     out: Path_) -> int:
+                     out: Path_, model: str = "bench") -> int:
     marker = b'"content":"'
     got = 0
     tail = b""
     last = None
     await asyncio.sleep(delay)
     sent = time.monotonic_ns()
-    async with session.post(url, json={"model": "bench", "stream": True, "seconds": seconds, "rate": rate}) as r:
+    body = {"model": model, "stream": True, "seconds": seconds, "rate": rate, "messages": [{"role": "user", "content": "x"}]}
+    async with session.post(url, json=body) as r:
         while True:
             data = await r.content.readany()
             if not data:
@@ -192,10 +204,13 @@ async def one_stream(session, url: str, seconds: float, rate: float, delay: floa
             tail = lines.pop()
             for line in lines:
                 i = line.find(marker)
-                if i < 0:
-                    continue
+                if i < 0:  # a peer that writes its JSON again may put a space after the colon
+                    i = line.find(b'"content": "')
+                    if i < 0:
+                        continue
+                    i += 1
                 j = line.find(b'"', i + len(marker))
-                if j > i + len(marker):
+                if j > i + len(marker) and line[i + len(marker):j].isdigit():
                     out.lat.append((now - int(line[i + len(marker):j])) / 1e9)
                     if last is None:
                         out.ttft.append((now - sent) / 1e9)

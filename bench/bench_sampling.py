@@ -19,7 +19,7 @@ has new tokens and new histogram observations to derive rates and percentiles fr
   untimed pass over them; the rounds of all five rows interleaved so a change in load hits each).
   (c) a full cycle, warm: HTTP GET over loopback with aiohttp from a server in another process serving
       the next moving page each time (as the engine would), vllm.parse, append to the series history and
-      rooflight.agent.signals.derive.derive_target over the 10s/1m/5m windows; c/a with (a) the warm
+      rooflight.agent.signals.derive.derive_window over each of the 10s/1m/5m windows; c/a with (a) the warm
       full-page yardstick above (target <= 0.25), and in how many cycles rates and percentiles came out.
       If rooflight.agent.signals.derive cannot be used, (c) is reported as partial.
   (c*) the same cycles with IDLE_S (100 ms) asleep between them, as the agent at 10 Hz is, and c*/c: the
@@ -60,6 +60,7 @@ from rooflight.collectors import expfmt, vllm  # noqa: E402
 
 DEFAULT_PAGE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "engine-samples" / "vllm-cpu-load-c16.prom"
 WINDOWS = {"10s": 10.0, "1m": 60.0, "5m": 300.0}
+PERCENTILES = ("50", "90", "99")  # the agent's default --percentiles
 IDLE_S = 0.1  # (c*): asleep between cycles as the agent is at 10 Hz
 # (a) and (b) are pure CPU work: timed in this process's CPU seconds, which a busy machine's other
 # work does not inflate the way it inflates wall time (the two are equal on an idle machine).
@@ -277,7 +278,8 @@ def _serve(text: str, count: int, port_out: Any) -> None:
 
 
 class Deriver:
-    """rooflight.agent.signals.derive.derive_target fed from one history per series, if the agent side is importable."""
+    """rooflight.agent.signals.derive.derive_window over WINDOWS, fed from one history per series, if the agent side
+    is importable (the agent's derive step, signals/series.py, calls it the same way, shortest window first)."""
 
     def __init__(self) -> None:
         self.error: str | None = None
@@ -305,7 +307,11 @@ class Deriver:
                 if history is None:
                     history = self.histories[key] = self._windows.SeriesHistory(retention=330.0)
                 history.append(t, *self._derive.history_inputs(series))
-                out.extend(self._derive.derive_target(history, WINDOWS, self.constants, series.kv_capacity_tokens))
+                for name, seconds in sorted(WINDOWS.items(), key=lambda kv: kv[1]):
+                    values = self._derive.derive_window(history, name, seconds, self.constants,
+                                                        series.kv_capacity_tokens, PERCENTILES)
+                    if values is not None:
+                        out.append(values)
         except Exception as exc:  # noqa: BLE001 - the agent side is still moving; report, do not crash
             self.error = f"{type(exc).__name__}: {exc}"
         self.last = tuple(out)

@@ -54,7 +54,7 @@ class Event:
     name: str  # the demo event: long-prompt, kv-wall
     verdict: str  # attribute of rooflight.agent.signals.detectors.Verdicts
     alert: str
-    rule: str  # the RulesConfig field holding the alert's DetectorAlert
+    rule: str  # the detector whose alert it is (RulesConfig.detector_alert)
     target: str = ""
     injected: float = 0.0  # monotonic, as DemoEngine.inject returns it
     detected: float | None = None
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         a = None if e.detected is None else e.detected - e.injected
         b = None if e.pending is None else e.pending - e.injected
         ratio = f"{b / a:16.1f}x" if a and b is not None else f"{'n/a':>17}"
-        d = getattr(rules_config(args.rules), e.rule)
+        d = rules_config(args.rules).detector_alert(e.rule)
         print(f"{e.name:<12} {_s(a):>15} {_s(b):>14} {ratio}   ({e.verdict} -> {e.alert}: pending once the flag "
               f"held {d.min_fraction:.0%} of {d.window})")
     return 0

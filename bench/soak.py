@@ -55,7 +55,7 @@ async def soak(minutes: float, interval: float, report_every: float, event_every
             await agent.sample_engines_once()
             samples += 1
             if now >= next_report:
-                points = max((len(h) for h in agent.engines[0]._histories.values()), default=0)
+                points = max((len(h) for h in agent.engines[0].histories().values()), default=0)
                 per_cycle = 1000 * (cpu_seconds() - cpu0) / samples
                 print(f"{(now - start) / 60:6.1f}  {rss_mib():7.1f}  {per_cycle:16.2f}  {samples:7d}  {points:14d}",
                       flush=True)

@@ -45,6 +45,7 @@ DEFAULT_PATH_NOTE = None
 INFO_PATH = "/v1/models"
 parse_info = openai_models_info  # data[0].id
 ORDER = 10  # first: a worker page carries the passed-through engine's families too
+KV_POOL_GROUPED = False  # a pool token holds every layer
 SERVICE_FAMILIES = None  # `rooflight rules --engine` and the dashboards read none of its families
 
 # Worker pages: the passed-through engine's column, plus the two overlays in the docstring.

@@ -19,6 +19,9 @@ from rooflight.collectors.errors import ParseError
 from rooflight.collectors.registry import EngineAdapter, Histogram, ServiceFamilies  # noqa: F401 - the API
 
 DEFAULT_METRICS_PATH = "/metrics"  # the Prometheus convention, where `--engine auto` looks first
+# The engine whose own families the checked-in rules and dashboards read (`rooflight rules --engine` picks
+# another with SERVICE_FAMILIES): the most deployed one.
+SERVICE_DEFAULT = vllm.ENGINE
 
 MAX_PREFIX_CHARS = 64  # a family prefix in the "not a known engine" message: real ones are a word
 _FAMILY = re.compile(r"^# (?:TYPE|HELP) ([a-zA-Z_:][a-zA-Z0-9_:]*)", re.MULTILINE)

@@ -44,6 +44,7 @@ METRICS_PATHS = ("/metrics",)
 DEFAULT_PATH_NOTE = None
 INFO_PATH = "/props"
 ORDER = 70  # its place in detection and in the coverage table (engines.adapters)
+KV_POOL_GROUPED = False  # a pool token holds every layer
 SERVICE_FAMILIES = None  # `rooflight rules --engine` and the dashboards read none of its families
 INFO_SETTINGS: tuple[str, ...] = ("total_slots", "n_ctx")  # /props and its default_generation_settings
 

@@ -41,6 +41,13 @@ class ServiceFamilies:
     # the clients' availability SLO reads them where no proxy of Rooflight's stands in front (rules/availability.py).
     http_requests: str = ""
 
+    @property
+    def namespace(self) -> str:
+        """The prefix of the engine's family names (`vllm:`), as its TTFT histogram spells it: what tells a
+        query's engine families from its other names (dashboards/metrics.py)."""
+        name = self.ttft.name
+        return name[: name.index(":") + 1] if ":" in name else name.split("_", 1)[0] + "_"
+
 
 @runtime_checkable
 class EngineAdapter(Protocol):
@@ -75,6 +82,12 @@ class EngineAdapter(Protocol):
     @property
     def ORDER(self) -> int:  # noqa: N802
         """Its place in detection and in the coverage table's columns, lowest first."""
+        ...
+
+    @property
+    def KV_POOL_GROUPED(self) -> bool:  # noqa: N802
+        """Whether a KV pool token holds one attention-type group of a hybrid model's layers rather than
+        every layer (vLLM's hybrid KV-cache manager): the live KV bytes and MBU count one group."""
         ...
 
     @property

@@ -90,6 +90,7 @@ METRICS_PATHS = ("/metrics",)
 DEFAULT_PATH_NOTE = None
 INFO_PATH = "/server_info"
 ORDER = 30  # its place in detection and in the coverage table (engines.adapters)
+KV_POOL_GROUPED = False  # its pool's tokens hold every layer
 
 # What each normalized field is read from, or why it is missing (EngineAdapter.COVERAGE).
 COVERAGE: dict[str, str] = {

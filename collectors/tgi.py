@@ -63,6 +63,7 @@ METRICS_PATHS = ("/metrics",)
 DEFAULT_PATH_NOTE = None
 INFO_PATH = "/info"
 ORDER = 60  # its place in detection and in the coverage table (engines.adapters)
+KV_POOL_GROUPED = False  # a pool token holds every layer
 SERVICE_FAMILIES = None  # `rooflight rules --engine` and the dashboards read none of its families
 
 # The router settings `/info` states that are kept as settings (the batch budgets are 1.x/2.x only).

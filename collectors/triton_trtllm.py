@@ -40,6 +40,7 @@ DEFAULT_PATH_NOTE = None
 INFO_PATH = None
 parse_info = no_info
 ORDER = 50  # its place in detection and in the coverage table (engines.adapters)
+KV_POOL_GROUPED = False  # a pool token holds every layer
 SERVICE_FAMILIES = None  # `rooflight rules --engine` and the dashboards read none of its families
 
 # What each normalized field is read from, or why it is missing (EngineAdapter.COVERAGE).

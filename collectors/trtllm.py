@@ -55,6 +55,7 @@ DEFAULT_PATH_NOTE = (
 INFO_PATH = "/v1/models"
 parse_info = openai_models_info  # data[0].id
 ORDER = 40  # its place in detection and in the coverage table (engines.adapters)
+KV_POOL_GROUPED = False  # a pool token holds every layer
 SERVICE_FAMILIES = None  # `rooflight rules --engine` and the dashboards read none of its families
 
 # What each normalized field is read from, or why it is missing (EngineAdapter.COVERAGE).

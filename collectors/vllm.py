@@ -80,6 +80,9 @@ METRICS_PATHS = ("/metrics",)
 DEFAULT_PATH_NOTE = None
 INFO_PATH = "/v1/models"
 ORDER = 20  # its place in detection and in the coverage table (engines.adapters)
+# Its hybrid KV-cache manager pages a model with more than one attention type (full + sliding window) by
+# group: a pool token holds one group's layers, not all (docs/physics.md, section vLLM's hybrid KV pool).
+KV_POOL_GROUPED = True
 
 # The `cache_config_info` labels exported as settings: the KV pool's size and layout, and what fills
 # it. Not the scheduler's (max_num_seqs, max_num_batched_tokens): vLLM tells those nowhere.

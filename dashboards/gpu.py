@@ -106,7 +106,7 @@ def dashboard() -> dict[str, Any]:
         "Measured: GPM DRAM bandwidth utilization x per-GPU HBM peak, summed over the pod's GPUs (bytes/s the "
         "hardware moved). Model: MBU x peak x TP over $window, summed over the pod's targets and ranks (bytes/s "
         "decode must stream: weights + live KV every step). Close together: the model explains the traffic "
-        "(rooflight_mbu_to_dram_bandwidth_ratio near 1). Measured far above the model: traffic the model does "
+        "(rooflight_mbu_to_dram_bandwidth near 1). Measured far above the model: traffic the model does "
         "not account for (another tenant, activations); far below: constants that overstate bytes.",
         "Bps", [
             query(f"{_per_pod(n.GPU_DRAM_BANDWIDTH_UTILIZATION)} * on ({BY_SCRAPE}) {_peak_bandwidth_per_pod()}",

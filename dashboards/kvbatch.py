@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from rooflight.agent.metrics import names as n
-from rooflight.agent.metrics import registry
+from rooflight.agent.signals.detectors.capacity_capped import KV_BATCH_PANEL
 
 from .panels import (
     BY_SERIES,
@@ -142,7 +142,7 @@ def dashboard() -> dict[str, Any]:
         ],
     ), 12, 8)
     g.add(detector_panel(
-        "kv-batch", registry.KV_BATCH_PANEL,
+        "kv-batch", KV_BATCH_PANEL,
         "The agent's detectors, 1 while true, per pod: capacity-capped (KV full, preempting, queue nonempty), "
         "at configured max (running = cap with KV room left: raise the cap), admission-bound (queue nonempty, "
         "batch below cap, KV has room: the scheduler or token budget binds).",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from rooflight.agent.metrics import names
+from rooflight.collectors import engines
 
 # Extra per-GPU gauges (labels: gpu, uuid) the GPU dashboard reads, by NVML key. The exposition names
 # them rooflight_gpu_<key>; collectors/nvml.py declares them (GPU_EXTRA_METRICS); see pending_gpu_metrics.
@@ -38,9 +39,13 @@ GPU_EXTRA: dict[str, str] = {key: f"{names.PREFIX}gpu_{key}" for key in GPU_EXTR
 # Series Prometheus itself creates (rule evaluation; `up` for every scrape); not exported by anyone.
 PROMETHEUS_BUILTINS: frozenset[str] = frozenset({"ALERTS", "ALERTS_FOR_STATE", "up"})
 
+# The engines' own families a query may read directly: those of every adapter with ServiceFamilies (vllm:*,
+# sglang:*), by the prefix its adapter declares (collectors/registry.py).
+_ENGINE_FAMILIES = "".join(f"|{re.escape(a.SERVICE_FAMILIES.namespace)}[a-z0-9_:]+"
+                           for a in engines.adapters() if a.SERVICE_FAMILIES is not None)
 _NAME = re.compile(
     r"(?<![A-Za-z0-9_:\"'])"  # not inside another identifier or right after a quote
-    r"(rooflight_[a-z0-9_]+|vllm:[a-z0-9_:]+|sglang:[a-z0-9_:]+|ALERTS(?:_FOR_STATE)?"
+    rf"(rooflight_[a-z0-9_]+{_ENGINE_FAMILIES}|ALERTS(?:_FOR_STATE)?"
     r"|up(?=[{\[]))"  # Prometheus' `up`, only as a selector
     r"(?![A-Za-z0-9_:])"
 )

@@ -19,6 +19,7 @@ from typing import Any
 from rooflight.agent.metrics import names as n
 from rooflight.agent.proxy import catalog as client
 from rooflight.agent.signals.detectors import DetectorThresholds
+from rooflight.agent.signals.detectors.head_of_line import ITL_INFLATION
 from rooflight.rules.config import RulesConfig, service_families
 
 from .panels import (
@@ -315,12 +316,12 @@ def dashboard() -> dict[str, Any]:
     ), 12, 8)
     g.add(ts(
         "ITL tail inflation ratio",
-        "rooflight_itl_tail_inflation_ratio: the worst ITL since the agent's previous sample (the upper bound of "
+        "rooflight_itl_tail_inflation: the worst ITL since the agent's previous sample (the upper bound of "
         "the highest ITL bucket that gained observations) over its own recent median (the median of that worst "
         "over the longest window). ~1 on steady traffic; at or above the line "
         f"({HOL.hol_inflation:g}x) with prefill in the batch it is head-of-line blocking. An 8,000-token prompt "
         "run whole on an 8B model reads ~43x; chunked into 512-token pieces ~4x.",
-        "none", [query(f"{n.ITL_INFLATION}{sel(ENGINE)}", WHO, "A")],
+        "none", [query(f"{ITL_INFLATION}{sel(ENGINE)}", WHO, "A")],
         log=True, min_val=None, thresholds=[(None, "transparent"), (HOL.hol_inflation, "red")],
     ), 12, 8)
     g.add(detector_panel(

@@ -38,7 +38,7 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 
 from rooflight.agent.metrics import names as n
-from rooflight.agent.metrics import registry
+from rooflight.agent.signals.detectors import detectors
 
 SCHEMA_VERSION = 39  # Grafana 10.4 to 13 load it; 12+ migrate it in the backend
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -211,10 +211,11 @@ def ts(
 
 
 def detector_panel(board: str, title: str, description: str) -> timeseries.Panel:
-    """A panel of detector gauges, 1 while true, per series: one line for each detector whose registry entry
-    draws it in this board's panel of this title (agent/metrics/registry.py), ordered by its refId."""
-    targets = [query(f"{d.flag.metric}{sel(ENGINE)}", f"{WHO} {d.panel.legend}".rstrip(), d.panel.ref)
-               for d in registry.panel_lines(board, title) if d.panel is not None]
+    """A panel of detector gauges, 1 while true, per series: one line for each detector whose declaration
+    draws it in this board's panel of this title (agent/signals/detectors/), ordered by its refId."""
+    lines = [(d.panel, d.flag.metric) for d in detectors() if d.panel and (d.panel.board, d.panel.title) == (board, title)]
+    targets = [query(f"{metric}{sel(ENGINE)}", f"{WHO} {panel.legend}".rstrip(), panel.ref)
+               for panel, metric in sorted(lines, key=lambda line: line[0].ref)]
     return ts(title, description, "short", targets, max_val=1)
 
 

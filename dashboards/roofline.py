@@ -93,8 +93,9 @@ def dashboard() -> dict[str, Any]:
         "Roofline: live decode operating point",
         "x: arithmetic intensity (FLOP per byte streamed from HBM); y: attainable FLOP/s per GPU. The roof is "
         "min(peak, intensity x bandwidth) with its corner at the ridge (peak / bandwidth). The point is decode "
-        "now: x = effective intensity B x 2P / (2P + B x kv_bytes), y = decode MFU x peak. Left of the ridge it "
-        "is memory-bound; raising batch (or quantizing) moves it right, growing KV caches move it left.",
+        "now: x = the decode step's FLOPs (2P a token + its attention) / its bytes (weights read + live KV), "
+        "y = decode MFU x peak. Left of the ridge it is memory-bound; raising batch (or quantizing) moves it right, "
+        "growing KV caches move it left.",
         [
             query(_roof("x"), "", "A", instant=True, table=True),
             query(_roof("y"), "", "B", instant=True, table=True),

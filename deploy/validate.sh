@@ -77,6 +77,9 @@ refuse() {  # refuse WHAT --set ...: the chart must not render with these values
   if "$helm" template bad "$chart" "$@" >/dev/null 2>&1; then echo "FAIL the chart accepted $what" >&2; exit 1; fi
 }
 refuse "a TTFT threshold that is not a bucket edge" --set prometheusRule.ttft.thresholdSeconds=2
+refuse "a rules scope that is not all, pod or fleet" --set prometheusRule.scope=central
+refuse "a fleet whose cluster label is a replica label" --set prometheusRule.enabled=true \
+  --set prometheusRule.scope=fleet --set prometheusRule.clusterLabel=pod
 refuse "a per-model TTFT threshold that is not a bucket edge" --set prometheusRule.ttft.byModel.llama=2
 refuse "a vLLM TTFT edge for SGLang's histogram" --set prometheusRule.engine=sglang
 refuse "an engine without histogram names" --set prometheusRule.engine=tgi

@@ -49,13 +49,13 @@ def load(path: Path) -> list[dict[str, Any]]:
 
 def expected_rules(rules_args: str) -> dict[str, Any]:
     """The PrometheusRule spec `rooflight rules` prints for these flags (the rules/ code, not a copy)."""
-    from rooflight.rules.generate import config_from_args, register
+    from rooflight.rules.generate import config_from_args, register, scope
     from rooflight.rules.render import prometheus_rule
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     args = parser.parse_args(["rules", *shlex.split(rules_args)])
-    return prometheus_rule(config_from_args(args))["spec"]
+    return prometheus_rule(config_from_args(args), scope(args))["spec"]
 
 
 def check_volumes(where: str, doc: dict[str, Any], errors: list[str]) -> None:

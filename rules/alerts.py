@@ -1,7 +1,7 @@
 """Alerts on the agent's own series (detectors, low decode MBU, sources down) and on its scrape (meta).
 
-Detector alerts are the registry's (agent/metrics/registry.py): one per detector that declares a gauge
-alert, in its order, with its summary and dashboard. They read the agent's 0/1 gauges (evaluated every second by the agent, sampled by each
+Detector alerts are the detectors' own (agent/signals/detectors/): one per detector that declares a gauge
+alert, in their order, with its summary, dashboard, thresholds, `for` and severity (RulesConfig's settings). They read the agent's 0/1 gauges (evaluated every second by the agent, sampled by each
 scrape) as the fraction of a window they were true, so one flicker neither fires nor resets them. Each
 alert's value is the number on-call needs first (peak ITL inflation, KV occupancy, queue length, MBU);
 its description adds the absolute values behind it (seconds, tokens per step, preemptions/s, queue),
@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Callable
 
 from rooflight.agent.metrics import names
-from rooflight.agent.metrics import registry
+from rooflight.agent.signals.detectors import Detector, detectors
 from rooflight.rules.config import DASHBOARD_VARIABLES, DetectorAlert, RulesConfig
 from rooflight.rules.promql import labels, number, series
 from rooflight.rules.recording import Rule, keep, mbu_record, rank_labels
@@ -105,7 +105,7 @@ def _rate(metric: str, window: str) -> str:
 
 def head_of_line_description(config: RulesConfig) -> str:
     """The inflation ($value), and in seconds the stalled ITL and its median, and prefill tokens per step."""
-    hol, short, long = config.head_of_line, config.itl_short_window, config.itl_long_window
+    hol, short, long = config.detector_alert("head_of_line"), config.itl_short_window, config.itl_long_window
     window = "window=%[2]q, percentile=%[3]q"
     stall = query_value(f"max_over_time({_matching(names.ITL, window)}[{hol.window}])", short, "99", unit=" s")
     median = query_value(_matching(names.ITL, window), long, "50", unit=" s")
@@ -122,7 +122,7 @@ def head_of_line_description(config: RulesConfig) -> str:
 
 def capacity_capped_description(config: RulesConfig) -> str:
     """KV occupancy ($value), preemptions per second and the queue, over the detector's window."""
-    cap = config.capacity_capped
+    cap = config.detector_alert("capacity_capped")
     preemptions = query_value(_rate(names.PREEMPTIONS, cap.window))
     queue = query_value(f"avg_over_time({_matching(names.REQUESTS_WAITING)}[{cap.window}])")
     return (
@@ -134,7 +134,7 @@ def capacity_capped_description(config: RulesConfig) -> str:
 
 def admission_bound_description(config: RulesConfig) -> str:
     """The queue ($value), and how full the batch and the KV cache were meanwhile."""
-    adm = config.admission_bound
+    adm = config.detector_alert("admission_bound")
     occupancy = query_value(
         f"avg_over_time({_matching(names.BATCH_OCCUPANCY)}[{adm.window}])", pipe="humanizePercentage"
     )
@@ -146,32 +146,31 @@ def admission_bound_description(config: RulesConfig) -> str:
     )
 
 
-# The description of each detector alert that has one written for it; any other detector's alert (one only
-# added to agent/metrics/registry.py) says its title and its status-page sentence (generic_description).
+# The description of each detector alert that has one written for it, by the detector's key; any other
+# detector's alert (one only declared in agent/signals/detectors/) says its title and its status-page sentence
+# (generic_description).
 DESCRIPTIONS: dict[str, Callable[[RulesConfig], str]] = {
-    registry.HEAD_OF_LINE.alert: head_of_line_description,
-    registry.CAPACITY_CAPPED.alert: capacity_capped_description,
-    registry.ADMISSION_BOUND.alert: admission_bound_description,
+    "head_of_line": head_of_line_description,
+    "capacity_capped": capacity_capped_description,
+    "admission_bound": admission_bound_description,
 }
-# Thresholds of a detector alert with no RulesConfig field of its own (a field named like the detector's key).
-DEFAULT_DETECTOR_ALERT = DetectorAlert("10m", 0.5, "10m")
 
 
-def detector_thresholds(config: RulesConfig, d: registry.Detector) -> DetectorAlert:
-    """The RulesConfig field named like the detector's key (head_of_line, ...), else DEFAULT_DETECTOR_ALERT."""
-    thresholds = getattr(config, d.key, DEFAULT_DETECTOR_ALERT)
-    return thresholds if isinstance(thresholds, DetectorAlert) else DEFAULT_DETECTOR_ALERT
+def _as_clause(title: str) -> str:
+    """A title inside a sentence: its first letter lower-cased, unless its first word is an acronym (KV, ITL)."""
+    first = title.split(" ", 1)[0]
+    return title if len(first) > 1 and first[1].isupper() else title[:1].lower() + title[1:]
 
 
-def generic_description(config: RulesConfig, d: registry.Detector) -> str:
-    return f"{WHERE}: {d.title[0].lower()}{d.title[1:]} during {_share(detector_thresholds(config, d))}. {d.sentence}"
+def generic_description(config: RulesConfig, d: Detector) -> str:
+    return f"{WHERE}: {_as_clause(d.title)} during {_share(config.detector_alert(d.key))}. {d.sentence}"
 
 
-def detector_alert(config: RulesConfig, d: registry.Detector) -> Rule:
-    """The alert over a detector's 0/1 gauge, as its registry entry declares it (d.rule)."""
+def detector_alert(config: RulesConfig, d: Detector) -> Rule:
+    """The alert over a detector's 0/1 gauge, as its declaration says (d.rule), with RulesConfig's thresholds."""
     assert d.rule is not None, f"detector {d.key} declares no gauge alert"
-    t = detector_thresholds(config, d)
-    describe = DESCRIPTIONS.get(d.alert)
+    t = config.detector_alert(d.key)
+    describe = DESCRIPTIONS.get(d.key)
     return alert(
         config,
         d.alert,
@@ -185,8 +184,12 @@ def detector_alert(config: RulesConfig, d: registry.Detector) -> Rule:
 
 
 def detector_alerts(config: RulesConfig) -> list[Rule]:
-    """Every detector alert rendered over its gauge, in the registry's order."""
-    return [detector_alert(config, d) for d in registry.gauge_alerts()]
+    """Every detector alert rendered over its gauge, in the detectors' order."""
+    return [detector_alert(config, d) for d in detectors() if d.rule is not None]
+
+
+# The low decode MBU alert, and the dashboard that shows its cause.
+LOW_MBU_ALERT, LOW_MBU_BOARD = "RooflightLowDecodeMBU", "roofline"
 
 
 def mbu_alert(config: RulesConfig) -> Rule:
@@ -205,10 +208,9 @@ def mbu_alert(config: RulesConfig) -> Rule:
     w = config.rate_window
     steps_per_second = query_value(_rate(names.ENGINE_STEPS, w))
     batch = query_value(f"avg_over_time({_matching(names.REQUESTS_RUNNING)}[{w}])")
-    assert registry.MBU.alert and registry.MBU.board
     return alert(
         config,
-        registry.MBU.alert,
+        LOW_MBU_ALERT,
         expr,
         config.low_mbu_for,
         "warning",
@@ -216,7 +218,7 @@ def mbu_alert(config: RulesConfig) -> Rule:
         f"{WHERE}: model bandwidth utilization is {{{{ $value | humanizePercentage }}}} over {w} "
         f"(below {config.low_mbu_threshold:.0%}) with the batch never empty, at {steps_per_second} engine steps/s with "
         f"{batch} requests running on average. A healthy decode streams 60-80%.",
-        dashboard=(registry.MBU.board, PER_TARGET),
+        dashboard=(LOW_MBU_BOARD, PER_TARGET),
     )
 
 

@@ -2,9 +2,10 @@
 
 Selectors, the topology labels every rule keeps (cluster, namespace, pod, instance, job by default),
 SLO thresholds and objectives (per model where one model needs its own), the client-side goodput
-objective, burn-rate windows, detector-alert durations, the low-MBU threshold, the agent windows the
-capacity rules read, the agent's own scrape job (meta-monitoring), the runbook and Grafana base URLs
-and the PrometheusRule's `release` label all live here, so a user's
+objective, burn-rate windows, each detector alert's `for` and severity (its declaration's by default),
+the low-MBU threshold, the agent windows the capacity rules read, the agent's own scrape job
+(meta-monitoring), the runbook and Grafana base URLs and the PrometheusRule's `release` label all live
+here, so a user's
 `rooflight rules --ttft-threshold 1 --agent-selector 'job="rooflight"'` and the checked-in YAML come
 from the same code. Histogram names and bucket edges are config too: SGLang and TRT-LLM users point the
 SLOs at their own histograms, and the generator refuses a threshold that is not a bucket edge.
@@ -14,15 +15,18 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from rooflight.agent.config.rules_settings import SEVERITIES
 from rooflight.agent.errors import ConfigError
+from rooflight.agent.signals.detectors import detectors
 from rooflight.collectors import engines
 
-# The engine whose families the checked-in rules read (`rooflight rules --engine` picks another). Its
-# histogram names, bucket edges and request counters are its adapter's (collectors/registry.py,
-# ServiceFamilies): the rules ask it, they never spell an engine's family.
-DEFAULT_ENGINE = "vllm"
+# The engine whose families the checked-in rules read (`rooflight rules --engine` picks another), as
+# collectors/engines.py names it. Its histogram names, bucket edges and request counters are its adapter's
+# (collectors/registry.py, ServiceFamilies): the rules ask it, they never spell an engine or its families.
+DEFAULT_ENGINE = engines.SERVICE_DEFAULT
 # The default SLO targets; each engine's threshold is its largest bucket edge at or below the target
 # (vLLM: 2.5 s and 0.1 s, SGLang: 2 s and 0.1 s), since a threshold must be an edge.
 TTFT_TARGET_SECONDS = 2.5
@@ -46,7 +50,6 @@ DASHBOARD_UIDS = {
 DASHBOARD_VARIABLES = ("cluster", "namespace", "job", "pod", "instance", "target", "model", "rank")
 
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
-_SEVERITIES = ("critical", "warning", "info")
 # A model name that may get its own SLO threshold: what serving engines accept as a served model name,
 # and nothing that needs escaping in a PromQL string, a Go template or a Helm value.
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
@@ -61,8 +64,8 @@ def check_duration(value: str, what: str) -> str:
 
 
 def _check_severity(value: str, what: str) -> None:
-    if value not in _SEVERITIES:
-        raise ConfigError(f"{what}: severity must be one of {', '.join(_SEVERITIES)} (got {value!r})")
+    if value not in SEVERITIES:
+        raise ConfigError(f"{what}: severity must be one of {', '.join(SEVERITIES)} (got {value!r})")
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,12 @@ class DetectorAlert:
         _check_severity(self.severity, "detector alert")
         if not 0.0 < self.min_fraction <= 1.0:
             raise ConfigError(f"detector min_fraction must be in (0, 1] (got {self.min_fraction})")
+
+
+def declared_detector_alerts() -> tuple[tuple[str, DetectorAlert], ...]:
+    """Each detector's gauge alert as the detector declares it (agent/signals/detectors/), by its key."""
+    return tuple((d.key, DetectorAlert(r.window, r.min_fraction, r.for_, r.severity))
+                 for d in detectors() if (r := d.rule) is not None)
 
 
 def service_families(engine: str) -> engines.ServiceFamilies:
@@ -254,9 +263,9 @@ class RulesConfig:
     slo_min_bad_events: int = 10
     bucket_guard_for: str = "15m"
     rate_window: str = "5m"  # for the recording rules (MBU, MFU, tokens/s)
-    head_of_line: DetectorAlert = DetectorAlert("10m", 0.25, "5m")
-    capacity_capped: DetectorAlert = DetectorAlert("10m", 0.5, "10m")
-    admission_bound: DetectorAlert = DetectorAlert("10m", 0.5, "10m")
+    # Each detector's gauge alert (rules/alerts.py) by the detector's key: its thresholds as the detector
+    # declares them (agent/signals/detectors/), its `for` and severity settings (`rooflight rules --hol-for`).
+    detector_alerts: tuple[tuple[str, DetectorAlert], ...] = field(default_factory=lambda: declared_detector_alerts())
     low_mbu_threshold: float = 0.3  # a healthy decode streams 60-80% of peak bandwidth
     low_mbu_for: str = "30m"
     low_mbu_min_running: float = 1.0  # decode must have been busy the whole rate window
@@ -306,6 +315,10 @@ class RulesConfig:
     # Grafana serving dashboards/ (the compose stack's by default); each alert links the dashboard that
     # shows its cause, filtered to the alert's labels (`dashboard_url`).
     dashboard_base_url: str = "http://localhost:3000"
+    # The fleet's central ruler (rules/fleet.py): the topology label that names a cluster (an external label
+    # of each cluster's Prometheus) and how long its agents may be silent before RooflightClusterAbsent.
+    cluster_label: str = "cluster"
+    cluster_absent_for: str = "10m"
     rule_name: str = "rooflight"  # PrometheusRule metadata.name and the group name prefix
     release: str = ""  # kube-prometheus-stack selects rules by `release: <helm release>`
 
@@ -331,6 +344,7 @@ class RulesConfig:
             (self.itl_long_window, "itl_long_window"),
             (self.saturation_window, "saturation_window"),
             (self.capacity_window, "capacity_window"),
+            (self.cluster_absent_for, "cluster_absent_for"),
         ):
             check_duration(duration, what)
         for window, what in ((self.saturation_window, "saturation_window"), (self.capacity_window, "capacity_window")):
@@ -388,6 +402,16 @@ class RulesConfig:
             )
         if not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", self.rule_name):
             raise ConfigError(f"rule_name {self.rule_name!r} must be a Kubernetes name (lower case, dashes)")
+
+    def detector_alert(self, key: str) -> DetectorAlert:
+        """The thresholds of detector `key`'s gauge alert: as set here, else as the detector declares them."""
+        return dict(self.detector_alerts).get(key) or dict(declared_detector_alerts())[key]
+
+    def with_detector_alert(self, key: str, **changes: Any) -> RulesConfig:
+        """This config with detector `key`'s alert thresholds changed (`for_`, `severity`, ...)."""
+        alerts = dict(self.detector_alerts)
+        alerts[key] = replace(self.detector_alert(key), **changes)
+        return replace(self, detector_alerts=tuple(alerts.items()))
 
     @property
     def kept_labels(self) -> tuple[str, ...]:

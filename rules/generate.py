@@ -7,9 +7,12 @@
     rooflight rules --ttft-threshold-for llama-70b=5 --dashboard-base-url https://grafana.example.com
     rooflight rules --saturation-window 1m --capacity-window 5m   # the agent windows the capacity rules read
     rooflight rules --time-scale 20   # every duration / 20: a test stage's minutes-long incidents
+    rooflight rules --pod      # each cluster's Prometheus, when a central ruler runs the fleet rules
+    rooflight rules --fleet    # that central ruler (Thanos, Mimir, vmalert): rules/fleet.py
 
-The checked-in files are rendered from the default RulesConfig; `rooflight rules` renders the same
-code with the user's thresholds and selectors.
+The checked-in files are rendered from the default RulesConfig (rooflight-pod.rules.yaml and
+rooflight-fleet.rules.yaml are the two halves of rooflight.rules.yaml plus the fleet's meta-alert);
+`rooflight rules` renders the same code with the user's thresholds and selectors.
 """
 
 from __future__ import annotations
@@ -21,13 +24,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from rooflight.agent.config import settings
+from rooflight.agent.config.rules_settings import detector_stem
 from rooflight.agent.errors import ConfigError
+from rooflight.agent.signals.detectors import Detector, detectors
 from rooflight.rules import config as cfg
 from rooflight.rules.render import render
 from rooflight.rules.timescale import scaled
 
 HERE = Path(__file__).resolve().parent
 OUTPUTS = {"yaml": HERE / "rooflight.rules.yaml", "prometheusrule": HERE / "rooflight.prometheusrule.yaml"}
+# The fleet split (rules/fleet.py), by scope: rules files for a cluster's Prometheus and the central ruler.
+SPLIT_OUTPUTS = {"pod": HERE / "rooflight-pod.rules.yaml", "fleet": HERE / "rooflight-fleet.rules.yaml"}
+
+
+def files(outputs: dict[str, Path], split: dict[str, Path]) -> list[tuple[Path, str, str]]:
+    """(path, format, scope) of every checked-in file."""
+    return [(path, fmt, "all") for fmt, path in outputs.items()] + [(path, "yaml", s) for s, path in split.items()]
 
 
 def _preset(engine: str) -> dict[str, Any]:
@@ -47,12 +60,13 @@ def _preset(engine: str) -> dict[str, Any]:
 ENGINE_PRESETS: dict[str, dict[str, Any]] = {engine: _preset(engine) for engine in cfg.slo_engines()}
 
 
-def check(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = None) -> int:
+def check(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = None,
+          split: dict[str, Path] = SPLIT_OUTPUTS) -> int:
     """0 when every checked-in file equals what the code renders; 1 with a unified diff otherwise."""
     config = config or cfg.RulesConfig()
     stale = 0
-    for fmt, path in outputs.items():
-        want = render(config, fmt)
+    for path, fmt, scope in files(outputs, split):
+        want = render(config, fmt, scope)
         have = path.read_text() if path.exists() else ""
         if have != want:
             stale = 1
@@ -66,10 +80,11 @@ def check(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = N
     return stale
 
 
-def write(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = None) -> None:
+def write(outputs: dict[str, Path] = OUTPUTS, config: cfg.RulesConfig | None = None,
+          split: dict[str, Path] = SPLIT_OUTPUTS) -> None:
     config = config or cfg.RulesConfig()
-    for fmt, path in outputs.items():
-        path.write_text(render(config, fmt))
+    for path, fmt, scope in files(outputs, split):
+        path.write_text(render(config, fmt, scope))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -89,6 +104,35 @@ def _floats(text: str) -> tuple[float, ...]:
         raise ConfigError(f"bucket edges must be comma-separated numbers ({text!r})") from exc
 
 
+def flag_defaults() -> dict[str, Any]:
+    """`rooflight rules`' defaults, by setting key: the default RulesConfig's (the checked-in rules')."""
+    base = cfg.RulesConfig()
+    return {
+        "format": "yaml", "release": base.release, "name": base.rule_name, "agent_selector": base.agent_selector,
+        "topology_labels": ",".join(base.topology_labels), "replica_labels": ",".join(base.replica_labels),
+        "extra_labels": ",".join(base.extra_labels), "engine": base.slo_engine, "engine_selector": base.ttft.selector,
+        "slo_group_by": ",".join(base.slo_group_by), "ttft_objective": base.ttft.objective,
+        "itl_objective": base.itl.objective, "ttft_threshold_for": [], "itl_threshold_for": [],
+        "goodput_objective": base.goodput_objective, "request_error_objective": base.request_error_objective,
+        "client_error_objective": base.client_error_objective, "slo_min_requests": base.slo_min_requests,
+        "slo_model_label": base.slo_model_label, "low_mbu_threshold": base.low_mbu_threshold,
+        "low_mbu_for": base.low_mbu_for, "source_down_for": base.source_down_for,
+        "engine_start_budget": base.engine_start_budget, "engine_stalled_for": base.engine_stalled_for,
+        "gpu_temperature_threshold": base.gpu_temperature_celsius, "gpu_throttle_share": base.gpu_throttle_share,
+        "agent_job_selector": base.agent_job_selector, "agent_down_for": base.agent_down_for,
+        "agent_absent_for": base.agent_absent_for, "itl_short_window": base.itl_short_window,
+        "itl_long_window": base.itl_long_window, "saturation_window": base.saturation_window,
+        "capacity_window": base.capacity_window, "runbook_base_url": base.runbook_base_url,
+        "dashboard_base_url": base.dashboard_base_url, "cluster_label": base.cluster_label,
+        "cluster_absent_for": base.cluster_absent_for,
+    }
+
+
+def _arg(args: argparse.Namespace, d: Detector, what: str) -> Any:
+    """A detector alert's `for` or severity as given (agent/config/rules_settings.py declares its flags)."""
+    return getattr(args, f"{detector_stem(d).replace('-', '_')}_{what}")
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
@@ -101,73 +145,7 @@ def register(subparsers: Any) -> None:
         description="Print Rooflight's recording rules, detector alerts, TTFT/ITL burn-rate SLO alerts and the "
                     "client-side goodput burn-rate alerts.",
     )
-    p.add_argument("--format", choices=("yaml", "prometheusrule"), default="yaml")
-    p.add_argument("--release", default="", help="label release=<this> on the PrometheusRule (kube-prometheus-stack)")
-    p.add_argument("--name", default="rooflight", help="PrometheusRule name and group-name prefix")
-    p.add_argument("--agent-selector", default="", help="matchers for rooflight_* series, e.g. 'job=\"rooflight\"'")
-    p.add_argument("--topology-labels", default=",".join(cfg.TOPOLOGY_LABELS),
-                   help="comma list of the labels Prometheus attaches to a scrape, kept by every rule "
-                        "('' = none; default %(default)s)")
-    p.add_argument("--replica-labels", default=",".join(cfg.REPLICA_LABELS),
-                   help="the topology labels that tell replicas apart; SLOs sum over them (default %(default)s)")
-    p.add_argument("--extra-labels", default="", help="comma list of more labels to keep (region,...)")
-    p.add_argument("--engine", choices=sorted(ENGINE_PRESETS), default=cfg.DEFAULT_ENGINE, help="histogram names and edges")
-    p.add_argument("--engine-selector", default="", help="matchers for the engine's TTFT/ITL histograms")
-    p.add_argument("--slo-group-by", default="model_name", help="comma list of labels each SLO is computed by")
-    for slo, title in (("ttft", "time to first token"), ("itl", "inter-token latency")):
-        p.add_argument(f"--{slo}-metric", help=f"{title} histogram base name (default: the engine's)")
-        p.add_argument(f"--{slo}-threshold", type=float, help=f"{title} SLO threshold in seconds (a bucket edge)")
-        p.add_argument(f"--{slo}-objective", type=float, default=0.99, help="share of observations within it")
-        p.add_argument(f"--{slo}-buckets", help="the histogram's bucket edges if customised ('' = unknown)")
-        p.add_argument(f"--{slo}-threshold-for", action="append", default=[], metavar="MODEL=SECONDS",
-                       help=f"{title} threshold for one model (repeat per model; a bucket edge)")
-    p.add_argument("--goodput-objective", type=float, default=cfg.RulesConfig.goodput_objective,
-                   help="share of the proxy's judged requests that must meet every target of each --slo "
-                        "(goodput burn-rate alerts; default %(default)s)")
-    p.add_argument("--request-error-objective", type=float, default=cfg.RulesConfig.request_error_objective,
-                   help="share of the engine's finished requests that must not be aborted or failed (default %(default)s)")
-    p.add_argument("--client-error-objective", type=float, default=cfg.RulesConfig.client_error_objective,
-                   help="share of the proxy's inference requests that must not get a 5xx or an upstream error "
-                        "(default %(default)s)")
-    p.add_argument("--slo-min-requests", type=int, default=cfg.RulesConfig.slo_min_requests,
-                   help="requests a burn row's long window must hold before it can fire (default %(default)s)")
-    p.add_argument("--slo-model-label", default=cfg.RulesConfig.slo_model_label,
-                   help="the engine's label naming the model, for --*-threshold-for (default %(default)s)")
-    p.add_argument("--low-mbu-threshold", type=float, default=cfg.RulesConfig.low_mbu_threshold)
-    p.add_argument("--low-mbu-for", default=cfg.RulesConfig.low_mbu_for)
-    p.add_argument("--hol-for", default=cfg.RulesConfig.head_of_line.for_)
-    p.add_argument("--capacity-capped-for", default=cfg.RulesConfig.capacity_capped.for_)
-    p.add_argument("--admission-bound-for", default=cfg.RulesConfig.admission_bound.for_)
-    p.add_argument("--source-down-for", default=cfg.RulesConfig.source_down_for)
-    p.add_argument("--engine-start-budget", default=cfg.RulesConfig.engine_start_budget,
-                   help="how long an engine may load (no good sample since the agent started) before "
-                        "RooflightEngineStartTimeout; until then it is starting, not down (default %(default)s)")
-    p.add_argument("--engine-stalled-for", default=cfg.RulesConfig.engine_stalled_for,
-                   help="how long after a window of no progress with requests held the stall pages (default %(default)s)")
-    p.add_argument("--gpu-temperature-threshold", type=float, default=cfg.RulesConfig.gpu_temperature_celsius,
-                   help="degrees C a GPU must hold for the whole health window to alert (default %(default)s)")
-    p.add_argument("--gpu-throttle-share", type=float, default=cfg.RulesConfig.gpu_throttle_share,
-                   help="share of the health window in thermal or power-brake slowdown that alerts (default %(default)s)")
-    p.add_argument("--agent-job-selector", default=cfg.RulesConfig.agent_job_selector,
-                   help="matchers for the agent's own scrape in `up` (meta-monitoring; default %(default)s)")
-    p.add_argument("--agent-down-for", default=cfg.RulesConfig.agent_down_for)
-    p.add_argument("--agent-absent-for", default=cfg.RulesConfig.agent_absent_for)
-    p.add_argument("--itl-short-window", default=cfg.RulesConfig.itl_short_window,
-                   help="the agent's shortest --windows entry, quoted by the head-of-line alert (default %(default)s)")
-    p.add_argument("--itl-long-window", default=cfg.RulesConfig.itl_long_window,
-                   help="the agent's longest --windows entry (default %(default)s)")
-    p.add_argument("--saturation-window", default=cfg.RulesConfig.saturation_window,
-                   help="the agent's --windows entry the autoscaling saturation record reads (default %(default)s)")
-    p.add_argument("--capacity-window", default=cfg.RulesConfig.capacity_window,
-                   help="the agent's --windows entry the groups-needed record reads capacity over "
-                        "(default %(default)s)")
-    p.add_argument("--runbook-base-url", default=cfg.RulesConfig.runbook_base_url)
-    p.add_argument("--dashboard-base-url", default=cfg.RulesConfig.dashboard_base_url,
-                   help="Grafana's URL; each alert's dashboard_url is <this>/d/<uid>?var-pod=... (default %(default)s)")
-    p.add_argument("--time-scale", type=int, default=1, metavar="N",
-                   help="divide every duration of the rules (windows, for, burn rows) by N: the same rules, N times "
-                        "sooner, for a test stage against short-lived agents (default %(default)s)")
-    p.add_argument("-o", "--output", help="write here instead of stdout")
+    settings.add_flags(p, settings.RULES, defaults=flag_defaults())  # its flags: agent/config/rules_settings.py
     p.set_defaults(func=run_rules)
 
 
@@ -221,9 +199,9 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
         requests_finished=ENGINE_PRESETS[args.engine]["requests"][1],
         client_error_objective=args.client_error_objective,
         slo_min_requests=args.slo_min_requests,
-        head_of_line=replace(base.head_of_line, for_=args.hol_for),
-        capacity_capped=replace(base.capacity_capped, for_=args.capacity_capped_for),
-        admission_bound=replace(base.admission_bound, for_=args.admission_bound_for),
+        detector_alerts=tuple((d.key, replace(base.detector_alert(d.key), for_=_arg(args, d, "for"),
+                                              severity=_arg(args, d, "severity")))
+                              for d in detectors() if d.rule is not None),
         low_mbu_threshold=args.low_mbu_threshold,
         low_mbu_for=args.low_mbu_for,
         source_down_for=args.source_down_for,
@@ -238,6 +216,8 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
         itl_long_window=args.itl_long_window,
         saturation_window=args.saturation_window,
         capacity_window=args.capacity_window,
+        cluster_label=args.cluster_label,
+        cluster_absent_for=args.cluster_absent_for,
         runbook_base_url=args.runbook_base_url,
         dashboard_base_url=args.dashboard_base_url,
         rule_name=args.name,
@@ -245,9 +225,14 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
     )
 
 
+def scope(args: argparse.Namespace) -> str:
+    """Which rules the command prints: `pod`, `fleet` (rules/fleet.py) or `all`."""
+    return "pod" if args.pod else "fleet" if args.fleet else "all"
+
+
 def run_rules(args: argparse.Namespace) -> int:
     try:
-        text = render(scaled(config_from_args(args), args.time_scale), args.format)
+        text = render(scaled(config_from_args(args), args.time_scale), args.format, scope(args))
     except ConfigError as exc:
         print(f"rooflight rules: {exc}", file=sys.stderr)
         return 2

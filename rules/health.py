@@ -22,7 +22,7 @@ thermal or power-brake slowdown for a share of the window, and temperature.
 from __future__ import annotations
 
 from rooflight.agent.metrics import names
-from rooflight.agent.metrics import registry
+from rooflight.agent.signals.detectors import engine_stalled
 from rooflight.collectors.nvml import GPU_EXTRA_METRICS
 from rooflight.rules.alerts import PER_TARGET, WHERE, Link, alert
 from rooflight.rules.burn import duration, seconds
@@ -107,7 +107,7 @@ def engine_stalled_alerts(config: RulesConfig) -> list[Rule]:
     w, on = config.engine_stalled_window, labels(keep(config, "target"))
     held = (f"{WHERE}: {{{{ $value | printf \"%.0f\" }}}} requests are running or waiting and the engine has "
             f"produced no prompt or generated token and run no engine step for {w}, while its /metrics still answers.")
-    name = registry.ENGINE_STALLED.alert  # the agent's engine_stalled detector judges the same at its resolution
+    name = engine_stalled.DETECTOR.alert  # the agent's engine_stalled detector judges the same at its resolution
     # keep_firing_for: a canary answered late, or a window edge between two of its tries, does not resolve a hang
     return [{**rule, "keep_firing_for": config.keep_firing_for} for rule in (
         alert(

@@ -16,6 +16,7 @@ from rooflight.rules.capacity import capacity_rules
 from rooflight.rules.availability import client_availability, engine_availability
 from rooflight.rules.health import health_alerts
 from rooflight.rules.config import RulesConfig
+from rooflight.rules.fleet import scoped
 from rooflight.rules.goodput import goodput_rules
 from rooflight.rules.outage import outage_alerts, outage_records
 from rooflight.rules.recording import recording_rules
@@ -27,14 +28,15 @@ HEADER = (
 )
 
 
-def groups(config: RulesConfig) -> list[dict[str, Any]]:
-    """The rule groups, in a fixed order: recordings before the alerts that read them."""
+def groups(config: RulesConfig, scope: str = "all") -> list[dict[str, Any]]:
+    """The rule groups, in a fixed order: recordings before the alerts that read them; `scope` picks the
+    pod-level or the fleet half (rules/fleet.py)."""
     slo_records, slo_alerts = slo_rules(config)
     goodput_records, goodput_alerts = goodput_rules(config)
     engine_records, engine_alerts = engine_availability(config)
     client_records, client_alerts = client_availability(config)
     name = config.rule_name
-    return [
+    return scoped([
         {"name": f"{name}.rules", "rules": recording_rules(config)},
         {"name": f"{name}-slo.rules", "rules": [*slo_records, *engine_records, *client_records]},
         {"name": f"{name}-goodput.rules", "rules": goodput_records},
@@ -47,10 +49,10 @@ def groups(config: RulesConfig) -> list[dict[str, Any]]:
         {"name": f"{name}-slo.alerts", "rules": [*slo_alerts, *engine_alerts, *client_alerts]},
         {"name": f"{name}-goodput.alerts", "rules": goodput_alerts},
         {"name": f"{name}-meta.alerts", "rules": meta_alerts(config)},
-    ]
+    ], config, scope)
 
 
-def prometheus_rule(config: RulesConfig) -> dict[str, Any]:
+def prometheus_rule(config: RulesConfig, scope: str = "all") -> dict[str, Any]:
     """The same groups wrapped in a monitoring.coreos.com/v1 PrometheusRule."""
     meta_labels = {"app.kubernetes.io/name": "rooflight", "app.kubernetes.io/component": "rules"}
     if config.release:
@@ -59,7 +61,7 @@ def prometheus_rule(config: RulesConfig) -> dict[str, Any]:
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {"name": config.rule_name, "labels": meta_labels},
-        "spec": {"groups": groups(config)},
+        "spec": {"groups": groups(config, scope)},
     }
 
 
@@ -83,10 +85,11 @@ def dump(document: dict[str, Any]) -> str:
     return HEADER + body
 
 
-def render(config: RulesConfig, fmt: str = "yaml") -> str:
-    """`yaml`: a Prometheus rules file; `prometheusrule`: the operator's custom resource."""
+def render(config: RulesConfig, fmt: str = "yaml", scope: str = "all") -> str:
+    """`yaml`: a Prometheus rules file; `prometheusrule`: the operator's custom resource. `scope`: all, or
+    the pod-level or fleet half (rules/fleet.py)."""
     if fmt == "yaml":
-        return dump({"groups": groups(config)})
+        return dump({"groups": groups(config, scope)})
     if fmt == "prometheusrule":
-        return dump(prometheus_rule(config))
+        return dump(prometheus_rule(config, scope))
     raise ValueError(f"unknown format {fmt!r}")

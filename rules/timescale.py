@@ -44,9 +44,14 @@ def _scale(value: Any, factor: int, what: str) -> Any:
         return _scaled_duration(value, factor, what)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return _scale_fields(value, factor, f"{what}.", frozenset())
-    if isinstance(value, tuple) and value and all(dataclasses.is_dataclass(v) for v in value):
+    if isinstance(value, tuple) and _holds_dataclass(value):  # e.g. the detector alerts: ((key, DetectorAlert), ...)
         return tuple(_scale(v, factor, f"{what}[{i}]") for i, v in enumerate(value))
     return value
+
+
+def _holds_dataclass(value: tuple[Any, ...]) -> bool:
+    return any((dataclasses.is_dataclass(v) and not isinstance(v, type))
+               or (isinstance(v, tuple) and _holds_dataclass(v)) for v in value)
 
 
 def _is_duration(value: str) -> bool:

@@ -19,7 +19,7 @@ from support import FakeEngine, sample_text
 
 # Marks of tests that need a binary .ci/install provides (see pyproject's markers). Outside CI such a
 # test skips when its tool is missing; with CI=true (GitHub Actions, GitLab, most CI systems) it fails.
-TOOL_MARKS = ("prometheus", "node")
+TOOL_MARKS = ("prometheus", "node", "victoriametrics")
 
 
 def in_ci() -> bool:

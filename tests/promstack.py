@@ -77,7 +77,54 @@ def stop_server(proc: subprocess.Popen[bytes] | None, folder: Path | None) -> No
         shutil.rmtree(folder, ignore_errors=True)
 
 
-class PromStack:
+class PromAPI:
+    """The Prometheus HTTP API at `url`: a Prometheus, or anything that speaks its API (VictoriaMetrics)."""
+
+    url: str
+
+    def describe(self) -> str:
+        """What a failed wait_for adds to its message."""
+        return ""
+
+    def api(self, path: str, params: dict[str, str]) -> Any:
+        """GET /api/v1/<path>; returns `data`, raises PromError on an error answer (e.g. a parse error)."""
+        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                body = json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            body = json.loads(e.read() or b"{}")
+        if body.get("status") != "success":
+            raise PromError(f"{body.get('errorType')}: {body.get('error')} ({params.get('query', path)})")
+        return body["data"]
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """Instant query; a vector's samples (scalars come back as one sample with no labels)."""
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = repr(at)
+        data = self.api("query", params)
+        if data["resultType"] in ("scalar", "string"):
+            return [{"metric": {}, "value": data["result"]}]
+        return list(data["result"])
+
+    def query_range(self, expr: str, start: float, end: float, step: float = 1.0) -> list[dict[str, Any]]:
+        data = self.api("query_range", {"query": expr, "start": repr(start), "end": repr(end), "step": repr(step)})
+        return list(data["result"])
+
+    def wait_for(self, expr: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+        """Poll an instant query until it returns samples; raises PromError with the last answer."""
+        deadline = time.monotonic() + timeout
+        last: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            last = self.query(expr)
+            if last:
+                return last
+            time.sleep(0.25)
+        raise PromError(f"no samples for {expr!r} after {timeout}s; {self.describe()}")
+
+
+class PromStack(PromAPI):
     """One Prometheus server scraping `targets` (host:port, path /metrics) and evaluating `rule_files`."""
 
     def __init__(
@@ -157,44 +204,8 @@ class PromStack:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # -- HTTP API ------------------------------------------------------------------------------------
-
-    def api(self, path: str, params: dict[str, str]) -> Any:
-        """GET /api/v1/<path>; returns `data`, raises PromError on an error answer (e.g. a parse error)."""
-        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-        try:
-            with urllib.request.urlopen(url, timeout=10) as r:
-                body = json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            body = json.loads(e.read() or b"{}")
-        if body.get("status") != "success":
-            raise PromError(f"{body.get('errorType')}: {body.get('error')} ({params.get('query', path)})")
-        return body["data"]
-
-    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
-        """Instant query; a vector's samples (scalars come back as one sample with no labels)."""
-        params = {"query": expr}
-        if at is not None:
-            params["time"] = repr(at)
-        data = self.api("query", params)
-        if data["resultType"] in ("scalar", "string"):
-            return [{"metric": {}, "value": data["result"]}]
-        return list(data["result"])
-
-    def query_range(self, expr: str, start: float, end: float, step: float = 1.0) -> list[dict[str, Any]]:
-        data = self.api("query_range", {"query": expr, "start": repr(start), "end": repr(end), "step": repr(step)})
-        return list(data["result"])
-
     def targets_health(self) -> list[dict[str, Any]]:
         return list(self.api("targets", {})["activeTargets"])
 
-    def wait_for(self, expr: str, timeout: float = 30.0) -> list[dict[str, Any]]:
-        """Poll an instant query until it returns samples; raises PromError with the last answer."""
-        deadline = time.monotonic() + timeout
-        last: list[dict[str, Any]] = []
-        while time.monotonic() < deadline:
-            last = self.query(expr)
-            if last:
-                return last
-            time.sleep(0.25)
-        raise PromError(f"no samples for {expr!r} after {timeout}s; targets: {self.targets_health()}")
+    def describe(self) -> str:
+        return f"targets: {self.targets_health()}"

@@ -72,7 +72,7 @@ class AgentConfig:
     read_header_timeout: float  # a client must send a request's headers within this (slowloris)
     max_connections: int  # open HTTP connections to the agent; more are answered 503 and closed
     # The client-side proxy (`rooflight proxy` in the same process, docs/proxy.md): on when proxy_listen
-    # is set. Its SLO and bucket spellings are parsed by agent/config/proxy.py, with `rooflight proxy`'s messages.
+    # is set. Its SLO and bucket spellings are parsed by agent/proxy/config.py, with `rooflight proxy`'s messages.
     proxy_listen: str | None
     proxy_upstream: str | None  # resolved here: default the one target's URL (without user:password)
     slo: tuple[str, ...]  # joint SLOs as written, e.g. ("ttft=0.5,tpot=0.05",)
@@ -247,9 +247,9 @@ def _check_proxy_listen(proxy_listen: str, listen: str) -> None:
 
 
 def _check_detectors(thresholds: Mapping[str, float]) -> None:
-    from rooflight.agent.signals.detectors import DetectorThresholds
+    from rooflight.agent.signals.detectors import DetectorThresholds, knobs
 
-    known = set(DetectorThresholds.__dataclass_fields__)
+    known = {k.name for k in knobs()}
     unknown = set(thresholds) - known
     if unknown:
         raise ConfigError(f"unknown detector threshold(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")

@@ -1,4 +1,4 @@
-"""Every setting of `rooflight run`, `rooflight proxy` and `rooflight demo`, declared once.
+"""Every setting of every command (`rooflight run`, `proxy`, `demo`, `plan` and `rules`), declared once.
 
 A Setting names its key (the config file's key, ROOFLIGHT_<KEY> and the parsed flag's attribute), the
 commands that offer it and its flag in each, its --help line, its default and the parser that checks it
@@ -7,76 +7,38 @@ commands' parsers (add_flags), the flags' values (flag_values), the environment'
 keys are all read from here: tests/agent/config/test_declared_settings.py fails when a flag is declared elsewhere.
 
 A setting two commands share (the proxy's SLOs, tenants and buckets, in `rooflight run --proxy-listen`
-and in `rooflight proxy`) is one Setting; a flag spelt alike in two commands but meaning something
-else there (`--listen`: the agent's /metrics, or where the proxy's clients connect) is one per command.
+and in `rooflight proxy`; the model, its dtypes, the GPU, TP, batch cap and SLOs of `run` and `plan`) is
+one Setting; a flag spelt alike in two commands but meaning something else there (`--listen`: the agent's
+/metrics, or where the proxy's clients connect) is one per command. `plan`'s own and `rules`' are in
+plan_settings.py and rules_settings.py, joined here.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from rooflight.agent.config import plan_settings, rules_settings
 from rooflight.agent.config import values as v
+from rooflight.agent.config.setting import (  # noqa: F401 - the commands and the type, read from here
+    COMMANDS, DEMO, ENV_PREFIX, PLAN, PROXY, RULES, RUN, SECTIONED, Setting, text,
+)
 from rooflight.agent.config.urls import parse_upstream
+from rooflight.collectors.common import MAX_BATCH, MAX_TENSOR_PARALLEL
 from rooflight.collectors.http import DEFAULT_MAX_BODY_BYTES
 
-RUN, PROXY, DEMO = "run", "proxy", "demo"
-COMMANDS = (RUN, PROXY, DEMO)
-ENV_PREFIX = "ROOFLIGHT_"
 DEFAULT_LISTEN = "127.0.0.1:9746"  # the agent's /metrics
 PROXY_LISTEN = "127.0.0.1:8100"  # where the proxy's clients connect (not 8000, the engines' default, nor 8080, llama.cpp's)
 PROXY_METRICS_LISTEN = "127.0.0.1:9748"  # the proxy's own /metrics, next to the agent's 9746
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
-# --help sections of `rooflight run` (the other commands have one section)
+# --help sections of `rooflight run` and `rooflight plan` (the other commands have one section)
 CAPACITY = "capacity signals (docs/metrics.md, section Capacity, cost and energy)"
 CLIENT = "client-side proxy (docs/proxy.md)"
+_text = text
 
-
-@dataclass(frozen=True)
-class Setting:
-    """One setting: what the user writes (flag, ROOFLIGHT_<KEY>, file key), its default and its check.
-
-    `parse` checks a value as written, naming it in its message as the user spelt it: `rooflight run`'s
-    key (from any of its three layers), or the proxy's flag. The SLO spellings and the bucket edges are
-    checked by agent/config/proxy.py (the proxy's SLO grammar and histogram names live with the proxy);
-    the demo's flags by agent/config/demo.py and argparse."""
-
-    key: str
-    help: str = ""
-    commands: tuple[str, ...] = (RUN,)
-    flags: Mapping[str, str] = field(default_factory=dict)  # a command whose flag is not --key-with-dashes
-    metavar: str | None = None
-    group: str | None = None  # its --help section under `rooflight run`
-    exclusive: str | None = None  # flags of one exclusive group: at most one of them is given
-    action: str | None = None  # argparse's: append (repeatable), store_true, store_false
-    type: Callable[[str], Any] | None = None  # argparse's int or float: a bad value is argparse's exit 2
-    choices: tuple[str, ...] | None = None
-    flag_default: Any = None  # what argparse stores when the flag is absent
-    env: bool = True  # `rooflight run` reads ROOFLIGHT_<KEY>
-    file: bool = True  # a key of `rooflight run`'s config file
-    target: bool = False  # one engine target's: a key of a `targets:` entry too
-    proxy: bool = False  # the in-process proxy's: needs proxy_listen
-    parse: Callable[[Any, str], Any] | None = None  # value as written, its name -> checked value
-    default: Any = None  # the value when no flag, environment variable or file sets it
-    hint: str | None = None  # the file's spelling, where the flag's name (dashes as underscores) is not it
-    flagged: bool = True  # False: a config file and environment setting only
-
-    def flag(self, command: str) -> str:
-        return self.flags.get(command, "--" + self.key.replace("_", "-"))
-
-    @property
-    def env_name(self) -> str:
-        return ENV_PREFIX + self.key.upper()
-
-
-def _text(value: Any, what: str) -> str:
-    return str(value)
-
-
-SETTINGS: tuple[Setting, ...] = (
+_OWN: tuple[Setting, ...] = (
     # `rooflight run`: where the settings come from, and which engines
     # ROOFLIGHT_CONFIG names the file too; a `config:` key in the file itself is accepted and ignored
     Setting("config", "YAML file with these settings (flags override it)", metavar="FILE"),
@@ -88,30 +50,41 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("target_name", "the engine's `target` label (default host:port; in Kubernetes, the pod's name)",
             metavar="NAME"),
     Setting("model", "model preset (see `rooflight plan --list`)", metavar="PRESET", exclusive="model", target=True,
-            parse=_text),
+            parse=_text,
+            commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["model"]}),
     Setting("model_config", "a Hugging Face config.json for the served model", metavar="PATH", exclusive="model",
-            target=True, parse=_text),
+            target=True, parse=_text,
+            commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["model_config"]}),
     Setting("weight_dtype", "bf16, fp16, fp8, int8 or int4 (default: from config)", metavar="DTYPE", target=True,
-            parse=_text),
+            parse=_text,
+            commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["weight_dtype"]}),
     Setting("kv_dtype", "KV-cache dtype; fp8 halves KV bytes (default: weights')", metavar="DTYPE", target=True,
-            parse=_text),
+            parse=_text,
+            commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["kv_dtype"]}),
     Setting("gpu", "GPU constants profile, e.g. h100-sxm (default: the NVML name's, none for a GPU without "
             "constants: its MBU/MFU stay absent; h100-sxm where no GPU is seen)", metavar="PROFILE", target=True,
-            parse=_text),
+            parse=_text,
+            commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["gpu"]}),
     Setting("tp", "tensor-parallel size: GPUs one model copy spans (default: what the engine says, else the GPUs"
             " its processes use / its data-parallel ranks, else 1; the engine wins over this)", metavar="N", type=int,
-            target=True, parse=v.positive_int),
+            target=True, parse=v.count_within(MAX_TENSOR_PARALLEL, "write the GPUs one model copy spans (an NVL72"
+                                              " rack is 72)"),
+            commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["tp"]}),
     Setting("ep", "expert-parallel size of a MoE engine (vLLM --enable-expert-parallel: data-parallel x"
             " tensor-parallel size): each copy holds 1/(ep/tp) of the routed experts (default: 1)", metavar="N",
-            type=int, target=True, parse=v.positive_int),
+            type=int, target=True, parse=v.count_within(v.MAX_EXPERT_PARALLEL, "write the GPUs the routed experts"
+                                                        " are spread over (data-parallel x tensor-parallel size)"),
+            commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["ep"]}),
     Setting("draft_model", "speculative decoding's draft model (a preset or Hugging Face id): its weights join MBU"
             " once per draft token a step", metavar="PRESET", target=True, parse=_text),
     Setting("draft_model_config", "the draft model's config.json (instead of --draft-model)", metavar="PATH",
             target=True, parse=_text),
     Setting("batch_max", "the engine's batch cap (vLLM max_num_seqs) where /metrics lacks it", metavar="N", type=int,
-            target=True, parse=v.positive_int),
+            target=True, parse=v.count_within(MAX_BATCH, "write the engine's batch cap (vLLM max_num_seqs: 256 to a"
+                                              " few thousand)"),
+            commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["batch_max"]}),
     Setting("pid", "the engine's PID, for its CPU and memory (default: found by the URL's port)", type=int,
-            target=True, parse=v.positive_int),
+            target=True, parse=v.count_within(v.MAX_PID, "write the engine's process id")),
     # `rooflight run`: the agent
     Setting("listen", f"where to serve /metrics (default {DEFAULT_LISTEN})", metavar="HOST:PORT", parse=_text,
             default=DEFAULT_LISTEN),
@@ -119,8 +92,11 @@ SETTINGS: tuple[Setting, ...] = (
             default=1.0),
     Setting("scrape_timeout", "engine scrape timeout (default 5s; vLLM can take seconds under load)",
             metavar="SECONDS", parse=v.parse_duration, default=5.0),
-    Setting("max_body_bytes", flagged=False, parse=v.positive_int, default=DEFAULT_MAX_BODY_BYTES),  # sized: docs/reliability.md
-    Setting("max_series", flagged=False, parse=v.positive_int, default=128),  # (model, rank) series kept per target
+    Setting("max_body_bytes", flagged=False, parse=v.count_within(v.MAX_BODY_BYTES, "write the largest engine page"
+                                                                   " to read, in bytes (default 4 MiB)"),
+            default=DEFAULT_MAX_BODY_BYTES),  # sized: docs/reliability.md
+    Setting("max_series", flagged=False, parse=v.count_within(v.MAX_SERIES, "write the (model, rank) series to"
+                                                               " keep per target (default 128)"), default=128),  # (model, rank) series kept per target
     Setting("windows", "window lengths (default 10s,1m,5m)", metavar="LIST", parse=v.parse_windows,
             default=("10s", "1m", "5m")),
     Setting("percentiles", "TTFT/ITL percentiles (default 50,90,99)", metavar="LIST", parse=v.parse_percentiles,
@@ -137,7 +113,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("read_header_timeout", "close a connection that has not sent a request's headers within this"
             " (default 10s)", metavar="SECONDS", parse=v.parse_duration, default=10.0),
     Setting("max_connections", "open connections to the agent at most; more are answered 503 (default 256)",
-            metavar="N", type=int, parse=v.positive_int, default=256),
+            metavar="N", type=int, parse=v.count_within(v.MAX_CONNECTIONS, "write the open connections to allow"
+                                                        " (default 256)"), default=256),
     Setting("detectors", "a detector threshold, e.g. hol_inflation=4", flags={RUN: "--detector", DEMO: "--detector"},
             commands=(RUN, DEMO), metavar="KEY=VALUE",
             action="append", env=False, parse=v.detector_thresholds,
@@ -150,12 +127,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("role", "the engine's part in disaggregated serving (default: its config's, else both)",
             choices=v.ROLES, group=CAPACITY, target=True, parse=v.role),
     Setting("ttft_slo", "TTFT SLO for rooflight_headroom_ratio{resource=\"ttft_slo\"}", metavar="SECONDS",
-            group=CAPACITY, target=True, parse=v.parse_duration),
+            group=CAPACITY, target=True, parse=v.parse_duration,
+            commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["ttft_slo"]}),
     Setting("itl_slo", "ITL SLO for rooflight_headroom_ratio{resource=\"itl_slo\"}", metavar="SECONDS",
-            group=CAPACITY, target=True, parse=v.parse_duration),
+            group=CAPACITY, target=True, parse=v.parse_duration,
+            commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["itl_slo"]}),
     Setting("gpu_hour_cost", "price of one GPU-hour, any currency: gives rooflight_cost_per_million_tokens",
             metavar="PRICE", type=float, group=CAPACITY, target=True, parse=v.gpu_hour_cost, commands=(RUN, DEMO)),
-    # `rooflight run --proxy-listen`: the proxy in the agent's process
+    # `rooflight run --proxy-listen`: the proxy beside the agent (its relay a child process)
     Setting("proxy_listen", "run the proxy here, e.g. 0.0.0.0:8100: clients connect to it, its rooflight_client_*"
             " metrics join this /metrics (default: off)", metavar="HOST:PORT", group=CLIENT, proxy=True),
     Setting("proxy_upstream", "the OpenAI-compatible server the proxy relays to (default: the one --engine-url)",
@@ -186,13 +165,13 @@ SETTINGS: tuple[Setting, ...] = (
             commands=(PROXY,), env=False, file=False, parse=v.parse_duration, default="10s"),
     Setting("read_header_timeout", "a request's headers must arrive within this of its first byte (default 10s)",
             metavar="SECONDS", commands=(PROXY,), env=False, file=False, parse=v.port_timeout, default="10s"),
-    Setting("read_body_timeout", "close a connection whose request body sends no byte for this long (default 10s)",
+    Setting("read_body_timeout", "close a connection whose request body is not in after this long of waiting for it, all pauses together (default 10s)",
             metavar="SECONDS", commands=(PROXY,), env=False, file=False, parse=v.port_timeout, default="10s"),
     Setting("idle_timeout", "close a keep-alive connection idle this long (default 60s)", metavar="SECONDS",
             commands=(PROXY,), env=False, file=False, parse=v.port_timeout, default="60s"),
     Setting("max_connections", "connections open on --listen at once (default 4096)", metavar="N",
             commands=(PROXY,), env=False, file=False, parse=v.connection_cap, default=4096),
-    # checked against --max-connections, its default half of it: agent/config/proxy.py
+    # checked against --max-connections, its default half of it: agent/proxy/config.py
     Setting("max_connections_per_client", "of them, held by one IP address (default half of --max-connections)",
             metavar="N", commands=(PROXY,), env=False, file=False),
     Setting("request_log", "append one JSON line per finished request to this file: its times, tokens and outcome,"
@@ -225,7 +204,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("time_scale", "simulated seconds per real second (rates then read in simulated time / X)", metavar="X",
             commands=(DEMO,), type=float, flag_default=1.0, env=False, file=False),
     # every command
-    Setting("workers", "relay processes sharing --listen (SO_REUSEPORT), one /metrics (default 1)", metavar="N",
+    Setting("workers", "relay processes behind --listen, one /metrics; one that dies or hangs is replaced (default 1)", metavar="N",
             commands=(PROXY,), env=False, file=False),
     Setting("check_only", "validate the configuration and exit", commands=(RUN, PROXY), action="store_true",
             flag_default=False, env=False, file=False),
@@ -234,19 +213,33 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_level", "debug, info, warning or error (default info)", commands=(PROXY, DEMO), choices=LOG_LEVELS,
             flag_default="info", env=False, file=False),
 )
+# every command's, `rooflight plan`'s and `rooflight rules`' own last
+SETTINGS: tuple[Setting, ...] = (*_OWN, *plan_settings.SETTINGS, *rules_settings.SETTINGS)
 
 
 def offered(command: str) -> tuple[Setting, ...]:
-    """The settings `rooflight COMMAND` takes as flags, in --help's order."""
-    return tuple(s for s in SETTINGS if command in s.commands and s.flagged)
+    """The settings `rooflight COMMAND` takes as flags, in --help's order, as that command reads them: in
+    declaration order, but a shared one where its command says it goes (`after`)."""
+    chosen = [s.for_command(command) for s in SETTINGS if command in s.commands and s.flagged]
+    order = [s for s in chosen if s.after is None]
+    moved = [s for s in chosen if s.after is not None]
+    while moved:
+        keys = [s.key for s in order]
+        ready = next((s for s in moved if s.after == "" or s.after in keys), None)
+        if ready is None:
+            raise ValueError(f"{command}: {', '.join(s.key for s in moved)} follow flags it does not offer")
+        order.insert(0 if ready.after == "" else keys.index(ready.after) + 1, ready)
+        moved.remove(ready)
+    return tuple(order)
 
 
-def add_flags(parser: argparse.ArgumentParser, command: str) -> None:
-    """Declare `command`'s flags on its parser, each from its Setting."""
+def add_flags(parser: argparse.ArgumentParser, command: str, defaults: Mapping[str, Any] | None = None) -> None:
+    """Declare `command`'s flags on its parser, each from its Setting; `defaults` (by key) are the command's
+    own where its config holds them (`rooflight rules`: the rules' RulesConfig)."""
     groups: dict[str | None, Any] = {None: parser}
     exclusive: dict[str, Any] = {}
     for s in offered(command):
-        group = s.group if command == RUN else None
+        group = s.group if command in SECTIONED else None
         if group not in groups:
             groups[group] = parser.add_argument_group(group)
         where = groups[group]
@@ -254,7 +247,8 @@ def add_flags(parser: argparse.ArgumentParser, command: str) -> None:
             if s.exclusive not in exclusive:
                 exclusive[s.exclusive] = where.add_mutually_exclusive_group()
             where = exclusive[s.exclusive]
-        kwargs: dict[str, Any] = {"dest": s.key, "help": s.help, "default": s.flag_default}
+        default = defaults[s.key] if defaults is not None and s.key in defaults else s.flag_default
+        kwargs: dict[str, Any] = {"dest": s.key, "help": s.help, "default": default}
         if s.action == "store_false":
             kwargs.update(action="store_const", const=False)
         elif s.action:
@@ -262,7 +256,7 @@ def add_flags(parser: argparse.ArgumentParser, command: str) -> None:
         for name in ("metavar", "type", "choices"):
             if getattr(s, name) is not None:
                 kwargs[name] = list(s.choices) if name == "choices" else getattr(s, name)
-        where.add_argument(s.flag(command), **kwargs)
+        where.add_argument(*((s.short,) if s.short else ()), s.flag(command), **kwargs)
 
 
 def flag_values(args: argparse.Namespace, command: str) -> dict[str, Any]:

@@ -28,14 +28,16 @@ def public_url(url: str) -> str:
 
 
 def check_engine_url(url: str) -> None:
-    """Refuse an engine URL whose user:password would be read as host, path or query (exit 2).
+    """Refuse an engine URL the agent would read or fetch wrongly (exit 2), saying what to write instead.
 
     In `http://admin:p/ss@host` the unescaped `/` ends the authority early: urlsplit reads the host as
     `admin`, the password as part of the path, and a label or a log line made from the host or the
-    path would carry the secret. Nothing of the URL is echoed back: it may hold a password."""
+    path would carry the secret. A query or a fragment has no place in an API base the metrics path is
+    appended to (`/?token=abc` would be fetched as `/?token=abc/metrics`). No message shows the URL's
+    user:password, query or fragment (shown_url): each may hold a secret."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in ("http", "https"):
-        raise ConfigError(f"engine URL {redacted_url(url)!r}: write it as http://HOST:PORT (the engine's API base)")
+        raise ConfigError(f"engine URL {shown_url(url)!r}: write it as http://HOST:PORT (the engine's API base)")
     authority_end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
     if "@" in rest[authority_end:]:
         raise ConfigError(
@@ -45,14 +47,17 @@ def check_engine_url(url: str) -> None:
     try:
         parts = urlsplit(url)
     except ValueError:  # "Invalid IPv6 URL": an unclosed '[' or a ']' out of place
-        raise ConfigError(f"engine URL {redacted_url(url)!r}: not a valid URL; an IPv6 address goes in brackets,"
+        raise ConfigError(f"engine URL {shown_url(url)!r}: not a valid URL; an IPv6 address goes in brackets,"
                           " e.g. http://[::1]:8000") from None
     try:
         parts.port
     except ValueError:
-        raise ConfigError(f"engine URL {redacted_url(url)!r}: the port is not a number 0-65535") from None
+        raise ConfigError(f"engine URL {shown_url(url)!r}: the port is not a number 0-65535") from None
     if not parts.hostname:
-        raise ConfigError(f"engine URL {redacted_url(url)!r}: write it as http://HOST:PORT (the engine's API base)")
+        raise ConfigError(f"engine URL {shown_url(url)!r}: write it as http://HOST:PORT (the engine's API base)")
+    if "?" in rest[authority_end:] or "#" in rest[authority_end:]:
+        raise ConfigError(f"engine URL {shown_url(url)!r}: give the engine's API base without ?query or #fragment"
+                          " (the metrics path is appended to it; a credential goes in user:password@HOST)")
 
 
 def redacted_url(url: str) -> str:

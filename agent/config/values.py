@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from rooflight.agent.errors import ConfigError
 
@@ -53,6 +53,28 @@ def positive_int(value: Any, what: str) -> int:
     if number < 1:
         raise ConfigError(f"{what}: must be at least 1, got {number}")
     return number
+
+
+# The most each count of `rooflight run` may be (what it counts cannot be more; a typo of extra digits, or a
+# 1e21 from a template, stops the start instead of being exported as given)
+MAX_EXPERT_PARALLEL = 65_536  # GPUs one model's routed experts are spread over (real: 8 to a few hundred)
+MAX_PID = 4_194_304  # Linux's PID_MAX_LIMIT
+MAX_BODY_BYTES = 1 << 30  # an engine page read (default 4 MiB)
+MAX_SERIES = 10_000  # (model, rank) series tracked per target (default 128), each a history in memory
+MAX_CONNECTIONS = 1_000_000  # connections open to the agent at once (default 256)
+
+
+def count_within(high: int, advice: str) -> Callable[[Any, str], int]:
+    """A parser of a whole number from 1 to `high` (positive_int's checks, then the upper bound); past it the
+    message gives the bound and `advice`, what to write."""
+
+    def parse(value: Any, what: str) -> int:
+        number = positive_int(value, what)
+        if number > high:
+            raise ConfigError(f"{what}: {number} is more than {high:,}; {advice}")
+        return number
+
+    return parse
 
 
 def whole(value: Any, what: str) -> int:

@@ -8,7 +8,7 @@ The agent scrapes it exactly as it would scrape vLLM. Scenarios are in scenarios
 
 from __future__ import annotations
 
-from rooflight.agent.config.demo import DemoConfig
+from rooflight.agent.demo.config import DemoConfig
 from rooflight.agent.demo.scenarios import SCENARIOS
 from rooflight.agent.demo.server import EVENTS, DemoEngine, start_demo_engine
 

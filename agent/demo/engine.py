@@ -18,8 +18,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from rooflight.agent.demo import plant as costs
-from rooflight.agent.config.demo import DemoConfig
+from rooflight.agent.demo.config import DemoConfig
 from rooflight.agent.demo.plant import Plant
+from rooflight.agent.roofline.step import StepCost
 from rooflight.agent.demo.scenarios import Arrival, ArrivalStream, Workload
 from rooflight.agent.demo.tally import Tally
 
@@ -54,6 +55,7 @@ class StepPlan:
     prefill: list[tuple[Request, int]] = field(default_factory=list)
     decode: list[Request] = field(default_factory=list)
     live_kv_tokens: int = 0
+    cost: StepCost | None = None  # what the step model says the step reads and computes
 
 
 class Simulator:
@@ -159,8 +161,10 @@ class Simulator:
             budget = self._admit(plan, budget)
         if not plan.decode and not plan.prefill:
             return None
-        prefill_tokens = sum(n for _, n in plan.prefill)
-        plan.end = self.now + costs.step_seconds(self.plant, prefill_tokens, len(plan.decode), plan.live_kv_tokens)
+        step = costs.step_of(self.plant, [(r.computed, r.computed + n, r.computed + n >= r.prefill_target)
+                                          for r, n in plan.prefill], [r.computed for r in plan.decode])
+        plan.cost = costs.step_cost(self.plant, step)
+        plan.end = self.now + costs.step_seconds(self.plant, step)
         return plan
 
     def _admit(self, plan: StepPlan, budget: int) -> int:
@@ -227,9 +231,11 @@ class Simulator:
         tally.prompt_tokens += prefill_tokens
         tally.generation_tokens += produced
         tally.busy_seconds += plan.end - plan.start
-        tally.estimated_flops += costs.step_flops(self.plant, prefill_tokens + decode_seqs)
-        tally.estimated_read_bytes += costs.step_read_bytes(self.plant, prefill_tokens, decode_seqs, plan.live_kv_tokens)
-        tally.estimated_write_bytes += (prefill_tokens + decode_seqs) * self.plant.kv_bytes_per_token
+        if plan.cost is not None:
+            tally.estimated_flops += plan.cost.flops
+            tally.estimated_read_bytes += plan.cost.bytes
+        layout = self.plant.layout
+        tally.estimated_write_bytes += layout.kv_bytes((prefill_tokens + decode_seqs) * layout.pool_layers)
         for req in done:
             self._finish(req, t, "length" if req.prompt_tokens + req.max_tokens >= self.config.max_model_len else "stop")
         self.last_step = plan

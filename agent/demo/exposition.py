@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from rooflight.agent.config.demo import DemoConfig
+from rooflight.agent.demo.config import DemoConfig
 from rooflight.agent.demo.engine import Simulator
 from rooflight.agent.demo.tally import FINISH_REASONS
 

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from rooflight.agent.sampling.clock import Clock, SystemClock
 from rooflight.agent.demo import exposition, scenarios
-from rooflight.agent.config.demo import DemoConfig
+from rooflight.agent.demo.config import DemoConfig
 from rooflight.agent.demo.engine import Simulator
 from rooflight.agent.demo.faults import Fault, active, listening
 from rooflight.agent.demo.gpu import apply_reading, gpu_reading, make_fake_nvml

@@ -1,9 +1,9 @@
 """What docs/physics.md predicts for the simulated engine's current state, for tests to hold the agent to.
 
 `History` keeps marks of the simulator's cumulative counters (one per tick), so rates over a window
-are computed the way the agent computes them from scrapes. `predicted_state` adds the closed-form
-numbers of docs/physics.md for the batch as it stands: decode step time (weights + live KV over the
-achieved bandwidth), decode tokens/s, MBU, effective decode intensity B x 2P / (W + B x kv_bytes).
+are computed the way the agent computes them from scrapes. `predicted_state` adds the step model's numbers
+(agent/roofline/step.py, as the demo's own GPU runs them) for the batch as it stands: decode step time,
+decode tokens/s, MBU, decode intensity; and the MFU of the window's work as the simulated GPU counted it.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from rooflight.agent.roofline import physics
 from rooflight.agent.demo import plant as costs
+from rooflight.agent.roofline.step import Prefill, Step
 from rooflight.agent.demo.engine import Simulator
 
 
@@ -89,9 +89,11 @@ def predicted_state(sim: Simulator, history: History, window: float = 10.0) -> d
     p = sim.plant
     decoding = [r for r in sim.running if r.decoding]
     batch = len(decoding)
-    live_tokens = sum(r.computed for r in decoding)
-    live_bytes = live_tokens * p.kv_bytes_per_token
-    decode_step = costs.decode_seconds(p, live_tokens) if batch else 0.0
+    decode = costs.step_of(p, [], [r.computed for r in decoding])
+    cost = costs.step_cost(p, decode)
+    decode_step = costs.step_seconds(p, decode) if batch else 0.0
+    prompt = 1024.0  # a prompt token's cost at the demo's own efficiency, for a 1,024-token prompt
+    prefill_seconds = costs.step_cost(p, Step(prefill=Prefill(prompt, ((1.0, 0.0, prompt),), 1.0))).flops / p.roofs.flops
     out: dict[str, Any] = {
         "sim_time": sim.now,
         "running": len(sim.running),
@@ -107,17 +109,18 @@ def predicted_state(sim: Simulator, history: History, window: float = 10.0) -> d
         "kv_live_bytes": sim.live_kv_tokens * p.kv_bytes_per_token,
         "weight_bytes": p.weight_bytes,
         "kv_bytes_per_token": p.kv_bytes_per_token,
-        "params_active": p.params_active,
+        "params_active": p.layout.model.params_active,
         "peak_bandwidth": p.peak_bandwidth,
         "peak_flops": p.peak_flops,
         "bandwidth_efficiency": p.bandwidth_efficiency,
         "prefill_mfu": p.prefill_mfu,
-        # The closed forms (docs/physics.md, sections Decode step time and MBU) for the batch as it stands.
+        # The step model (docs/physics.md, sections The step model, Decode step time and MBU) for the batch as
+        # it stands, at the simulated GPU's own efficiencies.
         "decode_step_seconds": decode_step,
-        "expected_mbu": (p.weight_bytes + live_bytes) / decode_step / p.peak_bandwidth if batch else 0.0,
+        "expected_mbu": cost.bytes / decode_step / p.peak_bandwidth if batch else 0.0,
         "expected_decode_tokens_per_second": batch / decode_step if batch else 0.0,
-        "decode_intensity": physics.decode_intensity(batch, p.params_active, p.weight_bytes, live_bytes) if batch else 0.0,
-        "prefill_tokens_per_second_at_mfu": p.peak_flops * p.prefill_mfu / (2 * p.params_active),
+        "decode_intensity": cost.intensity if batch else 0.0,
+        "prefill_tokens_per_second_at_mfu": prompt / prefill_seconds,
         "preemptions_total": sim.tally.preemptions,
         "steps_total": sim.tally.steps,
         "last_step_seconds": (sim.last_step.end - sim.last_step.start) if sim.last_step else 0.0,
@@ -126,6 +129,5 @@ def predicted_state(sim: Simulator, history: History, window: float = 10.0) -> d
     out["window"] = r
     if r:
         out["mbu"] = r["read_bytes_per_second"] / p.peak_bandwidth
-        out["mfu_prefill"] = r["prefill_tokens_per_second"] * 2 * p.params_active / p.peak_flops
-        out["mfu_decode"] = r["decode_tokens_per_second"] * 2 * p.params_active / p.peak_flops
+        out["mfu"] = r["flops_per_second"] / p.peak_flops  # both phases, as the simulated GPU counted them
     return out

@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from rooflight.agent.metrics.catalog import MetricDef
+from rooflight.agent.metrics.family import MetricDef
 
 S = TypeVar("S")
 

@@ -33,6 +33,7 @@ OVER_BUDGET = "rooflight_client_accounting_over_budget_total"
 REFUSED = "rooflight_client_connections_refused_total"
 BAD_REQUESTS = "rooflight_client_bad_requests_total"
 REQUEST_LOG_LOST = "rooflight_client_request_log_lost_total"
+WORKER_RESTARTS = "rooflight_client_worker_restarts_total"
 
 # Histogram key (as --buckets spells it) -> exported name, and the SLO key whose targets become edges.
 HISTOGRAMS = {"ttft": TTFT_HISTOGRAM, "itl": ITL_HISTOGRAM, "tpot": TPOT_HISTOGRAM, "e2e": E2E_HISTOGRAM}
@@ -98,12 +99,16 @@ CATALOG: tuple[MetricDef, ...] = (
     counter(OVER_BUDGET, TARGET, "", "Answers relayed unaccounted because the copies the accounting reads answers from "
        "(JSON bodies, unfinished SSE events) held at once reached their total budget (64 MiB)."),
     counter(REFUSED, BY_REASON, "", "Connections the proxy's port refused or closed: max_connections or "
-       "per_client (answered 503), header_timeout (no complete request headers in time), body_timeout (a request "
-       "body that paused longer than --read-body-timeout)."),
+       "per_client (answered 503), no_worker (--workers N: no worker could take it, answered 503), header_timeout (no complete request headers in time), body_timeout (a request "
+       "body not in after --read-body-timeout of waiting for it, its pauses added up), body_reset (the client reset the "
+       "connection before its request body was in)."),
     counter(BAD_REQUESTS, BY_REASON, "", "Requests answered 400 without reaching the upstream: malformed "
        "(not valid HTTP), target (not a path), unsendable (a target or header the proxy cannot send on)."),
     counter(REQUEST_LOG_LOST, TARGET, "", "Finished requests --request-log did not write: past 20,000 waiting for a "
        "file that blocks, or in a write that failed (a full disk). Exported only with --request-log."),
+    counter(WORKER_RESTARTS, TARGET, "", "Relay processes replaced (--workers N): a worker that died, or that sent "
+       "nothing for 10 s and was killed; only the connections it held were cut. Exported where the relay runs in processes "
+       "of its own: rooflight proxy --workers above 1, rooflight run --proxy-listen."),
 )
 
 BY_NAME = {d.name: d for d in CATALOG}

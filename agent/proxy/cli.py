@@ -11,7 +11,7 @@ import sys
 from typing import Any, Sequence
 
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.config import proxy as pc
+from rooflight.agent.proxy import config as pc
 from rooflight.agent.config import settings
 from rooflight.agent.config.urls import printable, shown_url
 

@@ -4,10 +4,10 @@ Anyone who reaches the port can open connections and send nothing, or headers a 
 bounds 1,000 header tricklers and 3,000 idle sockets were held at 200 s (issue 29). Here:
 
 - a request's headers must arrive within `read_header_timeout` s of its first byte (or of the connection,
-  for the first request), and its body must not pause more than `read_body_timeout` s between bytes
-  (server.py reads it so; a body announced and never sent held its connection, and an upstream one,
-  forever); the response takes as long as it takes (a queued LLM request may wait minutes for its first
-  token);
+  for the first request), and its body within `read_body_timeout` s of waiting for it in all (server.py
+  reads it so; a body announced and never sent held its connection, and an upstream one, forever, and
+  one timed per pause was held by a byte every few seconds); the response takes as long as it takes (a
+  queued LLM request may wait minutes for its first token);
 - a keep-alive connection idle between requests is closed after `idle_timeout` s;
 - at most `max_connections` connections are open at once, and one client (an IP address) holds at most
   `max_connections_per_client` of them, so one client flooding the port leaves the rest to the others.
@@ -38,7 +38,8 @@ BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConten
 MAX_CONNECTIONS = "max_connections"
 PER_CLIENT = "per_client"
 HEADER_TIMEOUT = "header_timeout"
-BODY_TIMEOUT = "body_timeout"  # a request's body sent no byte for read_body_timeout s
+BODY_TIMEOUT = "body_timeout"  # a request's body was not in after read_body_timeout s of waiting for it
+BODY_RESET = "body_reset"  # the client reset its connection before its request's body was in
 MALFORMED = "malformed"  # aiohttp's parser refused it (answered 400)
 NOT_A_PATH = "target"  # the request target is not a path this reverse proxy can relay
 UNSENDABLE = "unsendable"  # a target or header the proxy's HTTP client will not send on
@@ -96,6 +97,25 @@ class ConnectionShares:
             self._by_client[client] = held
         else:
             del self._by_client[client]
+
+
+class Handed:
+    """The shares of one connection a worker was handed (agent/proxy/workers.py): the parent admitted it
+    against the cap and the per-client share of every worker together, so here it is only let in, and its
+    end is told back (`on_close`, once) for the parent to count it out."""
+
+    __slots__ = ("cap", "per_client", "_on_close")
+
+    def __init__(self, on_close: Callable[[], None], cap: int) -> None:
+        self.cap, self.per_client, self._on_close = cap, cap, on_close
+
+    def admit(self, client: str) -> str | None:
+        return None
+
+    def leave(self, client: str) -> None:
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
 
 
 class Events:
@@ -168,7 +188,7 @@ class ProxyHandler(HeaderDeadline, RequestHandler):
     __slots__ = ("_client", "_shares", "_events", "_header_timeout", "_deadline", "_busy", "_now", "_first_byte",
                  "request_arrived", "_payload")
 
-    def __init__(self, manager: Any, *, client: str, shares: ConnectionShares, events: Events,
+    def __init__(self, manager: Any, *, client: str, shares: ConnectionShares | Handed, events: Events,
                  read_header_timeout: float, now: Callable[[], float] = time.monotonic, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._client, self._shares, self._events = client, shares, events
@@ -251,7 +271,8 @@ class Gate(asyncio.Protocol):
     """The first protocol of every accepted connection: admits it against ConnectionShares and hands it to a
     ProxyHandler, or answers 503 and closes it."""
 
-    def __init__(self, make: Callable[[str], ProxyHandler], shares: ConnectionShares, events: Events) -> None:
+    def __init__(self, make: Callable[[str, Any], ProxyHandler], shares: ConnectionShares | Handed,
+                 events: Events) -> None:
         self._make, self._shares, self._events = make, shares, events
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -264,7 +285,7 @@ class Gate(asyncio.Protocol):
             transport.write(BUSY)  # type: ignore[attr-defined]
             transport.close()
             return
-        handler = self._make(client)
+        handler = self._make(client, self._shares)
         transport.set_protocol(handler)
         handler.connection_made(transport)
 

@@ -15,8 +15,8 @@ the accounting's copies of answers (a JSON body, an SSE parser's unfinished even
 and, in total, by `max_accounting_total` (past it an answer is relayed unaccounted, and counted). A request the proxy cannot relay
 (an absolute-form target) gets 400, an upstream reason with control characters is relayed without them,
 and an upstream answer that cannot be relayed at all gets 502: counted, logged one line a minute at most
-without the client's bytes, never a traceback. A request body that pauses `read_body_timeout` s closes its
-connection (`_stream`). The port's header and idle timeouts and its connection
+without the client's bytes, never a traceback. A request body not in after `read_body_timeout` s of waiting
+for the client in all closes its connection (`_stream`). The port's header and idle timeouts and its connection
 cap with a per-client share are agent/proxy/limits.py's.
 
 Accounting second: a `RequestTracker` sees each piece after the loop turn that wrote it to the client (its
@@ -30,17 +30,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from typing import Any, AsyncIterator, Callable
 
 from aiohttp import HttpVersion11, web
 from aiohttp.http_exceptions import HttpProcessingError
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from rooflight.agent.metrics.http import metrics_handler
 from rooflight.agent.proxy import limits
 from rooflight.agent.proxy import relay as rl
 from rooflight.agent.proxy import tracker as tr
-from rooflight.agent.config.proxy import ProxyConfig
+from rooflight.agent.proxy.config import ProxyConfig
 from rooflight.agent.config.urls import shown_url
 from rooflight.agent.proxy.exposition import ClientCollector, registry_for
 from rooflight.agent.proxy.journal import RequestJournal
@@ -68,14 +69,13 @@ def safe_reason(reason: str | None) -> str | None:
 class ProxyServer:
     """The proxy app, its metrics app, and the stats they share (one event loop, no locks)."""
 
-    def __init__(self, config: ProxyConfig, clock: Clock | None = None, *, reuse_port: bool = False,
+    def __init__(self, config: ProxyConfig, clock: Clock | None = None, *,
                  on_record: Callable[[tr.RequestRecord], None] | None = None,
                  journal: RequestJournal | None = None) -> None:
-        """`reuse_port` and `on_record` are for a worker process (agent/proxy/workers.py): its port shared
-        with the other workers (SO_REUSEPORT), its finished requests sent to the process that exports them.
-        `journal`: --request-log's, handed every finished request that `observe` counts."""
+        """`on_record` is for a worker process (agent/proxy/workers.py): its finished requests sent to the
+        process that exports them. `journal`: --request-log's, handed every finished request that `observe`
+        counts."""
         self.config = config
-        self.reuse_port = reuse_port
         self.clock = clock or SystemClock()
         # read once per upstream read: the system's clock without SystemClock's frame around it
         self._now = time.monotonic if type(self.clock) is SystemClock else self.clock.monotonic
@@ -87,7 +87,10 @@ class ProxyServer:
         self.snapshot: ClientSnapshot = EMPTY
         self._on_record = on_record
         self.journal = journal
-        self.client_gaps = ClientGaps()  # every gap between tokens, live, for the head-of-line detector
+        # every gap between tokens, live, for the head-of-line detector: fed only where one reads it
+        # (start(lag_probe=True)); `rooflight proxy` has none, and feeding it cost ~4% of its CPU a chunk
+        self.client_gaps = ClientGaps()
+        self._feed_gaps = False
         self.registry = registry_for(lambda: self.snapshot)
         self._pool: rl.UpstreamPool | None = None
         self._runners: list[web.AppRunner] = []
@@ -101,6 +104,8 @@ class ProxyServer:
         self.proxy_url = ""
         self.metrics_url = ""
         self._undo_quiet: Any = None  # the loop's accept-error handler, put back by stop()
+        self._handler: Callable[[str, Any], limits.ProxyHandler] | None = None  # for adopt(), without a port
+        self._adopting: set[asyncio.Task[Any]] = set()
 
     def observe(self, record: tr.RequestRecord) -> None:
         """A finished request into the exports (and the request log, where there is one)."""
@@ -114,25 +119,34 @@ class ProxyServer:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    async def start(self, *, refresh_loop: bool = True, serve_metrics: bool = True, lag_probe: bool = False) -> None:
+    async def start(self, *, refresh_loop: bool = True, serve_metrics: bool = True, lag_probe: bool = False,
+                    listen: bool = True) -> None:
         """Bind the proxy (and, unless `serve_metrics` is False, its own /metrics port) and start relaying.
 
-        `rooflight run` passes serve_metrics=False: the agent serves `collector()` on its own /metrics; and
-        lag_probe=True where a head-of-line detector reads `client_gaps` (nothing else needs the probe).
+        A worker process (agent/proxy/workers.py) passes serve_metrics=False and listen=False: no port of its
+        own, the connections come through `adopt`, its records go to its parent (under `rooflight run`, the
+        agent, which serves `collector()` of a ProxyServer of its own on its /metrics); and lag_probe=True where
+        a head-of-line detector reads `client_gaps` (nothing else needs the probe: the worker sends them on).
         A failed bind raises OSError; call stop() to release what was already set up."""
         self._undo_quiet = limits.quiet_accept_errors(asyncio.get_running_loop())
-        self._fit_to_open_files()
+        if listen:  # (a worker's parent fits the one cap of all workers)
+            self._fit_to_open_files()
         # keepalive under uvicorn's 5 s (vLLM, SGLang): the proxy drops an idle connection before the upstream
         # does. limit: one upstream socket per client connection at most.
         self._pool = rl.UpstreamPool(self.config.upstream, self.config.connect_timeout, limit=self.connections.cap,
                                      keepalive=4.0)
-        self.proxy_url = await self._serve(self.proxy_app(), self.config.listen, clients=True)
+        if listen:
+            self.proxy_url = await self._serve(self.proxy_app(), self.config.listen, clients=True)
+        else:
+            runner = await self._runner(self.proxy_app())
+            self._handler = self._handler_for(runner)
         if serve_metrics:
             self.metrics_url = await self._serve(self.metrics_app(), self.config.metrics_listen)
         self.refresh_now()
         if refresh_loop:
             self._refresher = asyncio.create_task(self._refresh_loop())
         if lag_probe:
+            self._feed_gaps = True
             self._lag_probe = asyncio.create_task(self._probe_loop_lag())
         log.info("proxy on %s -> %s", self.proxy_url, shown_url(self.config.upstream)
                  + (f"; metrics on {self.metrics_url}/metrics" if self.metrics_url else ""))
@@ -165,14 +179,18 @@ class ProxyServer:
         if self._pool is not None:
             self._pool.close()
 
-    async def _serve(self, app: web.Application, listen: str, *, clients: bool = False) -> str:
-        host, port = split_listen(listen)
+    async def _runner(self, app: web.Application) -> web.AppRunner:
         # handler_cancellation: a client that disconnects cancels its handler, which closes the upstream request.
         # auto_decompress=False: a compressed request body is relayed as it came.
         runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
                                auto_decompress=False, shutdown_timeout=1.0, logger=_ServerLog())
         await runner.setup()
         self._runners.append(runner)
+        return runner
+
+    async def _serve(self, app: web.Application, listen: str, *, clients: bool = False) -> str:
+        host, port = split_listen(listen)
+        runner = await self._runner(app)
         if clients:  # the proxy's port: every connection through the limits (agent/proxy/limits.py)
             server = await self._listen_for_clients(runner, host, port)
         else:
@@ -181,20 +199,41 @@ class ProxyServer:
             server = site._server  # type: ignore[assignment]
         return _url(server.sockets[0].getsockname())  # type: ignore[union-attr]
 
-    async def _listen_for_clients(self, runner: web.AppRunner, host: str, port: int) -> asyncio.AbstractServer:
+    def _handler_for(self, runner: web.AppRunner) -> Callable[[str, Any], limits.ProxyHandler]:
+        """What a connection's Gate makes of it once admitted: aiohttp's handler, with the port's limits."""
         loop, config = asyncio.get_running_loop(), self.config
 
-        def handler(client: str) -> limits.ProxyHandler:
-            return limits.ProxyHandler(runner.server, loop=loop, client=client, shares=self.connections,
+        def handler(client: str, shares: Any) -> limits.ProxyHandler:
+            return limits.ProxyHandler(runner.server, loop=loop, client=client, shares=shares,
                                        events=self.events, read_header_timeout=config.read_header_timeout,
                                        now=self._now,
                                        keepalive_timeout=config.idle_timeout, access_log=None, logger=_ServerLog(),
                                        auto_decompress=False)
 
+        return handler
+
+    async def _listen_for_clients(self, runner: web.AppRunner, host: str, port: int) -> asyncio.AbstractServer:
+        loop, handler = asyncio.get_running_loop(), self._handler_for(runner)
         server = await loop.create_server(lambda: limits.Gate(handler, self.connections, self.events),
-                                          host or None, port, backlog=1024, reuse_port=self.reuse_port or None)
+                                          host or None, port, backlog=1024)
         self._servers.append(server)
         return server
+
+    def adopt(self, sock: socket.socket, on_close: Callable[[], None]) -> None:
+        """Relay a connection another process accepted and admitted (a worker's, agent/proxy/workers.py);
+        `on_close` is called once when it ends, however it ends. Only after start(listen=False)."""
+        loop, shares = asyncio.get_running_loop(), limits.Handed(on_close, self.connections.cap)
+        gate = limits.Gate(self._handler, shares, self.events)
+        task = loop.create_task(loop.connect_accepted_socket(lambda: gate, sock))
+        self._adopting.add(task)
+
+        def adopted(task: "asyncio.Task[Any]") -> None:
+            self._adopting.discard(task)
+            if task.cancelled() or task.exception() is not None:  # no transport: nothing will call leave()
+                sock.close()
+                shares.leave("")
+
+        task.add_done_callback(adopted)
 
     def _count_event(self, kind: str, reason: str) -> None:
         (self.stats.refused if kind == "refused" else self.stats.bad_requests)[reason] += 1
@@ -234,13 +273,11 @@ class ProxyServer:
 
     def metrics_app(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
+        # the agent's handler (agent/metrics/http.py): gzip, text or OpenMetrics, name[], one render per snapshot
+        app.router.add_get("/metrics", metrics_handler(self.registry, same_page_while=lambda: self.snapshot,
+                                                       refused=_METRICS_REFUSALS.note, gone=_METRICS_REFUSALS.note))
         app.router.add_get("/-/healthy", self._healthy)
         return app
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthy(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -443,7 +480,7 @@ class ProxyServer:
 
         Read whole (its Content-Length kept) when small and the budget has room; else streamed, which
         holds only what aiohttp's flow control lets in, so many large uploads at once stay bounded.
-        Either way a pause of read_body_timeout s between bytes closes the connection (`_body_late`)."""
+        Either way a body not in after read_body_timeout s of waiting for it closes the connection (`_stream`)."""
         if not request.body_exists:
             return None, 0
         size = request.content_length
@@ -456,13 +493,27 @@ class ProxyServer:
         return self._stream(request), 0
 
     async def _stream(self, request: web.Request) -> AsyncIterator[bytes]:
-        """The body's pieces as they come; no piece within read_body_timeout s closes the connection."""
-        readany, wait = request.content.readany, self.config.read_body_timeout
+        """The body's pieces as they come. The waits for the client add up to read_body_timeout s at most
+        (past it the connection is closed): a deadline on the whole body, where one per pause let a byte
+        every few seconds hold a connection for ever. The time a streamed body waits for the upstream to
+        take it (the caller's drain, between pieces) is not the client's and is not counted."""
+        content = request.content
+        if content.is_eof():  # the whole body came with the headers (a usual request): nothing to wait for
+            data = content.read_nowait()
+            if data:
+                yield data
+            return
+        readany, left = content.readany, self.config.read_body_timeout
+        clock = asyncio.get_running_loop().time
         while True:
+            began = clock()
             try:
-                data = await asyncio.wait_for(readany(), wait)
+                data = await asyncio.wait_for(readany(), max(left, 0.0))
             except asyncio.TimeoutError:
                 raise self._body_late(request) from None
+            except ConnectionError:  # the client reset the connection mid-body: theirs to end, counted, no traceback
+                raise self._body_gone(request) from None
+            left -= clock() - began
             if not data:
                 return
             yield data
@@ -471,10 +522,17 @@ class ProxyServer:
         """The client stopped sending its body: count it, close its connection (which cancels this handler and,
         with it, the upstream request), and end the relay."""
         self.events.refused(limits.BODY_TIMEOUT, request.remote,
-                            f"no request body byte within {self.config.read_body_timeout:g} s; closed")
+                            f"the request body not in after {self.config.read_body_timeout:g} s; closed")
         if request.transport is not None:
             request.transport.close()
         return _ClientGone(web.Response(status=408))
+
+    def _body_gone(self, request: web.Request) -> "_ClientGone":
+        """The client reset its connection before its body was in: counted, logged one line a minute at most
+        (a thousand clients doing it wrote 40,668 lines of tracebacks in 2.2 s), and the relay ends as for a
+        client that went away."""
+        self.events.refused(limits.BODY_RESET, request.remote, "reset the connection before its request body was in")
+        return _ClientGone(web.Response(status=400))
 
     # -- accounting, guarded ---------------------------------------------------------------------
 
@@ -482,8 +540,8 @@ class ProxyServer:
         try:
             header = self.config.tenant_header
             tenant = tenant_key(request.headers.get(header)) if header else None
-            return tr.RequestTracker(start, tr.classify_route(request.method, request.path), tenant, self.client_gaps,
-                                     self.accounting_budget)
+            return tr.RequestTracker(start, tr.classify_route(request.method, request.path), tenant,
+                                     self.client_gaps if self._feed_gaps else None, self.accounting_budget)
         except Exception:
             log.debug("proxy accounting failed at request start", exc_info=True)
             self.stats.accounting_error()
@@ -572,6 +630,7 @@ class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
 
 _UNRELAYABLE = limits.RefusalLog("proxy: answered 502 to", logger=log)
 _PARSER_REFUSALS = limits.RefusalLog("proxy: answered 400 to", logger=log)
+_METRICS_REFUSALS = limits.RefusalLog("proxy: closed a /metrics client at", logger=log)
 
 
 class _Relayed(web.StreamResponse):

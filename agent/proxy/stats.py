@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Mapping
 
 from rooflight.agent.proxy import catalog as c
 from rooflight.agent.proxy.quantiles import ExactWindows, GapSketch
 from rooflight.agent.proxy.slo import SLO, judged, meets
+from rooflight.agent.proxy.sse import MAX_USAGE_TOKENS
 from rooflight.agent.proxy.tenants import NONE, OTHER, TenantTop
 from rooflight.agent.proxy.tracker import RequestRecord
 
@@ -57,6 +58,14 @@ class _Histogram:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.sum += value
 
+    def observe_many(self, values: Iterable[float]) -> None:
+        """observe() for each value, in order (the same sum to the last bit), without a call per value."""
+        counts, bounds, where, total = self.counts, self.bounds, bisect.bisect_left, self.sum
+        for value in values:
+            counts[where(bounds, value)] += 1
+            total += value
+        self.sum = total
+
     def cumulative(self) -> tuple[int, ...]:
         out, total = [], 0
         for n in self.counts:
@@ -87,6 +96,19 @@ class ClientSnapshot:
 EMPTY = ClientSnapshot(created=0.0)
 
 
+def _bounded(r: RequestRecord) -> RequestRecord:
+    """`r` without a token count past MAX_USAGE_TOKENS (agent/proxy/sse.py reads none; a record from a worker
+    process is checked again here, where the sums are kept): an integer past a float's range made the
+    request's TPOT raise, and every snapshot after it."""
+    prompt, output = r.prompt_tokens, r.output_tokens
+    prompt_ok = prompt is None or 0 <= prompt <= MAX_USAGE_TOKENS
+    output_ok = output is None or 0 <= output <= MAX_USAGE_TOKENS
+    if prompt_ok and output_ok:
+        return r
+    return replace(r, prompt_tokens=prompt if prompt_ok else None, output_tokens=output if output_ok else None,
+                   counted_by=r.counted_by if output_ok else None)
+
+
 class ClientStats:
     """Accumulates finished requests. Owned by one event loop: no locks, no awaits."""
 
@@ -107,6 +129,7 @@ class ClientStats:
         self.refused: Counter[str] = Counter()  # connections refused on the proxy's port, by reason
         self.bad_requests: Counter[str] = Counter()  # requests answered 400, by reason
         self.request_log_lost: int | None = None  # --request-log's lines lost; None without one
+        self.worker_restarts: int | None = None  # --workers N: workers replaced; None with one process
         self._histograms: dict[tuple[str, str], _Histogram] = {}
         self._exact = {key: ExactWindows(config.windows) for key in ("ttft", "tpot", "e2e")}
         self._gaps = GapSketch(config.windows)
@@ -121,6 +144,7 @@ class ClientStats:
 
     def observe(self, r: RequestRecord) -> None:
         """Count one finished request (its end time is its place in the windows)."""
+        r = _bounded(r)
         tenant = self._tenants.label(r.tenant)
         self._seq += 1
         self._tenant_seen[tenant] = self._seq
@@ -142,9 +166,7 @@ class ClientStats:
             self._hist("ttft", r.route).observe(r.ttft)
             self._exact["ttft"].add(r.end, r.ttft)
         if len(r.itl):
-            h = self._hist("itl", r.route)
-            for gap in r.itl:
-                h.observe(gap)
+            self._hist("itl", r.route).observe_many(r.itl)
             self._gaps.add_many(r.end, r.itl)
         if not r.ok:
             return
@@ -180,21 +202,23 @@ class ClientStats:
         self._bound_tenants()
         target = self.config.target
         counters: list[tuple[str, Labels, float]] = []
-        counters += [(c.REQUESTS, (target, *k), float(v)) for k, v in sorted(self._requests.items())]
-        counters += [(c.PROMPT_TOKENS, (target, *k), float(v)) for k, v in sorted(self._prompt.items())]
-        counters += [(c.OUTPUT_TOKENS, (target, *k), float(v)) for k, v in sorted(self._output.items())]
+        counters += self._frozen(c.REQUESTS, self._requests)
+        counters += self._frozen(c.PROMPT_TOKENS, self._prompt)
+        counters += self._frozen(c.OUTPUT_TOKENS, self._output)
         for slo in self.config.slos:
             for (name, tenant), v in sorted(self._slo_judged.items()):
                 if name == slo.name:
                     counters.append((c.SLO_REQUESTS, (target, name, tenant), float(v)))
                     counters.append((c.SLO_GOOD, (target, name, tenant), float(self._slo_good.get((name, tenant), 0))))
-        counters += [(c.UPSTREAM_ERRORS, (target, k), float(v)) for k, v in sorted(self._upstream_errors.items())]
+        counters += self._frozen(c.UPSTREAM_ERRORS, self._upstream_errors)
         counters.append((c.ACCOUNTING_ERRORS, (target,), float(self.accounting_errors)))
         counters.append((c.OVER_BUDGET, (target,), float(self.over_budget)))
-        counters += [(c.REFUSED, (target, k), float(v)) for k, v in sorted(self.refused.items())]
-        counters += [(c.BAD_REQUESTS, (target, k), float(v)) for k, v in sorted(self.bad_requests.items())]
+        counters += self._frozen(c.REFUSED, self.refused)
+        counters += self._frozen(c.BAD_REQUESTS, self.bad_requests)
         if self.request_log_lost is not None:
             counters.append((c.REQUEST_LOG_LOST, (target,), float(self.request_log_lost)))
+        if self.worker_restarts is not None:
+            counters.append((c.WORKER_RESTARTS, (target,), float(self.worker_restarts)))
         gauges: list[tuple[str, Labels, float]] = [(c.IN_FLIGHT, (target,), float(self.in_flight))]
         gauges += self._percentile_gauges(now)
         gauges += self._goodput_gauges(now)
@@ -205,6 +229,21 @@ class ClientStats:
             for (key, route), h in sorted(self._histograms.items())
         )
         return ClientSnapshot(now, tuple(counters), tuple(gauges), histograms)
+
+    def _frozen(self, name: str, counter: "Counter[Labels] | Counter[str]") -> list[tuple[str, Labels, float]]:
+        """`counter`'s series as floats, by label values. One whose total no float holds is left out for good
+        and counted as an accounting error, so a snapshot never fails whole for one value (a sum of the
+        upstream's numbers is bounded where they are read, and again in observe: this is the last guard)."""
+        target, out, lost = self.config.target, [], []
+        for key, v in sorted(counter.items()):
+            try:
+                out.append((name, (target, *key) if isinstance(key, tuple) else (target, key), float(v)))
+            except OverflowError:
+                lost.append(key)
+        for key in lost:
+            del counter[key]  # type: ignore[arg-type]
+            self.accounting_errors += 1
+        return out
 
     def _percentile_gauges(self, now: float) -> list[tuple[str, Labels, float]]:
         target, out = self.config.target, []

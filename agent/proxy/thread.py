@@ -1,11 +1,13 @@
-"""A ProxyServer on an event loop of its own, in a thread of its own (`rooflight run --proxy-listen`).
+"""A ProxyServer on an event loop of its own, in a thread of its own (`rooflight proxy` with one process: its
+/metrics on the main loop).
 
-On the agent's loop, every scrape of /metrics and every status-API request queued in front of the next
-token of every stream: with 50 scrapers a proxied stream's TTFT went from 128 to 540 ms (issue 29). Here
-the proxy's loop runs only the relay and its accounting; what the agent reads from it crosses threads
-safely: the metrics snapshot is an immutable object replaced whole (one reference read), and the
-head-of-line feed (ClientGaps) takes a lock. The threads still share the GIL: Python work on the agent's
-side can delay the proxy's by a switch interval (5 ms), not by the length of the agent's queue.
+On the loop that serves /metrics, every scrape queued in front of the next token of every stream: with 50
+scrapers a proxied stream's TTFT went from 128 to 540 ms (issue 29). Here the proxy's loop runs only the
+relay and its accounting; what the main loop reads from it crosses threads safely: the metrics snapshot is
+an immutable object replaced whole (one reference read). The threads still share the GIL: Python work on
+the main loop can delay the proxy's by a switch interval, which is why `rooflight run --proxy-listen`, whose
+agent renders far more than the proxy's own /metrics, runs its relay in a process of its own instead
+(agent/proxy/apart.py).
 """
 
 from __future__ import annotations

@@ -258,13 +258,16 @@ class RequestTracker:
                     self._account(t, info)
                     return
                 tried = len(data) - 8
-            for event in parser.feed(data):
-                info = shape.match_data(event.data) if shape is not None and len(event.data) != tried else None
+            events = parser.data_events(data)
+            if events is None:
+                events = [event.data for event in parser.feed(data)]
+            for event in events:
+                info = shape.match_data(event) if shape is not None and len(event) != tried else None
                 if info is None:
-                    info = sse.interpret_event(event)
+                    info = sse.interpret_data(event)
                     if info.tokens and self._learnt < MAX_SHAPES:
                         self._learnt += 1
-                        shape = self._shape = sse.ChunkShape.learn(event.data, info) or shape
+                        shape = self._shape = sse.ChunkShape.learn(event, info) or shape
                 self._account(t, info)
             buffered = parser.buffered
             if buffered != self._reserved:

@@ -7,6 +7,7 @@ from functools import cached_property
 
 from rooflight.agent.roofline.gpus import UNKNOWN_GPU, GpuProfile
 from rooflight.agent.roofline.models import ModelSpec
+from rooflight.agent.roofline.step import Layout, Roofs
 
 
 @dataclass(frozen=True)
@@ -26,21 +27,20 @@ class TargetConstants:
     kv_pool_grouped: bool = False  # the engine groups layers by attention type in its KV pool (vLLM)
 
     @cached_property
-    def expert_ranks(self) -> float:
-        """Model copies (data-parallel ranks of tp GPUs each) that share one set of routed experts under
-        expert parallelism: ep / tp, at least 1. Each copy holds 1/that of the experts and its step runs
-        the tokens of all of them through those experts (docs/physics.md, Expert parallelism)."""
-        return max(1.0, self.expert_parallel_size / self.tensor_parallel_size)
-
-    @cached_property
-    def kv_bytes_per_pool_token(self) -> float | None:
-        """K+V bytes one token of the engine's KV pool holds, summed over the TP GPUs: the layers one
-        pool page holds (ModelSpec.kv_pool_layers) x bytes per layer and token; None without a model."""
+    def layout(self) -> Layout | None:
+        """The model on these GPUs, for the step model (agent/roofline/step.py); None without a model."""
         if self.model is None:
             return None
-        tp = self.tensor_parallel_size
-        layers = self.model.kv_pool_layers(self.kv_pool_grouped)
-        return self.model.kv_bytes_per_token_per_gpu(tp) * tp * layers / self.model.n_layers
+        return Layout(self.model, tp=self.tensor_parallel_size, ep=max(self.expert_parallel_size, 1),
+                      draft=self.draft, kv_pool_grouped=self.kv_pool_grouped)
+
+    @cached_property
+    def roofs(self) -> Roofs | None:
+        """The copy's peaks (compute at the model's GEMM dtype, bandwidth) and its link; None for an unknown
+        GPU or without a model."""
+        if self.model is None or self.gpu is None or self.peak_flops is None or self.peak_bandwidth is None:
+            return None
+        return Roofs(self.peak_flops, self.peak_bandwidth, self.gpu.link)
 
     @cached_property
     def gpu_key(self) -> str:

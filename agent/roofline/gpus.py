@@ -40,6 +40,36 @@ _FALLBACK: Mapping[str, tuple[str, ...]] = {
 
 
 @dataclass(frozen=True)
+class Link:
+    """How one GPU talks to the others of its tensor-parallel group: a fixed latency per all-reduce and the
+    bytes/s it moves in one direction. Behind a switch (NVLink + NVSwitch) that is the GPU's whole link
+    bandwidth whatever the group's size; over a fully connected mesh (AMD Infinity Fabric, 7 links a GPU)
+    each peer has its own link, so a group of tp GPUs reaches tp - 1 links (docs/physics.md, section TP
+    communication in plan's ceilings and pools)."""
+
+    name: str
+    latency_seconds: float
+    bytes_per_second: float  # one direction: per GPU behind a switch, per peer link on a mesh
+    mesh: bool = False
+
+    def all_reduce_bytes_per_second(self, tp: int) -> float:
+        """One direction's bytes/s a GPU of a tp-GPU group moves in an all-reduce."""
+        return self.bytes_per_second * max(tp - 1, 1) if self.mesh else self.bytes_per_second
+
+
+NVLINK_LATENCY_SECONDS = 5e-6  # fixed launch-plus-latency floor of one small all-reduce on NVLink (and a mesh)
+PCIE_LATENCY_SECONDS = 25e-6  # the same floor across PCIe
+NVLINK3 = Link("NVLink 3", NVLINK_LATENCY_SECONDS, 300e9)  # A100 SXM: 600 GB/s a GPU, both directions
+NVLINK4 = Link("NVLink 4", NVLINK_LATENCY_SECONDS, 450e9)  # H100/H200 SXM, GH200: 900 GB/s a GPU
+NVLINK4_BRIDGE = Link("NVLink bridge", NVLINK_LATENCY_SECONDS, 300e9)  # H100 NVL: 600 GB/s a GPU
+NVLINK4_NVL = Link("NVLink bridge", NVLINK_LATENCY_SECONDS, 450e9)  # H200 NVL: 900 GB/s a GPU
+NVLINK5 = Link("NVLink 5", NVLINK_LATENCY_SECONDS, 900e9)  # Blackwell: 1.8 TB/s a GPU
+PCIE = Link("PCIe", PCIE_LATENCY_SECONDS, 25e9)  # PCIe Gen4 x16, one direction, as an all-reduce sees it
+INFINITY_FABRIC3 = Link("Infinity Fabric", NVLINK_LATENCY_SECONDS, 64e9, mesh=True)  # MI300X/MI325X: 128 GB/s a link
+INFINITY_FABRIC4 = Link("Infinity Fabric", NVLINK_LATENCY_SECONDS, 76.8e9, mesh=True)  # MI355X: 153.6 GB/s a link
+
+
+@dataclass(frozen=True)
 class GpuProfile:
     """Constants of one GPU model. `peak_flops` keys: bf16, fp16, fp8, int8, tf32 where it has them."""
 
@@ -50,6 +80,7 @@ class GpuProfile:
     memory_bytes: float
     source: str
     nvml_names: tuple[str, ...] = field(default=())
+    link: Link = NVLINK4  # what its tensor-parallel all-reduces run over
 
     def peak_flops_for(self, dtype: str) -> float:
         """Dense peak FLOP/s (or OP/s) for GEMMs whose weights are in `dtype`.
@@ -83,34 +114,34 @@ def _peaks(bf16: float, fp8: float | None, int8: float | None, tf32: float | Non
 
 
 def _p(key: str, name: str, *, bf16: float, fp8: float | None, int8: float | None, tf32: float | None,
-       bw_tb: float, mem_gb: float, source: str, nvml: tuple[str, ...]) -> GpuProfile:
+       bw_tb: float, mem_gb: float, source: str, nvml: tuple[str, ...], link: Link = NVLINK4) -> GpuProfile:
     return GpuProfile(key=key, name=name, peak_flops=_peaks(bf16, fp8, int8, tf32),
                       memory_bandwidth_bytes_per_second=bw_tb * 1e12, memory_bytes=mem_gb * 1e9,
-                      source=source, nvml_names=nvml)
+                      source=source, nvml_names=nvml, link=link)
 
 
 _DS = "NVIDIA datasheet (sparse figures halved); see docs/physics.md, section GPU constants"
 
 _ALL = (
     _p("a100-sxm-40gb", "NVIDIA A100 SXM4 40GB", bf16=312, fp8=None, int8=624, tf32=156,
-       bw_tb=1.555, mem_gb=40, source="A100 datasheet", nvml=("NVIDIA A100-SXM4-40GB",)),
+       bw_tb=1.555, mem_gb=40, source="A100 datasheet", nvml=("NVIDIA A100-SXM4-40GB",), link=NVLINK3),
     _p("a100-sxm-80gb", "NVIDIA A100 SXM4 80GB", bf16=312, fp8=None, int8=624, tf32=156,
-       bw_tb=2.039, mem_gb=80, source="A100 datasheet", nvml=("NVIDIA A100-SXM4-80GB",)),
+       bw_tb=2.039, mem_gb=80, source="A100 datasheet", nvml=("NVIDIA A100-SXM4-80GB",), link=NVLINK3),
     _p("a100-pcie-40gb", "NVIDIA A100 PCIe 40GB", bf16=312, fp8=None, int8=624, tf32=156,
-       bw_tb=1.555, mem_gb=40, source="A100 datasheet", nvml=("NVIDIA A100-PCIE-40GB",)),
+       bw_tb=1.555, mem_gb=40, source="A100 datasheet", nvml=("NVIDIA A100-PCIE-40GB",), link=PCIE),
     _p("a100-pcie-80gb", "NVIDIA A100 PCIe 80GB", bf16=312, fp8=None, int8=624, tf32=156,
-       bw_tb=1.935, mem_gb=80, source="A100 datasheet", nvml=("NVIDIA A100 80GB PCIe",)),
+       bw_tb=1.935, mem_gb=80, source="A100 datasheet", nvml=("NVIDIA A100 80GB PCIe",), link=PCIE),
     _p("h100-sxm", "NVIDIA H100 SXM5 80GB", bf16=989, fp8=1979, int8=1979, tf32=494.5,
        bw_tb=3.35, mem_gb=80, source="H100 datasheet/whitepaper, " + _DS,
        nvml=("NVIDIA H100 80GB HBM3",)),
     _p("h100-pcie", "NVIDIA H100 PCIe 80GB", bf16=756, fp8=1513, int8=1513, tf32=378,
-       bw_tb=2.0, mem_gb=80, source="H100 datasheet/whitepaper, " + _DS, nvml=("NVIDIA H100 PCIe",)),
+       bw_tb=2.0, mem_gb=80, source="H100 datasheet/whitepaper, " + _DS, nvml=("NVIDIA H100 PCIe",), link=PCIE),
     _p("h100-nvl", "NVIDIA H100 NVL 94GB", bf16=835, fp8=1670, int8=1670, tf32=417.5,
-       bw_tb=3.9, mem_gb=94, source="H100 datasheet, " + _DS, nvml=("NVIDIA H100 NVL",)),
+       bw_tb=3.9, mem_gb=94, source="H100 datasheet, " + _DS, nvml=("NVIDIA H100 NVL",), link=NVLINK4_BRIDGE),
     _p("h200", "NVIDIA H200 SXM 141GB", bf16=989, fp8=1979, int8=1979, tf32=494.5,
        bw_tb=4.8, mem_gb=141, source="H200 datasheet, " + _DS, nvml=("NVIDIA H200",)),
     _p("h200-nvl", "NVIDIA H200 NVL 141GB", bf16=835, fp8=1670, int8=1670, tf32=None,
-       bw_tb=4.8, mem_gb=141, source="H200 datasheet, " + _DS, nvml=("NVIDIA H200 NVL",)),
+       bw_tb=4.8, mem_gb=141, source="H200 datasheet, " + _DS, nvml=("NVIDIA H200 NVL",), link=NVLINK4_NVL),
     _p("h20", "NVIDIA H20 96GB", bf16=148, fp8=296, int8=296, tf32=None,
        bw_tb=4.0, mem_gb=96, source="uncertain: no public NVIDIA datasheet; widely reported figures",
        nvml=("NVIDIA H20",)),
@@ -120,36 +151,39 @@ _ALL = (
     _p("gh200-144gb", "NVIDIA GH200 (GPU, 144GB HBM3e)", bf16=989, fp8=1979, int8=1979, tf32=494.5,
        bw_tb=4.9, mem_gb=144, source="GH200 datasheet, " + _DS, nvml=("NVIDIA GH200 144G HBM3e",)),
     _p("b200", "NVIDIA B200 (HGX, 180GB)", bf16=2250, fp8=4500, int8=4500, tf32=None,
-       bw_tb=8.0, mem_gb=180, source="DGX B200 datasheet, " + _DS, nvml=("NVIDIA B200",)),
+       bw_tb=8.0, mem_gb=180, source="DGX B200 datasheet, " + _DS, nvml=("NVIDIA B200",), link=NVLINK5),
     _p("gb200", "NVIDIA GB200 (per Blackwell GPU)", bf16=2500, fp8=5000, int8=5000, tf32=None,
-       bw_tb=8.0, mem_gb=186, source="GB200 NVL72 datasheet, per GPU, " + _DS, nvml=("NVIDIA GB200",)),
+       bw_tb=8.0, mem_gb=186, source="GB200 NVL72 datasheet, per GPU, " + _DS, nvml=("NVIDIA GB200",), link=NVLINK5),
     _p("l40s", "NVIDIA L40S 48GB", bf16=362, fp8=733, int8=733, tf32=183,
-       bw_tb=0.864, mem_gb=48, source="L40S datasheet, " + _DS, nvml=("NVIDIA L40S",)),
+       bw_tb=0.864, mem_gb=48, source="L40S datasheet, " + _DS, nvml=("NVIDIA L40S",), link=PCIE),
     _p("l40", "NVIDIA L40 48GB", bf16=181, fp8=362, int8=362, tf32=None,
-       bw_tb=0.864, mem_gb=48, source="L40 datasheet, " + _DS, nvml=("NVIDIA L40",)),
+       bw_tb=0.864, mem_gb=48, source="L40 datasheet, " + _DS, nvml=("NVIDIA L40",), link=PCIE),
     _p("l4", "NVIDIA L4 24GB", bf16=121, fp8=242.5, int8=242.5, tf32=60,
-       bw_tb=0.300, mem_gb=24, source="L4 datasheet, " + _DS, nvml=("NVIDIA L4",)),
+       bw_tb=0.300, mem_gb=24, source="L4 datasheet, " + _DS, nvml=("NVIDIA L4",), link=PCIE),
     _p("a10", "NVIDIA A10 24GB", bf16=125, fp8=None, int8=250, tf32=62.5,
-       bw_tb=0.600, mem_gb=24, source="A10 datasheet, " + _DS, nvml=("NVIDIA A10",)),
+       bw_tb=0.600, mem_gb=24, source="A10 datasheet, " + _DS, nvml=("NVIDIA A10",), link=PCIE),
     _p("b300", "NVIDIA B300 (HGX, Blackwell Ultra, 288GB)", bf16=2250, fp8=4500, int8=None, tf32=None,
        bw_tb=8.0, mem_gb=288, source="DGX B300 datasheet, " + _DS + "; INT8 peak not settled, so "
-       "int8 GEMMs use the 16-bit peak; NVML reports ~270 GB usable", nvml=("NVIDIA B300 SXM6 AC",)),
+       "int8 GEMMs use the 16-bit peak; NVML reports ~270 GB usable", nvml=("NVIDIA B300 SXM6 AC",), link=NVLINK5),
     _p("gb300", "NVIDIA GB300 (per Blackwell Ultra GPU)", bf16=2500, fp8=5000, int8=None, tf32=None,
        bw_tb=8.0, mem_gb=288, source="GB300 NVL72, per GPU (as GB200 but memory), " + _DS,
-       nvml=("NVIDIA GB300",)),
+       nvml=("NVIDIA GB300",), link=NVLINK5),
     _p("rtx-6000-ada", "NVIDIA RTX 6000 Ada Generation 48GB", bf16=364.2, fp8=728.5, int8=728.5,
        tf32=None, bw_tb=0.960, mem_gb=48, source="RTX 6000 Ada datasheet (1,457 TFLOPS FP8 is with "
-       "sparsity), " + _DS, nvml=("NVIDIA RTX 6000 Ada Generation",)),
+       "sparsity), " + _DS, nvml=("NVIDIA RTX 6000 Ada Generation",), link=PCIE),
     _p("rtx-4090", "NVIDIA GeForce RTX 4090 24GB", bf16=165.2, fp8=330.3, int8=660.6, tf32=None,
        bw_tb=1.008, mem_gb=24, source="Ada Lovelace whitepaper: GeForce tensor math with FP32 "
        "accumulate (what PyTorch and vLLM use) runs at half the FP16-accumulate rate; FP8 uncertain",
-       nvml=("NVIDIA GeForce RTX 4090",)),
+       nvml=("NVIDIA GeForce RTX 4090",), link=PCIE),
     _p("mi300x", "AMD Instinct MI300X 192GB", bf16=1307.4, fp8=2614.9, int8=2614.9, tf32=None,
        bw_tb=5.3, mem_gb=192, source="AMD MI300X spec page (dense); not NVML: pass --gpu mi300x",
-       nvml=()),
+       nvml=(), link=INFINITY_FABRIC3),
     _p("mi325x", "AMD Instinct MI325X 256GB", bf16=1307.4, fp8=2614.9, int8=2614.9, tf32=None,
        bw_tb=6.0, mem_gb=256, source="AMD MI325X spec page (dense); not NVML: pass --gpu mi325x",
-       nvml=()),
+       nvml=(), link=INFINITY_FABRIC3),
+    _p("mi355x", "AMD Instinct MI355X 288GB", bf16=2516.6, fp8=5033.2, int8=5033.2, tf32=None,
+       bw_tb=8.0, mem_gb=288, source="AMD MI355X spec page (dense: 256 CUs at 2.4 GHz, 4,096 16-bit and "
+       "8,192 FP8/INT8 FLOP a CU and clock); not NVML: pass --gpu mi355x", nvml=(), link=INFINITY_FABRIC4),
 )
 
 PROFILES: Mapping[str, GpuProfile] = MappingProxyType({p.key: p for p in _ALL})

@@ -124,7 +124,7 @@ class ModelSpec:
         under uniform routing (batch 1 reads only the active experts; large batches nearly all)."""
         if not self.n_experts:
             return self.weight_bytes
-        experts = self._routed_expert_bytes
+        experts = self.routed_expert_bytes
         return self.weight_bytes - experts + experts * self._touched(batch)
 
     @functools.cached_property
@@ -151,12 +151,15 @@ class ModelSpec:
         dense = self.weight_bytes - table + min(rows, table)
         if not self.n_experts:
             return dense
-        experts = self._routed_expert_bytes
+        experts = self.routed_expert_bytes
         ranks = max(expert_ranks, 1.0)
         return dense - experts + experts / ranks * self._touched(tokens * ranks)
 
     @functools.cached_property
-    def _routed_expert_bytes(self) -> float:
+    def routed_expert_bytes(self) -> float:
+        """The routed experts' bytes as stored, all layers (0 for a dense model)."""
+        if not self.n_experts:
+            return 0.0
         return (self.expert_weight_bytes if self.expert_weight_bytes is not None
                 else self.expert_params * dtype_bytes(self.weight_dtype))
 
@@ -299,6 +302,10 @@ _FIELDS: Mapping[str, tuple[str, int, int]] = MappingProxyType({
                      "qk_nope_head_dim"), (_INT, 0, MAX_WIDTH)),
     **dict.fromkeys(("first_k_dense_replace", "decoder_sparse_step", "moe_layer_freq",
                      "max_window_layers"), (_INT, 0, MAX_LAYERS)),
+    **dict.fromkeys(("interleave_moe_layer_step", "no_rope_layer_interval"), (_INT, 1, MAX_LAYERS)),
+    "intermediate_size_mlp": (_INT, 1, MAX_WIDTH),
+    "moe_layers": (_INTS, 0, MAX_LAYERS),
+    "no_rope_layers": (_INTS, 0, 1),
     "sliding_window_pattern": (_INT, 1, MAX_LAYERS),
     **dict.fromkeys(("sliding_window", "attention_chunk_size"), (_INT, 1, MAX_WINDOW)),
     "vocab_size": (_INT, 1, MAX_VOCAB),
@@ -353,10 +360,12 @@ _TYPE_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "gemma3_text": {"tie_word_embeddings": True, "sliding_window_pattern": 6, "sliding_window": 4096,
                     "vocab_size": 262_208, "num_attention_heads": 8, "num_key_value_heads": 4,
                     "head_dim": 256},
+    # Llama4TextConfig: a NoPE (global) layer every 4th, the others chunked attention of 8,192 tokens
+    "llama4_text": {"no_rope_layer_interval": 4, "attention_chunk_size": 8192, "interleave_moe_layer_step": 1},
     "cohere": {"tie_word_embeddings": True},
     "cohere2": {"tie_word_embeddings": True, "sliding_window_pattern": 4},
 })
-_TYPE_DEFAULTS_ALIAS = {"gemma3": "gemma3_text"}
+_TYPE_DEFAULTS_ALIAS = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 _NORMS_PER_LAYER = {"gemma2": 4, "gemma3_text": 4, "gemma3": 4}  # pre/post attention and MLP norms
 _QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text"})  # per-head q/k RMSNorm
 _QKV_BIAS = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"})
@@ -412,7 +421,7 @@ def _windows(r: ConfigReader, layers: int) -> tuple[tuple[int, int], ...]:
     (sliding_attention / chunked_attention), else `sliding_window` on every layer, every layer but
     each `sliding_window_pattern`-th (Gemma 2/3, Cohere 2), or the layers from `max_window_layers`
     on (Qwen2); none when `use_sliding_window` is false."""
-    types = r.str_list("layer_types")
+    types = r.str_list("layer_types") or _llama4_layer_types(r, layers)
     if types:
         if len(types) != layers:
             raise ConfigError(f"{r.where}: layer_types has {len(types)} entries for {layers} layers")
@@ -440,6 +449,25 @@ def _windows(r: ConfigReader, layers: int) -> tuple[tuple[int, int], ...]:
     else:
         n = layers
     return ((window, n),) if n else ()
+
+
+def _llama4_layer_types(r: ConfigReader, layers: int) -> list[str]:
+    """Llama 4's attention types, which its configs give as `no_rope_layers` (1: a RoPE layer, attending within
+    chunks of `attention_chunk_size`; 0: a NoPE layer, attending to everything), or, without the list, a NoPE
+    layer every `no_rope_layer_interval`-th (Llama4TextConfig's defaults); [] for other models."""
+    if _model_type(r) not in ("llama4_text", "llama4"):
+        return []
+    rope = _ints(r, "no_rope_layers")
+    if not rope:
+        interval = _num(r, "no_rope_layer_interval")
+        rope = tuple(int((i + 1) % interval != 0) for i in range(layers))
+    if len(rope) != layers:
+        raise ConfigError(f"{r.where}: no_rope_layers has {len(rope)} entries for {layers} layers")
+    return ["chunked_attention" if use_rope else "full_attention" for use_rope in rope]
+
+
+def _model_type(r: ConfigReader) -> str:
+    return (r.string("model_type") or "").lower()
 
 
 def _attention(r: ConfigReader, prefix: str, h: int, n_heads: int, n_kv: int, hd: int,
@@ -493,30 +521,37 @@ def _moe(r: ConfigReader, h: int, layers: int) -> _Moe | None:
     e_inter = _num(r, "moe_intermediate_size", "intermediate_size")
     shared_single = _num(r, "shared_expert_intermediate_size", default=0)
     shared = _num(r, "n_shared_experts", default=0) * e_inter + shared_single
+    if _model_type(r) in ("llama4_text", "llama4"):  # Llama4TextMoe: one shared expert as wide as a routed one
+        shared = e_inter
     first_dense = _num(r, "first_k_dense_replace", default=0)
-    step = _num(r, "decoder_sparse_step", default=1) or 1
+    step = (_num(r, "decoder_sparse_step", default=0) or _num(r, "interleave_moe_layer_step", default=0)
+            or 1)  # Qwen2/3-MoE, Llama 4: every step-th layer, counting from 1
     freq = _num(r, "moe_layer_freq", default=1) or 1
     mlp_only = set(_ints(r, "mlp_only_layers"))
+    listed = set(_ints(r, "moe_layers")) if r.has("moe_layers") else None  # Llama 4 names them
     moe_layers = frozenset(i for i in range(first_dense, layers)
-                           if i not in mlp_only and (i + 1) % step == 0 and i % freq == 0)
+                           if (i in listed if listed is not None else
+                               i not in mlp_only and (i + 1) % step == 0 and i % freq == 0))
     return _Moe(n_exp, top_k, e_inter, shared, shared_single > 0, moe_layers)
 
 
 def _mlp(r: ConfigReader, i: int, h: int, moe: _Moe | None, model_type: str) -> list[_Tensor]:
     """One layer's MLP: a gated dense MLP, or a router, routed experts (one tensor per projection,
     all experts together) and shared experts."""
+    llama4 = model_type in ("llama4_text", "llama4")
+    mlp = "feed_forward" if llama4 else "mlp"
     if moe is None or i not in moe.layers:
-        inter = _num(r, "intermediate_size")
-        return [_Tensor(f"model.layers.{i}.mlp.{p}_proj", h * inter, "linear", 0)
+        inter = _num(r, "intermediate_size_mlp", "intermediate_size") if llama4 else _num(r, "intermediate_size")
+        return [_Tensor(f"model.layers.{i}.{mlp}.{p}_proj", h * inter, "linear", 0)
                 for p in ("gate", "up", "down")]
     mixtral = model_type == "mixtral"
-    block = f"model.layers.{i}.{'block_sparse_moe' if mixtral else 'mlp'}"
+    block = f"model.layers.{i}.{'block_sparse_moe' if mixtral else mlp}"
     per_expert = h * moe.expert_inter
     out = [_Tensor(f"{block}.gate", h * moe.experts, "other", 0)]
     out += [_Tensor(f"{block}.experts.0.{p}", moe.experts * per_expert, "expert", moe.top_k * per_expert)
             for p in (("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj"))]
     if moe.shared_inter:
-        shared = "shared_expert" if moe.shared_gate else "shared_experts"
+        shared = "shared_expert" if moe.shared_gate or llama4 else "shared_experts"
         out += [_Tensor(f"{block}.{shared}.{p}_proj", h * moe.shared_inter, "linear", 0)
                 for p in ("gate", "up", "down")]
     if moe.shared_gate:

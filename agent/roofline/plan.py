@@ -1,7 +1,9 @@
 """The serving calculator of docs/physics.md, for one model on one GPU type: the Plan and the pools.
 
 Owns the Plan (every figure in base units: bytes, seconds, FLOP, FLOP/s, tokens/s) and the pool sizing
-(PoolPlan). All arithmetic is agent/roofline/physics.py; this module only decides which numbers to put in.
+(PoolPlan). Every byte, FLOP and step time is the step model's (agent/roofline/step.py), the one the live
+agent's MBU, MFU, capacity and saturation use; the queueing is agent/roofline/physics.py. This module only
+decides which steps to ask about.
 Pure: the `rooflight plan` command (its flags, its text and JSON, the live agent it reads) is
 agent/plan_cli.py.
 
@@ -22,14 +24,9 @@ from rooflight.agent.roofline import physics as ph
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.gpus import GpuProfile
 from rooflight.agent.roofline.models import ModelSpec
+from rooflight.agent.roofline.step import Decode, Layout, Prefill, Roofs, Step
+from rooflight.collectors.common import MAX_BATCH, MAX_CONTEXT_TOKENS, MAX_TENSOR_PARALLEL
 
-NVLINK_ALLREDUCE_SECONDS = 5e-6  # fixed launch-plus-latency floor of one small all-reduce on NVLink
-NVLINK_BYTES_PER_SECOND = 450e9  # one GPU's NVLink 4 bandwidth, one direction (H100/H200 SXM)
-PCIE_ALLREDUCE_SECONDS = 25e-6  # the same floor across PCIe
-PCIE_BYTES_PER_SECOND = 25e9  # PCIe Gen4 x16, one direction, what an all-reduce sees in practice
-# Profiles whose GPUs talk over PCIe only (no NVLink in the usual server): TP all-reduces pay PCIe's figures.
-PCIE_ONLY = frozenset({"a100-pcie-40gb", "a100-pcie-80gb", "h100-pcie", "l40s", "l40", "l4", "a10",
-                       "rtx-6000-ada", "rtx-4090"})
 DEFAULT_TTFT_SLO_SECONDS = 0.5  # a chat prompt's p99 time to first token
 TAIL_MISS = 0.01  # the SLOs are p99s: at most 1% of requests past them
 DEFAULT_DECODE_MBU = 0.7  # a healthy decode's share of the bandwidth peak (section MBU: 0.6-0.8)
@@ -44,6 +41,7 @@ class Plan:
     model_source: str
     gpu: str
     tp: int
+    ep: int  # GPUs the routed experts are spread over (1: every copy holds all of them)
     context_tokens: int
     batch: int
     prompt_tokens: int
@@ -78,12 +76,14 @@ class Plan:
     decode_intensity_at_batch: float  # FLOP/byte
     decode_attainable_fraction_of_peak: float  # roofline at that intensity / peak compute
     kv_weight_crossover_tokens: float | None  # None: sliding windows cap the cache below the weights
-    tp_allreduce_seconds_per_token: float  # NVLink estimate, 0 at tp=1
+    link: str  # what the TP all-reduces run over (NVLink 4, NVLink 5, Infinity Fabric, PCIe)
+    tp_allreduce_seconds_per_token: float  # the link's fixed latency x 2 per layer, 0 at tp=1
     tp_allreduce_seconds_at_batch: float  # latency + payload of `batch` tokens' activations, on the GPU's link
     decode_step_seconds_at_batch_with_tp: float  # decode_step_seconds_at_batch + that
     decode_tokens_per_second_at_batch_with_tp: float
     prefill_tp_allreduce_seconds: float  # the prompt's activations all-reduced, on top of prefill_seconds
-    prefill_flops: float
+    prefill_flops: float  # weights' matmuls + causal attention + the LM head once
+    prefill_attention_flops: float  # of which the causal attention over the prompt
     prefill_compute_seconds_at_roof: float  # prefill FLOPs / peak
     prefill_weight_seconds: float  # reading the weights the prompt's tokens touch, once
     prefill_seconds_at_roof: float  # max(compute at the roof, weight streaming)
@@ -94,94 +94,70 @@ class Plan:
 
 
 def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: int, batch: int,
-               prompt_tokens: int, prefill_mfu: float = 0.5, reserved_bytes_per_gpu: float = 4e9) -> Plan:
-    """Work one configuration through docs/physics.md's arithmetic; ConfigError on impossible inputs."""
-    if tp < 1 or context_tokens < 1 or batch < 1 or prompt_tokens < 1:
-        raise ConfigError("--tp, --context, --batch and --prompt-tokens must be at least 1")
+               prompt_tokens: int, prefill_mfu: float = 0.5, reserved_bytes_per_gpu: float = 4e9,
+               ep: int = 1) -> Plan:
+    """Work one configuration through the step model (docs/physics.md, section Plan ceilings); ConfigError on
+    impossible inputs."""
+    if tp < 1 or ep < 1 or context_tokens < 1 or batch < 1 or prompt_tokens < 1:
+        raise ConfigError("--tp, --ep, --context, --batch and --prompt-tokens must be at least 1")
     if not 0 < prefill_mfu <= 1:
         raise ConfigError(f"--prefill-mfu must be in (0, 1], got {prefill_mfu}")
-    if model.n_heads % tp:
-        raise ConfigError(f"{model.n_heads} attention heads cannot be split over tp={tp} GPUs")
+    _check_counts(model, tp, ep, (("--batch", batch, MAX_BATCH, "sequences in one decode step"),
+                                  ("--context", context_tokens, MAX_CONTEXT_TOKENS, "tokens in one sequence"),
+                                  ("--prompt-tokens", prompt_tokens, MAX_CONTEXT_TOKENS, "tokens in one prompt")))
+    layout = Layout(model, tp=tp, ep=ep)
     compute_dtype = gpu.peak_dtype_for(model.compute_dtype)
-    peak = tp * gpu.peak_flops[compute_dtype]
-    bw = tp * gpu.memory_bandwidth_bytes_per_second
-    w = model.weight_bytes
-    seq = model.kv_bytes_per_sequence(context_tokens)
-    # Per GPU: 1/tp of the weights, and the KV shard it holds (all of an MLA latent; a replicated
-    # head when KV heads < tp). Summed over the tp GPUs that is what one step streams.
-    seq_streamed = tp * model.kv_bytes_per_sequence_per_gpu(context_tokens, tp)
-    w_prompt = model.weight_bytes_streamed(prompt_tokens)  # MoE: the experts the prompt touches
-    free = gpu.memory_bytes - w / tp - reserved_bytes_per_gpu
-    w1, wb = model.weight_bytes_streamed(1), model.weight_bytes_streamed(batch)  # MoE: experts touched
-    step_w = ph.decode_step_seconds(w1, 0, bw)
-    step_ctx = ph.decode_step_seconds(w1, seq_streamed, bw)
-    step_b = ph.decode_step_seconds(wb, batch * seq_streamed, bw)
-    intensity = ph.decode_intensity(batch, model.params_active, wb, batch * seq_streamed)
-    crossover = prefill_crossover_tokens(model, peak, bw)
-    comm_b = tp_allreduce_seconds(model, gpu, tp, batch)
+    roofs = Roofs(tp * gpu.peak_flops[compute_dtype], tp * gpu.memory_bandwidth_bytes_per_second, gpu.link)
+    peak, bw = roofs.flops, roofs.bandwidth
+    context = layout.layer_tokens(context_tokens)  # KV layer-tokens one sequence holds
+    weights_only = layout.cost(Step(decode=Decode(1, 0.0)))
+    at_context = layout.cost(Step(decode=Decode(1, context)))
+    at_batch = layout.cost(Step(decode=Decode(batch, context)))
+    prompt = Prefill(prompt_tokens, ((1.0, 0.0, float(prompt_tokens)),), 1.0)
+    prefill = layout.cost(Step(prefill=prompt))
+    free = gpu.memory_bytes - layout.weight_bytes_per_gpu - reserved_bytes_per_gpu
+    step_b = at_batch.seconds(roofs)
+    comm_b = layout.comm_seconds(batch, gpu.link)
     return Plan(
-        model=model.name, model_source=model.source, gpu=gpu.key, tp=tp, context_tokens=context_tokens,
+        model=model.name, model_source=model.source, gpu=gpu.key, tp=tp, ep=ep, context_tokens=context_tokens,
         batch=batch, prompt_tokens=prompt_tokens, prefill_mfu=prefill_mfu,
         weight_dtype=model.weight_dtype, kv_dtype=model.kv_dtype, compute_dtype=compute_dtype,
         params_total=model.params_total,
         params_active=model.params_active, n_layers=model.n_layers, peak_flops=peak, peak_bandwidth_bytes_per_second=bw,
-        weight_bytes=w, weight_bytes_per_gpu=w / tp,
-        weight_bytes_streamed_per_step=wb, kv_bytes_per_token=model.kv_bytes_per_token,
-        kv_bytes_per_sequence=seq, reserved_bytes_per_gpu=reserved_bytes_per_gpu,
+        weight_bytes=model.weight_bytes, weight_bytes_per_gpu=layout.weight_bytes_per_gpu,
+        weight_bytes_streamed_per_step=at_batch.weight_bytes, kv_bytes_per_token=model.kv_bytes_per_token,
+        kv_bytes_per_sequence=layout.sequence_kv_bytes(context_tokens), reserved_bytes_per_gpu=reserved_bytes_per_gpu,
         windowed_layers=model.n_layers - model.full_attention_layers,
         kv_window_tokens=max((win for win, _ in model.window_layers), default=0),
         kv_bytes_free_per_gpu=free, kv_bytes_free_total=free * tp, fits=free > 0,
-        max_concurrent_sequences=ph.max_concurrent_sequences(free, seq_streamed / tp),
-        ridge_point=ph.ridge_point(peak, bw),
-        decode_step_seconds_weights_only=step_w,
-        decode_tokens_per_second_weights_only=ph.decode_tokens_per_second(1, step_w),
-        decode_step_seconds_at_context=step_ctx,
-        decode_tokens_per_second_at_context=ph.decode_tokens_per_second(1, step_ctx),
+        max_concurrent_sequences=ph.max_concurrent_sequences(free, layout.sequence_kv_bytes_per_gpu(context_tokens)),
+        ridge_point=roofs.ridge,
+        decode_step_seconds_weights_only=weights_only.seconds(roofs),
+        decode_tokens_per_second_weights_only=1.0 / weights_only.seconds(roofs),
+        decode_step_seconds_at_context=at_context.seconds(roofs),
+        decode_tokens_per_second_at_context=1.0 / at_context.seconds(roofs),
         decode_step_seconds_at_batch=step_b,
-        decode_tokens_per_second_at_batch=ph.decode_tokens_per_second(batch, step_b),
-        decode_intensity_at_batch=intensity,
-        decode_attainable_fraction_of_peak=ph.attainable_flops(intensity, peak, bw) / peak,
-        kv_weight_crossover_tokens=model.context_for_sequence_kv_bytes(w),
+        decode_tokens_per_second_at_batch=batch / step_b,
+        decode_intensity_at_batch=at_batch.intensity,
+        decode_attainable_fraction_of_peak=at_batch.flops / step_b / peak,
+        kv_weight_crossover_tokens=layout.context_for_kv_bytes(weights_only.weight_bytes),
+        link=gpu.link.name,
         tp_allreduce_seconds_per_token=ph.tensor_parallel_allreduce_seconds(
-            model.n_layers, tp, NVLINK_ALLREDUCE_SECONDS),
+            model.n_layers, tp, gpu.link.latency_seconds),
         tp_allreduce_seconds_at_batch=comm_b,
         decode_step_seconds_at_batch_with_tp=step_b + comm_b,
-        decode_tokens_per_second_at_batch_with_tp=ph.decode_tokens_per_second(batch, step_b + comm_b),
-        prefill_tp_allreduce_seconds=tp_allreduce_seconds(model, gpu, tp, prompt_tokens),
-        prefill_flops=ph.prefill_flops(prompt_tokens, model.params_active),
-        prefill_compute_seconds_at_roof=ph.prefill_seconds(prompt_tokens, model.params_active, peak, 1.0),
-        prefill_weight_seconds=ph.weight_stream_seconds(w_prompt, bw),
-        prefill_seconds_at_roof=ph.prefill_seconds_bound(
-            prompt_tokens, model.params_active, peak, 1.0, w_prompt, bw),
-        prefill_seconds=ph.prefill_seconds_bound(
-            prompt_tokens, model.params_active, peak, prefill_mfu, w_prompt, bw),
-        prefill_crossover_tokens=crossover,
-        prefill_memory_bound=prompt_tokens < crossover,
+        decode_tokens_per_second_at_batch_with_tp=batch / (step_b + comm_b),
+        prefill_tp_allreduce_seconds=layout.comm_seconds(prompt_tokens, gpu.link),
+        prefill_flops=prefill.prefill_flops,
+        prefill_attention_flops=prompt_tokens * layout.attention_per_token(prompt.spans),
+        prefill_compute_seconds_at_roof=prefill.prefill_flops / peak,
+        prefill_weight_seconds=prefill.weight_bytes / bw,
+        prefill_seconds_at_roof=prefill.seconds(roofs),
+        prefill_seconds=prefill.seconds(roofs.at(compute=prefill_mfu)),
+        prefill_crossover_tokens=layout.prefill_crossover_tokens(roofs),
+        prefill_memory_bound=prefill.prefill_flops / peak < prefill.bytes / bw,
         notes=model.notes,
     )
-
-
-def tp_allreduce_seconds(model: ModelSpec, gpu: GpuProfile, tp: int, tokens: float) -> float:
-    """TP communication of one forward pass over `tokens` tokens on this GPU's link (NVLink, or PCIe for the
-    PCIE_ONLY profiles): 2 all-reduces per layer, latency + 2 (tp - 1) / tp x tokens x hidden x 2 bytes / link."""
-    pcie = gpu.key in PCIE_ONLY
-    return ph.tensor_parallel_allreduce_seconds_at(
-        model.n_layers, tp, tokens, model.hidden_size, PCIE_ALLREDUCE_SECONDS if pcie else NVLINK_ALLREDUCE_SECONDS,
-        PCIE_BYTES_PER_SECOND if pcie else NVLINK_BYTES_PER_SECOND)
-
-
-def prefill_crossover_tokens(model: ModelSpec, peak_flops: float, peak_bandwidth: float) -> float:
-    """Prompt length where prefill compute at the roof equals reading the weights it touches once.
-    Dense: W x peak / (2 P x bandwidth). MoE: a longer prompt touches more experts, so the bytes
-    depend on the length; iterating from all the weights converges down to the crossing."""
-    tokens = ph.prefill_crossover_tokens(model.weight_bytes, model.params_active, peak_flops, peak_bandwidth)
-    for _ in range(100 if model.n_experts else 0):
-        nxt = ph.prefill_crossover_tokens(model.weight_bytes_streamed(tokens), model.params_active,
-                                          peak_flops, peak_bandwidth)
-        if abs(nxt - tokens) < 1e-6 * tokens:
-            return nxt
-        tokens = nxt
-    return tokens
 
 
 def sig(x: float, digits: int = 3) -> str:
@@ -215,7 +191,8 @@ class PoolPlan:
     capacity_source: str  # flags, physics or live
     gpus_per_group: int
     prefill_groups: int  # the fewest whose p99 TTFT (M/M/c wait + one prefill) meets ttft_slo
-    decode_groups: int  # ceil(rate x output / decode capacity)
+    decode_groups: int  # the fewest whose batch slots leave at most 1% of requests waiting for one (Erlang C)
+    decode_groups_at_full_load: int  # ceil(rate x output / decode capacity): 100% busy, half the time over
     shared_groups: int  # one pool doing both, its prompts' p99 TTFT at ttft_slo
     prefill_groups_at_full_load: int  # ceil(rate x prompt / prefill capacity): 100% busy, the queue unbounded
     shared_groups_at_full_load: int  # ceil(rate x (prompt / prefill cap + output / decode cap))
@@ -226,7 +203,11 @@ class PoolPlan:
     ttft_slo: float
     itl_slo: float
     decode_batch: float | None  # the batch the decode capacity assumes (physics only)
+    decode_slots_per_group: float  # sequences a decode group holds at once: its batch, or capacity x ITL
+    decode_step_seconds: float  # the step those slots advance at: the physics step, or the ITL target
     kv_bytes_per_request: float | None  # the cache a prefill pool ships to the decode pool per request
+    requests_per_second_per_group: float  # one group doing both phases at this mix: 1 / (P / C_p + O / C_d)
+    load_per_group: float  # rate / that: the groups' work the rate is (one group's saturation at it)
     share: bool
     reasons: tuple[str, ...]
 
@@ -234,10 +215,14 @@ class PoolPlan:
 def build_pool_plan(rate: float, prompt_tokens: float, output_tokens: float, prefill_capacity: float,
                     decode_capacity: float, *, itl_slo: float = DEFAULT_ITL_SLO_SECONDS,
                     ttft_slo: float = DEFAULT_TTFT_SLO_SECONDS, source: str = "flags", gpus_per_group: int = 1,
-                    decode_batch: float | None = None, kv_bytes_per_request: float | None = None) -> PoolPlan:
+                    decode_batch: float | None = None, kv_bytes_per_request: float | None = None,
+                    decode_step_seconds: float | None = None) -> PoolPlan:
     """Size both pools at their targets and decide on the physics (docs/physics.md, section Pools sized at the
     SLO). Prefill: the fewest groups whose p99 TTFT, an M/M/c queueing wait plus one prompt's prefill, meets
-    ttft_slo. Decode: the demand over what a group decodes at its ITL. Share one pool when one prompt's
+    ttft_slo. Decode: each group holds `decode_batch` sequences stepping every `decode_step_seconds` (as given:
+    capacity x ITL target sequences at the ITL target), each request holds one slot for output x step; the
+    fewest groups whose slots leave at most 1% of requests waiting for one (Erlang C over every slot of the
+    pool), where ceil(demand / capacity) is busy 100% and over its slots half the time. Share one pool when one prompt's
     prefill fits in the ITL budget (a shared pool's decodes barely wait for it), or when one of the two
     pools would carry under one group's work; else split."""
     for name, value in (("--rate", rate), ("--prompt", prompt_tokens), ("--output", output_tokens),
@@ -252,7 +237,9 @@ def build_pool_plan(rate: float, prompt_tokens: float, output_tokens: float, pre
     if prefill_groups is None:
         raise ConfigError(f"one prompt's prefill takes {ms(stall)}, at or past the {ms(ttft_slo)} TTFT target: "
                           "no number of groups meets it; raise --ttft-slo, --tp or the prefill capacity")
-    decode_groups = ph.groups_needed(decode_demand, decode_capacity)
+    step = decode_step_seconds if decode_step_seconds is not None and decode_step_seconds > 0 else itl_slo
+    slots = decode_batch if decode_batch else decode_capacity * step
+    decode_groups = decode_groups_for(rate, output_tokens * step, slots, decode_load)
     shared = shared_groups_for(rate, stall, decode_load, ttft_slo)
     reasons = []
     if min(prefill_load, decode_load) < 1.0:
@@ -267,17 +254,32 @@ def build_pool_plan(rate: float, prompt_tokens: float, output_tokens: float, pre
         prefill_tokens_per_second=prefill_demand, decode_tokens_per_second=decode_demand,
         prefill_capacity_per_group=prefill_capacity, decode_capacity_per_group=decode_capacity,
         capacity_source=source, gpus_per_group=gpus_per_group, prefill_groups=prefill_groups,
-        decode_groups=decode_groups, shared_groups=shared,
+        decode_groups=decode_groups, decode_groups_at_full_load=ph.groups_needed(decode_demand, decode_capacity),
+        shared_groups=shared,
         prefill_groups_at_full_load=ph.groups_needed(prefill_demand, prefill_capacity),
         shared_groups_at_full_load=ph.groups_needed(prefill_load + decode_load, 1.0),
         prefill_utilization=prefill_load / prefill_groups, decode_utilization=decode_load / decode_groups,
         shared_utilization=(prefill_load + decode_load) / shared,
         prefill_seconds_per_prompt=stall, ttft_slo=ttft_slo, itl_slo=itl_slo,
-        decode_batch=decode_batch, kv_bytes_per_request=kv_bytes_per_request, share=bool(reasons),
+        decode_batch=decode_batch, decode_slots_per_group=slots, decode_step_seconds=step,
+        kv_bytes_per_request=kv_bytes_per_request,
+        requests_per_second_per_group=rate / (prefill_load + decode_load),
+        load_per_group=prefill_load + decode_load, share=bool(reasons),
         reasons=tuple(reasons) or (
             f"one prompt's prefill holds a group {ms(stall)}, past the {ms(itl_slo)} ITL budget a shared pool's "
             "decodes would wait: split, and scale each pool on its own signal",),
     )
+
+
+def decode_groups_for(rate: float, slot_seconds: float, slots_per_group: float, load: float) -> int:
+    """The fewest decode groups of `slots_per_group` batch slots each whose slots leave at most TAIL_MISS of
+    requests waiting for one: requests arrive as a Poisson stream at `rate` and each holds a slot for
+    `slot_seconds` (its output x the step), so the pool is M/M/c over every slot (Erlang C: the chance an
+    arrival finds all c x slots busy); never fewer than `load`, the groups' work at 100%."""
+    offered = rate * slot_seconds
+    per_group = max(slots_per_group, 1.0)
+    return ph.fewest_meeting(max(1, ph.groups_needed(load, 1.0)),
+                             lambda c: ph.erlang_c(math.floor(c * per_group), offered) <= TAIL_MISS)
 
 
 def shared_groups_for(rate: float, prefill_seconds: float, decode_load: float, ttft_slo: float) -> int:
@@ -294,41 +296,61 @@ def shared_groups_for(rate: float, prefill_seconds: float, decode_load: float, t
     return ph.fewest_meeting(max(1, math.ceil(rate * prefill_seconds + decode_load - 1e-9)), meets)
 
 
+def _check_counts(model: ModelSpec, tp: int, ep: int, counts: tuple[tuple[str, float, float, str], ...]) -> None:
+    """ConfigError, saying what to write, for a count past what the model and the GPUs allow: --tp past
+    MAX_TENSOR_PARALLEL or not a divisor of the attention heads, --ep past one routed expert a group of --tp
+    GPUs, and each (flag, value, most, what it counts) of `counts` past its most."""
+    if tp > MAX_TENSOR_PARALLEL:
+        raise ConfigError(f"--tp {tp}: at most {MAX_TENSOR_PARALLEL:,} GPUs one model copy spans (an NVL72 rack is 72)")
+    if model.n_heads % tp:
+        raise ConfigError(f"{model.n_heads} attention heads cannot be split over tp={tp} GPUs")
+    if model.n_experts and ep > model.n_experts * tp:
+        raise ConfigError(f"--ep {ep} over --tp {tp} is {-(-ep // tp):,} expert groups, but {model.name} has "
+                          f"{model.n_experts} routed experts and each group holds at least one; write at most "
+                          f"--ep {model.n_experts * tp:,}")
+    for flag, value, most, what in counts:
+        if value > most:
+            raise ConfigError(f"{flag} {value}: at most {most:,} {what}")
+
+
 def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tokens: float, output_tokens: float,
                        batch_max: int, prefill_mfu: float, decode_mbu: float, reserved_bytes_per_gpu: float,
-                       itl_slo: float | None = None) -> tuple[float, float, float, float]:
-    """(prefill tokens/s, decode tokens/s, decode batch, KV bytes per request) of one group of tp GPUs.
+                       itl_slo: float | None = None, ep: int = 1) -> tuple[float, float, float, float, float]:
+    """(prefill tokens/s, decode tokens/s, decode batch, KV bytes per request, decode step seconds) of one group
+    of tp GPUs, on the step model at prefill_mfu x the compute peak and decode_mbu x the bandwidth peak.
 
-    Prefill: a prompt takes P x 2P_active / (peak x prefill MFU) + its TP all-reduces. Decode: the batch N =
-    min(batch cap, sequences the KV memory holds at the mean live context prompt + output/2) or, with
-    `itl_slo`, the largest batch up to N whose step (roofline at decode_mbu x the bandwidth peak, plus the
-    TP all-reduces) meets it; that batch / its step."""
+    Prefill: a prompt's FLOPs (its tokens, its causal attention, the LM head once) + its TP all-reduces. Decode:
+    the batch N = min(batch cap, sequences the KV memory holds at the mean live context prompt + output/2) or,
+    with `itl_slo`, the largest batch up to N whose step (the step model's, plus the TP all-reduces) meets it;
+    that batch / its step. The same seconds the live agent's capacity uses (signals/headroom.py)."""
     if not 0 < decode_mbu <= 1 or not 0 < prefill_mfu <= 1:
         raise ConfigError("--decode-mbu and --prefill-mfu must be in (0, 1]")
     if batch_max < 1:
         raise ConfigError("--batch-max must be at least 1")
-    peak = tp * gpu.peak_flops[gpu.peak_dtype_for(model.compute_dtype)]
-    bw = tp * gpu.memory_bandwidth_bytes_per_second
+    _check_counts(model, tp, ep, (("--batch-max", batch_max, MAX_BATCH, "sequences in one batch"),))
+    layout = Layout(model, tp=tp, ep=ep)
+    roofs = Roofs(tp * gpu.peak_flops[gpu.peak_dtype_for(model.compute_dtype)],
+                  tp * gpu.memory_bandwidth_bytes_per_second, gpu.link).at(prefill_mfu, decode_mbu)
     context = prompt_tokens + output_tokens / 2
-    free = gpu.memory_bytes - model.weight_bytes / tp - reserved_bytes_per_gpu
-    seq_per_gpu = model.kv_bytes_per_sequence_per_gpu(context, tp)
-    kv_wall = min(float(batch_max), ph.max_concurrent_sequences(free, seq_per_gpu))
+    free = gpu.memory_bytes - layout.weight_bytes_per_gpu - reserved_bytes_per_gpu
+    kv_wall = min(float(batch_max), ph.max_concurrent_sequences(free, layout.sequence_kv_bytes_per_gpu(context)))
     if kv_wall < 1:
         raise ConfigError(f"{model.name} on {tp} x {gpu.key}: no sequence of {context:,.0f} tokens fits beside "
                           "the weights; raise --tp")
+    layer_tokens = layout.layer_tokens(context)
 
     def step(batch: float) -> float:
-        return ph.decode_step_seconds_roofline(batch, model.weight_bytes_streamed(batch), tp * seq_per_gpu,
-                                               model.params_active, peak * prefill_mfu,
-                                               bw * decode_mbu) + tp_allreduce_seconds(model, gpu, tp, batch)
+        return (layout.cost(Step(decode=Decode(batch, layer_tokens))).seconds(roofs)
+                + layout.comm_seconds(batch, gpu.link))
 
     batch = kv_wall if itl_slo is None else _batch_within(step, kv_wall, itl_slo)
     if batch is None:
         raise ConfigError(f"{model.name} on {tp} x {gpu.key}: one sequence's decode step takes {ms(step(1.0))}, "
                           f"past the {ms(itl_slo or 0.0)} ITL target; raise --itl-slo or --tp")
-    prompt_seconds = (prompt_tokens * ph.prefill_seconds_per_token(model.params_active, peak, prefill_mfu)
-                      + tp_allreduce_seconds(model, gpu, tp, prompt_tokens))
-    return prompt_tokens / prompt_seconds, batch / step(batch), batch, model.kv_bytes_per_sequence(prompt_tokens)
+    prompt = Prefill(prompt_tokens, ((1.0, 0.0, float(prompt_tokens)),), 1.0)
+    prompt_seconds = layout.prefill_flops(prompt) / roofs.flops + layout.comm_seconds(prompt_tokens, gpu.link)
+    return (prompt_tokens / prompt_seconds, batch / step(batch), batch, layout.sequence_kv_bytes(prompt_tokens),
+            step(batch))
 
 
 def _batch_within(step: Any, most: float, seconds: float) -> float | None:

@@ -3,7 +3,7 @@
 A hang and an idle vLLM whose gauges stuck after a mass client abort read the same on the engine's counters:
 requests running, no step, no token, for hours. One request tells them apart: a hung engine never answers
 it; an idle one answers at once, and the step it runs refreshes its gauges, which ends the stall. The agent
-sends one only while its detector sees the stall (agent/signals/detectors.py), at most one per stall window
+sends one only while its detector sees the stall (agent/signals/detectors/engine_stalled.py), at most one per stall window
 and one at a time, so an engine that makes progress never sees it. Its results are counted by target
 (`rooflight_engine_canary_requests_total{result="ok"|"failed"}`); RooflightEngineStalled pages only where it
 went unanswered (rules/health.py). An answer is a 2xx within the stall window: a 503 (the engine core dead

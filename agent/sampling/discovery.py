@@ -1,4 +1,4 @@
-"""What an engine's info endpoint says (each engine adapter's parse_info), turned into the model constants the agent lacks.
+"""What an engine says of its model (its info endpoint, each adapter's parse_info; its page's KV dtype), turned into the model constants the agent lacks.
 
 Without --model or --model-config, the model comes from the engine itself: its `config.json` when the
 path it reports (vLLM's /v1/models `root`, SGLang's `model_path`, llama.cpp's `model_path`) is readable
@@ -19,6 +19,7 @@ from rooflight.agent.errors import ConfigError
 from rooflight.agent.model_files import load_config_json
 from rooflight.agent.roofline.models import ModelSpec, preset_for_hf_id
 from rooflight.collectors.common import cut
+from rooflight.collectors.samples import EngineInfo
 
 log = logging.getLogger("rooflight")
 
@@ -39,3 +40,12 @@ def model_from_id(model_id: str | None, target: TargetConfig) -> tuple[ModelSpec
     if spec is not None:
         return spec.with_dtypes(target.weight_dtype, target.kv_dtype), f"discovered:{cut(model_id)}"
     return None
+
+
+def with_engine_dtypes(model: ModelSpec | None, info: EngineInfo | None, target: TargetConfig) -> ModelSpec | None:
+    """An fp8 KV cache the engine reports halves KV bytes per token, unless the user said otherwise (--kv-dtype)."""
+    if model is None or info is None or target.kv_dtype or not info.kv_cache_dtype:
+        return model
+    if info.kv_cache_dtype.startswith("fp8") and model.kv_dtype != "fp8":
+        return model.with_dtypes(None, "fp8")
+    return model

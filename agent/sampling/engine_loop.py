@@ -1,15 +1,11 @@
-"""One engine target: scrape, normalize, remember, and hand each series to the derive step
-(signals/series.py) once a sample; and say plainly when any of it failed.
+"""One engine target on its interval: fetch its page (and now and then its info endpoint), normalize the
+sample (collectors/normalize.py), hand it to the target's series (target_series.py: histories and the
+derive step), and publish its TargetView; say plainly when any of it failed.
 
-Bounded per page (docs/reliability.md "Bounds on what an engine can cost"): the body by
-max_body_bytes, the samples the adapter may create by collectors.common.page_bounds, label values
-by their length; what the bounds cut, and values withheld as physically impossible (a KV occupancy
-outside 0..1, MBU or MFU above derive.MAX_UTILIZATION, a counter that keeps going backwards), is
-counted in the source's health. So is what the adapters refuse (a histogram of over
-expfmt.MAX_HISTOGRAM_BUCKETS buckets, an info value past its plausible bound: common.INFO_OUT_OF_RANGE),
-and a derivation that raises on odd inputs (DERIVATION_FAILED): the series is then exported without
-what could not be derived, never dropped with the target still `up`.
-
+Bounded per page (docs/reliability.md "Bounds on what an engine can cost"): the body by max_body_bytes,
+the samples the adapter may create by collectors.common.page_bounds, label values by their length. What
+the bounds cut, what the adapter refused (a histogram of over expfmt.MAX_HISTOGRAM_BUCKETS buckets, an
+info value past its plausible bound) and what normalize withheld are counted in the source's health.
 Strings an engine states (its model path, its families' names) are logged with %r: a newline in them
 would otherwise forge a log line.
 """
@@ -17,46 +13,30 @@ would otherwise forge a log line.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import functools
 import logging
-import os
-from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import aiohttp
 
 from rooflight.agent.metrics.snapshot import TargetView
 from rooflight.agent.roofline.constants import TargetConstants
-from rooflight.agent.sampling import nvtx_marks
+from rooflight.agent.sampling import memory
 from rooflight.agent.sampling.canary import Canary
 from rooflight.agent.sampling.clock import Clock
 from rooflight.agent.config.agent import AgentConfig, TargetConfig
-from rooflight.agent.sampling.discovery import model_from_id
-from rooflight.agent.sampling.health import KV_USAGE_OUT_OF_RANGE, SourceState
-from rooflight.agent.signals import derive
-from rooflight.agent.signals.detectors import DetectorThresholds
-from rooflight.agent.signals.headroom import SignalSettings, role_for
-from rooflight.agent.signals.policy import ITL_SPAN_INTERVALS, DetectorState
-from rooflight.agent.signals.series import (
-    INITIAL_STATE, NO_GPU, GpuMeasures, TargetInputs, derive_series, derive_settings,
-)
-from rooflight.agent.signals.view import SeriesView
+from rooflight.agent.sampling.discovery import model_from_id, with_engine_dtypes
+from rooflight.agent.sampling.health import SourceState
+from rooflight.agent.sampling.target_series import DERIVATION_FAILED, GpuMeasuresFor, TargetSeries
 from rooflight.agent.signals.token_gaps import ClientGaps
+from rooflight.agent.signals.view import SeriesView
 from rooflight.agent.signals.windows import SeriesHistory
-from rooflight.collectors import engines, expfmt
-from rooflight.collectors.common import (
-    INFO_OUT_OF_RANGE,
-    MAX_BATCH,
-    MAX_KV_BLOCK_TOKENS,
-    MAX_KV_TOKENS,
-    MAX_TENSOR_PARALLEL,
-    page_bounds,
-)
+from rooflight.collectors import engines, expfmt, normalize
+from rooflight.collectors.common import INFO_OUT_OF_RANGE, page_bounds
 from rooflight.collectors.engines import EngineAdapter
 from rooflight.collectors.errors import ParseError, SourceError
 from rooflight.collectors.http import Fetched, PageClient, fetch_json
-from rooflight.collectors.samples import EngineInfoHints, EngineSample, EngineSeries
+from rooflight.collectors.samples import EngineInfoHints, EngineSample
 
 log = logging.getLogger("rooflight")
 
@@ -67,13 +47,10 @@ INFO_EVERY_SECONDS = 300.0  # batch cap and TP change only with a restart; a res
 # the event loop that second would be a second in which /metrics cannot answer.
 PARSE_IN_THREAD_CHARS = 512 * 1024
 
-DERIVATION_FAILED = "derivation_failed"  # a series' windows or signals raised (an arithmetic error on odd inputs)
 # The reasons this loop counts besides health.VALUE_REASONS: counted from zero, so rates work from the start.
-INPUT_REASONS = (expfmt.HISTOGRAM_TOO_MANY_BUCKETS, INFO_OUT_OF_RANGE, DERIVATION_FAILED)
+INPUT_REASONS = (expfmt.HISTOGRAM_TOO_MANY_BUCKETS, INFO_OUT_OF_RANGE, DERIVATION_FAILED, normalize.GAUGE_OUT_OF_RANGE)
 
 ConstantsFor = Callable[[TargetConfig, Any, Any, bool], TargetConstants]
-# The target's GPUs as NVML measured them (the sampler's histories of them).
-GpuMeasuresFor = Callable[[TargetConfig], GpuMeasures]
 
 
 class EngineLoop:
@@ -93,22 +70,17 @@ class EngineLoop:
         self._pages = PageClient(session)  # the target's pages over a connection of its own (collectors.http)
         self.model, self.model_source = model, model_source
         self._constants_for = constants_for
-        self._gpu_measures_for = gpu_measures_for
         self.client_gaps = client_gaps  # the proxy's view of this target's streams (`rooflight run --proxy-listen`)
         self.state = SourceState("engine", target.name)
         for reason in INPUT_REASONS:
             self.state.values_dropped.setdefault(reason, 0)
-        self._derivation_noted: str | None = None
-        self.thresholds = DetectorThresholds(**config.detectors)
+        self._adapter: EngineAdapter | None = None if target.engine == "auto" else engines.adapter(target.engine)
+        self.series = TargetSeries(target, config, self.state, gpu_measures_for)  # histories, detector states
         self.canary: Canary | None = None
         if config.canary:
             self.state.canary = {}
-            self.canary = Canary(session, target.url, self.thresholds.stall_seconds,
+            self.canary = Canary(session, target.url, self.series.thresholds.stall_seconds,
                                  self.state.canary, clock.monotonic)
-        self._adapter: EngineAdapter | None = None if target.engine == "auto" else engines.adapter(target.engine)
-        self._histories: dict[tuple[str, str], SeriesHistory] = {}
-        self._states: dict[tuple[str, str], DetectorState] = {}  # by series: what the derive step carries on
-        self._derive = derive_settings(config.windows, config.percentiles, config.interval, self.thresholds)
         self._constants: TargetConstants | None = None  # as the last sample used them (_rebuild_view)
         self._next_info = 0.0
         self.hints = EngineInfoHints()
@@ -117,7 +89,7 @@ class EngineLoop:
 
     def histories(self) -> dict[tuple[str, str], SeriesHistory]:
         """The history of each (model, rank) tracked: what the target costs in memory (tests, diagnostics)."""
-        return dict(self._histories)
+        return dict(self.series.histories)
 
     @property
     def stale_after(self) -> float:
@@ -133,7 +105,7 @@ class EngineLoop:
                 self._adapter = None  # the engine may have been replaced: detect again
             self._rebuild_view()
             return
-        sample = self._in_range(self._cap_series(sample))
+        sample = self._normalized(sample)
         self.latest = sample
         self._remember(sample, t)
         self.state.ok(self.clock.time(), self.clock.monotonic() - start, self.clock.monotonic())
@@ -177,22 +149,19 @@ class EngineLoop:
         text, duration, t = fetched.text, fetched.duration, fetched.timestamp
         del fetched  # the page is freed as soon as it is parsed
         big = len(text) > PARSE_IN_THREAD_CHARS
+        parse = functools.partial(adapter.parse, text, target=self.target.name, timestamp=wall, duration=duration)
+        del text  # held by `parse` alone, freed with it
         try:
             with expfmt.bounded(page_bounds(self.config.max_series)) as bounds:
-                if big:
-                    sample = await asyncio.to_thread(
-                        adapter.parse, text, target=self.target.name, timestamp=wall, duration=duration
-                    )
-                else:
-                    sample = adapter.parse(text, target=self.target.name, timestamp=wall, duration=duration)
+                sample = await asyncio.to_thread(parse) if big else parse()
         except SourceError:
             raise
         except Exception as exc:  # an adapter bug on odd input is a parse failure, not a crash
             raise ParseError(f"{adapter.ENGINE} adapter could not read the exposition: {exc!r}") from exc
         finally:
+            del parse
             if big:
-                del text
-                _give_back_freed_memory()
+                memory.give_back_freed_memory()
         self._page_bounded(bounds)
         return sample, t
 
@@ -207,172 +176,51 @@ class EngineLoop:
             log.warning("target %s: %d label values over %d characters, cut", self.target.name,
                         bounds.labels_truncated, expfmt.MAX_LABEL_VALUE_CHARS)
         state.samples_dropped, state.labels_truncated = bounds.samples_dropped, bounds.labels_truncated
-        self._count_refused(bounds)
+        self._count(bounds.values_dropped)
 
-    def _count_refused(self, bounds: expfmt.Bounds) -> None:
-        """What the adapter refused while reading (expfmt.drop_value), into values_dropped by reason."""
-        for reason, n in bounds.values_dropped.items():
+    def _count(self, withheld: Mapping[str, int]) -> None:
+        """Values refused or withheld (expfmt.drop_value, collectors/normalize.py), into values_dropped by reason."""
+        for reason, n in withheld.items():
             self.state.values_dropped[reason] = self.state.values_dropped.get(reason, 0) + n
 
-    def _in_range(self, sample: EngineSample) -> EngineSample:
-        """The sample without KV occupancies outside 0..1 (1e308 is not a ratio), nor KV pools, batch caps,
-        block sizes or TP past their plausible bounds (collectors.common); each one counted."""
-        kept = []
-        for series in sample.series:
-            usage = series.kv_usage_ratio
-            if usage is not None and not 0.0 <= usage <= 1.0:
-                self.state.drop_value(KV_USAGE_OUT_OF_RANGE)
-                series = replace(series, kv_usage_ratio=None)
-            capacity, batch = self._plausible(series.kv_capacity_tokens, MAX_KV_TOKENS), \
-                self._plausible(series.batch_max_requests, MAX_BATCH)
-            if (capacity, batch) != (series.kv_capacity_tokens, series.batch_max_requests):
-                series = replace(series, kv_capacity_tokens=capacity, batch_max_requests=batch)
-            kept.append(series)
-        info = sample.info
-        tp, block = (self._plausible(info.tensor_parallel_size, MAX_TENSOR_PARALLEL),
-                     self._plausible(info.kv_block_size_tokens, MAX_KV_BLOCK_TOKENS))
-        if (tp, block) != (info.tensor_parallel_size, info.kv_block_size_tokens):
-            info = replace(info, tensor_parallel_size=None if tp is None else int(tp), kv_block_size_tokens=block)
-        if info is sample.info and all(a is b for a, b in zip(kept, sample.series)):
-            return sample  # nothing withheld: the sample as read (the common case, on every sample)
-        return replace(sample, series=tuple(kept), info=info)
-
-    def _plausible(self, value: float | None, upper: float) -> float | None:
-        """The value if in (0, upper]; else None, counted as INFO_OUT_OF_RANGE when one was stated."""
-        if value is None or 0.0 < value <= upper:
-            return value
-        self.state.drop_value(INFO_OUT_OF_RANGE)
-        return None
-
-    def _cap_series(self, sample: EngineSample) -> EngineSample:
-        """At most config.max_series (model, rank) series: those already tracked first, then in page order.
-
-        Thousands of models or LoRA adapters on one page would otherwise mean thousands of histories
-        and tens of thousands of exported series; the rest are dropped and their number exported.
-        """
-        cap = self.config.max_series
-        dropped = max(0, len(sample.series) - cap)
+    def _normalized(self, sample: EngineSample) -> EngineSample:
+        """The sample within the per-target series cap and without impossible values (collectors/normalize.py),
+        what they withheld counted in the source's health."""
+        sample, dropped = normalize.capped(sample, self.config.max_series, self.series.histories)
         if dropped and self.state.series_dropped == 0:
             log.warning("target %s: %d series, over the cap of %d; %d dropped (raise max_series to keep them)",
-                        self.target.name, len(sample.series), cap, dropped)
+                        self.target.name, len(sample.series) + dropped, self.config.max_series, dropped)
         self.state.series_dropped = dropped
-        if not dropped:
-            return sample
-        known = [s for s in sample.series if (s.model, s.rank) in self._histories]
-        new = [s for s in sample.series if (s.model, s.rank) not in self._histories]
-        return replace(sample, series=tuple((known + new)[:cap]))
+        sample, withheld = normalize.plausible(sample)
+        self._count(withheld)
+        return sample
 
     def _remember(self, sample: EngineSample, t: float) -> None:
-        retention = max(self.config.windows.values()) + 2 * self.config.interval + self.config.scrape_timeout
-        seen = set()
-        regressed: list[str] = []
-        for series in sample.series:
-            key = (series.model, series.rank)
-            seen.add(key)
-            dense = min(self.config.windows.values()) + 2 * self.config.interval + self.config.scrape_timeout
-            history = self._histories.setdefault(key, SeriesHistory(retention, dense=dense))
-            history.append(t, *derive.history_inputs(series))
-            regressed.extend(f"{name} ({series.model}, rank {series.rank})" for name in history.regressed_unreliable)
-        for key in set(self._histories) - seen:  # a model or rank that disappeared takes its state with it
-            del self._histories[key]
-            self._states.pop(key, None)
-        if regressed:  # one error per sample, however many counters
-            self.state.note("counter_regress", f"counters going backwards repeatedly, their rates withheld: "
-                            f"{', '.join(sorted(regressed)[:5])}{' ...' if len(regressed) > 5 else ''}")
+        self.series.remember(sample, t)
 
     def _rebuild_view(self, count_dropped: bool = False) -> None:
-        """The TargetView of the latest sample, each series through the derive step (signals/series.py);
-        with `count_dropped` (once a sample) the values it withheld and the derivations that raised are
-        counted."""
-        model = self._model_with_engine_dtypes()
-        info_tp = self.latest.info.tensor_parallel_size if self.latest else None
-        # vLLM's hybrid KV-cache manager pages a hybrid model's layers by attention type (docs/physics.md, Live ratios)
-        grouped = self._adapter is not None and self._adapter.ENGINE == "vllm"
+        """The TargetView of the latest sample, each series through the derive step (target_series.py); with
+        `count_dropped` (once a sample) the values it withheld and the derivations that raised are counted."""
+        latest, adapter = self.latest, self._adapter
+        model = with_engine_dtypes(self.model, latest.info if latest else None, self.target)
+        info_tp = latest.info.tensor_parallel_size if latest else None
+        grouped = adapter is not None and adapter.KV_POOL_GROUPED
         constants = self._constants_for(self.target, model, _first(self.hints.tensor_parallel_size, info_tp), grouped)
         if constants == self._constants:  # the instance the last sample used: its peaks are computed already
             constants = self._constants
         self._constants = constants
         now = self.clock.monotonic()
-        fresh = (
-            self.latest is not None
-            and self.state.last_success_monotonic is not None
+        fresh = latest is not None and self.state.last_success_monotonic is not None \
             and now - self.state.last_success_monotonic <= self.stale_after
-        )
-        signal_settings = self._signal_settings()
-        views: list[SeriesView] = []
-        signals_failed: list[str] = []
-        if fresh and self.latest and self.latest.series:
-            target = self._target_inputs(constants, signal_settings, now)
-            for series in self.latest.series:
-                views.append(self._derived(series, target, now, count_dropped, signals_failed))
-        if count_dropped:
-            for failure in signals_failed:
-                self._derivation_failed(f"signals of {failure}")
-        self.view = TargetView(name=self.target.name, url=self.target.url,
-                               engine=self._adapter.ENGINE if self._adapter else None, constants=constants,
-                               model_source=self.model_source, series=tuple(views),
-                               signal_settings=signal_settings, signals_failed=tuple(signals_failed))
-
-    def _derived(self, series: EngineSeries, target: TargetInputs, now: float, count_dropped: bool,
-                 signals_failed: list[str]) -> SeriesView:
-        """One series through the derive step: its state kept, what it withheld or failed counted (with
-        `count_dropped`), a rising verdict marked for Nsight Systems, a failure of its signals noted."""
-        key = (series.model, series.rank)
-        derived = derive_series(series, self._histories.get(key), target, self._derive,
-                                self._states.get(key, INITIAL_STATE), now)
-        self._states[key] = derived.state
-        if count_dropped:
-            for reason in derived.dropped:
-                self.state.drop_value(reason)
-            if derived.windows_failed:
-                self._derivation_failed(derived.windows_failed)
-        for what in derived.rising:
-            nvtx_marks.mark(f"rooflight {what}: {self.target.name} {key[0]} rank {key[1]}")
-        if derived.signals_failed:
-            signals_failed.append(derived.signals_failed)
-        return derived.view
-
-    def _target_inputs(self, constants: TargetConstants, signal_settings: SignalSettings, now: float) -> TargetInputs:
-        """What this sample brings to each of the target's series besides its history: the settings, the
-        GPUs' measures over the windows, and the proxy's worst gap (it judges a target of one series)."""
-        gaps = self.client_gaps
-        judges = gaps is not None and len(self._histories) == 1
-        since = ITL_SPAN_INTERVALS * self.config.interval
-        measures = self._gpu_measures_for
-        return TargetInputs(
-            constants=constants,
-            signal_settings=signal_settings,
-            batch_max_flag=self.target.batch_max,
-            info_batch_max=self.hints.batch_max_requests,
-            info_settings=self.hints.settings,
-            gpu=measures(self.target) if measures is not None else NO_GPU,
-            proxy_judges=judges,
-            proxy_itl_worst=gaps.stall_between(now - since, now) if judges and gaps is not None else None,
-        )
-
-    def _derivation_failed(self, what: str) -> None:
-        """Count a derivation that raised (DERIVATION_FAILED); logged when the message changes."""
-        self.state.drop_value(DERIVATION_FAILED)
-        if what != self._derivation_noted:
-            self._derivation_noted = what
-            log.warning("target %s: could not derive the %s; exported without them", self.target.name, what)
-
-    def _signal_settings(self) -> SignalSettings:
-        """The target's role (its setting, else the engine's info endpoint, else its page), SLOs and GPU
-        price, for its signals."""
-        t = self.target
-        page_role = self.latest.info.role if self.latest is not None else None
-        return SignalSettings(role=role_for(t.role, self.hints.role or page_role), ttft_slo=t.ttft_slo, itl_slo=t.itl_slo,
-                              gpu_hour_cost=t.gpu_hour_cost)
-
-    def _model_with_engine_dtypes(self) -> Any:
-        """An fp8 KV cache the engine reports halves KV bytes per token, unless the user said otherwise."""
-        model, info = self.model, self.latest.info if self.latest else None
-        if model is None or info is None or self.target.kv_dtype or not info.kv_cache_dtype:
-            return model
-        if info.kv_cache_dtype.startswith("fp8") and model.kv_dtype != "fp8":
-            return model.with_dtypes(None, "fp8")
-        return model
+        signal_settings = self.series.signal_settings(self.hints, latest)
+        views: tuple[SeriesView, ...] = ()
+        signals_failed: tuple[str, ...] = ()
+        if fresh and latest and latest.series:
+            views, signals_failed = self.series.views(latest, constants, self.hints, signal_settings,
+                                                      self.client_gaps, now, count_dropped)
+        self.view = TargetView(name=self.target.name, url=self.target.url, engine=adapter.ENGINE if adapter else None,
+                               constants=constants, model_source=self.model_source, series=views,
+                               signal_settings=signal_settings, signals_failed=signals_failed)
 
     async def _refresh_info(self) -> None:
         """Read the engine's info endpoint: its batch cap, model and TP where /metrics does not say.
@@ -392,7 +240,7 @@ class EngineLoop:
             return
         with expfmt.bounded(expfmt.Bounds()) as refused:
             self.hints = adapter.parse_info(data)
-        self._count_refused(refused)
+        self._count(refused.values_dropped)
         if self.model is not None:
             return
         found = model_from_id(self.hints.model_id, self.target)
@@ -402,48 +250,6 @@ class EngineLoop:
             return
         self.model, self.model_source = found
         log.info("target %s: model constants from %r", self.target.name, self.model_source)
-
-
-@functools.cache
-def _libc(name: str) -> Callable[..., int] | None:
-    try:
-        return getattr(ctypes.CDLL(None), name)  # type: ignore[no-any-return]
-    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS; Windows has no CDLL(None)): nothing to call
-        return None
-
-
-_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
-BIG_BLOCK_BYTES = 1 << 20
-
-
-def map_big_blocks() -> None:
-    """Give every block of BIG_BLOCK_BYTES or more (a big page's bytes, text, a long line or label value) a mapping
-    of its own, unmapped when freed: RSS then follows what a page holds while it is read, not what glibc kept.
-
-    glibc otherwise raises its mmap threshold to the largest block freed (up to 32 MiB), and from then on such
-    blocks come from the heap; a fixed threshold stops that. Measured with tests/collectors/test_bounds.py's RSS
-    test, seven 4 MiB pages of different shapes in turn: peak RSS 90-92 MB without, 79-84 with (six runs each).
-    A vLLM page (~55 kB a rank) is far under it. Called once, by `rooflight run`; a threshold the operator set
-    (MALLOC_MMAP_THRESHOLD_, or glibc.malloc.mmap_threshold in GLIBC_TUNABLES) is left as set."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
-        return
-    mallopt = _libc("mallopt")
-    if mallopt is not None:
-        mallopt(_M_MMAP_THRESHOLD, BIG_BLOCK_BYTES)
-
-
-def _give_back_freed_memory() -> None:
-    """Hand the heap pages a big page's buffers freed back to the OS (glibc's malloc_trim).
-
-    glibc raises its mmap threshold to the largest block freed, so after one big page the next one's
-    body and text come from the heap and stay resident once freed: without this, RSS ratchets up to
-    the sum of what different pages left behind rather than the largest of them (measured peak RSS:
-    92-93 MB without, 85-88 MB with, seven 4 MiB pages of different shapes in turn). Under map_big_blocks the
-    threshold holds, and what is left to hand back is the heap's blocks under it (a big page's lines, its samples).
-    """
-    trim = _libc("malloc_trim")
-    if trim is not None:
-        trim(0)
 
 
 def _first(*values: float | int | None) -> float | None:

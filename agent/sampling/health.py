@@ -10,8 +10,7 @@ import logging
 from rooflight.agent.metrics.snapshot import Health
 from rooflight.agent.signals.derive import MBU_OUT_OF_RANGE, MFU_OUT_OF_RANGE
 from rooflight.collectors.errors import REASONS, SOURCE_REASONS
-
-KV_USAGE_OUT_OF_RANGE = "kv_usage_out_of_range"  # an engine's KV occupancy outside 0..1
+from rooflight.collectors.normalize import KV_USAGE_OUT_OF_RANGE
 # Why a value was withheld as physically impossible (the reason label of rooflight_source_values_dropped_total);
 # the engine loop adds its own for unusable engine input (engine_loop.INPUT_REASONS).
 VALUE_REASONS = (MBU_OUT_OF_RANGE, MFU_OUT_OF_RANGE, KV_USAGE_OUT_OF_RANGE)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
 from typing import Any, Awaitable, Callable, Coroutine, Mapping
 
 import aiohttp
@@ -19,19 +18,19 @@ from rooflight.agent.config.agent import AgentConfig, TargetConfig
 from rooflight.agent.config.urls import endpoint
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.sampling.engine_loop import EngineLoop
+from rooflight.agent.sampling.gpu_assignment import TargetGpus, gpu_profiles
 from rooflight.agent.sampling.health import SourceState
-from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY, GpuMatch, GpuProfile, get_profile, match_nvml_name
 from rooflight.agent.roofline.models import ModelSpec
+from rooflight.agent.metrics.history import Sparklines
 from rooflight.agent.metrics.snapshot import EMPTY, Health, Snapshot
 from rooflight.agent.signals.headroom import ENERGY
 from rooflight.agent.signals.series import GPU_DRAM, NO_GPU, GpuMeasures
 from rooflight.agent.signals.token_gaps import ClientGaps
 from rooflight.agent.signals.windows import SeriesHistory
-from rooflight.collectors.gpu_map import GpuAssignment, assign_gpus, tensor_parallel_size
 from rooflight.collectors.errors import SourceError
 from rooflight.collectors.nvml import GpuSource
 from rooflight.collectors.process import NeedsSearch, ProcessCollector, ProcessSource
-from rooflight.collectors.samples import GpuDevice, GpuSample, ProcessSample
+from rooflight.collectors.samples import GpuSample, ProcessSample
 
 log = logging.getLogger("rooflight")
 
@@ -60,21 +59,18 @@ class Agent:
         self._health: dict[SourceState, Health] = {}  # each source's Health as last published (publish)
         self._stepped: dict[SourceState, None] = {}  # sources stepped since the last publish (_publish_soon)
         self._publish_due: asyncio.Handle | None = None
+        self.sparklines = Sparklines()  # the status page's last five minutes, recorded as engines are sampled
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False  # set by stop(): every loop ends at its next step, even if a cancel was lost
         self._session: aiohttp.ClientSession | None = None
-        self._gpu: GpuSample | None = None
         self._nvml_state = SourceState("nvml", "node")
         self._process_states: dict[str, SourceState] = {}
         self._searches: dict[str, asyncio.Task[None]] = {}  # target -> the search for its process, while one runs
         self._processes: dict[str, ProcessSample] = {}
-        self._warned_default_gpu = False
-        self._warned_unknown_gpus: set[str] = set()  # NVML names whose missing constants were logged
-        self._tp_said: dict[str, tuple[int, str]] = {}  # target -> the (TP, rule) last logged
         self._drafts: dict[str, ModelSpec] = {}  # target -> its speculative-decoding draft model
         self._gpu_history: dict[str, SeriesHistory] = {}  # by UUID: measured DRAM bandwidth over time
         self._nvml_collector: GpuSource | None = None
-        self._target_gpus: dict[str, GpuAssignment] = {}  # from each target's process tree (_assign_gpus)
+        self.gpus = TargetGpus(config, lambda: self._nvml_state.sampled, self._dp_ranks)  # each target's GPUs, profile, TP
         self.engines: list[EngineLoop] = []
         self._engine_of: dict[str, EngineLoop] = {}  # by target name
         self._client_gaps: dict[str, ClientGaps] = {}  # by target name: what a proxy in front of it saw
@@ -160,9 +156,10 @@ class Agent:
             sources.append(self._nvml_state)
         sources += self._process_states.values()
         health = [cache[s] if s in cache else cache.setdefault(s, s.view()) for s in sources]
-        target_gpus = {t.name: a for t in self.config.targets if (a := self.gpus_of(t)) is not None}
-        exported = self._exported_gpus(target_gpus)
-        profiles, notes = _gpu_profiles(exported)
+        self._record_sparklines(stepped)
+        target_gpus = {t.name: a for t in self.config.targets if (a := self.gpus.gpus_of(t)) is not None}
+        exported = self.gpus.exported(target_gpus)
+        profiles, notes = gpu_profiles(exported)
         self._snapshot = Snapshot(
             created=self.clock.time(),
             targets=tuple(e.view for e in self.engines),
@@ -173,6 +170,16 @@ class Agent:
             target_gpus=target_gpus,
             processes=dict(self._processes),
         )
+
+    def _record_sparklines(self, stepped: tuple[SourceState, ...]) -> None:
+        """Each engine just sampled (every engine, without `stepped`) adds its series' numbers to the sparklines,
+        at its last successful sample's time."""
+        wanted = set(stepped)
+        engines = [e for e in self.engines if not wanted or e.state in wanted]
+        if engines:
+            count = sum(len(e.view.series) for e in self.engines)
+            for e in engines:
+                self.sparklines.record(e.view, self._health[e.state].last_success, count)
 
     def _publish_soon(self, *stepped: SourceState) -> None:
         """Publish once, at the next turn of the event loop, for every loop whose step ended in this one.
@@ -213,8 +220,8 @@ class Agent:
 
     def _constants_for(self, target: TargetConfig, model: ModelSpec | None, engine_tp: float | None,
                        kv_pool_grouped: bool = False) -> TargetConstants:
-        profile, source, note = self._profile_for(target)
-        tp = self._tp_for(target, engine_tp)
+        profile, source, note = self.gpus.profile_for(target)
+        tp = self.gpus.tp_for(target, engine_tp)
         return TargetConstants(model=model, gpu=profile, gpu_source=source, tensor_parallel_size=tp, gpu_note=note,
                                expert_parallel_size=target.ep or 1, draft=self._draft_for(target),
                                kv_pool_grouped=kv_pool_grouped)
@@ -229,94 +236,10 @@ class Agent:
             self._drafts[target.name] = resolve_model(target.draft_model, target.draft_model_config, None, None)
         return self._drafts[target.name]
 
-    def gpus_of(self, target: TargetConfig) -> GpuAssignment | None:
-        """The target's GPUs among those NVML shows now, and the rule that found them: its process tree's
-        (gpu_map.assign_gpus), else every GPU seen ("all_visible"); None while NVML shows none."""
-        if self._gpu is None or not self._gpu.devices:
-            return None
-        order = tuple(d.uuid for d in self._gpu.devices)
-        found = self._target_gpus.get(target.name)
-        if found is None:
-            return GpuAssignment(order, "all_visible")
-        return GpuAssignment(tuple(u for u in found.uuids if u in order), found.source)
-
-    def _exported_gpus(self, target_gpus: dict[str, GpuAssignment]) -> GpuSample | None:
-        """The GPUs this agent exports: its targets' own (`gpus: own`), or every one NVML shows (`gpus: all`),
-        so eight sidecars on an eight-GPU node export eight GPU series between them, not 64."""
-        if self._gpu is None or self.config.gpus == "all":
-            return self._gpu
-        own = {uuid for assignment in target_gpus.values() for uuid in assignment.uuids}
-        return replace(self._gpu, devices=tuple(d for d in self._gpu.devices if d.uuid in own))
-
-    def _own_devices(self, target: TargetConfig) -> list[GpuDevice]:
-        """The NVML devices serving this target: matched by process, else every GPU when it is the only target."""
-        devices = list(self._gpu.devices) if self._gpu else []
-        assignment = self._target_gpus.get(target.name)
-        if assignment is not None and (assignment.source != "all_visible" or len(self.config.targets) == 1):
-            return [d for d in devices if d.uuid in assignment.uuids]
-        return devices if len(self.config.targets) == 1 else devices[:1]
-
-    def _tp_for(self, target: TargetConfig, engine_tp: float | None) -> int:
-        """The target's TP, logged when it or its rule changes (see _tp_and_rule)."""
-        tp, rule = self._tp_and_rule(target, engine_tp)
-        if self._tp_said.get(target.name) != (tp, rule):
-            self._tp_said[target.name] = (tp, rule)
-            level = logging.WARNING if target.tp and tp != target.tp else logging.INFO
-            log.log(level, "target %s: tensor-parallel size %d (%s)", target.name, tp, rule)
-        return tp
-
-    def _tp_and_rule(self, target: TargetConfig, engine_tp: float | None) -> tuple[int, str]:
-        """What the engine says (its info endpoint, else its page: TRT-LLM parallel_config_info, SGLang
-        tp_rank); else --tp; else the GPUs NVML shows the engine's own processes on divided by the
-        data-parallel ranks on its page (vLLM `engine`, SGLang `dp_rank`); else 1. Each with its rule."""
-        if engine_tp:
-            overrides = f", over --tp {target.tp}" if target.tp and target.tp != int(engine_tp) else ""
-            return int(engine_tp), f"the engine says so{overrides}"
-        if target.tp:
-            return target.tp, "--tp"
-        assignment = self._target_gpus.get(target.name)
-        if assignment is None or assignment.source != "nvml_pids" or not assignment.uuids:
-            return 1, "nothing says otherwise"
-        gpus, ranks = len(assignment.uuids), self._dp_ranks(target)
-        tp = tensor_parallel_size(gpus, data_parallel=ranks)
-        if tp is None:
-            return 1, f"{gpus} GPUs under the engine do not divide into its {ranks} data-parallel ranks; pass --tp"
-        return tp, f"{gpus} GPUs under the engine / {ranks} data-parallel rank{'s' if ranks > 1 else ''}"
-
-    def _dp_ranks(self, target: TargetConfig) -> int:
-        """Data-parallel ranks on the target's latest page: each is a model copy on GPUs of its own."""
-        loop = self._engine_of.get(target.name)
-        latest = loop.latest if loop is not None else None
-        return max(1, len({s.rank for s in latest.series})) if latest is not None else 1
-
-    def _profile_for(self, target: TargetConfig) -> tuple[GpuProfile | None, str, str]:
-        """(profile, how it was chosen, why there is none): --gpu; else the NVML name of the target's GPUs,
-        where a name with no constants on file gives no profile (MBU/MFU absent, never another GPU's
-        peaks); else, with no GPU seen, the default profile."""
-        if target.gpu:
-            return get_profile(target.gpu), "flag", ""
-        unknown: GpuMatch | None = None
-        for device in self._own_devices(target):
-            match = match_nvml_name(device.name, device.memory_total_bytes)
-            if match.profile is not None:
-                return match.profile, "nvml", ""
-            unknown = unknown or match
-        if unknown is not None:
-            if unknown.name not in self._warned_unknown_gpus:
-                self._warned_unknown_gpus.add(unknown.name)
-                log.warning("target %s: GPU %r has no constants on file: %s", target.name, unknown.name, unknown.reason)
-            return None, "nvml", unknown.reason
-        if self.config.nvml and not self._nvml_state.sampled:
-            return get_profile(DEFAULT_PROFILE_KEY), "default", ""  # NVML has not answered yet: no verdict
-        if not self._warned_default_gpu:
-            log.warning("no GPU detected and no --gpu given: using the %s profile's peaks", DEFAULT_PROFILE_KEY)
-            self._warned_default_gpu = True
-        return get_profile(DEFAULT_PROFILE_KEY), "default", ""
-
     def gpu_measures(self, target: TargetConfig) -> GpuMeasures:
         """The histories of the target's GPUs as NVML measured them (the derive step reads its windows'
         DRAM bandwidth and power from them); NO_GPU while NVML shows none."""
-        devices = self._own_devices(target)
+        devices = self.gpus.own_devices(target)
         if not devices:
             return NO_GPU
         return GpuMeasures(tuple(self._gpu_history.get(d.uuid) for d in devices))
@@ -333,15 +256,15 @@ class Agent:
             self._nvml_collector = collector
         start = self.clock.monotonic()
         try:
-            self._gpu = await collector.sample()
+            self.gpus.sample = await collector.sample()
         except SourceError as exc:
-            self._gpu = None
+            self.gpus.sample = None
             self._nvml_state.fail(exc.reason, str(exc), self.clock.monotonic() - start)
             self._nvml_state.absent = bool(getattr(collector, "absent", False))
         else:
             self._nvml_state.ok(self.clock.time(), self.clock.monotonic() - start)
             self._nvml_state.absent = False
-            self._remember_gpus(self._gpu)
+            self._remember_gpus(self.gpus.sample)
 
     def _remember_gpus(self, sample: GpuSample) -> None:
         retention = max(self.config.windows.values()) + 2 * self.config.nvml_interval
@@ -366,11 +289,11 @@ class Agent:
         processes = self._nvml_collector.processes if self._nvml_collector is not None else {}
         return {pid for procs in processes.values() for pid, _ in procs}
 
-    def _assign_gpus(self, target: TargetConfig, tree_pids: tuple[int, ...]) -> None:
-        if self._gpu is None or self._nvml_collector is None:
-            return
-        order = [d.uuid for d in self._gpu.devices]
-        self._target_gpus[target.name] = assign_gpus(tree_pids, self._nvml_collector.processes, order)
+    def _dp_ranks(self, target: str) -> int:
+        """Data-parallel ranks on the target's latest page: each is a model copy on GPUs of its own."""
+        loop = self._engine_of.get(target)
+        latest = loop.latest if loop is not None else None
+        return max(1, len({s.rank for s in latest.series})) if latest is not None else 1
 
     async def _process_loop(self) -> None:
         """Every target's process tree in one loop: one hop to a worker thread and one publish a tick,
@@ -440,7 +363,8 @@ class Agent:
             return
         self._processes[target.name] = sample
         state.ok(self.clock.time(), seconds)
-        self._assign_gpus(target, collector.tree_pids)
+        if self._nvml_collector is not None:
+            self.gpus.assign(target, collector.tree_pids, self._nvml_collector.processes)
 
 
 Read = tuple[ProcessSample | SourceError | NeedsSearch, float]  # a tree's sample, or why not; the seconds it took
@@ -493,14 +417,3 @@ async def _cancel_until_done(tasks: list[asyncio.Task[None]], timeout: float) ->
         if task.done() and not task.cancelled() and task.exception() is not None:
             log.error("sampling task %s ended with an error", task.get_name(), exc_info=task.exception())
     return sorted(pending, key=lambda t: t.get_name())
-
-
-def _gpu_profiles(sample: GpuSample | None) -> tuple[dict[int, str], dict[int, str]]:
-    """Per NVML index: the profile its name matches ("unknown" for none), and why it has none."""
-    profiles, notes = {}, {}
-    for device in sample.devices if sample else ():
-        match = match_nvml_name(device.name, device.memory_total_bytes)
-        profiles[device.index] = match.key
-        if match.reason:
-            notes[device.index] = match.reason
-    return profiles, notes

@@ -70,7 +70,7 @@ async def _current(request: web.Request) -> tuple[dict[str, Any], bytes]:
 def add_status_routes(app: web.Application, agent: Agent) -> None:
     """Register `/` (the status page), `/roofline.svg` and `/api/v1/status` on `app`, for `agent`."""
     app[STATUS_AGENT_KEY] = agent
-    app[STATUS_HISTORY_KEY] = History()
+    app[STATUS_HISTORY_KEY] = History(agent.sparklines)
     app[STATUS_CACHE_KEY] = StatusCache(agent, app[STATUS_HISTORY_KEY])
     app.router.add_get("/", status_page)
     app.router.add_get("/roofline.svg", roofline_svg)

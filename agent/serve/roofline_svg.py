@@ -2,7 +2,8 @@
 
 Log-log: arithmetic intensity (FLOP/byte) across, FLOP/s up. The memory roof (intensity x peak bandwidth)
 rises to the ridge point and meets the flat compute roof (peak FLOP/s); the live decode and prefill
-points and `rooflight plan`'s ceilings for the current batch sit under them. The same markup is served
+points and the ceilings for the current batch and the batch cap (the step model's decode step, what `rooflight
+plan` prints for them) sit under them. The same markup is served
 at /roofline.svg (a Grafana text panel, a wiki) and inlined into the status page, so both show one chart.
 
 Every text is escaped, and characters XML 1.0 forbids (C0 controls but tab and line breaks, C1 controls,

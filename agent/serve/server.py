@@ -15,40 +15,36 @@ REFUSAL_LOG_SECONDS, with a count and the client address, never the request's by
 from __future__ import annotations
 
 import asyncio
-import copy
 import errno
-import gzip
 import logging
 import signal
 import socket
 import ssl
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from rooflight.agent import __version__
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.metrics.exposition import registry_for
+from rooflight.agent.metrics import family
+from rooflight.agent.metrics.exposition import GpuRow, api_values, registry_for
+from rooflight.agent.metrics.http import metrics_handler
 from rooflight.agent.proxy import limits
-from rooflight.agent.config.proxy import ProxyConfig
+from rooflight.agent.proxy.config import ProxyConfig
 from rooflight.agent.proxy.limits import RefusalLog
 from rooflight.agent.proxy.server import ProxyServer
-from rooflight.agent.proxy.thread import ProxyThread
+from rooflight.agent.proxy.apart import ProxyApart
 from rooflight.agent.serve.page import add_status_routes
 from rooflight.agent.serve.webconfig import WEB_HEADERS
 from rooflight.agent.config.urls import public_url as _public_url
 from rooflight.agent.config.values import split_listen
-from rooflight.agent.metrics import registry as signal_registry
+from rooflight.agent.signals.detectors import detectors
 from rooflight.agent.sampling.sampler import Agent
-from rooflight.collectors.daemon_executor import DaemonThreadExecutor
 from rooflight.agent.metrics.snapshot import Snapshot
 
 log = logging.getLogger("rooflight")
@@ -64,7 +60,8 @@ def build_app(agent: Agent, *, manage_agent: bool = True, collectors: Sequence[C
     registry = registry_for(lambda: agent.snapshot)
     for collector in collectors:
         registry.register(collector)
-    app.router.add_get("/metrics", metrics_handler(registry, same_page_while=None if collectors else lambda: agent.snapshot))
+    app.router.add_get("/metrics", metrics_handler(registry, same_page_while=None if collectors else lambda: agent.snapshot,
+                                                   refused=REFUSALS.note, gone=GONE.note))
     add_status_routes(app, agent)
     app.router.add_get("/-/healthy", healthy)
     app.router.add_get("/-/ready", ready)
@@ -91,145 +88,6 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
         response.headers.setdefault(name, value)
 
 
-# /metrics is rendered on one thread of its own, never on the event loop: a big page (many engine series,
-# long label values) then delays other scrapes, not sampling or the status page, and renders never pile up.
-_RENDER_POOL: list[DaemonThreadExecutor] = []  # made on the first scrape: importing starts no thread
-
-
-def _render_pool() -> DaemonThreadExecutor:
-    if not _RENDER_POOL:
-        _RENDER_POOL.append(DaemonThreadExecutor("rooflight-render"))
-    return _RENDER_POOL[0]
-
-
-def render_metrics(registry: CollectorRegistry, accept: str, names: Sequence[str]) -> tuple[bytes, str]:
-    """The exposition the client asked for (text or OpenMetrics), restricted to `names` (`name[]`) if any.
-
-    Not prometheus_client's restricted_registry: it picks collectors by describe(), and ours describe
-    nothing (their families depend on the snapshot), so it would answer an empty page."""
-    encoder, content_type = choose_encoder(accept)
-    chosen: Any = _Only(registry, frozenset(names)) if names else registry
-    return encoder(chosen), content_type
-
-
-class _Only:
-    """The families of `registry` named in `names`: whole when the family's name is asked for, else only
-    the samples asked for by name (`x_count`, `x_total`), as Prometheus' name[] means."""
-
-    def __init__(self, registry: CollectorRegistry, names: frozenset[str]) -> None:
-        self._registry, self._names = registry, names
-
-    def collect(self) -> Iterator[Metric]:
-        for family in self._registry.collect():
-            if family.name in self._names:
-                yield family
-                continue
-            samples = [s for s in family.samples if s.name in self._names]
-            if samples:
-                part = copy.copy(family)
-                part.samples = samples
-                yield part
-
-
-SEND_CHUNK = 64 * 1024  # bytes of a page handed to the socket at a time: what a client that stops reading holds
-SEND_SECONDS = 30.0  # the most a client may take to read one answer of /metrics; then it is closed
-
-
-class PageCache:
-    """The current snapshot's rendered /metrics pages (plain and gzip, text and OpenMetrics), made once per
-    snapshot and shared by every scrape of it: N scrapers cost one render and one gzip, and a page sent to
-    N clients is one bytes object, not N. Used on the render thread only."""
-
-    def __init__(self) -> None:
-        self._snapshot: object = None
-        self._pages: dict[tuple[str, bool], tuple[bytes, str]] = {}
-
-    def get(self, snapshot: object, key: tuple[str, bool], make: Callable[[], tuple[bytes, str]]) -> tuple[bytes, str]:
-        if snapshot is not self._snapshot:
-            self._snapshot, self._pages = snapshot, {}
-        if key not in self._pages:
-            self._pages[key] = make()
-        return self._pages[key]
-
-
-def _page(registry: CollectorRegistry, accept: str, names: Sequence[str], gzipped: bool) -> tuple[bytes, str]:
-    body, content_type = render_metrics(registry, accept, names)
-    return (gzip.compress(body, compresslevel=6) if gzipped else body), content_type
-
-
-def wants_gzip(accept_encoding: str) -> bool:
-    """Whether Accept-Encoding allows gzip (Prometheus sends `gzip`); `gzip;q=0` refuses it."""
-    for part in accept_encoding.lower().split(","):
-        coding, _, params = part.strip().partition(";")
-        if coding.strip() in ("gzip", "x-gzip"):
-            q = params.strip()
-            return not (q.startswith("q=") and _quality(q[2:]) == 0.0)
-    return False
-
-
-def _quality(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        return 1.0
-
-
-def metrics_handler(registry: CollectorRegistry, same_page_while: Callable[[], object] | None = None
-                    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """/metrics: rendered (and gzipped when asked) on the render thread; with `same_page_while` (the current
-    snapshot: nothing else feeds the page), once per snapshot for every scraper. The page goes out
-    SEND_CHUNK at a time within SEND_SECONDS, so a client that asks and never reads holds one chunk, not the
-    page, and is closed at the deadline."""
-    cache = PageCache()
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        accept = ",".join(request.headers.getall("Accept", []))
-        names = request.query.getall("name[]", [])
-        gzipped = wants_gzip(",".join(request.headers.getall("Accept-Encoding", [])))
-        if same_page_while is not None and not names:
-            snapshot = same_page_while()
-            encoder_type = choose_encoder(accept)[1]
-            job: Callable[[], tuple[bytes, str]] = lambda: cache.get(  # noqa: E731
-                snapshot, (encoder_type, gzipped), lambda: _page(registry, accept, names, gzipped))
-        else:
-            job = lambda: _page(registry, accept, names, gzipped)  # noqa: E731
-        body, content_type = await asyncio.get_running_loop().run_in_executor(_render_pool(), job)
-        headers = {"Content-Type": content_type, "Vary": "Accept-Encoding"}
-        if gzipped:
-            headers["Content-Encoding"] = "gzip"
-        return await send_page(request, body, headers)
-
-    return handle
-
-
-async def send_page(request: web.Request, body: bytes, headers: dict[str, str]) -> web.StreamResponse:
-    """Send `body` a chunk at a time (each waits for the socket to drain), closing a client that takes
-    longer than SEND_SECONDS."""
-    response = web.StreamResponse(headers=headers)
-    response.content_length = len(body)
-    view = memoryview(body)
-    try:
-        await response.prepare(request)  # raises when the client reset while its page was rendered
-        if request.method == "HEAD":  # the headers alone: a body would be read as the next answer
-            await response.write_eof()
-            return response
-        async with asyncio.timeout(SEND_SECONDS):
-            for start in range(0, len(body), SEND_CHUNK):
-                await response.write(view[start:start + SEND_CHUNK])
-    except TimeoutError:
-        REFUSALS.note(f"did not read /metrics within {SEND_SECONDS:g} s; closed", request.remote)
-        if request.transport is not None:
-            request.transport.abort()
-        return response  # aiohttp takes the closed transport as a client gone, quietly
-    except ConnectionError:  # the client went away: nothing to answer; counted, logged rate-limited
-        GONE.note("went away before its /metrics answer was sent", request.remote)
-        if request.transport is not None:
-            request.transport.abort()
-        return response
-    await response.write_eof()
-    return response
-
-
 async def _agent_lifecycle(app: web.Application) -> AsyncIterator[None]:
     agent = app[AGENT_KEY]
     await agent.start()
@@ -254,19 +112,14 @@ def public_url(url: str) -> str:
 
 
 def snapshot_dict(snap: Snapshot) -> dict[str, Any]:
-    """The snapshot as plain data: only what /metrics shows, in a shape a script can read."""
+    """The snapshot as plain data: only what /metrics shows, in a shape a script can read. Each value is a
+    family's (agent/metrics/names.py: the families that name an `api` field), as derived."""
     return {
         "created": snap.created,
-        "health": [
-            {"source": h.source, "target": h.target, "up": h.up, "last_success": h.last_success,
-             "duration": h.duration, "errors": dict(h.errors)}
-            for h in snap.health
-        ],
+        "health": [{"source": h.source, "target": h.target, **api_values(family.HEALTH, h)} for h in snap.health],
         "targets": [_target_dict(t) for t in snap.targets],
         "gpus": [
-            {"index": d.index, "uuid": d.uuid, "name": d.name, "memory_used_bytes": d.memory_used_bytes,
-             "memory_total_bytes": d.memory_total_bytes, "kernel_residency_ratio": d.kernel_residency_ratio,
-             "dram_bandwidth_utilization_ratio": d.dram_bandwidth_utilization_ratio}
+            {"index": d.index, "uuid": d.uuid, "name": d.name, **api_values(family.GPU, GpuRow(d, ()))}
             for d in (snap.gpu.devices if snap.gpu else ())
         ],
     }
@@ -286,17 +139,9 @@ def _target_dict(t: Any) -> dict[str, Any]:
             {
                 "model": v.series.model,
                 "rank": v.series.rank,
-                "running": v.series.running,
-                "waiting": v.series.waiting,
-                "kv_usage_ratio": v.series.kv_usage_ratio,
-                "batch_max": v.batch_max,
-                "windows": [
-                    {"window": w.window, "seconds": w.seconds, "tokens_per_second": dict(w.tokens_per_second),
-                     "steps_per_second": w.steps_per_second, "mbu": w.mbu, "mfu": dict(w.mfu),
-                     "decode_intensity": w.decode_intensity, "ttft": dict(w.ttft), "itl": dict(w.itl),
-                     "preemptions_per_second": w.preemptions_per_second}
-                    for w in v.windows
-                ],
+                **api_values(family.SERIES, v),
+                "windows": [{"window": w.window, "seconds": w.seconds, **api_values(family.WINDOW, w)}
+                            for w in v.windows],
                 "verdicts": _verdicts_dict(v.verdicts),
             }
             for v in t.series
@@ -305,10 +150,10 @@ def _target_dict(t: Any) -> dict[str, Any]:
 
 
 def _verdicts_dict(verdicts: Any) -> dict[str, Any] | None:
-    """Each registered detector's verdict, followed by the numbers it carries (agent/metrics/registry.py)."""
+    """Each detector's verdict, followed by the numbers it carries (agent/signals/detectors/)."""
     if verdicts is None:
         return None
-    keys = (k for d in signal_registry.detectors() for k in (d.key, *(v.attr for v in d.values)))
+    keys = (k for d in detectors() for k in (d.key, *(v.attr for v in d.values)))
     return {k: getattr(verdicts, k, None) for k in keys}
 
 
@@ -589,12 +434,12 @@ def bind_error(exc: OSError, host: str, port: int) -> str:
     return f"listen address {shown}: cannot listen there ({exc.strerror or exc})"
 
 
-async def start_proxy(proxy: ProxyThread) -> None:
-    """Start the client-side proxy, on a loop and thread of its own (scrapes here never queue in front of its
-    streams' tokens), without a /metrics port of its own; a failed bind is a ConfigError."""
+async def start_proxy(proxy: ProxyApart) -> None:
+    """Start the client-side proxy's relay in a process of its own (scrapes here never wait for its streams'
+    tokens, nor its tokens for the GIL the agent's pages hold), without a /metrics port of its own; a failed
+    bind is a ConfigError."""
     try:
-        # it fronts a target: its detector reads the gaps
-        await proxy.start(serve_metrics=False, lag_probe=bool(proxy.server.config.name))
+        await proxy.start()
     except OSError as exc:
         host, port = split_listen(proxy.server.config.listen)
         raise ConfigError(f"proxy_listen: {bind_error(exc, host, port)}") from None
@@ -604,8 +449,8 @@ async def serve(agent: Any, host: str, port: int, *, security: Any = None,
                 limits: ServerLimits = ServerLimits(), proxy: ProxyConfig | None = None) -> None:
     """Serve the agent until SIGINT/SIGTERM; `security` (webconfig.WebSecurity) adds TLS and auth.
 
-    With `proxy` (`rooflight run --proxy-listen`), the client-side proxy runs on an event loop and thread of
-    its own (agent/proxy/thread.py) and its rooflight_client_* metrics are on this /metrics; TLS, auth and
+    With `proxy` (`rooflight run --proxy-listen`), the client-side proxy relays in a process of its own
+    (agent/proxy/apart.py) and its rooflight_client_* metrics are on this /metrics; TLS, auth and
     the limits here are the agent's port's only, the proxy relays its clients' requests as they come
     (docs/proxy.md).
     Both addresses are bound before the agent starts, so a bad --listen or --proxy-listen stops the
@@ -613,23 +458,23 @@ async def serve(agent: Any, host: str, port: int, *, security: Any = None,
     middlewares: list[Callable[..., Awaitable[web.StreamResponse]]] = (
         [security.middleware] if security is not None else [])
     ssl_context = security.ssl_context if security is not None else None
-    proxy_server = ProxyServer(proxy, clock=agent.clock) if proxy is not None else None
-    if proxy_server is not None and proxy.name:  # it fronts one of the agent's targets: one clock, its gaps
+    proxy_server = ProxyServer(proxy) if proxy is not None else None
+    if proxy_server is not None and proxy.name:  # it fronts one of the agent's targets: its gaps
         agent.use_client_gaps(proxy.name, proxy_server.client_gaps)
     elif proxy_server is not None:
         log.warning("the proxy's upstream %s is none of the targets' host:port: its client series carry "
                     "target=%r, and head-of-line is judged by the engines' ITL buckets, not the proxy's gaps",
                     public_url(proxy.upstream), proxy.target)
     collectors = [proxy_server.collector()] if proxy_server is not None else []
-    proxy_thread = ProxyThread(proxy_server) if proxy_server is not None else None
+    proxy_apart = ProxyApart(proxy_server) if proxy_server is not None else None
     runner = web.AppRunner(build_app(agent, middlewares=middlewares, collectors=collectors), access_log=None,
                            handle_signals=False, keepalive_timeout=limits.idle_timeout, max_line_size=MAX_LINE_SIZE,
                            max_field_size=MAX_FIELD_SIZE, max_headers=MAX_HEADERS)
     server = await listen(runner, host, port, ssl_context=ssl_context, limits=limits)
     undo_quiet = quiet_accept_errors(asyncio.get_running_loop())
     try:
-        if proxy_thread is not None:
-            await start_proxy(proxy_thread)
+        if proxy_apart is not None:
+            await start_proxy(proxy_apart)
         await runner.setup()
         await server.start_serving()
         if security is not None:
@@ -649,8 +494,8 @@ async def serve(agent: Any, host: str, port: int, *, security: Any = None,
     finally:
         server.close()
         try:
-            if proxy_thread is not None:
-                await proxy_thread.stop()
+            if proxy_apart is not None:
+                await proxy_apart.stop()
         finally:
             await runner.cleanup()
             undo_quiet()

@@ -3,51 +3,48 @@
 `/api/v1/snapshot` is what `/metrics` shows; this adds what the page draws: each target's roofline
 (peaks, ridge point), the live operating points of decode and prefill on it, the ceilings `rooflight plan`
 gives for the current batch, the detectors with one sentence each and their runbook link, each source's
-last error reason, and short sparkline histories. Nothing here runs on the sampling path: every figure
-is computed when a client asks, from the frozen Snapshot the agent already published. Like
+last error reason, and the sparklines the agent keeps of the last five minutes (recorded as it samples,
+agent/metrics/history.py). Nothing else here runs on the sampling path: every figure is computed when a
+client asks, from the frozen Snapshot the agent already published. Like
 /api/v1/snapshot it shows no URL and no error message (docs/security.md): everything it shows is a
 number /metrics exports or arithmetic on them and on the agent's constants.
 
-Operating points (shortest window, the livest one):
-- decode: intensity = the agent's decode arithmetic intensity (running x 2P / (weights + live KV bytes)),
-  attained FLOP/s = decode tokens/s x 2P = MFU(decode) x peak FLOP/s.
-- prefill: intensity = computed prompt tokens per engine step x 2P / weight bytes per step (the prompt
-  tokens' FLOPs over the weights every step streams, averaged over all steps, so a lower bound on one
-  prefill step's intensity), attained FLOP/s = MFU(prefill) x peak FLOP/s.
-Each point's FLOP/s over its FLOP/byte is the bytes/s its steps stream: steps/s x (weights + live KV)
-for decode, steps/s x weights for prefill. With a small KV both sit on one line parallel to the memory
-roof, below it by the MBU.
+Operating points (shortest window, the livest one), both the step model's (agent/roofline/step.py):
+- decode: intensity = the agent's decode arithmetic intensity (a decode step of the mean running batch: its
+  FLOPs over the weights it touches and the live KV bytes), attained FLOP/s = MFU(decode) x peak FLOP/s.
+- prefill: intensity = the prefill FLOP/s MFU counts over the bytes/s the engine's steps read (MBU's
+  numerator: the prompt tokens' FLOPs over every step's bytes, averaged over all steps, so a lower bound on
+  one prefill step's intensity), attained FLOP/s = MFU(prefill) x peak FLOP/s.
+The ceilings are the step model's too: a decode step of the same batch over the same live KV per sequence (and
+of the batch cap over it), at the roofline of the copy's peaks.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from rooflight.agent import __version__
-from rooflight.agent.errors import ConfigError
+from rooflight.agent.metrics.history import HISTORY_FIELDS, SeriesKey, Sparklines
 from rooflight.agent.metrics.snapshot import Health, SeriesView, Snapshot, TargetView
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
-from rooflight.agent.roofline.plan import build_plan
-from rooflight.agent.metrics import registry
+from rooflight.agent.roofline.step import Decode, Step
+from rooflight.agent.metrics import family
+from rooflight.agent.metrics.exposition import api_values, page_names
 from rooflight.agent.signals.derive import WindowValues
+from rooflight.agent.signals.detectors import detectors as registered, runbook_anchor
 
 # The rules' default runbook_url base (rules/config.py; tests hold the two equal). The agent sits below
 # the rules package, so it keeps its own copy rather than importing upwards.
 RUNBOOK_BASE_URL = "https://github.com/rooflight/rooflight/blob/main/docs/runbooks.md"
 
-HISTORY_POINTS = 300  # per series: five minutes at the default 1 s interval ...
-HISTORY_TOTAL_POINTS = 4096  # ... all series together: 128 series keep 32 points each (the answer's size bound)
-HISTORY_FIELDS = ("mbu", "mfu_prefill", "mfu_decode", "tokens_prefill", "tokens_decode", "ttft_p99", "itl_p99",
-                  "kv_usage", "running", "waiting", "preemptions_per_second")
 
 
 def runbook_url(alert: str, base: str = RUNBOOK_BASE_URL) -> str:
     """The runbook section of an alert: GitHub's anchor of its heading."""
-    return f"{base}#{registry.runbook_anchor(alert)}"
+    return f"{base}#{runbook_anchor(alert)}"
 
 
 def _num(value: float | None) -> float | None:
@@ -64,47 +61,16 @@ def _nums(values: Mapping[str, float]) -> dict[str, float]:
 
 # -- history ---------------------------------------------------------------------------------------
 
-SeriesKey = tuple[str, str, str]  # target, model, rank
-MIN_POINTS = 8  # a sparkline's fewest points, however many series share the budget
-
-
 @dataclass
 class History:
-    """Sparkline values of recent snapshots, per series: a bounded ring filled only when a client asks.
+    """What the page shows of the recent past: the agent's sparklines (recorded as its engines are sampled,
+    agent/metrics/history.py) and each source's last error reason, followed while someone looks."""
 
-    Nobody looking costs nothing; while the page is open (it polls every second) the ring follows the
-    agent's samples. A series that leaves the snapshot takes its ring with it, and the rings share
-    `total` points (each keeps at most `points`, and at least MIN_POINTS), so memory and the size of
-    /api/v1/status are bounded whatever the number of series: one series keeps five minutes, 128 keep 32
-    samples each.
-    """
-
-    points: int = HISTORY_POINTS
-    total: int | None = None  # None: HISTORY_TOTAL_POINTS
-    _rings: dict[SeriesKey, Deque[tuple[float, tuple[float | None, ...]]]] = field(default_factory=dict)
+    sparklines: Sparklines = field(default_factory=Sparklines)
     _errors: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
     _last_error: dict[tuple[str, str], tuple[float | None, str]] = field(default_factory=dict)
 
     def record(self, snap: Snapshot) -> None:
-        """Add the snapshot's values to each series' ring, once per engine sample."""
-        live: set[SeriesKey] = set()
-        count = sum(len(target.series) for target in snap.targets)
-        each = min(self.points, max(MIN_POINTS, (self.total or HISTORY_TOTAL_POINTS) // max(1, count)))
-        for target in snap.targets:
-            t = _engine_time(snap, target.name)
-            for view in target.series:
-                key = (target.name, view.series.model, view.series.rank)
-                live.add(key)
-                ring = self._rings.setdefault(key, deque(maxlen=each))
-                if ring.maxlen != each:  # the number of series changed: the share did too (newest kept)
-                    ring = self._rings[key] = deque(ring, maxlen=each)
-                if t is not None and (not ring or t > ring[-1][0]):
-                    ring.append((t, history_values(view)))
-        for key in set(self._rings) - live:
-            del self._rings[key]
-        self._record_errors(snap)
-
-    def _record_errors(self, snap: Snapshot) -> None:
         """Which error reason grew last, per source: the reason label /metrics counts, never the message
         (pages show nothing /metrics does not, docs/security.md). On a first look only a single failing
         reason names the last error; its time is then unknown."""
@@ -127,12 +93,8 @@ class History:
             self._last_error.pop(key, None)
 
     def series(self, key: SeriesKey) -> dict[str, list[float | None]]:
-        """The ring as columns: "t" and one list per HISTORY_FIELDS name."""
-        ring = self._rings.get(key, ())
-        out: dict[str, list[float | None]] = {"t": [t for t, _ in ring]}
-        for i, name in enumerate(HISTORY_FIELDS):
-            out[name] = [values[i] for _, values in ring]
-        return out
+        """The series' sparkline columns: "t" and one list per HISTORY_FIELDS name."""
+        return self.sparklines.series(key)
 
     def last_error(self, source: str, target: str) -> tuple[float | None, str] | None:
         """(when, reason) of the source's latest error seen while someone looked."""
@@ -145,25 +107,6 @@ def _engine_time(snap: Snapshot, target: str) -> float | None:
         if h.source == "engine" and h.target == target:
             return h.last_success
     return snap.created or None
-
-
-def history_values(view: SeriesView) -> tuple[float | None, ...]:
-    """One sparkline sample of a series, in HISTORY_FIELDS order, from its shortest window."""
-    w = view.windows[0] if view.windows else None
-    s = view.series
-    return (
-        _num(w.mbu) if w else None,
-        _num(w.mfu.get("prefill")) if w else None,
-        _num(w.mfu.get("decode")) if w else None,
-        _num(w.tokens_per_second.get("prefill")) if w else None,
-        _num(w.tokens_per_second.get("decode")) if w else None,
-        _num(w.ttft.get("99")) if w else None,
-        _num(w.itl.get("99")) if w else None,
-        _num(s.kv_usage_ratio),
-        _num(s.running),
-        _num(s.waiting),
-        _num(w.preemptions_per_second) if w else None,
-    )
 
 
 # -- the roofline ----------------------------------------------------------------------------------
@@ -194,49 +137,48 @@ def operating_points(c: TargetConstants | None, w: WindowValues | None) -> dict[
     if decode_flops is not None and intensity:
         out["decode"] = {"intensity": intensity, "flops": decode_flops * c.peak_flops}
     prefill_mfu = _num(w.mfu.get("prefill"))
-    per_step = _num(w.prefill_tokens_per_step)
-    running = w.mean_running or 1.0
-    if prefill_mfu is not None and per_step:
-        prefill_intensity = per_step * physics.FLOPS_PER_PARAM_PER_TOKEN * c.model.params_active / (
-            c.model.weight_bytes_streamed(running))
-        out["prefill"] = {"intensity": prefill_intensity, "flops": prefill_mfu * c.peak_flops}
+    prefill_flops = _num(w.flops_per_second.get("prefill"))
+    streamed = _num(w.streamed_bytes_per_second)
+    if prefill_mfu is not None and prefill_flops and streamed:
+        out["prefill"] = {"intensity": prefill_flops / streamed, "flops": prefill_mfu * c.peak_flops}
     return out
 
 
 def ceilings(c: TargetConstants | None, view: SeriesView) -> list[dict[str, Any]]:
-    """`rooflight plan`'s decode ceiling at the current batch and context, and at the batch cap.
+    """The step model's decode ceiling at the current batch and context, and at the batch cap: a decode step of
+    that many sequences, each holding the live KV layer-tokens a running sequence holds now, at the roofline of
+    the copy's peaks (its FLOPs over its bytes, and the FLOP/s it reaches on the roofs).
 
     The batch and its live KV are the shortest window's means (the decode point's own inputs, so the
-    ceiling sits above it); context per sequence = live KV / (batch x KV bytes per token).
+    ceiling sits above it).
     """
-    if c is None or c.model is None or c.gpu is None:  # no profile for this GPU: no ceilings, not another GPU's
+    if c is None or c.layout is None or c.roofs is None:  # no profile for this GPU: no ceilings, not another GPU's
         return []
     w = view.windows[0] if view.windows else None
     running = _num(w.mean_running if w and w.mean_running is not None else view.series.running)
     live = _num(w.mean_live_kv_bytes if w and w.mean_live_kv_bytes is not None else view.live_kv_bytes)
     if not running or live is None:
         return []
-    per_token = c.model.kv_bytes_per_token_per_gpu(c.tensor_parallel_size) * c.tensor_parallel_size
-    context = max(1, round(live / (running * per_token)))
+    layout, roofs = c.layout, c.roofs
+    context = layout.layer_tokens_in(live) / running  # KV layer-tokens a running sequence holds
     batches = [("batch", max(1, round(running)))]
     cap = _num(view.batch_max)
     if cap and round(cap) > batches[0][1]:
         batches.append(("cap", int(round(cap))))
     out = []
     for kind, batch in batches:
-        try:
-            plan = build_plan(c.model, c.gpu, tp=c.tensor_parallel_size, context_tokens=context, batch=batch,
-                              prompt_tokens=1)
-        except ConfigError:
+        cost = layout.cost(Step(decode=Decode(batch, context)))
+        seconds = cost.seconds(roofs)
+        if not 0 < seconds < math.inf:
             return []
         out.append({
             "kind": kind,
             "batch": batch,
-            "context_tokens": context,
-            "intensity": plan.decode_intensity_at_batch,
-            "flops": plan.decode_attainable_fraction_of_peak * plan.peak_flops,
-            "tokens_per_second": plan.decode_tokens_per_second_at_batch,
-            "step_seconds": plan.decode_step_seconds_at_batch,
+            "context_tokens": round(layout.context_of(context)),
+            "intensity": cost.intensity,
+            "flops": cost.flops / seconds,
+            "tokens_per_second": batch / seconds,
+            "step_seconds": seconds,
         })
     return out
 
@@ -244,10 +186,10 @@ def ceilings(c: TargetConstants | None, view: SeriesView) -> list[dict[str, Any]
 # -- the rest of one series ------------------------------------------------------------------------
 
 def detectors(verdicts: Any) -> list[dict[str, Any]]:
-    """Every registered detector (agent/metrics/registry.py): active, clear or unknown (the inputs cannot
-    tell), with its sentence and runbook, and the numbers and source its verdict carries."""
+    """Every detector (agent/signals/detectors/): active, clear or unknown (the inputs cannot tell), with its
+    sentence and runbook, and the numbers and source its verdict carries."""
     out = []
-    for d in registry.detectors():
+    for d in registered():
         value = getattr(verdicts, d.key, None) if verdicts is not None else None
         state = "unknown" if value is None else ("active" if value else "clear")
         row = {"key": d.key, "title": d.title, "state": state, "sentence": d.sentence,
@@ -255,18 +197,18 @@ def detectors(verdicts: Any) -> list[dict[str, Any]]:
         if verdicts is not None:
             row.update({v.attr: _num(getattr(verdicts, v.attr, None)) for v in d.values})
             if d.choice is not None:  # e.g. engine (its buckets) or proxy (exact gaps)
-                row[d.choice.attr] = getattr(verdicts, d.choice.attr, None)
+                row[d.choice.attr] = getattr(verdicts, d.choice.attr, None) or d.choice.default
         out.append(row)
     return out
 
 
+def _shown(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Family values (exposition.api_values) as the page shows them: what /metrics would export, else None."""
+    return {k: _nums(v) if isinstance(v, Mapping) else _num(v) for k, v in values.items()}
+
+
 def window_dict(w: WindowValues) -> dict[str, Any]:
-    return {
-        "window": w.window, "seconds": w.seconds,
-        "mbu": _num(w.mbu), "mfu": _nums(w.mfu), "tokens_per_second": _nums(w.tokens_per_second),
-        "steps_per_second": _num(w.steps_per_second), "decode_intensity": _num(w.decode_intensity),
-        "ttft": _nums(w.ttft), "itl": _nums(w.itl), "preemptions_per_second": _num(w.preemptions_per_second),
-    }
+    return {"window": w.window, "seconds": w.seconds, **_shown(api_values(family.WINDOW, w))}
 
 
 def series_dict(target: TargetView, view: SeriesView, history: History | None) -> dict[str, Any]:
@@ -276,10 +218,7 @@ def series_dict(target: TargetView, view: SeriesView, history: History | None) -
     return {
         "model": s.model,
         "rank": s.rank,
-        "running": _num(s.running),
-        "waiting": _num(s.waiting),
-        "batch_max": _num(view.batch_max),
-        "kv_usage_ratio": _num(s.kv_usage_ratio),
+        **_shown(api_values(family.SERIES, view)),
         "live_kv_bytes": _num(view.live_kv_bytes),
         "windows": [window_dict(w) for w in view.windows],
         "operating": operating_points(c, shortest),
@@ -317,7 +256,7 @@ def health_dict(h: Health, history: History | None) -> dict[str, Any]:
 
 
 def status_dict(snap: Snapshot, history: History | None = None) -> dict[str, Any]:
-    """Everything the status page shows, from one Snapshot (records it into `history` first)."""
+    """Everything the status page shows, from one Snapshot (records its errors into `history` first)."""
     if history is not None:
         history.record(snap)
     return {
@@ -325,7 +264,7 @@ def status_dict(snap: Snapshot, history: History | None = None) -> dict[str, Any
         "created": snap.created,
         "runbook_base_url": RUNBOOK_BASE_URL,
         "history_fields": list(HISTORY_FIELDS),
-        "metric_names": registry.page_metrics(),  # so the page can say which series each number is
+        "metric_names": page_names(),  # so the page can say which series each number is
         "health": [health_dict(h, history) for h in snap.health],
         "targets": [target_dict(snap, t, history) for t in snap.targets],
         "gpus": [

@@ -29,8 +29,12 @@ check is remembered (at most CACHE_MAX, least recently used out) under an HMAC o
 stored hash) keyed by a per-process random secret, as exporter-toolkit does; a changed hash or password
 misses the cache. Failures are never cached. Checks run on their own AUTH_THREADS daemon thread (a
 check in progress never holds up a stop), not the event loop's default executor (aiohttp gzips /metrics there), and at most AUTH_QUEUE wait or run
-at once, at most AUTH_PER_CLIENT of them one client's; waiting checks are served one client at a time in
-turn, so a client with a backlog delays another by one check, not by its backlog. A client (by IP) gets
+at once in each of two lanes, at most AUTH_PER_CLIENT of them one client's. A client that has not failed
+a check within FAILED_LATELY_S (or has logged in since) checks in the first lane, served before the other: however many addresses
+keep the second lane full of wrong passwords, a first login from an address that has not failed waits for
+the check running and the first lane's, never for theirs, and is never refused for their backlog. In each
+lane waiting checks are served one client at a time in turn, so a client with a backlog delays another by
+one check, not by its backlog. A client (by IP) gets
 FAIL_BURST failed checks, then one per 1/FAIL_PER_SECOND s, and past that is answered 429 without
 bcrypt, after LIMITED_DELAY (a flood's loop then spins at 1/LIMITED_DELAY per connection; during the wait the
 connection gives way at the connection cap, so the waits hold no place another address needs). Every check
@@ -89,11 +93,13 @@ _CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CE
 _BCRYPT_PREFIXES = (b"$2a$", b"$2b$", b"$2y$")
 CACHE_MAX = 256  # remembered successful credentials
 AUTH_THREADS = 1  # bcrypt checks run at once: at most one core, whatever the load
-AUTH_QUEUE = 32  # bcrypt checks running or waiting, all clients together; past it: 429
+AUTH_QUEUE = 32  # bcrypt checks running or waiting in one lane, all its clients together; past it: 429
 AUTH_PER_CLIENT = 2  # ... of which one client IP may hold; past it: 429, and the attempt is spent
 LIMITED_DELAY = 1.0  # seconds a 429 waits before it is sent: a looping client then costs ~nothing
 FAIL_BURST = 10  # failed checks one client IP may make at once ...
 FAIL_PER_SECOND = 1.0  # ... and then at this rate; past it: 429 without bcrypt
+FAILED_LATELY_S = 300.0  # a client that failed a check this recently (and has not logged in since) checks in
+# the second lane
 MAX_CLIENTS_TRACKED = 4096  # client IPs whose failures are remembered (least recently seen out)
 DEFAULT_COST = 12
 MIN_COST, MAX_COST = 4, 14  # bcrypt's floor; past 14 one check takes seconds and a stand-in hash minutes
@@ -139,11 +145,12 @@ def parse(data: Any, *, base: Path, where: str = "web config") -> WebConfig:
     tls = _tls(data.get("tls_server_config"), base, f"{where}: tls_server_config")
     users = _users(data.get("basic_auth_users"), f"{where}: basic_auth_users")
     headers = _headers(data.get("http_server_config"), f"{where}: http_server_config")
-    if tls is None and not users and not headers:
+    if tls is None and not users:
         # An empty file given as --web-config is a mistake, not a wish for no security: serving without TLS
-        # and auth would then look configured and not be.
-        raise ConfigError(f"{where}: configures nothing (no tls_server_config, basic_auth_users or"
-                          " http_server_config), so it would serve with authentication off and without TLS;"
+        # and auth would then look configured and not be. Response headers alone guard nothing either.
+        what = ("sets only response headers (http_server_config)" if headers else
+                "configures nothing (no tls_server_config, basic_auth_users or http_server_config)")
+        raise ConfigError(f"{where}: {what}, so it would serve with authentication off and without TLS;"
                           " add basic_auth_users or tls_server_config, or drop --web-config (web_config) to"
                           " serve plain HTTP on purpose")
     return WebConfig(tls=tls, users=users, headers=headers)
@@ -307,6 +314,7 @@ class FailureLimiter:
         self.burst, self.per_second, self.max_clients = burst, per_second, max_clients
         self._clock = clock
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # client -> (tokens, when)
+        self._failed: OrderedDict[str, float] = OrderedDict()  # client -> when it last failed a check
 
     def take(self, client: str) -> bool:
         """Spend one attempt for `client`; False when it has none left (answer 429)."""
@@ -315,6 +323,21 @@ class FailureLimiter:
             return False
         self._buckets[client] = (tokens - 1.0, self._clock())
         return True
+
+    def failed_lately(self, client: str) -> bool:
+        """Whether `client` failed a check within FAILED_LATELY_S and has not logged in since."""
+        when = self._failed.get(client)
+        return when is not None and self._clock() - when < FAILED_LATELY_S
+
+    def failed(self, client: str) -> None:
+        self._failed.pop(client, None)
+        self._failed[client] = self._clock()  # most recent last
+        while len(self._failed) > self.max_clients:
+            self._failed.popitem(last=False)
+
+    def succeeded(self, client: str) -> None:
+        self._failed.pop(client, None)
+        self.give_back(client)
 
     def give_back(self, client: str) -> None:
         """A check that succeeded (or never ran) does not count against the client."""
@@ -345,9 +368,10 @@ class BasicAuth:
         self._ok: OrderedDict[bytes, None] = OrderedDict()
         # AUTH_THREADS (one) daemon thread: a check still running cannot keep a stopping agent alive.
         self._pool = DaemonThreadExecutor("rooflight-auth")
-        self._pending = 0
+        self._pending = [0, 0]  # checks running or waiting per lane: 0, clients that have not failed lately; 1, the rest
         self._per_client: dict[str, int] = {}  # checks running or waiting, per client (the loop's count)
-        self._turns: OrderedDict[str, deque[Callable[[], None]]] = OrderedDict()  # client -> its waiting checks
+        # per lane, client -> its waiting checks
+        self._turns: tuple[OrderedDict[str, deque[Callable[[], None]]], ...] = (OrderedDict(), OrderedDict())
         self._turns_lock = threading.Lock()
         self.limiter = FailureLimiter()
         import bcrypt
@@ -392,32 +416,35 @@ class BasicAuth:
         if hashed is not None and key in self._ok:
             self._ok.move_to_end(key)
             return OK
+        lane = int(self.limiter.failed_lately(client))
         if not self.limiter.take(client):
             return LIMITED
         if self._per_client.get(client, 0) >= AUTH_PER_CLIENT:
             return LIMITED  # its own backlog is full: the attempt is spent, the others' share untouched
-        if self._pending >= AUTH_QUEUE:
+        if self._pending[lane] >= AUTH_QUEUE:
             self.limiter.give_back(client)  # everyone's queue is full: not this client's doing
             return LIMITED
-        self._pending += 1
+        self._pending[lane] += 1
         self._per_client[client] = self._per_client.get(client, 0) + 1
         try:
-            ok = await asyncio.wrap_future(self._in_turn(client, lambda: self._verify(password, hashed)))
+            ok = await asyncio.wrap_future(self._in_turn(client, lane, lambda: self._verify(password, hashed)))
         finally:
-            self._pending -= 1
+            self._pending[lane] -= 1
             left = self._per_client.pop(client) - 1
             if left:
                 self._per_client[client] = left
         if not ok:
+            self.limiter.failed(client)
             return DENIED
-        self.limiter.give_back(client)
+        self.limiter.succeeded(client)
         self._ok[key] = None
         while len(self._ok) > CACHE_MAX:
             self._ok.popitem(last=False)
         return OK
 
-    def _in_turn(self, client: str, check: Callable[[], bool]) -> concurrent.futures.Future[bool]:
-        """Run `check` on the pool when `client`'s turn comes: clients with waiting checks take turns."""
+    def _in_turn(self, client: str, lane: int, check: Callable[[], bool]) -> concurrent.futures.Future[bool]:
+        """Run `check` on the pool when `client`'s turn in `lane` comes: the first lane's checks go first, and
+        in a lane clients with waiting checks take turns."""
         done: concurrent.futures.Future[bool] = concurrent.futures.Future()
 
         def job() -> None:
@@ -428,18 +455,19 @@ class BasicAuth:
                     done.set_exception(exc)
 
         with self._turns_lock:
-            self._turns.setdefault(client, deque()).append(job)
+            self._turns[lane].setdefault(client, deque()).append(job)
         self._pool.submit(self._next_turn)  # one submission per check: each runs the next client's oldest
         return done
 
     def _next_turn(self) -> None:
         with self._turns_lock:
-            client, jobs = next(iter(self._turns.items()))
+            turns = self._turns[0] or self._turns[1]
+            client, jobs = next(iter(turns.items()))
             job = jobs.popleft()
             if jobs:
-                self._turns.move_to_end(client)  # its next check waits for every other client's
+                turns.move_to_end(client)  # its next check waits for every other client's
             else:
-                del self._turns[client]
+                del turns[client]
         job()
 
     def _verify(self, password: bytes, hashed: bytes | None) -> bool:

@@ -3,10 +3,10 @@
 derive.py withholds an MBU or MFU above MAX_UTILIZATION; the rates they come from must go with them, or
 an impossible throughput (a counter that jumped 5e8 tokens/s, under windows.MAX_PLAUSIBLE_RATE) is
 still exported as tokens/s and carried into cost per million tokens, tokens per joule and capacity.
-A phase's tokens/s is possible when those tokens' FLOPs (2 x active parameters each, docs/physics.md)
-fit in MAX_UTILIZATION x the peak FLOP/s of the GPUs one model copy spans; requests/s when each request
-has at least one such token; steps/s when each step streams the weights within MAX_UTILIZATION x the
-peak bandwidth. With no model or no GPU profile there is no peak to check against and the windows pass
+A phase's tokens/s is possible when those tokens' FLOPs (the step model's for a token without context:
+2 x the parameters it multiplies, docs/physics.md) fit in MAX_UTILIZATION x the peak FLOP/s of the GPUs one
+model copy spans; requests/s when each request has at least one such token; steps/s when each step reads the
+weights a step of the mean running batch touches within MAX_UTILIZATION x the peak bandwidth. With no model or no GPU profile there is no peak to check against and the windows pass
 unchanged. Pure: no I/O, the counting of what is withheld stays with derive.py's reasons.
 """
 
@@ -14,24 +14,24 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
+from rooflight.agent.roofline.step import Decode, Step
 from rooflight.agent.signals.derive import MAX_UTILIZATION, WindowValues
 
 
 def tokens_per_second_bound(constants: TargetConstants | None) -> float | None:
     """The most tokens/s one model copy can compute: MAX_UTILIZATION x peak FLOP/s over FLOPs per token."""
-    if constants is None or constants.model is None or not constants.peak_flops:
+    if constants is None or constants.layout is None or not constants.peak_flops:
         return None
-    per_token = physics.FLOPS_PER_PARAM_PER_TOKEN * constants.model.params_active
+    per_token = constants.layout.cost(Step(decode=Decode(1.0, 0.0))).flops
     return MAX_UTILIZATION * constants.peak_flops / per_token if per_token > 0 else None
 
 
 def steps_per_second_bound(constants: TargetConstants | None, running: float | None) -> float | None:
     """The most engine steps/s the weights can be streamed at: MAX_UTILIZATION x peak bandwidth / weight bytes."""
-    if constants is None or constants.model is None or not constants.peak_bandwidth:
+    if constants is None or constants.layout is None or not constants.peak_bandwidth:
         return None
-    weights = constants.model.weight_bytes_streamed(running or 1.0)
+    weights = constants.layout.cost(Step(decode=Decode(max(running or 1.0, 1.0), 0.0))).weight_bytes
     return MAX_UTILIZATION * constants.peak_bandwidth / weights if weights > 0 else None
 
 

@@ -19,6 +19,7 @@ from typing import Mapping
 
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
+from rooflight.agent.roofline.step import Decode, Lengths, Prefill, Step, prompt_spans
 from rooflight.agent.signals.windows import (
     CorrectedHistogram, Point, SeriesHistory, histogram_delta, histogram_quantiles, increase,
     mean, rate,
@@ -136,7 +137,11 @@ class WindowValues:
     # prompt tokens, the engine telling nothing of its cache: MFU may overstate). None without prefill.
     prefill_tokens_basis: str | None = None
     tokens_per_step: float | None = None  # tokens one step ran (MoE expert coverage), over the window
+    step_token_mix: Lengths | None = None  # their distribution over the window's steps (vLLM's iteration_tokens)
     mean_prompt_tokens: float | None = None  # of the requests that finished in the window (prefill attention)
+    prompt_length_mix: Lengths | None = None  # their prompt lengths' distribution (the prompt-length histogram)
+    computed_prefill_tokens_per_second: float | None = None  # prompt tokens/s computed: prefix-cache hits out
+    draft_passes_per_step: float | None = None  # draft-model passes a step (draft tokens / proposals), k
     # Per-request distributions by percentile, over the requests that finished in the window.
     prompt_length: Mapping[str, float] = field(default_factory=dict)  # prompt tokens per request
     output_length: Mapping[str, float] = field(default_factory=dict)  # output tokens per request
@@ -178,11 +183,13 @@ def derive_window(
     hit_ratio = prefix_cache_hit_ratio(first, last)
     computed, basis = computed_prefill(tokens.get("prefill"), hit_ratio, PROMPT_INCLUDES_HITS in last.gauges)
     per_step = _tokens_per_step(first, last, computed / tokens["prefill"] if computed and tokens.get("prefill") else 1.0)
-    mean_prompt = _mean_prompt(first, last)
+    step_mix = _step_token_mix(first, last, per_step)
+    prompts = prompt_length_mix(first, last)
+    draft_passes = _draft_passes_per_step(first, last)
     streamed = _streamed_bytes_per_second(
-        constants, live_kv, steps, per_step if per_step is not None else max(running or 0.0, 1.0),
-        _draft_passes_per_step(first, last))
-    flops = _flops_per_second(constants, tokens, computed, mean_prompt, hit_ratio,
+        constants, live_kv_layer_tokens(kv_usage, kv_capacity_tokens, constants), steps,
+        step_mix or Lengths.one(max(running or 0.0, 1.0)), draft_passes)
+    flops = _flops_per_second(constants, tokens, computed, prompts, hit_ratio,
                               _decode_context_layer_tokens(kv_usage, kv_capacity_tokens, running, constants),
                               _prefills_per_second(first, last, ttft))
     mbu, mfu, dropped = _in_range(_per_peak(streamed, constants.peak_bandwidth if constants else None),
@@ -203,7 +210,8 @@ def derive_window(
         mfu=mfu,
         streamed_bytes_per_second=streamed,
         flops_per_second=flops,
-        decode_intensity=_decode_intensity(constants, running, live_kv),
+        decode_intensity=_decode_intensity(constants, running,
+                                           live_kv_layer_tokens(kv_usage, kv_capacity_tokens, constants)),
         ttft=ttft_percentiles,
         itl=itl_percentiles,
         mean_running=running,
@@ -229,7 +237,11 @@ def derive_window(
         prefix_cache_hit_ratio=hit_ratio,
         prefill_tokens_basis=basis,
         tokens_per_step=per_step,
-        mean_prompt_tokens=mean_prompt,
+        step_token_mix=step_mix,
+        mean_prompt_tokens=prompts.mean() if prompts is not None else None,
+        prompt_length_mix=prompts,
+        computed_prefill_tokens_per_second=computed,
+        draft_passes_per_step=draft_passes,
         prompt_length=_percentiles(histogram_delta(first, last, PROMPT_LENGTH), percentiles),
         output_length=_percentiles(histogram_delta(first, last, OUTPUT_LENGTH), percentiles),
         queue_time=_percentiles(histogram_delta(first, last, QUEUE_TIME), percentiles),
@@ -308,11 +320,10 @@ def _scaled(value: float | None, factor: float) -> float | None:
 
 
 def kv_bytes(tokens: float | None, constants: TargetConstants | None) -> float | None:
-    """K+V bytes of `tokens` tokens as the TP ranks hold them (each rank its shard, or its copy)."""
-    if tokens is None or constants is None or constants.model is None:
+    """K+V bytes of `tokens` tokens as the TP ranks hold them (each rank its shard, or its copy), all layers."""
+    if tokens is None or constants is None or constants.layout is None:
         return None
-    tp = constants.tensor_parallel_size
-    return tokens * constants.model.kv_bytes_per_token_per_gpu(tp) * tp
+    return constants.layout.token_kv_bytes(tokens)
 
 
 def _observation_rate(hist: CorrectedHistogram | None, seconds: float) -> float | None:
@@ -366,22 +377,6 @@ def _plus_one(x: float | None) -> float | None:
     return None if x is None else 1.0 + x
 
 
-def derive_target(
-    history: SeriesHistory,
-    windows: Mapping[str, float],
-    constants: TargetConstants | None,
-    kv_capacity_tokens: float | None,
-    percentiles: tuple[str, ...] = ("50", "90", "99"),
-) -> tuple[WindowValues, ...]:
-    """Every configured window that the history covers, shortest first."""
-    out = []
-    for name, seconds in sorted(windows.items(), key=lambda kv: kv[1]):
-        values = derive_window(history, name, seconds, constants, kv_capacity_tokens, percentiles)
-        if values is not None:
-            out.append(values)
-    return tuple(out)
-
-
 def stall_inputs(history: SeriesHistory, seconds: float) -> dict[str, float | None]:
     """The stall detector's inputs over the last `seconds`: the least requests held (running + waiting) and
     the progress made (engine steps + prompt + generated tokens, reset-corrected). Both None until the
@@ -411,11 +406,18 @@ def live_kv_bytes(
     Heads shard across GPUs, so the sum is the model's per-token bytes; where every GPU holds all of it
     (an MLA latent, or fewer KV heads than GPUs) each GPU streams its own copy. A pool token holds the
     layers the engine pages together: every layer, or one attention-type group of a hybrid model under
-    vLLM's hybrid KV-cache manager (TargetConstants.kv_bytes_per_pool_token).
+    vLLM's hybrid KV-cache manager (step.Layout.pool_layers).
     """
-    if kv_usage is None or capacity is None or constants is None or constants.model is None:
+    layer_tokens = live_kv_layer_tokens(kv_usage, capacity, constants)
+    return None if layer_tokens is None else constants.layout.kv_bytes(layer_tokens)  # type: ignore[union-attr]
+
+
+def live_kv_layer_tokens(kv_usage: float | None, capacity: float | None,
+                         constants: TargetConstants | None) -> float | None:
+    """KV layer-tokens the pool holds: occupancy x capacity in pool tokens x layers a pool token holds."""
+    if kv_usage is None or capacity is None or constants is None or constants.layout is None:
         return None
-    return kv_usage * capacity * constants.kv_bytes_per_pool_token  # type: ignore[operator]
+    return constants.layout.pool_layer_tokens(kv_usage, capacity)
 
 
 def _phase_rates(first: Point, last: Point) -> dict[str, float]:
@@ -449,10 +451,28 @@ def _tokens_per_step(first: Point, last: Point, computed_share: float) -> float 
         increase(first, last, STEPS), increase(first, last, ITERATION_TOKENS))
 
 
-def _mean_prompt(first: Point, last: Point) -> float | None:
-    """Mean prompt length of the requests that finished in the window (their histogram's sum / count)."""
-    mean_length = _ratio(increase(first, last, PROMPT_LENGTH_SUM), increase(first, last, PROMPT_LENGTH_COUNT))
-    return mean_length if mean_length is not None and mean_length > 0 else None
+def prompt_length_mix(first: Point, last: Point) -> Lengths | None:
+    """The prompt lengths of the requests that finished in the window, from their histogram's buckets and sum
+    (step.Lengths.from_histogram): their attention grows with E[L^2], which the mean's square understates."""
+    hist = histogram_delta(first, last, PROMPT_LENGTH)
+    total = increase(first, last, PROMPT_LENGTH_SUM)
+    if hist is not None:
+        mix = Lengths.from_histogram(hist.bounds, hist.counts, total)
+        if mix is not None and mix.mean() > 0:
+            return mix
+    mean_length = _ratio(total, increase(first, last, PROMPT_LENGTH_COUNT))
+    return Lengths.one(mean_length) if mean_length is not None and mean_length > 0 else None
+
+
+def _step_token_mix(first: Point, last: Point, per_step: float | None) -> Lengths | None:
+    """Tokens per step over the window's steps: vLLM's iteration_tokens buckets (each step's own count, where
+    MoE coverage, concave in the tokens, is read step by step), else every step at the mean."""
+    hist = histogram_delta(first, last, STEP_TOKENS)
+    if hist is not None:
+        mix = Lengths.from_histogram(hist.bounds, hist.counts, increase(first, last, ITERATION_TOKENS))
+        if mix is not None:
+            return mix
+    return Lengths.one(per_step) if per_step is not None else None
 
 
 def _prefills_per_second(first: Point, last: Point, ttft: CorrectedHistogram | None) -> float:
@@ -470,9 +490,10 @@ def _decode_context_layer_tokens(kv_usage: float | None, capacity: float | None,
                                  constants: TargetConstants | None) -> float | None:
     """Layer-tokens one running sequence's cache holds (what each of its decode tokens attends to, summed
     over layers): occupancy x pool tokens x layers a pool token holds / mean running sequences."""
-    if kv_usage is None or capacity is None or not running or running <= 0 or constants is None or constants.model is None:
+    layer_tokens = live_kv_layer_tokens(kv_usage, capacity, constants)
+    if layer_tokens is None or not running or running <= 0:
         return None
-    return kv_usage * capacity * constants.model.kv_pool_layers(constants.kv_pool_grouped) / running
+    return layer_tokens / running
 
 
 def _draft_passes_per_step(first: Point, last: Point) -> float | None:
@@ -483,48 +504,33 @@ def _draft_passes_per_step(first: Point, last: Point) -> float | None:
 
 
 def _streamed_bytes_per_second(
-    constants: TargetConstants | None, live_kv: float | None, steps: float | None, tokens_per_step: float,
+    constants: TargetConstants | None, kv_layer_tokens: float | None, steps: float | None, step_tokens: Lengths,
     draft_passes: float | None = None,
 ) -> float | None:
     """Bytes the engine's steps read per second, as MBU counts them (MBU = this / the copy's peak
-    bandwidth); None where an input is unknown.
-
-    Weights per step: what a step of `tokens_per_step` tokens reads (MoE: the experts those tokens touch;
-    the input embedding table one row a token; expert parallelism: this copy's share of the experts), plus
-    a draft model's weights once per draft pass; and every live KV byte."""
-    if constants is None or constants.model is None or live_kv is None or steps is None:
+    bandwidth): the step model's bytes of a step of these tokens (step.Layout.cost: the weights its tokens
+    touch, a draft model's per draft pass, every live KV byte) x steps/s. None where an input is unknown."""
+    if constants is None or constants.layout is None or kv_layer_tokens is None or steps is None:
         return None
-    weights = constants.model.decode_weight_bytes(tokens_per_step, constants.expert_ranks)
-    if constants.draft is not None and draft_passes:
-        weights += draft_passes * constants.draft.decode_weight_bytes(tokens_per_step)
-    return (weights + live_kv) * steps
+    step = Step(step_tokens=step_tokens, kv_layer_tokens=kv_layer_tokens, draft_passes=draft_passes or 0.0)
+    return constants.layout.cost(step).bytes * steps
 
 
 def _flops_per_second(constants: TargetConstants | None, tokens: Mapping[str, float],
-                      computed_prefill: float | None, mean_prompt: float | None, hit_ratio: float | None,
+                      computed_prefill: float | None, prompts: Lengths | None, hit_ratio: float | None,
                       decode_context: float | None, prefills_per_second: float = 0.0) -> dict[str, float]:
-    """FLOP/s by phase, as MFU counts them (MFU = this / the copy's peak FLOP/s); empty without a model.
-    Per token: 2 x the parameters it multiplies with (not the input embedding table), plus its attention
-    scores and values: a prefill token over the mean prompt's causal triangle (the cached prefix attended
-    to, not recomputed), a decode token over its sequence's cache; the LM head once per prefill, not per
-    prompt token (docs/physics.md, Live ratios)."""
-    if constants is None or constants.model is None:
+    """FLOP/s by phase, as MFU counts them (MFU = this / the copy's peak FLOP/s): the step model's FLOPs of a
+    second of the window's work (step.Layout.prefill_flops, decode_flops: the prompts' attention from their
+    length distribution, the cached prefix attended to and not recomputed, the LM head once per prefill; a
+    decode token's attention over its sequence's cache). Empty without a model."""
+    if constants is None or constants.layout is None:
         return {}
-    model = constants.model
-    linear = physics.FLOPS_PER_PARAM_PER_TOKEN * model.matmul_params_active
-    out = {}
+    layout, out = constants.layout, {}
     if "prefill" in tokens and computed_prefill is not None:
-        attention = 0.0
-        if mean_prompt:
-            cached = mean_prompt * (hit_ratio or 0.0)
-            fresh = mean_prompt - cached
-            attention = model.attention_flops(cached, mean_prompt) / fresh if fresh > 0 else 0.0
-        prompt_linear = physics.FLOPS_PER_PARAM_PER_TOKEN * model.prefill_matmul_params
-        logits = physics.FLOPS_PER_PARAM_PER_TOKEN * model.lm_head_params * prefills_per_second
-        out["prefill"] = computed_prefill * (prompt_linear + attention) + logits
+        out["prefill"] = layout.prefill_flops(
+            Prefill(computed_prefill, prompt_spans(prompts, hit_ratio), prefills_per_second))
     if "decode" in tokens:
-        attention = model.attention_flops_per_pair * decode_context if decode_context else 0.0
-        out["decode"] = tokens["decode"] * (linear + attention)
+        out["decode"] = layout.decode_flops(Decode(tokens["decode"], decode_context or 0.0))
     return out
 
 
@@ -540,12 +546,13 @@ def _per_peak_by_phase(work: Mapping[str, float], peak: float | None) -> dict[st
 
 
 def _decode_intensity(
-    constants: TargetConstants | None, running: float | None, live_kv: float | None
+    constants: TargetConstants | None, running: float | None, kv_layer_tokens: float | None
 ) -> float | None:
-    if constants is None or constants.model is None or running is None or live_kv is None or running <= 0:
+    """FLOPs per byte of a decode step of the window's mean running batch over its live KV (step model)."""
+    if constants is None or constants.layout is None or running is None or kv_layer_tokens is None or running <= 0:
         return None
-    model = constants.model
-    return physics.decode_intensity(running, model.params_active, model.weight_bytes_streamed(running), live_kv)
+    step = Step(decode=Decode(running, kv_layer_tokens / running), kv_layer_tokens=kv_layer_tokens)
+    return constants.layout.cost(step).intensity
 
 
 def _percentiles(delta: CorrectedHistogram | None, percentiles: tuple[str, ...]) -> dict[str, float]:

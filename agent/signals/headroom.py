@@ -31,6 +31,7 @@ from typing import Iterable, Mapping
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
+from rooflight.agent.roofline.step import Decode, Layout, Prefill, Roofs, Step, prompt_spans
 from rooflight.agent.signals.derive import WindowValues
 from rooflight.agent.signals.windows import SeriesHistory, increase
 
@@ -142,8 +143,7 @@ def decode_load(w: WindowValues, constants: TargetConstants | None, batch_max: f
         return None
     if tokens <= 0:
         return 0.0
-    prompt, output = request_mix(w) or (0.0, 0.0)
-    wall_step = _decode_at_wall(w, constants, batch_max, kv_capacity_tokens, prompt, output, settings)
+    wall_step = _decode_at_wall(w, constants, batch_max, kv_capacity_tokens, request_mix(w), settings)
     if wall_step is None:
         return None
     batch, _, step = wall_step
@@ -229,122 +229,147 @@ def capacity(w: WindowValues, constants: TargetConstants | None, batch_max: floa
              kv_capacity_tokens: float | None, settings: SignalSettings) -> Capacity | None:
     """The request rate and decode tokens/s the roofline sustains at the window's mix, before the first wall.
 
-    Mix (request_mix): mean prompt P = prefill tokens/s / requests/s, mean output O = decode tokens/s /
-    requests/s; in a window that preempted, the finished requests' means.
-    First wall: the batch N = min(batch cap, sequences the KV cache holds); the cache holds mean running /
-    mean occupancy sequences of the current context (capacity / (P + O/2) while nothing runs). Decode steps
-    at N take physics.decode_step_seconds_roofline at decode_mbu x the bandwidth peak and prefill_mfu x the
-    compute peak, over the tokens a speculative verify step yields (1 without speculative decoding); each
-    request costs O x step / N + P x 2P_active / (peak x prefill_mfu) engine seconds.
+    Mix (request_mix): mean prompt P = prefill tokens/s / requests/s (its computed share: prefix-cache hits
+    cost no prefill), mean output O = decode tokens/s / requests/s; in a window that preempted, the finished
+    requests' means. First wall: the batch N = min(batch cap, sequences the KV cache holds); the cache holds
+    mean running / mean occupancy sequences of the current context (capacity / a sequence's pool tokens at
+    P + O/2 while nothing runs). Every second is the step model's (agent/roofline/step.py) at decode_mbu x the
+    bandwidth peak and prefill_mfu x the compute peak: a decode step at N (its experts, its draft passes, its
+    live KV per sequence, a speculative step's 1 + k verified tokens yielding spec_decode_tokens_per_step), and
+    a request's prefill (its computed tokens, its prompt's attention, the LM head once, TP all-reduces); each
+    request costs O x step / N + its prefill engine seconds.
     """
-    peaks = _peaks(constants)
+    model = _model(constants)
     mix = request_mix(w)
-    if peaks is None or mix is None:
+    if model is None or mix is None:
         return None
-    prompt, output = mix
-    model, flops = constants.model, peaks[0]  # type: ignore[union-attr]
-    per_token = physics.prefill_seconds_per_token(model.params_active, flops, settings.prefill_mfu)
-    prefill_alone = 1.0 / per_token
+    layout, roofs = model[0], model[1].at(settings.prefill_mfu, settings.decode_mbu)
+    prompt_seconds = prefill_seconds_per_request(w, layout, roofs, mix.computed_prompt)
+    prefill_alone = mix.computed_prompt / prompt_seconds if prompt_seconds > 0 else None
     if settings.role == "prefill":
-        if prompt <= 0:
+        if mix.computed_prompt <= 0 or prefill_alone is None:
             return None
-        sustained = physics.sustainable_request_rate(prompt, output, 1.0, 0.0, per_token, decode=False)
-        return Capacity(sustained, sustained * output, {"prefill": prefill_alone}, 1.0, PREFILL_COMPUTE)
-    wall_step = _decode_at_wall(w, constants, batch_max, kv_capacity_tokens, prompt, output, settings)
-    if wall_step is None or output <= 0:
+        sustained = 1.0 / prompt_seconds
+        return Capacity(sustained, sustained * mix.output, {"prefill": prefill_alone}, 1.0, PREFILL_COMPUTE)
+    wall_step = _decode_at_wall(w, constants, batch_max, kv_capacity_tokens, mix, settings)
+    if wall_step is None or mix.output <= 0:
         return None
     batch, wall, step = wall_step
     phases = {"decode": batch / step}
-    if settings.role == "both":
+    if settings.role == "both" and prefill_alone is not None:
         phases = {"prefill": prefill_alone, **phases}
-    sustained = physics.sustainable_request_rate(prompt, output, batch, step, per_token,
+    sustained = physics.sustainable_request_rate(mix.computed_prompt, mix.output, batch, step,
+                                                 prompt_seconds / mix.computed_prompt if mix.computed_prompt else 0.0,
                                                  prefill=settings.role == "both")
-    return Capacity(sustained, sustained * output, phases, batch, wall)
+    return Capacity(sustained, sustained * mix.output, phases, batch, wall)
 
 
-def request_mix(w: WindowValues) -> tuple[float, float] | None:
-    """(mean prompt, mean output) tokens per request: prefill and decode tokens/s over requests/s (first
-    tokens), or, in a window that preempted, the finished requests' means where the engine exports them: a
-    recomputed prompt counts as prefill work again, and over a window shorter than a request's life first
-    tokens lag the tokens decoded, so the token mix there reads prompts and outputs several times too long."""
+@dataclass(frozen=True, slots=True)
+class Mix:
+    """A request's mean tokens over a window: its prompt, the part of it the engine computed (prefix-cache hits
+    are not), its output."""
+
+    prompt: float
+    computed_prompt: float
+    output: float
+
+
+def request_mix(w: WindowValues) -> Mix | None:
+    """(mean prompt, its computed part, mean output) tokens per request: prefill and decode tokens/s over
+    requests/s (first tokens), or, in a window that preempted, the finished requests' means where the engine
+    exports them: a recomputed prompt counts as prefill work again, and over a window shorter than a request's
+    life first tokens lag the tokens decoded, so the token mix there reads prompts and outputs several times
+    too long. The computed part takes the window's prefix-cache hits out where the engine's counter counts
+    them (or, for the finished requests' prompts, always)."""
+    hits = w.prefix_cache_hit_ratio or 0.0
     if w.preemptions_per_second and w.finished_mean_prompt_tokens is not None \
             and w.finished_mean_output_tokens is not None:
-        return w.finished_mean_prompt_tokens, w.finished_mean_output_tokens
+        prompt = w.finished_mean_prompt_tokens
+        return Mix(prompt, prompt * (1.0 - hits), w.finished_mean_output_tokens)
     rate = w.requests_per_second
     if not rate:
         return None
-    return w.tokens_per_second.get("prefill", 0.0) / rate, w.tokens_per_second.get("decode", 0.0) / rate
+    prompt = w.tokens_per_second.get("prefill", 0.0) / rate
+    computed = w.computed_prefill_tokens_per_second
+    return Mix(prompt, computed / rate if computed is not None else prompt, w.tokens_per_second.get("decode", 0.0) / rate)
+
+
+def prefill_seconds_per_request(w: WindowValues, layout: Layout, roofs: Roofs, computed_prompt: float) -> float:
+    """Engine seconds one request's prefill takes at these roofs (the step model's FLOPs of its computed tokens,
+    their attention at the window's prompt lengths and hit ratio, the LM head once; plus its TP all-reduces);
+    the weights are read by the decode steps it rides in, so only its FLOPs count."""
+    if computed_prompt <= 0:
+        return 0.0
+    prefill = Prefill(computed_prompt, prompt_spans(w.prompt_length_mix, w.prefix_cache_hit_ratio), 1.0)
+    return layout.prefill_flops(prefill) / roofs.flops + layout.comm_seconds(computed_prompt, roofs.link)
 
 
 def _decode_at_wall(w: WindowValues, constants: TargetConstants | None, batch_max: float | None,
-                    kv_capacity_tokens: float | None, prompt: float, output: float,
+                    kv_capacity_tokens: float | None, mix: Mix | None,
                     settings: SignalSettings) -> tuple[float, str, float] | None:
     """(the batch at the first wall, which wall, the seconds a sequence waits per decoded token there); None
-    without peaks or a batch bound. The step is the roofline at decode_mbu x the bandwidth peak and
-    prefill_mfu x the compute peak; under speculative decoding it verifies 1 + k tokens a sequence and yields
-    spec_decode_tokens_per_step of them (vLLM's 1 + accepted / drafts), so a token costs step / that."""
-    peaks = _peaks(constants)
-    if peaks is None:
+    without peaks or a batch bound."""
+    model = _model(constants)
+    if model is None:
         return None
-    batch, wall, kv_seq_tokens = _first_wall(w, batch_max, kv_capacity_tokens, prompt, output)
+    layout, roofs = model
+    prompt, output = (mix.prompt, mix.output) if mix is not None else (0.0, 0.0)
+    batch, wall, context = _first_wall(w, layout, batch_max, kv_capacity_tokens, prompt + output / 2)
     if batch is None or batch <= 0:
         return None
-    kv_seq = kv_seq_tokens * _kv_bytes_per_token(constants)  # type: ignore[arg-type]
-    step = _seconds_per_decoded_token(w, constants, peaks, batch, kv_seq, settings)  # type: ignore[arg-type]
+    step = seconds_per_decoded_token(w, layout, roofs.at(settings.prefill_mfu, settings.decode_mbu), batch, context)
     return (batch, wall, step) if 0.0 < step < math.inf else None
 
 
-def _seconds_per_decoded_token(w: WindowValues, constants: TargetConstants, peaks: tuple[float, float],
-                               batch: float, kv_seq: float, settings: SignalSettings) -> float:
-    """The roofline decode step at `batch` (decode_mbu x the bandwidth peak, prefill_mfu x the compute peak)
-    over the tokens it yields each sequence: 1, or under speculative decoding spec_decode_tokens_per_step
-    (1 + accepted / drafts) from a step that verifies 1 + k tokens a sequence (k = draft tokens / drafts)."""
-    model, (flops, bandwidth) = constants.model, peaks
-    verified, yielded = 1.0 + (w.spec_decode_draft_length or 0.0), w.spec_decode_tokens_per_step or 1.0
-    step = physics.decode_step_seconds_roofline(batch, model.weight_bytes_streamed(batch * verified), kv_seq,  # type: ignore[union-attr]
-                                                model.params_active * verified, flops * settings.prefill_mfu,  # type: ignore[union-attr]
-                                                bandwidth * settings.decode_mbu)
-    return step / max(yielded, 1.0)
+def seconds_per_decoded_token(w: WindowValues, layout: Layout, roofs: Roofs, batch: float, context: float) -> float:
+    """The step model's decode step of `batch` sequences holding `context` KV layer-tokens each, at these
+    roofs, plus its TP all-reduces, over the tokens it yields each sequence: 1, or under speculative decoding
+    spec_decode_tokens_per_step (1 + accepted / drafts) from a step that verifies 1 + k tokens a sequence
+    (k = draft tokens / drafts) and runs the draft model k times."""
+    k = w.spec_decode_draft_length or 0.0
+    yielded = max(w.spec_decode_tokens_per_step or 1.0, 1.0)
+    step = Step(decode=Decode(batch, context, 1.0 + k), draft_passes=w.draft_passes_per_step or k)
+    seconds = layout.cost(step).seconds(roofs) + layout.comm_seconds(batch * (1.0 + k), roofs.link)
+    return seconds / yielded
 
 
-def _first_wall(w: WindowValues, batch_max: float | None, kv_capacity_tokens: float | None, prompt: float,
-                output: float) -> tuple[float | None, str, float]:
-    """(the batch at the first wall, which wall, KV tokens per sequence of the current context)."""
+def _first_wall(w: WindowValues, layout: Layout, batch_max: float | None, kv_capacity_tokens: float | None,
+                mix_tokens: float) -> tuple[float | None, str, float]:
+    """(the batch at the first wall, which wall, KV layer-tokens per sequence of the current context)."""
     running, usage = w.mean_running, w.mean_kv_usage
-    mix_tokens = prompt + output / 2  # a sequence's mean context over its life at this mix
-    if running and usage and kv_capacity_tokens:
-        kv_batch, seq_tokens = running / usage, usage * kv_capacity_tokens / running
+    if running and usage and kv_capacity_tokens:  # the engine's own pool: its live KV per running sequence
+        kv_batch, context = running / usage, layout.pool_layer_tokens(usage, kv_capacity_tokens) / running
     elif kv_capacity_tokens and mix_tokens > 0:
-        kv_batch, seq_tokens = kv_capacity_tokens / mix_tokens, mix_tokens
+        kv_batch, context = kv_capacity_tokens / layout.pool_tokens(mix_tokens), layout.layer_tokens(mix_tokens)
     else:  # no cache size known (TGI, llama.cpp): only a batch cap can bound the batch
-        return (batch_max, BATCH, mix_tokens) if batch_max else (None, KV, mix_tokens)
+        context = layout.layer_tokens(mix_tokens)
+        return (batch_max, BATCH, context) if batch_max else (None, KV, context)
     if batch_max and batch_max < kv_batch:
-        return batch_max, BATCH, seq_tokens
-    return kv_batch, KV, seq_tokens
+        return batch_max, BATCH, context
+    return kv_batch, KV, context
 
 
 def gpu_seconds_by_phase(w: WindowValues, constants: TargetConstants | None,
                          settings: SignalSettings) -> dict[str, float]:
     """Per phase with work in the window, the GPU seconds per second that work takes on the roofline at the
-    efficiencies capacity uses: prefill = prefill MFU / prefill_mfu (tokens/s x 2P / (peak x prefill_mfu));
-    decode = decode tokens/s x step(B) / B at the window's mean batch B and mean live KV per sequence (the
-    weights alone where the engine does not say its KV occupancy; step over the tokens a speculative verify
-    step yields). Empty without a model and GPU constants."""
-    peaks = _peaks(constants)
-    if peaks is None:
+    efficiencies capacity uses (the step model's): prefill = its FLOP/s, as MFU counts them (computed tokens,
+    attention, the LM head), over prefill_mfu x the peak; decode = decode tokens/s x step(B) / B at the window's
+    mean batch B and mean live KV per sequence (the weights alone where the engine does not say its KV
+    occupancy; its draft passes; a speculative step over the tokens it yields). Empty without a model and GPU
+    constants."""
+    model = _model(constants)
+    if model is None:
         return {}
-    model, flops = constants.model, peaks[0]  # type: ignore[union-attr]
+    layout, roofs = model[0], model[1].at(settings.prefill_mfu, settings.decode_mbu)
     out = {}
-    prefill_tokens = w.tokens_per_second.get("prefill", 0.0)
-    if prefill_tokens > 0:
-        out["prefill"] = prefill_tokens * physics.prefill_seconds_per_token(model.params_active, flops,
-                                                                           settings.prefill_mfu)
+    prefill_flops = w.flops_per_second.get("prefill")
+    if w.tokens_per_second.get("prefill", 0.0) > 0 and prefill_flops:
+        out["prefill"] = prefill_flops / roofs.flops
     decode_tokens = w.tokens_per_second.get("decode", 0.0)
     if decode_tokens > 0:
         batch = max(w.mean_running or 0.0, 1.0)
-        kv_seq = (w.mean_live_kv_bytes or 0.0) / batch
-        step = _seconds_per_decoded_token(w, constants, peaks, batch, kv_seq, settings)  # type: ignore[arg-type]
-        out["decode"] = decode_tokens * step / batch
+        context = layout.layer_tokens_in(w.mean_live_kv_bytes or 0.0) / batch
+        out["decode"] = decode_tokens * seconds_per_decoded_token(w, layout, roofs, batch, context) / batch
     return {phase: s for phase, s in out.items() if 0.0 < s < math.inf}
 
 
@@ -427,16 +452,9 @@ def gpu_energy_watts(histories: Iterable[SeriesHistory], seconds: float) -> floa
     return total if any_gpu else None
 
 
-def _peaks(constants: TargetConstants | None) -> tuple[float, float] | None:
-    """(FLOP/s, bytes/s) of the target's GPUs; None without a model or for a GPU with no constants on file
-    (TargetConstants.gpu None), so what divides by a peak is absent rather than another GPU's."""
-    if constants is None or constants.model is None:
+def _model(constants: TargetConstants | None) -> tuple[Layout, Roofs] | None:
+    """The target's layout and roofs for the step model; None without a model or for a GPU with no constants on
+    file (TargetConstants.gpu None), so what divides by a peak is absent rather than another GPU's."""
+    if constants is None or constants.layout is None or constants.roofs is None:
         return None
-    flops, bandwidth = constants.peak_flops, constants.peak_bandwidth
-    return None if flops is None or bandwidth is None else (flops, bandwidth)
-
-
-def _kv_bytes_per_token(constants: TargetConstants) -> float:
-    """K+V bytes per token summed over the TP GPUs, as derive.live_kv_bytes counts them."""
-    tp = constants.tensor_parallel_size
-    return constants.model.kv_bytes_per_token_per_gpu(tp) * tp  # type: ignore[union-attr]
+    return constants.layout, constants.roofs

@@ -7,31 +7,23 @@ sampling loop keeps one per (model, rank) and passes it to signals/series.py's d
   proxy's exact gaps), and the largest recent step against the usual largest step.
 - The head-of-line hold: the flag stays up DetectorThresholds.hol_hold_seconds after the last stall, so a
   15-30 s Prometheus scrape sees a stall that lasted one step.
-- The rising edges: which verdicts turned on since the series' previous verdicts (the loop marks them for
-  Nsight Systems).
+- The rising edges: which verdicts turned on since the series' previous verdicts (the loop leaves the NVTX
+  mark each detector declares, for Nsight Systems).
 - The windows' cadence (docs/metrics.md, Conventions): each derived again once it is a sixtieth of its length
   old.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Mapping, NamedTuple
 
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.signals import derive
 from rooflight.agent.signals.baseline import TailBaseline
-from rooflight.agent.signals.detectors import ITL_FROM_ENGINE, ITL_FROM_PROXY, Verdicts
+from rooflight.agent.signals.detectors import ITL_FROM_ENGINE, ITL_FROM_PROXY, Verdicts, detectors
 from rooflight.agent.signals.headroom import SignalSettings, WindowSignals
 from rooflight.agent.signals.windows import Point, SeriesHistory, histogram_delta, increase, worst_bound
-
-# The verdicts marked when they turn on (an NVTX mark, so an Nsight Systems capture lines the detector
-# up with the kernels): the Verdicts attribute, and what the mark calls it.
-MARKED = (
-    ("head_of_line", "head-of-line stall"),
-    ("capacity_capped", "capacity-capped batch"),
-    ("admission_bound", "admission-bound batch"),
-)
 
 # Each window is derived again once it is WINDOW_STALE_SHARE of its length old (docs/metrics.md, Conventions):
 # a 1m window every second, a 5m one every 5 s, a 10s one every other sample at 10 Hz and on every sample at
@@ -186,17 +178,18 @@ def hold_head_of_line(state: DetectorState, verdicts: Verdicts | None, now: floa
     last = state.last_stall
     if verdicts is None or last is None or now - last > hold_seconds:
         return verdicts, state
-    return replace(verdicts, head_of_line=True), state
+    return verdicts.replace(head_of_line=True), state
 
 
 def rising_edges(state: DetectorState, verdicts: Verdicts | None) -> tuple[tuple[str, ...], DetectorState]:
-    """What MARKED names of the verdicts that turned on since the series' previous verdicts (no
+    """The NVTX marks (each detector declares its own, or none) of the verdicts that turned on since the
+    series' previous verdicts, so an Nsight Systems capture lines the detector up with the kernels (no
     verdicts: nothing, and the previous ones kept)."""
     if verdicts is None:
         return (), state
     before = state.raised
-    edges = tuple(what for attr, what in MARKED
-                  if getattr(verdicts, attr) and not (before is not None and getattr(before, attr)))
+    edges = tuple(d.nvtx for d in detectors() if d.nvtx and verdicts.get(d.key)
+                  and not (before is not None and before.get(d.key)))
     return edges, state._replace(raised=verdicts)
 
 

@@ -118,7 +118,7 @@ class Derived:
     dropped: tuple[str, ...] = ()  # a reason per value withheld as physically impossible (derive.py)
     windows_failed: str | None = None  # why the windows or verdicts could not be derived
     signals_failed: str | None = None  # why the capacity signals could not be derived
-    rising: tuple[str, ...] = ()  # the verdicts that turned on (policy.MARKED's names)
+    rising: tuple[str, ...] = ()  # the NVTX marks of the verdicts that turned on (policy.rising_edges)
 
 
 def derive_series(series: EngineSeries, history: SeriesHistory | None, target: TargetInputs,

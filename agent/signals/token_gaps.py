@@ -10,10 +10,13 @@ parsed, a garbage collection, /metrics rendered) makes every stream's next gap l
 the engine did not cause it. The proxy also records how late its own loop woke (`loop_lag`), and
 `stall_between` takes the worst lag from the worst gap of the same span.
 
-Per gap: a compare under a lock (the proxy adds from its own thread, the sampler reads from the agent's
-loop), and a new slot every 1 / `slots_per_second` s; memory: one (slot, worst) per slot that saw a value
-over `keep_seconds`. No clock is read: callers pass times (the proxy's and the sampler's clocks are the
-same monotonic clock in one process), so tests drive it with a fake one.
+Per gap: a compare under a lock (a relay on a thread of the agent's process adds from that thread, the
+sampler reads from the agent's loop), and a new slot every 1 / `slots_per_second` s; memory: one (slot,
+worst) per slot that saw a value over `keep_seconds`. Under `rooflight run --proxy-listen` the relay runs in
+a process of its own (agent/proxy/workers.py): its slots travel to the agent's copy (`slots_since`,
+`merge`) every workers.GAPS_EVERY_SECONDS. No clock is read: callers pass times (the relay's and the
+sampler's are the system's monotonic clock, one clock across the processes of a machine), so tests drive it
+with a fake one.
 """
 
 from __future__ import annotations
@@ -57,6 +60,54 @@ class SlotMaxima:
                 if index <= last and (worst is None or value > worst):
                     worst = value
         return worst
+
+    def slots_since(self, first: int) -> list[tuple[int, float]]:
+        """(slot, worst) of every slot from `first` on, the open one last: what a relay in another process
+        sends the agent's copy (`merge`). The open slot may grow: it is sent again with the next."""
+        with self._lock:
+            out = []
+            for index, worst in reversed(self._closed):
+                if index < first:
+                    break
+                out.append((index, worst))
+            out.reverse()
+            if self._open_index is not None and self._open_index >= first:
+                out.append((self._open_index, self._open_worst))
+        return out
+
+    @property
+    def open_slot(self) -> int | None:
+        """The slot values are added to now (None before the first)."""
+        return self._open_index
+
+    def merge(self, slots: list[tuple[int, float]]) -> None:
+        """Another process's (slot, worst) pairs (`slots_since`), oldest first: each slot keeps the larger of
+        the two worsts, and slots older than `keep_seconds` before the newest are forgotten."""
+        with self._lock:
+            for index, worst in slots:
+                if self._open_index is None or index > self._open_index:
+                    if self._open_index is not None:
+                        self._closed.append((self._open_index, self._open_worst))
+                    self._open_index, self._open_worst = index, worst
+                    self._open_until = (index + 1) / self.slots_per_second
+                    oldest = index - math.ceil(self.keep_seconds * self.slots_per_second)
+                    while self._closed and self._closed[0][0] < oldest:
+                        self._closed.popleft()
+                elif index == self._open_index:
+                    self._open_worst = max(self._open_worst, worst)
+                else:
+                    self._merge_closed(index, worst)
+
+    def _merge_closed(self, index: int, worst: float) -> None:
+        closed = self._closed
+        for at in range(len(closed) - 1, -1, -1):  # (the newest first: a late slot is a recent one)
+            if closed[at][0] == index:
+                closed[at] = (index, max(closed[at][1], worst))
+                return
+            if closed[at][0] < index:
+                closed.insert(at + 1, (index, worst))
+                return
+        closed.appendleft((index, worst))
 
     def _open(self, t: float) -> None:
         if self._open_index is not None:

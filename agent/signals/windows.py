@@ -184,10 +184,6 @@ class SeriesHistory:
         self._fit_histograms(point)
         return point
 
-    def histogram_bytes(self) -> int:
-        """Bytes of histogram counts the points hold (each point's counts are its own)."""
-        return sum(len(counts) for p in self._points for counts in p.histogram_counts.values())
-
     def _fit_histograms(self, point: Point) -> None:
         """Keep the points' histogram counts within this history's share of HISTOGRAM_BYTES_TOTAL."""
         per_point = sum(len(counts) for counts in point.histogram_counts.values())

@@ -49,12 +49,7 @@ def _imports(name: str, path: Path) -> set[str]:
     return {f for f in found if f.startswith("rooflight.")}
 
 
-# The proxy's and the demo's configs sit on the floor of what they configure (agent/config/__init__.py).
-SAME_FLOOR = {"rooflight.agent.config.proxy": "rooflight.agent.proxy", "rooflight.agent.config.demo": "rooflight.agent.demo"}
-
-
 def _floor(module: str) -> int | None:
-    module = SAME_FLOOR.get(module, module)
     best = None
     for i, prefix in enumerate(FLOORS):
         if module == prefix or module.startswith(prefix + "."):
@@ -184,3 +179,47 @@ def test_the_io_check_sees_io() -> None:
             "import socket", "from urllib.parse import ...", "import argparse", "print()", "open()", ".read_text()"])
     assert _within("rooflight.agent.signals.series", BELOW_SAMPLING)
     assert not _within("rooflight.agent.sampling.engine_loop", BELOW_SAMPLING)
+
+
+# The engine loop only fetches and schedules: checks of what a page says are collectors/normalize.py's, the
+# histories and the derive step target_series.py's, GPUs and TP gpu_assignment.py's, malloc memory.py's.
+ENGINE_LOOP_MAX_LINES = 250
+
+
+def test_the_engine_loop_stays_a_loop() -> None:
+    lines = len((ROOT / "agent" / "sampling" / "engine_loop.py").read_text().splitlines())
+    assert lines < ENGINE_LOOP_MAX_LINES, f"agent/sampling/engine_loop.py has {lines} lines"
+
+
+def _engine_names_compared(path: Path) -> list[str]:
+    """`x.ENGINE == "vllm"` (or !=, in) and a bare engine name as a default: facts of an engine outside its
+    adapter, at line N."""
+    from rooflight.collectors import engines
+
+    known = set(engines.names())
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr == "ENGINE" for s in sides) and any(
+                    isinstance(s, ast.Constant) and s.value in known for s in sides):
+                found.append(f"line {node.lineno}: an ENGINE compared with an engine's name")
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value in known:
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            if any("ENGINE" in n for n in names):
+                found.append(f"line {node.lineno}: {names[0]} = {node.value.value!r}")
+    return found
+
+
+def test_no_engine_is_named_outside_its_adapter() -> None:
+    """vLLM's KV grouping is its adapter's KV_POOL_GROUPED, the rules' default engine collectors/engines.py's
+    SERVICE_DEFAULT, the dashboards' engine families each adapter's ServiceFamilies.namespace."""
+    found = sorted(f"{name}: {what}" for name, path in MODULES.items() if not _within(name, ("rooflight.collectors",))
+                   for what in _engine_names_compared(path))
+    assert not found, "an engine named outside collectors/:\n" + "\n".join(found)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        bad = Path(scratch) / "bad.py"
+        bad.write_text('DEFAULT_ENGINE = "vllm"\ndef f(a):\n    return a.ENGINE == "sglang"\n')
+        assert len(_engine_names_compared(bad)) == 2

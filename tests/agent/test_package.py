@@ -89,3 +89,92 @@ def test_every_package_data_glob_matches_a_file() -> None:
         if not any(any(d.glob(glob)) for p, d in dirs.items() if package in ("*", p))
     ]
     assert not empty, f"package-data globs that match no file: {empty}"
+
+
+def _requirement_names(dist: str, extras: tuple[str, ...] = ()) -> set[str]:
+    """`dist` and every distribution it requires, with `extras`, transitively (normalised names)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    todo = [(dist, extras)]
+    while todo:
+        name, wanted = todo.pop()
+        key = name.lower().replace("_", "-")
+        if (key, wanted) in seen:
+            continue
+        seen.add((key, wanted))  # type: ignore[arg-type]
+        for line in metadata.requires(name) or ():
+            req = Requirement(line)
+            envs = [{"extra": e} for e in wanted] or [{"extra": ""}]
+            if req.marker is None or any(req.marker.evaluate(env) for env in envs):
+                todo.append((req.name, tuple(sorted(req.extras))))
+    return {k for k, _ in seen}  # type: ignore[misc]
+
+
+# Where the checkout's own modules live, by their first name: the package's parts (pyproject.toml's
+# package-dir), the bench scripts tests import, and the tests' own helpers.
+OWN = {"rooflight": ROOT / "agent" / "_root", "bench": ROOT / "bench", "deploy": ROOT / "deploy", "tests": ROOT / "tests"}
+PARTS = {"rooflight.agent": ROOT / "agent", "rooflight.collectors": ROOT / "collectors",
+         "rooflight.rules": ROOT / "rules", "rooflight.dashboards": ROOT / "dashboards"}
+
+
+def _own_file(module: str) -> Path | None:
+    """The checkout's file for a dotted module name, if it is the checkout's own."""
+    for prefix, folder in sorted({**PARTS, **OWN}.items(), key=lambda kv: -len(kv[0])):
+        if module == prefix or module.startswith(prefix + "."):
+            rest = module[len(prefix):].lstrip(".").split(".") if module != prefix else []
+            for candidate in (folder.joinpath(*rest).with_suffix(".py") if rest else None,
+                              folder.joinpath(*rest, "__init__.py")):
+                if candidate is not None and candidate.is_file():
+                    return candidate
+            return folder if folder.is_dir() else None
+    for folder in (ROOT / "tests", ROOT / "bench"):  # helpers imported by their bare name (pythonpath, sys.path)
+        hits = list(folder.rglob(module.split(".")[0] + ".py"))
+        if hits:
+            return hits[0]
+    return None
+
+
+def test_the_test_extra_installs_every_package_the_tests_import() -> None:
+    """`pip install '.[test]'` is all a contributor needs for pytest: every third-party module that a test
+    file imports, or that the checkout's modules it imports import in turn, comes from a distribution that
+    rooflight[test] requires. The real-engine stage's files are its own: .ci/real-engine.sh installs their
+    environment (vLLM, torch, gguf). An import under `try: ... except ImportError` is optional by design
+    (bench/gpu_check.py's torch, on a GPU machine)."""
+    import ast
+    from importlib import metadata
+
+    provided = metadata.packages_distributions()
+    needed = _requirement_names("rooflight", ("test",))
+    todo = [p for p in (ROOT / "tests").rglob("*.py") if "real_engine" not in p.parts]
+    seen: set[Path] = set()
+    missing = set()
+    while todo:
+        path = todo.pop()
+        if path in seen or path.is_dir():
+            continue
+        seen.add(path)
+        tree = ast.parse(path.read_text(), filename=str(path))
+        optional = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) and any(
+                    isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError") for h in t.handlers)
+                    for stmt in t.body for n in ast.walk(stmt)}
+        for node in ast.walk(tree):
+            if id(node) in optional:
+                continue
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                own = _own_file(name)
+                if own is not None:
+                    todo.append(own)
+                elif top not in sys.stdlib_module_names and _own_file(top) is None:
+                    if not {d.lower().replace("_", "-") for d in provided.get(top, [])} & needed:
+                        missing.add(f"{top} ({path.relative_to(ROOT)})")
+    assert not missing, f"imported for the tests, not installed by rooflight[test]: {sorted(missing)}"

@@ -281,7 +281,7 @@ def test_head_of_line_panels_sit_side_by_side_with_the_detector_thresholds() -> 
 
     assert lines("ITL tail inflation ratio") == [defaults.hol_inflation]
     assert lines("Prefill tokens per step (10 s)") == [defaults.hol_min_prefill_tokens_per_step]
-    assert "rooflight_itl_tail_inflation_ratio" in hol["ITL tail inflation ratio"]["targets"][0]["expr"]
+    assert "rooflight_itl_tail_inflation" in hol["ITL tail inflation ratio"]["targets"][0]["expr"]
     assert "rooflight_head_of_line_blocking" in hol["Head-of-line detector"]["targets"][0]["expr"]
 
 
@@ -394,7 +394,7 @@ def test_tail_inflation_has_one_definition() -> None:
     for where, text in (("docs/metrics.md", formulas), ("docs/runbooks.md", runbook),
                         ("overview panel", overview["description"])):
         flat = _flat(text)
-        assert "rooflight_itl_tail_inflation_ratio" in flat, where
+        assert "rooflight_itl_tail_inflation" in flat, where
         assert "worst ITL since the" in flat and "median" in flat, where
         assert "p50 ITL over the longest" not in flat, where
 

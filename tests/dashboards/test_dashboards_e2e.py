@@ -145,7 +145,7 @@ def test_every_query_answers_for_both_pods_and_each_variable_narrows_to_one(tmp_
     try:
         with TwoPodStack(ports, proxy_metrics, [_recording_rules(tmp_path / "records.yaml")]) as prom:
             # the tail inflation needs 30 s of agent samples (3 x the shortest window) before it is exported
-            for metric in ("rooflight_mbu_ratio", "rooflight_itl_tail_inflation_ratio", "rooflight_client_goodput_ratio"):
+            for metric in ("rooflight_mbu_ratio", "rooflight_itl_tail_inflation", "rooflight_client_goodput_ratio"):
                 deadline = time.monotonic() + 90
                 while len(prom.query(f'count by (pod) ({metric}{{target="{SHARED_TARGET}"}})')) < len(PODS):
                     for proc in demos + proxies:

@@ -105,17 +105,26 @@ def _stub_bin(tmp_path: Path, *names: str) -> Path:
     return folder
 
 
+FLEET = ("victoria-metrics", "vmalert", "vmagent", "prometheus-alertmanager")  # the fleet stage's
+
+
 @pytest.mark.parametrize(
     ("present", "installs"),
     [
-        (("promtool", "prometheus", "prometheus-alertmanager", "amtool", "systemd-analyze"), []),
+        (("promtool", "prometheus", "systemd-analyze", "amtool", *FLEET), []),
         # promtool alone is not enough: e2e needs the server
-        (("promtool", "prometheus-alertmanager", "amtool", "systemd-analyze"), ["prometheus"]),
-        (("prometheus", "prometheus-alertmanager", "amtool", "systemd-analyze"), ["prometheus"]),
-        # amtool alone is not enough: the notifications stage runs the Alertmanager itself
-        (("promtool", "prometheus", "amtool", "systemd-analyze"), ["prometheus-alertmanager"]),
+        (("promtool", "systemd-analyze", "amtool", *FLEET), ["prometheus"]),
+        (("prometheus", "systemd-analyze", "amtool", *FLEET), ["prometheus"]),
         # systemd-analyze: deploy/validate.sh verifies the unit
-        (("promtool", "prometheus", "prometheus-alertmanager", "amtool"), ["systemd"]),
+        (("promtool", "prometheus", "amtool", *FLEET), ["systemd"]),
+        (("promtool", "prometheus", "systemd-analyze", "amtool", "victoria-metrics", "vmagent", "prometheus-alertmanager"),
+         ["victoria-metrics"]),  # vmalert comes with it: the package holds all three
+        (("promtool", "prometheus", "systemd-analyze", "amtool", "victoria-metrics", "vmalert", "vmagent"),
+         ["prometheus-alertmanager"]),
+        # amtool alone is not enough: the notifications stage runs the Alertmanager itself; and amtool comes
+        # with it
+        (("promtool", "prometheus", "systemd-analyze", "victoria-metrics", "vmalert", "vmagent", "prometheus-alertmanager"),
+         ["prometheus-alertmanager"]),
     ],
 )
 def test_ci_install_installs_what_is_missing(tmp_path: Path, present: tuple[str, ...], installs: list[str]) -> None:

@@ -212,9 +212,12 @@ def _check_trtllm_tp2(m: Metrics) -> None:
             flops = rate * 2 * (LLAMA3_8B_PARAMS - 2 * LLAMA3_8B_TABLE) + prefills * 2 * LLAMA3_8B_TABLE
         expected = flops / two_gpus
         assert _value(m, "rooflight_mfu_ratio", phase=phase, **series) == pytest.approx(expected, rel=1e-9)
-    # decode intensity: 12 x 2P / (weights + live KV), whole model (fp8 KV: 2 x 32 x 8 x 128 x 1 bytes/token)
+    # decode intensity: the step model's decode step of the 12 running over the live KV: 12 x (2 x the weights a
+    # token multiplies + its attention over its sequence's cache) / (the weights but the input table, of which
+    # 12 rows, + the live KV), whole model (fp8 KV: 2 x 32 x 8 x 128 x 1 bytes/token)
     live_kv = 0.625 * 4096 * 32 * (2 * 32 * 8 * 128 * 1)
-    intensity = 12 * 2 * LLAMA3_8B_PARAMS / (2 * LLAMA3_8B_PARAMS + live_kv)
+    flops = 12 * (2 * (LLAMA3_8B_PARAMS - LLAMA3_8B_TABLE) + ATTENTION_PAIR * context)
+    intensity = flops / (2 * (LLAMA3_8B_PARAMS - LLAMA3_8B_TABLE) + 12 * 4096 * 2 + live_kv)
     assert _value(m, "rooflight_decode_arithmetic_intensity_flops_per_byte", **series) == pytest.approx(intensity, rel=1e-9)
     assert _value(m, "rooflight_spec_decode_acceptance_ratio", **series) == pytest.approx(2600 / 4000, rel=1e-9)
     # TTFT over the 10 s: 20 of 32 requests under 0.1 s, 31 under 0.5 s (interpolated as Prometheus does)
@@ -270,15 +273,23 @@ async def test_one_agent_two_engines_mixtral_tp2_and_dp_ranks(fake_engine: FakeE
 def _check_mixtral_tp2(m: Metrics) -> None:
     """vllm-cpu-load-c16.prom: 16 running, 508 engine steps, 8096 generated tokens, KV 0.005860090343059454
     of 1048576 tokens, 9784 tokens in those steps. A step reads the shared weights but the input table (a row
-    a token of it), the experts its 19.3 tokens touch (1 - (1 - 2/8)^19.3 of them under uniform routing), and
-    the live KV, against both GPUs' bandwidth."""
+    a token of it), the experts its tokens touch (1 - (1 - 2/8)^T of them under uniform routing), and the live
+    KV, against both GPUs' bandwidth. T step by step, from iteration_tokens_total's buckets: 503 steps in
+    (8, 16], 2 in (32, 64], 1 in (64, 128], 2 in (512, 1024]; whole token counts, so 9..16, 33..64, 65..128,
+    513..1024, each bucket at one fraction f of its range with the points' mean the sum's 9784 / 508:
+    f = (9784 - (503 x 9 + 2 x 33 + 65 + 2 x 513)) / (503 x 7 + 2 x 31 + 63 + 2 x 511) = 4100 / 4668."""
     series = {"engine": "vllm", "rank": "0", "window": "10s", "target": "ENGINE0"}
     assert _value(m, "rooflight_tensor_parallel_size", target="ENGINE0") == 2
     steps = 508 / GROWTH / SECONDS
-    step_tokens = 9784 / 508
-    touched = 1 - (1 - 2 / 8) ** step_tokens
+    f = (9784 - (503 * 9 + 2 * 33 + 65 + 2 * 513)) / (503 * 7 + 2 * 31 + 63 + 2 * 511)
+    buckets = ((503, 9 + 7 * f), (2, 33 + 31 * f), (1, 65 + 63 * f), (2, 513 + 511 * f))
+    assert sum(n * t for n, t in buckets) == pytest.approx(9784)
     table = 32000 * 4096
-    read = (2 * (MIXTRAL_SHARED_PARAMS - table) + step_tokens * 4096 * 2 + 2 * MIXTRAL_EXPERT_PARAMS * touched
+
+    def weights(t: float) -> float:
+        return 2 * (MIXTRAL_SHARED_PARAMS - table) + t * 4096 * 2 + 2 * MIXTRAL_EXPERT_PARAMS * (1 - (1 - 2 / 8) ** t)
+
+    read = (sum(n * weights(t) for n, t in buckets) / 508
             + 0.005860090343059454 * 1048576 * MIXTRAL_KV_BYTES_PER_TOKEN)
     assert _value(m, "rooflight_steps_per_second", **series) == pytest.approx(steps, rel=1e-9)
     assert _value(m, "rooflight_mbu_ratio", **series) == pytest.approx(read * steps / (2 * H100_BANDWIDTH), rel=1e-9)

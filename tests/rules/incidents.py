@@ -125,7 +125,7 @@ def http(pod: str, status: str) -> str:
 
 def canary(pod: str, result: str) -> str:
     """The agent's canary requests by result (`rooflight run --canary`)."""
-    return agent(pod, "rooflight_engine_canary_requests_total", target=pod, result=result)
+    return agent(pod, "rooflight_engine_canary_requests_total", source="engine", target=pod, result=result)
 
 
 def gpu(pod: str, metric: str) -> str:
@@ -146,7 +146,7 @@ def up(pod: str) -> str:
 RANK_SERIES = ("rooflight_engine_steps_total", "rooflight_generation_tokens_total", "rooflight_prompt_tokens_total",
                "rooflight_requests_running", "rooflight_requests_waiting", "rooflight_kv_cache_usage_ratio",
                "rooflight_kv_cache_capacity_tokens", "rooflight_batch_occupancy_ratio", "rooflight_preemptions_total",
-               "rooflight_head_of_line_blocking", "rooflight_itl_tail_inflation_ratio",
+               "rooflight_head_of_line_blocking", "rooflight_itl_tail_inflation",
                "rooflight_batch_capacity_capped", "rooflight_batch_admission_bound",
                "rooflight_model_streamed_bytes_total")
 BYTES_PER_STEP = 20.2532e9  # what a healthy pod's step reads, as its agent counts it (see the module docstring)
@@ -496,7 +496,7 @@ INCIDENTS: tuple[Incident, ...] = (
     Incident("Head-of-line blocking", "Long prompts stall llm-a's decode batch from 20m: its worst ITL 6x its "
              "median, the detector holds.",
              fleet(llm_a=_detector(A, "rooflight_head_of_line_blocking", 20,
-                                   rooflight_itl_tail_inflation_ratio=(1.1, 6.0))),
+                                   rooflight_itl_tail_inflation=(1.1, 6.0))),
              (Check("21m"), Check("35m", fires(("RooflightHeadOfLineBlocking", "warning", A, "")))),
              "RooflightHeadOfLineBlocking (warning)", "15 min"),
     Incident("Admission-bound", "From 20m, 30 requests wait on llm-a while its batch is 20% of its cap and KV "

@@ -31,7 +31,7 @@ EVENT_ONLY = {
     "rooflight_client_requests_total": "the proxy's, from `rooflight run --proxy-listen`",
 }
 # A detector's gauge appears once it can judge: enough of its window sampled (a few seconds on the demo).
-DETECTOR_GAUGES = ("rooflight_head_of_line_blocking", "rooflight_itl_tail_inflation_ratio")
+DETECTOR_GAUGES = ("rooflight_head_of_line_blocking", "rooflight_itl_tail_inflation")
 
 
 def catalogue_shapes(prefix: str) -> dict[str, set[frozenset[str]]]:

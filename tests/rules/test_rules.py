@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rooflight.agent.metrics import names
+from rooflight.agent.metrics import catalog, names
+from rooflight.agent.signals.detectors import detectors
 from rooflight.agent.proxy import catalog as proxy_catalog
 from rooflight.agent.errors import ConfigError
 from rooflight.collectors.nvml import GPU_EXTRA_METRICS
@@ -213,9 +214,9 @@ def test_every_alert_has_a_firing_case_and_a_near_miss() -> None:
 
 
 def test_rules_only_read_metrics_the_agent_exports() -> None:
-    exported = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str) and v.startswith("rooflight_")}
+    exported = {f.name for f in catalog.families()}  # every family the agent declares, detectors and NVML's included
     exported |= {d.name for d in proxy_catalog.CATALOG}  # the client-side proxy's, on the same /metrics under `run`
-    exported |= {f"{names.PREFIX}gpu_{key}" for key in GPU_EXTRA_METRICS}  # the NVML collector's per-GPU series
+    assert {f"{names.PREFIX}gpu_{key}" for key in GPU_EXTRA_METRICS} <= exported  # the NVML collector's per-GPU series
     text = OUTPUTS["yaml"].read_text()
     read = set(re.findall(r"(?<![:\w])(rooflight_\w+)", "\n".join(re.findall(r"expr: .*|^ {10}.*", text, re.M))))
     assert read, "no rooflight_ metric found in the rules"
@@ -449,7 +450,8 @@ def test_per_target_alert_descriptions_name_the_replica() -> None:
     doc = yaml.safe_load(OUTPUTS["yaml"].read_text())
     alerts = [r for g in doc["groups"] if g["name"] in ("rooflight.alerts", "rooflight-outage.alerts")
               for r in g["rules"] if "alert" in r and r["alert"] != "RooflightModelDown"]  # a model's: it names its pods
-    assert len(alerts) == 8
+    assert len(alerts) == len([d for d in detectors() if d.rule is not None]) + 5  # + low MBU, GPU and
+    # other sources down, engine down, engine start timeout
     for rule in alerts:
         description = rule["annotations"]["description"]
         assert "{{ if $labels.pod }}" in description and "{{ else if $labels.instance }}" in description, rule["alert"]

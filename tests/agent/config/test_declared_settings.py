@@ -1,6 +1,6 @@
 """Each flag, environment variable and config file key is declared once, in agent/config/settings.py.
 
-The parsers of `rooflight run`, `rooflight proxy` and `rooflight demo` are compared with the declarations,
+The parsers of every command (`run`, `proxy`, `demo`, `plan`, `rules`) are compared with the declarations,
 and the command modules are read with `ast`: a flag added by hand anywhere else, or declared twice, fails here.
 """
 
@@ -16,7 +16,7 @@ from rooflight.agent import cli
 from rooflight.agent.config import settings as st
 from support import ROOT
 
-COMMAND_MODULES = ("agent/cli.py", "agent/proxy/cli.py", "agent/demo/cli.py")
+COMMAND_MODULES = ("agent/cli.py", "agent/proxy/cli.py", "agent/demo/cli.py", "agent/plan_cli.py", "rules/generate.py")
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
@@ -31,7 +31,7 @@ def _flags(parser: argparse.ArgumentParser) -> list[str]:
 
 def _mismatch(parser: argparse.ArgumentParser, command: str) -> list[str]:
     """What the parser offers that no declaration says, twice, or not at all."""
-    declared = Counter(s.flag(command) for s in st.offered(command))
+    declared = Counter(flag for s in st.offered(command) for flag in (s.flag(command), *((s.short,) if s.short else ())))
     offered = Counter(_flags(parser))
     wrong = [f"{flag} declared {n} times" for flag, n in declared.items() if n > 1]
     wrong += [f"{flag} on the parser {n} times" for flag, n in offered.items() if n > 1]
@@ -51,6 +51,10 @@ def test_the_check_sees_a_flag_added_by_hand() -> None:
     assert _mismatch(parser, "proxy") == ["--fanout not declared in settings.py"]
 
 
+# Flags of a module's own tool, not of a `rooflight` command: `python -m rooflight.rules.generate --check`.
+TOOLS = {"rules/generate.py": {"--check"}}
+
+
 def test_the_command_modules_declare_no_flag_themselves() -> None:
     """Only the top-level --version is added outside settings.py (it is the program's, no command's)."""
     found = []
@@ -58,7 +62,7 @@ def test_the_command_modules_declare_no_flag_themselves() -> None:
         for node in ast.walk(ast.parse((ROOT / rel).read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
                 flags = [a.value for a in node.args if isinstance(a, ast.Constant)]
-                found += [f"{rel}: {f}" for f in flags if f != "--version"]
+                found += [f"{rel}: {f}" for f in flags if f != "--version" and f not in TOOLS.get(rel, ())]
     assert found == []
 
 
@@ -92,3 +96,26 @@ def test_the_layers_read_the_declarations() -> None:
     assert set(env) == agent.ENV_KEYS
     assert st.TARGET_KEYS == {"url", "name"} | {f for f in agent.TargetConfig.__slots__ if f not in ("url", "name")}
     assert {s.key for s in st.AGENT} | {"targets"} == set(agent.AgentConfig.__slots__) - set(st.PROXY_KEYS)
+
+
+def test_run_and_plan_share_the_model_gpu_tp_dtypes_and_slos() -> None:
+    """One declaration each, offered by both commands, each command reading it its own way (its help, its
+    defaults), and plan's flags in the order its --help always had them."""
+    parsers = _subparsers()
+    shared = {s.key for s in st.SETTINGS if {st.RUN, st.PLAN} <= set(s.commands)}
+    assert shared >= {"model", "model_config", "gpu", "tp", "kv_dtype", "weight_dtype", "ttft_slo", "itl_slo"}
+    for key in shared:
+        run = next(a for a in parsers[st.RUN]._actions if a.dest == key)
+        plan = next(a for a in parsers[st.PLAN]._actions if a.dest == key)
+        assert run.option_strings == plan.option_strings, key
+    assert [s.key for s in st.offered(st.PLAN)][:4] == ["model", "model_config", "gpu", "tp"]
+    assert parsers[st.PLAN].parse_args([]).gpu == "h100-sxm" and parsers[st.RUN].parse_args([]).gpu is None
+
+
+def test_the_rules_defaults_are_the_rules_configs() -> None:
+    from rooflight.rules.config import RulesConfig
+
+    args = _subparsers()[st.RULES].parse_args([])
+    base = RulesConfig()
+    assert (args.low_mbu_threshold, args.agent_job_selector, args.hol_for, args.hol_severity) == (
+        base.low_mbu_threshold, base.agent_job_selector, base.detector_alert("head_of_line").for_, "warning")

@@ -12,7 +12,7 @@ from typing import AsyncIterator
 import pytest
 
 from raw_peers import Answer, RawUpstream, fixed
-from rooflight.agent.config.proxy import build
+from rooflight.agent.proxy.config import build
 from rooflight.agent.proxy import catalog as c
 from rooflight.agent.proxy.server import ProxyServer
 
@@ -376,3 +376,19 @@ async def test_a_stream_whose_client_reads_nothing_is_cut_after_the_idle_timeout
     finally:
         await server.stop()
         await up.stop()
+
+
+NOT_MODIFIED = b"HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nContent-Length: 123\r\n\r\n"
+
+
+@pytest.mark.parametrize("stack", [[fixed(NOT_MODIFIED), fixed(GOOD)]], indirect=True)
+async def test_a_304_ends_at_its_head_whatever_its_content_length_says(stack: tuple[RawUpstream, ProxyServer]) -> None:
+    """RFC 9112 6.3: a 304 has no body; its Content-Length is the representation's. Read as a body's length,
+    the relay would wait for 123 bytes that never come (the client's next request with it), and take the next
+    answer's bytes for them. Both requests on one kept-alive connection get their own answer, over one
+    upstream connection."""
+    up, server = stack
+    first, second, closed = await two_requests(server)
+    assert first.startswith(b"HTTP/1.1 304") and first.endswith(b"\r\n\r\n") and not closed, first
+    assert second.startswith(b"HTTP/1.1 200 OK") and second.endswith(b"good"), second
+    assert up.connections == 1 and len(up.requests) == 2

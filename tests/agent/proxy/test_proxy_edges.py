@@ -15,7 +15,7 @@ import pytest
 
 from fake_upstream import FakeUpstream, Script
 from rooflight.agent.proxy import catalog as c
-from rooflight.agent.config.proxy import build
+from rooflight.agent.proxy.config import build
 from rooflight.agent.proxy.server import ProxyServer
 from rooflight.agent.proxy.slo import meets, parse_slo, parse_slos
 from rooflight.agent.proxy.stats import ClientStats, StatsConfig

@@ -5,6 +5,7 @@ port (slow headers, idle sockets, one client taking every connection)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import base64
 import dataclasses
 import json
@@ -16,7 +17,7 @@ import pytest
 
 from fake_upstream import FakeUpstream
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.config.proxy import build
+from rooflight.agent.proxy.config import build
 from rooflight.agent.proxy.server import ProxyServer
 
 
@@ -348,17 +349,50 @@ async def test_a_body_that_stops_arriving_is_closed_and_counted(upstream: FakeUp
         assert server.stats.refused == {"body_timeout": 3}
         assert server._pool is not None
         assert 0 < server._pool.limit <= server.config.max_connections  # upstream sockets bounded
-        # A slow body that keeps coming is relayed: a byte every 0.25 s against a 1 s timeout.
+        # A slow body that is in within the timeout is relayed: a byte every 0.1 s against 1 s in all.
         reader, writer = await connect(port)
         writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\n")
         for byte in b"hello":
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(0.1)
             writer.write(bytes([byte]))
         answer = await asyncio.wait_for(reader.read(), 10)
         assert answer.startswith(b"HTTP/1.1 200") and b'"length": 5' in answer
         for _, w in conns + [(reader, writer)]:
             w.close()
     finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize("length", [100, 100_000_000])  # read whole, then streamed
+async def test_a_body_that_trickles_is_closed_at_its_total_deadline(upstream: FakeUpstream, length: int) -> None:
+    """The body's timeout was per pause: a byte every 0.25 s against 1 s held the connection (and, for a body
+    streamed through, an upstream one) for as long as the client liked (300 such at a byte every 8 s were all
+    open at 64 s). Now the waits add up: the connection is closed once they pass 1 s."""
+    server = await start_proxy(upstream.url, replace={"read_body_timeout": 1.0, "read_header_timeout": 30.0})
+    reader, writer = await connect(port_of(server))
+    try:
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % length)
+        start, closed = asyncio.get_running_loop().time(), False
+        for _ in range(40):  # 10 s of a byte every 0.25 s
+            await asyncio.sleep(0.25)
+            if reader.at_eof() or writer.is_closing():
+                closed = True
+                break
+            try:
+                writer.write(b"x")
+                await writer.drain()
+            except ConnectionError:
+                closed = True
+                break
+            with contextlib.suppress(asyncio.TimeoutError):
+                if await asyncio.wait_for(reader.read(1), 0.001) == b"":
+                    closed = True
+                    break
+        took = asyncio.get_running_loop().time() - start
+        assert closed and took < 5.0, took  # at ~1 s; 5x to spare
+        assert server.stats.refused == {"body_timeout": 1}
+    finally:
+        writer.close()
         await server.stop()
 
 

@@ -1,10 +1,15 @@
 """`rooflight run --proxy-listen`: scrapes of the agent's /metrics and status API do not slow the streams
-the proxy relays (issue 29, item 9). The proxy runs on an event loop of its own, in a thread of its own.
+the proxy relays (issue 29, item 9; the third review's item 10). The relay runs in a process of its own
+(agent/proxy/apart.py), so the agent's pages hold neither its event loop nor its GIL.
 
-Three processes on 127.0.0.1: this test (a fake engine that streams tokens at known gaps, and the client
-that times them), `rooflight run` (the agent and its proxy), and 50 scrapers hammering the agent's port.
-Each stream's TTFT and worst gap are timed by the client, without the scrapers and with them, in the same
-run; with one loop for both, the scrapers' requests queued in front of every token."""
+Four processes on 127.0.0.1: this test (a fake engine that streams tokens at known gaps, and the client that
+times them), `rooflight run` (the agent and its proxy), a second `rooflight run` without a proxy (the
+control), and 50 scrapers hammering one agent's port. Each stream's TTFT and every gap between its tokens are
+timed by the client: without scrapers, with the scrapers on the control (what sharing the machine's cores
+costs), and with the same scrapers on the proxy's own agent, in the same run. With one loop for both, the
+scrapers' requests queued in front of every token; with one process (a thread of its own), every token waited
+for the GIL the agent's pages held: TTFT p50 13.4-14.3 -> 16.9-19.0 ms and gap p99 14-20 -> 31-205 ms in the
+review's runs, where the scrapers on another process changed nothing."""
 
 from __future__ import annotations
 
@@ -24,8 +29,8 @@ from aiohttp import web
 from demo_procs import async_child, wait_healthy
 from support import free_port, rooflight_exe, sample_text, serve_app
 
-TTFT, GAP, TOKENS = 0.05, 0.02, 12
-STREAMS = 18  # timed each way
+TTFT, GAP, TOKENS = 0.01, 0.02, 24
+STREAMS = 24  # timed each way: 24 x 23 gaps, the p99 the 6th worst
 SCRAPERS = 50
 MODELS = 64  # served models on the engine's page: the agent's status API grows with them
 
@@ -97,8 +102,8 @@ async def engine() -> AsyncIterator[Engine]:
         await e.stop()
 
 
-async def timed_stream(session: aiohttp.ClientSession, url: str) -> tuple[float, float]:
-    """(TTFT, worst gap between tokens) of one stream, as the client's socket saw them."""
+async def timed_stream(session: aiohttp.ClientSession, url: str) -> tuple[float, list[float]]:
+    """(TTFT, the gaps between tokens) of one stream, as the client's socket saw them."""
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     start = time.monotonic()
     arrivals: list[float] = []
@@ -108,45 +113,65 @@ async def timed_stream(session: aiohttp.ClientSession, url: str) -> tuple[float,
             if line.startswith(b"data: {"):
                 arrivals.append(time.monotonic())
     assert len(arrivals) == TOKENS
-    return arrivals[0] - start, max(b - a for a, b in zip(arrivals, arrivals[1:]))
+    return arrivals[0] - start, [b - a for a, b in zip(arrivals, arrivals[1:])]
 
 
 async def timed_streams(url: str) -> tuple[float, float]:
-    """Median TTFT and median worst gap of STREAMS streams, three at a time."""
+    """Median TTFT of STREAMS streams, three at a time, and the 99th percentile of all their gaps."""
     async with aiohttp.ClientSession() as session:
-        results: list[tuple[float, float]] = []
+        results: list[tuple[float, list[float]]] = []
         for _ in range(STREAMS // 3):
             results += await asyncio.gather(*(timed_stream(session, url) for _ in range(3)))
-    return statistics.median(r[0] for r in results), statistics.median(r[1] for r in results)
+    gaps = sorted(g for _, stream in results for g in stream)
+    return statistics.median(r[0] for r in results), gaps[round(0.99 * (len(gaps) - 1))]
 
 
-async def measure(engine_url: str, scrapers: int = SCRAPERS) -> tuple[tuple[float, float], tuple[float, float]]:
-    """`rooflight run --proxy-listen` in front of `engine_url`: (median TTFT, median worst gap) of proxied
-    streams without scrapers, then with `scrapers` scraping the agent's port, in the same run."""
-    port, proxy_port = free_port(), free_port()
-    exe = rooflight_exe()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOFLIGHT_")}
+Timed = tuple[float, float]  # (TTFT p50, gap p99), seconds
+
+
+def _agent(exe: list[str], engine_url: str, port: int, *extra: str) -> tuple[str, ...]:
+    return (*exe, "run", "--engine-url", engine_url, "--target-name", "pod-a", "--listen", f"127.0.0.1:{port}",
+            *extra, "--no-nvml", "--no-process", "--interval", "0.5", "--log-level", "error")
+
+
+async def _flooded(agent: str, scrapers: int, env: dict[str, str], proxy: str) -> Timed:
+    flood = Path(__file__).with_name("scrape_flood.py")
+    async with async_child(sys.executable, str(flood), agent, str(scrapers), env=env) as flooding:
+        line = await asyncio.wait_for(flooding.stdout.readline(), 60)  # type: ignore[union-attr]
+        assert line == b"flooding\n"
+        return await timed_streams(proxy)
+
+
+async def measure(engine_url: str, scrapers: int = SCRAPERS, exe: list[str] | None = None,
+                  env: dict[str, str] | None = None) -> tuple[Timed, Timed, Timed]:
+    """`rooflight run --proxy-listen` in front of `engine_url` (and a control agent without a proxy): the
+    proxied streams' (TTFT p50, gap p99) without scrapers, with `scrapers` scraping the control, then with
+    them scraping the proxy's own agent, in the same run. `exe`/`env`: the command to run (another build)."""
+    port, proxy_port, control_port = free_port(), free_port(), free_port()
+    exe = exe or [rooflight_exe()]
+    env = env or {k: v for k, v in os.environ.items() if not k.startswith("ROOFLIGHT_")}
     agent, proxy = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{proxy_port}"
-    async with async_child(exe, "run", "--engine-url", engine_url, "--target-name", "pod-a",
-                           "--listen", f"127.0.0.1:{port}", "--proxy-listen", f"127.0.0.1:{proxy_port}",
-                           "--no-nvml", "--no-process", "--interval", "0.5", "--log-level", "error", env=env) as child:
+    control = f"http://127.0.0.1:{control_port}"
+    async with async_child(*_agent(exe, engine_url, port, "--proxy-listen", f"127.0.0.1:{proxy_port}"), env=env) as child, \
+            async_child(*_agent(exe, engine_url, control_port), env=env) as other:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
             await wait_healthy(session, agent + "/-/ready", child)
+            await wait_healthy(session, control + "/-/ready", other)
         await timed_streams(proxy)  # warm up
         quiet = await timed_streams(proxy)
-        flood = Path(__file__).with_name("scrape_flood.py")
-        async with async_child(sys.executable, str(flood), agent, str(scrapers), env=env) as flooding:
-            line = await asyncio.wait_for(flooding.stdout.readline(), 60)  # type: ignore[union-attr]
-            assert line == b"flooding\n"
-            loaded = await timed_streams(proxy)
-    return quiet, loaded
+        elsewhere = await _flooded(control, scrapers, env, proxy)
+        loaded = await _flooded(agent, scrapers, env, proxy)
+    return quiet, elsewhere, loaded
 
 
 async def test_scrapes_of_the_agent_do_not_slow_the_proxied_streams(engine: Engine) -> None:
-    quiet, loaded = await measure(engine.url)
-    print(f"quiet TTFT {quiet[0] * 1e3:.0f} ms, worst gap {quiet[1] * 1e3:.0f} ms; "
-          f"under {SCRAPERS} scrapers TTFT {loaded[0] * 1e3:.0f} ms, worst gap {loaded[1] * 1e3:.0f} ms")
+    quiet, elsewhere, loaded = await measure(engine.url)
+    print(f"TTFT p50 / gap p99: quiet {quiet[0] * 1e3:.1f} / {quiet[1] * 1e3:.1f} ms; {SCRAPERS} scrapers on another "
+          f"agent {elsewhere[0] * 1e3:.1f} / {elsewhere[1] * 1e3:.1f} ms; on the proxy's agent "
+          f"{loaded[0] * 1e3:.1f} / {loaded[1] * 1e3:.1f} ms")
     assert quiet[0] >= TTFT and quiet[1] >= GAP * 0.9  # the engine's own pace, timed
-    # On the 2 shared cores of the development machine the scrapers added 7-16 ms to the median TTFT and
-    # 13-15 ms to the median worst gap; with one loop for both, 350-1,000 ms and 170-190 ms.
+    # The scrapers cost the streams what sharing the machine's cores costs, wherever they scrape: the same
+    # scrapers on the proxy's own agent within 2x of them on another process (plus 5 ms, a scheduling slice
+    # on a loaded machine), and within 100 ms of no scrapers at all (one loop for both added 350-1,000 ms).
+    assert loaded[0] <= 2 * elsewhere[0] + 0.005 and loaded[1] <= 2 * elsewhere[1] + 0.005, (elsewhere, loaded)
     assert loaded[0] - quiet[0] < 0.1 and loaded[1] - quiet[1] < 0.1, (quiet, loaded)

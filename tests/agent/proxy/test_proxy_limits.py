@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from rooflight.agent.proxy import sse
-from rooflight.agent.config.proxy import build
+from rooflight.agent.proxy.config import build
 from rooflight.agent.proxy import server as proxy_server
 from rooflight.agent.proxy.server import ProxyServer
 from support import serve_app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import time
 import dataclasses
 import hashlib
@@ -17,7 +18,7 @@ from yarl import URL
 from fake_upstream import FakeUpstream, Script, whole_body
 from rooflight.agent.proxy import catalog as c
 from rooflight.agent.proxy import tracker as tr
-from rooflight.agent.config.proxy import build
+from rooflight.agent.proxy.config import build
 from rooflight.agent.proxy.server import ProxyServer
 from rooflight.agent.proxy.tenants import tenant_key
 
@@ -53,12 +54,20 @@ async def client() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
+async def metrics_text(r: aiohttp.ClientResponse) -> str:
+    """A /metrics answer's text. The proxy's /metrics, the agent's handler, gzips for a client that accepts it
+    (aiohttp's default); a session that compares relayed bytes as sent does not decompress it."""
+    body = await r.read()
+    gzipped = r.headers.get("Content-Encoding") == "gzip" and body[:2] == b"\x1f\x8b"
+    return (gzip.decompress(body) if gzipped else body).decode()
+
+
 async def scrape(server: ProxyServer, client: aiohttp.ClientSession) -> dict[str, dict[tuple, float]]:
     """name -> {labels without target: value}, read over HTTP from /metrics after a refresh."""
     server.refresh_now()
     async with client.get(server.metrics_url + "/metrics") as r:
         assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
-        text = await r.text()
+        text = await metrics_text(r)
     out: dict[str, dict[tuple, float]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -312,13 +321,37 @@ async def test_accounting_failures_do_not_touch_the_traffic(upstream: FakeUpstre
     assert sum(m[c.REQUESTS].values()) == 1
 
 
+async def test_the_proxys_metrics_is_the_agents_handler(upstream: FakeUpstream, proxy: ProxyServer,
+                                                        client: aiohttp.ClientSession) -> None:
+    """`rooflight proxy`'s /metrics is agent/metrics/http.py's: gzip when asked, OpenMetrics when asked, name[]
+    filtering, and one page per snapshot for every scraper."""
+    await post(client, proxy.proxy_url, chat("x"))
+    proxy.refresh_now()
+    url = proxy.metrics_url + "/metrics"
+    async with client.get(url, headers={"Accept-Encoding": "gzip"}) as r:
+        zipped = await r.read()
+        assert r.headers["Content-Encoding"] == "gzip" and zipped[:2] == b"\x1f\x8b"
+    async with client.get(url, headers={"Accept-Encoding": "identity"}) as r:
+        plain = await r.read()
+        assert "Content-Encoding" not in r.headers and r.headers["Content-Type"].startswith("text/plain")
+    assert gzip.decompress(zipped) == plain and b"rooflight_client_requests_total" in plain
+    async with client.get(url, headers={"Accept": "application/openmetrics-text; version=1.0.0",
+                                        "Accept-Encoding": "identity"}) as r:
+        assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+        assert (await r.read()).endswith(b"# EOF\n")
+    async with client.get(url, params={"name[]": "rooflight_client_requests_total"},
+                          headers={"Accept-Encoding": "identity"}) as r:
+        names = {s.name for f in text_string_to_metric_families((await r.read()).decode()) for s in f.samples}
+    assert names == {"rooflight_client_requests_total"}
+
+
 async def test_tenants_are_hashed_in_the_metrics(upstream: FakeUpstream, proxy: ProxyServer,
                                                  client: aiohttp.ClientSession) -> None:
     for tenant in ("alpha-corp", "beta-corp", None):
         await post(client, proxy.proxy_url, chat("x"), headers={"X-Tenant": tenant} if tenant else None)
     proxy.refresh_now()
     async with client.get(proxy.metrics_url + "/metrics") as r:
-        text = await r.text()
+        text = await metrics_text(r)
     assert "alpha-corp" not in text and f'tenant="{tenant_key("alpha-corp")}"' in text
     assert f'tenant="{tenant_key("beta-corp")}"' in text and 'tenant="none"' in text
     async with client.get(proxy.metrics_url + "/-/healthy") as r:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from unittest import mock
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -172,3 +173,47 @@ def test_long_texts_read_as_decoding_them_would() -> None:
         for long in (pad + text, text + pad, pad + text + pad):
             reads = [fill(VLLM, b"tok"), fill(VLLM, long), fill(VLLM, long) + fill(VLLM, b"z")]
             assert record(reads) == decoded(reads), long
+
+
+def test_a_shape_is_refused_where_another_text_in_its_slot_would_read_otherwise() -> None:
+    """A shape stands for every text in its slot only where the reading does not depend on the text: learn()
+    tries another text there and keeps no shape when it reads differently. No OpenAI chunk's reading depends
+    on a non-empty text today (the property tests above), so the check is shown with a reading that does:
+    one that takes a text of "stop" as a finish reason would otherwise pass its first chunk's reading on to
+    every later chunk of the shape."""
+    reading = sse.interpret_data
+
+    def reads_stop_as_a_finish(data: bytes) -> sse.ChunkInfo:
+        info = reading(data)
+        return info._replace(finish_reason="stop") if b'"content":"stop"' in data else info
+
+    first = fill(VLLM, b"stop")[6:-2]
+    with mock.patch.object(sse, "interpret_data", reads_stop_as_a_finish):
+        assert sse.ChunkShape.learn(first, reads_stop_as_a_finish(first)) is None
+        plain = fill(VLLM, b"go")[6:-2]
+        assert sse.ChunkShape.learn(plain, reads_stop_as_a_finish(plain)) is not None
+
+
+def test_a_large_chunk_of_several_choices_counts_an_output_per_choice() -> None:
+    """Past LARGE_JSON_BYTES the chunk is scanned: three choices, each with its text and finish reason key,
+    are three outputs (and three tokens), as decoding the same chunk reads it."""
+    text = "y" * (sse.LARGE_JSON_BYTES // 3 + 10)
+    chunk = {"choices": [{"index": i, "delta": {"content": text}, "finish_reason": None} for i in range(3)]}
+    data = json.dumps(chunk).encode()
+    assert len(data) > sse.LARGE_JSON_BYTES
+    scanned = sse.scan_large(data, streamed=True)
+    assert scanned.outputs == scanned.tokens == scanned.choices == 3
+    assert sse.interpret_chunk(json.loads(data)).outputs == 3
+
+
+def test_a_falling_running_count_is_no_token_and_no_gap() -> None:
+    """A chunk whose running completion count falls (5 then 3: an engine that recounted) is no token and no
+    gap. Counts 0, 1, 2, 5, 3, 6 read 10 ms apart: the role chunk (0) is no token, the first token comes at
+    20 ms, gaps end at 30, 40 and 60 ms (the fall at 50 ms is none); the request's tokens are the usage's
+    last count, 6."""
+    reads = [fill(RUNNING, b"a", n) for n in (0, 1, 2, 5, 3, 6)]
+    ttft, itl, tokens, counted_by, *_ = record(reads)
+    assert ttft == pytest.approx(0.02)
+    assert itl == pytest.approx([0.01, 0.01, 0.02])
+    assert (tokens, counted_by) == (6, "usage")
+    assert record(reads) == decoded(reads)

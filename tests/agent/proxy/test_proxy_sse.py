@@ -206,3 +206,24 @@ def test_a_long_line_in_small_reads_costs_no_more_than_short_lines_in_the_same_r
     assert (short_events, long_events) == (size // len(short), 1)
     # Linear: the long line is no dearer than the short lines (it makes fewer events); quadratic was 30x+.
     assert cost <= 5 * baseline + 0.005, (cost, baseline)
+
+
+_LINES = [b"data: {\"a\":1}", b"data: ", b"data:  spaced", b"data:x", b": ping", b"event: e", b"id: 3",
+          b"data: [DONE]", b"", b"data: two\ndata: lines", b"data: \xff\xfe"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.sampled_from(_LINES), max_size=12), newline=st.sampled_from([b"\n", b"\r\n"]),
+       cut=st.integers(0, 400), held=st.booleans())
+def test_data_events_is_feed_where_it_reads_at_all(lines: list[bytes], newline: bytes, cut: int, held: bool) -> None:
+    """The tracker reads a read of whole one-line data events by data_events (a split in C) and anything else
+    by feed: where data_events reads one, it must say what feed says, from any state feed may be in."""
+    data = b"".join(line + newline + newline for line in lines)
+    first, second = (data[:cut], data[cut:]) if held else (b"", data)
+    fast, slow = sse.SSEParser(), sse.SSEParser()
+    fast.feed(first)
+    slow.feed(first)
+    got = fast.data_events(second)
+    if got is not None:
+        assert got == [e.data for e in slow.feed(second)]
+        assert fast.idle and slow.idle

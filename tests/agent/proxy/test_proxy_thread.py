@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from fake_upstream import FakeUpstream
-from rooflight.agent.config.proxy import build
+from rooflight.agent.proxy.config import build
 from rooflight.agent.proxy.server import ProxyServer
 from rooflight.agent.proxy.thread import ProxyThread
 from test_proxy_hardening import upstream  # noqa: F401 (fixture)

@@ -59,7 +59,9 @@ def test_mistral_7b_v01_at_32k_keeps_only_its_4096_token_window() -> None:
     weights = 2 * 7_241_732_096
     assert d["weight_bytes"] == weights
     assert d["max_concurrent_sequences"] == math.floor((H100_FREE - weights) / 536_870_912) == 114
-    assert d["decode_step_seconds_at_context"] == pytest.approx((weights + 536_870_912) / 3.35e12)
+    # a step reads the weights but the input table (32,000 x 4,096 bf16), of which one row
+    table = 32_000 * 4096 * 2
+    assert d["decode_step_seconds_at_context"] == pytest.approx((weights - table + 4096 * 2 + 536_870_912) / 3.35e12)
     assert (d["windowed_layers"], d["kv_window_tokens"]) == (32, 4096)
     assert d["kv_weight_crossover_tokens"] is None  # a 537 MB cap never reaches 14.5 GB of weights
 
@@ -279,17 +281,29 @@ def test_deepseek_v3_2048_token_prefill_is_memory_bound() -> None:
     assert d["prefill_memory_bound"] is True and d["prefill_crossover_tokens"] > 2048
     assert d["prefill_weight_seconds"] > d["prefill_compute_seconds_at_roof"]
     assert d["prefill_seconds_at_roof"] == d["prefill_weight_seconds"]
-    # At the crossover, compute at peak equals reading the weights that many tokens touch.
+    # At the crossover, compute at peak equals reading the weights that many tokens touch: 2 x the parameters
+    # a prompt token multiplies (not the input table, not the LM head) + its causal attention (MLA, unabsorbed:
+    # 128 heads x (192 + 128) dims, 61 layers), the LM head once; the bytes: every weight but the input table,
+    # of which a row a token, the routed experts the t tokens touch.
     m = preset("deepseek-v3")
     t = d["prefill_crossover_tokens"]
-    compute = 2 * m.params_active * t / d["peak_flops"]
-    assert compute == pytest.approx(m.weight_bytes_streamed(t) / d["peak_bandwidth_bytes_per_second"], rel=1e-5)
+    h, table = 7168, 129_280 * 7168
+    flops = 2 * (m.params_active - 2 * table) * t + 61 * 2 * 128 * (192 + 128) * t * (t + 1) / 2 + 2 * table
+    experts = m.expert_weight_bytes
+    weights = m.weight_bytes - 2 * table + min(2 * h * t, 2 * table) - experts + experts * (1 - (1 - 8 / 256) ** t)
+    assert flops / d["peak_flops"] == pytest.approx(weights / d["peak_bandwidth_bytes_per_second"], rel=1e-5)
+    assert round(t, -1) == 3460  # 3,690 with every weight read and no attention
     text = format_plan(build_plan(m, get_profile("h200"), tp=8, context_tokens=8000, batch=1, prompt_tokens=2048))
     assert "memory-bound" in text and "-token crossover" in text
 
 
 def test_dense_16_bit_crossover_is_the_ridge() -> None:
     d = plan()
-    assert d["prefill_crossover_tokens"] == pytest.approx(d["ridge_point"])  # W = 2P
+    # W = 2P: the ridge, less what the causal attention adds to each prompt token (32 x 16,384 x (T + 1) / 2
+    # FLOPs against 2 x 8e9): T = 16e9 x 989e12 / (3.35e12 x (16e9 + 262,144 x (T + 1))) = 293.8
+    t = d["prefill_crossover_tokens"]
+    assert t == pytest.approx(16e9 * 989e12 / (3.35e12 * (16e9 + 32 * 16_384 * (t + 1) / 2)), rel=1e-6)
+    assert round(t, 1) == 293.8 and round(d["ridge_point"], 1) == 295.2
     assert d["prefill_memory_bound"] is False
-    assert d["prefill_seconds"] == pytest.approx(2 * 8e9 * 2048 / (989e12 * 0.5))  # compute dominates
+    attention = 32 * 16_384 * 2048 * 2049 / 2  # 1.10 TFLOP the round numbers leave out
+    assert d["prefill_seconds"] == pytest.approx((2 * 8e9 * 2048 + attention) / (989e12 * 0.5))  # compute dominates

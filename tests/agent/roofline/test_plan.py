@@ -49,9 +49,12 @@ def test_default_plan_is_the_reference_8b_on_one_h100(capsys: pytest.CaptureFixt
     assert round(d["ridge_point"]) == 295
     assert round(d["decode_step_seconds_weights_only"] * 1e3, 1) == 4.8
     assert round(d["decode_tokens_per_second_weights_only"]) == 209
-    assert round(d["prefill_flops"] / 1e12) == 33
-    assert round(d["prefill_seconds_at_roof"] * 1e3) == 33
-    assert round(d["prefill_seconds"] * 1e3) == 66
+    # the design's 33 TFLOP, 33 ms and 66 ms count the weights' matmuls: 2 x 8e9 x 2,048 = 32.8 TFLOP; the
+    # step model adds the prompt's causal attention, 32 layers x 16,384 FLOPs x 2,048 x 2,049 / 2 = 1.10 TFLOP
+    attention = 32 * 16_384 * 2048 * 2049 / 2
+    assert d["prefill_attention_flops"] == attention
+    assert d["prefill_flops"] == 2 * 8e9 * 2048 + attention
+    assert round(d["prefill_seconds_at_roof"] * 1e3, 1) == 34.2 and round(d["prefill_seconds"] * 1e3, 1) == 68.5
     assert round(d["kv_weight_crossover_tokens"], -3) == 122_000
     assert d["fits"] is True and d["prefill_memory_bound"] is False
 
@@ -60,15 +63,21 @@ def test_text_carries_the_same_numbers(capsys: pytest.CaptureFixture[str]) -> No
     out = run(capsys)
     for s in ("16 GB total", "131,072 B (128 KiB)", "1.05 GB at 8,000 tokens", "60 GB per GPU",
               "57 at 8,000 tokens", "295 FLOP/byte", "4.78 ms/token, 209 tok/s", "122,000 tokens",
-              "32.8 TFLOP", "33.1 ms at the compute roof, 66.3 ms at 50% MFU"):
+              "33.9 TFLOP", "(causal attention 1.1 TFLOP of it)", "34.2 ms at the compute roof, 68.5 ms at 50% MFU"):
         assert s in out, s
 
 
-@pytest.mark.parametrize("context,intensity", [(600, 49), (8000, 12)])
-def test_decode_intensity_at_batch_64(capsys: pytest.CaptureFixture[str], context: int,
-                                      intensity: int) -> None:
+@pytest.mark.parametrize("context,weights_only,intensity", [(600, 49, 49.6), (8000, 12, 15.6)])
+def test_decode_intensity_at_batch_64(capsys: pytest.CaptureFixture[str], context: int, weights_only: int,
+                                      intensity: float) -> None:
+    # The design's 49 and 12 count the weights' FLOPs, 64 x 2 x 8e9 over 16e9 + 64 x the caches; the step model
+    # adds the attention each token does over its cache, 16,384 FLOPs per cached token and layer: 4 FLOP per
+    # byte of KV read (GQA's 4 query heads a KV head), so at 8,000 tokens a third, not a quarter, of 64
     d = run_json(capsys, "--batch", "64", "--context", str(context))
-    assert round(d["decode_intensity_at_batch"]) == intensity
+    kv = 64 * context * 131_072
+    assert round(64 * 2 * 8e9 / (16e9 + kv)) == weights_only
+    assert d["decode_intensity_at_batch"] == pytest.approx((64 * 2 * 8e9 + 64 * 32 * 16_384 * context) / (16e9 + kv))
+    assert round(d["decode_intensity_at_batch"], 1) == intensity
 
 
 @pytest.mark.parametrize("context,tok_s", [(1_000, 208), (100_000, 115)])
@@ -92,7 +101,10 @@ def test_70b_on_one_h100_does_not_fit_and_is_42_ms(capsys: pytest.CaptureFixture
     d = run_json(capsys, "--model", "ref-70b", "--prompt-tokens", "4096", "--prefill-mfu", "1")
     assert d["fits"] is False and d["max_concurrent_sequences"] == 0
     assert round(d["decode_step_seconds_weights_only"] * 1e3) == 42
-    assert round(d["prefill_seconds"], 2) == 0.58
+    # 2 x 70e9 x 4,096 / 989e12 = 0.58 s of the weights' matmuls, + 80 x 32,768 (64 heads x 2 x 256 dims) x
+    # 4,096 x 4,097 / 2 = 22.0 TFLOP of attention
+    assert d["prefill_seconds"] == pytest.approx((2 * 70e9 * 4096 + 80 * 32_768 * 4096 * 4097 / 2) / 989e12)
+    assert round(d["prefill_seconds"], 2) == 0.60
     assert "DOES NOT FIT" in run(capsys, "--model", "ref-70b")
 
 
@@ -106,7 +118,10 @@ def test_int8_weights_and_fp8_kv(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_head_of_line_prefill(capsys: pytest.CaptureFixture[str]) -> None:
     d = run_json(capsys, "--prompt-tokens", "8000")
-    assert d["prefill_flops"] == 128e12 and round(d["prefill_seconds"] * 1e3) == 259
+    # the design's 128 TFLOP and 259 ms are the weights' matmuls; an 8,000-token prompt's causal attention adds
+    # 32 x 16,384 x 8,000 x 8,001 / 2 = 16.8 TFLOP (13%)
+    assert d["prefill_flops"] == 128e12 + 32 * 16_384 * 8000 * 8001 / 2
+    assert round(d["prefill_seconds"] * 1e3) == 293
     assert run_json(capsys, "--prompt-tokens", "200")["prefill_memory_bound"] is True
 
 
@@ -135,16 +150,20 @@ def test_model_config_and_hf_id(capsys: pytest.CaptureFixture[str]) -> None:
     b = run_json(capsys, "--model", "meta-llama/Meta-Llama-3-8B-Instruct")
     assert a["params_total"] == b["params_total"] == 8_030_261_248
     assert a["model_source"].startswith("config.json:") and b["model_source"] == "preset:llama-3-8b"
-    assert round(a["decode_tokens_per_second_weights_only"]) == 209  # the real 8.03B still reads 209
+    # a step reads every weight but the input table (128,256 x 4,096, a row a token), as the live MBU counts:
+    # 1 / ((16,060,522,496 - 1,050,673,152 + 8,192) / 3.35e12) = 223 tok/s, where every weight read 209
+    assert a["decode_step_seconds_weights_only"] == pytest.approx((16_060_522_496 - 1_050_673_152 + 8192) / 3.35e12)
+    assert round(a["decode_tokens_per_second_weights_only"]) == 223
 
 
 def test_moe_streams_only_touched_experts() -> None:
     m = preset("mixtral-8x7b")
     one = build_plan(m, H100, tp=2, context_tokens=1000, batch=1, prompt_tokens=100)
     many = build_plan(m, H100, tp=2, context_tokens=1000, batch=256, prompt_tokens=100)
-    assert one.weight_bytes_streamed_per_step == pytest.approx(2 * m.params_active)
-    assert many.weight_bytes_streamed_per_step == pytest.approx(m.weight_bytes)
-    assert "MoE weights streamed" in format_plan(one)
+    table = 2 * 32_000 * 4096  # the input embeddings: a row a token
+    assert one.weight_bytes_streamed_per_step == pytest.approx(2 * m.params_active - table + 2 * 4096)
+    assert many.weight_bytes_streamed_per_step == pytest.approx(m.weight_bytes - table + 256 * 2 * 4096, rel=1e-6)
+    assert "weights read a step" in format_plan(one)
 
 
 def test_mla_kv_is_held_whole_on_every_tp_rank() -> None:
@@ -201,13 +220,18 @@ def test_disaggregated_pools_for_100_requests_per_second(capsys: pytest.CaptureF
                  "--prefill-capacity", "10000", "--decode-capacity", "2500")["pools"]
     # the design documents' 20 prefill groups are the pool at 100% busy; at a 0.5 s p99 TTFT it takes 23
     # (test_prefill_pool_is_sized_for_the_p99_ttft)
-    assert (d["prefill_groups_at_full_load"], d["prefill_groups"], d["decode_groups"]) == (20, 23, 10)
+    # the decode pool: a group decodes 2,500 tok/s, at the 50 ms ITL 125 sequences at once; 100 req/s hold
+    # 250 x 50 ms = 12.5 s a slot, 1,250 slots busy on average: 10 groups (1,250 slots) are over half the time,
+    # 11 (1,375) leave 0.02% of requests waiting for one (Erlang C), the 1% tail the pools are sized at
+    assert (d["prefill_groups_at_full_load"], d["prefill_groups"]) == (20, 23)
+    assert (d["decode_groups_at_full_load"], d["decode_groups"], d["decode_slots_per_group"]) == (10, 11, 125)
+    assert physics.erlang_c(1250, 1250.0) == 1.0 and physics.erlang_c(1375, 1250.0) < 0.01
     assert d["shared_groups_at_full_load"] == 30 and d["share"] is False  # 0.2 s per prompt: past a 50 ms ITL
     out = run(capsys, "--rate", "100", "--prompt", "2000", "--output", "250", "--prefill-capacity", "10000",
               "--decode-capacity", "2500")
     assert "prefill pool            23 groups at 87% busy" in out and "= 20 groups' work; the rest is room for the queue" in out
-    assert "decode pool             10 groups" in out
-    assert "Verdict: split: 23 prefill + 10 decode groups" in out
+    assert "decode pool             11 groups at 90.9% busy" in out and "10 at 100%" in out
+    assert "Verdict: split: 23 prefill + 11 decode groups" in out
 
 
 @pytest.mark.parametrize(("rate", "prompt", "why"), [
@@ -223,20 +247,44 @@ def test_sharing_one_pool_is_sometimes_the_better_answer(rate: float, prompt: fl
 def test_pool_capacities_from_the_physics(capsys: pytest.CaptureFixture[str]) -> None:
     # ref-8b on one H100, 2,000 + 250 tokens: prefill at 50% MFU; decode at the KV wall's batch
     # (60 GB / (2,125 tokens x 128 KiB) = 215 sequences) at 70% of the bandwidth peak
-    prefill, decode, batch, kv = physics_capacities(preset("ref-8b"), H100, tp=1, prompt_tokens=2000,
-                                                     output_tokens=250, batch_max=256, prefill_mfu=0.5,
-                                                     decode_mbu=0.7, reserved_bytes_per_gpu=4e9)
-    assert round(prefill, -2) == 30_900 and batch == 215
-    step = (16e9 + 215 * 2125 * 131_072) / (3.35e12 * 0.7)
+    prefill, decode, batch, kv, step = physics_capacities(preset("ref-8b"), H100, tp=1, prompt_tokens=2000,
+                                                           output_tokens=250, batch_max=256, prefill_mfu=0.5,
+                                                           decode_mbu=0.7, reserved_bytes_per_gpu=4e9)
+    # a prompt: 2 x 8e9 x 2,000 + its causal attention 32 x 16,384 x 2,000 x 2,001 / 2 = 33.05 TFLOP at
+    # 494.5 TFLOP/s = 66.8 ms, 29,900 tok/s (30,900 without the attention)
+    assert prefill == pytest.approx(2000 / ((2 * 8e9 * 2000 + 32 * 16_384 * 2000 * 2001 / 2) / (989e12 * 0.5)))
+    assert round(prefill, -2) == 29_900 and batch == 215
+    assert step == pytest.approx((16e9 + 215 * 2125 * 131_072) / (3.35e12 * 0.7))  # its 7.4 ms of FLOPs are under it
     assert decode == pytest.approx(215 / step) and round(decode, -1) == 6_640
     assert kv == 2000 * 131_072
     d = run_json(capsys, "--rate", "100", "--prompt", "2000", "--output", "250")["pools"]
     # 7 prefill GPUs at 100% busy (the design documents' figure); at the 0.5 s p99 TTFT 8: a prompt takes
-    # 2,000 / 30,906 = 64.7 ms, a = 100 x 0.0647 = 6.47; M/M/c at c = 7: C = 0.784 x exp(-(7 / 0.0647 - 100)
-    # x 0.435) = 0.022 > 1%; c = 8: 0.477 x exp(-23.6 x 0.435)... = 1.6e-5. Decode: step(215) = 32.4 ms meets
-    # the 50 ms ITL, so the KV wall's batch stays and 4 GPUs carry 25,000 tok/s.
+    # 66.8 ms, a = 6.68; M/M/c at c = 7: P(wait > 0.433 s) = 0.11 > 1%; c = 8: 1.1e-4. Decode: step(215) =
+    # 32.4 ms meets the 50 ms ITL, so the KV wall's batch stays; 25,000 tok/s are 3.76 GPUs' work, but each
+    # request holds a slot 250 x 32.4 ms = 8.1 s, 809 slots busy on average: 4 GPUs' 860 slots leave 4.7% of
+    # requests waiting for one, 5 GPUs' 1,075 none (the 1% tail)
+    assert physics.mmc_wait_exceeds(7, 100, 2000 / prefill, 0.5 - 2000 / prefill) > 0.01
+    assert physics.mmc_wait_exceeds(8, 100, 2000 / prefill, 0.5 - 2000 / prefill) < 0.01
     assert (d["prefill_groups_at_full_load"], d["prefill_groups"]) == (7, 8)
-    assert (d["decode_groups"], d["decode_batch"], d["capacity_source"]) == (4, 215, "physics")
+    assert physics.erlang_c(860, 100 * 250 * step) > 0.01 > physics.erlang_c(1075, 100 * 250 * step)
+    assert (d["decode_groups_at_full_load"], d["decode_groups"], d["decode_batch"], d["capacity_source"]) == (
+        4, 5, 215, "physics")
+
+
+def test_a_compute_bound_decode_pool_runs_at_the_prefill_mfu_share_of_the_compute_peak() -> None:
+    # ref-8b on one H100, 100 + 100 tokens (live context 150), up to 1,024 sequences: KV 150 x 128 KiB = 19.7 MB
+    # a sequence, 60 GB hold 3,051, so the cap's 1,024 decode. A step reads 16 GB of weights + 1,024 x 19.7 MB
+    # = 36.1 GB (15.4 ms at 70% of 3.35 TB/s) and runs 2 x 8e9 x 1,024 + 32 x 16,384 x 150 x 1,024 = 16.46
+    # TFLOP: 33.3 ms at 50% of 989 TFLOP/s, the longer, so 30,800 tok/s. At the whole compute peak the
+    # step would be 16.6 ms and the pool twice as fast as the GEMMs can run.
+    prefill, decode, batch, kv, step = physics_capacities(preset("ref-8b"), H100, tp=1, prompt_tokens=100,
+                                                           output_tokens=100, batch_max=1024, prefill_mfu=0.5,
+                                                           decode_mbu=0.7, reserved_bytes_per_gpu=4e9)
+    flops = 2 * 8e9 * 1024 + 32 * 16_384 * 150 * 1024
+    assert batch == 1024
+    assert step == pytest.approx(flops / (989e12 * 0.5))
+    assert step > (16e9 + 1024 * 150 * 131_072) / (3.35e12 * 0.7)  # compute-bound
+    assert decode == pytest.approx(1024 / step) and round(decode, -2) == 30_800
 
 
 def test_pool_flags_must_make_sense(capsys: pytest.CaptureFixture[str]) -> None:
@@ -414,14 +462,17 @@ def test_decode_is_sized_at_the_batch_whose_itl_meets_the_target(capsys: pytest.
     # ref-8b on one H100 at 2,000 + 250 tokens: each sequence holds 2,125 x 131,072 = 278.5 MB; the KV wall is
     # 215 sequences, step(215) = 32.4 ms. At a 20 ms ITL the batch is the largest B with
     # (16e9 + B x 278.5e6) / (3.35e12 x 0.7) <= 20 ms: B <= (46.9e9 - 16e9) / 278.5e6 = 110.9, so 110, step
-    # 19.9 ms, 110 / 19.9 ms = 5,531 tok/s a GPU; 25,000 tok/s need 4.52 -> 5 GPUs, not the KV wall's 4.
+    # 19.9 ms, 110 / 19.9 ms = 5,531 tok/s a GPU; 25,000 tok/s are 4.52 GPUs' work -> 5 at 100%, not the KV
+    # wall's 4; and with the 1% tail (a request holds a slot 250 x 19.9 ms = 4.97 s, 497 busy on average) 6:
+    # 5 GPUs' 550 slots leave 1.2% of requests waiting for one.
     kw = dict(tp=1, prompt_tokens=2000, output_tokens=250, batch_max=256, prefill_mfu=0.5, decode_mbu=0.7,
               reserved_bytes_per_gpu=4e9)
-    _, decode, batch, _ = physics_capacities(preset("ref-8b"), H100, itl_slo=0.02, **kw)
+    _, decode, batch, _, _ = physics_capacities(preset("ref-8b"), H100, itl_slo=0.02, **kw)
     assert batch == 110 and round(decode) == 5531
     assert physics_capacities(preset("ref-8b"), H100, itl_slo=None, **kw)[2] == 215  # the KV wall, as before
     d = run_json(capsys, "--rate", "100", "--prompt", "2000", "--output", "250", "--itl-slo", "0.02")["pools"]
-    assert (d["decode_groups"], d["decode_batch"]) == (5, 110)
+    assert (d["decode_groups_at_full_load"], d["decode_groups"], d["decode_batch"]) == (5, 6, 110)
+    assert physics.erlang_c(550, 100 * 250 * d["decode_step_seconds"]) > 0.01
     with pytest.raises(ConfigError, match="ITL target"):  # even one sequence's step is 6.8 ms
         physics_capacities(preset("ref-8b"), H100, itl_slo=0.005, **kw)
 
@@ -452,13 +503,18 @@ def test_tp_all_reduces_in_the_ceilings_and_the_pools() -> None:
     assert plan.decode_step_seconds_at_batch_with_tp == pytest.approx(plan.decode_step_seconds_at_batch + 1.918e-3,
                                                                        rel=1e-3)
     assert round(plan.prefill_tp_allreduce_seconds * 1e3, 1) == 18.7
-    assert plan.decode_step_seconds_at_batch == pytest.approx(35.6e-3, rel=2e-3)  # the design example, unchanged
+    # the design example's 35.6 ms reads every weight; the step model reads the input table a row a token:
+    # (141,107,412,992 - 2,101,346,304 + 128 x 16,384 + 128 x 8,000 x 327,680) / (4 x 3.35e12) = 35.41 ms
+    assert plan.decode_step_seconds_at_batch == pytest.approx(
+        (141_107_412_992 - 2_101_346_304 + 128 * 16_384 + 128 * 8000 * 327_680) / (4 * 3.35e12))
     one = build_plan(preset("ref-8b"), H100, tp=1, context_tokens=8000, batch=128, prompt_tokens=2048)
     assert one.tp_allreduce_seconds_at_batch == 0 and one.prefill_tp_allreduce_seconds == 0
-    # the pool's prefill capacity pays them: 2,000 tokens in 2,000 x 2 x 70.55e9 / (4 x 989e12 x 0.5) = 142.7 ms
-    # + 160 x (5 us + 1.5 x 32.8 MB / 450 GB/s = 109.2 us) = 18.3 ms: 2,000 / 161.0 ms = 12,400 tok/s, not 14,000
+    # the pool's prefill capacity pays them: 2,000 tokens of 2 x 68.45e9 (not the input table, not the LM head)
+    # + their causal attention 80 x 32,768 x 2,000 x 2,001 / 2, and the LM head once, in 141.1 ms at 4 x 989e12
+    # x 0.5; + 160 x (5 us + 1.5 x 32.8 MB / 450 GB/s = 109.2 us) = 18.3 ms: 2,000 / 159.4 ms = 12,550 tok/s
     prefill, *_ = physics_capacities(m, H100, tp=4, prompt_tokens=2000, output_tokens=250, batch_max=256,
                                      prefill_mfu=0.5, decode_mbu=0.7, reserved_bytes_per_gpu=4e9)
-    compute = 2000 * 2 * m.params_active / (4 * 989e12 * 0.5)
-    assert prefill == pytest.approx(2000 / (compute + 160 * (5e-6 + 1.5 * 2000 * 8192 * 2 / 450e9)))
-    assert round(prefill, -2) == 12_400
+    table = 128_256 * 8192
+    flops = 2000 * 2 * (m.params_active - 2 * table) + 80 * 32_768 * 2000 * 2001 / 2 + 2 * table
+    assert prefill == pytest.approx(2000 / (flops / (4 * 989e12 * 0.5) + 160 * (5e-6 + 1.5 * 2000 * 8192 * 2 / 450e9)))
+    assert round(prefill, -2) == 12_600

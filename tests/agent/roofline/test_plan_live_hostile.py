@@ -131,3 +131,16 @@ def test_a_big_page_costs_its_signal_lines_not_the_page() -> None:
     # the page streams past and only its signal lines are kept
     # measured: 77 MiB over `plan` without --from-live before, 1 MiB now
     assert peak_kb - base_kb < 30 * 1024, (peak_kb, base_kb)
+
+
+def test_a_window_the_agent_does_not_serve_is_named_without_the_pages_escape_sequences() -> None:
+    """`--window 1m` against a page whose only window label is an escape sequence (retitle the terminal, ring
+    the bell): the error lists the windows the page serves, shown, not sent."""
+    from rooflight.agent.plan_cli import live_series
+
+    page = GOOD.replace('window="1m"', 'window="\x1b]0;pwned\x07"') % ("t", "t")
+    with pytest.raises(ConfigError) as caught:
+        live_series(page, "1m")
+    message = str(caught.value)
+    assert "\x1b" not in message and "\x07" not in message, repr(message)
+    assert "\\x1b]0;pwned\\x07" in message, message

@@ -190,3 +190,18 @@ def test_llama_4_chunked_layers_group_by_twelve() -> None:
                           "intermediate_size": 128, "vocab_size": 100, "sliding_window": 16,
                           "layer_types": ["sliding_attention"] * 12 + ["full_attention"] * 13}, source="test")
     assert odd.kv_pool_layers(grouped=True) == 13
+
+
+@pytest.mark.parametrize(("full", "sliding", "pool_layers"), [
+    (13, 12, 13),  # 1.08x: within 1.25x, groups of the most (vLLM pads the smaller type's group)
+    (14, 10, 10),  # 1.4x: past it, groups of the fewest (the full layers take two groups, one padded)
+    (20, 16, 16),  # exactly 1.25x is not within it (vLLM: max < min x 1.25)
+    (16, 20, 16),  # the same with the sliding layers the more numerous
+])
+def test_hybrid_groups_take_the_most_only_within_a_quarter(full: int, sliding: int, pool_layers: int) -> None:
+    # vLLM's hybrid KV-cache manager (vllm/v1/core/kv_cache_utils.py, uniform page size): a group holds the
+    # fewest layers of any attention type, or the most where the most are under 1.25x the fewest
+    m = from_hf_config({"num_hidden_layers": full + sliding, "hidden_size": 64, "num_attention_heads": 4,
+                        "intermediate_size": 128, "vocab_size": 100, "sliding_window": 16,
+                        "layer_types": ["sliding_attention"] * sliding + ["full_attention"] * full}, source="test")
+    assert (m.full_attention_layers, m.kv_pool_layers(grouped=True)) == (full, pool_layers)

@@ -1,4 +1,4 @@
-"""engine_loop.map_big_blocks: blocks of 1 MiB and more are handed back to the OS when freed, whatever big block
+"""memory.map_big_blocks: blocks of 1 MiB and more are handed back to the OS when freed, whatever big block
 was freed before them (glibc's own threshold follows the largest block freed, and keeps smaller ones after it)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import textwrap
 
 import pytest
 
-from rooflight.agent.sampling import engine_loop
+from rooflight.agent.sampling import memory
 
 _FREED_AFTER_A_BIGGER_ONE = textwrap.dedent("""
     import sys, psutil
-    from rooflight.agent.sampling.engine_loop import map_big_blocks
+    from rooflight.agent.sampling.memory import map_big_blocks
     if sys.argv[1] == "mapped":
         map_big_blocks()
     rss = lambda: psutil.Process().memory_info().rss
@@ -47,6 +47,6 @@ def test_a_threshold_the_operator_set_is_left_as_set(monkeypatch: pytest.MonkeyP
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(engine_loop, "_libc", lambda name: lambda *args: calls.append(args) or 1)
-    engine_loop.map_big_blocks()
-    assert calls == ([] if env else [(engine_loop._M_MMAP_THRESHOLD, engine_loop.BIG_BLOCK_BYTES)])
+    monkeypatch.setattr(memory, "_libc", lambda name: lambda *args: calls.append(args) or 1)
+    memory.map_big_blocks()
+    assert calls == ([] if env else [(memory._M_MMAP_THRESHOLD, memory.BIG_BLOCK_BYTES)])

@@ -11,10 +11,10 @@ from typing import AsyncIterator
 
 import pytest
 
-from rooflight.agent.roofline import physics
+from rooflight.agent.roofline import physics, step
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.config.agent import build
-from rooflight.agent.sampling.engine_loop import DERIVATION_FAILED
+from rooflight.agent.sampling.target_series import DERIVATION_FAILED
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.signals import derive
 from rooflight.collectors.common import INFO_OUT_OF_RANGE
@@ -106,7 +106,7 @@ async def test_a_derivation_that_raises_is_counted_and_the_series_stay(
     def broken(*args: object) -> float:
         raise ZeroDivisionError("float division by zero")
 
-    monkeypatch.setattr(physics, "decode_step_seconds_roofline", broken)
+    monkeypatch.setattr(step.StepCost, "seconds", broken)  # every capacity and headroom asks it
     for k in range(1, 16):
         m = await rig.sample(_page(k, cache_config='block_size="16",num_gpu_blocks="1000"'))
     assert _has(m, "rooflight_requests_running")

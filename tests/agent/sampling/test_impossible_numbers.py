@@ -184,3 +184,15 @@ def test_derive_withholds_each_value_above_the_range_with_a_reason() -> None:
     assert (mbu, mfu, dropped) == (None, {"prefill": 0.5}, (derive.MBU_OUT_OF_RANGE, derive.MFU_OUT_OF_RANGE))
     assert derive._in_range(1.1, {"decode": 0.9}) == (1.1, {"decode": 0.9}, ())
     assert derive._in_range(None, {}) == (None, {}, ())
+
+
+async def test_a_dynamo_frontends_impossible_inflight_count_is_withheld_and_counted() -> None:
+    """`dynamo_frontend_inflight_requests 1e308` was exported as rooflight_requests_running 1e+308."""
+    page = sample_text("dynamo-1.6.1-frontend-agg-load.prom")
+    async with scripted_agent(page, INTERVAL, model=None, batch_max=None) as rig:
+        m = await rig.sample(page)
+        assert _values(m, "rooflight_requests_running") == [6.0]
+        m = await rig.sample(_set(page, "dynamo_frontend_inflight_requests", 1e308))
+        assert _values(m, "rooflight_requests_running") == []  # before: [1e308]
+        assert _values(m, "rooflight_source_values_dropped_total", reason="gauge_out_of_range") == [1.0]
+        assert _values(m, "rooflight_requests_waiting") == [0.0]  # the rest of the series is kept

@@ -19,7 +19,7 @@ def test_ep_and_draft_model_reach_the_targets_constants() -> None:
     assert (target.ep, target.draft_model) == (8, "llama-3.2-1b")
     assert draft_for(target) == preset("llama-3.2-1b")
     constants = Agent(config)._constants_for(target, preset("deepseek-v3"), 1)
-    assert constants.expert_parallel_size == 8 and constants.expert_ranks == 8
+    assert constants.expert_parallel_size == 8 and constants.layout.expert_ranks == 8
     assert constants.draft == preset("llama-3.2-1b")
 
 

@@ -269,7 +269,7 @@ async def test_an_unknown_gpu_leaves_mbu_and_mfu_absent_and_says_why(
     c = target.constants
     assert (c.gpu, c.gpu_source, c.gpu_note, c.gpu_key) == (None, "nvml", reason, "unknown")
     assert c.peak_bandwidth is None and c.peak_flops is None
-    for name in ("rooflight_mbu_ratio", "rooflight_mfu_ratio", "rooflight_mbu_to_dram_bandwidth_ratio",
+    for name in ("rooflight_mbu_ratio", "rooflight_mfu_ratio", "rooflight_mbu_to_dram_bandwidth",
                  "rooflight_gpu_peak_flops", "rooflight_gpu_peak_memory_bandwidth_bytes_per_second",
                  "rooflight_capacity_requests_per_second", "rooflight_capacity_decode_tokens_per_second",
                  "rooflight_capacity_phase_tokens_per_second"):

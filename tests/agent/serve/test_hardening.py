@@ -403,7 +403,8 @@ def test_headers_that_break_responses_are_refused(tmp_path: Path, header: str, s
 
 
 def test_ordinary_security_headers_are_kept(tmp_path: Path) -> None:
-    path = _write(tmp_path / "web.yml", "http_server_config:\n  headers:\n    Strict-Transport-Security: max-age=31536000;"
+    path = _write(tmp_path / "web.yml", f"basic_auth_users:\n  prometheus: '{HASH}'\n"
+                  "http_server_config:\n  headers:\n    Strict-Transport-Security: max-age=31536000;"
                   " includeSubDomains\n    X-Frame-Options: deny\n    X-Empty: ''\n")
     assert webconfig.load(path).headers == {"Strict-Transport-Security": "max-age=31536000; includeSubDomains",
                                             "X-Frame-Options": "deny", "X-Empty": ""}

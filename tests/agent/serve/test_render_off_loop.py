@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from rooflight.agent.serve.server import metrics_handler, render_metrics
+from rooflight.agent.metrics.http import metrics_handler, render_metrics
 from support import serve_app
 
 

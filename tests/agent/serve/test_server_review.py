@@ -18,6 +18,7 @@ import pytest
 
 from rooflight.agent.config.agent import build
 from rooflight.agent.sampling.sampler import Agent
+from rooflight.agent.metrics import http as metrics_http
 from rooflight.agent.serve import server
 from support import free_port, serve_task
 
@@ -135,7 +136,7 @@ PAGE = b"# a big page\n" + b"rooflight_filler_total{i=\"%d\"} 1\n" * 1 + b"".joi
 
 
 async def test_clients_that_never_read_hold_a_chunk_each_not_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server, "render_metrics", lambda registry, accept, names: (PAGE, "text/plain; version=0.0.4"))
+    monkeypatch.setattr(metrics_http, "render_metrics", lambda registry, accept, names: (PAGE, "text/plain; version=0.0.4"))
     async with _serving(max_connections=64) as port:
         clients = []
         await _scrape_from("127.0.0.1", port)  # the page once, so it is counted in the baseline
@@ -153,8 +154,8 @@ async def test_clients_that_never_read_hold_a_chunk_each_not_the_page(monkeypatc
 
 
 async def test_a_client_that_never_reads_is_closed_at_the_send_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server, "render_metrics", lambda registry, accept, names: (PAGE, "text/plain; version=0.0.4"))
-    monkeypatch.setattr(server, "SEND_SECONDS", 1.0, raising=False)
+    monkeypatch.setattr(metrics_http, "render_metrics", lambda registry, accept, names: (PAGE, "text/plain; version=0.0.4"))
+    monkeypatch.setattr(metrics_http, "SEND_SECONDS", 1.0)
     async with _serving() as port:
         reader, writer = await _open_from("127.0.0.2", port, rcvbuf=4096)
         writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -189,10 +190,10 @@ def many_models_page(models: int) -> str:
 async def test_status_history_shares_a_total_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     import aiohttp
 
-    from rooflight.agent.serve import status
+    from rooflight.agent.metrics import history
     from support import FakeEngine
 
-    monkeypatch.setattr(status, "HISTORY_TOTAL_POINTS", 64, raising=False)
+    monkeypatch.setattr(history, "HISTORY_TOTAL_POINTS", 64)
     engine = FakeEngine(body=many_models_page(16))
     await engine.start()
     config = build({}, {}, {"engine_url": [engine.url], "nvml": False, "process": False, "interval": "0.1",

@@ -24,10 +24,11 @@ from rooflight.agent.roofline.gpus import get_profile
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.config.agent import build
 from rooflight.agent.sampling.sampler import Agent
+from rooflight.agent.metrics.history import HISTORY_FIELDS, Sparklines
 from rooflight.agent.serve import page, status
 from rooflight.agent.serve.roofline_svg import render_roofline
 from rooflight.agent.serve.server import snapshot_dict
-from rooflight.agent.signals.detectors import Verdicts
+from rooflight.agent.signals.detectors import Verdicts, detectors
 from support import ROOT, started_agent
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -110,6 +111,16 @@ async def test_decode_sits_left_of_the_ridge_under_its_plan_ceiling(steady: tupl
     assert batch["flops"] == pytest.approx(batch["intensity"] * roof["peak_bandwidth"])
     assert decode["flops"] / batch["flops"] == pytest.approx(w["mbu"], rel=0.12)
     assert cap["intensity"] > batch["intensity"] and cap["tokens_per_second"] > batch["tokens_per_second"]
+    # the ceilings are the step model's decode step, the one `rooflight plan` and capacity ask: that batch, each
+    # sequence holding the live KV layer-tokens a running sequence holds now, on the copy's roofs
+    from rooflight.agent.roofline.step import Decode, Step
+
+    short = agent.snapshot.targets[0].series[0].windows[0]
+    context = c.layout.layer_tokens_in(short.mean_live_kv_bytes) / short.mean_running
+    for ceiling in (batch, cap):
+        cost = c.layout.cost(Step(decode=Decode(ceiling["batch"], context)))
+        assert ceiling["step_seconds"] == pytest.approx(cost.seconds(c.roofs))
+        assert ceiling["intensity"] == pytest.approx(cost.intensity)
 
 
 async def test_with_tp_2_the_decode_point_is_its_achieved_flops_on_the_doubled_roofs() -> None:
@@ -140,11 +151,10 @@ async def test_with_tp_2_the_decode_point_is_its_achieved_flops_on_the_doubled_r
 
 @pytest.mark.parametrize("value, state", [(True, "active"), (False, "clear"), (None, "unknown")])
 def test_detector_states_and_runbook_links(value: bool | None, state: str) -> None:
-    verdicts = Verdicts(head_of_line=value, itl_inflation=4.0 if value else None, capacity_capped=value,
-                        admission_bound=value, at_configured_max=value, engine_stalled=value)
+    verdicts = Verdicts({d.key: value for d in detectors()}, itl_inflation=4.0 if value else None)
     rows = status.detectors(verdicts)
-    assert [r["key"] for r in rows] == ["head_of_line", "capacity_capped", "admission_bound", "at_configured_max",
-                                        "engine_stalled"]
+    assert [r["key"] for r in rows] == [d.key for d in detectors()]  # every detector, in its order
+    assert {"head_of_line", "capacity_capped", "engine_stalled"} <= {r["key"] for r in rows}
     assert {r["state"] for r in rows} == {state}
     assert all(r["sentence"].endswith(".") and len(r["sentence"]) > 40 for r in rows)
     headings = {h.strip().lower() for h in re.findall(r"^## (\S+)", (ROOT / "docs" / "runbooks.md").read_text(), re.M)}
@@ -160,26 +170,40 @@ def test_runbook_base_is_the_rules_default() -> None:
     assert status.RUNBOOK_BASE_URL == RulesConfig().runbook_base_url
 
 
-async def test_history_is_bounded_and_filled_only_on_request(steady: tuple) -> None:
+async def test_the_agent_keeps_the_sparklines_before_anyone_looks(steady: tuple) -> None:
+    """A page opened now draws the samples before it was opened: the agent records them as it samples."""
     engine, agent, clock = steady
     app = web.Application()
     page.add_status_routes(app, agent)
     history = app[page.STATUS_HISTORY_KEY]
     await advance(engine, agent, clock, 5.0)
-    assert history.series(("x", "y", "z")) == {"t": [], **{f: [] for f in status.HISTORY_FIELDS}}
+    assert history.series(("x", "y", "z")) == {"t": [], **{f: [] for f in HISTORY_FIELDS}}
     (target,) = agent.snapshot.targets
     key = (target.name, target.series[0].series.model, target.series[0].series.rank)
-    assert history.series(key)["t"] == []  # the agent sampled ten times; nobody asked, nothing was kept
-    small = status.History(points=4)
-    for _ in range(7):
-        small.record(agent.snapshot)
-        small.record(agent.snapshot)  # the same engine sample twice counts once
-        await advance(engine, agent, clock, 0.5)
-    cols = small.series(key)
-    assert len(cols["t"]) == 4 and cols["t"] == sorted(set(cols["t"]))
-    assert set(cols) == {"t", *status.HISTORY_FIELDS}
+    cols = history.series(key)  # the agent sampled ten times, nobody asked: all ten are there
+    assert len(cols["t"]) >= 8 and cols["t"] == sorted(set(cols["t"]))
     assert cols["mbu"][-1] is not None and cols["running"][-1] is not None
-    small.record(replace(agent.snapshot, targets=()))  # the series left: its ring goes with it
+    assert status.status_dict(agent.snapshot, history)["targets"][0]["series"][0]["history"] == cols
+
+
+async def test_a_sparkline_keeps_its_share_of_points_over_five_minutes(steady: tuple) -> None:
+    """Full before it spans five minutes, a ring keeps every other point; past five minutes the oldest go; the
+    same sample recorded twice counts once; a series that left takes its ring with it."""
+    engine, agent, clock = steady
+    (target,) = agent.snapshot.targets
+    key = (target.name, target.series[0].series.model, target.series[0].series.rank)
+    small = Sparklines(points=4)
+    for t in range(40):
+        small.record(agent.snapshot.targets[0], float(t), 1)
+        small.record(agent.snapshot.targets[0], float(t), 1)
+    t_kept = small.series(key)["t"]
+    assert len(t_kept) <= 4 and t_kept[-1] == 39.0 and t_kept[0] <= 39.0 - 16  # 40 s in 4 points, evenly thinned
+    assert set(small.series(key)) == {"t", *HISTORY_FIELDS}
+    for t in range(40, 1000, 10):
+        small.record(agent.snapshot.targets[0], float(t), 1)
+    t_kept = small.series(key)["t"]
+    assert t_kept[-1] == 990.0 and t_kept[0] >= 990.0 - 300  # nothing older than five minutes
+    small.record(replace(target, series=()), 1000.0, 1)  # the series left: its ring goes with it
     assert small.series(key)["t"] == []
 
 
@@ -318,6 +342,6 @@ async def test_a_gpu_no_profile_covers_draws_no_roofs_and_no_ceilings(steady: tu
 def test_the_head_of_line_row_says_which_itl_judged() -> None:
     engine = Verdicts(head_of_line=False, itl_inflation=1.2, capacity_capped=False, admission_bound=False,
                       at_configured_max=False)
-    proxy = dataclasses.replace(engine, head_of_line=True, itl_inflation=12.0, itl_source="proxy")
+    proxy = engine.replace(head_of_line=True, itl_inflation=12.0, itl_source="proxy")
     assert status.detectors(engine)[0]["itl_source"] == "engine"
     assert status.detectors(proxy)[0] | {"itl_inflation": 12.0, "itl_source": "proxy"} == status.detectors(proxy)[0]

@@ -36,7 +36,7 @@ def test_expert_ranks_are_the_model_copies_that_share_one_set_of_experts(tp: int
     # 8 / 2 = 4 copies share one set (each holds a quarter). EP 8 at TP 8 is one copy holding them all; an
     # EP smaller than TP still leaves every copy all of them (at least 1).
     c = _constants("deepseek-v3", tensor_parallel_size=tp, expert_parallel_size=ep)
-    assert c.expert_ranks == copies
+    assert c.layout.expert_ranks == copies
 
 
 def test_decode_attention_under_vllms_hybrid_pool_counts_the_layers_a_pool_token_holds() -> None:
@@ -54,3 +54,19 @@ def test_decode_attention_under_vllms_hybrid_pool_counts_the_layers_a_pool_token
         return _window(start, end, c).mfu["decode"]
 
     assert decode_mfu(0.5) - decode_mfu(0.0) == pytest.approx(1000 * 16_384 * 105_000 / PEAK)
+
+
+def test_a_counter_hit_ratio_over_one_is_no_ratio_and_takes_no_prompt_tokens_away() -> None:
+    # An engine whose hit counter ran ahead of its lookups (500 hits of 400 looked up in 10 s: a lie or a
+    # counter reset between the two reads) tells nothing of its hit ratio: the window has none, and its 400
+    # prompt tokens stay as counted, said so ("includes_cache_hits"); a ratio of 1.25 would take away more
+    # than every prompt token (-100 computed) and read a negative prefill.
+    start = _series(running=1.0, prompt_tokens_include_cache_hits=True, prefix_cache_queries_total=0.0,
+                    prefix_cache_hits_total=0.0)
+    end = _series(running=1.0, prompt_tokens_total=400.0, generation_tokens_total=100.0, steps_total=100.0,
+                  prompt_tokens_include_cache_hits=True, prefix_cache_queries_total=400.0,
+                  prefix_cache_hits_total=500.0)
+    w = _window(start, end, _constants("llama-3-8b"))
+    assert w.prefix_cache_hit_ratio is None
+    assert w.prefill_tokens_basis == "includes_cache_hits"
+    assert w.mfu["prefill"] > 0

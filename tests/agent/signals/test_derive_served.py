@@ -208,7 +208,7 @@ def test_deepseek_v3_dp8_ep8_rank_mbu_counts_its_share_of_the_experts() -> None:
     # 17,225,529,344 + 653,908,770,816 / 8 x (1 - (31/32)^256) = 98.94e9 B a step; MBU = 98.94e9 x 10 / 3.35e12
     # = 0.295 (1.30 read as a copy holding every expert: past MAX_UTILIZATION, dropped)
     c = _constants("deepseek-v3", expert_parallel_size=8)
-    assert c.expert_ranks == 8
+    assert c.layout.expert_ranks == 8
     start = _series(running=32.0)
     end = _series(running=32.0, generation_tokens_total=3200.0, steps_total=100.0)
     w = _window(start, end, c)

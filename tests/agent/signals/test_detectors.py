@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from rooflight.agent.signals.detectors import DetectorInputs, DetectorThresholds, Verdicts, evaluate, itl_inflation
+from rooflight.agent.signals.detectors import DetectorInputs, DetectorThresholds, Verdicts, evaluate
+from rooflight.agent.signals.detectors.head_of_line import itl_inflation
 from rooflight.agent.errors import ConfigError
 
 T = DetectorThresholds()
@@ -39,6 +40,7 @@ def test_healthy_batch_raises_nothing() -> None:
     assert v == Verdicts(
         head_of_line=False,
         itl_inflation=pytest.approx(0.008 / 0.006),
+        itl_source="engine",
         capacity_capped=False,
         admission_bound=False,
         at_configured_max=False,
@@ -47,7 +49,9 @@ def test_healthy_batch_raises_nothing() -> None:
 
 
 def test_nothing_known_means_cannot_tell() -> None:
-    assert evaluate(UNKNOWN, T) == Verdicts(None, None, None, None, None)
+    assert evaluate(UNKNOWN, T) == Verdicts(head_of_line=None, itl_inflation=None, itl_source="engine",
+                                            capacity_capped=None, admission_bound=None, at_configured_max=None,
+                                            engine_stalled=None)
 
 
 # Head-of-line blocking ------------------------------------------------------------------------------

@@ -51,3 +51,30 @@ async def test_an_engine_that_counts_no_steps_is_never_judged_stalled() -> None:
     async with scripted_agent(no_steps, interval=0.5, windows="5s,60s") as rig:
         for _ in range(80):  # 40 s of the same page: 16 running, nothing moves
             assert _stalled(await rig.sample(no_steps)) is None
+
+
+def _holding(page: str, running: float, waiting: float) -> str:
+    page = re.sub(r"^(vllm:num_requests_running\{[^}]*\}) \S+$", rf"\g<1> {running}", page, flags=re.M)
+    return re.sub(r"^(vllm:num_requests_waiting\{[^}]*\}) \S+$", rf"\g<1> {waiting}", page, flags=re.M)
+
+
+async def test_a_hang_with_everything_queued_reads_stalled() -> None:
+    """0 running and 20 waiting, nothing moving for the whole window: held work is running + waiting, so a
+    scheduler that admits nothing is as hung as one that steps nothing."""
+    queued = _holding(PAGE, 0.0, 20.0)
+    async with scripted_agent(queued, interval=0.5, windows="5s,60s") as rig:
+        seen = [_stalled(await rig.sample(queued)) for _ in range(70)]  # 35 s of the same page
+        assert seen[-1] == 1.0, seen[-5:]
+
+
+async def test_held_work_that_dipped_to_zero_in_the_window_is_no_stall() -> None:
+    """Flat counters with 16 held, but one sample 6 s ago read nothing held: an engine that emptied and
+    took work again inside the window was not hung through it (the least held over the window is 0)."""
+    empty = _holding(PAGE, 0.0, 0.0)
+    async with scripted_agent(PAGE, interval=0.5, windows="5s,60s") as rig:
+        pages = [PAGE] * 58 + [empty] + [PAGE] * 12  # 35.5 s: the empty one 6 s before the last
+        seen = [_stalled(await rig.sample(page)) for page in pages]
+        assert seen[-1] == 0.0, seen[-5:]
+        for _ in range(60):  # 30 s more of the held page: the dip leaves the window, the hang is seen
+            last = _stalled(await rig.sample(PAGE))
+        assert last == 1.0

@@ -388,7 +388,7 @@ def _steady(**kw: object) -> WindowValues:
     """10 req/s of 600 prompt + 250 output tokens, 20 running at 4% of a 400,000-token cache (800 tokens each)."""
     base: dict[str, object] = dict(requests_per_second=10.0, tokens_per_second={"prefill": 6000.0, "decode": 2500.0},
                                    mean_running=20.0, mean_kv_usage=0.04, mean_live_kv_bytes=20 * 800 * KV_TOKEN,
-                                   mfu={"prefill": 6000 * 2 * P / F})
+                                   mfu={"prefill": 6000 * 2 * P / F}, flops_per_second={"prefill": 6000 * 2 * P})
     return _window(**{**base, **kw})
 
 
@@ -531,10 +531,12 @@ def test_capacity_counts_the_tokens_each_verify_step_yields() -> None:
     assert round(cap.phase_tokens_per_second["decode"], -2) == 10_800
     per_token = 2 * P / (F * 0.5)
     assert cap.requests_per_second == pytest.approx(1 / (250 * step / (32 * tau) + 600 * per_token))
-    # at a batch cap of 128 the 5 verified tokens a sequence make the step compute-bound:
-    # 128 x 5 x 2 x 8e9 / 494.5e12 = 20.7 ms against (16e9 + 128 x 800 x 131,072) / 2.345e12 = 12.6 ms
+    # at a batch cap of 128 the 5 verified tokens a sequence make the step compute-bound: each does 2 x 8e9
+    # FLOPs and attends to its sequence's 800 x 32 layer-tokens, 16,384 FLOPs each (+2.6%):
+    # 128 x 5 x (16e9 + 0.42e9) / 494.5e12 = 21.3 ms against (16e9 + 128 x 800 x 131,072) / 2.345e12 = 12.6 ms
     big = hr.capacity(w, REF, 128, 400_000, hr.SignalSettings())
-    assert big.phase_tokens_per_second["decode"] == pytest.approx(128 * tau / (128 * 5 * 2 * P / (F * 0.5)))
+    per_token = 2 * P + 16_384 * 800 * 32
+    assert big.phase_tokens_per_second["decode"] == pytest.approx(128 * tau / (128 * 5 * per_token / (F * 0.5)))
     # without speculative decoding, one token a step, as before
     plain = hr.capacity(_steady(), REF, 32, 400_000, hr.SignalSettings())
     assert plain.phase_tokens_per_second["decode"] == pytest.approx(32 / step)
@@ -549,16 +551,17 @@ def _spec_lines(drafts: float, draft_tokens: float, accepted: float) -> str:
 async def test_the_verify_steps_yield_comes_from_vllms_counters(fake_engine: FakeEngine) -> None:
     # 1,000 verify steps in the window, 4 drafts each (4,000 draft tokens), 1,770 accepted: k = 4, each step
     # yields 1 + 1.77 = 2.77 tokens a sequence. At the batch cap of 256 a step verifies 256 x 5 tokens:
-    # 1,280 x 2 x 8e9 / (989e12 x 0.5) = 41.4 ms of compute against 18.3 ms of streaming, so compute-bound,
-    # and the pool decodes 256 x 2.77 / 41.4 ms = 17,100 tok/s.
+    # 1,280 x (2 x 8e9 + 800 x 32 x 16,384 of attention) / (989e12 x 0.5) = 42.5 ms of compute against 18.3 ms
+    # of streaming, so compute-bound, and the pool decodes 256 x 2.77 / 42.5 ms = 16,700 tok/s (17,100 without
+    # the attention).
     target = await _scripted(fake_engine, spec=(_spec_lines(0, 0, 0), _spec_lines(1000, 4000, 1770)))
     (w,) = target.series[0].windows
     assert (w.spec_decode_tokens_per_step, w.spec_decode_draft_length) == (pytest.approx(2.77), 4.0)
     (s,) = target.series[0].signals
-    compute = 256 * 5 * 2 * P / (F * 0.5)  # 5 verified tokens a sequence: 41.4 ms, past the 18.3 ms memory time
-    assert round(compute * 1e3, 1) == 41.4
+    compute = 256 * 5 * (2 * P + 800 * 32 * 16_384) / (F * 0.5)  # 5 verified tokens a sequence: 42.5 ms
+    assert round(compute * 1e3, 1) == 42.5
     assert s.capacity.phase_tokens_per_second["decode"] == pytest.approx(256 * 2.77 / compute)
-    assert round(s.capacity.phase_tokens_per_second["decode"], -2) == 17_100
+    assert round(s.capacity.phase_tokens_per_second["decode"], -2) == 16_700
 
 
 # --- capacity under preemption: the finished requests' mix ---

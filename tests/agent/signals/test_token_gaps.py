@@ -81,3 +81,22 @@ def test_gaps_added_from_one_thread_are_read_from_another() -> None:
         writer.join()
         sys.setswitchinterval(interval)
     assert errors == []
+
+
+def test_slots_travel_to_another_process_copy_whole() -> None:
+    """A relay in a process of its own (rooflight run --proxy-listen) sends its slots as they are (slots_since,
+    the open one again each time: it may grow); the agent's copy merges them to the same worsts."""
+    relay, copy = ClientGaps(), ClientGaps()
+    sent_from = -1
+    for t, gap in ((0.05, 0.004), (0.12, 0.006), (0.13, 0.060), (0.31, 0.005), (0.35, 0.007), (1.02, 0.003)):
+        relay.add(t, gap)
+        if t in (0.13, 0.35, 1.02):  # a flush now and then, as a worker's
+            copy.merge(relay.slots_since(sent_from))
+            sent_from = relay.open_slot
+    for start, end in ((0.0, 0.09), (0.1, 0.19), (0.0, 0.5), (0.3, 0.39), (1.0, 1.09), (0.0, 2.0), (0.5, 0.9)):
+        assert copy.worst_between(start, end) == relay.worst_between(start, end), (start, end)
+    copy.merge([(2, 0.5)])  # a late slot (an older process's) takes its place in order, and keeps the larger worst
+    copy.merge([(1, 0.001)])
+    assert copy.worst_between(0.2, 0.29) == 0.5 and copy.worst_between(0.1, 0.19) == 0.060
+    copy.merge([(10_000, 0.001)])  # a slot 1,000 s on: everything older than keep_seconds is forgotten
+    assert copy.worst_between(0.0, 2.0) is None

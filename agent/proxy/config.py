@@ -33,7 +33,7 @@ class ProxyConfig:
     percentiles: tuple[str, ...]
     read_header_timeout: float  # a request's headers, from its first byte (or the connection's start)
     idle_timeout: float  # a keep-alive connection between requests
-    read_body_timeout: float  # the longest wait for the next byte of a request's body
+    read_body_timeout: float  # the longest a request's body may keep the proxy waiting, its pauses added up
     max_connections: int  # open on the proxy's port at once
     max_connections_per_client: int  # of them, held by one IP address
     connect_timeout: float
