@@ -3,8 +3,9 @@
 A hang and an idle vLLM whose gauges stuck after a mass client abort read the same on the engine's counters:
 requests running, no step, no token, for hours. One request tells them apart: a hung engine never answers
 it; an idle one answers at once, and the step it runs refreshes its gauges, which ends the stall. The agent
-sends one only while its detector sees the stall (agent/signals/detectors/engine_stalled.py), at most one per stall window
-and one at a time, so an engine that makes progress never sees it. Its results are counted by target
+(agent/sampling/sampler.py, after each sample of the engine) sends one only while its detector sees the
+stall (agent/signals/detectors/engine_stalled.py), at most one per stall window and one at a time, so an
+engine that makes progress never sees it. Its results are counted on the engine source's health
 (`rooflight_engine_canary_requests_total{result="ok"|"failed"}`); RooflightEngineStalled pages only where it
 went unanswered (rules/health.py). An answer is a 2xx within the stall window: a 503 (the engine core dead
 behind its API server) is a failure, and so is a 401 from an engine that wants an API key the agent lacks.
@@ -18,10 +19,17 @@ from typing import Callable
 
 import aiohttp
 
+from rooflight.agent.metrics.snapshot import TargetView
+
 log = logging.getLogger("rooflight")
 
 RESULTS = ("ok", "failed")
 PROMPT = "Hi"  # one token in, one out: the least work that still runs an engine step
+
+
+def stalled_models(view: TargetView) -> list[str]:
+    """The models of a target whose series the stall detector calls stalled in its latest sample."""
+    return [v.series.model for v in view.series if v.verdicts and v.verdicts.engine_stalled]
 
 
 class Canary:

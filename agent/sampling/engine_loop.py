@@ -22,7 +22,6 @@ import aiohttp
 from rooflight.agent.metrics.snapshot import TargetView
 from rooflight.agent.roofline.constants import TargetConstants
 from rooflight.agent.sampling import memory
-from rooflight.agent.sampling.canary import Canary
 from rooflight.agent.sampling.clock import Clock
 from rooflight.agent.config.agent import AgentConfig, TargetConfig
 from rooflight.agent.sampling.discovery import model_from_id, with_engine_dtypes
@@ -76,11 +75,6 @@ class EngineLoop:
             self.state.values_dropped.setdefault(reason, 0)
         self._adapter: EngineAdapter | None = None if target.engine == "auto" else engines.adapter(target.engine)
         self.series = TargetSeries(target, config, self.state, gpu_measures_for)  # histories, detector states
-        self.canary: Canary | None = None
-        if config.canary:
-            self.state.canary = {}
-            self.canary = Canary(session, target.url, self.series.thresholds.stall_seconds,
-                                 self.state.canary, clock.monotonic)
         self._constants: TargetConstants | None = None  # as the last sample used them (_rebuild_view)
         self._next_info = 0.0
         self.hints = EngineInfoHints()
@@ -111,14 +105,10 @@ class EngineLoop:
         self.state.ok(self.clock.time(), self.clock.monotonic() - start, self.clock.monotonic())
         await self._refresh_info()
         self._rebuild_view(count_dropped=True)
-        if self.canary is not None:
-            self.canary.consider([v.series.model for v in self.view.series if v.verdicts and v.verdicts.engine_stalled])
 
     def close(self) -> None:
-        """Close the connection the target's pages are read over, and a canary in flight (the agent stops)."""
+        """Close the connection the target's pages are read over (the agent stops)."""
         self._pages.close()
-        if self.canary is not None:
-            self.canary.close()
 
     async def _fetch(self, path: str) -> Fetched:
         return await self._pages.fetch_text(

@@ -7,6 +7,7 @@ Snapshot. Nothing here blocks the event loop: HTTP is async, NVML and psutil cal
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any, Awaitable, Callable, Coroutine, Mapping
 
@@ -17,6 +18,7 @@ from rooflight.agent.sampling.clock import Clock, SystemClock
 from rooflight.agent.config.agent import AgentConfig, TargetConfig
 from rooflight.agent.config.urls import endpoint
 from rooflight.agent.roofline.constants import TargetConstants
+from rooflight.agent.sampling.canary import Canary, stalled_models
 from rooflight.agent.sampling.engine_loop import EngineLoop
 from rooflight.agent.sampling.gpu_assignment import TargetGpus, gpu_profiles
 from rooflight.agent.sampling.health import SourceState
@@ -73,6 +75,7 @@ class Agent:
         self.gpus = TargetGpus(config, lambda: self._nvml_state.sampled, self._dp_ranks)  # each target's GPUs, profile, TP
         self.engines: list[EngineLoop] = []
         self._engine_of: dict[str, EngineLoop] = {}  # by target name
+        self._canaries: dict[EngineLoop, Canary] = {}  # with --canary: each engine's (agent/sampling/canary.py)
         self._client_gaps: dict[str, ClientGaps] = {}  # by target name: what a proxy in front of it saw
 
     def use_client_gaps(self, target: str, gaps: ClientGaps) -> None:
@@ -102,8 +105,13 @@ class Agent:
             )
             self.engines.append(loop)
             self._engine_of[target.name] = loop
+            if self.config.canary:  # its counts are the engine source's health (rooflight_engine_canary_requests_total)
+                loop.state.canary = {}
+                self._canaries[loop] = Canary(self._session, target.url, loop.series.thresholds.stall_seconds,
+                                              loop.state.canary, self.clock.monotonic)
             if loops:
-                self._spawn(self._every(self.config.interval, loop.sample_once, loop.state), f"engine:{target.name}")
+                self._spawn(self._every(self.config.interval, functools.partial(self._sample_engine, loop), loop.state),
+                            f"engine:{target.name}")
         if not loops:
             self.publish()
             return
@@ -130,13 +138,22 @@ class Agent:
         self._tasks.clear()
         for engine in self.engines:
             engine.close()
+        for canary in self._canaries.values():
+            canary.close()
         if self._session is not None:
             await self._session.close()
 
     async def sample_engines_once(self) -> None:
         """One sample of every engine, then publish: what each loop does per tick."""
-        await asyncio.gather(*(e.sample_once() for e in self.engines))
+        await asyncio.gather(*(self._sample_engine(e) for e in self.engines))
         self.publish()
+
+    async def _sample_engine(self, loop: EngineLoop) -> None:
+        """One sample of an engine; then, with --canary, a canary where that sample's detectors call it stalled."""
+        await loop.sample_once()
+        canary = self._canaries.get(loop)
+        if canary is not None and loop.state.up:
+            canary.consider(stalled_models(loop.view))
 
     def publish(self, *stepped: SourceState) -> None:
         """Swap in a new Snapshot built from each source's latest state (cheap: views are prebuilt).
