@@ -85,6 +85,8 @@ DEADLINE_SECONDS = 170.0
 
 # one unit (5m) or several (5h30m: a burn row's history offset, rules/burn.py)
 _DURATION = re.compile(r"(?<![0-9.])(?:[0-9]+(?:ms|s|m|h|d|w|y))+\b")
+# a recorded rate times its window in seconds: the count over the window (rules/availability.py's guards)
+_RATE_TIMES_WINDOW = re.compile(r"(:rate<D>) \* [0-9]+\b")
 
 
 def _mask_durations(doc: Any) -> Any:
@@ -93,7 +95,7 @@ def _mask_durations(doc: Any) -> Any:
         return {_mask_durations(k): _mask_durations(v) for k, v in doc.items()}
     if isinstance(doc, list):
         return [_mask_durations(v) for v in doc]
-    return _DURATION.sub("<D>", doc) if isinstance(doc, str) else doc
+    return _RATE_TIMES_WINDOW.sub(r"\1 * <D>", _DURATION.sub("<D>", doc)) if isinstance(doc, str) else doc
 
 
 def test_short_rules_are_the_production_rules_with_only_durations_changed() -> None:
