@@ -11,4 +11,4 @@
     errors     ConfigError, the one exception a user sees (exit 2)
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # pyproject reads it; deploy/ image tags and the chart follow it (tests/agent/test_version.py)

@@ -438,7 +438,7 @@ def report(s: dict[str, Any], peers: list[Peer]) -> None:
     print(f"\n{s['streams']} streams x {s['rate']:g} chunks/s ({s['streams'] * s['rate']:,.0f} chunks/s offered); "
           f"medians over rounds, each against the direct path of its round")
     print(f"{'path':24} {'us/chunk':>9} {'kernel':>7} {'switch':>6} {'RSS MB':>7} {'+TTFT p50':>10} {'p99':>8} "
-          f"{'+ITL p50':>9} {'p99':>8} {'thru':>5}  its own metrics (last round)")
+          f"{'+ITL p50':>9} {'p99':>8} {'thru':>5}  its own metrics (final round)")
     for key, row in s["paths"].items():
         m = row.get("median")
         if not m:

@@ -1,4 +1,4 @@
-"""The connection cap and /metrics under the third review's attacks (issue 29), against the real `rooflight run`.
+"""The connection cap and /metrics under attack, against the real `rooflight run`.
 
 Each part starts `rooflight run` in its own process on 127.0.0.1 (default --max-connections 256) and attacks
 it from 127.0.0.2/127.0.0.3 (loopback has all of 127.0.0.0/8):

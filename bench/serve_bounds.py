@@ -1,4 +1,4 @@
-"""What pollers, non-reading scrapers and big histograms cost the agent (issue 29, items 11, 13, 15).
+"""What pollers, non-reading scrapers and big histograms cost the agent.
 
 Each part runs the real `rooflight run` in its own process against an engine in this process that serves
 a page built from the recorded vLLM page (tests/fixtures/engine-samples), and reports figures against a

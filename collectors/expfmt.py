@@ -1087,8 +1087,8 @@ def planned(exp: Selection, key: Hashable, make: Callable[[], P]) -> P | None:
 
 def _count_plan(plan: object) -> None:
     """Count a plan kept into the layouts' bytes (_room_for; where it does not fit, its layout is forgotten with
-    the others): a page of a thousand one-bucket histograms planned 44% over what its layout was counted as (an
-    attacker's review), where the vLLM page's plans add 9%."""
+    the others): a page of a thousand one-bucket histograms planned 44% over what its layout was counted as,
+    where the vLLM page's plans add 9%."""
     global _layout_bytes
     cost = _plan_bytes(plan)
     if _room_for(cost):

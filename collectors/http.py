@@ -478,6 +478,6 @@ def _inflated(body: bytes | bytearray, encoding: str, max_bytes: int, shown: str
 
 
 # Each gzip member leaves the rest of the body copied (zlib's unused_data), so a body of empty 20-byte members
-# costs the square of its size, on the event loop: 4 MiB of them held /metrics 10-12 s a scrape (an attacker's
-# review). A server compresses a page as one member; the session reads any number.
+# costs the square of its size, on the event loop: 4 MiB of them held /metrics 10-12 s a scrape.
+# A server compresses a page as one member; the session reads any number.
 _GZIP_MEMBERS_MAX = 16

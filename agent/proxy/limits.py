@@ -1,7 +1,7 @@
 """What a client can hold on the proxy's port: time to send its headers, time idle, and connections.
 
 Anyone who reaches the port can open connections and send nothing, or headers a byte at a time: without
-bounds 1,000 header tricklers and 3,000 idle sockets were held at 200 s (issue 29). Here:
+bounds 1,000 header tricklers and 3,000 idle sockets were held at 200 s. Here:
 
 - a request's headers must arrive within `read_header_timeout` s of its first byte (or of the connection,
   for the first request), and its body within `read_body_timeout` s of waiting for it in all (server.py

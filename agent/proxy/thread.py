@@ -2,7 +2,7 @@
 /metrics on the main loop).
 
 On the loop that serves /metrics, every scrape queued in front of the next token of every stream: with 50
-scrapers a proxied stream's TTFT went from 128 to 540 ms (issue 29). Here the proxy's loop runs only the
+scrapers a proxied stream's TTFT went from 128 to 540 ms. Here the proxy's loop runs only the
 relay and its accounting; what the main loop reads from it crosses threads safely: the metrics snapshot is
 an immutable object replaced whole (one reference read). The threads still share the GIL: Python work on
 the main loop can delay the proxy's by a switch interval, which is why `rooflight run --proxy-listen`, whose

@@ -30,7 +30,7 @@ until a whole retention passes without a change, so the points hold at most a fe
 also drop a histogram of over expfmt.MAX_HISTOGRAM_BUCKETS buckets.)
 
 Histogram counts are the bulk of a point (5 histograms of 255 buckets: 10 KB a point, 3.3 MB a series over
-a 5 m retention at 1 Hz; with 25 such models the review measured the agent grow from 80 to 157 MB). Their
+a 5 m retention at 1 Hz; with 25 such models the agent grew from 80 to 157 MB). Their
 memory is bounded in total: the histories holding histograms share HISTOGRAM_BYTES_TOTAL (32 MiB), each
 at most HISTOGRAM_BYTES_PER_SERIES (4 MiB), and a history past its share keeps fewer, evenly spaced
 points (those older than the dense span first), never fewer than MIN_POINTS (8). With at most

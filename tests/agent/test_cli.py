@@ -167,7 +167,7 @@ def test_expert_parallelism_on_a_dense_model_exits_2_and_on_a_moe_model_starts()
 
 def test_tests_find_the_console_script_beside_the_interpreter_not_on_path() -> None:
     """`.venv/bin/python -m pytest` without the venv on PATH is how most people run the suite: a test that
-    looks `rooflight` up on PATH fails there (issue 30). support.rooflight_exe() finds it beside sys.executable."""
+    looks `rooflight` up on PATH fails there. support.rooflight_exe() finds it beside sys.executable."""
     tests = Path(__file__).resolve().parents[1]
     lookup = "which(" + '"rooflight")'  # spelt in two pieces: this file is read too
     on_path = [str(p.relative_to(tests)) for p in tests.rglob("*.py")

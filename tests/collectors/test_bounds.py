@@ -1,5 +1,5 @@
-"""What one engine page may cost the agent: samples, labels, label length, body size, memory (issue 14,
-defects 4 and 5; docs/reliability.md "Bounds on what an engine can cost").
+"""What one engine page may cost the agent: samples, labels, label length, body size, memory
+(docs/reliability.md "Bounds on what an engine can cost").
 
 Before: a 7-16 MB page of 200k-260k series took the agent to 220-381 MB and 6.8 s per sample, and one
 15 MB `model_name` made /metrics 126 MB.

@@ -288,8 +288,8 @@ def test_seen_series_cache_is_invisible_to_callers() -> None:
 
 @pytest.mark.parametrize("size", [10, 65_531, 65_540, 2 << 20])
 def test_a_line_reads_the_same_whatever_the_length_of_its_labels(size: int) -> None:
-    """Found by review: labels over a length were read by the other path, whose rule for a label's name differs
-    (`a:b`, as prometheus_client reads it): a line was read or refused by its length alone."""
+    """Labels over a length must not be read by the other path, whose rule for a label's name differs
+    (`a:b`, as prometheus_client reads it): a line would be read or refused by its length alone."""
     value = "x" * size
     for bounds in (None, expfmt.Bounds(max_samples=10)):
         exp = expfmt.parse(f'm{{a:b="{value}",c="1"}} 2\n', bounds=bounds)

@@ -1,6 +1,6 @@
 """What engine info says is cut, bounded and counted before it reaches /metrics or the physics.
 
-Found by an adversarial review: a 200 KB `/v1/models` root became a label value, `"tp_size": 1e308` was
+Unbounded, a 200 KB `/v1/models` root became a label value, `"tp_size": 1e308` was
 exported as rooflight_tensor_parallel_size 1e+308, `num_gpu_blocks="1e308"` made an infinite KV pool, and a
 3 MB metric name became a 3 MB log line.
 """

@@ -483,8 +483,8 @@ async def test_the_agent_reads_its_engine_pages_with_its_own_user_agent() -> Non
 
 
 def test_a_gzip_body_of_many_members_is_refused_before_its_cost_grows_with_its_square() -> None:
-    """Each member leaves the rest of the body copied: 4 MiB of empty members held the event loop 10-12 s a page
-    (an attacker's review). Sixteen members are read; more are refused, in a bounded time."""
+    """Each member leaves the rest of the body copied: 4 MiB of empty members held the event loop 10-12 s a page.
+    Sixteen members are read; more are refused, in a bounded time."""
     member = gzip.compress(b"", mtime=0)
     assert http._inflated(gzip.compress(PAGE) + member * 15, "gzip", 1 << 22, "x") == PAGE
     started = time.process_time()

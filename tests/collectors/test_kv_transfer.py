@@ -1,4 +1,4 @@
-"""KV transfer time and speed (issue 18): SGLang's `sglang:kv_transfer_*` read into a series' extras by
+"""KV transfer time and speed: SGLang's `sglang:kv_transfer_*` read into a series' extras by
 collectors/sglang.py, and exported per window as rooflight_kv_transfer_latency_seconds and
 rooflight_kv_transfer_speed_bytes_per_second (docs/metrics.md, section Capacity, cost and energy)."""
 

@@ -1,4 +1,4 @@
-"""Which engines' prompt-token counters count prefix-cache hits as prompt tokens (issue 26, item 1): the
+"""Which engines' prompt-token counters count prefix-cache hits as prompt tokens: the
 adapters say so, for the physics to take the hit ratio out of prefill work or mark it (test_derive_served.py)."""
 
 from __future__ import annotations

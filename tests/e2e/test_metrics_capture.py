@@ -1,5 +1,5 @@
 """The agent's whole /metrics on every recorded engine page, as goldens: what a refactor of the sampling
-and derivation must leave byte for byte the same (issue 24, "`/metrics` identical on the recorded pages").
+and derivation must leave byte for byte the same (`/metrics` identical on the recorded pages).
 
 Each page under tests/fixtures/engine-samples (recorded and synthetic) is served by a FakeEngine, read
 by an auto-detecting agent on a FakeClock beside one fake H100 (NVML sampled between the engine's

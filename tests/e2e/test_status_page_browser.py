@@ -263,7 +263,7 @@ def test_steady_roofline_and_numbers_match_metrics(browser: Any, demo: Demo, art
 
 HEAD_OF_LINE = """() => {
   const li = document.querySelector('li.detector[data-detector=head_of_line]');
-  const factor = li && li.querySelector('[data-metric$=inflation_ratio]');
+  const factor = li && li.querySelector('[data-metric=rooflight_itl_tail_inflation]');
   return [li ? li.dataset.state : null, factor ? Number(factor.dataset.value) : null];
 }"""
 

@@ -44,8 +44,8 @@ class Sandbox:
         self.env = {**os.environ, "PYTHONPATH": f"{shim.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                     "PYTHONDONTWRITEBYTECODE": "1"}
 
-    def run(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(args, cwd=self.root, env=self.env, capture_output=True, text=True, timeout=timeout)
+    def run(self, *args: str, timeout: float = 240, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(args, cwd=cwd or self.root, env=self.env, capture_output=True, text=True, timeout=timeout)
 
     def pytest(self, tests: list[str]) -> subprocess.CompletedProcess[str]:
         return self.run(sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:xdist",
@@ -62,7 +62,7 @@ class Sandbox:
         for t in mutant.tests:
             if t.startswith("promtool:"):
                 rules_file = self.root / t.removeprefix("promtool:")
-                r = self.run("promtool", "test", "rules", rules_file.name, timeout=300)
+                r = self.run("promtool", "test", "rules", rules_file.name, timeout=300, cwd=rules_file.parent)
                 answers.append("failed" if "FAILED" in r.stdout + r.stderr else
                                "passed" if r.returncode == 0 else f"error {r.returncode}: {r.stderr[-800:]}")
         return answers
@@ -76,6 +76,9 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     unit = sorted({t for m in MUTANTS for t in m.tests if not t.startswith("promtool:")})
     baseline = box.pytest(unit)
     assert baseline.returncode == 0, f"the mutants' tests fail unmutated:\n{baseline.stdout[-3000:]}"
+    for rules_test in sorted({t.removeprefix("promtool:") for m in MUTANTS for t in m.tests if t.startswith("promtool:")}):
+        r = box.run("promtool", "test", "rules", Path(rules_test).name, cwd=box.root / Path(rules_test).parent)
+        assert r.returncode == 0, f"{rules_test} fails unmutated:\n{(r.stdout + r.stderr)[-3000:]}"
     yield box
 
 
@@ -105,3 +108,9 @@ def test_the_mutant_is_killed(sandbox: Sandbox, mutant: Mutant) -> None:
         for p, data in rules.items():
             p.write_bytes(data)
     assert answers and all(a == "failed" for a in answers), f"{mutant.key} ({mutant.hurts}) survived: {answers}"
+
+
+def test_docs_testing_lists_every_mutant() -> None:
+    doc = (ROOT / "docs" / "testing.md").read_text()
+    missing = [m.key for m in MUTANTS if f"| `{m.key}` |" not in doc]
+    assert not missing, f"docs/testing.md's mutation table lacks {missing}"

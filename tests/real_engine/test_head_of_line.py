@@ -19,7 +19,7 @@ prompts' at 4.2-7.6x, all flagged 0.35-0.73 s after they were sent. At load 10-2
 cores) the host's own stalls reach 4-16x in the control, which the largest-step condition keeps
 unflagged, and only some prompts' stalls stand out (docs/physics.md, section Head-of-line blocking).
 
-Not pinned (unpinned_run, issue 25 item 10): vLLM's engine core and worker poll busily on both cores and
+Not pinned (unpinned_run): vLLM's engine core and worker poll busily on both cores and
 starve its API server, which writes each stream in bursts, so the proxy's median gap is 0 and the
 engine's ITL buckets judge; and the host stalls the API server for 0.1-0.5 s at a time, several times the
 usual worst bucket. Two agents watch the one vLLM, the streams going through the first one's proxy, the

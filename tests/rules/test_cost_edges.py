@@ -1,4 +1,4 @@
-"""The fleet's cost records at edges a mutation audit of rules/capacity.py found unguarded (issue 30),
+"""The fleet's cost records at edges of rules/capacity.py nothing else guards,
 replayed through the shipped rules/rooflight.rules.yaml with promtool; each value worked by hand."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Edges of the shipped alerts that the incident catalogue (tests/rules/incidents.py) does not cross: each
 case is two replicas' series replayed through rules/rooflight.rules.yaml with promtool, as the catalogue's
-are, and at each check exactly the listed alerts fire. Each case is one a mutation audit of the rules
-found unguarded (issue 30): the expected pages come from the rules' documented meaning, worked by hand in
+are, and at each check exactly the listed alerts fire. Each case is one nothing else
+in the suite guards: the expected pages come from the rules' documented meaning, worked by hand in
 the case's comment, not from running the rules."""
 
 from __future__ import annotations

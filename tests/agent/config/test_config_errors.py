@@ -1,4 +1,4 @@
-"""Broken configuration stops the start with exit 2 and what to fix, never a traceback (issue 14).
+"""Broken configuration stops the start with exit 2 and what to fix, never a traceback.
 
 Covers a config file of the wrong shape or encoding, YAML alias bombs and oversized files, durations
 and sizes that are not finite, a bad ROOFLIGHT_LOG_LEVEL, a --listen the agent cannot bind, an engine
@@ -248,7 +248,7 @@ def test_a_date_yaml_cannot_hold_is_a_config_error(tmp_path: Path) -> None:
         load_file(str(bad))
 
 
-# -- what an adversarial review found: tracebacks (exit 1) where exit 2 and what to fix belong ------------------
+# -- inputs that must not end in tracebacks (exit 1) where exit 2 and what to fix belong ------------------------
 @pytest.mark.parametrize("args", [
     RUN[:1] + ["--engine-url", "http://[::1", "--check-only"],
     RUN[:1] + ["--engine-url", "http://u:p@[::1:8000/", "--check-only"],

@@ -1,4 +1,4 @@
-"""The proxy against hostile and careless peers (issue 29's review), over real sockets on 127.0.0.1:
+"""The proxy against hostile and careless peers, over real sockets on 127.0.0.1:
 credentials in --upstream, bad requests, the accounting's memory budget, and connections that hold the
 port (slow headers, idle sockets, one client taking every connection)."""
 
@@ -324,7 +324,7 @@ async def test_a_flood_of_bad_requests_is_counted_not_logged_line_by_line(
         await server.stop()
 
 
-# -- 5b. a request whose body never comes (issue 29's second review) --------------------------------------------
+# -- 5b. a request whose body never comes -----------------------------------------------------------------------
 
 
 async def test_a_body_that_stops_arriving_is_closed_and_counted(upstream: FakeUpstream) -> None:

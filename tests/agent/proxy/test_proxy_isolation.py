@@ -1,5 +1,5 @@
 """`rooflight run --proxy-listen`: scrapes of the agent's /metrics and status API do not slow the streams
-the proxy relays (issue 29, item 9; the third review's item 10). The relay runs in a process of its own
+the proxy relays. The relay runs in a process of its own
 (agent/proxy/apart.py), so the agent's pages hold neither its event loop nor its GIL.
 
 Four processes on 127.0.0.1: this test (a fake engine that streams tokens at known gaps, and the client that
@@ -8,8 +8,8 @@ control), and 50 scrapers hammering one agent's port. Each stream's TTFT and eve
 timed by the client: without scrapers, with the scrapers on the control (what sharing the machine's cores
 costs), and with the same scrapers on the proxy's own agent, in the same run. With one loop for both, the
 scrapers' requests queued in front of every token; with one process (a thread of its own), every token waited
-for the GIL the agent's pages held: TTFT p50 13.4-14.3 -> 16.9-19.0 ms and gap p99 14-20 -> 31-205 ms in the
-review's runs, where the scrapers on another process changed nothing."""
+for the GIL the agent's pages held: TTFT p50 13.4-14.3 -> 16.9-19.0 ms and gap p99 14-20 -> 31-205 ms in
+measured runs, where the scrapers on another process changed nothing."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The read-header timeout holds for every request of a keep-alive connection, not only its first (a mutation
-audit of the proxy's port limits found the second request's headers unguarded; issue 30). Real sockets on
+"""The read-header timeout holds for every request of a keep-alive connection, not only its first (nothing
+else guards the second request's headers). Real sockets on
 127.0.0.1, the fake upstream."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The proxy within the process's open-file limit (issue 29's second review): under `ulimit -n 1024`,
+"""The proxy within the process's open-file limit: under `ulimit -n 1024`,
 1,000 slow bodies from one address made asyncio log 103,197 "socket.accept() out of system resource"
 tracebacks in 3 s from the proxy's loop, and the agent's /metrics stopped answering. Over real sockets, with
 `rooflight run --proxy-listen` in a child whose RLIMIT_NOFILE is set low."""

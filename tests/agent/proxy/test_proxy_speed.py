@@ -1,4 +1,4 @@
-"""The proxy's clock and bytes, as issue 28 asks: a client's TTFT starts at its request's first byte on the
+"""The proxy's clock and bytes: a client's TTFT starts at its request's first byte on the
 proxy's socket, and the headers reach the other side byte for byte (names in the case they were sent)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The proxy's own thread (agent/proxy/thread.py): an error that ends a serving proxy is logged, not
-swallowed (a mutation audit found nothing checking it; issue 30). A real ProxyServer on 127.0.0.1 relaying
+swallowed (nothing else checks it). A real ProxyServer on 127.0.0.1 relaying
 to the fake upstream; its stop is made to fail after doing its real work."""
 
 from __future__ import annotations

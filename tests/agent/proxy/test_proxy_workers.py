@@ -195,3 +195,38 @@ def test_the_ports_counters_are_the_sums_of_every_workers_latest() -> None:
     assert dict(stats.bad_requests) == {"malformed": 1, "target": 2}
 
 
+
+
+def test_a_full_outbox_counts_every_record_of_the_batch_it_drops() -> None:
+    """A batch of three records dropped at a full queue is three requests unaccounted, not one."""
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    stats = types.SimpleNamespace(in_flight=0, accounting_errors=0, over_budget=0, refused={}, bad_requests={})
+    outbox = Outbox(writer, limit=0)  # full from the start: every batch with records is dropped
+    try:
+        assert not outbox.put(stats, ["a", "b", "c"])
+        assert not outbox.put(stats, ["d"])
+        assert stats.accounting_errors == 3 + 1
+    finally:
+        outbox.close(1.0)
+        reader.close()
+
+
+def test_records_the_parent_fails_to_observe_are_on_metrics_beside_the_workers() -> None:
+    """A record the parent could not observe (a bug, a record it cannot read) is an accounting error of the
+    port, added to what the workers report: with --workers, no request vanishes from /metrics."""
+    from types import SimpleNamespace
+
+    from rooflight.agent.proxy.stats import ClientStats, StatsConfig
+    from rooflight.agent.proxy.workers import Workers
+
+    stats = ClientStats(StatsConfig(target="up:8000"), started=0.0)
+
+    def observe(record: object) -> None:
+        raise ValueError(f"unreadable {record!r}")
+
+    workers = Workers(SimpleNamespace(stats=stats, observe=observe), 2)
+    workers._handle(0, ("stats", ["x", "y"], {"in_flight": 0, "over_budget": 0, "accounting_errors": 5,
+                                              "refused": {}, "bad_requests": {}}))
+    workers._handle(1, ("stats", [], {"in_flight": 0, "over_budget": 0, "accounting_errors": 1,
+                                      "refused": {}, "bad_requests": {}}))
+    assert stats.accounting_errors == 2 + 5 + 1

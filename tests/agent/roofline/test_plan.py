@@ -440,7 +440,7 @@ def test_a_model_config_that_never_ends_is_refused(tmp_path: Path, monkeypatch: 
         load_config_json(tmp_path / "small")  # a directory: its config.json, capped the same
 
 
-# --- pools sized at the SLO, the verdict on the physics, TP communication (issue 26 items 12-14) ---
+# --- pools sized at the SLO, the verdict on the physics, TP communication ---
 
 def test_prefill_pool_is_sized_for_the_p99_ttft() -> None:
     # 100 req/s of 2,000-token prompts at 10,000 prefill tok/s per group: each prompt holds a group S = 0.2 s,

@@ -1,4 +1,4 @@
-"""rooflight plan at edges a mutation audit found unguarded (issue 30); each expectation is worked by hand
+"""rooflight plan at edges nothing else guards; each expectation is worked by hand
 in the comments (docs/physics.md)."""
 
 from __future__ import annotations

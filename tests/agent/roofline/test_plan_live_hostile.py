@@ -1,4 +1,4 @@
-"""`rooflight plan --from-live` against a hostile agent (issue 29, item 18), over real sockets on 127.0.0.1.
+"""`rooflight plan --from-live` against a hostile agent, over real sockets on 127.0.0.1.
 
 A server that drips one byte every half second must not hold the command past its deadline (the timeout
 was per read); escape sequences in a label are shown, not sent to the terminal; a 15.5 MB page costs

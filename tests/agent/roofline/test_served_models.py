@@ -1,4 +1,4 @@
-"""The byte and FLOP counts behind the live ratios for the models people serve (issue 26, items 2-8):
+"""The byte and FLOP counts behind the live ratios for the models people serve:
 input embeddings, attention FLOPs, MoE experts a step touches, expert parallelism, vLLM's hybrid KV
 pool and gpt-oss's module globs. Expectations are computed by hand from the public config.json of each
 model; the arithmetic is in the comments (docs/physics.md, section Live ratios)."""
@@ -16,7 +16,7 @@ from support import MODEL_CONFIGS
 GPT_OSS = MODEL_CONFIGS / "gpt-oss-120b.json"
 
 
-# --- item 8: a modules_to_not_convert glob keeps the module's children unquantized ---
+# --- a modules_to_not_convert glob keeps the module's children unquantized ---
 
 def test_gpt_oss_attention_glob_keeps_every_attention_projection_in_bf16() -> None:
     skip = Patterns(["model.layers.*.self_attn", "model.layers.*.mlp.router"], "test")
@@ -34,7 +34,7 @@ def test_gpt_oss_attention_glob_keeps_every_attention_projection_in_bf16() -> No
     assert m.expert_weight_bytes == pytest.approx(114_661_785_600 * (0.5 + 1 / 32))
 
 
-# --- item 4: the input embedding table is looked up, not streamed or multiplied ---
+# --- the input embedding table is looked up, not streamed or multiplied ---
 
 def test_llama_3_8b_embedding_is_a_lookup_not_streamed_nor_multiplied() -> None:
     m = preset("llama-3-8b")
@@ -77,7 +77,7 @@ def test_tied_embeddings_and_the_reference_shapes_keep_every_weight() -> None:
     assert preset("llama-3.2-1b").lm_head_params == 128_256 * 2_048
 
 
-# --- item 5: attention FLOPs ---
+# --- attention FLOPs ---
 
 def test_attended_tokens_is_the_causal_triangle_capped_by_a_window() -> None:
     assert physics.attended_tokens(4) == 1 + 2 + 3 + 4
@@ -113,7 +113,7 @@ def test_mla_attention_uses_its_unabsorbed_head_dims() -> None:
     assert m.attention_flops_per_pair == 2 * 128 * (192 + 128)
 
 
-# --- item 3: MoE coverage from the tokens of a step that ran ---
+# --- MoE coverage from the tokens of a step that ran ---
 
 def test_moe_tokens_per_step_is_the_steps_batch_not_the_windows_mean_running() -> None:
     # 10 s: 100 steps of one decode token each (mean running 0.3 would count the idle time as batch 0)
@@ -140,7 +140,7 @@ def test_mixtral_step_reads_at_least_the_active_experts() -> None:
     assert m.decode_weight_bytes(513) == pytest.approx(rest - table + experts * (1 - 0.75 ** 513) + 513 * 8192)
 
 
-# --- item 7: expert parallelism ---
+# --- expert parallelism ---
 
 def test_deepseek_v3_dp8_ep8_rank_holds_an_eighth_of_the_experts() -> None:
     m = preset("deepseek-v3")
@@ -161,7 +161,7 @@ def test_deepseek_v3_dp8_ep8_rank_holds_an_eighth_of_the_experts() -> None:
     assert round(alone / m.decode_weight_bytes(32, expert_ranks=8), 1) == 4.4
 
 
-# --- item 2: vLLM's hybrid KV-cache manager pages one attention-type group of layers ---
+# --- vLLM's hybrid KV-cache manager pages one attention-type group of layers ---
 
 @pytest.mark.parametrize(("model", "layers", "pool_layers"), [
     (GPT_OSS, 36, 18),  # 18 sliding + 18 full: groups of 18, a pool token holds 18 layers: 2x

@@ -1,6 +1,6 @@
 """A hostile or broken engine cannot grow the agent, crash its derivations, or vanish a target silently.
 
-Found by an adversarial review: a histogram whose bucket layout moves a little on every page (30,000 `le`
+Without bounds, a histogram whose bucket layout moves a little on every page (30,000 `le`
 values shifted by 1e-9 per scrape) grew the agent by 1.37 MB/s; `num_gpu_blocks="1e308"` made every
 sampling step raise ZeroDivisionError and the target's series vanish with `rooflight_source_up` still 1.
 """

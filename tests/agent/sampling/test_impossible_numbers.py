@@ -1,4 +1,4 @@
-"""Physically impossible numbers are withheld and counted, never exported (issue 14, defect 7).
+"""Physically impossible numbers are withheld and counted, never exported.
 
 A counter that creeps backwards every scrape is not an engine restarting: taken as restarts it gave MBU
 1189 and MFU 30. KV occupancy 1e308 is not a ratio. MBU or MFU far above 1 says an input is wrong.
@@ -154,7 +154,7 @@ async def test_mbu_and_mfu_above_their_physical_range_are_dropped_and_counted(ri
         page = _set(PAGE, STEPS, 508.0 + steps_per_s * INTERVAL * i)
         page = _set(page, GENERATION, 8096.0 + tokens_per_s * INTERVAL * i)
         m = await rig.sample(page)
-    # the rates go with them, and all that is derived from them (issue 29, item 16; test_physical_bounds.py)
+    # the rates go with them, and all that is derived from them (test_physical_bounds.py)
     assert _values(m, "rooflight_steps_per_second") == []
     assert _values(m, "rooflight_tokens_per_second", phase="decode") == []
     assert _values(m, "rooflight_mbu_ratio") == []

@@ -1,4 +1,4 @@
-"""Throughput, cost and capacity are checked against the GPU's physics, not only MBU/MFU (issue 29, item 16).
+"""Throughput, cost and capacity are checked against the GPU's physics, not only MBU/MFU.
 
 A generation counter climbing 5e8 tokens/s (under the 1e9/s counter cut) gave decode 2.6e8 tok/s, a cost of
 2.6e-6 per million tokens and a capacity of 0.0005 req/s, while MFU was already withheld. A phase's tokens/s

@@ -64,8 +64,8 @@ async def test_one_process_loop_reads_every_target_each_failure_its_own(monkeypa
 async def test_a_slow_search_for_one_targets_process_holds_up_no_other(monkeypatch) -> None:
     """One target is found by its port, and the search (every process's sockets) takes 5 s, as on a busy
     node whose engine is still loading; the other is known by its PID. The known one is read every second
-    all along (8 in 8 s, at least 4 asked), and never published up with a sample 2.5 s old (found by
-    review: a search inside the one loop's read held every target's tick up: 2 samples in 8 s, 5 s old)."""
+    all along (8 in 8 s, at least 4 asked), and never published up with a sample 2.5 s old (a search
+    inside the one loop's read would hold every target's tick up: 2 samples in 8 s, 5 s old)."""
     searches = []
 
     def slow_find_listener(port: int) -> int | None:

@@ -1,4 +1,4 @@
-"""Secrets stay out of config errors and log lines (issue 29, items 17 and 18's config TypeError).
+"""Secrets stay out of config errors and log lines.
 
 An engine URL may carry user:password, `?token=...` and a `#fragment`; none of them may reach a log line
 or a config error. A config of the wrong shape (a setting name that is not text) is a ConfigError, never

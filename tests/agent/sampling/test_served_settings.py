@@ -1,4 +1,4 @@
-"""--ep and --draft-model (issue 26, items 6 and 7): read, checked, and carried into the target's constants."""
+"""--ep and --draft-model: read, checked, and carried into the target's constants."""
 
 from __future__ import annotations
 

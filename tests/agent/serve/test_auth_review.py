@@ -1,8 +1,8 @@
-"""Basic auth after the second adversarial review (issue 29, items 1-4), over real HTTP on 127.0.0.1.
+"""Basic auth under attack, over real HTTP on 127.0.0.1.
 
-A flood of wrong passwords from one address must cost that address, not every other client's login
-(1); a web config that configures nothing stops the start (2); a client looping on 429 is slowed down,
-not answered as fast as it asks (3); a wrong password costs the same whatever the user's bcrypt cost (4).
+A flood of wrong passwords from one address must cost that address, not every other client's login;
+a web config that configures nothing stops the start; a client looping on 429 is slowed down,
+not answered as fast as it asks; a wrong password costs the same whatever the user's bcrypt cost.
 Loopback has all of 127.0.0.0/8, so a second client address is a connector bound to 127.0.0.2.
 """
 

@@ -1,4 +1,4 @@
-"""The connection cap and /metrics after the third adversarial review (issue 29), over real sockets.
+"""The connection cap and /metrics under attack, over real sockets.
 
 A client answered 429 waits LIMITED_DELAY for it; that wait must not hold a place at the cap against
 another address's login. Eviction at the cap must spare the address's long-lived keep-alive (Prometheus

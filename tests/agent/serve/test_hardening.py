@@ -1,4 +1,4 @@
-"""The agent's server against hostile clients and broken web configs (issue 14).
+"""The agent's server against hostile clients and broken web configs.
 
 A flood of bad passwords must not stall an authenticated gzip scrape (own bcrypt pool, per-client
 failure limit, 429 without bcrypt); unknown users cost what known ones do; a YAML error never echoes
@@ -193,7 +193,7 @@ async def test_a_reload_without_users_keeps_the_old_ones(tmp_path: Path, caplog:
 
 
 def test_a_web_config_without_users_from_the_start_is_refused(tmp_path: Path) -> None:
-    """An empty file would serve without auth (issue 29, item 2; tests/agent/serve/test_auth_review.py)."""
+    """An empty file would serve without auth (tests/agent/serve/test_auth_review.py)."""
     with pytest.raises(ConfigError, match="authentication off"):
         webconfig.WebSecurity(_write(tmp_path / "web.yml", ""))
 
@@ -349,7 +349,7 @@ async def test_connections_over_the_cap_are_answered_503(serving: int) -> None:
             writer.close()
 
 
-# -- 12. a bcrypt cost that would hang a check, a reload or a stop (adversarial review) ----------------------------
+# -- 12. a bcrypt cost that would hang a check, a reload or a stop -------------------------------------------------
 def _at_cost(hashed: str, cost: int) -> str:
     """`hashed` with its cost digits rewritten: a hash no one could check in a lifetime at cost 31."""
     return f"{hashed[:4]}{cost:02d}{hashed[6:]}"

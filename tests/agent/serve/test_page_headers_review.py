@@ -1,4 +1,4 @@
-"""The agent's answers after the second adversarial review (issue 29, item 14), over real HTTP on 127.0.0.1.
+"""The agent's answers to hostile names, over real HTTP on 127.0.0.1.
 
 A target or model name holding control characters must not make the roofline SVG ill-formed (a browser
 then draws nothing), and every answer carries Content-Security-Policy, X-Content-Type-Options and

@@ -1,8 +1,8 @@
-"""The agent's server after the second adversarial review (issue 29, items 11, 12, 15), over real sockets.
+"""The agent's server against hostile and slow clients, over real sockets.
 
 Header tricklers from one address that re-open whatever is closed must not keep another address's
-scrapes out (12); clients that ask for /metrics and never read hold a chunk each, not the page, and are
-closed at the send deadline (15); /api/v1/status is bounded in size and built off the event loop (11).
+scrapes out; clients that ask for /metrics and never read hold a chunk each, not the page, and are
+closed at the send deadline; /api/v1/status is bounded in size and built off the event loop.
 Loopback has all of 127.0.0.0/8: the hostile clients connect from 127.0.0.2.
 """
 

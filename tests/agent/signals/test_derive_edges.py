@@ -1,4 +1,4 @@
-"""Live ratios at edges a mutation audit of the derive step found unguarded (issue 30): one 10 s window
+"""Live ratios at edges of the derive step nothing else guards: one 10 s window
 between two samples whose counters are known, each expectation worked by hand in the comments
 (docs/physics.md, section Live ratios). H100 SXM: 3.35e12 B/s."""
 

@@ -1,4 +1,4 @@
-"""Live MBU, MFU and KV bytes for the cases people serve (issue 26, items 1-7): one 10 s window between
+"""Live MBU, MFU and KV bytes for the cases people serve: one 10 s window between
 two samples whose counters are known, so each ratio is computed by hand in the comments (docs/physics.md,
 section Live ratios). H100 SXM: 3.35e12 B/s, 989e12 dense bf16 FLOP/s."""
 
@@ -45,7 +45,7 @@ def _prompts(count: float, total: float) -> Histogram:
     return Histogram(buckets=((float("inf"), count),), count=count, sum=total)
 
 
-# --- item 3: MoE coverage from the tokens of the steps that ran ---
+# --- MoE coverage from the tokens of the steps that ran ---
 
 def test_mixtral_at_low_load_reads_the_active_experts_every_step() -> None:
     c = _constants("mixtral-8x7b")
@@ -73,7 +73,7 @@ def test_a_prefill_chunk_in_the_step_counts_its_tokens() -> None:
     assert round(m.decode_weight_bytes(52) / 1e9, 1) == 93.1
 
 
-# --- item 4: the input embedding table is neither streamed nor multiplied ---
+# --- the input embedding table is neither streamed nor multiplied ---
 
 def test_llama_3_8b_prefill_mfu_multiplies_7_0b_weights_a_prompt_token_not_8_03b() -> None:
     # 200,000 prompt tokens of 100 requests (their first tokens: TTFT observations) in 10 s. A prompt token
@@ -99,7 +99,7 @@ def test_llama_3_8b_decode_mbu_streams_a_row_a_token_of_the_table() -> None:
     assert round(w.mbu, 3) == 0.654
 
 
-# --- item 5: attention FLOPs ---
+# --- attention FLOPs ---
 
 def test_prefill_mfu_counts_the_attention_of_8k_prompts() -> None:
     # 20,000 prompt tok/s of 8,192-token prompts: attention 32 layers x 16,384 x 8,193 / 2 = 2.1477e9 FLOPs a
@@ -135,7 +135,7 @@ def test_decode_mfu_counts_attention_over_each_sequences_cache() -> None:
     assert w.mfu["decode"] == pytest.approx(1000 * (2 * 7_504_924_672 + 16_384 * 160_000) / PEAK)
 
 
-# --- item 1: prefix-cache hits counted as prompt tokens ---
+# --- prefix-cache hits counted as prompt tokens ---
 
 def test_hits_are_taken_out_of_a_prompt_counter_that_counts_them() -> None:
     # an older vLLM: prompt_tokens_total counts all 200,000 prompt tokens, 75% of them prefix-cache hits
@@ -161,7 +161,7 @@ def test_a_prompt_counter_with_hits_and_nothing_to_tell_them_is_marked() -> None
     assert plain.prefill_tokens_basis == "computed"
 
 
-# --- item 2: vLLM's hybrid KV pool ---
+# --- vLLM's hybrid KV pool ---
 
 def test_gemma_2_live_kv_under_vllms_hybrid_pool_is_half_the_all_layer_count() -> None:
     gemma = load_config_json(MODEL_CONFIGS / "gemma-2-9b.json")
@@ -180,7 +180,7 @@ def test_gemma_3_live_kv_is_6_2x_lower_grouped() -> None:
     assert derive.live_kv_bytes(1.0, 1000, replace(grouped, kv_pool_grouped=False)) / (1000 * 10 * 8192) == 6.2
 
 
-# --- item 6: a speculative-decoding draft model ---
+# --- a speculative-decoding draft model ---
 
 def test_draft_model_bytes_join_mbu_k_times_a_step() -> None:
     # Llama-3-70B at TP 4 with a Llama-3.2-1B draft proposing k = 4 tokens (400 draft tokens in 100
@@ -201,7 +201,7 @@ def test_draft_model_bytes_join_mbu_k_times_a_step() -> None:
     assert without.mbu == pytest.approx(target * 10 / (BW * 4))
 
 
-# --- item 7: expert parallelism ---
+# --- expert parallelism ---
 
 def test_deepseek_v3_dp8_ep8_rank_mbu_counts_its_share_of_the_experts() -> None:
     # one DP rank (TP 1) of DP8/EP8 runs 32 tokens a step, 100 steps in 10 s: its GPU reads

@@ -69,7 +69,7 @@ def test_samples_not_judged_in_between_leave_the_extremes_those_of_the_whole_win
 
 
 def test_a_span_starting_after_the_last_one_read_is_read_whole() -> None:
-    """Found by review: the last span read had neither gauge, and the next starts after its newest point."""
+    """The last span read had neither gauge, and the next starts after its newest point."""
     history = SeriesHistory(60.0)
     for t in (0.0, 1.0, 2.0):
         history.append(t, {}, {}, {})

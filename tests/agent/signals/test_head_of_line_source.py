@@ -254,7 +254,7 @@ async def test_a_step_one_sample_before_the_stall_still_explains_it(run_with) ->
 
 
 async def test_waves_in_a_third_of_the_prefill_seconds_are_usual(run_with) -> None:
-    """Issue 25 item 10: on a shared host the streams drift apart and waves of eight prompts (a step of up
+    """On a shared host the streams drift apart and waves of eight prompts (a step of up
     to 512 tokens) come in a third of the seconds that ran a prefill, single prompts (steps of 16) in the
     rest. The usual largest step is the one 80% of those seconds stay at or under, 512: a host stall in a
     wave's second reads 1x, not head-of-line (at 60% it would be 16, and the wave 32x); a long prompt's

@@ -1,4 +1,4 @@
-"""Histogram history has a total memory bound whatever the page holds (issue 29, item 13).
+"""Histogram history has a total memory bound whatever the page holds.
 
 A legal page of 5 histograms of 255 buckets per model costs 10 KB a point; over a 5 m retention that was
 3.3 MB a series, unbounded in the number of series. The histories now share a budget: each keeps fewer,
