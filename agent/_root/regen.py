@@ -178,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-goldens", action="store_true", help="leave the golden files alone")
     args = parser.parse_args(argv)
     if not (ROOT / "tests" / "regen_goldens.py").is_file():
-        print("rooflight.regen: run it from a checkout of the repository (tests/ is not here)", file=sys.stderr)
+        print(f"rooflight.regen: rooflight is imported from {ROOT}, not a checkout of the repository: install the "
+              "checkout editable (`pip install -e .`, as .ci/install does) and run it with that environment's python",
+              file=sys.stderr)
         return 2
     if args.check:
         return check_report(stale(), ROOT, "python -m rooflight.regen",
