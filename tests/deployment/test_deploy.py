@@ -13,12 +13,12 @@ import re
 import subprocess
 import sys
 import time
-import tomllib
 import urllib.request
 from pathlib import Path
 
 import yaml
 
+from rooflight.agent import __version__
 from rooflight.agent.config import agent as agent_config
 from deploy import generate
 from rooflight.collectors import sglang, vllm
@@ -163,7 +163,7 @@ def test_chart_schema_allows_only_the_engines_bucket_edges() -> None:
 
 def test_dockerfile_pins_the_package_version_and_runs_unprivileged() -> None:
     text = (DEPLOY / "Dockerfile").read_text()
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    version = __version__  # written once, in agent/__init__.py (pyproject.toml reads it: dynamic)
     assert f"ARG ROOFLIGHT_VERSION={version}" in text
     assert re.search(r"^USER 65532:65532$", text, re.M)
     assert text.count("FROM ") == 2  # build tools stay in the first stage
