@@ -56,6 +56,11 @@ _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
 _BASE_URL = re.compile(r"^https?://[^\s\"'{}<>]+[^/\s\"'{}<>]$")
 
 
+def hold(config: "RulesConfig") -> dict[str, str]:
+    """The down and stall alerts' `keep_firing_for`, or nothing where the config leaves it out."""
+    return {"keep_firing_for": config.keep_firing_for} if config.keep_firing_for else {}
+
+
 def check_duration(value: str, what: str) -> str:
     """A Prometheus duration (`5m`, `1h30m`); ConfigError otherwise."""
     if not _DURATION.match(value):
@@ -280,7 +285,7 @@ class RulesConfig:
     engine_down_window: str = "15m"
     engine_down_share: float = 0.5
     model_down_share: float = 0.5
-    keep_firing_for: str = "10m"
+    keep_firing_for: str = "10m"  # "" renders no keep_firing_for (Debian 12's vmalert 1.79 refuses the field)
     engine_memory: str = "6h"
     # How long an engine may stay starting (not one good sample since the agent started: loading weights)
     # before RooflightEngineStartTimeout: above the slowest model load, as the Helm chart's startup probe.
@@ -323,13 +328,14 @@ class RulesConfig:
     release: str = ""  # kube-prometheus-stack selects rules by `release: <helm release>`
 
     def __post_init__(self) -> None:
+        if self.keep_firing_for:  # "" leaves it out: rulers that lack it (vmalert before 1.91)
+            check_duration(self.keep_firing_for, "keep_firing_for")
         for duration, what in (
             (self.bucket_guard_for, "bucket_guard_for"),
             (self.rate_window, "rate_window"),
             (self.low_mbu_for, "low_mbu_for"),
             (self.engine_down_for, "engine_down_for"),
             (self.engine_down_window, "engine_down_window"),
-            (self.keep_firing_for, "keep_firing_for"),
             (self.engine_memory, "engine_memory"),
             (self.gpu_lost_for, "gpu_lost_for"),
             (self.engine_start_budget, "engine_start_budget"),

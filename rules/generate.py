@@ -124,7 +124,7 @@ def flag_defaults() -> dict[str, Any]:
         "itl_long_window": base.itl_long_window, "saturation_window": base.saturation_window,
         "capacity_window": base.capacity_window, "runbook_base_url": base.runbook_base_url,
         "dashboard_base_url": base.dashboard_base_url, "cluster_label": base.cluster_label,
-        "cluster_absent_for": base.cluster_absent_for,
+        "cluster_absent_for": base.cluster_absent_for, "keep_firing_for": base.keep_firing_for,
     }
 
 
@@ -218,6 +218,7 @@ def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
         capacity_window=args.capacity_window,
         cluster_label=args.cluster_label,
         cluster_absent_for=args.cluster_absent_for,
+        keep_firing_for=args.keep_firing_for,
         runbook_base_url=args.runbook_base_url,
         dashboard_base_url=args.dashboard_base_url,
         rule_name=args.name,

@@ -26,7 +26,7 @@ from rooflight.agent.signals.detectors import engine_stalled
 from rooflight.collectors.nvml import GPU_EXTRA_METRICS
 from rooflight.rules.alerts import PER_TARGET, WHERE, Link, alert
 from rooflight.rules.burn import duration, seconds
-from rooflight.rules.config import RulesConfig
+from rooflight.rules.config import RulesConfig, hold
 from rooflight.rules.promql import labels, number, series
 from rooflight.rules.recording import Rule, keep, rank_labels
 from rooflight.rules.templates import query_value, same
@@ -109,7 +109,7 @@ def engine_stalled_alerts(config: RulesConfig) -> list[Rule]:
             f"produced no prompt or generated token and run no engine step for {w}, while its /metrics still answers.")
     name = engine_stalled.DETECTOR.alert  # the agent's engine_stalled detector judges the same at its resolution
     # keep_firing_for: a canary answered late, or a window edge between two of its tries, does not resolve a hang
-    return [{**rule, "keep_firing_for": config.keep_firing_for} for rule in (
+    return [{**rule, **hold(config)} for rule in (
         alert(
             config, name,
             f"{stall_expr(config)}\nand on ({on})\n({canary_failed(config)})",
@@ -158,7 +158,7 @@ def gpu_health_alerts(config: RulesConfig) -> list[Rule]:
             "The engine on it has died or will; nothing it held is coming back. Drain the node, then reset or "
             "replace the GPU. Its heat and throttle alerts, and its pod's engine alerts, are inhibited under this one.",
             dashboard=PER_GPU,
-        ), "keep_firing_for": config.keep_firing_for},
+        ), **hold(config)},
         alert(
             config,
             "RooflightGPUHardwareXid",

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from rooflight.agent.metrics import names
 from rooflight.rules.alerts import PER_SOURCE, SOURCE_WHERE, alert
-from rooflight.rules.config import RulesConfig
+from rooflight.rules.config import RulesConfig, hold
 from rooflight.rules.promql import labels, number, record_name, series, window_suffix
 from rooflight.rules.recording import Rule, fleet_by, keep
 from rooflight.rules.templates import each_label, same
@@ -95,7 +95,7 @@ def outage_alerts(config: RulesConfig) -> list[Rule]:
             f"(503, or a page that is not an engine's). {{{{ if $labels.model }}}}Its model "
             f"{{{{ $labels.model }}}} pages as {MODEL_DOWN} once most of its engines are down.{{{{ end }}}}",
             dashboard=("overview", PER_SOURCE),
-        ), "keep_firing_for": config.keep_firing_for},
+        ), **hold(config)},
         {**alert(
             config, MODEL_DOWN,
             f"sum by ({by_model}) ({down})\n/\ncount by ({by_model}) ({down})\n> {number(model_share)}",
@@ -105,7 +105,7 @@ def outage_alerts(config: RulesConfig) -> list[Rule]:
             f"{{{{ $value | humanizePercentage }}}} of its engines are down (over {model_share:.0%} pages): "
             f"pods {_down_pods()}. Each pod's own alerts are inhibited under this one.",
             dashboard=("overview", (*same("cluster", "namespace"), ("model", "model"))),
-        ), "keep_firing_for": config.keep_firing_for},
+        ), **hold(config)},
         alert(
             config, START_TIMEOUT,
             _starting(config),

@@ -104,6 +104,9 @@ SETTINGS: tuple[Setting, ...] = (
            "%(default)s)"),
     _rules("capacity_window", "the agent's --windows entry the groups-needed record reads capacity over (default "
            "%(default)s)"),
+    _rules("keep_firing_for", "how long the down, lost-GPU and stall alerts keep firing after their condition "
+           "clears ('' = leave keep_firing_for out, for rulers without it: vmalert before 1.91, Prometheus before "
+           "2.42; default %(default)s)"),
     _rules("runbook_base_url"),
     _rules("dashboard_base_url", "Grafana's URL; each alert's dashboard_url is <this>/d/<uid>?var-pod=... (default "
            "%(default)s)"),

@@ -33,7 +33,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import yaml
 
@@ -248,9 +248,12 @@ class Fleet:
     """The whole fleet, started in order and stopped in reverse; `root` holds every server's directory."""
 
     def __init__(self, pods: Sequence[Pod], ha_cluster: str, pod_rules: Path, fleet_rules: Path, all_rules: Path,
-                 gpu_hour_cost: float = 2.5) -> None:
+                 gpu_hour_cost: float = 2.5, vmalert_rules: tuple[Path, Path] | None = None) -> None:
+        """`vmalert_rules`: the pod and fleet halves as vmalert is given them (Debian 12's 1.79 has no
+        keep_firing_for: `rooflight rules --keep-firing-for ''`); by default the same files as Prometheus."""
         self.pods, self.ha_cluster = list(pods), ha_cluster
         self.rule_files = {"pod": pod_rules, "fleet": fleet_rules, "all": all_rules}
+        self.vmalert_rules = {"pod": vmalert_rules[0], "fleet": vmalert_rules[1]} if vmalert_rules else self.rule_files
         self.gpu_hour_cost = gpu_hour_cost
         self.root = Path(tempfile.mkdtemp(prefix="rooflight-fleet-"))
         self.daemons: list[Daemon] = []
@@ -267,11 +270,11 @@ class Fleet:
         self.daemons.append(daemon)
         return daemon
 
-    def _copy_rules(self, daemon: Daemon, *scopes: str) -> list[str]:
+    def _copy_rules(self, daemon: Daemon, *scopes: str, files: Mapping[str, Path] | None = None) -> list[str]:
         names = []
         for scope in scopes:
             names.append(f"rooflight-{scope}.rules.yaml")
-            shutil.copyfile(self.rule_files[scope], daemon.dir / names[-1])
+            shutil.copyfile((files or self.rule_files)[scope], daemon.dir / names[-1])
         return names
 
     def start(self) -> "Fleet":
@@ -319,7 +322,7 @@ class Fleet:
                   f"-httpListenAddr=127.0.0.1:{vm.port}", f"-dedup.minScrapeInterval={SCRAPE_S}s",
                   f"-relabelConfig={relabel}", f"-search.latencyOffset={VM_LATENCY_S}s", "-loggerLevel=WARN"], "/health")
         vmalert = self._daemon("vmalert")
-        rules = self._copy_rules(vmalert, "pod", "fleet")
+        rules = self._copy_rules(vmalert, "pod", "fleet", files=self.vmalert_rules)
         vmalert.start([BINARIES["vmalert"], *(f"-rule={vmalert.dir / r}" for r in rules),
                        f"-datasource.url={vm.url}", f"-remoteWrite.url={vm.url}", f"-remoteRead.url={vm.url}",
                        f"-notifier.url={self.alertmanager.url}", f"-evaluationInterval={EVAL_S}s",

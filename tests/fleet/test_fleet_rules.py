@@ -142,15 +142,28 @@ def test_promtool_checks_the_halves() -> None:
 # vmalert and VictoriaMetrics ------------------------------------------------------------------------
 
 
+VMALERT = replace(RulesConfig(), keep_firing_for="")  # Debian 12's vmalert (1.79) has no keep_firing_for
+
+
+def _without_hold(text: str) -> str:
+    return re.sub(r"^ +keep_firing_for: \S+\n", "", text, flags=re.M)
+
+
 def _rule_files(folder: Path) -> list[Path]:
-    """Every rules file a ruler is given: the checked-in ones, the PrometheusRule's groups, the stage's."""
-    files = [OUTPUTS["yaml"], *SPLIT_OUTPUTS.values()]
+    """Every rules file a ruler is given, as vmalert is given it (`rooflight rules --keep-firing-for ''`): the
+    checked-in ones, the PrometheusRule's groups, the stage's."""
+    files = []
+    for scope, path in (("all", OUTPUTS["yaml"]), *SPLIT_OUTPUTS.items()):
+        files.append(folder / f"vm-{path.name}")
+        files[-1].write_text(render(VMALERT, "yaml", scope))
+        # the checked-in file is this one and its keep_firing_for lines, nothing else
+        assert _without_hold(path.read_text()) == files[-1].read_text(), path
     spec = folder / "prometheusrule-groups.yaml"
-    spec.write_text(yaml.safe_dump(yaml.safe_load(OUTPUTS["prometheusrule"].read_text())["spec"]))
+    spec.write_text(yaml.safe_dump(yaml.safe_load(render(VMALERT, "prometheusrule"))["spec"]))
     files.append(spec)
     for scope in ("pod", "fleet"):
         files.append(folder / f"stage-{scope}.yaml")
-        files[-1].write_text(render(STAGE_CONFIG, "yaml", scope))
+        files[-1].write_text(render(replace(STAGE_CONFIG, keep_firing_for=""), "yaml", scope))
     return files
 
 
@@ -159,19 +172,20 @@ def _dry_run(*files: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.victoriametrics
 @pytest.mark.skipif(bool(fs.missing_binaries()), reason="Debian's victoria-metrics is not installed")
 def test_vmalert_loads_every_rules_file(tmp_path: Path) -> None:
     files = _rule_files(tmp_path)
     result = _dry_run(*files)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    # and the check can fail: a broken expression, a template function vmalert does not have
+    # and the check can fail: a broken expression, a template function vmalert does not have, and the field
+    # the shipped files carry for Prometheus
     broken = tmp_path / "broken.yaml"
-    broken.write_text(OUTPUTS["yaml"].read_text().replace("rate(rooflight_engine_steps_total[5m])",
-                                                          "rate(rooflight_engine_steps_total[5m]", 1))
+    text = files[0].read_text()
+    broken.write_text(text.replace("rate(rooflight_engine_steps_total[5m])", "rate(rooflight_engine_steps_total[5m]", 1))
     assert _dry_run(broken).returncode != 0
-    broken.write_text(OUTPUTS["yaml"].read_text().replace("| humanizePercentage", "| humanizeNothing", 1))
+    broken.write_text(text.replace("| humanizePercentage", "| humanizeNothing", 1))
     assert _dry_run(broken).returncode != 0
+    assert _dry_run(OUTPUTS["yaml"]).returncode != 0, "vmalert now knows keep_firing_for: ship one file for both"
 
 
 def _template_queries(rule: dict[str, Any]) -> list[str]:

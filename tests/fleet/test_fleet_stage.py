@@ -189,8 +189,12 @@ def fleet_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     for scope in ("pod", "fleet", "all"):
         files[scope] = rules / f"{scope}.yaml"
         files[scope].write_text(render(STAGE_CONFIG, "yaml", scope), encoding="utf-8")
+    for scope in ("pod", "fleet"):  # Debian 12's vmalert (1.79) refuses keep_firing_for: rendered without it
+        files[f"vm-{scope}"] = rules / f"vm-{scope}.yaml"
+        files[f"vm-{scope}"].write_text(render(replace(STAGE_CONFIG, keep_firing_for=""), "yaml", scope), encoding="utf-8")
     run = Run()
-    with fs.Fleet(PODS, HA, files["pod"], files["fleet"], files["all"], GPU_HOUR_COST) as f:
+    with fs.Fleet(PODS, HA, files["pod"], files["fleet"], files["all"], GPU_HOUR_COST,
+                  vmalert_rules=(files["vm-pod"], files["vm-fleet"])) as f:
         _watch(f, run, time.monotonic() + WARM_S, None)
         absent_alerts = _cut(f, run)
         _watch(f, run, time.monotonic() + SETTLE_S, None)
