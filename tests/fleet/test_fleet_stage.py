@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import json
+import re
 import sys
 
 import pytest
@@ -57,6 +58,7 @@ GPU_HOUR_COST = 2.5
 WARM_S = 60.0
 GAP_S = 300.0  # five minutes: Prometheus's lookback, past which a silent cluster's series are gone
 SETTLE_S = 150.0  # the backlog lands, both rulers evaluate over complete windows, then a minute to average over
+STAGE_S = 20 * 60.0  # longer than the stage runs (warm-up, the cut, the settling): a window past it is young
 LATE_S = 45.0  # read the stores this far back, past every ruler's last evaluation and remote write
 SMOOTH = "1m"  # records averaged over twelve evaluations, so two rulers' evaluation instants do not matter
 RELATIVE = 0.10  # measured: the worst record 2.0% off the truth (docs/deploy.md, section Fleet)
@@ -235,6 +237,14 @@ def test_the_ha_pair_is_one_cluster_not_two(fleet_run: Run) -> None:
             assert abs(samples - 60 / fs.SCRAPE_S) <= 3, (store, per_minute)  # 30, where both replicas' are 60
 
 
+def _young_rate(record: str) -> bool:
+    """A plain rate record over a window longer than the stage has run: its series are younger than the window.
+    MetricsQL's rate() divides by the span of the samples it has, PromQL's by the window, so VictoriaMetrics
+    reads it higher (docs/deploy.md, Fleet); ratios of two such rates (the burn rows) agree either way."""
+    m = re.search(r":rate(\d+)([mhd])$", record)
+    return bool(m) and int(m.group(1)) * {"m": 60, "h": 3600, "d": 86400}[m.group(2)] > STAGE_S
+
+
 def test_every_fleet_record_agrees_across_stores_and_with_each_clusters_truth(fleet_run: Run) -> None:
     truth, wrong = fleet_run.records["truth"], []
     answered = 0
@@ -245,6 +255,10 @@ def test_every_fleet_record_agrees_across_stores_and_with_each_clusters_truth(fl
             if set(got) != set(want):
                 wrong.append(f"{store} {record}: series {sorted(got)} != truth's {sorted(want)}")
                 continue
+            if store == "vm" and _young_rate(record):  # at least the truth's: never a guard met later
+                wrong += [f"{store} {record}{dict(k)}: {got[k]:.6g} under truth {want[k]:.6g}"
+                          for k in want if got[k] < want[k] * (1 - RELATIVE) - ABSOLUTE]
+                continue
             wrong += [f"{store} {record}{dict(k)}: {got[k]:.6g} vs truth {want[k]:.6g}"
                       for k in want if not _close(got[k], want[k])]
         answered += bool(want)
@@ -252,7 +266,8 @@ def test_every_fleet_record_agrees_across_stores_and_with_each_clusters_truth(fl
             assert dict(labels)["cluster"] in (HA, CUT), (record, labels)
     for store in ("vm", "prometheus"):
         worst = max((abs(got - truth[r][k]) / max(abs(truth[r][k]), 1e-9), r, dict(k))
-                    for r in fleet_records() for k, got in fleet_run.records[store][r].items()
+                    for r in fleet_records() if not (store == "vm" and _young_rate(r))
+                    for k, got in fleet_run.records[store][r].items()
                     if k in truth[r] and abs(truth[r][k]) > 1e-6)
         print(f"{store}: {sum(len(v) for v in fleet_run.records[store].values())} fleet series, worst {worst[0]:.2%} "
               f"off the truth ({worst[1]} {worst[2]})")
