@@ -95,7 +95,8 @@ CATALOG: tuple[MetricDef, ...] = (
        "timeout (connect timeout: 504), bad_response (an answer no client could read safely: 502), disconnected "
        "(broke off mid-response)."),
     counter(ACCOUNTING_ERRORS, TARGET, "", "Failures of the proxy's own accounting; the traffic still flowed, the request "
-       "went uncounted or partly counted."),
+       "went uncounted or partly counted. With workers, the requests in flight on a worker that died are counted "
+       "here: they were cut before their records were made."),
     counter(OVER_BUDGET, TARGET, "", "Answers relayed unaccounted because the copies the accounting reads answers from "
        "(JSON bodies, unfinished SSE events) held at once reached their total budget (64 MiB)."),
     counter(REFUSED, BY_REASON, "", "Connections the proxy's port refused or closed: max_connections or "

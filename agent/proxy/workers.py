@@ -62,6 +62,10 @@ LIVED_SECONDS = 10.0  # a worker that dies younger than this died young: the nex
 RESTART_BACKOFF_SECONDS = 0.5
 RESTART_BACKOFF_MAX_SECONDS = 30.0
 READY_WAIT_SECONDS = 5.0  # a connection accepted as the last ready worker died waits this long for a new one
+# A burst fills a worker's hand-over queue (a unix socket holds net.unix.max_dgram_qlen messages, 10 by
+# default): the accepting thread waits for a worker to read, this long at most, before it refuses.
+HANDOFF_WAIT_SECONDS = 1.0
+HANDOFF_RETRY_SECONDS = 0.002
 _ID = struct.Struct("!Q")  # a handed connection's id, the message its socket travels with
 NO_WORKER = "no_worker"  # refused: no worker took the connection (each one gone or not reading)
 _BEAT = ("beat",)  # a worker's message when nothing changed: it lives (read by the parent's reading thread alone)
@@ -465,6 +469,8 @@ class Workers:
                                                        RESTART_BACKOFF_SECONDS * 2 ** (slot.young_deaths - 1))
         self.restarts += 1
         self.server.stats.worker_restarts = self.restarts
+        with self._lock:  # its requests in flight were cut before their records were made: unaccounted, counted
+            self._own_errors += in_flight
         log.error("proxy worker %d (pid %s) %s: its %d connection(s) and %d request(s) in flight were cut; the"
                   " other workers go on, and a new worker takes its place%s", slot.index, slot.pid, why, cut,
                   in_flight, f" in {delay:g} s" if delay else "")
@@ -553,23 +559,32 @@ class Workers:
     def _dispatch(self, conn: socket.socket, addr: Any) -> None:
         """Admit `conn` against the shares of every worker together and hand it to one; else 503 and close."""
         client = str(addr[0]) if isinstance(addr, (tuple, list)) and addr else "?"
-        cid, tried = next(self._ids), set()
+        cid, tried, full = next(self._ids), set(), set()
         with self._lock:
             refused = self.shares.admit(client) if self.shares is not None else None
-        waited = False
+        waited, busy_until = False, 0.0
         while refused is None:
             with self._lock:  # (sent under the lock: a worker's end is never closed under the send)
-                slot = self._pick(tried)
+                slot = self._pick(tried | full)
                 if slot is not None:
                     try:
                         socket.send_fds(slot.chan, [_ID.pack(cid)], [conn.fileno()])  # type: ignore[arg-type]
-                    except OSError:  # its queue is full (it reads nothing) or it is gone: another one
+                    except BlockingIOError:  # its queue is full (net.unix.max_dgram_qlen): busy, not gone
+                        full.add(slot.index)
+                        continue
+                    except OSError:  # it is gone: another one
                         tried.add(slot.index)
                         continue
                     slot.open[cid] = client
                     slot.handed += 1
                     break
-            if tried or waited or self._stopping:  # every ready worker refused it, or none became ready
+            if full and not self._stopping:  # every live worker's queue is full: a burst; wait for one to read
+                busy_until = busy_until or time.monotonic() + HANDOFF_WAIT_SECONDS
+                if time.monotonic() < busy_until:
+                    full.clear()
+                    time.sleep(HANDOFF_RETRY_SECONDS)
+                    continue
+            if tried or full or waited or self._stopping:  # every ready worker refused it, or none became ready
                 with self._lock:
                     if self.shares is not None:
                         self.shares.leave(client)

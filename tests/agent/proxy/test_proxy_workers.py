@@ -230,3 +230,51 @@ def test_records_the_parent_fails_to_observe_are_on_metrics_beside_the_workers()
     workers._handle(1, ("stats", [], {"in_flight": 0, "over_budget": 0, "accounting_errors": 1,
                                       "refused": {}, "bad_requests": {}}))
     assert stats.accounting_errors == 2 + 5 + 1
+
+
+def test_a_worker_whose_hand_over_queue_is_full_is_waited_for_not_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst fills a live worker's hand-over queue (send_fds: EAGAIN). That worker is busy, not gone: the
+    accepting thread waits for it to read and hands the connection over; no 503 "no worker"."""
+    from types import SimpleNamespace
+
+    from rooflight.agent.proxy import workers as w
+
+    workers = w.Workers(SimpleNamespace(stats=None, observe=None), 1)
+    slot = workers.slots[0]
+    slot.ready, slot.chan, slot.heard = True, object(), time.monotonic()
+    calls: list[int] = []
+
+    def send_fds(chan: object, buffers: list[bytes], fds: list[int]) -> int:
+        calls.append(fds[0])
+        if len(calls) <= 3:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return 8
+
+    monkeypatch.setattr(w.socket, "send_fds", send_fds)
+    conn = socket.socket()
+    workers._dispatch(conn, ("127.0.0.1", 5000))
+    assert len(calls) == 4 and len(slot.open) == 1 and slot.handed == 1
+    assert not workers._own_refused
+
+
+def test_a_worker_that_never_reads_is_refused_after_the_hand_over_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait is bounded: a worker whose queue stays full (stopped, not yet taken for hung) costs one
+    connection HANDOFF_WAIT_SECONDS, then a 503."""
+    from types import SimpleNamespace
+
+    from rooflight.agent.proxy import workers as w
+
+    monkeypatch.setattr(w, "HANDOFF_WAIT_SECONDS", 0.2)
+    workers = w.Workers(SimpleNamespace(stats=None, observe=None), 1)
+    slot = workers.slots[0]
+    slot.ready, slot.chan, slot.heard = True, object(), time.monotonic()
+
+    def send_fds(chan: object, buffers: list[bytes], fds: list[int]) -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(w.socket, "send_fds", send_fds)
+    monkeypatch.setattr(workers, "_refuse", lambda client, reason, conn: workers._own_refused.update([reason]))
+    started = time.monotonic()
+    workers._dispatch(socket.socket(), ("127.0.0.1", 5000))
+    assert 0.2 <= time.monotonic() - started < 5.0
+    assert workers._own_refused == {w.NO_WORKER: 1} and not slot.open

@@ -96,6 +96,11 @@ async def test_a_worker_killed_cuts_only_its_own_streams_and_is_replaced(tmp_pat
                         break
                 victim, survivor = first
                 assert held[victim.pid] and held[survivor.pid], held
+                for _ in range(100):  # every stream in flight as the parent last heard (each worker says so every 0.25 s)
+                    async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+                        if metric(await r.text(), c.IN_FLIGHT) == len(streams):
+                            break
+                    await asyncio.sleep(0.05)
                 victim.kill()
                 answers = dict(await asyncio.gather(*streams))
                 # Only the killed worker's streams were cut; every one of the other's ran to its end.
@@ -122,8 +127,10 @@ async def test_a_worker_killed_cuts_only_its_own_streams_and_is_replaced(tmp_pat
                         break
                     await asyncio.sleep(0.1)
                 assert metric(text, c.WORKER_RESTARTS) == 1
-                # every request that finished is counted (the cut ones never finished: their worker died)
+                # every request that finished is counted (the cut ones never finished: their worker died), and
+                # the cut ones are counted unaccounted, as many as the dead worker last said it held in flight
                 assert metric(text, c.REQUESTS) == 10 + len(held[survivor.pid]) + 10
+                assert metric(text, c.ACCOUNTING_ERRORS) == len(held[victim.pid])
             proc.send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(proc.wait(), 30) == 0
             said = (await proc.stderr.read()).decode()  # type: ignore[union-attr]
