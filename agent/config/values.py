@@ -130,6 +130,22 @@ def log_file(value: Any, what: str) -> str | None:
     return path
 
 
+def dtype(value: Any, what: str) -> str:
+    """`weight_dtype`, `kv_dtype`: a dtype the roofline knows (bf16, fp8, bfloat16, fp8_e4m3, ...), checked at
+    start; unchecked, `--weight-dtype fp3` passed --check-only and stopped the engine loop with a traceback."""
+    from rooflight.agent.roofline.models import DTYPE_BYTES, normalize_dtype  # the roofline's own names
+
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{what} (--{what.replace('_', '-')}): {value!r} is not a dtype; write one of "
+                          f"{', '.join(DTYPE_BYTES)}")
+    try:
+        normalize_dtype(value)
+    except ConfigError:
+        raise ConfigError(f"{what} (--{what.replace('_', '-')}): unknown dtype {value!r}; write one of "
+                          f"{', '.join(DTYPE_BYTES)}") from None
+    return value.strip()
+
+
 GPU_SCOPES = ("own", "all")
 
 
