@@ -30,6 +30,7 @@ from rooflight.agent.roofline.plan import (
 from rooflight.agent.model_files import resolve_model
 from rooflight.agent.config import settings
 from rooflight.agent.config.values import parse_duration
+from rooflight.collectors.common import MAX_CONTEXT_TOKENS
 
 
 def _gb(b: float) -> str:
@@ -63,7 +64,13 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  max concurrent seqs     {p.max_concurrent_sequences:,.0f} at {p.context_tokens:,}"
                      " tokens each: the batch the KV wall allows")
     else:
-        lines.append("  DOES NOT FIT            the weights alone exceed this GPU's memory: raise --tp")
+        memory = p.kv_bytes_free_per_gpu + p.weight_bytes_per_gpu + p.reserved_bytes_per_gpu
+        if p.weight_bytes_per_gpu >= memory:
+            lines.append("  DOES NOT FIT            the weights alone exceed this GPU's memory: raise --tp")
+        else:  # the weights fit; the reserve takes the rest
+            lines.append(f"  DOES NOT FIT            the {_gb(p.reserved_bytes_per_gpu)} reserved (--reserved-gb) leaves"
+                         f" no memory for the KV cache beside {_gb(p.weight_bytes_per_gpu)} of weights per GPU, of "
+                         f"{_gb(memory)}: lower --reserved-gb or raise --tp")
     lines += [
         "",
         "Roofline",
@@ -472,11 +479,59 @@ def _calculator(args: argparse.Namespace) -> Plan:
                       reserved_bytes_per_gpu=args.reserved_gb * 1e9, ep=args.ep)
 
 
+# The ranges of `plan`'s real-valued flags: past them the arithmetic overflows (--rate 1e20: math range error in the
+# queueing maths) or prints nonsense (--decode-capacity 1e-300: a 300-digit count of groups), so the command
+# stops first (exit 2) and says the range. (flag, attribute, low, high, low allowed, what it is)
+MIN_RATE = 1e-6  # requests/s: one every eleven days (below, the queueing maths loses its precision)
+MAX_RATE = 1e12  # requests/s: far past any fleet (a trillion a second sizes in seconds: tests/agent/roofline/test_erlang.py)
+MIN_CAPACITY, MAX_CAPACITY = 1.0, 1e9  # tokens/s one group carries: under one a second, or past a billion, is a typo
+MIN_SLO_SECONDS, MAX_SLO_SECONDS = 0.001, 86400.0  # a millisecond (no engine steps faster) to a day
+MAX_RESERVED_GB = 10_000.0  # 10 TB on one GPU: none has a tenth of it
+_RANGES: tuple[tuple[str, str, float, float, bool, str], ...] = (
+    ("--rate", "rate", MIN_RATE, MAX_RATE, True, "requests per second"),
+    ("--prompt", "prompt", 1.0, float(MAX_CONTEXT_TOKENS), True, "mean prompt tokens per request"),
+    ("--output", "output", 1.0, float(MAX_CONTEXT_TOKENS), True, "mean output tokens per request"),
+    ("--prefill-capacity", "prefill_capacity", MIN_CAPACITY, MAX_CAPACITY, True, "prefill tokens/s one group carries"),
+    ("--decode-capacity", "decode_capacity", MIN_CAPACITY, MAX_CAPACITY, True, "decode tokens/s one group carries"),
+    ("--itl-slo", "itl_slo", MIN_SLO_SECONDS, MAX_SLO_SECONDS, True, "seconds"),
+    ("--ttft-slo", "ttft_slo", MIN_SLO_SECONDS, MAX_SLO_SECONDS, True, "seconds"),
+    ("--reserved-gb", "reserved_gb", 0.0, MAX_RESERVED_GB, True, "GB per GPU"),
+    ("--prefill-mfu", "prefill_mfu", 0.0, 1.0, False, "a fraction of the compute peak"),
+    ("--decode-mbu", "decode_mbu", 0.0, 1.0, False, "a fraction of the bandwidth peak"),
+)
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """ConfigError (exit 2), naming the flag and its range, for a real-valued flag that is not a finite number
+    within it; before any arithmetic, so none of them reaches a division by zero or an overflow."""
+    for flag, key, low, high, low_ok, what in _RANGES:
+        value = getattr(args, key, None)
+        if value is None:
+            continue
+        shown = f"{value:g}" if isinstance(value, float) else repr(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{flag} {shown}: not a number; write {what}, e.g. {_example(key)}")
+        above = value >= low if low_ok else value > low
+        if not above or value > high:
+            since = f"from {_bound(low)} to" if low_ok else f"above {_bound(low)} and at most"
+            raise ConfigError(f"{flag} {shown}: write {what}, {since} {_bound(high)}")
+
+
+def _bound(x: float) -> str:
+    return f"{x:,.0f}" if x == int(x) else f"{x:,g}"
+
+
+def _example(key: str) -> str:
+    return {"rate": "10", "prompt": "1000", "output": "200", "itl_slo": "0.05", "ttft_slo": "0.5",
+            "reserved_gb": "4", "prefill_mfu": "0.5", "decode_mbu": "0.7"}.get(key, "10000")
+
+
 def run_plan(args: argparse.Namespace) -> int:
     """Entry point of `rooflight plan`; prints text or JSON, returns the exit code."""
     if getattr(args, "list", False):
         print(format_catalog())
         return 0
+    check_flags(args)
     if getattr(args, "from_live", None) or getattr(args, "rate", None) is not None:
         return run_capacity(args)
     plan = _calculator(args)

@@ -23,11 +23,12 @@ from typing import Any
 from rooflight.agent.roofline import physics as ph
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.gpus import GpuProfile
-from rooflight.agent.roofline.models import ModelSpec
+from rooflight.agent.roofline.models import ModelSpec, dense_ep_refusal
 from rooflight.agent.roofline.step import Decode, Layout, Prefill, Roofs, Step
 from rooflight.collectors.common import MAX_BATCH, MAX_CONTEXT_TOKENS, MAX_TENSOR_PARALLEL
 
 DEFAULT_TTFT_SLO_SECONDS = 0.5  # a chat prompt's p99 time to first token
+MAX_GROUPS = 1e12  # groups' work a pool plan sizes at most: past it the figures are a typo's, not a fleet's
 TAIL_MISS = 0.01  # the SLOs are p99s: at most 1% of requests past them
 DEFAULT_DECODE_MBU = 0.7  # a healthy decode's share of the bandwidth peak (section MBU: 0.6-0.8)
 DEFAULT_ITL_SLO_SECONDS = 0.05  # a chat stream's inter-token budget (20 tokens/s)
@@ -164,6 +165,8 @@ def sig(x: float, digits: int = 3) -> str:
     """3 significant digits, thousands separated, no trailing zeros: 4.776 -> '4.78', 33628 -> '33,600'."""
     if x == 0 or not math.isfinite(x):
         return str(x)
+    if abs(x) >= 1e15:  # past a quadrillion, digits say nothing: 1e+20, not 100,000,000,000,000,000,000
+        return f"{x:.{digits}g}"
     r = round(x, digits - 1 - math.floor(math.log10(abs(x))))
     return f"{r:,.0f}" if abs(r) >= 10 ** (digits - 1) else f"{r:,.{digits}g}".rstrip(".")
 
@@ -233,6 +236,10 @@ def build_pool_plan(rate: float, prompt_tokens: float, output_tokens: float, pre
     prefill_demand, decode_demand = rate * prompt_tokens, rate * output_tokens
     stall = prompt_tokens / prefill_capacity  # one prompt's prefill: the service time of the prefill queue
     prefill_load, decode_load = prefill_demand / prefill_capacity, decode_demand / decode_capacity  # groups' work
+    if prefill_load + decode_load > MAX_GROUPS:
+        raise ConfigError(f"--rate {rate:g} at {sig(prompt_tokens)} prompt and {sig(output_tokens)} output tokens is "
+                          f"{sig(prefill_load + decode_load)} groups' work, more than {MAX_GROUPS:,.0f}: check "
+                          "--rate, --prompt, --output and the capacities")
     prefill_groups = ph.servers_for_latency(rate, stall, ttft_slo, TAIL_MISS)
     if prefill_groups is None:
         raise ConfigError(f"one prompt's prefill takes {ms(stall)}, at or past the {ms(ttft_slo)} TTFT target: "
@@ -304,6 +311,8 @@ def _check_counts(model: ModelSpec, tp: int, ep: int, counts: tuple[tuple[str, f
         raise ConfigError(f"--tp {tp}: at most {MAX_TENSOR_PARALLEL:,} GPUs one model copy spans (an NVL72 rack is 72)")
     if model.n_heads % tp:
         raise ConfigError(f"{model.n_heads} attention heads cannot be split over tp={tp} GPUs")
+    if ep > 1 and not model.is_moe:
+        raise ConfigError(f"--{dense_ep_refusal(model.name, ep)}")
     if model.n_experts and ep > model.n_experts * tp:
         raise ConfigError(f"--ep {ep} over --tp {tp} is {-(-ep // tp):,} expert groups, but {model.name} has "
                           f"{model.n_experts} routed experts and each group holds at least one; write at most "
@@ -335,7 +344,12 @@ def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tok
     free = gpu.memory_bytes - layout.weight_bytes_per_gpu - reserved_bytes_per_gpu
     kv_wall = min(float(batch_max), ph.max_concurrent_sequences(free, layout.sequence_kv_bytes_per_gpu(context)))
     if kv_wall < 1:
-        raise ConfigError(f"{model.name} on {tp} x {gpu.key}: no sequence of {context:,.0f} tokens fits beside "
+        if free <= 0 and layout.weight_bytes_per_gpu < gpu.memory_bytes:
+            raise ConfigError(f"{model.name} on {tp} x {gpu.key}: the {sig(reserved_bytes_per_gpu / 1e9)} GB reserved "
+                              f"per GPU (--reserved-gb) and {sig(layout.weight_bytes_per_gpu / 1e9)} GB of weights per "
+                              f"GPU leave no memory for the KV cache of the {sig(gpu.memory_bytes / 1e9)} GB; lower "
+                              "--reserved-gb or raise --tp")
+        raise ConfigError(f"{model.name} on {tp} x {gpu.key}: no sequence of {sig(context)} tokens fits beside "
                           "the weights; raise --tp")
     layer_tokens = layout.layer_tokens(context)
 
