@@ -271,7 +271,12 @@ def run_rules(args: argparse.Namespace) -> int:
         print(f"rooflight rules: {exc}", file=sys.stderr)
         return 2
     if args.output:
-        Path(args.output).write_text(text)
+        try:
+            Path(args.output).write_text(text)
+        except OSError as exc:  # a directory, a missing folder, no permission: say so, exit 2
+            print(f"rooflight rules: -o {args.output}: cannot write it ({exc.strerror or exc}); name a file in a "
+                  "folder that exists", file=sys.stderr)
+            return 2
     else:
         sys.stdout.write(text)
     return 0
