@@ -43,6 +43,18 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # a listener on one of these holds its port on every address
+
+
+def listens_clash(listen: str, other: str) -> bool:
+    """Whether two HOST:PORT listeners cannot both bind: one port (not 0, any free one) on one host, or on a
+    wildcard and any address (0.0.0.0:8100 holds 127.0.0.1:8100 too)."""
+    host, port = split_listen(listen)
+    other_host, other_port = split_listen(other)
+    return bool(port) and port == other_port and (
+        host == other_host or host in WILDCARD_HOSTS or other_host in WILDCARD_HOSTS)
+
+
 def positive_int(value: Any, what: str) -> int:
     try:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
