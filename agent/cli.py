@@ -107,6 +107,8 @@ def _check_parallelism(target: cfg.TargetConfig, model: Any) -> None:
     """tp and ep as the model allows (exit 2, saying what to write): tp splits every layer's attention heads,
     so it divides them; ep spreads the routed experts of a MoE model in groups of ep / tp GPUs, at least one
     expert a group (ep on a dense model splits nothing: a typo for tp, or the wrong model)."""
+    from rooflight.agent.roofline.models import dense_ep_refusal
+
     if model is None:
         return
     tp, ep, name = target.tp, target.ep, target.name
@@ -117,9 +119,7 @@ def _check_parallelism(target: cfg.TargetConfig, model: Any) -> None:
     if not ep or ep <= 1:
         return
     if not model.is_moe:
-        raise ConfigError(f"target {name}: ep {ep}: {model.name} is dense (no routed experts), and expert parallelism"
-                          " splits only the experts of a MoE model; drop ep, or give the MoE model it serves (--model /"
-                          " --model-config)")
+        raise ConfigError(f"target {name}: {dense_ep_refusal(model.name, ep)}")
     per = tp if tp is not None else MAX_TENSOR_PARALLEL
     if ep > model.n_experts * per:
         over = f"ep {ep} over tp {tp} is {-(-ep // tp)} expert groups" if tp is not None else \

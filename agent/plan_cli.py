@@ -23,6 +23,7 @@ from rooflight.agent.roofline.plan import (
     PoolPlan,
     build_plan,
     build_pool_plan,
+    group_gpus,
     ms,
     physics_capacities,
     sig,
@@ -30,6 +31,7 @@ from rooflight.agent.roofline.plan import (
 from rooflight.agent.model_files import resolve_model
 from rooflight.agent.config import settings
 from rooflight.agent.config.values import parse_duration
+from rooflight.collectors.common import MAX_CONTEXT_TOKENS, MAX_TENSOR_PARALLEL
 
 
 def _gb(b: float) -> str:
@@ -63,7 +65,13 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  max concurrent seqs     {p.max_concurrent_sequences:,.0f} at {p.context_tokens:,}"
                      " tokens each: the batch the KV wall allows")
     else:
-        lines.append("  DOES NOT FIT            the weights alone exceed this GPU's memory: raise --tp")
+        memory = p.kv_bytes_free_per_gpu + p.weight_bytes_per_gpu + p.reserved_bytes_per_gpu
+        if p.weight_bytes_per_gpu >= memory:
+            lines.append("  DOES NOT FIT            the weights alone exceed this GPU's memory: raise --tp")
+        else:  # the weights fit; the reserve takes the rest
+            lines.append(f"  DOES NOT FIT            the {_gb(p.reserved_bytes_per_gpu)} reserved (--reserved-gb) leaves"
+                         f" no memory for the KV cache beside {_gb(p.weight_bytes_per_gpu)} of weights per GPU, of "
+                         f"{_gb(memory)}: lower --reserved-gb or raise --tp")
     lines += [
         "",
         "Roofline",
@@ -134,13 +142,21 @@ def format_catalog() -> str:
 
 def format_pools(p: PoolPlan) -> str:
     source = {"flags": "as given", "physics": "the roofline of the model on its GPUs", "live": "the live agent"}
+    said = source.get(p.capacity_source) or "; ".join(  # per phase: "prefill live, decode physics"
+        f"{phase} {source.get(src, src)}" for phase, src in
+        (part.split(" ", 1) for part in p.capacity_source.split(", ") if " " in part))
+    rank_gpus = p.gpus_per_group / p.ranks_per_group
+    ep_group = (f", an EP group of {sig(p.ranks_per_group)} ranks of {rank_gpus:,.0f} GPU{'s' if rank_gpus > 1 else ''}"
+                if p.ranks_per_group > 1 else "")
+    batch = (f"; decode batch {p.decode_batch:,.0f}"
+             + (f", {p.decode_batch / p.ranks_per_group:,.0f} a rank" if p.ranks_per_group > 1 else "")
+             if p.decode_batch else "")
     lines = [
         f"Pools for {sig(p.rate)} req/s of {sig(p.prompt_tokens)} prompt + {sig(p.output_tokens)} output tokens"
         f" (p99 TTFT {ms(p.ttft_slo)}, ITL {ms(p.itl_slo)})",
-        f"  per group ({p.gpus_per_group} GPU{'s' if p.gpus_per_group > 1 else ''}): "
+        f"  per group ({p.gpus_per_group} GPU{'s' if p.gpus_per_group > 1 else ''}{ep_group}): "
         f"{sig(p.prefill_capacity_per_group)} prefill tok/s, {sig(p.decode_capacity_per_group)} decode tok/s "
-        f"({source.get(p.capacity_source, p.capacity_source)}"
-        + (f"; decode batch {p.decode_batch:,.0f}" if p.decode_batch else "") + ")",
+        f"({said}{batch})",
         f"  one group               {sig(p.requests_per_second_per_group)} req/s at this mix; {sig(p.rate)} req/s "
         f"are {sig(p.load_per_group)} groups' work",
         f"  prefill pool            {_groups(p.prefill_groups)} at {_pct(p.prefill_utilization)} busy: "
@@ -179,7 +195,10 @@ LIVE_NAMES = {
     "saturation": metric_names.SATURATION, "binding": metric_names.SATURATION_BINDING, "capacity": metric_names.CAPACITY_REQUESTS,
     "capacity_decode": metric_names.CAPACITY_DECODE_TOKENS, "capacity_phase": metric_names.CAPACITY_PHASE_TOKENS,
     "cost": metric_names.COST_PER_MILLION_TOKENS, "joule": metric_names.TOKENS_PER_JOULE,
+    # of each (target, model), no window: the GPUs one copy spans and the model constants the agent used
+    "tp": metric_names.TENSOR_PARALLEL_SIZE, "model_info": metric_names.MODEL_INFO,
 }
+_MODEL_KINDS = ("tp", "model_info")  # LIVE_NAMES read per (target, model), not per window
 MAX_LIVE_BYTES = 16 * 1024 * 1024  # read at most this of a page ...
 MAX_LIVE_KEPT_BYTES = 4 * 1024 * 1024  # ... and keep at most this of its lines of LIVE_NAMES (an agent: ~1 MB)
 _LIVE_CHUNK = 64 * 1024
@@ -205,6 +224,11 @@ class LiveSeries:
     capacity_phase_tokens_per_second: dict[str, float] = dataclasses.field(default_factory=dict)
     cost_per_million_tokens: dict[str, float] = dataclasses.field(default_factory=dict)
     tokens_per_joule: dict[str, float] = dataclasses.field(default_factory=dict)
+    tensor_parallel_size: int | None = None  # rooflight_tensor_parallel_size of its (target, model)
+    model_spec: str | None = None  # rooflight_model_info's spec, config_source and dtypes
+    model_source: str | None = None
+    weight_dtype: str | None = None
+    kv_dtype: str | None = None
 
     def mix(self) -> tuple[float, float] | None:
         """(mean prompt, mean output) tokens per request: each phase's tokens/s / requests/s."""
@@ -229,11 +253,18 @@ def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
 
     wanted = {v: k for k, v in LIVE_NAMES.items()}
     rows: list[tuple[str, dict[str, str], float]] = []
+    models: dict[tuple[str, str], dict[str, Any]] = {}  # (target, model): its TP and model constants
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name in wanted and "window" in sample.labels and math.isfinite(sample.value):
-                    rows.append((wanted[sample.name], sample.labels, sample.value))
+                if sample.name not in wanted or not math.isfinite(sample.value):
+                    continue
+                kind = wanted[sample.name]
+                if kind in _MODEL_KINDS:
+                    _put_model(models.setdefault((sample.labels.get("target", ""), sample.labels.get("model", "")),
+                                                 {}), kind, sample.labels, sample.value)
+                elif "window" in sample.labels:
+                    rows.append((kind, sample.labels, sample.value))
     except (ValueError, TypeError, IndexError, KeyError) as exc:  # prometheus_client's parser raises these
         raise ConfigError(f"--from-live: not a Prometheus text page the agent serves ({type(exc).__name__});"
                           " point it at the agent's /metrics") from None
@@ -248,7 +279,25 @@ def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
             continue
         key = (labels.get("target", ""), labels.get("engine", ""), labels.get("model", ""), labels.get("rank", ""))
         _put(out.setdefault(key, {}), kind, labels, value)
-    return [LiveSeries(*key, window=chosen or "", **fields) for key, fields in sorted(out.items())]
+    return [LiveSeries(*key, window=chosen or "", **fields, **_model_of(models, key[0], key[2]))
+            for key, fields in sorted(out.items())]
+
+
+def _put_model(fields: dict[str, Any], kind: str, labels: dict[str, str], value: float) -> None:
+    if kind == "tp":
+        if value == int(value) and 1 <= value <= MAX_TENSOR_PARALLEL:  # a hostile page's 0 or 1e300: not read
+            fields["tensor_parallel_size"] = int(value)
+    elif value == 1:
+        fields.update(model_spec=labels.get("spec"), model_source=labels.get("config_source"),
+                      weight_dtype=labels.get("weight_dtype"), kv_dtype=labels.get("kv_dtype"))
+
+
+def _model_of(models: dict[tuple[str, str], dict[str, Any]], target: str, model: str) -> dict[str, Any]:
+    """The (target, model)'s TP and constants; the target's only model row where the names differ."""
+    if (target, model) in models:
+        return models[(target, model)]
+    rows = [fields for (t, _), fields in models.items() if t == target]
+    return rows[0] if len(rows) == 1 else {}
 
 
 def _put(fields: dict[str, Any], kind: str, labels: dict[str, str], value: float) -> None:
@@ -284,7 +333,8 @@ def format_live(series: list[LiveSeries]) -> str:
     lines = []
     for s in series:
         lines.append(f"{_shown(s.target)} ({_shown(s.engine)}, {_shown(s.model)}, rank {_shown(s.rank)}), window "
-                     f"{_shown(s.window)}, role {_shown(s.role or '?')}")
+                     f"{_shown(s.window)}, role {_shown(s.role or '?')}"
+                     + (f", TP {s.tensor_parallel_size}" if s.tensor_parallel_size else ""))
         tps = s.tokens_per_second
         mix = s.mix()
         if s.requests_per_second is not None:
@@ -425,51 +475,169 @@ def run_capacity(args: argparse.Namespace) -> int:
         out["plan"] = plan_to_dict(plan)
         text.append(format_plan(plan))
     if args.rate is not None:
-        pools = _pools_for(args, series)
-        out["pools"] = dataclasses.asdict(pools)
-        text.append(format_pools(pools))
+        pools, notes = _pools_for(args, series)
+        out["pools"] = {**dataclasses.asdict(pools), "notes": notes}
+        text.append("\n".join([format_pools(pools), *(f"Note: {n}" for n in notes)]))
     print(json.dumps(out, indent=2) if args.json else "\n\n".join(text))
     return 0
 
 
-def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> PoolPlan:
-    """The pools for --rate: the mix from --prompt/--output, else the live one; capacities from the flags,
-    else the live agent's one-phase capacities, else the model's roofline on --gpu."""
-    live = next((s for s in series or () if {"prefill", "decode"} <= set(s.capacity_phase_tokens_per_second)), None)
+def _live_for_pools(series: list[LiveSeries] | None) -> LiveSeries | None:
+    """The series the pools read: the first with both one-phase capacities, else the first with one (a
+    disaggregated agent's own phase), else the first with traffic, else the first."""
+    if not series:
+        return None
+    for ok in (lambda s: {"prefill", "decode"} <= set(s.capacity_phase_tokens_per_second),
+               lambda s: bool(s.capacity_phase_tokens_per_second), lambda s: s.mix() is not None):
+        found = next((s for s in series if ok(s)), None)
+        if found is not None:
+            return found
+    return series[0]
+
+
+def _live_model(live: LiveSeries | None) -> Any:
+    """The live agent's model as a ModelSpec, where the page names a preset it used (rooflight_model_info's
+    config_source preset:KEY); None otherwise (a config.json on the agent's machine is not here to read)."""
+    if live is None or not live.model_source or not live.model_source.startswith("preset:"):
+        return None
+    try:
+        return resolve_model(live.model_source.split(":", 1)[1], None, live.weight_dtype, live.kv_dtype)
+    except ConfigError:
+        return None
+
+
+def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tuple[PoolPlan, list[str]]:
+    """The pools for --rate, and notes on where their figures come from: the mix from --prompt/--output, else the
+    live one; capacities from the flags, else the live agent's one-phase capacities (a disaggregated agent has its
+    own phase's only), else the roofline: of the model on --gpu, or with --from-live of the live agent's model
+    (its preset on the page, or --model/--model-config as given), never a model nobody named. A group is the GPUs
+    one copy spans, max(tp, ep); its TP is --tp, else the live agent's rooflight_tensor_parallel_size, else 1."""
+    notes: list[str] = []
+    live = _live_for_pools(series)
+    where = f"the live agent ({_shown(live.target)}, role {_shown(live.role or '?')})" if live is not None else ""
     mix = live.mix() if live is not None else None
-    prompt = args.prompt if args.prompt is not None else (mix[0] if mix else None)
-    output = args.output if args.output is not None else (mix[1] if mix else None)
+    prompt = args.prompt if args.prompt is not None else (mix[0] if mix and mix[0] > 0 else None)
+    output = args.output if args.output is not None else (mix[1] if mix and mix[1] > 0 else None)
     if prompt is None or output is None:
-        raise ConfigError("--rate needs --prompt and --output (mean tokens per request), or --from-live with traffic")
-    source, batch, kv, gpus, step = "flags", None, None, args.tp, None
+        if series is None:
+            raise ConfigError("--rate needs --prompt and --output (mean tokens per request), or --from-live with traffic")
+        missing = " and ".join(f for f, v in (("--prompt", prompt), ("--output", output)) if v is None)
+        why = ("has no traffic in its window" if mix is None else
+               "shows no " + " and no ".join(w for w, v in (("prompt tokens", prompt), ("output tokens", output))
+                                             if v is None) + " per request")
+        raise ConfigError(f"--rate needs {missing} (mean tokens per request): {where or 'the live agent'} {why}")
+    live_tp = live.tensor_parallel_size if live is not None else None
+    tp = args.tp if args.tp is not None else (live_tp or 1)
+    if args.tp is not None and live_tp and live_tp != args.tp:
+        notes.append(f"--tp {args.tp} as given; {where} says its engine spans {live_tp} GPUs "
+                     "(rooflight_tensor_parallel_size): the groups are --tp's")
+    gpus = group_gpus(tp, args.ep)
+    ranks = gpus / tp
     cp, cd = args.prefill_capacity, args.decode_capacity
+    sources = {"prefill": "flags" if cp is not None else None, "decode": "flags" if cd is not None else None}
+    batch = kv = step = None
+    phases = live.capacity_phase_tokens_per_second if live is not None else {}
+    if cp is None and "prefill" in phases:  # one rank's, as the agent computes it: the EP group runs R of them
+        cp, sources["prefill"] = phases["prefill"] * ranks, "live"
+    if cd is None and "decode" in phases:
+        cd, sources["decode"] = phases["decode"] * ranks, "live"
     if cp is None or cd is None:
-        if live is not None:
-            source = "live"
-            cp = cp if cp is not None else live.capacity_phase_tokens_per_second["prefill"]
-            cd = cd if cd is not None else live.capacity_phase_tokens_per_second["decode"]
-        else:
-            source = "physics"
-            model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
-            p_cap, d_cap, batch, kv, step = physics_capacities(
-                model, get_profile(args.gpu), tp=args.tp, prompt_tokens=prompt, output_tokens=output,
-                batch_max=args.batch_max, prefill_mfu=args.prefill_mfu, decode_mbu=args.decode_mbu,
-                reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo, ep=args.ep)
-            cp = cp if cp is not None else p_cap
-            if cd is None:
-                cd = d_cap
-            else:  # a decode capacity as given: its slots are what it carries at the ITL target
-                batch, step = None, None
-    return build_pool_plan(args.rate, prompt, output, cp, cd, itl_slo=args.itl_slo, ttft_slo=args.ttft_slo, source=source,
-                           gpus_per_group=gpus, decode_batch=batch, kv_bytes_per_request=kv,
-                           decode_step_seconds=step)
+        model, named = _physics_model(args, live, series, [p for p, c in (("prefill", cp), ("decode", cd)) if c is None])
+        p_cap, d_cap, batch, kv, step = physics_capacities(
+            model, get_profile(args.gpu), tp=tp, prompt_tokens=prompt, output_tokens=output,
+            batch_max=args.batch_max, prefill_mfu=args.prefill_mfu, decode_mbu=args.decode_mbu,
+            reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo, ep=args.ep)
+        if named:
+            notes.append(f"{' and '.join(p for p, v in sources.items() if v is None)} capacity: the roofline of "
+                         f"{named} on {tp} x {args.gpu} (--gpu)")
+        if cp is None:
+            cp, sources["prefill"] = p_cap, "physics"
+        if cd is None:
+            cd, sources["decode"] = d_cap, "physics"
+        else:  # a decode capacity as given: its slots are what it carries at the ITL target
+            batch, step = None, None
+    source = (sources["prefill"] if sources["prefill"] == sources["decode"]
+              else f"prefill {sources['prefill']}, decode {sources['decode']}")
+    return build_pool_plan(args.rate, prompt, output, cp, cd, itl_slo=args.itl_slo, ttft_slo=args.ttft_slo,
+                           source=str(source), gpus_per_group=gpus, decode_batch=batch, kv_bytes_per_request=kv,
+                           decode_step_seconds=step, ranks_per_group=ranks), notes
+
+
+def _physics_model(args: argparse.Namespace, live: LiveSeries | None, series: list[LiveSeries] | None,
+                   missing: list[str]) -> tuple[Any, str]:
+    """The model whose roofline gives the capacities of the `missing` phases, and its name for the notes ('' when
+    the plan printed above names it): --model/--model-config as given; with --from-live, else the live agent's
+    model where its page names the preset; else ConfigError saying which phase is missing and its flag."""
+    if args.model or args.model_config or series is None:
+        model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
+        return model, (f"{model.name} (--model{'-config' if args.model_config else ''})" if series is not None else "")
+    model = _live_model(live)
+    if model is not None:
+        return model.with_dtypes(args.weight_dtype, args.kv_dtype), f"{model.name}, the live agent's model"
+    flags = " and ".join(f"--{p}-capacity" for p in missing)
+    whose = (f"{live and _shown(live.model_spec or live.model) or 'its model'}"
+             f"{f' ({_shown(live.model_source)})' if live and live.model_source else ''}")
+    has = (f"{_shown(live.target)} (role {_shown(live.role or '?')}) exports "
+           + (" and ".join(sorted(live.capacity_phase_tokens_per_second)) + " capacity only"
+              if live.capacity_phase_tokens_per_second else "no capacity")
+           if live is not None else "the live agent serves no windowed signals")
+    raise ConfigError(f"--from-live: no {' or '.join(missing)} capacity: {has}, and the page names no preset for "
+                      f"{whose} to size it on; give {flags} (tokens/s one group carries), or --model/--model-config "
+                      "to size it on the roofline")
 
 
 def _calculator(args: argparse.Namespace) -> Plan:
     model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
-    return build_plan(model, get_profile(args.gpu), tp=args.tp, context_tokens=args.context, batch=args.batch,
+    return build_plan(model, get_profile(args.gpu), tp=args.tp or 1, context_tokens=args.context, batch=args.batch,
                       prompt_tokens=args.prompt_tokens, prefill_mfu=args.prefill_mfu,
                       reserved_bytes_per_gpu=args.reserved_gb * 1e9, ep=args.ep)
+
+
+# The ranges of `plan`'s real-valued flags: past them the arithmetic overflows (--rate 1e20: math range error in the
+# queueing maths) or prints nonsense (--decode-capacity 1e-300: a 300-digit count of groups), so the command
+# stops first (exit 2) and says the range. (flag, attribute, low, high, low allowed, what it is)
+MIN_RATE = 1e-6  # requests/s: one every eleven days (below, the queueing maths loses its precision)
+MAX_RATE = 1e12  # requests/s: far past any fleet (a trillion a second sizes in seconds: tests/agent/roofline/test_erlang.py)
+MIN_CAPACITY, MAX_CAPACITY = 1.0, 1e9  # tokens/s one group carries: under one a second, or past a billion, is a typo
+MIN_SLO_SECONDS, MAX_SLO_SECONDS = 0.001, 86400.0  # a millisecond (no engine steps faster) to a day
+MAX_RESERVED_GB = 10_000.0  # 10 TB on one GPU: none has a tenth of it
+_RANGES: tuple[tuple[str, str, float, float, bool, str], ...] = (
+    ("--rate", "rate", MIN_RATE, MAX_RATE, True, "requests per second"),
+    ("--prompt", "prompt", 1.0, float(MAX_CONTEXT_TOKENS), True, "mean prompt tokens per request"),
+    ("--output", "output", 1.0, float(MAX_CONTEXT_TOKENS), True, "mean output tokens per request"),
+    ("--prefill-capacity", "prefill_capacity", MIN_CAPACITY, MAX_CAPACITY, True, "prefill tokens/s one group carries"),
+    ("--decode-capacity", "decode_capacity", MIN_CAPACITY, MAX_CAPACITY, True, "decode tokens/s one group carries"),
+    ("--itl-slo", "itl_slo", MIN_SLO_SECONDS, MAX_SLO_SECONDS, True, "seconds"),
+    ("--ttft-slo", "ttft_slo", MIN_SLO_SECONDS, MAX_SLO_SECONDS, True, "seconds"),
+    ("--reserved-gb", "reserved_gb", 0.0, MAX_RESERVED_GB, True, "GB per GPU"),
+    ("--prefill-mfu", "prefill_mfu", 0.0, 1.0, False, "a fraction of the compute peak"),
+    ("--decode-mbu", "decode_mbu", 0.0, 1.0, False, "a fraction of the bandwidth peak"),
+)
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """ConfigError (exit 2), naming the flag and its range, for a real-valued flag that is not a finite number
+    within it; before any arithmetic, so none of them reaches a division by zero or an overflow."""
+    for flag, key, low, high, low_ok, what in _RANGES:
+        value = getattr(args, key, None)
+        if value is None:
+            continue
+        shown = f"{value:g}" if isinstance(value, float) else repr(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{flag} {shown}: not a number; write {what}, e.g. {_example(key)}")
+        above = value >= low if low_ok else value > low
+        if not above or value > high:
+            since = f"from {_bound(low)} to" if low_ok else f"above {_bound(low)} and at most"
+            raise ConfigError(f"{flag} {shown}: write {what}, {since} {_bound(high)}")
+
+
+def _bound(x: float) -> str:
+    return f"{x:,.0f}" if x == int(x) else f"{x:,g}"
+
+
+def _example(key: str) -> str:
+    return {"rate": "10", "prompt": "1000", "output": "200", "itl_slo": "0.05", "ttft_slo": "0.5",
+            "reserved_gb": "4", "prefill_mfu": "0.5", "decode_mbu": "0.7"}.get(key, "10000")
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -477,6 +645,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if getattr(args, "list", False):
         print(format_catalog())
         return 0
+    check_flags(args)
     if getattr(args, "from_live", None) or getattr(args, "rate", None) is not None:
         return run_capacity(args)
     plan = _calculator(args)

@@ -50,6 +50,15 @@ DASHBOARD_UIDS = {
 DASHBOARD_VARIABLES = ("cluster", "namespace", "job", "pod", "instance", "target", "model", "rank")
 
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")
+_DURATION_UNITS = {"y": 365 * 86400.0, "w": 7 * 86400.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+MAX_DURATION = "10y"  # longer than any window, `for` or memory a rule has a use for (Prometheus's own ends at 292y)
+MAX_DURATION_SECONDS = 10 * _DURATION_UNITS["y"]
+# A PromQL label matcher (label, operator, a quoted value) and a list of them, as written between a selector's
+# braces; a metric name (prometheus.io/docs/concepts/data_model).
+_MATCHER = r"""[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*(?:"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|`[^`]*`)"""
+_MATCHERS = re.compile(rf"^\s*(?:{_MATCHER}(?:\s*,\s*{_MATCHER})*)?\s*$")
+METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 # A model name that may get its own SLO threshold: what serving engines accept as a served model name,
 # and nothing that needs escaping in a PromQL string, a Go template or a Helm value.
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
@@ -62,9 +71,37 @@ def hold(config: "RulesConfig") -> dict[str, str]:
 
 
 def check_duration(value: str, what: str) -> str:
-    """A Prometheus duration (`5m`, `1h30m`); ConfigError otherwise."""
-    if not _DURATION.match(value):
+    """A Prometheus duration (`5m`, `1h30m`: units from the largest, each once) of more than zero and at most
+    MAX_DURATION; ConfigError otherwise (`0s` rendered `absent_over_time(...[0s])`, which Prometheus refuses,
+    and `99999999999y` one past what it parses)."""
+    if not isinstance(value, str) or not _DURATION.match(value):
         raise ConfigError(f"{what}: {value!r} is not a Prometheus duration like 5m or 1h")
+    parts = _DURATION_PART.findall(value)
+    order = [list(_DURATION_UNITS).index(unit) for _, unit in parts]
+    if order != sorted(set(order)):
+        raise ConfigError(f"{what}: {value!r}: write each unit once, the largest first, e.g. 1h30m")
+    total = sum(int(number) * _DURATION_UNITS[unit] for number, unit in parts)
+    if total <= 0:
+        raise ConfigError(f"{what}: {value!r} is zero; write a duration of more than zero, e.g. 5m")
+    if total > MAX_DURATION_SECONDS:
+        raise ConfigError(f"{what}: {value!r} is longer than {MAX_DURATION}; write at most {MAX_DURATION}")
+    return value
+
+
+def check_matchers(value: str, what: str, *, required: bool = False) -> str:
+    """Label matchers as written between a selector's braces (`job="rooflight", namespace=~"llm-.*"`), without
+    the braces; ConfigError otherwise (`{job="x"` was spliced into every rule as given: invalid PromQL)."""
+    if not isinstance(value, str) or not _MATCHERS.match(value) or (required and not value.strip()):
+        raise ConfigError(f"{what}: {value!r} is not label matchers; write e.g. job=\"rooflight\" or "
+                          "job=\"rooflight\", namespace=~\"llm-.*\" (no braces, each value quoted)")
+    return value
+
+
+def check_metric_name(value: str, what: str) -> str:
+    """A Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*); ConfigError otherwise."""
+    if not isinstance(value, str) or not METRIC_NAME.match(value):
+        raise ConfigError(f"{what}: {value!r} is not a Prometheus metric name; write letters, digits, _ and : only,"
+                          " not starting with a digit, e.g. vllm:time_to_first_token_seconds")
     return value
 
 
@@ -118,6 +155,8 @@ class LatencySLO:
     by_model: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
+        check_metric_name(self.histogram, f"{self.name} histogram")
+        check_matchers(self.selector, f"{self.name} selector")
         if not 0.0 < self.objective < 1.0:
             raise ConfigError(f"{self.name} objective must be in (0, 1) (got {self.objective})")
         self._check_threshold(self.threshold_seconds, "threshold")
@@ -359,7 +398,9 @@ class RulesConfig:
         for url, what in ((self.runbook_base_url, "runbook_base_url"), (self.dashboard_base_url, "dashboard_base_url")):
             if not _BASE_URL.match(url):
                 raise ConfigError(f"{what}: {url!r} must be an http(s) URL without a trailing slash")
-        if not re.match(r"^\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*\"", self.agent_job_selector):
+        check_matchers(self.agent_selector, "agent_selector")
+        if not _MATCHERS.match(self.agent_job_selector) or \
+                not re.match(r"^\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*\"", self.agent_job_selector):
             raise ConfigError(
                 f"agent_job_selector {self.agent_job_selector!r} must be label matchers such as job=\"rooflight\" "
                 "(absent() needs at least one; an equality keeps its label on the alert)"

@@ -179,8 +179,41 @@ def _slo(args: argparse.Namespace, slo: str, alert: str, title: str) -> cfg.Late
     )
 
 
+# The flags of `rooflight rules` spliced into the rules as written, by kind: each is checked here first, so
+# its error names the flag (the config checks them again, by their config names, for every other caller).
+_DURATION_FLAGS = ("low_mbu_for", "source_down_for", "engine_stalled_for", "engine_start_budget", "agent_down_for",
+                   "agent_absent_for", "itl_short_window", "itl_long_window", "saturation_window", "capacity_window",
+                   "cluster_absent_for", "keep_firing_for")
+_MATCHER_FLAGS = ("agent_selector", "engine_selector", "agent_job_selector")
+_METRIC_FLAGS = ("ttft_metric", "itl_metric")
+
+
+def _flag(key: str) -> str:
+    return next(s.flag(settings.RULES) for s in settings.offered(settings.RULES) if s.key == key)
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """ConfigError naming the flag for a duration, selector or metric name that would render invalid PromQL
+    (`--cluster-absent-for 0s`, `--agent-selector '{job="x"'`, `--ttft-metric '1bad metric'`)."""
+    durations = (*_DURATION_FLAGS, *(detector_stem(d).replace("-", "_") + "_for" for d in detectors()
+                                     if d.rule is not None))
+    for key in durations:
+        value = getattr(args, key, None)
+        if value or (value is not None and key != "keep_firing_for"):  # '' leaves keep_firing_for out
+            cfg.check_duration(value, _flag(key))
+    for key in _MATCHER_FLAGS:
+        value = getattr(args, key, None)
+        if value is not None:
+            cfg.check_matchers(value, _flag(key), required=key == "agent_job_selector")
+    for key in _METRIC_FLAGS:
+        value = getattr(args, key, None)
+        if value:
+            cfg.check_metric_name(value, _flag(key))
+
+
 def config_from_args(args: argparse.Namespace) -> cfg.RulesConfig:
     """The RulesConfig a `rooflight rules` command line describes; ConfigError when it is inconsistent."""
+    check_flags(args)
     base = cfg.RulesConfig()
     return replace(
         base,
@@ -238,7 +271,12 @@ def run_rules(args: argparse.Namespace) -> int:
         print(f"rooflight rules: {exc}", file=sys.stderr)
         return 2
     if args.output:
-        Path(args.output).write_text(text)
+        try:
+            Path(args.output).write_text(text)
+        except OSError as exc:  # a directory, a missing folder, no permission: say so, exit 2
+            print(f"rooflight rules: -o {args.output}: cannot write it ({exc.strerror or exc}); name a file in a "
+                  "folder that exists", file=sys.stderr)
+            return 2
     else:
         sys.stdout.write(text)
     return 0

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from rooflight.agent.config import settings as st
 from rooflight.agent.config.urls import check_engine_url, public_url, target_name
-from rooflight.agent.config.values import spellings, split_listen, whole
+from rooflight.agent.config.values import listens_clash, spellings, split_listen, whole
 from rooflight.agent.config.yamlfile import read_yaml
 from rooflight.agent.errors import ConfigError
 
@@ -231,17 +231,13 @@ def _proxy_upstream(value: Any, targets: tuple[TargetConfig, ...]) -> str:
     return public_url(targets[0].url)
 
 
-_WILDCARDS = ("0.0.0.0", "::", "")
-
-
 def _check_proxy_listen(proxy_listen: str, listen: str) -> None:
     """The proxy passes every path through, so it cannot share the agent's port (its /metrics is the agent's)."""
     try:
         host, port = split_listen(proxy_listen)
     except ConfigError:
         raise ConfigError(f"proxy_listen {proxy_listen!r}: write HOST:PORT, e.g. 127.0.0.1:8100 or 0.0.0.0:8100") from None
-    agent_host, agent_port = split_listen(listen)
-    if port and port == agent_port and (host == agent_host or host in _WILDCARDS or agent_host in _WILDCARDS):
+    if listens_clash(proxy_listen, listen):
         raise ConfigError(f"proxy_listen {proxy_listen} and listen {listen} share port {port}: clients reach the"
                           " engine through the proxy's port, /metrics is on the agent's; give each its own")
 

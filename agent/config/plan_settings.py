@@ -29,14 +29,14 @@ SHARED: dict[str, dict[str, Any]] = {
         "after": "model_config", "metavar": None, "flag_default": DEFAULT_PROFILE_KEY,
         "help": "GPU profile, e.g. h100-sxm, h200, a100-sxm-80gb, l40s (default %(default)s)"},
     "tp": {
-        "after": "gpu", "metavar": None, "flag_default": 1,
-        "help": "tensor-parallel size: GPUs one model copy spans; weights and KV heads split across them (default "
-                "%(default)s)"},
+        "after": "gpu", "metavar": None, "flag_default": None,
+        "help": "tensor-parallel size: GPUs one model copy spans; weights and KV heads split across them (default 1; "
+                "with --from-live, the live agent's rooflight_tensor_parallel_size)"},
     "ep": {
         "after": "tp", "metavar": None, "flag_default": 1,
         "help": "expert-parallel size: GPUs the routed experts are spread over (vLLM --enable-expert-parallel: "
                 "data-parallel x tensor-parallel size); each copy of --tp GPUs holds --tp/--ep of them and its steps "
-                "read only those (default %(default)s)"},
+                "read only those; --rate counts groups of max(--tp, --ep) GPUs, one EP group (default %(default)s)"},
     "weight_dtype": {
         "after": "prefill_mfu", "metavar": None, "choices": WEIGHT_DTYPES,
         "help": "override the weight dtype: fewer bytes raise the decode ceiling"},

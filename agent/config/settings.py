@@ -56,10 +56,10 @@ _OWN: tuple[Setting, ...] = (
             target=True, parse=_text,
             commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["model_config"]}),
     Setting("weight_dtype", "bf16, fp16, fp8, int8 or int4 (default: from config)", metavar="DTYPE", target=True,
-            parse=_text,
+            parse=v.dtype,
             commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["weight_dtype"]}),
     Setting("kv_dtype", "KV-cache dtype; fp8 halves KV bytes (default: weights')", metavar="DTYPE", target=True,
-            parse=_text,
+            parse=v.dtype,
             commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["kv_dtype"]}),
     Setting("gpu", "GPU constants profile, e.g. h100-sxm (default: the NVML name's, none for a GPU without "
             "constants: its MBU/MFU stay absent; h100-sxm where no GPU is seen)", metavar="PROFILE", target=True,

@@ -43,6 +43,18 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # a listener on one of these holds its port on every address
+
+
+def listens_clash(listen: str, other: str) -> bool:
+    """Whether two HOST:PORT listeners cannot both bind: one port (not 0, any free one) on one host, or on a
+    wildcard and any address (0.0.0.0:8100 holds 127.0.0.1:8100 too)."""
+    host, port = split_listen(listen)
+    other_host, other_port = split_listen(other)
+    return bool(port) and port == other_port and (
+        host == other_host or host in WILDCARD_HOSTS or other_host in WILDCARD_HOSTS)
+
+
 def positive_int(value: Any, what: str) -> int:
     try:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
@@ -128,6 +140,22 @@ def log_file(value: Any, what: str) -> str | None:
     if not os.path.isdir(parent):
         raise ConfigError(f"{what} {path}: there is no directory {parent}; create it or choose another")
     return path
+
+
+def dtype(value: Any, what: str) -> str:
+    """`weight_dtype`, `kv_dtype`: a dtype the roofline knows (bf16, fp8, bfloat16, fp8_e4m3, ...), checked at
+    start; unchecked, `--weight-dtype fp3` passed --check-only and stopped the engine loop with a traceback."""
+    from rooflight.agent.roofline.models import DTYPE_BYTES, normalize_dtype  # the roofline's own names
+
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{what} (--{what.replace('_', '-')}): {value!r} is not a dtype; write one of "
+                          f"{', '.join(DTYPE_BYTES)}")
+    try:
+        normalize_dtype(value)
+    except ConfigError:
+        raise ConfigError(f"{what} (--{what.replace('_', '-')}): unknown dtype {value!r}; write one of "
+                          f"{', '.join(DTYPE_BYTES)}") from None
+    return value.strip()
 
 
 GPU_SCOPES = ("own", "all")

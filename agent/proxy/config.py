@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 from rooflight.agent.config import settings as st
 from rooflight.agent.config.agent import AgentConfig
 from rooflight.agent.config.urls import credentials, endpoint, parse_upstream, target_name
-from rooflight.agent.config.values import bounded_whole, parse_duration, split_listen
+from rooflight.agent.config.values import bounded_whole, listens_clash, parse_duration, split_listen
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.proxy.catalog import DEFAULT_BUCKETS, HISTOGRAMS
 from rooflight.agent.proxy.slo import SLO, parse_slos
@@ -79,6 +79,10 @@ def build(
     if split_listen(listen) == split_listen(metrics_listen) and split_listen(listen)[1] != 0:
         raise ConfigError(f"{_flag('listen')} and {_flag('metrics_listen')} are both {listen}: the proxy passes every"
                           " path through, so /metrics needs its own port")
+    if listens_clash(listen, metrics_listen):  # a wildcard holds the port on every address: the second bind fails
+        raise ConfigError(f"{_flag('listen')} {listen} and {_flag('metrics_listen')} {metrics_listen} share port "
+                          f"{split_listen(listen)[1]} (a wildcard address holds it on every address): the proxy passes"
+                          " every path through, so /metrics needs its own port")
     return ProxyConfig(
         upstream=_check("upstream", upstream),
         upstream_auth=lent_credentials(upstream or "", upstream_credentials_for_anonymous),

@@ -62,6 +62,13 @@ def dtype_bytes(dtype: str) -> float:
     return DTYPE_BYTES[normalize_dtype(dtype)]
 
 
+def dense_ep_refusal(model_name: str, ep: int) -> str:
+    """The words `rooflight run` and `rooflight plan` refuse ep > 1 on a dense model with (each prefixes what
+    it was given: a target's name, or the flag)."""
+    return (f"ep {ep}: {model_name} is dense (no routed experts), and expert parallelism splits only the experts of"
+            " a MoE model; drop ep, or give the MoE model it serves (--model / --model-config)")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """What the physics needs to know about one model (all GPUs of one copy together).

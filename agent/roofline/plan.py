@@ -23,11 +23,12 @@ from typing import Any
 from rooflight.agent.roofline import physics as ph
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.gpus import GpuProfile
-from rooflight.agent.roofline.models import ModelSpec
+from rooflight.agent.roofline.models import ModelSpec, dense_ep_refusal
 from rooflight.agent.roofline.step import Decode, Layout, Prefill, Roofs, Step
 from rooflight.collectors.common import MAX_BATCH, MAX_CONTEXT_TOKENS, MAX_TENSOR_PARALLEL
 
 DEFAULT_TTFT_SLO_SECONDS = 0.5  # a chat prompt's p99 time to first token
+MAX_GROUPS = 1e12  # groups' work a pool plan sizes at most: past it the figures are a typo's, not a fleet's
 TAIL_MISS = 0.01  # the SLOs are p99s: at most 1% of requests past them
 DEFAULT_DECODE_MBU = 0.7  # a healthy decode's share of the bandwidth peak (section MBU: 0.6-0.8)
 DEFAULT_ITL_SLO_SECONDS = 0.05  # a chat stream's inter-token budget (20 tokens/s)
@@ -164,6 +165,8 @@ def sig(x: float, digits: int = 3) -> str:
     """3 significant digits, thousands separated, no trailing zeros: 4.776 -> '4.78', 33628 -> '33,600'."""
     if x == 0 or not math.isfinite(x):
         return str(x)
+    if abs(x) >= 1e15:  # past a quadrillion, digits say nothing: 1e+20, not 100,000,000,000,000,000,000
+        return f"{x:.{digits}g}"
     r = round(x, digits - 1 - math.floor(math.log10(abs(x))))
     return f"{r:,.0f}" if abs(r) >= 10 ** (digits - 1) else f"{r:,.{digits}g}".rstrip(".")
 
@@ -177,9 +180,9 @@ def ms(s: float) -> str:
 
 @dataclass(frozen=True)
 class PoolPlan:
-    """Groups (engine copies of `gpus_per_group` GPUs) for a request rate, split into prefill and decode
-    pools or shared, each sized at its latency target; base units (requests/s, tokens, tokens/s, seconds,
-    bytes, ratios)."""
+    """Groups (the GPUs one copy of the model spans, `gpus_per_group`: max(tp, ep), an EP group of
+    `ranks_per_group` ranks of tp GPUs) for a request rate, split into prefill and decode pools or shared,
+    each sized at its latency target; base units (requests/s, tokens, tokens/s, seconds, bytes, ratios)."""
 
     rate: float
     prompt_tokens: float
@@ -189,7 +192,7 @@ class PoolPlan:
     prefill_capacity_per_group: float
     decode_capacity_per_group: float  # at the batch whose step meets the ITL target (physics), else as given
     capacity_source: str  # flags, physics or live
-    gpus_per_group: int
+    gpus_per_group: int  # max(tp, ep): the GPUs one copy of the model spans; pools count whole groups
     prefill_groups: int  # the fewest whose p99 TTFT (M/M/c wait + one prefill) meets ttft_slo
     decode_groups: int  # the fewest whose batch slots leave at most 1% of requests waiting for one (Erlang C)
     decode_groups_at_full_load: int  # ceil(rate x output / decode capacity): 100% busy, half the time over
@@ -210,13 +213,14 @@ class PoolPlan:
     load_per_group: float  # rate / that: the groups' work the rate is (one group's saturation at it)
     share: bool
     reasons: tuple[str, ...]
+    ranks_per_group: float = 1.0  # engine ranks of tp GPUs in a group: ep / tp under expert parallelism, else 1
 
 
 def build_pool_plan(rate: float, prompt_tokens: float, output_tokens: float, prefill_capacity: float,
                     decode_capacity: float, *, itl_slo: float = DEFAULT_ITL_SLO_SECONDS,
                     ttft_slo: float = DEFAULT_TTFT_SLO_SECONDS, source: str = "flags", gpus_per_group: int = 1,
                     decode_batch: float | None = None, kv_bytes_per_request: float | None = None,
-                    decode_step_seconds: float | None = None) -> PoolPlan:
+                    decode_step_seconds: float | None = None, ranks_per_group: float = 1.0) -> PoolPlan:
     """Size both pools at their targets and decide on the physics (docs/physics.md, section Pools sized at the
     SLO). Prefill: the fewest groups whose p99 TTFT, an M/M/c queueing wait plus one prompt's prefill, meets
     ttft_slo. Decode: each group holds `decode_batch` sequences stepping every `decode_step_seconds` (as given:
@@ -231,16 +235,22 @@ def build_pool_plan(rate: float, prompt_tokens: float, output_tokens: float, pre
         if not (math.isfinite(value) and value > 0):
             raise ConfigError(f"{name} must be a number above 0, got {value!r}")
     prefill_demand, decode_demand = rate * prompt_tokens, rate * output_tokens
-    stall = prompt_tokens / prefill_capacity  # one prompt's prefill: the service time of the prefill queue
+    ranks = max(1.0, ranks_per_group)  # an EP group's ranks each prefill their own prompts: the queue's servers
+    stall = prompt_tokens * ranks / prefill_capacity  # one prompt's prefill on one rank: the queue's service time
     prefill_load, decode_load = prefill_demand / prefill_capacity, decode_demand / decode_capacity  # groups' work
-    prefill_groups = ph.servers_for_latency(rate, stall, ttft_slo, TAIL_MISS)
+    if prefill_load + decode_load > MAX_GROUPS:
+        raise ConfigError(f"--rate {rate:g} at {sig(prompt_tokens)} prompt and {sig(output_tokens)} output tokens is "
+                          f"{sig(prefill_load + decode_load)} groups' work, more than {MAX_GROUPS:,.0f}: check "
+                          "--rate, --prompt, --output and the capacities")
+    prefill_ranks = ph.servers_for_latency(rate, stall, ttft_slo, TAIL_MISS)
+    prefill_groups = None if prefill_ranks is None else max(1, math.ceil(prefill_ranks / ranks - 1e-9))
     if prefill_groups is None:
         raise ConfigError(f"one prompt's prefill takes {ms(stall)}, at or past the {ms(ttft_slo)} TTFT target: "
                           "no number of groups meets it; raise --ttft-slo, --tp or the prefill capacity")
     step = decode_step_seconds if decode_step_seconds is not None and decode_step_seconds > 0 else itl_slo
     slots = decode_batch if decode_batch else decode_capacity * step
     decode_groups = decode_groups_for(rate, output_tokens * step, slots, decode_load)
-    shared = shared_groups_for(rate, stall, decode_load, ttft_slo)
+    shared = shared_groups_for(rate, stall, decode_load, ttft_slo, ranks)
     reasons = []
     if min(prefill_load, decode_load) < 1.0:
         reasons.append(f"two pools would carry {sig(prefill_load)} prefill and {sig(decode_load)} decode groups' "
@@ -264,9 +274,9 @@ def build_pool_plan(rate: float, prompt_tokens: float, output_tokens: float, pre
         decode_batch=decode_batch, decode_slots_per_group=slots, decode_step_seconds=step,
         kv_bytes_per_request=kv_bytes_per_request,
         requests_per_second_per_group=rate / (prefill_load + decode_load),
-        load_per_group=prefill_load + decode_load, share=bool(reasons),
+        load_per_group=prefill_load + decode_load, share=bool(reasons), ranks_per_group=ranks_per_group,
         reasons=tuple(reasons) or (
-            f"one prompt's prefill holds a group {ms(stall)}, past the {ms(itl_slo)} ITL budget a shared pool's "
+            f"one prompt's prefill holds a {'rank' if ranks > 1 else 'group'} {ms(stall)}, past the {ms(itl_slo)} ITL budget a shared pool's "
             "decodes would wait: split, and scale each pool on its own signal",),
     )
 
@@ -282,18 +292,21 @@ def decode_groups_for(rate: float, slot_seconds: float, slots_per_group: float, 
                              lambda c: ph.erlang_c(math.floor(c * per_group), offered) <= TAIL_MISS)
 
 
-def shared_groups_for(rate: float, prefill_seconds: float, decode_load: float, ttft_slo: float) -> int:
+def shared_groups_for(rate: float, prefill_seconds: float, decode_load: float, ttft_slo: float,
+                      ranks: float = 1.0) -> int:
     """The fewest groups of one shared pool whose prompts' p99 TTFT meets ttft_slo: each of c groups spends
     decode_load / c of its time decoding, so a prompt's prefill stretches to S / (1 - decode_load / c) and
-    the prefill queue is M/M/c at that service time."""
+    the prefill queue is M/M/c at that service time, over the groups' `ranks` each (an EP group's ranks each
+    prefill their own prompts; `prefill_seconds` is one rank's)."""
     def meets(groups: int) -> bool:
         free = 1.0 - decode_load / groups
         if free <= 0:
             return False
         service = prefill_seconds / free
-        return service < ttft_slo and ph.mmc_wait_exceeds(groups, rate, service, ttft_slo - service) <= TAIL_MISS
+        servers = max(1, math.floor(groups * ranks + 1e-9))
+        return service < ttft_slo and ph.mmc_wait_exceeds(servers, rate, service, ttft_slo - service) <= TAIL_MISS
 
-    return ph.fewest_meeting(max(1, math.ceil(rate * prefill_seconds + decode_load - 1e-9)), meets)
+    return ph.fewest_meeting(max(1, math.ceil(rate * prefill_seconds / ranks + decode_load - 1e-9)), meets)
 
 
 def _check_counts(model: ModelSpec, tp: int, ep: int, counts: tuple[tuple[str, float, float, str], ...]) -> None:
@@ -304,6 +317,8 @@ def _check_counts(model: ModelSpec, tp: int, ep: int, counts: tuple[tuple[str, f
         raise ConfigError(f"--tp {tp}: at most {MAX_TENSOR_PARALLEL:,} GPUs one model copy spans (an NVL72 rack is 72)")
     if model.n_heads % tp:
         raise ConfigError(f"{model.n_heads} attention heads cannot be split over tp={tp} GPUs")
+    if ep > 1 and not model.is_moe:
+        raise ConfigError(f"--{dense_ep_refusal(model.name, ep)}")
     if model.n_experts and ep > model.n_experts * tp:
         raise ConfigError(f"--ep {ep} over --tp {tp} is {-(-ep // tp):,} expert groups, but {model.name} has "
                           f"{model.n_experts} routed experts and each group holds at least one; write at most "
@@ -313,16 +328,24 @@ def _check_counts(model: ModelSpec, tp: int, ep: int, counts: tuple[tuple[str, f
             raise ConfigError(f"{flag} {value}: at most {most:,} {what}")
 
 
+def group_gpus(tp: int, ep: int = 1) -> int:
+    """GPUs one copy of the model spans, the group a pool counts in: max(tp, ep) (an EP group of ep / tp ranks of
+    tp GPUs each; without expert parallelism the tp GPUs of one copy)."""
+    return max(tp, ep)
+
+
 def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tokens: float, output_tokens: float,
                        batch_max: int, prefill_mfu: float, decode_mbu: float, reserved_bytes_per_gpu: float,
                        itl_slo: float | None = None, ep: int = 1) -> tuple[float, float, float, float, float]:
     """(prefill tokens/s, decode tokens/s, decode batch, KV bytes per request, decode step seconds) of one group
-    of tp GPUs, on the step model at prefill_mfu x the compute peak and decode_mbu x the bandwidth peak.
+    (group_gpus: max(tp, ep) GPUs, R = max(1, ep / tp) ranks of tp GPUs each), on the step model at prefill_mfu x the compute peak and decode_mbu x the bandwidth peak.
 
     Prefill: a prompt's FLOPs (its tokens, its causal attention, the LM head once) + its TP all-reduces. Decode:
     the batch N = min(batch cap, sequences the KV memory holds at the mean live context prompt + output/2) or,
     with `itl_slo`, the largest batch up to N whose step (the step model's, plus the TP all-reduces) meets it;
-    that batch / its step. The same seconds the live agent's capacity uses (signals/headroom.py)."""
+    that batch / its step. The same seconds the live agent's capacity uses (signals/headroom.py). The step
+    model's figures are one rank's, with every rank of the EP group running (each reads its 1/R of the routed
+    experts), so the group's capacities and batch are R times one rank's; the step is the rank's."""
     if not 0 < decode_mbu <= 1 or not 0 < prefill_mfu <= 1:
         raise ConfigError("--decode-mbu and --prefill-mfu must be in (0, 1]")
     if batch_max < 1:
@@ -335,7 +358,12 @@ def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tok
     free = gpu.memory_bytes - layout.weight_bytes_per_gpu - reserved_bytes_per_gpu
     kv_wall = min(float(batch_max), ph.max_concurrent_sequences(free, layout.sequence_kv_bytes_per_gpu(context)))
     if kv_wall < 1:
-        raise ConfigError(f"{model.name} on {tp} x {gpu.key}: no sequence of {context:,.0f} tokens fits beside "
+        if free <= 0 and layout.weight_bytes_per_gpu < gpu.memory_bytes:
+            raise ConfigError(f"{model.name} on {tp} x {gpu.key}: the {sig(reserved_bytes_per_gpu / 1e9)} GB reserved "
+                              f"per GPU (--reserved-gb) and {sig(layout.weight_bytes_per_gpu / 1e9)} GB of weights per "
+                              f"GPU leave no memory for the KV cache of the {sig(gpu.memory_bytes / 1e9)} GB; lower "
+                              "--reserved-gb or raise --tp")
+        raise ConfigError(f"{model.name} on {tp} x {gpu.key}: no sequence of {sig(context)} tokens fits beside "
                           "the weights; raise --tp")
     layer_tokens = layout.layer_tokens(context)
 
@@ -349,8 +377,9 @@ def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tok
                           f"past the {ms(itl_slo or 0.0)} ITL target; raise --itl-slo or --tp")
     prompt = Prefill(prompt_tokens, ((1.0, 0.0, float(prompt_tokens)),), 1.0)
     prompt_seconds = layout.prefill_flops(prompt) / roofs.flops + layout.comm_seconds(prompt_tokens, gpu.link)
-    return (prompt_tokens / prompt_seconds, batch / step(batch), batch, layout.sequence_kv_bytes(prompt_tokens),
-            step(batch))
+    ranks = layout.expert_ranks
+    return (ranks * prompt_tokens / prompt_seconds, ranks * batch / step(batch), ranks * batch,
+            layout.sequence_kv_bytes(prompt_tokens), step(batch))
 
 
 def _batch_within(step: Any, most: float, seconds: float) -> float | None:
