@@ -101,7 +101,7 @@ def check_metric_name(value: str, what: str) -> str:
     """A Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*); ConfigError otherwise."""
     if not isinstance(value, str) or not METRIC_NAME.match(value):
         raise ConfigError(f"{what}: {value!r} is not a Prometheus metric name; write letters, digits, _ and : only,"
-                          " not starting with a digit, e.g. vllm:time_to_first_token_seconds")
+                          " not starting with a digit, e.g. engine:time_to_first_token_seconds")
     return value
 
 
