@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import signal
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -101,6 +102,20 @@ def rooflight_exe() -> str:
     assert found, (f"the console script `rooflight` is not installed beside {sys.executable} nor on PATH: "
                    "pip install -e '.[test]' into the Python that runs the tests")
     return found
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any ROOFLIGHT_* setting (a developer's own must not leak into a
+    test's command line), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOFLIGHT_")}
+    env.update(extra)
+    return env
+
+
+def run_rooflight(*argv: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`rooflight ARGV...` run to its end, its output captured; `env` defaults to clean_env()."""
+    return subprocess.run([rooflight_exe(), *argv], capture_output=True, text=True, timeout=timeout,
+                          env=clean_env() if env is None else env)
 
 
 def free_port() -> int:
