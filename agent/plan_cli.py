@@ -61,9 +61,13 @@ def format_plan(plan: Plan) -> str:
     if p.weight_bytes_streamed_per_step < p.weight_bytes:
         lines.append(f"  weights read a step     {_gb(p.weight_bytes_streamed_per_step)} at batch {p.batch} (the "
                      "input embeddings a row a token; MoE: the experts its tokens touch)")
-    if p.fits:
+    if p.fits and p.max_concurrent_sequences >= 1:
         lines.append(f"  max concurrent seqs     {p.max_concurrent_sequences:,.0f} at {p.context_tokens:,}"
                      " tokens each: the batch the KV wall allows")
+    elif p.fits:
+        lines.append(f"  NO SEQUENCE FITS        one sequence of {p.context_tokens:,} tokens holds "
+                     f"{_gb(p.kv_bytes_per_sequence_per_gpu)} of KV per GPU, past the {_gb(p.kv_bytes_free_per_gpu)}"
+                     " left: lower --context or raise --tp")
     else:
         memory = p.kv_bytes_free_per_gpu + p.weight_bytes_per_gpu + p.reserved_bytes_per_gpu
         if p.weight_bytes_per_gpu >= memory:
@@ -81,8 +85,7 @@ def format_plan(plan: Plan) -> str:
         f"  decode ceiling at ctx   {ms(p.decode_step_seconds_at_context)}/token, "
         f"{sig(p.decode_tokens_per_second_at_context)} tok/s (batch 1, weights + KV at "
         f"{p.context_tokens:,} tokens)",
-        f"  cache = weights at      {sig(p.kv_weight_crossover_tokens)} tokens of context"
-        if p.kv_weight_crossover_tokens is not None else
+        _crossover(p) if p.kv_weight_crossover_tokens is not None else
         "  cache = weights at      never: sliding windows cap one sequence's cache below the weights",
         f"  decode at batch {p.batch:<7} {ms(p.decode_step_seconds_at_batch)}/step, "
         f"{sig(p.decode_tokens_per_second_at_batch)} tok/s in all; intensity "
@@ -90,6 +93,11 @@ def format_plan(plan: Plan) -> str:
         f"{sig(100 * p.decode_attainable_fraction_of_peak)}% of peak compute at best"
         + (" (on the compute roof)" if p.decode_attainable_fraction_of_peak >= 0.9999 else ""),
     ]
+    if p.fits and p.max_concurrent_sequences >= 1 and not p.batch_within_kv_wall:
+        lines.append(f"  BEYOND THE KV WALL      {p.batch:,} sequences of {p.context_tokens:,} tokens need "
+                     f"{_gb(p.batch * p.kv_bytes_per_sequence_per_gpu)} of KV per GPU, {_gb(p.kv_bytes_free_per_gpu)}"
+                     f" left: an engine runs at most {p.max_concurrent_sequences:,.0f} at once, so batch {p.batch:,}"
+                     " is memory the GPUs do not have; lower --batch or --context, or raise --tp")
     if p.tp > 1:
         lines.append(f"  TP all-reduce           ~{ms(p.tp_allreduce_seconds_per_token)}/token on {p.link}"
                      " (2 per layer, latency only), on top of the decode step")
@@ -117,6 +125,15 @@ def format_plan(plan: Plan) -> str:
         *(f"Note: {note}" for note in p.notes),
     ]
     return "\n".join(lines)
+
+
+def _crossover(p: Plan) -> str:
+    """The context at which one sequence's cache reads as many bytes as the weights, or why none reaches it."""
+    tokens = p.kv_weight_crossover_tokens or 0.0
+    if p.max_context_tokens is not None and tokens > p.max_context_tokens:
+        return (f"  cache = weights at      never: at {sig(tokens)} tokens, past the {p.max_context_tokens:,} the"
+                " model reads (max_position_embeddings)")
+    return f"  cache = weights at      {sig(tokens)} tokens of context"
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:

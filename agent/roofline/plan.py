@@ -60,6 +60,8 @@ class Plan:
     weight_bytes_streamed_per_step: float  # at `batch`: all weights, or (MoE) the experts touched
     kv_bytes_per_token: float  # whole model, all layers
     kv_bytes_per_sequence: float  # at context_tokens, whole model (sliding windows capped)
+    kv_bytes_per_sequence_per_gpu: float  # of which one GPU holds this
+    max_context_tokens: int | None  # the model's max_position_embeddings (None: not known)
     windowed_layers: int  # layers that keep only a window of recent tokens
     kv_window_tokens: int  # the largest such window (0: none)
     reserved_bytes_per_gpu: float
@@ -67,6 +69,7 @@ class Plan:
     kv_bytes_free_total: float
     fits: bool
     max_concurrent_sequences: float  # at context_tokens
+    batch_within_kv_wall: bool  # batch <= max_concurrent_sequences: the decode figures at batch are a real engine's
     ridge_point: float  # FLOP/byte
     decode_step_seconds_weights_only: float  # batch 1, no cache
     decode_tokens_per_second_weights_only: float
@@ -106,6 +109,7 @@ def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: in
     _check_counts(model, tp, ep, (("--batch", batch, MAX_BATCH, "sequences in one decode step"),
                                   ("--context", context_tokens, MAX_CONTEXT_TOKENS, "tokens in one sequence"),
                                   ("--prompt-tokens", prompt_tokens, MAX_CONTEXT_TOKENS, "tokens in one prompt")))
+    check_context(model, (("--context", context_tokens), ("--prompt-tokens", prompt_tokens)))
     layout = Layout(model, tp=tp, ep=ep)
     compute_dtype = gpu.peak_dtype_for(model.compute_dtype)
     roofs = Roofs(tp * gpu.peak_flops[compute_dtype], tp * gpu.memory_bandwidth_bytes_per_second, gpu.link)
@@ -118,6 +122,7 @@ def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: in
     prefill = layout.cost(Step(prefill=prompt))
     free = gpu.memory_bytes - layout.weight_bytes_per_gpu - reserved_bytes_per_gpu
     step_b = at_batch.seconds(roofs)
+    sequences = ph.max_concurrent_sequences(free, layout.sequence_kv_bytes_per_gpu(context_tokens))
     comm_b = layout.comm_seconds(batch, gpu.link)
     return Plan(
         model=model.name, model_source=model.source, gpu=gpu.key, tp=tp, ep=ep, context_tokens=context_tokens,
@@ -127,11 +132,13 @@ def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: in
         params_active=model.params_active, n_layers=model.n_layers, peak_flops=peak, peak_bandwidth_bytes_per_second=bw,
         weight_bytes=model.weight_bytes, weight_bytes_per_gpu=layout.weight_bytes_per_gpu,
         weight_bytes_streamed_per_step=at_batch.weight_bytes, kv_bytes_per_token=model.kv_bytes_per_token,
-        kv_bytes_per_sequence=layout.sequence_kv_bytes(context_tokens), reserved_bytes_per_gpu=reserved_bytes_per_gpu,
+        kv_bytes_per_sequence=layout.sequence_kv_bytes(context_tokens),
+        kv_bytes_per_sequence_per_gpu=layout.sequence_kv_bytes_per_gpu(context_tokens),
+        max_context_tokens=model.max_context_tokens, reserved_bytes_per_gpu=reserved_bytes_per_gpu,
         windowed_layers=model.n_layers - model.full_attention_layers,
         kv_window_tokens=max((win for win, _ in model.window_layers), default=0),
         kv_bytes_free_per_gpu=free, kv_bytes_free_total=free * tp, fits=free > 0,
-        max_concurrent_sequences=ph.max_concurrent_sequences(free, layout.sequence_kv_bytes_per_gpu(context_tokens)),
+        max_concurrent_sequences=sequences, batch_within_kv_wall=batch <= sequences,
         ridge_point=roofs.ridge,
         decode_step_seconds_weights_only=weights_only.seconds(roofs),
         decode_tokens_per_second_weights_only=1.0 / weights_only.seconds(roofs),
@@ -328,6 +335,16 @@ def _check_counts(model: ModelSpec, tp: int, ep: int, counts: tuple[tuple[str, f
             raise ConfigError(f"{flag} {value}: at most {most:,} {what}")
 
 
+def check_context(model: ModelSpec, lengths: tuple[tuple[str, float], ...]) -> None:
+    """ConfigError naming the flag, for a (flag, tokens) longer than the model reads (its max_position_embeddings;
+    no bound where the model does not say it)."""
+    most = model.max_context_tokens
+    for flag, tokens in lengths:
+        if most is not None and tokens > most:
+            raise ConfigError(f"{flag} {tokens:,.0f}: {model.name} reads at most {most:,} tokens a sequence "
+                              f"(max_position_embeddings in its config.json); write at most {most:,}")
+
+
 def group_gpus(tp: int, ep: int = 1) -> int:
     """GPUs one copy of the model spans, the group a pool counts in: max(tp, ep) (an EP group of ep / tp ranks of
     tp GPUs each; without expert parallelism the tp GPUs of one copy)."""
@@ -351,6 +368,7 @@ def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tok
     if batch_max < 1:
         raise ConfigError("--batch-max must be at least 1")
     _check_counts(model, tp, ep, (("--batch-max", batch_max, MAX_BATCH, "sequences in one batch"),))
+    check_context(model, (("--prompt + --output", prompt_tokens + output_tokens),))
     layout = Layout(model, tp=tp, ep=ep)
     roofs = Roofs(tp * gpu.peak_flops[gpu.peak_dtype_for(model.compute_dtype)],
                   tp * gpu.memory_bandwidth_bytes_per_second, gpu.link).at(prefill_mfu, decode_mbu)
