@@ -31,7 +31,7 @@ from rooflight.agent.roofline.plan import (
 from rooflight.agent.model_files import resolve_model
 from rooflight.agent.config import settings
 from rooflight.agent.config.values import parse_duration
-from rooflight.collectors.common import MAX_CONTEXT_TOKENS, MAX_TENSOR_PARALLEL
+from rooflight.collectors.common import MAX_BATCH, MAX_CONTEXT_TOKENS, MAX_TENSOR_PARALLEL
 
 
 def _gb(b: float) -> str:
@@ -211,6 +211,7 @@ LIVE_NAMES = {
     "tokens": metric_names.TOKENS_PER_SECOND, "requests": metric_names.REQUESTS_PER_SECOND, "headroom": metric_names.HEADROOM,
     "saturation": metric_names.SATURATION, "binding": metric_names.SATURATION_BINDING, "capacity": metric_names.CAPACITY_REQUESTS,
     "capacity_decode": metric_names.CAPACITY_DECODE_TOKENS, "capacity_phase": metric_names.CAPACITY_PHASE_TOKENS,
+    "capacity_batch": metric_names.CAPACITY_DECODE_BATCH,
     "cost": metric_names.COST_PER_MILLION_TOKENS, "joule": metric_names.TOKENS_PER_JOULE,
     # of each (target, model), no window: the GPUs one copy spans and the model constants the agent used
     "tp": metric_names.TENSOR_PARALLEL_SIZE, "model_info": metric_names.MODEL_INFO,
@@ -239,6 +240,7 @@ class LiveSeries:
     capacity_requests_per_second: float | None = None
     capacity_decode_tokens_per_second: float | None = None
     capacity_phase_tokens_per_second: dict[str, float] = dataclasses.field(default_factory=dict)
+    capacity_decode_batch: float | None = None  # the batch at the agent's first wall: its decode capacity's slots
     cost_per_million_tokens: dict[str, float] = dataclasses.field(default_factory=dict)
     tokens_per_joule: dict[str, float] = dataclasses.field(default_factory=dict)
     tensor_parallel_size: int | None = None  # rooflight_tensor_parallel_size of its (target, model)
@@ -328,6 +330,9 @@ def _put(fields: dict[str, Any], kind: str, labels: dict[str, str], value: float
         fields.setdefault(name, {})[labels.get(label, "")] = value
     elif kind in single:
         fields[single[kind]] = value
+    elif kind == "capacity_batch":
+        if 1 <= value <= MAX_BATCH:  # a hostile page's 0 or 1e300: not read
+            fields["capacity_decode_batch"] = value
     elif kind == "saturation":
         fields["saturation"], fields["role"] = value, labels.get("role")
     elif kind == "binding":
@@ -528,7 +533,9 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
     live one; capacities from the flags, else the live agent's one-phase capacities (a disaggregated agent has its
     own phase's only), else the roofline: of the model on --gpu, or with --from-live of the live agent's model
     (its preset on the page, or --model/--model-config as given), never a model nobody named. A group is the GPUs
-    one copy spans, max(tp, ep); its TP is --tp, else the live agent's rooflight_tensor_parallel_size, else 1."""
+    one copy spans, max(tp, ep); its TP is --tp, else the live agent's rooflight_tensor_parallel_size, else 1. A
+    live decode capacity's slots are the batch at the agent's first wall (rooflight_capacity_decode_batch_requests),
+    stepping every batch / capacity."""
     notes: list[str] = []
     live = _live_for_pools(series)
     where = f"the live agent ({_shown(live.target)}, role {_shown(live.role or '?')})" if live is not None else ""
@@ -558,9 +565,14 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
         cp, sources["prefill"] = phases["prefill"] * ranks, "live"
     if cd is None and "decode" in phases:
         cd, sources["decode"] = phases["decode"] * ranks, "live"
+        if live is not None and live.capacity_decode_batch:  # its N sequences step every N / C_d (one rank's)
+            batch, step = live.capacity_decode_batch * ranks, live.capacity_decode_batch / phases["decode"]
+        else:
+            notes.append(f"{where} exports no rooflight_capacity_decode_batch_requests: decode slots taken as its "
+                         "decode capacity x the ITL target")
     if cp is None or cd is None:
         model, named = _physics_model(args, live, series, [p for p, c in (("prefill", cp), ("decode", cd)) if c is None])
-        p_cap, d_cap, batch, kv, step = physics_capacities(
+        p_cap, d_cap, d_batch, kv, d_step = physics_capacities(
             model, get_profile(args.gpu), tp=tp, prompt_tokens=prompt, output_tokens=output,
             batch_max=args.batch_max, prefill_mfu=args.prefill_mfu, decode_mbu=args.decode_mbu,
             reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo, ep=args.ep)
@@ -570,9 +582,7 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
         if cp is None:
             cp, sources["prefill"] = p_cap, "physics"
         if cd is None:
-            cd, sources["decode"] = d_cap, "physics"
-        else:  # a decode capacity as given: its slots are what it carries at the ITL target
-            batch, step = None, None
+            cd, sources["decode"], batch, step = d_cap, "physics", d_batch, d_step
     source = (sources["prefill"] if sources["prefill"] == sources["decode"]
               else f"prefill {sources['prefill']}, decode {sources['decode']}")
     return build_pool_plan(args.rate, prompt, output, cp, cd, itl_slo=args.itl_slo, ttft_slo=args.ttft_slo,

@@ -230,8 +230,9 @@ def build_pool_plan(rate: float, prompt_tokens: float, output_tokens: float, pre
                     decode_step_seconds: float | None = None, ranks_per_group: float = 1.0) -> PoolPlan:
     """Size both pools at their targets and decide on the physics (docs/physics.md, section Pools sized at the
     SLO). Prefill: the fewest groups whose p99 TTFT, an M/M/c queueing wait plus one prompt's prefill, meets
-    ttft_slo. Decode: each group holds `decode_batch` sequences stepping every `decode_step_seconds` (as given:
-    capacity x ITL target sequences at the ITL target), each request holds one slot for output x step; the
+    ttft_slo. Decode: each group holds `decode_batch` sequences stepping every `decode_step_seconds` (the
+    physics' batch, or the live agent's at its first wall; without one, capacity x ITL target sequences at the
+    ITL target), each request holds one slot for output x step; the
     fewest groups whose slots leave at most 1% of requests waiting for one (Erlang C over every slot of the
     pool), where ceil(demand / capacity) is busy 100% and over its slots half the time. Share one pool when one prompt's
     prefill fits in the ITL budget (a shared pool's decodes barely wait for it), or when one of the two

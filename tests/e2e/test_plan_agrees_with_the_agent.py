@@ -6,8 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Iterator
 
 import pytest
+
+from prometheus_client import generate_latest
 
 from rooflight.agent.config.agent import build
 from rooflight.agent.demo import DemoConfig, DemoEngine
@@ -15,6 +21,7 @@ from rooflight.agent.demo.engine import Simulator
 from rooflight.agent.demo.scenarios import Workload
 from rooflight.agent.demo.state import History, mark
 from rooflight.agent.plan_cli import register
+from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.sampling.clock import FakeClock
 from support import started_agent
 
@@ -72,3 +79,79 @@ async def test_the_agents_capacity_and_saturation_are_the_plans(capsys: pytest.C
     print(f"agent capacity {s.capacity.requests_per_second:.3f} req/s, plan {pools['requests_per_second_per_group']:.3f};"
           f" saturation {s.saturation:.4f}, plan at the measured rate "
           f"{pools['load_per_group'] * w.requests_per_second / RATE:.4f}")
+
+
+async def _agent_page(config: DemoConfig, seconds: int, batch_max: int, windows: str = "10s,1m") -> tuple[str, Any]:
+    """The demo engine of `config` read by the agent for `seconds` of fake time: its /metrics page and the last
+    window's signals."""
+    clock = FakeClock()
+    engine = DemoEngine(config, clock=clock)
+    await engine.start()
+    try:
+        settings = {"engine_url": [engine.url], "process": False, "nvml": False, "interval": "1",
+                    "windows": windows, "gpu": "h100-sxm", "batch_max": batch_max}
+        async with started_agent(build({}, {}, settings), loops=False, clock=clock) as agent:
+            for _ in range(seconds):
+                clock.advance(1.0)
+                engine.tick()
+                await agent.sample_engines_once()
+            text = generate_latest(registry_for(lambda: agent.snapshot)).decode()
+            return text, agent.snapshot.targets[0].series[0].signals[-1]
+    finally:
+        await engine.stop()
+
+
+@contextmanager
+def _served(page: str) -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body = page.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    ap = argparse.ArgumentParser(prog="rooflight")
+    register(ap.add_subparsers(dest="command"))
+    args = ap.parse_args(["plan", *argv, "--json"])
+    assert args.func(args) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+async def test_from_live_takes_the_agents_batch_at_its_wall_as_the_decode_slots(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's queue scenario caps the batch at 16: the agent's decode capacity C_d is 16 sequences over its
+    step at 16, so a decode group holds 16 slots stepping every 16 / C_d. Read as C_d x the 50 ms ITL target it
+    was 112 slots (C_d ~2,250 tok/s), 7x the sequences the engine runs at once."""
+    page, signals = await _agent_page(DemoConfig(scenario="queue", seed=3), 90, 16)
+    assert signals.capacity is not None and (signals.capacity.batch, signals.capacity.wall) == (16, "batch")
+    c_d = signals.capacity.phase_tokens_per_second["decode"]
+    assert 'rooflight_capacity_decode_batch_requests{' in page
+    with _served(page) as url:
+        pools = _plan_json(capsys, "--from-live", url, "--window", "1m", "--rate", "100")["pools"]
+    assert pools["capacity_source"] == "live"
+    assert pools["decode_slots_per_group"] == 16 and pools["decode_batch"] == 16
+    assert pools["decode_step_seconds"] == pytest.approx(16 / c_d, rel=0.02)
+    assert c_d * 0.05 > 3 * 16  # the old rule's slot count, C_d x ITL, is several times the batch
+    # the same mix from the physics at the same batch cap: the same slots, and the pool within a group of it
+    mix = (pools["prompt_tokens"], pools["output_tokens"])
+    physics = _plan_json(capsys, "--model", "llama-3-8b", "--gpu", "h100-sxm", "--rate", "100", "--prompt",
+                         str(mix[0]), "--output", str(mix[1]), "--batch-max", "16")["pools"]
+    assert physics["decode_slots_per_group"] == 16
+    assert abs(physics["decode_groups"] - pools["decode_groups"]) <= 1
+    print(f"live: C_d {c_d:.0f} tok/s, {pools['decode_slots_per_group']:.0f} slots, {pools['decode_groups']} decode "
+          f"groups; physics at --batch-max 16: {physics['decode_groups']}")

@@ -352,9 +352,12 @@ async def test_from_live_reads_the_agents_signals(capsys: pytest.CaptureFixture[
     finally:
         await agent.stop()
     assert "window 1m, role both" in out and f"capacity at this mix    {sig(live.capacity_requests_per_second)} req/s" in out
-    assert "(the live agent)" in out  # pool capacities and mix from the live agent's one-phase capacities
-    pools = build_pool_plan(50, *live.mix(), live.capacity_phase_tokens_per_second["prefill"],
-                            live.capacity_phase_tokens_per_second["decode"], source="live")
+    assert "(the live agent; decode batch" in out  # pool capacities and mix from the live agent's one-phase capacities
+    # its decode slots: the batch at its first wall, each stepping every batch / decode capacity
+    decode = live.capacity_phase_tokens_per_second["decode"]
+    assert live.capacity_decode_batch == s.capacity.batch
+    pools = build_pool_plan(50, *live.mix(), live.capacity_phase_tokens_per_second["prefill"], decode, source="live",
+                            decode_batch=s.capacity.batch, decode_step_seconds=s.capacity.batch / decode)
     assert f"prefill pool            {pools.prefill_groups} group" in out
     assert f"decode pool             {pools.decode_groups} group" in out
 

@@ -70,6 +70,8 @@ def _page(role: str, phases: dict[str, float], *, tp: int | None = None, source:
              f'rooflight_tokens_per_second{{{s},phase="decode"}} 1000',
              f'rooflight_saturation_ratio{{{s},role="{role}"}} 0.5',
              *(f'rooflight_capacity_phase_tokens_per_second{{{s},phase="{p}"}} {v}' for p, v in phases.items())]
+    if "decode" in phases:
+        lines.append(f'rooflight_capacity_decode_batch_requests{{{s}}} 64')  # the batch at its first wall
     if tp is not None:
         lines.append(f'rooflight_tensor_parallel_size{{target="t",model="m"}} {tp}')
     if source is not None:
@@ -145,3 +147,23 @@ def test_the_live_agents_tp_sizes_the_group(capsys: pytest.CaptureFixture[str], 
     d = _plan(capsys, "--from-live", url, "--rate", "10", "--tp", "2")["pools"]
     assert d["gpus_per_group"] == 2
     assert any("--tp 2 as given" in n and "spans 4 GPUs" in n for n in d["notes"])
+
+
+# --- 4. a live decode capacity's slots are the batch at the agent's first wall ---
+
+@pytest.mark.parametrize("batch", [None, "0", "1e300", "NaN"])
+def test_without_a_readable_live_batch_the_slots_are_capacity_x_itl_with_a_note(
+        capsys: pytest.CaptureFixture[str], serve: Any, batch: str | None) -> None:
+    page = "".join(line + "\n" for line in _page("both", {"prefill": 20000.0, "decode": 3000.0}).splitlines()
+                   if "decode_batch" not in line)
+    if batch is not None:  # a hostile page's batch: not read
+        page += f'rooflight_capacity_decode_batch_requests{{target="t",engine="vllm",model="m",rank="0",window="1m"}} {batch}\n'
+    d = _plan(capsys, "--from-live", serve(page), "--rate", "10")["pools"]
+    assert d["decode_slots_per_group"] == pytest.approx(3000.0 * 0.05) and d["decode_batch"] is None
+    assert any("exports no rooflight_capacity_decode_batch_requests" in n for n in d["notes"])
+
+
+def test_the_live_batch_and_its_step_are_the_decode_slots(capsys: pytest.CaptureFixture[str], serve: Any) -> None:
+    d = _plan(capsys, "--from-live", serve(_page("both", {"prefill": 20000.0, "decode": 3000.0})), "--rate", "10")
+    # 64 sequences at 3,000 tok/s: each steps every 64 / 3,000 = 21.3 ms
+    assert d["pools"]["decode_slots_per_group"] == 64 and d["pools"]["decode_step_seconds"] == pytest.approx(64 / 3000)
