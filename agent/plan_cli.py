@@ -18,6 +18,7 @@ from rooflight.agent.errors import ConfigError
 from rooflight.agent.metrics import names as metric_names
 from rooflight.agent.roofline.gpus import PROFILES, get_profile
 from rooflight.agent.roofline.models import PRESETS
+from rooflight.agent.roofline.step import Speculation
 from rooflight.agent.roofline.plan import (
     Plan,
     PoolPlan,
@@ -47,9 +48,15 @@ def format_plan(plan: Plan) -> str:
         f"{sig(p.params_total / 1e9)}B params{moe}, "
         f"weights {p.weight_dtype}, KV cache {p.kv_dtype}; context {p.context_tokens:,} tokens, "
         f"batch {p.batch}",
+        *([f"Speculative decoding: draft {p.draft_model}, {sig(p.num_speculative_tokens)} tokens proposed a step; "
+           f"a decode step verifies {sig(1 + p.num_speculative_tokens)} tokens a sequence, runs the draft "
+           f"{sig(p.num_speculative_tokens)} times and keeps {sig(p.decode_tokens_per_step)}: the decode figures "
+           "below are its steps"] if p.draft_model else []),
         "",
         "Memory (per GPU unless said)",
-        f"  weights                 {_gb(p.weight_bytes)} total, {_gb(p.weight_bytes_per_gpu)} per GPU",
+        f"  weights                 {_gb(p.weight_bytes)} total, {_gb(p.weight_bytes_per_gpu)} per GPU"
+        + (f" (+ {_gb(p.draft_weight_bytes_per_gpu)} of the draft's; its KV is in each sequence's)"
+           if p.draft_model else ""),
         f"  KV cache per token      {p.kv_bytes_per_token:,.0f} B ({sig(p.kv_bytes_per_token / 1024)} KiB),"
         " all layers",
         f"  KV cache per sequence   {_gb(p.kv_bytes_per_sequence)} at {p.context_tokens:,} tokens"
@@ -80,9 +87,9 @@ def format_plan(plan: Plan) -> str:
         "",
         "Roofline",
         f"  ridge point             {sig(p.ridge_point)} FLOP/byte: below it a step waits on memory",
-        f"  decode ceiling          {ms(p.decode_step_seconds_weights_only)}/token, "
+        f"  decode ceiling          {ms(p.decode_step_seconds_weights_only)}/{_per(p)}, "
         f"{sig(p.decode_tokens_per_second_weights_only)} tok/s (batch 1, weights only)",
-        f"  decode ceiling at ctx   {ms(p.decode_step_seconds_at_context)}/token, "
+        f"  decode ceiling at ctx   {ms(p.decode_step_seconds_at_context)}/{_per(p)}, "
         f"{sig(p.decode_tokens_per_second_at_context)} tok/s (batch 1, weights + KV at "
         f"{p.context_tokens:,} tokens)",
         _crossover(p) if p.kv_weight_crossover_tokens is not None else
@@ -125,6 +132,11 @@ def format_plan(plan: Plan) -> str:
         *(f"Note: {note}" for note in p.notes),
     ]
     return "\n".join(lines)
+
+
+def _per(p: Plan) -> str:
+    """A batch-1 decode step yields a token, or under speculative decoding several: then it is a step."""
+    return "step" if p.draft_model else "token"
 
 
 def _crossover(p: Plan) -> str:
@@ -575,7 +587,7 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
         p_cap, d_cap, d_batch, kv, d_step = physics_capacities(
             model, get_profile(args.gpu), tp=tp, prompt_tokens=prompt, output_tokens=output,
             batch_max=args.batch_max, prefill_mfu=args.prefill_mfu, decode_mbu=args.decode_mbu,
-            reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo, ep=args.ep)
+            reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo, ep=args.ep, **_speculative(args))
         if named:
             notes.append(f"{' and '.join(p for p, v in sources.items() if v is None)} capacity: the roofline of "
                          f"{named} on {tp} x {args.gpu} (--gpu)")
@@ -617,7 +629,38 @@ def _calculator(args: argparse.Namespace) -> Plan:
     model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
     return build_plan(model, get_profile(args.gpu), tp=args.tp or 1, context_tokens=args.context, batch=args.batch,
                       prompt_tokens=args.prompt_tokens, prefill_mfu=args.prefill_mfu,
-                      reserved_bytes_per_gpu=args.reserved_gb * 1e9, ep=args.ep)
+                      reserved_bytes_per_gpu=args.reserved_gb * 1e9, ep=args.ep, **_speculative(args))
+
+
+MAX_SPECULATIVE_TOKENS = 64  # draft tokens a step: real ones propose 1-10
+
+
+def _speculative(args: argparse.Namespace) -> dict[str, Any]:
+    """The draft model and its speculation (build_plan's and physics_capacities' `draft`, `speculation`), as
+    `rooflight run --draft-model` names it; {} without one. ConfigError naming the flag for a draft without
+    --num-speculative-tokens and --draft-acceptance, or those without a draft."""
+    draft_flags = getattr(args, "draft_model", None), getattr(args, "draft_model_config", None)
+    k, acceptance = getattr(args, "num_speculative_tokens", None), getattr(args, "draft_acceptance", None)
+    if not any(draft_flags):
+        if k is not None or acceptance is not None:
+            raise ConfigError("--num-speculative-tokens and --draft-acceptance describe a draft model's speculation:"
+                              " give --draft-model (or --draft-model-config) too, or drop them")
+        return {}
+    if all(draft_flags):
+        raise ConfigError("give --draft-model or --draft-model-config, not both")
+    missing = [f for f, v in (("--num-speculative-tokens", k), ("--draft-acceptance", acceptance)) if v is None]
+    if missing:
+        raise ConfigError(f"--draft-model needs {' and '.join(missing)}: the tokens it proposes a step (k, e.g. 4) "
+                          "and the share of them the model accepts (e.g. 0.7; a live agent's "
+                          "rooflight_spec_decode_acceptance_ratio)")
+    if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise ConfigError(f"--num-speculative-tokens {k}: write the draft tokens a step, from 1 to "
+                          f"{MAX_SPECULATIVE_TOKENS}")
+    try:
+        draft = resolve_model(*draft_flags, None, None)
+    except ConfigError as e:
+        raise ConfigError(f"--draft-model: {e}") from None
+    return {"draft": draft, "speculation": Speculation.of(float(k), acceptance)}
 
 
 # The ranges of `plan`'s real-valued flags: past them the arithmetic overflows (--rate 1e20: math range error in the
@@ -639,6 +682,7 @@ _RANGES: tuple[tuple[str, str, float, float, bool, str], ...] = (
     ("--reserved-gb", "reserved_gb", 0.0, MAX_RESERVED_GB, True, "GB per GPU"),
     ("--prefill-mfu", "prefill_mfu", 0.0, 1.0, False, "a fraction of the compute peak"),
     ("--decode-mbu", "decode_mbu", 0.0, 1.0, False, "a fraction of the bandwidth peak"),
+    ("--draft-acceptance", "draft_acceptance", 0.0, 1.0, True, "the share of draft tokens accepted"),
 )
 
 
@@ -664,7 +708,7 @@ def _bound(x: float) -> str:
 
 def _example(key: str) -> str:
     return {"rate": "10", "prompt": "1000", "output": "200", "itl_slo": "0.05", "ttft_slo": "0.5",
-            "reserved_gb": "4", "prefill_mfu": "0.5", "decode_mbu": "0.7"}.get(key, "10000")
+            "reserved_gb": "4", "draft_acceptance": "0.7", "prefill_mfu": "0.5", "decode_mbu": "0.7"}.get(key, "10000")
 
 
 def run_plan(args: argparse.Namespace) -> int:

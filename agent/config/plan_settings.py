@@ -37,6 +37,12 @@ SHARED: dict[str, dict[str, Any]] = {
         "help": "expert-parallel size: GPUs the routed experts are spread over (vLLM --enable-expert-parallel: "
                 "data-parallel x tensor-parallel size); each copy of --tp GPUs holds --tp/--ep of them and its steps "
                 "read only those; --rate counts groups of max(--tp, --ep) GPUs, one EP group (default %(default)s)"},
+    "draft_model": {
+        "after": "ep",
+        "help": "speculative decoding's draft model (a preset or Hugging Face id, as `rooflight run --draft-model`): "
+                "each decode step runs it --num-speculative-tokens times and verifies that many tokens more; its "
+                "weights and KV take memory beside the model's"},
+    "draft_model_config": {"after": "draft_model", "help": "the draft model's config.json (instead of --draft-model)"},
     "weight_dtype": {
         "after": "prefill_mfu", "metavar": None, "choices": WEIGHT_DTYPES,
         "help": "override the weight dtype: fewer bytes raise the decode ceiling"},
@@ -71,6 +77,11 @@ SETTINGS: tuple[Setting, ...] = (
           type=float, flag_default=0.5),
     _plan("reserved_gb", "GB per GPU kept for runtime and activations, not KV (default %(default)s)", type=float,
           flag_default=4.0),
+    _plan("num_speculative_tokens", "with a draft model: the tokens it proposes a step, k (vLLM's "
+          "speculative_config num_speculative_tokens)", type=int, metavar="K"),
+    _plan("draft_acceptance", "with a draft model: the share of its proposed tokens the model accepts (the live "
+          "agent's rooflight_spec_decode_acceptance_ratio); a step yields 1 + acceptance x k tokens a sequence",
+          type=float, metavar="RATIO"),
     _plan("json", "print every figure in base units as JSON", action="store_true", flag_default=False),
     _plan("list", "list the model presets and GPU profiles", action="store_true", flag_default=False),
     _plan("rate", "size prefill and decode pools for this request rate, and say whether one shared pool is the "

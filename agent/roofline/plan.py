@@ -24,7 +24,9 @@ from rooflight.agent.roofline import physics as ph
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.gpus import GpuProfile
 from rooflight.agent.roofline.models import ModelSpec, dense_ep_refusal
-from rooflight.agent.roofline.step import Decode, Layout, Prefill, Roofs, Step
+from rooflight.agent.roofline.step import (
+    Decode, Layout, Prefill, Roofs, Speculation, Step, decode_seconds_per_token,
+)
 from rooflight.collectors.common import MAX_BATCH, MAX_CONTEXT_TOKENS, MAX_TENSOR_PARALLEL
 
 DEFAULT_TTFT_SLO_SECONDS = 0.5  # a chat prompt's p99 time to first token
@@ -95,11 +97,15 @@ class Plan:
     prefill_crossover_tokens: float  # prompts shorter than this are memory-bound (weight streaming)
     prefill_memory_bound: bool  # prompt shorter than the crossover
     notes: tuple[str, ...]  # how the model's checkpoint was read
+    draft_model: str | None = None  # speculative decoding's draft model; the decode figures are its steps
+    num_speculative_tokens: float = 0.0  # k: tokens it proposes a step, verified with the sequence's own
+    decode_tokens_per_step: float = 1.0  # tokens a sequence keeps a step: 1 + acceptance x k
+    draft_weight_bytes_per_gpu: float = 0.0  # the draft's weights on each GPU (its KV is in kv_bytes_per_sequence*)
 
 
 def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: int, batch: int,
                prompt_tokens: int, prefill_mfu: float = 0.5, reserved_bytes_per_gpu: float = 4e9,
-               ep: int = 1) -> Plan:
+               ep: int = 1, draft: ModelSpec | None = None, speculation: Speculation = Speculation()) -> Plan:
     """Work one configuration through the step model (docs/physics.md, section Plan ceilings); ConfigError on
     impossible inputs."""
     if tp < 1 or ep < 1 or context_tokens < 1 or batch < 1 or prompt_tokens < 1:
@@ -110,20 +116,28 @@ def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: in
                                   ("--context", context_tokens, MAX_CONTEXT_TOKENS, "tokens in one sequence"),
                                   ("--prompt-tokens", prompt_tokens, MAX_CONTEXT_TOKENS, "tokens in one prompt")))
     check_context(model, (("--context", context_tokens), ("--prompt-tokens", prompt_tokens)))
-    layout = Layout(model, tp=tp, ep=ep)
+    layout = Layout(model, tp=tp, ep=ep, draft=draft)
     compute_dtype = gpu.peak_dtype_for(model.compute_dtype)
     roofs = Roofs(tp * gpu.peak_flops[compute_dtype], tp * gpu.memory_bandwidth_bytes_per_second, gpu.link)
     peak, bw = roofs.flops, roofs.bandwidth
     context = layout.layer_tokens(context_tokens)  # KV layer-tokens one sequence holds
-    weights_only = layout.cost(Step(decode=Decode(1, 0.0)))
-    at_context = layout.cost(Step(decode=Decode(1, context)))
-    at_batch = layout.cost(Step(decode=Decode(batch, context)))
+    spec = speculation if draft is not None else Speculation()
+    k, kept = spec.draft_tokens, max(spec.tokens_per_step, 1.0)
+
+    def decode(sequences: float, held: float) -> Step:  # a decode step, its draft passes and verified tokens
+        return Step(decode=Decode(sequences, held, 1.0 + k), draft_passes=k)
+
+    weights_only = layout.cost(decode(1, 0.0))
+    at_context = layout.cost(decode(1, context))
+    at_batch = layout.cost(decode(batch, context))
     prompt = Prefill(prompt_tokens, ((1.0, 0.0, float(prompt_tokens)),), 1.0)
     prefill = layout.cost(Step(prefill=prompt))
-    free = gpu.memory_bytes - layout.weight_bytes_per_gpu - reserved_bytes_per_gpu
+    memory = _beside_draft(layout, draft, tp)
+    free = gpu.memory_bytes - layout.weight_bytes_per_gpu - memory.weight_bytes_per_gpu - reserved_bytes_per_gpu
     step_b = at_batch.seconds(roofs)
-    sequences = ph.max_concurrent_sequences(free, layout.sequence_kv_bytes_per_gpu(context_tokens))
-    comm_b = layout.comm_seconds(batch, gpu.link)
+    sequence_per_gpu = memory.sequence_kv_bytes_per_gpu(context_tokens)
+    sequences = ph.max_concurrent_sequences(free, sequence_per_gpu)
+    comm_b = layout.comm_seconds(batch * (1.0 + k), gpu.link)
     return Plan(
         model=model.name, model_source=model.source, gpu=gpu.key, tp=tp, ep=ep, context_tokens=context_tokens,
         batch=batch, prompt_tokens=prompt_tokens, prefill_mfu=prefill_mfu,
@@ -132,8 +146,8 @@ def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: in
         params_active=model.params_active, n_layers=model.n_layers, peak_flops=peak, peak_bandwidth_bytes_per_second=bw,
         weight_bytes=model.weight_bytes, weight_bytes_per_gpu=layout.weight_bytes_per_gpu,
         weight_bytes_streamed_per_step=at_batch.weight_bytes, kv_bytes_per_token=model.kv_bytes_per_token,
-        kv_bytes_per_sequence=layout.sequence_kv_bytes(context_tokens),
-        kv_bytes_per_sequence_per_gpu=layout.sequence_kv_bytes_per_gpu(context_tokens),
+        kv_bytes_per_sequence=layout.sequence_kv_bytes(context_tokens) + memory.draft_sequence_kv_bytes(context_tokens),
+        kv_bytes_per_sequence_per_gpu=sequence_per_gpu,
         max_context_tokens=model.max_context_tokens, reserved_bytes_per_gpu=reserved_bytes_per_gpu,
         windowed_layers=model.n_layers - model.full_attention_layers,
         kv_window_tokens=max((win for win, _ in model.window_layers), default=0),
@@ -141,11 +155,11 @@ def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: in
         max_concurrent_sequences=sequences, batch_within_kv_wall=batch <= sequences,
         ridge_point=roofs.ridge,
         decode_step_seconds_weights_only=weights_only.seconds(roofs),
-        decode_tokens_per_second_weights_only=1.0 / weights_only.seconds(roofs),
+        decode_tokens_per_second_weights_only=kept / weights_only.seconds(roofs),
         decode_step_seconds_at_context=at_context.seconds(roofs),
-        decode_tokens_per_second_at_context=1.0 / at_context.seconds(roofs),
+        decode_tokens_per_second_at_context=kept / at_context.seconds(roofs),
         decode_step_seconds_at_batch=step_b,
-        decode_tokens_per_second_at_batch=batch / step_b,
+        decode_tokens_per_second_at_batch=batch * kept / step_b,
         decode_intensity_at_batch=at_batch.intensity,
         decode_attainable_fraction_of_peak=at_batch.flops / step_b / peak,
         kv_weight_crossover_tokens=layout.context_for_kv_bytes(weights_only.weight_bytes),
@@ -154,7 +168,7 @@ def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: in
             model.n_layers, tp, gpu.link.latency_seconds),
         tp_allreduce_seconds_at_batch=comm_b,
         decode_step_seconds_at_batch_with_tp=step_b + comm_b,
-        decode_tokens_per_second_at_batch_with_tp=batch / (step_b + comm_b),
+        decode_tokens_per_second_at_batch_with_tp=batch * kept / (step_b + comm_b),
         prefill_tp_allreduce_seconds=layout.comm_seconds(prompt_tokens, gpu.link),
         prefill_flops=prefill.prefill_flops,
         prefill_attention_flops=prompt_tokens * layout.attention_per_token(prompt.spans),
@@ -165,7 +179,34 @@ def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: in
         prefill_crossover_tokens=layout.prefill_crossover_tokens(roofs),
         prefill_memory_bound=prefill.prefill_flops / peak < prefill.bytes / bw,
         notes=model.notes,
+        draft_model=draft.name if draft is not None else None, num_speculative_tokens=k, decode_tokens_per_step=kept,
+        draft_weight_bytes_per_gpu=memory.weight_bytes_per_gpu,
     )
+
+
+@dataclass(frozen=True)
+class _DraftMemory:
+    """What a draft model holds beside the model on each GPU: its weights (its own TP over the same GPUs, as
+    vLLM runs it by default) and its KV cache per sequence; nothing without one."""
+
+    layout: Layout
+    draft: Layout | None
+
+    @property
+    def weight_bytes_per_gpu(self) -> float:
+        return self.draft.weight_bytes_per_gpu if self.draft is not None else 0.0
+
+    def draft_sequence_kv_bytes(self, context: float) -> float:
+        return self.draft.sequence_kv_bytes(context) if self.draft is not None else 0.0
+
+    def sequence_kv_bytes_per_gpu(self, context: float) -> float:
+        """One sequence's KV on one GPU: the model's, plus the draft's for the same tokens."""
+        own = self.layout.sequence_kv_bytes_per_gpu(context)
+        return own + (self.draft.sequence_kv_bytes_per_gpu(context) if self.draft is not None else 0.0)
+
+
+def _beside_draft(layout: Layout, draft: ModelSpec | None, tp: int) -> _DraftMemory:
+    return _DraftMemory(layout, Layout(draft, tp=tp) if draft is not None else None)
 
 
 def sig(x: float, digits: int = 3) -> str:
@@ -354,7 +395,8 @@ def group_gpus(tp: int, ep: int = 1) -> int:
 
 def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tokens: float, output_tokens: float,
                        batch_max: int, prefill_mfu: float, decode_mbu: float, reserved_bytes_per_gpu: float,
-                       itl_slo: float | None = None, ep: int = 1) -> tuple[float, float, float, float, float]:
+                       itl_slo: float | None = None, ep: int = 1, draft: ModelSpec | None = None,
+                       speculation: Speculation = Speculation()) -> tuple[float, float, float, float, float]:
     """(prefill tokens/s, decode tokens/s, decode batch, KV bytes per request, decode step seconds) of one group
     (group_gpus: max(tp, ep) GPUs, R = max(1, ep / tp) ranks of tp GPUs each), on the step model at prefill_mfu x the compute peak and decode_mbu x the bandwidth peak.
 
@@ -370,12 +412,14 @@ def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tok
         raise ConfigError("--batch-max must be at least 1")
     _check_counts(model, tp, ep, (("--batch-max", batch_max, MAX_BATCH, "sequences in one batch"),))
     check_context(model, (("--prompt + --output", prompt_tokens + output_tokens),))
-    layout = Layout(model, tp=tp, ep=ep)
+    layout = Layout(model, tp=tp, ep=ep, draft=draft)
+    spec = speculation if draft is not None else Speculation()
     roofs = Roofs(tp * gpu.peak_flops[gpu.peak_dtype_for(model.compute_dtype)],
                   tp * gpu.memory_bandwidth_bytes_per_second, gpu.link).at(prefill_mfu, decode_mbu)
     context = prompt_tokens + output_tokens / 2
-    free = gpu.memory_bytes - layout.weight_bytes_per_gpu - reserved_bytes_per_gpu
-    kv_wall = min(float(batch_max), ph.max_concurrent_sequences(free, layout.sequence_kv_bytes_per_gpu(context)))
+    memory = _beside_draft(layout, draft, tp)
+    free = gpu.memory_bytes - layout.weight_bytes_per_gpu - memory.weight_bytes_per_gpu - reserved_bytes_per_gpu
+    kv_wall = min(float(batch_max), ph.max_concurrent_sequences(free, memory.sequence_kv_bytes_per_gpu(context)))
     if kv_wall < 1:
         if free <= 0 and layout.weight_bytes_per_gpu < gpu.memory_bytes:
             raise ConfigError(f"{model.name} on {tp} x {gpu.key}: the {sig(reserved_bytes_per_gpu / 1e9)} GB reserved "
@@ -386,9 +430,8 @@ def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tok
                           "the weights; raise --tp")
     layer_tokens = layout.layer_tokens(context)
 
-    def step(batch: float) -> float:
-        return (layout.cost(Step(decode=Decode(batch, layer_tokens))).seconds(roofs)
-                + layout.comm_seconds(batch, gpu.link))
+    def step(batch: float) -> float:  # seconds a sequence waits a decoded token: the live capacity's
+        return decode_seconds_per_token(layout, roofs, batch, layer_tokens, spec)
 
     batch = kv_wall if itl_slo is None else _batch_within(step, kv_wall, itl_slo)
     if batch is None:

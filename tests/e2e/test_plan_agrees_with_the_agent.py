@@ -155,3 +155,63 @@ async def test_from_live_takes_the_agents_batch_at_its_wall_as_the_decode_slots(
     assert abs(physics["decode_groups"] - pools["decode_groups"]) <= 1
     print(f"live: C_d {c_d:.0f} tok/s, {pools['decode_slots_per_group']:.0f} slots, {pools['decode_groups']} decode "
           f"groups; physics at --batch-max 16: {physics['decode_groups']}")
+
+
+def test_plan_and_the_agent_agree_on_a_speculative_deployment(capsys: pytest.CaptureFixture[str]) -> None:
+    """Llama-3-8B with a Llama-3.2-1B draft, k = 4, 70% of draft tokens accepted (a step keeps 1 + 0.7 x 4 = 3.8
+    tokens a sequence), on one H100 SXM at a batch cap of 32, 600 + 250 tokens a request. The agent's capacity
+    (signals/headroom.py, called as the agent calls it on a window whose vLLM counters say k = 4 and 3.8 tokens a
+    step, 32 sequences of 725 tokens live) and `plan --draft-model` are one step model's, to 1%.
+
+    By hand (bytes of the step at 70% of 3.35 TB/s): the model's weights for 160 verified tokens, 16,060,522,496
+    - the 1,050,673,152-byte input table + 160 rows of 8,192 B = 15,011,160,064; the draft (tied: its table is
+    its LM head, read whole) 4 x 2,471,628,800 = 9,886,515,200; the KV 32 x 725 x 131,072 = 3,040,870,400:
+    27,938,545,664 B in 11.91 ms (its 160 x ~15.4 GFLOP take 4.98 ms at 50% of 989 TFLOP/s: memory-bound), so
+    3.135 ms a token and 32 / 3.135 ms = 10,210 decode tok/s: 2.5x the 4,160 of one token a step, 0.65x the
+    15,800 that 3.8 tokens a step would give without the draft's 9.9 GB a step."""
+    from dataclasses import replace as _replace
+
+    from rooflight.agent.roofline.constants import TargetConstants
+    from rooflight.agent.roofline.gpus import get_profile
+    from rooflight.agent.roofline.models import preset
+    from rooflight.agent.roofline.step import Lengths
+    from rooflight.agent.signals import headroom as hr
+    from rooflight.agent.signals.derive import WindowValues
+
+    cap, k, acceptance = 32, 4, 0.7
+    kept = 1 + acceptance * k
+    constants = TargetConstants(model=preset("llama-3-8b"), gpu=get_profile("h100-sxm"), gpu_source="flag",
+                                draft=preset("llama-3.2-1b"))
+    context = PROMPT + OUTPUT / 2  # 725: the live KV per running sequence the window reads
+    w = WindowValues(window="1m", seconds=60.0, requests_per_second=RATE,
+                     tokens_per_second={"prefill": RATE * PROMPT, "decode": RATE * OUTPUT}, mean_running=20.0,
+                     mean_kv_usage=20 * context / 400_000, prompt_length_mix=Lengths.one(PROMPT),
+                     spec_decode_draft_length=float(k), spec_decode_tokens_per_step=kept,
+                     draft_passes_per_step=float(k))
+    agent = hr.capacity(w, constants, cap, 400_000, hr.SignalSettings())
+    assert agent is not None and (agent.batch, agent.wall) == (cap, "batch")
+    step = (15_011_160_064 + 9_886_515_200 + 32 * 725 * 131_072) / (3.35e12 * 0.7)
+    assert round(step * 1e3, 2) == 11.91
+    assert agent.phase_tokens_per_second["decode"] == pytest.approx(cap * kept / step, rel=1e-3)
+    assert round(agent.phase_tokens_per_second["decode"], -1) == 10_210
+    plain = hr.capacity(_replace(w, spec_decode_draft_length=None, spec_decode_tokens_per_step=None,
+                                 draft_passes_per_step=None), _replace(constants, draft=None), cap, 400_000,
+                        hr.SignalSettings())
+    pools = _plan_json(capsys, "--model", "llama-3-8b", "--gpu", "h100-sxm", "--rate", str(RATE), "--prompt",
+                       str(PROMPT), "--output", str(OUTPUT), "--batch-max", str(cap), "--itl-slo", "1",
+                       "--draft-model", "llama-3.2-1b", "--num-speculative-tokens", str(k), "--draft-acceptance",
+                       str(acceptance))["pools"]
+    assert pools["decode_batch"] == cap
+    assert pools["decode_capacity_per_group"] == pytest.approx(agent.phase_tokens_per_second["decode"], rel=0.01)
+    assert pools["prefill_capacity_per_group"] == pytest.approx(agent.phase_tokens_per_second["prefill"], rel=0.01)
+    assert pools["requests_per_second_per_group"] == pytest.approx(agent.requests_per_second, rel=0.01)
+    # without speculation, one token a step of 32 (the table's 32 rows): 4,160 tok/s, and plan says so too
+    plain_step = (16_060_522_496 - 1_050_673_152 + 32 * 8192 + 32 * 725 * 131_072) / (3.35e12 * 0.7)
+    assert plain is not None and plain.phase_tokens_per_second["decode"] == pytest.approx(cap / plain_step, rel=1e-3)
+    assert round(plain.phase_tokens_per_second["decode"], -1) == 4_160
+    assert round(cap * kept / (plain_step - 32 * 8192 / 2.345e12 + 160 * 8192 / 2.345e12), -2) == 15_800
+    no_draft = _plan_json(capsys, "--model", "llama-3-8b", "--gpu", "h100-sxm", "--rate", str(RATE), "--prompt",
+                          str(PROMPT), "--output", str(OUTPUT), "--batch-max", str(cap), "--itl-slo", "1")["pools"]
+    assert no_draft["decode_capacity_per_group"] == pytest.approx(plain.phase_tokens_per_second["decode"], rel=0.01)
+    print(f"decode capacity with the draft: agent {agent.phase_tokens_per_second['decode']:.0f}, plan "
+          f"{pools['decode_capacity_per_group']:.0f} tok/s; without: {plain.phase_tokens_per_second['decode']:.0f}")

@@ -1,0 +1,53 @@
+"""`rooflight plan --draft-model`: a speculative deployment planned on the step model's draft passes (the flags
+`rooflight run` spells alike; k and the acceptance plan's own). Worked by hand from the configs: Llama-3-8B
+(16,060,522,496 B of bf16 weights, its 1,050,673,152-byte input table read a row a token) with Llama-3.2-1B
+(2,471,628,800 B, tied, read whole each pass), k = 4, 70% accepted, one H100 SXM (3.35 TB/s)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from support import rooflight_exe
+
+DRAFT = ("--model", "llama-3-8b", "--draft-model", "llama-3.2-1b", "--num-speculative-tokens", "4",
+         "--draft-acceptance", "0.7")
+
+
+def plan(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([rooflight_exe(), "plan", *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_the_decode_ceiling_counts_the_draft_passes_and_the_tokens_kept() -> None:
+    # batch 1, weights only: the model for 5 verified tokens (16,060,522,496 - 1,050,673,152 + 5 x 8,192) and 4
+    # draft passes (4 x 2,471,628,800): 24,896,405,504 B in 7.43 ms; 3.8 tokens kept: 511 tok/s (223 without)
+    out = json.loads(plan(*DRAFT, "--json").stdout)
+    step = (16_060_522_496 - 1_050_673_152 + 5 * 8192 + 4 * 2_471_628_800) / 3.35e12
+    assert out["decode_step_seconds_weights_only"] == pytest.approx(step)
+    assert out["decode_tokens_per_second_weights_only"] == pytest.approx(3.8 / step)
+    assert round(out["decode_tokens_per_second_weights_only"]) == 511
+    assert (out["draft_model"], out["num_speculative_tokens"], out["decode_tokens_per_step"]) == \
+        ("llama-3.2-1b", 4, pytest.approx(3.8))
+    # the draft's weights and KV take memory: 80 - 16.06 - 2.47 - 4 GB left; a 8,000-token sequence holds the
+    # model's 131,072 B and the draft's 16 x 8 x 64 x 2 x 2 = 32,768 B a token
+    assert out["kv_bytes_free_per_gpu"] == pytest.approx(80e9 - 16_060_522_496 - 2_471_628_800 - 4e9)
+    assert out["kv_bytes_per_sequence_per_gpu"] == pytest.approx(8000 * (131_072 + 32_768))
+    text = plan(*DRAFT).stdout
+    assert "Speculative decoding: draft llama-3.2-1b, 4 tokens proposed a step" in text
+    assert "decode ceiling          7.43 ms/step, 511 tok/s" in text
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (("--model", "llama-3-8b", "--draft-model", "llama-3.2-1b"),
+     "--draft-model needs --num-speculative-tokens and --draft-acceptance"),
+    (("--model", "llama-3-8b", "--num-speculative-tokens", "4"), "give --draft-model (or --draft-model-config)"),
+    ((*DRAFT[:-1], "1.5"), "--draft-acceptance 1.5: write the share of draft tokens accepted, from 0 to 1"),
+    ((*DRAFT[:-3], "0", *DRAFT[-2:]), "--num-speculative-tokens 0: write the draft tokens a step, from 1 to 64"),
+    (("--model", "llama-3-8b", "--draft-model", "no-such-model", "--num-speculative-tokens", "4",
+      "--draft-acceptance", "0.7"), "--draft-model: unknown model preset"),
+])
+def test_a_draft_flag_without_its_partners_or_out_of_range_exits_2_naming_it(argv: tuple[str, ...], says: str) -> None:
+    done = plan(*argv)
+    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
