@@ -227,6 +227,7 @@ LIVE_NAMES = {
     "cost": metric_names.COST_PER_MILLION_TOKENS, "joule": metric_names.TOKENS_PER_JOULE,
     # of each (target, model), no window: the GPUs one copy spans and the model constants the agent used
     "tp": metric_names.TENSOR_PARALLEL_SIZE, "model_info": metric_names.MODEL_INFO,
+    "agent": metric_names.BUILD_INFO,  # every agent's page has it: a page with none of these is not an agent's
 }
 _MODEL_KINDS = ("tp", "model_info")  # LIVE_NAMES read per (target, model), not per window
 MAX_LIVE_BYTES = 16 * 1024 * 1024  # read at most this of a page ...
@@ -262,8 +263,9 @@ class LiveSeries:
     kv_dtype: str | None = None
 
     def mix(self) -> tuple[float, float] | None:
-        """(mean prompt, mean output) tokens per request: each phase's tokens/s / requests/s."""
-        if not self.requests_per_second:
+        """(mean prompt, mean output) tokens per request: each phase's tokens/s / requests/s; None without a
+        positive rate (a hostile page's negative one is no traffic)."""
+        if not self.requests_per_second or self.requests_per_second <= 0:
             return None
         r = self.requests_per_second
         return self.tokens_per_second.get("prefill", 0.0) / r, self.tokens_per_second.get("decode", 0.0) / r
@@ -285,9 +287,11 @@ def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
     wanted = {v: k for k, v in LIVE_NAMES.items()}
     rows: list[tuple[str, dict[str, str], float]] = []
     models: dict[tuple[str, str], dict[str, Any]] = {}  # (target, model): its TP and model constants
+    agent = False
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
+                agent = agent or sample.name in wanted
                 if sample.name not in wanted or not math.isfinite(sample.value):
                     continue
                 kind = wanted[sample.name]
@@ -299,6 +303,10 @@ def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
     except (ValueError, TypeError, IndexError, KeyError) as exc:  # prometheus_client's parser raises these
         raise ConfigError(f"--from-live: not a Prometheus text page the agent serves ({type(exc).__name__});"
                           " point it at the agent's /metrics") from None
+    if not agent:
+        raise ConfigError(f"--from-live: the page has no {metric_names.BUILD_INFO} and none of the agent's signals: "
+                          "not a Rooflight agent's /metrics (an engine's?); point it at the agent's (`rooflight run "
+                          "--listen`, default 127.0.0.1:9746)")
     windows = {labels["window"] for _, labels, _ in rows}
     if window is not None and window not in windows:
         served = ", ".join(_shown(w) for w in sorted(windows))
@@ -504,7 +512,8 @@ def run_capacity(args: argparse.Namespace) -> int:
     if series is not None:
         out["live"] = [dataclasses.asdict(s) for s in series]
         text.append(format_live(series))
-    elif args.rate is not None:  # sizing from the model's physics: the calculator the pools come from, first
+    elif args.rate is not None and (args.prefill_capacity is None or args.decode_capacity is None):
+        # sizing from the model's physics: the calculator the pools come from, first (not when both are given)
         plan = _calculator(args)
         out["plan"] = plan_to_dict(plan)
         text.append(format_plan(plan))
@@ -551,6 +560,11 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
     notes: list[str] = []
     live = _live_for_pools(series)
     where = f"the live agent ({_shown(live.target)}, role {_shown(live.role or '?')})" if live is not None else ""
+    others = sorted({_shown(s.target) for s in series or () if live is not None and s.target != live.target})
+    if others:
+        notes.append(f"the page has other targets too ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}):"
+                     f" the pools read {_shown(live.target)} alone (the first in name order with capacities); give "
+                     "--prefill-capacity and --decode-capacity to size another")
     mix = live.mix() if live is not None else None
     prompt = args.prompt if args.prompt is not None else (mix[0] if mix and mix[0] > 0 else None)
     output = args.output if args.output is not None else (mix[1] if mix and mix[1] > 0 else None)
