@@ -601,7 +601,8 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
         p_cap, d_cap, d_batch, kv, d_step = physics_capacities(
             model, get_profile(args.gpu), tp=tp, prompt_tokens=prompt, output_tokens=output,
             batch_max=args.batch_max, prefill_mfu=args.prefill_mfu, decode_mbu=args.decode_mbu,
-            reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo, ep=args.ep, **_speculative(args))
+            reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo, ep=args.ep,
+            output_cv=args.output_cv, **_speculative(args))
         if named:
             notes.append(f"{' and '.join(p for p, v in sources.items() if v is None)} capacity: the roofline of "
                          f"{named} on {tp} x {args.gpu} (--gpu)")
@@ -697,6 +698,7 @@ _RANGES: tuple[tuple[str, str, float, float, bool, str], ...] = (
     ("--prefill-mfu", "prefill_mfu", 0.0, 1.0, False, "a fraction of the compute peak"),
     ("--decode-mbu", "decode_mbu", 0.0, 1.0, False, "a fraction of the bandwidth peak"),
     ("--draft-acceptance", "draft_acceptance", 0.0, 1.0, True, "the share of draft tokens accepted"),
+    ("--output-cv", "output_cv", 0.0, 10.0, True, "the output lengths' standard deviation / their mean"),
 )
 
 
@@ -722,7 +724,7 @@ def _bound(x: float) -> str:
 
 def _example(key: str) -> str:
     return {"rate": "10", "prompt": "1000", "output": "200", "itl_slo": "0.05", "ttft_slo": "0.5",
-            "reserved_gb": "4", "draft_acceptance": "0.7", "prefill_mfu": "0.5", "decode_mbu": "0.7"}.get(key, "10000")
+            "reserved_gb": "4", "draft_acceptance": "0.7", "output_cv": "0.8", "prefill_mfu": "0.5", "decode_mbu": "0.7"}.get(key, "10000")
 
 
 def run_plan(args: argparse.Namespace) -> int:

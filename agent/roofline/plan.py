@@ -396,12 +396,14 @@ def group_gpus(tp: int, ep: int = 1) -> int:
 def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tokens: float, output_tokens: float,
                        batch_max: int, prefill_mfu: float, decode_mbu: float, reserved_bytes_per_gpu: float,
                        itl_slo: float | None = None, ep: int = 1, draft: ModelSpec | None = None,
-                       speculation: Speculation = Speculation()) -> tuple[float, float, float, float, float]:
+                       speculation: Speculation = Speculation(),
+                       output_cv: float = 0.0) -> tuple[float, float, float, float, float]:
     """(prefill tokens/s, decode tokens/s, decode batch, KV bytes per request, decode step seconds) of one group
     (group_gpus: max(tp, ep) GPUs, R = max(1, ep / tp) ranks of tp GPUs each), on the step model at prefill_mfu x the compute peak and decode_mbu x the bandwidth peak.
 
     Prefill: a prompt's FLOPs (its tokens, its causal attention, the LM head once) + its TP all-reduces. Decode:
-    the batch N = min(batch cap, sequences the KV memory holds at the mean live context prompt + output/2) or,
+    the batch N = min(batch cap, sequences the KV memory holds at the running batch's mean context,
+    running_context: P + O (1 + output_cv^2) / 2) or,
     with `itl_slo`, the largest batch up to N whose step (the step model's, plus the TP all-reduces) meets it;
     that batch / its step. The same seconds the live agent's capacity uses (signals/headroom.py). The step
     model's figures are one rank's, with every rank of the EP group running (each reads its 1/R of the routed
@@ -416,7 +418,7 @@ def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tok
     spec = speculation if draft is not None else Speculation()
     roofs = Roofs(tp * gpu.peak_flops[gpu.peak_dtype_for(model.compute_dtype)],
                   tp * gpu.memory_bandwidth_bytes_per_second, gpu.link).at(prefill_mfu, decode_mbu)
-    context = prompt_tokens + output_tokens / 2
+    context = running_context(prompt_tokens, output_tokens, output_cv)
     memory = _beside_draft(layout, draft, tp)
     free = gpu.memory_bytes - layout.weight_bytes_per_gpu - memory.weight_bytes_per_gpu - reserved_bytes_per_gpu
     kv_wall = min(float(batch_max), ph.max_concurrent_sequences(free, memory.sequence_kv_bytes_per_gpu(context)))
@@ -442,6 +444,14 @@ def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tok
     ranks = layout.expert_ranks
     return (ranks * prompt_tokens / prompt_seconds, ranks * batch / step(batch), ranks * batch,
             layout.sequence_kv_bytes(prompt_tokens), step(batch))
+
+
+def running_context(prompt_tokens: float, output_tokens: float, output_cv: float = 0.0) -> float:
+    """The mean context of the sequences in the running batch: a request decodes for its output's steps, so it is
+    in the batch in proportion to its output length O_i, holding P + t tokens at its t-th; over the batch,
+    E[O_i (P + O_i / 2)] / E[O_i] = P + E[O^2] / (2 E[O]) = P + O (1 + cv^2) / 2 for outputs of mean O and
+    coefficient of variation cv (independent of the prompt): P + O/2 where every output is alike."""
+    return prompt_tokens + output_tokens * (1.0 + output_cv * output_cv) / 2
 
 
 def _batch_within(step: Any, most: float, seconds: float) -> float | None:

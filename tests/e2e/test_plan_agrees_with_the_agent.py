@@ -20,7 +20,7 @@ from rooflight.agent.demo import DemoConfig, DemoEngine
 from rooflight.agent.demo.engine import Simulator
 from rooflight.agent.demo.scenarios import Workload
 from rooflight.agent.demo.state import History, mark
-from rooflight.agent.plan_cli import register
+from rooflight.agent.plan_cli import live_series, register
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.sampling.clock import FakeClock
 from support import started_agent
@@ -215,3 +215,39 @@ def test_plan_and_the_agent_agree_on_a_speculative_deployment(capsys: pytest.Cap
     assert no_draft["decode_capacity_per_group"] == pytest.approx(plain.phase_tokens_per_second["decode"], rel=0.01)
     print(f"decode capacity with the draft: agent {agent.phase_tokens_per_second['decode']:.0f}, plan "
           f"{pools['decode_capacity_per_group']:.0f} tok/s; without: {plain.phase_tokens_per_second['decode']:.0f}")
+
+
+LOGNORMAL_SIGMA = 0.7  # the demo's output lengths (agent/demo/scenarios.py, Workload.output_sigma)
+
+
+async def test_on_the_demos_lognormal_mix_the_output_spread_closes_the_length_bias(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's steady scenario: lognormal prompts and outputs (sigma 0.6 and 0.7). A request is in the running
+    batch for as many steps as its output is long, so the batch holds the long ones more often: its mean context
+    is P + O (1 + cv^2) / 2, cv^2 = exp(0.7^2) - 1 = 0.632, not P + O / 2. With the mean P and O alone plan's
+    capacity is ~4% (requests) and ~7% (decode tokens) above the agent's, which reads the engine's own KV per
+    running sequence; with --output-cv 0.795 they agree within 2%."""
+    import math
+
+    config = DemoConfig(scenario="steady", seed=3, max_num_seqs=CAP)
+    page, s = await _agent_page(config, 330, CAP, windows="10s,5m")
+    (live,) = live_series(page)
+    prompt, output = live.mix()
+    cv = math.sqrt(math.exp(LOGNORMAL_SIGMA ** 2) - 1)
+    assert round(cv, 3) == 0.795 and s.capacity is not None and s.capacity.wall == "batch"
+
+    def plan(*extra: str) -> dict:
+        return _plan_json(capsys, "--model", "llama-3-8b", "--gpu", "h100-sxm", "--rate", str(RATE), "--prompt",
+                          str(prompt), "--output", str(output), "--batch-max", str(CAP), "--itl-slo", "1",
+                          *extra)["pools"]
+
+    mean_only, spread = plan(), plan("--output-cv", f"{cv:.3f}")
+    agent_req, agent_decode = s.capacity.requests_per_second, s.capacity.phase_tokens_per_second["decode"]
+    assert mean_only["requests_per_second_per_group"] > 1.025 * agent_req
+    assert mean_only["decode_capacity_per_group"] > 1.05 * agent_decode
+    assert spread["requests_per_second_per_group"] == pytest.approx(agent_req, rel=0.02)
+    assert spread["decode_capacity_per_group"] == pytest.approx(agent_decode, rel=0.02)
+    print(f"mix {prompt:.0f} + {output:.0f}: agent {agent_req:.2f} req/s, {agent_decode:.0f} decode tok/s; plan "
+          f"P + O/2 {mean_only['requests_per_second_per_group']:.2f} / {mean_only['decode_capacity_per_group']:.0f}; "
+          f"--output-cv {cv:.3f} {spread['requests_per_second_per_group']:.2f} / "
+          f"{spread['decode_capacity_per_group']:.0f}")

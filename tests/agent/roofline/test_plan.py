@@ -521,3 +521,13 @@ def test_tp_all_reduces_in_the_ceilings_and_the_pools() -> None:
     flops = 2000 * 2 * (m.params_active - 2 * table) + 80 * 32_768 * 2000 * 2001 / 2 + 2 * table
     assert prefill == pytest.approx(2000 / (flops / (4 * 989e12 * 0.5) + 160 * (5e-6 + 1.5 * 2000 * 8192 * 2 / 450e9)))
     assert round(prefill, -2) == 12_600
+
+
+def test_the_running_batchs_context_is_length_biased() -> None:
+    from rooflight.agent.roofline.plan import running_context
+
+    # outputs of 100 and 300 tokens, half each (mean 200, sd 100, cv 0.5), 500-token prompts: the 300-token
+    # ones are in the batch 3 steps for every 1 of the others, so its mean context is
+    # (100 x (500 + 50) + 300 x (500 + 150)) / 400 = 625 = 500 + 200 x (1 + 0.25) / 2, not 500 + 100
+    assert running_context(500, 200, 0.5) == (100 * 550 + 300 * 650) / 400 == 625
+    assert running_context(500, 200) == 600
