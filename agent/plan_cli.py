@@ -16,7 +16,7 @@ from typing import Any
 
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.metrics import names as metric_names
-from rooflight.agent.roofline.gpus import PROFILES, get_profile
+from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY, PROFILES, get_profile
 from rooflight.agent.roofline.models import PRESETS
 from rooflight.agent.roofline.step import Speculation
 from rooflight.agent.roofline.plan import (
@@ -228,8 +228,11 @@ LIVE_NAMES = {
     # of each (target, model), no window: the GPUs one copy spans and the model constants the agent used
     "tp": metric_names.TENSOR_PARALLEL_SIZE, "model_info": metric_names.MODEL_INFO,
     "agent": metric_names.BUILD_INFO,  # every agent's page has it: a page with none of these is not an agent's
+    # each GPU's constants profile, and which GPUs each target's engine uses
+    "gpu_info": metric_names.GPU_INFO, "target_gpu": metric_names.TARGET_GPU_INFO,
 }
 _MODEL_KINDS = ("tp", "model_info")  # LIVE_NAMES read per (target, model), not per window
+_GPU_KINDS = ("gpu_info", "target_gpu")  # ... and per GPU
 MAX_LIVE_BYTES = 16 * 1024 * 1024  # read at most this of a page ...
 MAX_LIVE_KEPT_BYTES = 4 * 1024 * 1024  # ... and keep at most this of its lines of LIVE_NAMES (an agent: ~1 MB)
 _LIVE_CHUNK = 64 * 1024
@@ -261,6 +264,7 @@ class LiveSeries:
     model_source: str | None = None
     weight_dtype: str | None = None
     kv_dtype: str | None = None
+    gpu_profile: str | None = None  # the constants profile of its GPUs (rooflight_gpu_info), where they share one
 
     def mix(self) -> tuple[float, float] | None:
         """(mean prompt, mean output) tokens per request: each phase's tokens/s / requests/s; None without a
@@ -288,6 +292,8 @@ def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
     rows: list[tuple[str, dict[str, str], float]] = []
     models: dict[tuple[str, str], dict[str, Any]] = {}  # (target, model): its TP and model constants
     agent = False
+    profiles: dict[str, str] = {}  # GPU uuid (or index): its profile
+    target_gpus: dict[str, set[str]] = {}  # target: its GPUs' uuids
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -295,7 +301,13 @@ def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
                 if sample.name not in wanted or not math.isfinite(sample.value):
                     continue
                 kind = wanted[sample.name]
-                if kind in _MODEL_KINDS:
+                if kind in _GPU_KINDS and sample.value == 1:
+                    gpu = sample.labels.get("uuid") or sample.labels.get("gpu", "")
+                    if kind == "gpu_info":
+                        profiles[gpu] = sample.labels.get("profile", "")
+                    else:
+                        target_gpus.setdefault(sample.labels.get("target", ""), set()).add(gpu)
+                elif kind in _MODEL_KINDS:
                     _put_model(models.setdefault((sample.labels.get("target", ""), sample.labels.get("model", "")),
                                                  {}), kind, sample.labels, sample.value)
                 elif "window" in sample.labels:
@@ -318,8 +330,16 @@ def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
             continue
         key = (labels.get("target", ""), labels.get("engine", ""), labels.get("model", ""), labels.get("rank", ""))
         _put(out.setdefault(key, {}), kind, labels, value)
-    return [LiveSeries(*key, window=chosen or "", **fields, **_model_of(models, key[0], key[2]))
+    return [LiveSeries(*key, window=chosen or "", **fields, **_model_of(models, key[0], key[2]),
+                       gpu_profile=_profile_of(profiles, target_gpus.get(key[0])))
             for key, fields in sorted(out.items())]
+
+
+def _profile_of(profiles: dict[str, str], gpus: set[str] | None) -> str | None:
+    """The one constants profile of a target's GPUs (all the page's where it does not say which are the
+    target's); None where they differ, none is known, or the page names a profile `plan` does not have."""
+    found = {profiles.get(g) for g in gpus} if gpus else set(profiles.values())
+    return found.pop() if len(found) == 1 and next(iter(found)) in PROFILES else None
 
 
 def _put_model(fields: dict[str, Any], kind: str, labels: dict[str, str], value: float) -> None:
@@ -598,14 +618,15 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
                          "decode capacity x the ITL target")
     if cp is None or cd is None:
         model, named = _physics_model(args, live, series, [p for p, c in (("prefill", cp), ("decode", cd)) if c is None])
+        gpu, gpu_said = _physics_gpu(args, live, where, notes)
         p_cap, d_cap, d_batch, kv, d_step = physics_capacities(
-            model, get_profile(args.gpu), tp=tp, prompt_tokens=prompt, output_tokens=output,
+            model, get_profile(gpu), tp=tp, prompt_tokens=prompt, output_tokens=output,
             batch_max=args.batch_max, prefill_mfu=args.prefill_mfu, decode_mbu=args.decode_mbu,
             reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo, ep=args.ep,
             output_cv=args.output_cv, **_speculative(args))
         if named:
             notes.append(f"{' and '.join(p for p, v in sources.items() if v is None)} capacity: the roofline of "
-                         f"{named} on {tp} x {args.gpu} (--gpu)")
+                         f"{named} on {tp} x {gpu} ({gpu_said})")
         if cp is None:
             cp, sources["prefill"] = p_cap, "physics"
         if cd is None:
@@ -640,9 +661,23 @@ def _physics_model(args: argparse.Namespace, live: LiveSeries | None, series: li
                       "to size it on the roofline")
 
 
+def _physics_gpu(args: argparse.Namespace, live: LiveSeries | None, where: str, notes: list[str]) -> tuple[str, str]:
+    """The GPU profile a physics capacity is sized on, and where it comes from: --gpu as given; else the live
+    agent's GPUs' (rooflight_gpu_info); else the default profile."""
+    page = live.gpu_profile if live is not None else None
+    if args.gpu is not None:
+        if page and page != args.gpu:
+            notes.append(f"--gpu {args.gpu} as given; {where} runs on {page} (rooflight_gpu_info): the roofline is "
+                         "--gpu's")
+        return args.gpu, "--gpu"
+    if page:
+        return page, "the live agent's GPU, rooflight_gpu_info"
+    return DEFAULT_PROFILE_KEY, "the default --gpu" if live is None else "the default --gpu: the page names no GPU profile"
+
+
 def _calculator(args: argparse.Namespace) -> Plan:
     model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
-    return build_plan(model, get_profile(args.gpu), tp=args.tp or 1, context_tokens=args.context, batch=args.batch,
+    return build_plan(model, get_profile(args.gpu or DEFAULT_PROFILE_KEY), tp=args.tp or 1, context_tokens=args.context, batch=args.batch,
                       prompt_tokens=args.prompt_tokens, prefill_mfu=args.prefill_mfu,
                       reserved_bytes_per_gpu=args.reserved_gb * 1e9, ep=args.ep, **_speculative(args))
 

@@ -26,8 +26,9 @@ SHARED: dict[str, dict[str, Any]] = {
                 "params); presets: llama-3-8b, llama-3-70b, llama-3-405b, qwen3-8b, mixtral-8x7b, deepseek-v3, ..."},
     "model_config": {"after": "model", "help": "a Hugging Face config.json (or its directory)"},
     "gpu": {
-        "after": "model_config", "metavar": None, "flag_default": DEFAULT_PROFILE_KEY,
-        "help": "GPU profile, e.g. h100-sxm, h200, a100-sxm-80gb, l40s (default %(default)s)"},
+        "after": "model_config", "metavar": None, "flag_default": None,
+        "help": f"GPU profile, e.g. h100-sxm, h200, a100-sxm-80gb, l40s (default {DEFAULT_PROFILE_KEY}; with "
+                "--from-live, the live agent's GPU from its rooflight_gpu_info)"},
     "tp": {
         "after": "gpu", "metavar": None, "flag_default": None,
         "help": "tensor-parallel size: GPUs one model copy spans; weights and KV heads split across them (default 1; "

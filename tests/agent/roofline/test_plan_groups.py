@@ -167,3 +167,34 @@ def test_the_live_batch_and_its_step_are_the_decode_slots(capsys: pytest.Capture
     d = _plan(capsys, "--from-live", serve(_page("both", {"prefill": 20000.0, "decode": 3000.0})), "--rate", "10")
     # 64 sequences at 3,000 tok/s: each steps every 64 / 3,000 = 21.3 ms
     assert d["pools"]["decode_slots_per_group"] == 64 and d["pools"]["decode_step_seconds"] == pytest.approx(64 / 3000)
+
+
+# --- 5. the physics of a phase the page lacks runs on the page's GPU ---
+
+def _gpus(*rows: tuple[str, str, bool]) -> str:
+    """(uuid, profile, the target's?) rows of rooflight_gpu_info and rooflight_target_gpu_info."""
+    return "".join(f'rooflight_gpu_info{{gpu="{i}",name="n",profile="{profile}",reason="",source="nvml",'
+                   f'uuid="{uuid}"}} 1\n' + (f'rooflight_target_gpu_info{{target="t",gpu="{i}",uuid="{uuid}",'
+                                             f'rule="nvml_pids"}} 1\n' if mine else "")
+                   for i, (uuid, profile, mine) in enumerate(rows))
+
+
+def test_a_missing_phase_is_sized_on_the_pages_gpu(capsys: pytest.CaptureFixture[str], serve: Any) -> None:
+    # a decode agent on an H200 (the node also has an L40S another engine uses): its prefill on the H200's
+    # 989 TFLOP/s at 50% MFU, the H200's own; before, on --gpu's default h100-sxm without a word
+    url = serve(_page("decode", {"decode": 3000.0}, source="preset:ref-8b")
+                + _gpus(("GPU-a", "h200", True), ("GPU-b", "l40s", False)))
+    d = _plan(capsys, "--from-live", url, "--rate", "10")["pools"]
+    p, *_ = physics_capacities(preset("ref-8b"), get_profile("h200"), tp=1, prompt_tokens=2000, output_tokens=250,
+                               batch_max=256, prefill_mfu=0.5, decode_mbu=0.7, reserved_bytes_per_gpu=4e9,
+                               itl_slo=0.05)
+    assert d["prefill_capacity_per_group"] == pytest.approx(p)
+    assert any("on 1 x h200 (the live agent's GPU, rooflight_gpu_info)" in n for n in d["notes"]), d["notes"]
+    # --gpu as given wins, and the plan says the page's differs
+    d = _plan(capsys, "--from-live", url, "--rate", "10", "--gpu", "l40s")["pools"]
+    assert any("--gpu l40s as given" in n and "runs on h200" in n for n in d["notes"])
+    # GPUs of two profiles and no word of which are the target's: no guess, the default, said
+    url = serve(_page("decode", {"decode": 3000.0}, source="preset:ref-8b")
+                + _gpus(("GPU-a", "h200", False), ("GPU-b", "l40s", False)))
+    d = _plan(capsys, "--from-live", url, "--rate", "10")["pools"]
+    assert any("on 1 x h100-sxm (the default --gpu: the page names no GPU profile)" in n for n in d["notes"])
