@@ -5,11 +5,9 @@ the same model, GPU and load, to 1% (docs/physics.md, section The step model).""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import threading
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -23,7 +21,7 @@ from rooflight.agent.demo.state import History, mark
 from rooflight.agent.plan_cli import live_series, register
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.sampling.clock import FakeClock
-from support import started_agent
+from support import FakeEngine, started_agent
 
 RATE, PROMPT, OUTPUT = 10.0, 600, 250  # every request alike: Poisson arrivals of 600 prompt + 250 output tokens
 CAP = 256  # vLLM's max_num_seqs
@@ -101,29 +99,6 @@ async def _agent_page(config: DemoConfig, seconds: int, batch_max: int, windows:
         await engine.stop()
 
 
-@contextmanager
-def _served(page: str) -> Iterator[str]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            body = page.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
 def _plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
     ap = argparse.ArgumentParser(prog="rooflight")
     register(ap.add_subparsers(dest="command"))
@@ -141,8 +116,13 @@ async def test_from_live_takes_the_agents_batch_at_its_wall_as_the_decode_slots(
     assert signals.capacity is not None and (signals.capacity.batch, signals.capacity.wall) == (16, "batch")
     c_d = signals.capacity.phase_tokens_per_second["decode"]
     assert 'rooflight_capacity_decode_batch_requests{' in page
-    with _served(page) as url:
-        pools = _plan_json(capsys, "--from-live", url, "--window", "1m", "--rate", "100")["pools"]
+    agent_page = FakeEngine(body=page)  # the agent's page, served over HTTP
+    await agent_page.start()
+    try:
+        pools = (await asyncio.to_thread(_plan_json, capsys, "--from-live", agent_page.url, "--window", "1m",
+                                         "--rate", "100"))["pools"]
+    finally:
+        await agent_page.stop()
     assert pools["capacity_source"] == "live"
     assert pools["decode_slots_per_group"] == 16 and pools["decode_batch"] == 16
     assert pools["decode_step_seconds"] == pytest.approx(16 / c_d, rel=0.02)
