@@ -608,9 +608,9 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
     batch = kv = step = None
     phases = live.capacity_phase_tokens_per_second if live is not None else {}
     if cp is None and "prefill" in phases:  # one rank's, as the agent computes it: the EP group runs R of them
-        cp, sources["prefill"] = phases["prefill"] * ranks, "live"
+        cp, sources["prefill"] = _page_capacity("prefill", phases["prefill"], where) * ranks, "live"
     if cd is None and "decode" in phases:
-        cd, sources["decode"] = phases["decode"] * ranks, "live"
+        cd, sources["decode"] = _page_capacity("decode", phases["decode"], where) * ranks, "live"
         if live is not None and live.capacity_decode_batch:  # its N sequences step every N / C_d (one rank's)
             batch, step = live.capacity_decode_batch * ranks, live.capacity_decode_batch / phases["decode"]
         else:
@@ -636,6 +636,17 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
     return build_pool_plan(args.rate, prompt, output, cp, cd, itl_slo=args.itl_slo, ttft_slo=args.ttft_slo,
                            source=str(source), gpus_per_group=gpus, decode_batch=batch, kv_bytes_per_request=kv,
                            decode_step_seconds=step, ranks_per_group=ranks), notes
+
+
+def _page_capacity(phase: str, value: float, where: str) -> float:
+    """A live page's one-phase capacity, checked as --prefill-capacity/--decode-capacity are (MIN_CAPACITY to
+    MAX_CAPACITY tokens/s): ConfigError saying the page's figure is unusable and which flag replaces it."""
+    if not MIN_CAPACITY <= value <= MAX_CAPACITY:
+        raise ConfigError(f"--from-live: {where} exports a {phase} capacity of {value:g} tokens/s "
+                          f"({metric_names.CAPACITY_PHASE_TOKENS}{{phase=\"{phase}\"}}): unusable, not from "
+                          f"{_bound(MIN_CAPACITY)} to {_bound(MAX_CAPACITY)}; give --{phase}-capacity (tokens/s one "
+                          "group carries) instead")
+    return value
 
 
 def _physics_model(args: argparse.Namespace, live: LiveSeries | None, series: list[LiveSeries] | None,

@@ -1,0 +1,67 @@
+"""`rooflight plan --from-live` judges the page's figures before it sizes on them: a capacity, a mix, a GPU and a
+batch the page gives are checked, and a figure the page gave is never reported as a flag the user never typed
+(pages served by support.FakeEngine over 127.0.0.1; `rooflight plan` run as a user runs it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+
+import pytest
+
+from support import FakeEngine, rooflight_exe
+
+S = 'target="t",engine="vllm",model="m",rank="0",window="1m"'
+
+
+def page(*, rps: float = 4, prefill_tokens: float = 8000, decode_tokens: float = 1000, role: str = "both",
+         capacities: dict[str, str] | None = None, batch: str | None = "64", source: str | None = None,
+         gpus: tuple[str, ...] = ()) -> str:
+    """An agent's page: one target's traffic (2,000 prompt + 250 output tokens a request at the defaults), its
+    one-phase capacities, its batch at the first wall, its model's preset and its GPUs' profiles."""
+    caps = {"prefill": "20000", "decode": "3000"} if capacities is None else capacities
+    lines = [f"rooflight_requests_per_second{{{S}}} {rps}",
+             f'rooflight_tokens_per_second{{{S},phase="prefill"}} {prefill_tokens}',
+             f'rooflight_tokens_per_second{{{S},phase="decode"}} {decode_tokens}',
+             f'rooflight_saturation_ratio{{{S},role="{role}"}} 0.5',
+             *(f'rooflight_capacity_phase_tokens_per_second{{{S},phase="{p}"}} {v}' for p, v in caps.items())]
+    if batch is not None:
+        lines.append(f"rooflight_capacity_decode_batch_requests{{{S}}} {batch}")
+    if source is not None:
+        lines.append(f'rooflight_model_info{{target="t",model="m",spec="{source.split(":")[-1]}",'
+                     f'config_source="{source}",weight_dtype="bf16",kv_dtype="bf16"}} 1')
+    for i, profile in enumerate(gpus):
+        lines += [f'rooflight_gpu_info{{gpu="{i}",name="n",profile="{profile}",reason="",source="nvml",'
+                  f'uuid="GPU-{i}"}} 1',
+                  f'rooflight_target_gpu_info{{target="t",gpu="{i}",uuid="GPU-{i}",rule="nvml_pids"}} 1']
+    return "\n".join(lines) + "\n"
+
+
+async def plan_on(body: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    engine = FakeEngine(body=body)
+    await engine.start()
+    try:
+        return await asyncio.to_thread(subprocess.run, [rooflight_exe(), "plan", "--from-live", engine.url, *argv],
+                                       capture_output=True, text=True, timeout=120)
+    finally:
+        await engine.stop()
+
+
+def pools(done: subprocess.CompletedProcess[str]) -> dict:
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["pools"]
+
+
+@pytest.mark.parametrize("decode", ["0", "-3000", "0.5", "1e300"])
+async def test_an_unusable_live_decode_capacity_exits_2_saying_it_is_the_pages(decode: str) -> None:
+    # was: ZeroDivisionError (0), "decode capacity must be a number above 0, got -3000.0" (negative: a flag the
+    # user never gave), and 1e300 sized pools "1.25e-295% busy"
+    done = await plan_on(page(capacities={"prefill": "20000", "decode": decode}), "--rate", "10")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"exports a decode capacity of {float(decode):g} tokens/s" in done.stderr
+    assert "unusable" in done.stderr and "give --decode-capacity" in done.stderr
+    # --decode-capacity replaces it
+    assert pools(await plan_on(page(capacities={"prefill": "20000", "decode": decode}), "--rate", "10",
+                               "--decode-capacity", "2500", "--json"))["decode_capacity_per_group"] == 2500
