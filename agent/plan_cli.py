@@ -20,6 +20,8 @@ from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY, PROFILES, get_pro
 from rooflight.agent.roofline.models import PRESETS
 from rooflight.agent.roofline.step import Speculation
 from rooflight.agent.roofline.plan import (
+    DEFAULT_CONTEXT_TOKENS,
+    DEFAULT_PROMPT_TOKENS,
     Plan,
     PoolPlan,
     build_plan,
@@ -28,6 +30,7 @@ from rooflight.agent.roofline.plan import (
     ms,
     physics_capacities,
     sig,
+    within_context,
 )
 from rooflight.agent.model_files import resolve_model
 from rooflight.agent.config import settings
@@ -688,8 +691,10 @@ def _physics_gpu(args: argparse.Namespace, live: LiveSeries | None, where: str, 
 
 def _calculator(args: argparse.Namespace) -> Plan:
     model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
-    return build_plan(model, get_profile(args.gpu or DEFAULT_PROFILE_KEY), tp=args.tp or 1, context_tokens=args.context, batch=args.batch,
-                      prompt_tokens=args.prompt_tokens, prefill_mfu=args.prefill_mfu,
+    return build_plan(model, get_profile(args.gpu or DEFAULT_PROFILE_KEY), tp=args.tp or 1,
+                      context_tokens=within_context(model, args.context, DEFAULT_CONTEXT_TOKENS), batch=args.batch,
+                      prompt_tokens=within_context(model, args.prompt_tokens, DEFAULT_PROMPT_TOKENS),
+                      prefill_mfu=args.prefill_mfu,
                       reserved_bytes_per_gpu=args.reserved_gb * 1e9, ep=args.ep, **_speculative(args))
 
 

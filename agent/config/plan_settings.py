@@ -11,7 +11,9 @@ from typing import Any
 
 from rooflight.agent.config.setting import PLAN, Setting
 from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY
-from rooflight.agent.roofline.plan import DEFAULT_DECODE_MBU, DEFAULT_ITL_SLO_SECONDS, DEFAULT_TTFT_SLO_SECONDS
+from rooflight.agent.roofline.plan import (
+    DEFAULT_CONTEXT_TOKENS, DEFAULT_DECODE_MBU, DEFAULT_ITL_SLO_SECONDS, DEFAULT_PROMPT_TOKENS, DEFAULT_TTFT_SLO_SECONDS,
+)
 
 POOLS = "capacity and pools (docs/physics.md, section Headroom)"  # its --help section for --rate and the pools
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
@@ -70,10 +72,12 @@ def _plan(key: str, help_: str, **kw: Any) -> Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     _plan("context", "tokens per sequence (prompt + output) for KV sizing and the decode ceiling at context "
-          "(default %(default)s)", type=int, flag_default=8000),
+          f"(default {DEFAULT_CONTEXT_TOKENS}, or the model's max_position_embeddings where it reads fewer)",
+          type=int),
     _plan("batch", "concurrent sequences for the decode step, throughput and arithmetic intensity (default "
           "%(default)s)", type=int, flag_default=1),
-    _plan("prompt_tokens", "prompt length for the prefill estimate (default %(default)s)", type=int, flag_default=2048),
+    _plan("prompt_tokens", f"prompt length for the prefill estimate (default {DEFAULT_PROMPT_TOKENS}, or the "
+          "model's max_position_embeddings where it reads fewer)", type=int),
     _plan("prefill_mfu", "fraction of peak a real prefill reaches; 0.4-0.6 is strong (default %(default)s)",
           type=float, flag_default=0.5),
     _plan("reserved_gb", "GB per GPU kept for runtime and activations, not KV (default %(default)s)", type=float,

@@ -34,6 +34,8 @@ MAX_GROUPS = 1e12  # groups' work a pool plan sizes at most: past it the figures
 TAIL_MISS = 0.01  # the SLOs are p99s: at most 1% of requests past them
 DEFAULT_DECODE_MBU = 0.7  # a healthy decode's share of the bandwidth peak (section MBU: 0.6-0.8)
 DEFAULT_ITL_SLO_SECONDS = 0.05  # a chat stream's inter-token budget (20 tokens/s)
+DEFAULT_CONTEXT_TOKENS = 8000  # the calculator's sequence, where the model reads that many (else its most)
+DEFAULT_PROMPT_TOKENS = 2048  # the calculator's prompt, likewise
 
 
 @dataclass(frozen=True)
@@ -385,6 +387,14 @@ def check_context(model: ModelSpec, lengths: tuple[tuple[str, float], ...]) -> N
         if most is not None and tokens > most:
             raise ConfigError(f"{flag} {tokens:,.0f}: {model.name} reads at most {most:,} tokens a sequence "
                               f"(max_position_embeddings in its config.json); write at most {most:,}")
+
+
+def within_context(model: ModelSpec, tokens: int | None, default: int) -> int:
+    """A length the user gave, as given (check_context refuses it past the model); else `default`, or the model's
+    max_position_embeddings where it reads fewer: a default never refuses a model."""
+    if tokens is not None:
+        return tokens
+    return min(default, model.max_context_tokens) if model.max_context_tokens else default
 
 
 def group_gpus(tp: int, ep: int = 1) -> int:

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from rooflight.agent.roofline.models import PRESETS, preset_for_hf_id
-from support import rooflight_exe
+from support import ROOT, rooflight_exe
 
 PARAMS_70B = 70_553_706_496
 WEIGHTS_PER_GPU = PARAMS_70B * 2 / 4
@@ -84,3 +84,23 @@ def test_presets_carry_their_configs_max_position_embeddings() -> None:
     assert PRESETS["ref-8b"].max_context_tokens is None
     assert preset_for_hf_id("meta-llama/Llama-3.3-70B-Instruct").max_context_tokens == 131072
     assert preset_for_hf_id("meta-llama/Meta-Llama-3-70B-Instruct").max_context_tokens == 8192
+
+
+TINY = ("--model-config", str(ROOT / "tests" / "fixtures" / "model-configs" / "tiny-llama.json"))  # reads 2,048
+
+
+@pytest.mark.parametrize("argv", [(), ("--rate", "2", "--prompt", "500", "--output", "100")])
+def test_the_default_context_is_the_models_most_where_it_reads_fewer_than_8000(argv: tuple[str, ...]) -> None:
+    # was: "--context 8,000: tiny-llama reads at most 2,048", exit 2, for a --context nobody typed
+    done = plan(*TINY, *argv, "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    out = out.get("plan", out)
+    assert (out["context_tokens"], out["prompt_tokens"]) == (2048, 2048)
+    # a model that reads more keeps 8,000 and 2,048
+    out = json.loads(plan("--model", "llama-3-8b", "--json").stdout)
+    assert (out["context_tokens"], out["prompt_tokens"]) == (8000, 2048)
+    # what the user types is still refused past the model, naming the flag
+    done = plan(*TINY, "--context", "4000")
+    assert done.returncode == 2 and "--context 4,000: tiny-llama reads at most 2,048" in done.stderr
+    assert "max_position_embeddings where it reads fewer" in " ".join(plan("--help").stdout.split())
