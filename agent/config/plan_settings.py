@@ -57,7 +57,9 @@ SHARED: dict[str, dict[str, Any]] = {
         "help": "the decode batch cap for the physics capacity, like vLLM's max_num_seqs (default %(default)s)"},
     "itl_slo": {
         "after": "decode_mbu", "type": float, "flag_default": DEFAULT_ITL_SLO_SECONDS, "group": POOLS,
-        "help": "the p99 inter-token latency target: the physics decode batch is the largest whose step meets it, "
+        "help": "the p99 inter-token latency target: the physics decode batch is the largest whose step meets it "
+                "(with a draft model its whole verify step, draft passes and all: vLLM observes ITL once a verify "
+                "step), "
                 "and a shared pool's decodes may wait this long for one prompt's prefill (default %(default)s)"},
     "ttft_slo": {
         "after": "itl_slo", "type": float, "flag_default": DEFAULT_TTFT_SLO_SECONDS, "group": POOLS,

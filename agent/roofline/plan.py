@@ -25,7 +25,7 @@ from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.gpus import GpuProfile
 from rooflight.agent.roofline.models import ModelSpec, dense_ep_refusal
 from rooflight.agent.roofline.step import (
-    Decode, Layout, Prefill, Roofs, Speculation, Step, decode_seconds_per_token,
+    Decode, Layout, Prefill, Roofs, Speculation, Step, decode_seconds_per_token, decode_step_seconds,
 )
 from rooflight.collectors.common import MAX_BATCH, MAX_CONTEXT_TOKENS, MAX_TENSOR_PARALLEL
 
@@ -414,8 +414,9 @@ def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tok
     Prefill: a prompt's FLOPs (its tokens, its causal attention, the LM head once) + its TP all-reduces. Decode:
     the batch N = min(batch cap, sequences the KV memory holds at the running batch's mean context,
     running_context: P + O (1 + output_cv^2) / 2) or,
-    with `itl_slo`, the largest batch up to N whose step (the step model's, plus the TP all-reduces) meets it;
-    that batch / its step. The same seconds the live agent's capacity uses (signals/headroom.py). The step
+    with `itl_slo`, the largest batch up to N whose step (the step model's, plus the TP all-reduces; under
+    speculative decoding the whole verify step, draft passes and all, as vLLM observes ITL once a verify step)
+    meets it; that batch / its step per decoded token. The same seconds the live agent's capacity uses (signals/headroom.py). The step
     model's figures are one rank's, with every rank of the EP group running (each reads its 1/R of the routed
     experts), so the group's capacities and batch are R times one rank's; the step is the rank's."""
     if not 0 < decode_mbu <= 1 or not 0 < prefill_mfu <= 1:
@@ -445,9 +446,12 @@ def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tok
     def step(batch: float) -> float:  # seconds a sequence waits a decoded token: the live capacity's
         return decode_seconds_per_token(layout, roofs, batch, layer_tokens, spec)
 
-    batch = kv_wall if itl_slo is None else _batch_within(step, kv_wall, itl_slo)
+    def verify(batch: float) -> float:  # the whole step, draft passes and all: the ITL a stream sees
+        return decode_step_seconds(layout, roofs, batch, layer_tokens, spec)
+
+    batch = kv_wall if itl_slo is None else _batch_within(verify, kv_wall, itl_slo)
     if batch is None:
-        raise ConfigError(f"{model.name} on {tp} x {gpu.key}: one sequence's decode step takes {ms(step(1.0))}, "
+        raise ConfigError(f"{model.name} on {tp} x {gpu.key}: one sequence's decode step takes {ms(verify(1.0))}, "
                           f"past the {ms(itl_slo or 0.0)} ITL target; raise --itl-slo or --tp")
     prompt = Prefill(prompt_tokens, ((1.0, 0.0, float(prompt_tokens)),), 1.0)
     prompt_seconds = layout.prefill_flops(prompt) / roofs.flops + layout.comm_seconds(prompt_tokens, gpu.link)

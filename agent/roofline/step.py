@@ -346,16 +346,22 @@ class Speculation:
         return Speculation(draft_tokens, 1.0 + acceptance * draft_tokens)
 
 
-def decode_seconds_per_token(layout: Layout, roofs: Roofs, batch: float, context: float,
-                             speculation: Speculation = Speculation()) -> float:
+def decode_step_seconds(layout: Layout, roofs: Roofs, batch: float, context: float,
+                        speculation: Speculation = Speculation()) -> float:
     """A decode step of `batch` sequences holding `context` KV layer-tokens each, at these roofs, plus its TP
-    all-reduces, over the tokens it yields each sequence: under speculative decoding a step verifies 1 + k
-    tokens a sequence and runs the draft model k times, and yields `tokens_per_step`. The seconds the live
-    capacity (signals/headroom.py) and `rooflight plan` both price a decoded token at."""
+    all-reduces: under speculative decoding a step verifies 1 + k tokens a sequence and runs the draft model
+    k times. The gap a stream sees between its steps: vLLM observes one ITL a verify step."""
     k = speculation.draft_tokens
     step = Step(decode=Decode(batch, context, 1.0 + k), draft_passes=speculation.draft_passes or k)
-    seconds = layout.cost(step).seconds(roofs) + layout.comm_seconds(batch * (1.0 + k), roofs.link)
-    return seconds / max(speculation.tokens_per_step, 1.0)
+    return layout.cost(step).seconds(roofs) + layout.comm_seconds(batch * (1.0 + k), roofs.link)
+
+
+def decode_seconds_per_token(layout: Layout, roofs: Roofs, batch: float, context: float,
+                             speculation: Speculation = Speculation()) -> float:
+    """decode_step_seconds over the tokens the step yields each sequence (`tokens_per_step`: 1 without
+    speculation). The seconds the live capacity (signals/headroom.py) and `rooflight plan` both price a decoded
+    token at."""
+    return decode_step_seconds(layout, roofs, batch, context, speculation) / max(speculation.tokens_per_step, 1.0)
 
 
 def prompt_spans(prompts: Lengths | None, hit_ratio: float | None = None) -> tuple[tuple[float, float, float], ...]:

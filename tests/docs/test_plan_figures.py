@@ -58,6 +58,10 @@ CASES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("in **7.43 ms**, 3.8 tokens kept: **511** tok/s", ("--model", "llama-3-8b", "--draft-model", "llama-3.2-1b",
                                                          "--num-speculative-tokens", "4", "--draft-acceptance", "0.7"),
      "decode ceiling          7.43 ms/step, 511 tok/s"),
+    ("`--itl-slo 0.02`: a decode batch of **28**", ("--model", "llama-3-70b", "--tp", "4", "--rate", "10", "--prompt",
+                                                     "2000", "--output", "250", "--itl-slo", "0.02", "--draft-model",
+                                                     "llama-3.2-1b", "--num-speculative-tokens", "4",
+                                                     "--draft-acceptance", "0.7"), "decode batch 28)"),
 )
 
 

@@ -51,3 +51,15 @@ def test_the_decode_ceiling_counts_the_draft_passes_and_the_tokens_kept() -> Non
 def test_a_draft_flag_without_its_partners_or_out_of_range_exits_2_naming_it(argv: tuple[str, ...], says: str) -> None:
     done = plan(*argv)
     assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_itl_target_bounds_the_whole_verify_step_not_the_time_per_kept_token() -> None:
+    # vLLM observes one ITL a verify step: at --itl-slo 0.02 the batch's step, 3.8 kept tokens' worth, is at most
+    # 20 ms (was: batch 183, its steps ~76 ms, the 20 ms held against the time per kept token)
+    done = plan("--model", "llama-3-70b", "--tp", "4", "--rate", "10", "--prompt", "2000", "--output", "250",
+                "--itl-slo", "0.02", "--draft-model", "llama-3.2-1b", "--num-speculative-tokens", "4",
+                "--draft-acceptance", "0.7", "--json")
+    pools = json.loads(done.stdout)["pools"]
+    verify_step = pools["decode_step_seconds"] * 3.8  # decode_step_seconds: a kept token's
+    assert 0.015 < verify_step <= 0.02 and pools["decode_batch"] == 28
+    assert "observes ITL once a verify step" in " ".join(plan("--help").stdout.split())
