@@ -589,6 +589,12 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
                      f" the pools read {_shown(live.target)} alone (the first in name order with capacities); give "
                      "--prefill-capacity and --decode-capacity to size another")
     mix = live.mix() if live is not None else None
+    if mix is not None and not all(math.isfinite(t) and t <= MAX_CONTEXT_TOKENS for t in mix):
+        shown = (f"{sig(mix[0])} prompt + {sig(mix[1])} output tokens a request" if all(map(math.isfinite, mix))
+                 else "tokens a request past any float")
+        raise ConfigError(f"--from-live: {where} shows {shown} "
+                          f"(rooflight_tokens_per_second / rooflight_requests_per_second): not a mix any engine "
+                          f"serves (at most {MAX_CONTEXT_TOKENS:,} tokens each); give --prompt and --output")
     prompt = args.prompt if args.prompt is not None else (mix[0] if mix and mix[0] > 0 else None)
     output = args.output if args.output is not None else (mix[1] if mix and mix[1] > 0 else None)
     if prompt is None or output is None:
@@ -621,6 +627,7 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
                          "decode capacity x the ITL target")
     if cp is None or cd is None:
         model, named = _physics_model(args, live, series, [p for p, c in (("prefill", cp), ("decode", cd)) if c is None])
+        _check_live_mix(model, args, mix, where)
         gpu, gpu_said = _physics_gpu(args, live, where, notes)
         p_cap, d_cap, d_batch, kv, d_step = physics_capacities(
             model, get_profile(gpu), tp=tp, prompt_tokens=prompt, output_tokens=output,
@@ -639,6 +646,22 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
     return build_pool_plan(args.rate, prompt, output, cp, cd, itl_slo=args.itl_slo, ttft_slo=args.ttft_slo,
                            source=str(source), gpus_per_group=gpus, decode_batch=batch, kv_bytes_per_request=kv,
                            decode_step_seconds=step, ranks_per_group=ranks), notes
+
+
+def _check_live_mix(model: Any, args: argparse.Namespace, mix: tuple[float, float] | None, where: str) -> None:
+    """ConfigError for a live mix whose request is longer than the model reads, saying it is the page's (a mix of
+    --prompt and --output is check_context's, naming them)."""
+    if mix is None or (args.prompt is not None and args.output is not None):
+        return
+    prompt = args.prompt if args.prompt is not None else mix[0]
+    output = args.output if args.output is not None else mix[1]
+    most = model.max_context_tokens
+    if most is not None and prompt + output > most:
+        raise ConfigError(f"--from-live: {where} serves {sig(prompt)} prompt + {sig(output)} output tokens a request "
+                          f"(the live mix{'' if args.prompt is None and args.output is None else ' with the flag given'}"
+                          f"), {sig(prompt + output)} in all, past the {most:,} {model.name} reads "
+                          "(max_position_embeddings); give --prompt and --output to size another mix "
+                          "(they override the live one)")
 
 
 def _page_capacity(phase: str, value: float, where: str) -> float:

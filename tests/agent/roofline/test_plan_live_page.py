@@ -65,3 +65,27 @@ async def test_an_unusable_live_decode_capacity_exits_2_saying_it_is_the_pages(d
     # --decode-capacity replaces it
     assert pools(await plan_on(page(capacities={"prefill": "20000", "decode": decode}), "--rate", "10",
                                "--decode-capacity", "2500", "--json"))["decode_capacity_per_group"] == 2500
+
+
+async def test_a_live_mix_past_the_models_context_is_said_to_be_the_pages() -> None:
+    # 8,700 prompt + 4,400 output tokens a request (the demo's kv-wall window) on llama-3-8b's 8,192: was
+    # "--prompt + --output 13,100: llama-3-8b reads at most 8,192", flags the user never gave
+    body = page(rps=1, prefill_tokens=8700, decode_tokens=4400, role="prefill", capacities={"prefill": "20000"},
+                source="preset:llama-3-8b")
+    done = await plan_on(body, "--rate", "1")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "serves 8,700 prompt + 4,400 output tokens a request (the live mix), 13,100 in all, past the 8,192 " \
+           "llama-3-8b reads" in done.stderr and "--prompt and --output" in done.stderr
+    assert "--prompt + --output 13,100" not in done.stderr
+    # the flags override it
+    assert pools(await plan_on(body, "--rate", "1", "--prompt", "2000", "--output", "250", "--json"))["prompt_tokens"] \
+        == 2000
+
+
+@pytest.mark.parametrize(("rps", "tokens"), [("1e-300", "1e300"), ("1", "1e10")])
+async def test_a_live_mix_no_engine_serves_is_a_bad_page(rps: str, tokens: str) -> None:
+    # was: "--prompt + --output inf"
+    done = await plan_on(page(rps=float(rps), prefill_tokens=float(tokens), decode_tokens=float(tokens)), "--rate", "1")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "not a mix any engine serves" in done.stderr and "give --prompt and --output" in done.stderr
+    assert "inf" not in done.stderr
