@@ -268,6 +268,7 @@ class LiveSeries:
     weight_dtype: str | None = None
     kv_dtype: str | None = None
     gpu_profile: str | None = None  # the constants profile of its GPUs (rooflight_gpu_info), where they share one
+    gpu_profiles: tuple[str, ...] = ()  # every profile its GPUs' rooflight_gpu_info names, known to plan or not
 
     def mix(self) -> tuple[float, float] | None:
         """(mean prompt, mean output) tokens per request: each phase's tokens/s / requests/s; None without a
@@ -334,15 +335,17 @@ def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
         key = (labels.get("target", ""), labels.get("engine", ""), labels.get("model", ""), labels.get("rank", ""))
         _put(out.setdefault(key, {}), kind, labels, value)
     return [LiveSeries(*key, window=chosen or "", **fields, **_model_of(models, key[0], key[2]),
-                       gpu_profile=_profile_of(profiles, target_gpus.get(key[0])))
+                       **_profiles_of(profiles, target_gpus.get(key[0])))
             for key, fields in sorted(out.items())]
 
 
-def _profile_of(profiles: dict[str, str], gpus: set[str] | None) -> str | None:
-    """The one constants profile of a target's GPUs (all the page's where it does not say which are the
-    target's); None where they differ, none is known, or the page names a profile `plan` does not have."""
-    found = {profiles.get(g) for g in gpus} if gpus else set(profiles.values())
-    return found.pop() if len(found) == 1 and next(iter(found)) in PROFILES else None
+def _profiles_of(profiles: dict[str, str], gpus: set[str] | None) -> dict[str, Any]:
+    """The constants profiles of a target's GPUs (all the page's where it does not say which are the target's):
+    gpu_profile, the one they share where `plan` has it (None where they differ, none is named, or the page names
+    a profile `plan` does not have), and gpu_profiles, every one named."""
+    found = {profiles.get(g) or "" for g in gpus} if gpus else set(profiles.values())
+    one = next(iter(found)) if len(found) == 1 else None
+    return {"gpu_profile": one if one in PROFILES else None, "gpu_profiles": tuple(sorted(found))}
 
 
 def _put_model(fields: dict[str, Any], kind: str, labels: dict[str, str], value: float) -> None:
@@ -709,6 +712,12 @@ def _physics_gpu(args: argparse.Namespace, live: LiveSeries | None, where: str, 
         return args.gpu, "--gpu"
     if page:
         return page, "the live agent's GPU, rooflight_gpu_info"
+    named = live.gpu_profiles if live is not None else ()
+    if named:  # never another GPU's peaks unsaid: the page's are unknown to plan, or several
+        shown = ", ".join(_shown(n) if n else "(none)" for n in named)
+        why = "GPUs of different profiles" if len(named) > 1 else "a GPU profile plan does not know"
+        raise ConfigError(f"--from-live: {where} runs on {why} ({shown}, rooflight_gpu_info): give --gpu, the "
+                          f"profile to size the missing capacity on (`rooflight plan --list`)")
     return DEFAULT_PROFILE_KEY, "the default --gpu" if live is None else "the default --gpu: the page names no GPU profile"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator
@@ -193,8 +194,23 @@ def test_a_missing_phase_is_sized_on_the_pages_gpu(capsys: pytest.CaptureFixture
     # --gpu as given wins, and the plan says the page's differs
     d = _plan(capsys, "--from-live", url, "--rate", "10", "--gpu", "l40s")["pools"]
     assert any("--gpu l40s as given" in n and "runs on h200" in n for n in d["notes"])
-    # GPUs of two profiles and no word of which are the target's: no guess, the default, said
-    url = serve(_page("decode", {"decode": 3000.0}, source="preset:ref-8b")
-                + _gpus(("GPU-a", "h200", False), ("GPU-b", "l40s", False)))
+    # a page with no rooflight_gpu_info: the default, said
+    url = serve(_page("decode", {"decode": 3000.0}, source="preset:ref-8b"))
     d = _plan(capsys, "--from-live", url, "--rate", "10")["pools"]
     assert any("on 1 x h100-sxm (the default --gpu: the page names no GPU profile)" in n for n in d["notes"])
+
+
+@pytest.mark.parametrize(("gpus", "says"), [
+    ((("GPU-a", "h200", False), ("GPU-b", "l40s", False)), "GPUs of different profiles (h200, l40s"),
+    ((("GPU-a", "h200", True), ("GPU-b", "l40s", True)), "GPUs of different profiles (h200, l40s"),
+    ((("GPU-a", "unknown", True),), "a GPU profile plan does not know (unknown"),
+    ((("GPU-a", "tpu-v9", True),), "a GPU profile plan does not know (tpu-v9"),
+])
+def test_an_unknown_or_mixed_live_gpu_asks_for_gpu(capsys: pytest.CaptureFixture[str], serve: Any,
+                                                    gpus: tuple[tuple[str, str, bool], ...], says: str) -> None:
+    # was: sized on h100-sxm's peaks, "(the default --gpu: the page names no GPU profile)"
+    url = serve(_page("decode", {"decode": 3000.0}, source="preset:ref-8b") + _gpus(*gpus))
+    with pytest.raises(ConfigError, match=re.escape(says) + r".*give --gpu"):
+        _plan(capsys, "--from-live", url, "--rate", "10")
+    d = _plan(capsys, "--from-live", url, "--rate", "10", "--gpu", "h200")["pools"]
+    assert any("on 1 x h200 (--gpu)" in n for n in d["notes"])
