@@ -625,6 +625,11 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
         cd, sources["decode"] = _page_capacity("decode", phases["decode"], where) * ranks, "live"
         if live is not None and live.capacity_decode_batch:  # its N sequences step every N / C_d (one rank's)
             batch, step = live.capacity_decode_batch * ranks, live.capacity_decode_batch / phases["decode"]
+            if step > args.itl_slo:
+                notes.append(f"{where}'s decode batch of {sig(live.capacity_decode_batch)} at its first wall steps "
+                             f"every {ms(step)} a decoded token, past the {ms(args.itl_slo)} ITL target (--itl-slo): "
+                             "the decode pool is sized on the batch it runs, whose streams wait longer than the "
+                             "target; a batch cap (vLLM --max-num-seqs) that meets it carries fewer tokens a group")
         else:
             notes.append(f"{where} exports no rooflight_capacity_decode_batch_requests: decode slots taken as its "
                          "decode capacity x the ITL target")

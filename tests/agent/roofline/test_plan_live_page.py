@@ -89,3 +89,16 @@ async def test_a_live_mix_no_engine_serves_is_a_bad_page(rps: str, tokens: str) 
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "not a mix any engine serves" in done.stderr and "give --prompt and --output" in done.stderr
     assert "inf" not in done.stderr
+
+
+async def test_a_live_batch_whose_step_is_past_the_itl_target_is_noted() -> None:
+    # 256 sequences at 3,000 tok/s step every 85.3 ms, past the 50 ms target: was said nowhere (the header still
+    # read "ITL 50 ms")
+    done = await plan_on(page(batch="256"), "--rate", "10", "--json")
+    notes = pools(done)["notes"]
+    assert any("decode batch of 256 at its first wall steps every 85.3 ms a decoded token, past the 50 ms ITL "
+               "target" in n for n in notes), notes
+    text = (await plan_on(page(batch="256"), "--rate", "10")).stdout
+    assert "Note: the live agent (t, role both)'s decode batch of 256" in text
+    # 64 at 3,000 tok/s (21.3 ms) is within it: no note
+    assert not any("ITL target" in n for n in pools(await plan_on(page(batch="64"), "--rate", "10", "--json"))["notes"])
