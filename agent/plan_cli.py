@@ -532,6 +532,8 @@ def _names_one_of(line: bytes, names: tuple[str, ...]) -> bool:
 
 def run_capacity(args: argparse.Namespace) -> int:
     """`plan --from-live URL` and/or `plan --rate R`: the live agent's signals, the pools for a rate."""
+    if args.from_live and args.rate is None:
+        _refuse_roofline_flags(args, "--from-live without --rate reads the live signals alone")
     series = live_series(fetch_live(args.from_live), args.window) if args.from_live else None
     out: dict[str, Any] = {}
     text = []
@@ -633,6 +635,11 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
         else:
             notes.append(f"{where} exports no rooflight_capacity_decode_batch_requests: decode slots taken as its "
                          "decode capacity x the ITL target")
+    if cp is not None and cd is not None:
+        _refuse_roofline_flags(args, "both capacities are " + (
+            "given" if sources["prefill"] == sources["decode"] == "flags" else
+            "the live agent's" if sources["prefill"] == sources["decode"] else
+            f"given or the live agent's ({', '.join(f'{k} {v}' for k, v in sources.items())})"))
     if cp is None or cd is None:
         model, named = _physics_model(args, live, series, [p for p, c in (("prefill", cp), ("decode", cd)) if c is None])
         _check_live_mix(model, args, mix, where)
@@ -641,7 +648,7 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
             model, get_profile(gpu), tp=tp, prompt_tokens=prompt, output_tokens=output,
             batch_max=args.batch_max, prefill_mfu=args.prefill_mfu, decode_mbu=args.decode_mbu,
             reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo, ep=args.ep,
-            output_cv=args.output_cv, **_speculative(args))
+            output_cv=args.output_cv or 0.0, **_speculative(args))
         if named:
             notes.append(f"{' and '.join(p for p, v in sources.items() if v is None)} capacity: the roofline of "
                          f"{named} on {tp} x {gpu} ({gpu_said})")
@@ -670,6 +677,21 @@ def _check_live_mix(model: Any, args: argparse.Namespace, mix: tuple[float, floa
                           f"), {sig(prompt + output)} in all, past the {most:,} {model.name} reads "
                           "(max_position_embeddings); give --prompt and --output to size another mix "
                           "(they override the live one)")
+
+
+# The flags only a roofline capacity reads (the calculator's, or --rate's physics): (flag, attribute)
+ROOFLINE_FLAGS = (("--draft-model", "draft_model"), ("--draft-model-config", "draft_model_config"),
+                  ("--num-speculative-tokens", "num_speculative_tokens"), ("--draft-acceptance", "draft_acceptance"),
+                  ("--gpu", "gpu"), ("--output-cv", "output_cv"))
+
+
+def _refuse_roofline_flags(args: argparse.Namespace, why: str) -> None:
+    """ConfigError naming the roofline's flags given where no roofline is sized (as --num-speculative-tokens
+    without a draft is refused): a flag that changes nothing must not look as if it did."""
+    given = [flag for flag, key in ROOFLINE_FLAGS if getattr(args, key, None) is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)} size{'s' if len(given) == 1 else ''} a roofline capacity, and no "
+                          f"capacity here is the roofline's: {why}; drop {'it' if len(given) == 1 else 'them'}")
 
 
 def _page_capacity(phase: str, value: float, where: str) -> float:

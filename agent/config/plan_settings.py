@@ -100,7 +100,7 @@ SETTINGS: tuple[Setting, ...] = (
     _plan("output_cv", "the output lengths' coefficient of variation (standard deviation / mean) for the physics "
           "decode capacity: a request is in the running batch for as many steps as its output is long, so the "
           "batch's mean context is P + O (1 + cv^2) / 2 (a lognormal of sigma s: cv = sqrt(exp(s^2) - 1); the "
-          "demo's 0.7: 0.80) (default %(default)s: every output alike)", type=float, flag_default=0.0,
+          "demo's 0.7: 0.80) (default 0: every output alike)", type=float,
           metavar="CV", group=POOLS),
     _plan("prefill_capacity", "prefill tokens/s one group carries (default: the model on --gpu at --prefill-mfu, or "
           "the live agent's)", type=float, metavar="TOK_PER_S", group=POOLS),

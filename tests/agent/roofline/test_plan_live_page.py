@@ -102,3 +102,26 @@ async def test_a_live_batch_whose_step_is_past_the_itl_target_is_noted() -> None
     assert "Note: the live agent (t, role both)'s decode batch of 256" in text
     # 64 at 3,000 tok/s (21.3 ms) is within it: no note
     assert not any("ITL target" in n for n in pools(await plan_on(page(batch="64"), "--rate", "10", "--json"))["notes"])
+
+
+ROOFLINE_ONLY = [("--gpu", "h200"), ("--output-cv", "0.8"), ("--draft-model", "llama-3.2-1b"),
+                 ("--draft-model", "llama-3.2-1b", "--num-speculative-tokens", "4", "--draft-acceptance", "0.7")]
+
+
+@pytest.mark.parametrize("flags", ROOFLINE_ONLY)
+async def test_roofline_flags_where_no_capacity_is_the_rooflines_exit_2(flags: tuple[str, ...]) -> None:
+    # were ignored without a word: both capacities from the page, from the flags, or no --rate at all (and a
+    # --draft-model missing its --num-speculative-tokens was not even checked)
+    done = await plan_on(page(), "--rate", "10", *flags)
+    assert done.returncode == 2 and "no capacity here is the roofline's: both capacities are the live agent's" \
+        in done.stderr, done.stderr
+    assert flags[0] in done.stderr and "drop" in done.stderr
+    done = await asyncio.to_thread(subprocess.run, [
+        rooflight_exe(), "plan", "--rate", "10", "--prompt", "1000", "--output", "200", "--prefill-capacity", "10000",
+        "--decode-capacity", "2500", *flags], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "both capacities are given" in done.stderr
+    done = await plan_on(page(), *flags)
+    assert done.returncode == 2 and "--from-live without --rate reads the live signals alone" in done.stderr
+    # where a phase is the roofline's they apply
+    assert (await plan_on(page(capacities={"decode": "3000"}, source="preset:llama-3-8b", gpus=("h100-sxm",)),
+                          "--rate", "10", "--gpu", "h200", "--output-cv", "0.8")).returncode == 0
