@@ -86,8 +86,11 @@ SETTINGS: tuple[Setting, ...] = (
           flag_default=4.0),
     _plan("num_speculative_tokens", "with a draft model: the tokens it proposes a step, k (vLLM's "
           "speculative_config num_speculative_tokens)", type=int, metavar="K"),
-    _plan("draft_acceptance", "with a draft model: the share of its proposed tokens the model accepts (the live "
-          "agent's rooflight_spec_decode_acceptance_ratio); a step yields 1 + acceptance x k tokens a sequence",
+    _plan("draft_acceptance", "with a draft model: accepted / proposed draft tokens, A (vLLM's "
+          "spec_decode_num_accepted_tokens / spec_decode_num_draft_tokens, the live agent's "
+          "rooflight_spec_decode_acceptance_ratio); a step yields 1 + A x k tokens a sequence. Not a per-position "
+          "acceptance a (each draft token kept where the one before was): that is A = (a + a^2 + ... + a^k) / k, "
+          "a = 0.7 at k = 4 is A = 0.443",
           type=float, metavar="RATIO"),
     _plan("json", "print every figure in base units as JSON", action="store_true", flag_default=False),
     _plan("list", "list the model presets and GPU profiles", action="store_true", flag_default=False),

@@ -63,3 +63,13 @@ def test_the_itl_target_bounds_the_whole_verify_step_not_the_time_per_kept_token
     verify_step = pools["decode_step_seconds"] * 3.8  # decode_step_seconds: a kept token's
     assert 0.015 < verify_step <= 0.02 and pools["decode_batch"] == 28
     assert "observes ITL once a verify step" in " ".join(plan("--help").stdout.split())
+
+
+def test_draft_acceptance_is_accepted_over_proposed_as_the_live_agent_reads_it() -> None:
+    # the live rooflight_spec_decode_acceptance_ratio is accepted / proposed draft tokens (signals/derive.py); a
+    # per-position a = 0.7 at k = 4 is A = (0.7 + 0.49 + 0.343 + 0.2401) / 4 = 0.443: both keep 2.77 tokens a step
+    a = (0.7 + 0.7 ** 2 + 0.7 ** 3 + 0.7 ** 4) / 4
+    out = json.loads(plan(*DRAFT[:-1], f"{a}", "--json").stdout)
+    assert out["decode_tokens_per_step"] == pytest.approx(1 + 0.7 + 0.49 + 0.343 + 0.2401)
+    said = " ".join(plan("--help").stdout.split())
+    assert "accepted / proposed draft tokens" in said and "A = (a + a^2 + ... + a^k) / k" in said
