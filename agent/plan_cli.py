@@ -180,8 +180,8 @@ def format_pools(p: PoolPlan) -> str:
     rank_gpus = p.gpus_per_group / p.ranks_per_group
     ep_group = (f", an EP group of {sig(p.ranks_per_group)} ranks of {rank_gpus:,.0f} GPU{'s' if rank_gpus > 1 else ''}"
                 if p.ranks_per_group > 1 else "")
-    batch = (f"; decode batch {p.decode_batch:,.0f}"
-             + (f", {p.decode_batch / p.ranks_per_group:,.0f} a rank" if p.ranks_per_group > 1 else "")
+    batch = (f"; decode batch {sig(p.decode_batch)}"
+             + (f", {sig(p.decode_batch / p.ranks_per_group)} a rank" if p.ranks_per_group > 1 else "")
              if p.decode_batch else "")
     lines = [
         f"Pools for {sig(p.rate)} req/s of {sig(p.prompt_tokens)} prompt + {sig(p.output_tokens)} output tokens"
@@ -260,6 +260,7 @@ class LiveSeries:
     capacity_decode_tokens_per_second: float | None = None
     capacity_phase_tokens_per_second: dict[str, float] = dataclasses.field(default_factory=dict)
     capacity_decode_batch: float | None = None  # the batch at the agent's first wall: its decode capacity's slots
+    capacity_decode_batch_invalid: float | None = None  # that gauge where the page's is no batch (0, NaN, 1e300)
     cost_per_million_tokens: dict[str, float] = dataclasses.field(default_factory=dict)
     tokens_per_joule: dict[str, float] = dataclasses.field(default_factory=dict)
     tensor_parallel_size: int | None = None  # rooflight_tensor_parallel_size of its (target, model)
@@ -302,7 +303,8 @@ def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 agent = agent or sample.name in wanted
-                if sample.name not in wanted or not math.isfinite(sample.value):
+                if sample.name not in wanted or (not math.isfinite(sample.value)
+                                                  and wanted[sample.name] != "capacity_batch"):
                     continue
                 kind = wanted[sample.name]
                 if kind in _GPU_KINDS and sample.value == 1:
@@ -377,8 +379,10 @@ def _put(fields: dict[str, Any], kind: str, labels: dict[str, str], value: float
     elif kind in single:
         fields[single[kind]] = value
     elif kind == "capacity_batch":
-        if 1 <= value <= MAX_BATCH:  # a hostile page's 0 or 1e300: not read
+        if 1 <= value <= MAX_BATCH:  # a hostile page's 0 or 1e300: not read, and said
             fields["capacity_decode_batch"] = value
+        else:
+            fields["capacity_decode_batch_invalid"] = value
     elif kind == "saturation":
         fields["saturation"], fields["role"] = value, labels.get("role")
     elif kind == "binding":
@@ -633,8 +637,10 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
                              "the decode pool is sized on the batch it runs, whose streams wait longer than the "
                              "target; a batch cap (vLLM --max-num-seqs) that meets it carries fewer tokens a group")
         else:
-            notes.append(f"{where} exports no rooflight_capacity_decode_batch_requests: decode slots taken as its "
-                         "decode capacity x the ITL target")
+            bad = live.capacity_decode_batch_invalid if live is not None else None
+            said = (f"an invalid rooflight_capacity_decode_batch_requests ({bad:g}: not a batch of 1 to {MAX_BATCH:,})"
+                    if bad is not None else "no rooflight_capacity_decode_batch_requests")
+            notes.append(f"{where} exports {said}: decode slots taken as its decode capacity x the ITL target")
     if cp is not None and cd is not None:
         _refuse_roofline_flags(args, "both capacities are " + (
             "given" if sources["prefill"] == sources["decode"] == "flags" else

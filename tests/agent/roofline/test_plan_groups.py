@@ -152,7 +152,7 @@ def test_the_live_agents_tp_sizes_the_group(capsys: pytest.CaptureFixture[str], 
 
 # --- 4. a live decode capacity's slots are the batch at the agent's first wall ---
 
-@pytest.mark.parametrize("batch", [None, "0", "1e300", "NaN"])
+@pytest.mark.parametrize("batch", [None, "0", "1e300", "NaN", "-5", "+Inf", "0.5"])
 def test_without_a_readable_live_batch_the_slots_are_capacity_x_itl_with_a_note(
         capsys: pytest.CaptureFixture[str], serve: Any, batch: str | None) -> None:
     page = "".join(line + "\n" for line in _page("both", {"prefill": 20000.0, "decode": 3000.0}).splitlines()
@@ -161,7 +161,16 @@ def test_without_a_readable_live_batch_the_slots_are_capacity_x_itl_with_a_note(
         page += f'rooflight_capacity_decode_batch_requests{{target="t",engine="vllm",model="m",rank="0",window="1m"}} {batch}\n'
     d = _plan(capsys, "--from-live", serve(page), "--rate", "10")["pools"]
     assert d["decode_slots_per_group"] == pytest.approx(3000.0 * 0.05) and d["decode_batch"] is None
-    assert any("exports no rooflight_capacity_decode_batch_requests" in n for n in d["notes"])
+    said = ("exports no rooflight_capacity_decode_batch_requests" if batch is None else
+            f"exports an invalid rooflight_capacity_decode_batch_requests ({float(batch):g}: not a batch of 1 to")
+    assert any(said in n for n in d["notes"]), d["notes"]  # was "exports no" for an invalid one too
+
+
+def test_a_fractional_live_batch_reads_alike_in_both_lines(capsys: pytest.CaptureFixture[str], serve: Any) -> None:
+    page = _page("both", {"prefill": 20000.0, "decode": 3000.0}).replace("decode_batch_requests{" , "X{")
+    page += 'rooflight_capacity_decode_batch_requests{target="t",engine="vllm",model="m",rank="0",window="1m"} 1.5\n'
+    text = _text(capsys, "--from-live", serve(page), "--rate", "10")
+    assert "decode batch 1.5)" in text and "its 1.5 slots a group" in text  # was "decode batch 2"
 
 
 def test_the_live_batch_and_its_step_are_the_decode_slots(capsys: pytest.CaptureFixture[str], serve: Any) -> None:
