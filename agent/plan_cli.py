@@ -24,6 +24,7 @@ from rooflight.agent.roofline.plan import (
     DEFAULT_PROMPT_TOKENS,
     Plan,
     PoolPlan,
+    batch_context,
     build_plan,
     build_pool_plan,
     group_gpus,
@@ -203,6 +204,10 @@ def format_pools(p: PoolPlan) -> str:
         f"  one shared pool         {_groups(p.shared_groups)} at {_pct(p.shared_utilization)} busy "
         f"({p.shared_groups_at_full_load} at 100%)",
     ]
+    if p.running_context_tokens is not None:
+        lines.append(f"  running context         {p.running_context_tokens:,.0f} tokens a decoding sequence holds on "
+                     f"average (P + O (1 + cv^2) / 2 at output cv {sig(p.output_cv or 0.0)}, at most the model's "
+                     "context): the physics decode batch's KV")
     if p.kv_bytes_per_request is not None:
         lines.append(f"  KV shipped per request  {_gb(p.kv_bytes_per_request)} (the prompt's cache, prefill to decode)")
     verdict = (f"share one pool of {_groups(p.shared_groups)}" if p.share else
@@ -623,7 +628,7 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
     ranks = gpus / tp
     cp, cd = args.prefill_capacity, args.decode_capacity
     sources = {"prefill": "flags" if cp is not None else None, "decode": "flags" if cd is not None else None}
-    batch = kv = step = None
+    batch = kv = step = running = None
     phases = live.capacity_phase_tokens_per_second if live is not None else {}
     if cp is None and "prefill" in phases:  # one rank's, as the agent computes it: the EP group runs R of them
         cp, sources["prefill"] = _page_capacity("prefill", phases["prefill"], where) * ranks, "live"
@@ -662,11 +667,14 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
             cp, sources["prefill"] = p_cap, "physics"
         if cd is None:
             cd, sources["decode"], batch, step = d_cap, "physics", d_batch, d_step
+            running = batch_context(model, prompt, output, args.output_cv or 0.0)
     source = (sources["prefill"] if sources["prefill"] == sources["decode"]
               else f"prefill {sources['prefill']}, decode {sources['decode']}")
     return build_pool_plan(args.rate, prompt, output, cp, cd, itl_slo=args.itl_slo, ttft_slo=args.ttft_slo,
                            source=str(source), gpus_per_group=gpus, decode_batch=batch, kv_bytes_per_request=kv,
-                           decode_step_seconds=step, ranks_per_group=ranks), notes
+                           decode_step_seconds=step, ranks_per_group=ranks,
+                           output_cv=args.output_cv or 0.0 if running is not None else None,
+                           running_context_tokens=running), notes
 
 
 def _check_live_mix(model: Any, args: argparse.Namespace, mix: tuple[float, float] | None, where: str) -> None:

@@ -264,13 +264,16 @@ class PoolPlan:
     share: bool
     reasons: tuple[str, ...]
     ranks_per_group: float = 1.0  # engine ranks of tp GPUs in a group: ep / tp under expert parallelism, else 1
+    output_cv: float | None = None  # the output lengths' cv a physics decode capacity was sized at
+    running_context_tokens: float | None = None  # the running batch's mean context it held (physics only)
 
 
 def build_pool_plan(rate: float, prompt_tokens: float, output_tokens: float, prefill_capacity: float,
                     decode_capacity: float, *, itl_slo: float = DEFAULT_ITL_SLO_SECONDS,
                     ttft_slo: float = DEFAULT_TTFT_SLO_SECONDS, source: str = "flags", gpus_per_group: int = 1,
                     decode_batch: float | None = None, kv_bytes_per_request: float | None = None,
-                    decode_step_seconds: float | None = None, ranks_per_group: float = 1.0) -> PoolPlan:
+                    decode_step_seconds: float | None = None, ranks_per_group: float = 1.0,
+                    output_cv: float | None = None, running_context_tokens: float | None = None) -> PoolPlan:
     """Size both pools at their targets and decide on the physics (docs/physics.md, section Pools sized at the
     SLO). Prefill: the fewest groups whose p99 TTFT, an M/M/c queueing wait plus one prompt's prefill, meets
     ttft_slo. Decode: each group holds `decode_batch` sequences stepping every `decode_step_seconds` (the
@@ -326,6 +329,7 @@ def build_pool_plan(rate: float, prompt_tokens: float, output_tokens: float, pre
         kv_bytes_per_request=kv_bytes_per_request,
         requests_per_second_per_group=rate / (prefill_load + decode_load),
         load_per_group=prefill_load + decode_load, share=bool(reasons), ranks_per_group=ranks_per_group,
+        output_cv=output_cv, running_context_tokens=running_context_tokens,
         reasons=tuple(reasons) or (
             f"one prompt's prefill holds a {'rank' if ranks > 1 else 'group'} {ms(stall)}, past the {ms(itl_slo)} ITL budget a shared pool's "
             "decodes would wait: split, and scale each pool on its own signal",),
@@ -413,7 +417,7 @@ def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tok
 
     Prefill: a prompt's FLOPs (its tokens, its causal attention, the LM head once) + its TP all-reduces. Decode:
     the batch N = min(batch cap, sequences the KV memory holds at the running batch's mean context,
-    running_context: P + O (1 + output_cv^2) / 2) or,
+    batch_context: P + O (1 + output_cv^2) / 2, at most the model's context) or,
     with `itl_slo`, the largest batch up to N whose step (the step model's, plus the TP all-reduces; under
     speculative decoding the whole verify step, draft passes and all, as vLLM observes ITL once a verify step)
     meets it; that batch / its step per decoded token. The same seconds the live agent's capacity uses (signals/headroom.py). The step
@@ -429,7 +433,7 @@ def physics_capacities(model: ModelSpec, gpu: GpuProfile, *, tp: int, prompt_tok
     spec = speculation if draft is not None else Speculation()
     roofs = Roofs(tp * gpu.peak_flops[gpu.peak_dtype_for(model.compute_dtype)],
                   tp * gpu.memory_bandwidth_bytes_per_second, gpu.link).at(prefill_mfu, decode_mbu)
-    context = running_context(prompt_tokens, output_tokens, output_cv)
+    context = batch_context(model, prompt_tokens, output_tokens, output_cv)
     memory = _beside_draft(layout, draft, tp)
     free = gpu.memory_bytes - layout.weight_bytes_per_gpu - memory.weight_bytes_per_gpu - reserved_bytes_per_gpu
     kv_wall = min(float(batch_max), ph.max_concurrent_sequences(free, memory.sequence_kv_bytes_per_gpu(context)))
@@ -466,6 +470,14 @@ def running_context(prompt_tokens: float, output_tokens: float, output_cv: float
     E[O_i (P + O_i / 2)] / E[O_i] = P + E[O^2] / (2 E[O]) = P + O (1 + cv^2) / 2 for outputs of mean O and
     coefficient of variation cv (independent of the prompt): P + O/2 where every output is alike."""
     return prompt_tokens + output_tokens * (1.0 + output_cv * output_cv) / 2
+
+
+def batch_context(model: ModelSpec, prompt_tokens: float, output_tokens: float, output_cv: float = 0.0) -> float:
+    """running_context, at most the model's max_position_embeddings: a wide spread's longest outputs stop at the
+    context the model reads, so no sequence in the batch holds more (--output-cv 10 on 249 + 584 tokens: 13,225,
+    past an 8,192-token model)."""
+    context = running_context(prompt_tokens, output_tokens, output_cv)
+    return min(context, float(model.max_context_tokens)) if model.max_context_tokens else context
 
 
 def _batch_within(step: Any, most: float, seconds: float) -> float | None:

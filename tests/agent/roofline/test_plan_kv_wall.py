@@ -104,3 +104,15 @@ def test_the_default_context_is_the_models_most_where_it_reads_fewer_than_8000(a
     done = plan(*TINY, "--context", "4000")
     assert done.returncode == 2 and "--context 4,000: tiny-llama reads at most 2,048" in done.stderr
     assert "max_position_embeddings where it reads fewer" in " ".join(plan("--help").stdout.split())
+
+
+def test_a_wide_output_spread_holds_at_most_the_models_context_and_both_are_shown() -> None:
+    # --output-cv 10 on 584 + 249 tokens: P + O (1 + cv^2) / 2 = 13,158 tokens a sequence, past llama-3-8b's 8,192
+    # (was sized there, rc 0, and shown nowhere)
+    argv = ("--model", "llama-3-8b", "--rate", "10", "--prompt", "584", "--output", "249")
+    pools = json.loads(plan(*argv, "--output-cv", "10", "--json").stdout)["pools"]
+    assert (pools["output_cv"], pools["running_context_tokens"]) == (10, 8192)
+    assert "running context         8,192 tokens a decoding sequence holds on average (P + O (1 + cv^2) / 2 at " \
+           "output cv 10" in plan(*argv, "--output-cv", "10").stdout
+    pools = json.loads(plan(*argv, "--json").stdout)["pools"]
+    assert (pools["output_cv"], pools["running_context_tokens"]) == (0, 584 + 249 / 2)
