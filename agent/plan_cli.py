@@ -26,6 +26,7 @@ from rooflight.agent.roofline.plan import (
     PoolPlan,
     batch_context,
     build_plan,
+    check_context,
     build_pool_plan,
     group_gpus,
     ms,
@@ -80,9 +81,13 @@ def format_plan(plan: Plan) -> str:
                      f"{_gb(p.kv_bytes_per_sequence_per_gpu)} of KV per GPU, past the {_gb(p.kv_bytes_free_per_gpu)}"
                      " left: lower --context or raise --tp")
     else:
-        memory = p.kv_bytes_free_per_gpu + p.weight_bytes_per_gpu + p.reserved_bytes_per_gpu
+        memory = p.kv_bytes_free_per_gpu + p.weight_bytes_per_gpu + p.draft_weight_bytes_per_gpu + p.reserved_bytes_per_gpu
         if p.weight_bytes_per_gpu >= memory:
             lines.append("  DOES NOT FIT            the weights alone exceed this GPU's memory: raise --tp")
+        elif p.weight_bytes_per_gpu + p.draft_weight_bytes_per_gpu >= memory:
+            lines.append(f"  DOES NOT FIT            the draft's {_gb(p.draft_weight_bytes_per_gpu)} ({p.draft_model}) "
+                         f"beside {_gb(p.weight_bytes_per_gpu)} of the model's weights per GPU exceed its "
+                         f"{_gb(memory)}: give a smaller draft or raise --tp")
         else:  # the weights fit; the reserve takes the rest
             lines.append(f"  DOES NOT FIT            the {_gb(p.reserved_bytes_per_gpu)} reserved (--reserved-gb) leaves"
                          f" no memory for the KV cache beside {_gb(p.weight_bytes_per_gpu)} of weights per GPU, of "
@@ -659,7 +664,8 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
             model, get_profile(gpu), tp=tp, prompt_tokens=prompt, output_tokens=output,
             batch_max=args.batch_max, prefill_mfu=args.prefill_mfu, decode_mbu=args.decode_mbu,
             reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo, ep=args.ep,
-            output_cv=args.output_cv or 0.0, **_speculative(args))
+            output_cv=args.output_cv or 0.0,
+            **_speculative(args, model, (("--prompt + --output", prompt + output),)))
         if named:
             notes.append(f"{' and '.join(p for p, v in sources.items() if v is None)} capacity: the roofline of "
                          f"{named} on {tp} x {gpu} ({gpu_said})")
@@ -764,20 +770,24 @@ def _physics_gpu(args: argparse.Namespace, live: LiveSeries | None, where: str, 
 
 def _calculator(args: argparse.Namespace) -> Plan:
     model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
+    context = within_context(model, args.context, DEFAULT_CONTEXT_TOKENS)
+    prompt = within_context(model, args.prompt_tokens, DEFAULT_PROMPT_TOKENS)
     return build_plan(model, get_profile(args.gpu or DEFAULT_PROFILE_KEY), tp=args.tp or 1,
-                      context_tokens=within_context(model, args.context, DEFAULT_CONTEXT_TOKENS), batch=args.batch,
-                      prompt_tokens=within_context(model, args.prompt_tokens, DEFAULT_PROMPT_TOKENS),
+                      context_tokens=context, batch=args.batch, prompt_tokens=prompt,
                       prefill_mfu=args.prefill_mfu,
-                      reserved_bytes_per_gpu=args.reserved_gb * 1e9, ep=args.ep, **_speculative(args))
+                      reserved_bytes_per_gpu=args.reserved_gb * 1e9, ep=args.ep,
+                      **_speculative(args, model, (("--context", context), ("--prompt-tokens", prompt))))
 
 
 MAX_SPECULATIVE_TOKENS = 64  # draft tokens a step: real ones propose 1-10
 
 
-def _speculative(args: argparse.Namespace) -> dict[str, Any]:
+def _speculative(args: argparse.Namespace, model: Any, lengths: tuple[tuple[str, float], ...]) -> dict[str, Any]:
     """The draft model and its speculation (build_plan's and physics_capacities' `draft`, `speculation`), as
     `rooflight run --draft-model` names it; {} without one. ConfigError naming the flag for a draft without
-    --num-speculative-tokens and --draft-acceptance, or those without a draft."""
+    --num-speculative-tokens and --draft-acceptance, or those without a draft; for a draft no smaller than
+    `model`, of another vocabulary (its proposals are token ids of the model's), or reading fewer tokens than
+    `lengths` (flag, tokens)."""
     draft_flags = getattr(args, "draft_model", None), getattr(args, "draft_model_config", None)
     k, acceptance = getattr(args, "num_speculative_tokens", None), getattr(args, "draft_acceptance", None)
     if not any(draft_flags):
@@ -799,6 +809,18 @@ def _speculative(args: argparse.Namespace) -> dict[str, Any]:
         draft = resolve_model(*draft_flags, None, None)
     except ConfigError as e:
         raise ConfigError(f"--draft-model: {e}") from None
+    said = f"--draft-model{'-config' if draft_flags[1] else ''} {draft.name}"
+    if draft.params_total >= model.params_total:
+        raise ConfigError(f"{said}: {sig(draft.params_total / 1e9)}B params, no smaller than {model.name}'s "
+                          f"{sig(model.params_total / 1e9)}B: a draft proposes tokens for a larger model to verify; "
+                          "give a smaller draft")
+    if draft.vocab_size and model.vocab_size and draft.vocab_size != model.vocab_size:
+        raise ConfigError(f"{said}: a vocabulary of {draft.vocab_size:,} tokens, {model.name}'s {model.vocab_size:,}:"
+                          " its proposals are not the model's tokens; give a draft of the model's tokenizer")
+    try:
+        check_context(draft, lengths)
+    except ConfigError as e:
+        raise ConfigError(f"{said}: {e}") from None
     return {"draft": draft, "speculation": Speculation.of(float(k), acceptance)}
 
 

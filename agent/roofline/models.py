@@ -111,6 +111,7 @@ class ModelSpec:
     # The longest sequence the model reads (config.json max_position_embeddings); None where not known (the
     # nominal reference shapes).
     max_context_tokens: int | None = None
+    vocab_size: int | None = None  # the tokenizer's (config.json vocab_size): a draft model's must be the model's
 
     @functools.cached_property
     def is_mla(self) -> bool:
@@ -659,7 +660,8 @@ def from_hf_config(cfg: Mapping[str, Any], *, source: str, name: str | None = No
                              or sum(t.params for t in tensors if t.kind == "embedding")),
         mla_qk_head_dim=_num(r, "qk_nope_head_dim") + _num(r, "qk_rope_head_dim") if r.has("kv_lora_rank") else None,
         mla_v_head_dim=_num(r, "v_head_dim", default=_num(r, "qk_nope_head_dim")) if r.has("kv_lora_rank") else None,
-        max_context_tokens=_num(r, "max_position_embeddings") if r.has("max_position_embeddings") else None)
+        max_context_tokens=_num(r, "max_position_embeddings") if r.has("max_position_embeddings") else None,
+        vocab_size=_num(r, "vocab_size"))
     if low_bit and not override and scheme is None:  # torch_dtype itself names a low-bit dtype
         spec = spec.with_dtypes(low_bit, None)
     return spec.with_dtypes(weight_dtype, kv_dtype)

@@ -73,3 +73,29 @@ def test_draft_acceptance_is_accepted_over_proposed_as_the_live_agent_reads_it()
     assert out["decode_tokens_per_step"] == pytest.approx(1 + 0.7 + 0.49 + 0.343 + 0.2401)
     said = " ".join(plan("--help").stdout.split())
     assert "accepted / proposed draft tokens" in said and "A = (a + a^2 + ... + a^k) / k" in said
+
+
+K4 = ("--num-speculative-tokens", "4", "--draft-acceptance", "0.7")
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (("--model", "llama-3-8b", "--draft-model", "llama-3-70b", *K4),  # was accepted
+     "--draft-model llama-3-70b: 70.6B params, no smaller than llama-3-8b's 8.03B"),
+    (("--model", "qwen3-32b", "--draft-model", "llama-3-8b", *K4),
+     "--draft-model llama-3-8b: a vocabulary of 128,256 tokens, qwen3-32b's 151,936"),
+    (("--model", "llama-3.1-405b-fp8", "--tp", "8", "--context", "10000", "--draft-model", "llama-3-8b", *K4),
+     "--draft-model llama-3-8b: --context 10,000: llama-3-8b reads at most 8,192"),
+    (("--model", "llama-3.1-405b-fp8", "--tp", "8", "--rate", "1", "--prompt", "9000", "--output", "100",
+      "--draft-model", "llama-3-8b", *K4), "--draft-model llama-3-8b: --prompt + --output 9,100: llama-3-8b reads"),
+])
+def test_a_draft_that_cannot_draft_for_the_model_exits_2_naming_it(argv: tuple[str, ...], says: str) -> None:
+    done = plan(*argv)
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+
+
+def test_a_draft_that_does_not_fit_beside_the_model_is_named() -> None:
+    # Llama-3-70B in fp8 (72.7 GB a GPU) fits an H100 alone; its Llama-3-8B draft's 16.1 GB do not (was: "the
+    # weights alone exceed this GPU's memory")
+    text = plan("--model", "llama-3-70b", "--weight-dtype", "fp8", "--draft-model", "llama-3-8b", *K4).stdout
+    assert "DOES NOT FIT            the draft's 16.1 GB (llama-3-8b) beside 72.7 GB of the model's weights" in text
+    assert "weights alone" not in text
