@@ -63,8 +63,9 @@ def format_plan(plan: Plan) -> str:
         + (f" (+ {_gb(p.draft_weight_bytes_per_gpu)} of the draft's; its KV is in each sequence's)"
            if p.draft_model else ""),
         f"  KV cache per token      {p.kv_bytes_per_token:,.0f} B ({sig(p.kv_bytes_per_token / 1024)} KiB),"
-        " all layers",
+        " all layers" + (f" (+ {p.draft_kv_bytes_per_token:,.0f} B of the draft's)" if p.draft_model else ""),
         f"  KV cache per sequence   {_gb(p.kv_bytes_per_sequence)} at {p.context_tokens:,} tokens"
+        + (", incl. the draft's" if p.draft_model else "")
         + (f" ({p.windowed_layers} of {p.n_layers} layers keep only the last {p.kv_window_tokens:,})"
            if p.windowed_layers else ""),
         f"  KV memory left          {_gb(p.kv_bytes_free_per_gpu)} per GPU ({_gb(p.kv_bytes_free_total)}"

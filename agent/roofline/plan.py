@@ -103,6 +103,7 @@ class Plan:
     num_speculative_tokens: float = 0.0  # k: tokens it proposes a step, verified with the sequence's own
     decode_tokens_per_step: float = 1.0  # tokens a sequence keeps a step: 1 + acceptance x k
     draft_weight_bytes_per_gpu: float = 0.0  # the draft's weights on each GPU (its KV is in kv_bytes_per_sequence*)
+    draft_kv_bytes_per_token: float = 0.0  # the draft's KV a token, all its layers (beside kv_bytes_per_token)
 
 
 def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: int, batch: int,
@@ -183,6 +184,7 @@ def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: in
         notes=model.notes,
         draft_model=draft.name if draft is not None else None, num_speculative_tokens=k, decode_tokens_per_step=kept,
         draft_weight_bytes_per_gpu=memory.weight_bytes_per_gpu,
+        draft_kv_bytes_per_token=draft.kv_bytes_per_token if draft is not None else 0.0,
     )
 
 

@@ -99,3 +99,11 @@ def test_a_draft_that_does_not_fit_beside_the_model_is_named() -> None:
     text = plan("--model", "llama-3-70b", "--weight-dtype", "fp8", "--draft-model", "llama-3-8b", *K4).stdout
     assert "DOES NOT FIT            the draft's 16.1 GB (llama-3-8b) beside 72.7 GB of the model's weights" in text
     assert "weights alone" not in text
+
+
+def test_the_kv_lines_add_up_with_the_drafts_kv() -> None:
+    # 8,000 x (131,072 + 32,768) B = 1.31 GB a sequence: was printed beside "131,072 B" a token alone
+    text = plan(*DRAFT).stdout
+    assert "KV cache per token      131,072 B (128 KiB), all layers (+ 32,768 B of the draft's)" in text
+    assert "KV cache per sequence   1.31 GB at 8,000 tokens, incl. the draft's" in text
+    assert json.loads(plan(*DRAFT, "--json").stdout)["draft_kv_bytes_per_token"] == 32_768
