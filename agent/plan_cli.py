@@ -206,9 +206,9 @@ def format_pools(p: PoolPlan) -> str:
         f"at most 1% of requests wait for one of its {sig(p.decode_slots_per_group)} slots a group "
         f"({sig(p.decode_tokens_per_second)} output tok/s / {sig(p.decode_capacity_per_group)} = "
         f"{sig(p.decode_tokens_per_second / p.decode_capacity_per_group)} groups' work; "
-        f"{p.decode_groups_at_full_load} at 100%)",
+        f"{p.decode_groups_at_full_load:,} at 100%)",
         f"  one shared pool         {_groups(p.shared_groups)} at {_pct(p.shared_utilization)} busy "
-        f"({p.shared_groups_at_full_load} at 100%)",
+        f"({p.shared_groups_at_full_load:,} at 100%)",
     ]
     if p.running_context_tokens is not None:
         lines.append(f"  running context         {p.running_context_tokens:,.0f} tokens a decoding sequence holds on "
@@ -217,7 +217,7 @@ def format_pools(p: PoolPlan) -> str:
     if p.kv_bytes_per_request is not None:
         lines.append(f"  KV shipped per request  {_gb(p.kv_bytes_per_request)} (the prompt's cache, prefill to decode)")
     verdict = (f"share one pool of {_groups(p.shared_groups)}" if p.share else
-               f"split: {p.prefill_groups} prefill + {_groups(p.decode_groups, 'decode group')}")
+               f"split: {p.prefill_groups:,} prefill + {_groups(p.decode_groups, 'decode group')}")
     lines += ["", f"Verdict: {verdict}", *(f"  - {r}" for r in p.reasons)]
     return "\n".join(lines)
 
@@ -227,7 +227,7 @@ def _pct(ratio: float) -> str:
 
 
 def _groups(n: int, what: str = "group") -> str:
-    return f"{n} {what}{'' if n == 1 else 's'}"
+    return f"{n:,} {what}{'' if n == 1 else 's'}"
 
 
 # --- A running agent's signals (`--from-live`) ---
@@ -769,10 +769,18 @@ def _physics_gpu(args: argparse.Namespace, live: LiveSeries | None, where: str, 
     return DEFAULT_PROFILE_KEY, "the default --gpu" if live is None else "the default --gpu: the page names no GPU profile"
 
 
+def _as_given(args: argparse.Namespace, model: Any) -> str:
+    """The model as the user named it, with the preset it maps to where that differs
+    (meta-llama/Llama-3.1-8B is llama-3-8b's shapes with its own context)."""
+    given = args.model or args.model_config
+    return f"{given} ({model.name})" if given and given != model.name else model.name
+
+
 def _calculator(args: argparse.Namespace) -> Plan:
     model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
     context = within_context(model, args.context, DEFAULT_CONTEXT_TOKENS)
     prompt = within_context(model, args.prompt_tokens, DEFAULT_PROMPT_TOKENS)
+    check_context(model, (("--context", context), ("--prompt-tokens", prompt)), _as_given(args, model))
     return build_plan(model, get_profile(args.gpu or DEFAULT_PROFILE_KEY), tp=args.tp or 1,
                       context_tokens=context, batch=args.batch, prompt_tokens=prompt,
                       prefill_mfu=args.prefill_mfu,
@@ -791,6 +799,10 @@ def _speculative(args: argparse.Namespace, model: Any, lengths: tuple[tuple[str,
     `lengths` (flag, tokens)."""
     draft_flags = getattr(args, "draft_model", None), getattr(args, "draft_model_config", None)
     k, acceptance = getattr(args, "num_speculative_tokens", None), getattr(args, "draft_acceptance", None)
+    for flag, value in zip(("--draft-model", "--draft-model-config"), draft_flags):
+        if value is not None and not value.strip():
+            raise ConfigError(f"{flag} is empty: write the draft's preset or Hugging Face id (--draft-model) or its "
+                              "config.json (--draft-model-config)")
     if not any(draft_flags):
         if k is not None or acceptance is not None:
             raise ConfigError("--num-speculative-tokens and --draft-acceptance describe a draft model's speculation:"
@@ -800,16 +812,17 @@ def _speculative(args: argparse.Namespace, model: Any, lengths: tuple[tuple[str,
         raise ConfigError("give --draft-model or --draft-model-config, not both")
     missing = [f for f, v in (("--num-speculative-tokens", k), ("--draft-acceptance", acceptance)) if v is None]
     if missing:
-        raise ConfigError(f"--draft-model needs {' and '.join(missing)}: the tokens it proposes a step (k, e.g. 4) "
-                          "and the share of them the model accepts (e.g. 0.7; a live agent's "
-                          "rooflight_spec_decode_acceptance_ratio)")
+        what = {"--num-speculative-tokens": "the tokens it proposes a step (k, e.g. 4)",
+                "--draft-acceptance": "the share of its proposed tokens the model accepts, accepted / proposed (e.g. 0.7; a live "
+                                      "agent's rooflight_spec_decode_acceptance_ratio)"}
+        raise ConfigError(f"--draft-model needs {' and '.join(missing)}: {'; and '.join(what[f] for f in missing)}")
     if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
         raise ConfigError(f"--num-speculative-tokens {k}: write the draft tokens a step, from 1 to "
                           f"{MAX_SPECULATIVE_TOKENS}")
     try:
         draft = resolve_model(*draft_flags, None, None)
     except ConfigError as e:
-        raise ConfigError(f"--draft-model: {e}") from None
+        raise ConfigError(f"--draft-model{'-config' if draft_flags[1] else ''}: {e}") from None
     said = f"--draft-model{'-config' if draft_flags[1] else ''} {draft.name}"
     if draft.params_total >= model.params_total:
         raise ConfigError(f"{said}: {sig(draft.params_total / 1e9)}B params, no smaller than {model.name}'s "

@@ -385,13 +385,13 @@ def _check_counts(model: ModelSpec, tp: int, ep: int, counts: tuple[tuple[str, f
             raise ConfigError(f"{flag} {value}: at most {most:,} {what}")
 
 
-def check_context(model: ModelSpec, lengths: tuple[tuple[str, float], ...]) -> None:
+def check_context(model: ModelSpec, lengths: tuple[tuple[str, float], ...], name: str | None = None) -> None:
     """ConfigError naming the flag, for a (flag, tokens) longer than the model reads (its max_position_embeddings;
-    no bound where the model does not say it)."""
+    no bound where the model does not say it); `name`: the model as the user gave it (default its own)."""
     most = model.max_context_tokens
     for flag, tokens in lengths:
         if most is not None and tokens > most:
-            raise ConfigError(f"{flag} {tokens:,.0f}: {model.name} reads at most {most:,} tokens a sequence "
+            raise ConfigError(f"{flag} {tokens:,.0f}: {name or model.name} reads at most {most:,} tokens a sequence "
                               f"(max_position_embeddings in its config.json); write at most {most:,}")
 
 

@@ -82,3 +82,29 @@ def test_the_other_reviewed_messages_say_what_to_fix(argv: tuple[str, ...], says
     done = subprocess.run([rooflight_exe(), "plan", *argv], capture_output=True, text=True, timeout=120)
     assert says in done.stdout + done.stderr
     assert "raise --tp" not in done.stderr and "weights alone exceed" not in done.stdout
+
+
+K4 = ("--num-speculative-tokens", "4", "--draft-acceptance", "0.7")
+
+
+@pytest.mark.parametrize(("argv", "says", "not_said"), [
+    (("--model", "llama-3-8b", "--draft-model-config", "/nonexist.json", *K4),
+     "--draft-model-config: cannot read model config /nonexist.json", "--draft-model:"),
+    (("--model", "llama-3-8b", "--draft-model", "", *K4), "--draft-model is empty", "give --draft-model"),
+    (("--model", "llama-3-8b", "--draft-model", "llama-3.2-1b", "--num-speculative-tokens", "4"),
+     "--draft-model needs --draft-acceptance: the share of its proposed tokens the model accepts",
+     "tokens it proposes a step"),
+    (("--model", "meta-llama/Llama-3.1-8B", "--context", "131073"),
+     "--context 131,073: meta-llama/Llama-3.1-8B (llama-3-8b) reads at most 131,072", "llama-3-8b reads"),
+])
+def test_draft_and_context_messages_name_what_the_user_gave(argv: tuple[str, ...], says: str, not_said: str) -> None:
+    done = subprocess.run([rooflight_exe(), "plan", *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and says in done.stderr and not_said not in done.stderr, done.stderr
+
+
+def test_large_counts_of_groups_keep_their_thousands_separators() -> None:
+    done = subprocess.run([rooflight_exe(), "plan", "--rate", "20000", "--prompt", "2000", "--output", "250",
+                           "--prefill-capacity", "100000", "--decode-capacity", "2500"], capture_output=True, text=True,
+                          timeout=120)
+    assert "decode pool             2,010 groups" in done.stdout and "2,000 at 100%)" in done.stdout  # was "2010 groups"
+    assert "Verdict: share one pool of 2,401 groups" in done.stdout
