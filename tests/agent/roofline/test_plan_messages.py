@@ -5,12 +5,11 @@ named."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 
 import pytest
 
-from support import MODEL_CONFIGS, FakeEngine, rooflight_exe
+from support import MODEL_CONFIGS, plan_from_live, rooflight_exe
 
 SAMPLES = MODEL_CONFIGS.parent / "engine-samples"
 S = 'target="{t}",engine="vllm",model="m",rank="0",window="1m"'
@@ -27,35 +26,25 @@ def _series(target: str, requests: float, prefill: float, decode: float) -> str:
         f"rooflight_capacity_decode_batch_requests{{{s}}} 64"))
 
 
-async def _plan_on(page: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    engine = FakeEngine(body=page)
-    await engine.start()
-    try:
-        return await asyncio.to_thread(subprocess.run, [rooflight_exe(), "plan", "--from-live", engine.url, *argv],
-                                       capture_output=True, text=True, timeout=120)
-    finally:
-        await engine.stop()
-
-
 async def test_an_engines_own_page_is_not_an_agents() -> None:
     page = (SAMPLES / "vllm-cpu-load-c16.prom").read_text()
-    done = await _plan_on(page)
+    done = await plan_from_live(page)
     assert done.returncode == 2, done.stdout  # was: "The agent serves no windowed signals yet", exit 0
     assert "not a Rooflight agent's /metrics" in done.stderr and "9746" in done.stderr
     # an agent with no windows yet still says so: its build_info is on the page
-    done = await _plan_on('rooflight_build_info{version="0.2.0"} 1\n')
+    done = await plan_from_live('rooflight_build_info{version="0.2.0"} 1\n')
     assert done.returncode == 0 and "no windowed signals yet" in done.stdout
 
 
 async def test_a_negative_live_request_rate_is_no_traffic_not_a_bad_prompt() -> None:
-    done = await _plan_on(_series("t", -4, 20000, 3000), "--rate", "10")
+    done = await plan_from_live(_series("t", -4, 20000, 3000), "--rate", "10")
     assert done.returncode == 2
     assert "has no traffic in its window" in done.stderr  # was: "--prompt must be a number above 0, got -2000.0"
     assert "got -" not in done.stderr
 
 
 async def test_the_pools_name_the_target_they_read_among_several() -> None:
-    done = await _plan_on(_series("t", 4, 20000, 3000) + _series("u", 2, 40000, 6000), "--rate", "10")
+    done = await plan_from_live(_series("t", 4, 20000, 3000) + _series("u", 2, 40000, 6000), "--rate", "10")
     assert done.returncode == 0, done.stderr
     assert "per group (1 GPU): 20,000 prefill tok/s, 3,000 decode tok/s" in done.stdout  # t's
     assert "Note: the page has other targets too (u): the pools read t alone" in done.stdout
