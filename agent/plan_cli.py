@@ -772,19 +772,17 @@ def _physics_gpu(args: argparse.Namespace, live: LiveSeries | None, where: str, 
 def _as_given(args: argparse.Namespace, model: Any) -> str:
     """The model as the user named it, with the preset it maps to where that differs
     (meta-llama/Llama-3.1-8B is llama-3-8b's shapes with its own context)."""
-    given = args.model or args.model_config
-    return f"{given} ({model.name})" if given and given != model.name else model.name
+    return f"{args.model} ({model.name})" if args.model and args.model != model.name else model.name
 
 
 def _calculator(args: argparse.Namespace) -> Plan:
     model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
     context = within_context(model, args.context, DEFAULT_CONTEXT_TOKENS)
     prompt = within_context(model, args.prompt_tokens, DEFAULT_PROMPT_TOKENS)
-    check_context(model, (("--context", context), ("--prompt-tokens", prompt)), _as_given(args, model))
     return build_plan(model, get_profile(args.gpu or DEFAULT_PROFILE_KEY), tp=args.tp or 1,
                       context_tokens=context, batch=args.batch, prompt_tokens=prompt,
                       prefill_mfu=args.prefill_mfu,
-                      reserved_bytes_per_gpu=args.reserved_gb * 1e9, ep=args.ep,
+                      reserved_bytes_per_gpu=args.reserved_gb * 1e9, ep=args.ep, named=_as_given(args, model),
                       **_speculative(args, model, (("--context", context), ("--prompt-tokens", prompt))))
 
 

@@ -108,9 +108,10 @@ class Plan:
 
 def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: int, batch: int,
                prompt_tokens: int, prefill_mfu: float = 0.5, reserved_bytes_per_gpu: float = 4e9,
-               ep: int = 1, draft: ModelSpec | None = None, speculation: Speculation = Speculation()) -> Plan:
+               ep: int = 1, draft: ModelSpec | None = None, speculation: Speculation = Speculation(),
+               named: str | None = None) -> Plan:
     """Work one configuration through the step model (docs/physics.md, section Plan ceilings); ConfigError on
-    impossible inputs."""
+    impossible inputs (`named`: the model as the user gave it, for them)."""
     if tp < 1 or ep < 1 or context_tokens < 1 or batch < 1 or prompt_tokens < 1:
         raise ConfigError("--tp, --ep, --context, --batch and --prompt-tokens must be at least 1")
     if not 0 < prefill_mfu <= 1:
@@ -118,7 +119,7 @@ def build_plan(model: ModelSpec, gpu: GpuProfile, *, tp: int, context_tokens: in
     _check_counts(model, tp, ep, (("--batch", batch, MAX_BATCH, "sequences in one decode step"),
                                   ("--context", context_tokens, MAX_CONTEXT_TOKENS, "tokens in one sequence"),
                                   ("--prompt-tokens", prompt_tokens, MAX_CONTEXT_TOKENS, "tokens in one prompt")))
-    check_context(model, (("--context", context_tokens), ("--prompt-tokens", prompt_tokens)))
+    check_context(model, (("--context", context_tokens), ("--prompt-tokens", prompt_tokens)), named)
     layout = Layout(model, tp=tp, ep=ep, draft=draft)
     compute_dtype = gpu.peak_dtype_for(model.compute_dtype)
     roofs = Roofs(tp * gpu.peak_flops[compute_dtype], tp * gpu.memory_bandwidth_bytes_per_second, gpu.link)
