@@ -16,22 +16,28 @@ from typing import Any
 
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.metrics import names as metric_names
-from rooflight.agent.roofline.gpus import PROFILES, get_profile
+from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY, PROFILES, get_profile
 from rooflight.agent.roofline.models import PRESETS
+from rooflight.agent.roofline.step import Speculation
 from rooflight.agent.roofline.plan import (
+    DEFAULT_CONTEXT_TOKENS,
+    DEFAULT_PROMPT_TOKENS,
     Plan,
     PoolPlan,
+    batch_context,
     build_plan,
+    check_context,
     build_pool_plan,
     group_gpus,
     ms,
     physics_capacities,
     sig,
+    within_context,
 )
 from rooflight.agent.model_files import resolve_model
 from rooflight.agent.config import settings
 from rooflight.agent.config.values import parse_duration
-from rooflight.collectors.common import MAX_CONTEXT_TOKENS, MAX_TENSOR_PARALLEL
+from rooflight.collectors.common import MAX_BATCH, MAX_CONTEXT_TOKENS, MAX_TENSOR_PARALLEL
 
 
 def _gb(b: float) -> str:
@@ -47,12 +53,19 @@ def format_plan(plan: Plan) -> str:
         f"{sig(p.params_total / 1e9)}B params{moe}, "
         f"weights {p.weight_dtype}, KV cache {p.kv_dtype}; context {p.context_tokens:,} tokens, "
         f"batch {p.batch}",
+        *([f"Speculative decoding: draft {p.draft_model}, {sig(p.num_speculative_tokens)} tokens proposed a step; "
+           f"a decode step verifies {sig(1 + p.num_speculative_tokens)} tokens a sequence, runs the draft "
+           f"{sig(p.num_speculative_tokens)} times and keeps {sig(p.decode_tokens_per_step)}: the decode figures "
+           "below are its steps"] if p.draft_model else []),
         "",
         "Memory (per GPU unless said)",
-        f"  weights                 {_gb(p.weight_bytes)} total, {_gb(p.weight_bytes_per_gpu)} per GPU",
+        f"  weights                 {_gb(p.weight_bytes)} total, {_gb(p.weight_bytes_per_gpu)} per GPU"
+        + (f" (+ {_gb(p.draft_weight_bytes_per_gpu)} of the draft's; its KV is in each sequence's)"
+           if p.draft_model else ""),
         f"  KV cache per token      {p.kv_bytes_per_token:,.0f} B ({sig(p.kv_bytes_per_token / 1024)} KiB),"
-        " all layers",
+        " all layers" + (f" (+ {p.draft_kv_bytes_per_token:,.0f} B of the draft's)" if p.draft_model else ""),
         f"  KV cache per sequence   {_gb(p.kv_bytes_per_sequence)} at {p.context_tokens:,} tokens"
+        + (", incl. the draft's" if p.draft_model else "")
         + (f" ({p.windowed_layers} of {p.n_layers} layers keep only the last {p.kv_window_tokens:,})"
            if p.windowed_layers else ""),
         f"  KV memory left          {_gb(p.kv_bytes_free_per_gpu)} per GPU ({_gb(p.kv_bytes_free_total)}"
@@ -61,13 +74,21 @@ def format_plan(plan: Plan) -> str:
     if p.weight_bytes_streamed_per_step < p.weight_bytes:
         lines.append(f"  weights read a step     {_gb(p.weight_bytes_streamed_per_step)} at batch {p.batch} (the "
                      "input embeddings a row a token; MoE: the experts its tokens touch)")
-    if p.fits:
+    if p.fits and p.max_concurrent_sequences >= 1:
         lines.append(f"  max concurrent seqs     {p.max_concurrent_sequences:,.0f} at {p.context_tokens:,}"
                      " tokens each: the batch the KV wall allows")
+    elif p.fits:
+        lines.append(f"  NO SEQUENCE FITS        one sequence of {p.context_tokens:,} tokens holds "
+                     f"{_gb(p.kv_bytes_per_sequence_per_gpu)} of KV per GPU, past the {_gb(p.kv_bytes_free_per_gpu)}"
+                     " left: lower --context or raise --tp")
     else:
-        memory = p.kv_bytes_free_per_gpu + p.weight_bytes_per_gpu + p.reserved_bytes_per_gpu
+        memory = p.kv_bytes_free_per_gpu + p.weight_bytes_per_gpu + p.draft_weight_bytes_per_gpu + p.reserved_bytes_per_gpu
         if p.weight_bytes_per_gpu >= memory:
             lines.append("  DOES NOT FIT            the weights alone exceed this GPU's memory: raise --tp")
+        elif p.weight_bytes_per_gpu + p.draft_weight_bytes_per_gpu >= memory:
+            lines.append(f"  DOES NOT FIT            the draft's {_gb(p.draft_weight_bytes_per_gpu)} ({p.draft_model}) "
+                         f"beside {_gb(p.weight_bytes_per_gpu)} of the model's weights per GPU exceed its "
+                         f"{_gb(memory)}: give a smaller draft or raise --tp")
         else:  # the weights fit; the reserve takes the rest
             lines.append(f"  DOES NOT FIT            the {_gb(p.reserved_bytes_per_gpu)} reserved (--reserved-gb) leaves"
                          f" no memory for the KV cache beside {_gb(p.weight_bytes_per_gpu)} of weights per GPU, of "
@@ -76,13 +97,12 @@ def format_plan(plan: Plan) -> str:
         "",
         "Roofline",
         f"  ridge point             {sig(p.ridge_point)} FLOP/byte: below it a step waits on memory",
-        f"  decode ceiling          {ms(p.decode_step_seconds_weights_only)}/token, "
+        f"  decode ceiling          {ms(p.decode_step_seconds_weights_only)}/{_per(p)}, "
         f"{sig(p.decode_tokens_per_second_weights_only)} tok/s (batch 1, weights only)",
-        f"  decode ceiling at ctx   {ms(p.decode_step_seconds_at_context)}/token, "
+        f"  decode ceiling at ctx   {ms(p.decode_step_seconds_at_context)}/{_per(p)}, "
         f"{sig(p.decode_tokens_per_second_at_context)} tok/s (batch 1, weights + KV at "
         f"{p.context_tokens:,} tokens)",
-        f"  cache = weights at      {sig(p.kv_weight_crossover_tokens)} tokens of context"
-        if p.kv_weight_crossover_tokens is not None else
+        _crossover(p) if p.kv_weight_crossover_tokens is not None else
         "  cache = weights at      never: sliding windows cap one sequence's cache below the weights",
         f"  decode at batch {p.batch:<7} {ms(p.decode_step_seconds_at_batch)}/step, "
         f"{sig(p.decode_tokens_per_second_at_batch)} tok/s in all; intensity "
@@ -90,6 +110,11 @@ def format_plan(plan: Plan) -> str:
         f"{sig(100 * p.decode_attainable_fraction_of_peak)}% of peak compute at best"
         + (" (on the compute roof)" if p.decode_attainable_fraction_of_peak >= 0.9999 else ""),
     ]
+    if p.fits and p.max_concurrent_sequences >= 1 and not p.batch_within_kv_wall:
+        lines.append(f"  BEYOND THE KV WALL      {p.batch:,} sequences of {p.context_tokens:,} tokens need "
+                     f"{_gb(p.batch * p.kv_bytes_per_sequence_per_gpu)} of KV per GPU, {_gb(p.kv_bytes_free_per_gpu)}"
+                     f" left: an engine runs at most {p.max_concurrent_sequences:,.0f} at once, so batch {p.batch:,}"
+                     " is memory the GPUs do not have; lower --batch or --context, or raise --tp")
     if p.tp > 1:
         lines.append(f"  TP all-reduce           ~{ms(p.tp_allreduce_seconds_per_token)}/token on {p.link}"
                      " (2 per layer, latency only), on top of the decode step")
@@ -117,6 +142,20 @@ def format_plan(plan: Plan) -> str:
         *(f"Note: {note}" for note in p.notes),
     ]
     return "\n".join(lines)
+
+
+def _per(p: Plan) -> str:
+    """A batch-1 decode step yields a token, or under speculative decoding several: then it is a step."""
+    return "step" if p.draft_model else "token"
+
+
+def _crossover(p: Plan) -> str:
+    """The context at which one sequence's cache reads as many bytes as the weights, or why none reaches it."""
+    tokens = p.kv_weight_crossover_tokens or 0.0
+    if p.max_context_tokens is not None and tokens > p.max_context_tokens:
+        return (f"  cache = weights at      never: at {sig(tokens)} tokens, past the {p.max_context_tokens:,} the"
+                " model reads (max_position_embeddings)")
+    return f"  cache = weights at      {sig(tokens)} tokens of context"
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -148,8 +187,8 @@ def format_pools(p: PoolPlan) -> str:
     rank_gpus = p.gpus_per_group / p.ranks_per_group
     ep_group = (f", an EP group of {sig(p.ranks_per_group)} ranks of {rank_gpus:,.0f} GPU{'s' if rank_gpus > 1 else ''}"
                 if p.ranks_per_group > 1 else "")
-    batch = (f"; decode batch {p.decode_batch:,.0f}"
-             + (f", {p.decode_batch / p.ranks_per_group:,.0f} a rank" if p.ranks_per_group > 1 else "")
+    batch = (f"; decode batch {sig(p.decode_batch)}"
+             + (f", {sig(p.decode_batch / p.ranks_per_group)} a rank" if p.ranks_per_group > 1 else "")
              if p.decode_batch else "")
     lines = [
         f"Pools for {sig(p.rate)} req/s of {sig(p.prompt_tokens)} prompt + {sig(p.output_tokens)} output tokens"
@@ -167,14 +206,18 @@ def format_pools(p: PoolPlan) -> str:
         f"at most 1% of requests wait for one of its {sig(p.decode_slots_per_group)} slots a group "
         f"({sig(p.decode_tokens_per_second)} output tok/s / {sig(p.decode_capacity_per_group)} = "
         f"{sig(p.decode_tokens_per_second / p.decode_capacity_per_group)} groups' work; "
-        f"{p.decode_groups_at_full_load} at 100%)",
+        f"{p.decode_groups_at_full_load:,} at 100%)",
         f"  one shared pool         {_groups(p.shared_groups)} at {_pct(p.shared_utilization)} busy "
-        f"({p.shared_groups_at_full_load} at 100%)",
+        f"({p.shared_groups_at_full_load:,} at 100%)",
     ]
+    if p.running_context_tokens is not None:
+        lines.append(f"  running context         {p.running_context_tokens:,.0f} tokens a decoding sequence holds on "
+                     f"average (P + O (1 + cv^2) / 2 at output cv {sig(p.output_cv or 0.0)}, at most the model's "
+                     "context): the physics decode batch's KV")
     if p.kv_bytes_per_request is not None:
         lines.append(f"  KV shipped per request  {_gb(p.kv_bytes_per_request)} (the prompt's cache, prefill to decode)")
     verdict = (f"share one pool of {_groups(p.shared_groups)}" if p.share else
-               f"split: {p.prefill_groups} prefill + {_groups(p.decode_groups, 'decode group')}")
+               f"split: {p.prefill_groups:,} prefill + {_groups(p.decode_groups, 'decode group')}")
     lines += ["", f"Verdict: {verdict}", *(f"  - {r}" for r in p.reasons)]
     return "\n".join(lines)
 
@@ -184,7 +227,7 @@ def _pct(ratio: float) -> str:
 
 
 def _groups(n: int, what: str = "group") -> str:
-    return f"{n} {what}{'' if n == 1 else 's'}"
+    return f"{n:,} {what}{'' if n == 1 else 's'}"
 
 
 # --- A running agent's signals (`--from-live`) ---
@@ -194,11 +237,16 @@ LIVE_NAMES = {
     "tokens": metric_names.TOKENS_PER_SECOND, "requests": metric_names.REQUESTS_PER_SECOND, "headroom": metric_names.HEADROOM,
     "saturation": metric_names.SATURATION, "binding": metric_names.SATURATION_BINDING, "capacity": metric_names.CAPACITY_REQUESTS,
     "capacity_decode": metric_names.CAPACITY_DECODE_TOKENS, "capacity_phase": metric_names.CAPACITY_PHASE_TOKENS,
+    "capacity_batch": metric_names.CAPACITY_DECODE_BATCH,
     "cost": metric_names.COST_PER_MILLION_TOKENS, "joule": metric_names.TOKENS_PER_JOULE,
     # of each (target, model), no window: the GPUs one copy spans and the model constants the agent used
     "tp": metric_names.TENSOR_PARALLEL_SIZE, "model_info": metric_names.MODEL_INFO,
+    "agent": metric_names.BUILD_INFO,  # every agent's page has it: a page with none of these is not an agent's
+    # each GPU's constants profile, and which GPUs each target's engine uses
+    "gpu_info": metric_names.GPU_INFO, "target_gpu": metric_names.TARGET_GPU_INFO,
 }
 _MODEL_KINDS = ("tp", "model_info")  # LIVE_NAMES read per (target, model), not per window
+_GPU_KINDS = ("gpu_info", "target_gpu")  # ... and per GPU
 MAX_LIVE_BYTES = 16 * 1024 * 1024  # read at most this of a page ...
 MAX_LIVE_KEPT_BYTES = 4 * 1024 * 1024  # ... and keep at most this of its lines of LIVE_NAMES (an agent: ~1 MB)
 _LIVE_CHUNK = 64 * 1024
@@ -222,6 +270,8 @@ class LiveSeries:
     capacity_requests_per_second: float | None = None
     capacity_decode_tokens_per_second: float | None = None
     capacity_phase_tokens_per_second: dict[str, float] = dataclasses.field(default_factory=dict)
+    capacity_decode_batch: float | None = None  # the batch at the agent's first wall: its decode capacity's slots
+    capacity_decode_batch_invalid: float | None = None  # that gauge where the page's is no batch (0, NaN, 1e300)
     cost_per_million_tokens: dict[str, float] = dataclasses.field(default_factory=dict)
     tokens_per_joule: dict[str, float] = dataclasses.field(default_factory=dict)
     tensor_parallel_size: int | None = None  # rooflight_tensor_parallel_size of its (target, model)
@@ -229,10 +279,13 @@ class LiveSeries:
     model_source: str | None = None
     weight_dtype: str | None = None
     kv_dtype: str | None = None
+    gpu_profile: str | None = None  # the constants profile of its GPUs (rooflight_gpu_info), where they share one
+    gpu_profiles: tuple[str, ...] = ()  # every profile its GPUs' rooflight_gpu_info names, known to plan or not
 
     def mix(self) -> tuple[float, float] | None:
-        """(mean prompt, mean output) tokens per request: each phase's tokens/s / requests/s."""
-        if not self.requests_per_second:
+        """(mean prompt, mean output) tokens per request: each phase's tokens/s / requests/s; None without a
+        positive rate (a hostile page's negative one is no traffic)."""
+        if not self.requests_per_second or self.requests_per_second <= 0:
             return None
         r = self.requests_per_second
         return self.tokens_per_second.get("prefill", 0.0) / r, self.tokens_per_second.get("decode", 0.0) / r
@@ -254,13 +307,24 @@ def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
     wanted = {v: k for k, v in LIVE_NAMES.items()}
     rows: list[tuple[str, dict[str, str], float]] = []
     models: dict[tuple[str, str], dict[str, Any]] = {}  # (target, model): its TP and model constants
+    agent = False
+    profiles: dict[str, str] = {}  # GPU uuid (or index): its profile
+    target_gpus: dict[str, set[str]] = {}  # target: its GPUs' uuids
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name not in wanted or not math.isfinite(sample.value):
+                agent = agent or sample.name in wanted
+                if sample.name not in wanted or (not math.isfinite(sample.value)
+                                                  and wanted[sample.name] != "capacity_batch"):
                     continue
                 kind = wanted[sample.name]
-                if kind in _MODEL_KINDS:
+                if kind in _GPU_KINDS and sample.value == 1:
+                    gpu = sample.labels.get("uuid") or sample.labels.get("gpu", "")
+                    if kind == "gpu_info":
+                        profiles[gpu] = sample.labels.get("profile", "")
+                    else:
+                        target_gpus.setdefault(sample.labels.get("target", ""), set()).add(gpu)
+                elif kind in _MODEL_KINDS:
                     _put_model(models.setdefault((sample.labels.get("target", ""), sample.labels.get("model", "")),
                                                  {}), kind, sample.labels, sample.value)
                 elif "window" in sample.labels:
@@ -268,6 +332,10 @@ def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
     except (ValueError, TypeError, IndexError, KeyError) as exc:  # prometheus_client's parser raises these
         raise ConfigError(f"--from-live: not a Prometheus text page the agent serves ({type(exc).__name__});"
                           " point it at the agent's /metrics") from None
+    if not agent:
+        raise ConfigError(f"--from-live: the page has no {metric_names.BUILD_INFO} and none of the agent's signals: "
+                          "not a Rooflight agent's /metrics (an engine's?); point it at the agent's (`rooflight run "
+                          "--listen`, default 127.0.0.1:9746)")
     windows = {labels["window"] for _, labels, _ in rows}
     if window is not None and window not in windows:
         served = ", ".join(_shown(w) for w in sorted(windows))
@@ -279,8 +347,18 @@ def live_series(text: str, window: str | None = None) -> list[LiveSeries]:
             continue
         key = (labels.get("target", ""), labels.get("engine", ""), labels.get("model", ""), labels.get("rank", ""))
         _put(out.setdefault(key, {}), kind, labels, value)
-    return [LiveSeries(*key, window=chosen or "", **fields, **_model_of(models, key[0], key[2]))
+    return [LiveSeries(*key, window=chosen or "", **fields, **_model_of(models, key[0], key[2]),
+                       **_profiles_of(profiles, target_gpus.get(key[0])))
             for key, fields in sorted(out.items())]
+
+
+def _profiles_of(profiles: dict[str, str], gpus: set[str] | None) -> dict[str, Any]:
+    """The constants profiles of a target's GPUs (all the page's where it does not say which are the target's):
+    gpu_profile, the one they share where `plan` has it (None where they differ, none is named, or the page names
+    a profile `plan` does not have), and gpu_profiles, every one named."""
+    found = {profiles.get(g) or "" for g in gpus} if gpus else set(profiles.values())
+    one = next(iter(found)) if len(found) == 1 else None
+    return {"gpu_profile": one if one in PROFILES else None, "gpu_profiles": tuple(sorted(found))}
 
 
 def _put_model(fields: dict[str, Any], kind: str, labels: dict[str, str], value: float) -> None:
@@ -311,6 +389,11 @@ def _put(fields: dict[str, Any], kind: str, labels: dict[str, str], value: float
         fields.setdefault(name, {})[labels.get(label, "")] = value
     elif kind in single:
         fields[single[kind]] = value
+    elif kind == "capacity_batch":
+        if 1 <= value <= MAX_BATCH:  # a hostile page's 0 or 1e300: not read, and said
+            fields["capacity_decode_batch"] = value
+        else:
+            fields["capacity_decode_batch_invalid"] = value
     elif kind == "saturation":
         fields["saturation"], fields["role"] = value, labels.get("role")
     elif kind == "binding":
@@ -464,13 +547,16 @@ def _names_one_of(line: bytes, names: tuple[str, ...]) -> bool:
 
 def run_capacity(args: argparse.Namespace) -> int:
     """`plan --from-live URL` and/or `plan --rate R`: the live agent's signals, the pools for a rate."""
+    if args.from_live and args.rate is None:
+        _refuse_roofline_flags(args, "--from-live without --rate reads the live signals alone")
     series = live_series(fetch_live(args.from_live), args.window) if args.from_live else None
     out: dict[str, Any] = {}
     text = []
     if series is not None:
         out["live"] = [dataclasses.asdict(s) for s in series]
         text.append(format_live(series))
-    elif args.rate is not None:  # sizing from the model's physics: the calculator the pools come from, first
+    elif args.rate is not None and (args.prefill_capacity is None or args.decode_capacity is None):
+        # sizing from the model's physics: the calculator the pools come from, first (not when both are given)
         plan = _calculator(args)
         out["plan"] = plan_to_dict(plan)
         text.append(format_plan(plan))
@@ -511,11 +597,24 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
     live one; capacities from the flags, else the live agent's one-phase capacities (a disaggregated agent has its
     own phase's only), else the roofline: of the model on --gpu, or with --from-live of the live agent's model
     (its preset on the page, or --model/--model-config as given), never a model nobody named. A group is the GPUs
-    one copy spans, max(tp, ep); its TP is --tp, else the live agent's rooflight_tensor_parallel_size, else 1."""
+    one copy spans, max(tp, ep); its TP is --tp, else the live agent's rooflight_tensor_parallel_size, else 1. A
+    live decode capacity's slots are the batch at the agent's first wall (rooflight_capacity_decode_batch_requests),
+    stepping every batch / capacity."""
     notes: list[str] = []
     live = _live_for_pools(series)
     where = f"the live agent ({_shown(live.target)}, role {_shown(live.role or '?')})" if live is not None else ""
+    others = sorted({_shown(s.target) for s in series or () if live is not None and s.target != live.target})
+    if others:
+        notes.append(f"the page has other targets too ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}):"
+                     f" the pools read {_shown(live.target)} alone (the first in name order with capacities); give "
+                     "--prefill-capacity and --decode-capacity to size another")
     mix = live.mix() if live is not None else None
+    if mix is not None and not all(math.isfinite(t) and t <= MAX_CONTEXT_TOKENS for t in mix):
+        shown = (f"{sig(mix[0])} prompt + {sig(mix[1])} output tokens a request" if all(map(math.isfinite, mix))
+                 else "tokens a request past any float")
+        raise ConfigError(f"--from-live: {where} shows {shown} "
+                          f"(rooflight_tokens_per_second / rooflight_requests_per_second): not a mix any engine "
+                          f"serves (at most {MAX_CONTEXT_TOKENS:,} tokens each); give --prompt and --output")
     prompt = args.prompt if args.prompt is not None else (mix[0] if mix and mix[0] > 0 else None)
     output = args.output if args.output is not None else (mix[1] if mix and mix[1] > 0 else None)
     if prompt is None or output is None:
@@ -535,32 +634,96 @@ def _pools_for(args: argparse.Namespace, series: list[LiveSeries] | None) -> tup
     ranks = gpus / tp
     cp, cd = args.prefill_capacity, args.decode_capacity
     sources = {"prefill": "flags" if cp is not None else None, "decode": "flags" if cd is not None else None}
-    batch = kv = step = None
+    batch = kv = step = running = None
     phases = live.capacity_phase_tokens_per_second if live is not None else {}
     if cp is None and "prefill" in phases:  # one rank's, as the agent computes it: the EP group runs R of them
-        cp, sources["prefill"] = phases["prefill"] * ranks, "live"
+        cp, sources["prefill"] = _page_capacity("prefill", phases["prefill"], where) * ranks, "live"
     if cd is None and "decode" in phases:
-        cd, sources["decode"] = phases["decode"] * ranks, "live"
+        cd, sources["decode"] = _page_capacity("decode", phases["decode"], where) * ranks, "live"
+        if live is not None and live.capacity_decode_batch:  # its N sequences step every N / C_d (one rank's)
+            batch, step = live.capacity_decode_batch * ranks, live.capacity_decode_batch / phases["decode"]
+            if step > args.itl_slo:
+                notes.append(f"{where}'s decode batch of {sig(live.capacity_decode_batch)} at its first wall steps "
+                             f"every {ms(step)} a decoded token, past the {ms(args.itl_slo)} ITL target (--itl-slo): "
+                             "the decode pool is sized on the batch it runs, whose streams wait longer than the "
+                             "target; a batch cap (vLLM --max-num-seqs) that meets it carries fewer tokens a group")
+        else:
+            bad = live.capacity_decode_batch_invalid if live is not None else None
+            said = (f"an invalid rooflight_capacity_decode_batch_requests ({bad:g}: not a batch of 1 to {MAX_BATCH:,})"
+                    if bad is not None else "no rooflight_capacity_decode_batch_requests")
+            notes.append(f"{where} exports {said}: decode slots taken as its decode capacity x the ITL target")
+    if cp is not None and cd is not None:
+        _refuse_roofline_flags(args, "both capacities are " + (
+            "given" if sources["prefill"] == sources["decode"] == "flags" else
+            "the live agent's" if sources["prefill"] == sources["decode"] else
+            f"given or the live agent's ({', '.join(f'{k} {v}' for k, v in sources.items())})"))
     if cp is None or cd is None:
         model, named = _physics_model(args, live, series, [p for p, c in (("prefill", cp), ("decode", cd)) if c is None])
-        p_cap, d_cap, batch, kv, step = physics_capacities(
-            model, get_profile(args.gpu), tp=tp, prompt_tokens=prompt, output_tokens=output,
+        _check_live_mix(model, args, mix, where)
+        gpu, gpu_said = _physics_gpu(args, live, where, notes)
+        p_cap, d_cap, d_batch, kv, d_step = physics_capacities(
+            model, get_profile(gpu), tp=tp, prompt_tokens=prompt, output_tokens=output,
             batch_max=args.batch_max, prefill_mfu=args.prefill_mfu, decode_mbu=args.decode_mbu,
-            reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo, ep=args.ep)
+            reserved_bytes_per_gpu=args.reserved_gb * 1e9, itl_slo=args.itl_slo, ep=args.ep,
+            output_cv=args.output_cv or 0.0,
+            **_speculative(args, model, (("--prompt + --output", prompt + output),)))
         if named:
             notes.append(f"{' and '.join(p for p, v in sources.items() if v is None)} capacity: the roofline of "
-                         f"{named} on {tp} x {args.gpu} (--gpu)")
+                         f"{named} on {tp} x {gpu} ({gpu_said})")
         if cp is None:
             cp, sources["prefill"] = p_cap, "physics"
         if cd is None:
-            cd, sources["decode"] = d_cap, "physics"
-        else:  # a decode capacity as given: its slots are what it carries at the ITL target
-            batch, step = None, None
+            cd, sources["decode"], batch, step = d_cap, "physics", d_batch, d_step
+            running = batch_context(model, prompt, output, args.output_cv or 0.0)
     source = (sources["prefill"] if sources["prefill"] == sources["decode"]
               else f"prefill {sources['prefill']}, decode {sources['decode']}")
     return build_pool_plan(args.rate, prompt, output, cp, cd, itl_slo=args.itl_slo, ttft_slo=args.ttft_slo,
                            source=str(source), gpus_per_group=gpus, decode_batch=batch, kv_bytes_per_request=kv,
-                           decode_step_seconds=step, ranks_per_group=ranks), notes
+                           decode_step_seconds=step, ranks_per_group=ranks,
+                           output_cv=args.output_cv or 0.0 if running is not None else None,
+                           running_context_tokens=running), notes
+
+
+def _check_live_mix(model: Any, args: argparse.Namespace, mix: tuple[float, float] | None, where: str) -> None:
+    """ConfigError for a live mix whose request is longer than the model reads, saying it is the page's (a mix of
+    --prompt and --output is check_context's, naming them)."""
+    if mix is None or (args.prompt is not None and args.output is not None):
+        return
+    prompt = args.prompt if args.prompt is not None else mix[0]
+    output = args.output if args.output is not None else mix[1]
+    most = model.max_context_tokens
+    if most is not None and prompt + output > most:
+        raise ConfigError(f"--from-live: {where} serves {sig(prompt)} prompt + {sig(output)} output tokens a request "
+                          f"(the live mix{'' if args.prompt is None and args.output is None else ' with the flag given'}"
+                          f"), {sig(prompt + output)} in all, past the {most:,} {model.name} reads "
+                          "(max_position_embeddings); give --prompt and --output to size another mix "
+                          "(they override the live one)")
+
+
+# The flags only a roofline capacity reads (the calculator's, or --rate's physics): (flag, attribute)
+ROOFLINE_FLAGS = (("--draft-model", "draft_model"), ("--draft-model-config", "draft_model_config"),
+                  ("--num-speculative-tokens", "num_speculative_tokens"), ("--draft-acceptance", "draft_acceptance"),
+                  ("--gpu", "gpu"), ("--output-cv", "output_cv"))
+
+
+def _refuse_roofline_flags(args: argparse.Namespace, why: str) -> None:
+    """ConfigError naming the roofline's flags given where no roofline is sized (as --num-speculative-tokens
+    without a draft is refused): a flag that changes nothing must not look as if it did."""
+    given = [flag for flag, key in ROOFLINE_FLAGS if getattr(args, key, None) is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)} size{'s' if len(given) == 1 else ''} a roofline capacity, and no "
+                          f"capacity here is the roofline's: {why}; drop {'it' if len(given) == 1 else 'them'}")
+
+
+def _page_capacity(phase: str, value: float, where: str) -> float:
+    """A live page's one-phase capacity, checked as --prefill-capacity/--decode-capacity are (MIN_CAPACITY to
+    MAX_CAPACITY tokens/s): ConfigError saying the page's figure is unusable and which flag replaces it."""
+    if not MIN_CAPACITY <= value <= MAX_CAPACITY:
+        raise ConfigError(f"--from-live: {where} exports a {phase} capacity of {value:g} tokens/s "
+                          f"({metric_names.CAPACITY_PHASE_TOKENS}{{phase=\"{phase}\"}}): unusable, not from "
+                          f"{_bound(MIN_CAPACITY)} to {_bound(MAX_CAPACITY)}; give --{phase}-capacity (tokens/s one "
+                          "group carries) instead")
+    return value
 
 
 def _physics_model(args: argparse.Namespace, live: LiveSeries | None, series: list[LiveSeries] | None,
@@ -586,11 +749,91 @@ def _physics_model(args: argparse.Namespace, live: LiveSeries | None, series: li
                       "to size it on the roofline")
 
 
+def _physics_gpu(args: argparse.Namespace, live: LiveSeries | None, where: str, notes: list[str]) -> tuple[str, str]:
+    """The GPU profile a physics capacity is sized on, and where it comes from: --gpu as given; else the live
+    agent's GPUs' (rooflight_gpu_info); else the default profile."""
+    page = live.gpu_profile if live is not None else None
+    if args.gpu is not None:
+        if page and page != args.gpu:
+            notes.append(f"--gpu {args.gpu} as given; {where} runs on {page} (rooflight_gpu_info): the roofline is "
+                         "--gpu's")
+        return args.gpu, "--gpu"
+    if page:
+        return page, "the live agent's GPU, rooflight_gpu_info"
+    named = live.gpu_profiles if live is not None else ()
+    if named:  # never another GPU's peaks unsaid: the page's are unknown to plan, or several
+        shown = ", ".join(_shown(n) if n else "(none)" for n in named)
+        why = "GPUs of different profiles" if len(named) > 1 else "a GPU profile plan does not know"
+        raise ConfigError(f"--from-live: {where} runs on {why} ({shown}, rooflight_gpu_info): give --gpu, the "
+                          f"profile to size the missing capacity on (`rooflight plan --list`)")
+    return DEFAULT_PROFILE_KEY, "the default --gpu" if live is None else "the default --gpu: the page names no GPU profile"
+
+
+def _as_given(args: argparse.Namespace, model: Any) -> str:
+    """The model as the user named it, with the preset it maps to where that differs
+    (meta-llama/Llama-3.1-8B is llama-3-8b's shapes with its own context)."""
+    return f"{args.model} ({model.name})" if args.model and args.model != model.name else model.name
+
+
 def _calculator(args: argparse.Namespace) -> Plan:
     model = resolve_model(args.model, args.model_config, args.weight_dtype, args.kv_dtype)
-    return build_plan(model, get_profile(args.gpu), tp=args.tp or 1, context_tokens=args.context, batch=args.batch,
-                      prompt_tokens=args.prompt_tokens, prefill_mfu=args.prefill_mfu,
-                      reserved_bytes_per_gpu=args.reserved_gb * 1e9, ep=args.ep)
+    context = within_context(model, args.context, DEFAULT_CONTEXT_TOKENS)
+    prompt = within_context(model, args.prompt_tokens, DEFAULT_PROMPT_TOKENS)
+    return build_plan(model, get_profile(args.gpu or DEFAULT_PROFILE_KEY), tp=args.tp or 1,
+                      context_tokens=context, batch=args.batch, prompt_tokens=prompt,
+                      prefill_mfu=args.prefill_mfu,
+                      reserved_bytes_per_gpu=args.reserved_gb * 1e9, ep=args.ep, named=_as_given(args, model),
+                      **_speculative(args, model, (("--context", context), ("--prompt-tokens", prompt))))
+
+
+MAX_SPECULATIVE_TOKENS = 64  # draft tokens a step: real ones propose 1-10
+
+
+def _speculative(args: argparse.Namespace, model: Any, lengths: tuple[tuple[str, float], ...]) -> dict[str, Any]:
+    """The draft model and its speculation (build_plan's and physics_capacities' `draft`, `speculation`), as
+    `rooflight run --draft-model` names it; {} without one. ConfigError naming the flag for a draft without
+    --num-speculative-tokens and --draft-acceptance, or those without a draft; for a draft no smaller than
+    `model`, of another vocabulary (its proposals are token ids of the model's), or reading fewer tokens than
+    `lengths` (flag, tokens)."""
+    draft_flags = getattr(args, "draft_model", None), getattr(args, "draft_model_config", None)
+    k, acceptance = getattr(args, "num_speculative_tokens", None), getattr(args, "draft_acceptance", None)
+    for flag, value in zip(("--draft-model", "--draft-model-config"), draft_flags):
+        if value is not None and not value.strip():
+            raise ConfigError(f"{flag} is empty: write the draft's preset or Hugging Face id (--draft-model) or its "
+                              "config.json (--draft-model-config)")
+    if not any(draft_flags):
+        if k is not None or acceptance is not None:
+            raise ConfigError("--num-speculative-tokens and --draft-acceptance describe a draft model's speculation:"
+                              " give --draft-model (or --draft-model-config) too, or drop them")
+        return {}
+    if all(draft_flags):
+        raise ConfigError("give --draft-model or --draft-model-config, not both")
+    missing = [f for f, v in (("--num-speculative-tokens", k), ("--draft-acceptance", acceptance)) if v is None]
+    if missing:
+        what = {"--num-speculative-tokens": "the tokens it proposes a step (k, e.g. 4)",
+                "--draft-acceptance": "the share of its proposed tokens the model accepts, accepted / proposed (e.g. 0.7; a live "
+                                      "agent's rooflight_spec_decode_acceptance_ratio)"}
+        raise ConfigError(f"--draft-model needs {' and '.join(missing)}: {'; and '.join(what[f] for f in missing)}")
+    if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise ConfigError(f"--num-speculative-tokens {k}: write the draft tokens a step, from 1 to "
+                          f"{MAX_SPECULATIVE_TOKENS}")
+    try:
+        draft = resolve_model(*draft_flags, None, None)
+    except ConfigError as e:
+        raise ConfigError(f"--draft-model{'-config' if draft_flags[1] else ''}: {e}") from None
+    said = f"--draft-model{'-config' if draft_flags[1] else ''} {draft.name}"
+    if draft.params_total >= model.params_total:
+        raise ConfigError(f"{said}: {sig(draft.params_total / 1e9)}B params, no smaller than {model.name}'s "
+                          f"{sig(model.params_total / 1e9)}B: a draft proposes tokens for a larger model to verify; "
+                          "give a smaller draft")
+    if draft.vocab_size and model.vocab_size and draft.vocab_size != model.vocab_size:
+        raise ConfigError(f"{said}: a vocabulary of {draft.vocab_size:,} tokens, {model.name}'s {model.vocab_size:,}:"
+                          " its proposals are not the model's tokens; give a draft of the model's tokenizer")
+    try:
+        check_context(draft, lengths)
+    except ConfigError as e:
+        raise ConfigError(f"{said}: {e}") from None
+    return {"draft": draft, "speculation": Speculation.of(float(k), acceptance)}
 
 
 # The ranges of `plan`'s real-valued flags: past them the arithmetic overflows (--rate 1e20: math range error in the
@@ -612,6 +855,8 @@ _RANGES: tuple[tuple[str, str, float, float, bool, str], ...] = (
     ("--reserved-gb", "reserved_gb", 0.0, MAX_RESERVED_GB, True, "GB per GPU"),
     ("--prefill-mfu", "prefill_mfu", 0.0, 1.0, False, "a fraction of the compute peak"),
     ("--decode-mbu", "decode_mbu", 0.0, 1.0, False, "a fraction of the bandwidth peak"),
+    ("--draft-acceptance", "draft_acceptance", 0.0, 1.0, True, "the share of draft tokens accepted"),
+    ("--output-cv", "output_cv", 0.0, 10.0, True, "the output lengths' standard deviation / their mean"),
 )
 
 
@@ -637,7 +882,7 @@ def _bound(x: float) -> str:
 
 def _example(key: str) -> str:
     return {"rate": "10", "prompt": "1000", "output": "200", "itl_slo": "0.05", "ttft_slo": "0.5",
-            "reserved_gb": "4", "prefill_mfu": "0.5", "decode_mbu": "0.7"}.get(key, "10000")
+            "reserved_gb": "4", "draft_acceptance": "0.7", "output_cv": "0.8", "prefill_mfu": "0.5", "decode_mbu": "0.7"}.get(key, "10000")
 
 
 def run_plan(args: argparse.Namespace) -> int:

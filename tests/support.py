@@ -104,6 +104,17 @@ def rooflight_exe() -> str:
     return found
 
 
+async def plan_from_live(page: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`rooflight plan --from-live URL *argv`, run as a user runs it, at `page` served by a FakeEngine."""
+    engine = FakeEngine(body=page)
+    await engine.start()
+    try:
+        return await asyncio.to_thread(subprocess.run, [rooflight_exe(), "plan", "--from-live", engine.url, *argv],
+                                       capture_output=True, text=True, timeout=120)
+    finally:
+        await engine.stop()
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without any ROOFLIGHT_* setting (a developer's own must not leak into a
     test's command line), plus `extra`."""

@@ -76,9 +76,11 @@ _OWN: tuple[Setting, ...] = (
                                                         " are spread over (data-parallel x tensor-parallel size)"),
             commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["ep"]}),
     Setting("draft_model", "speculative decoding's draft model (a preset or Hugging Face id): its weights join MBU"
-            " once per draft token a step", metavar="PRESET", target=True, parse=_text),
+            " once per draft token a step", metavar="PRESET", target=True, parse=_text,
+            commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["draft_model"]}),
     Setting("draft_model_config", "the draft model's config.json (instead of --draft-model)", metavar="PATH",
-            target=True, parse=_text),
+            target=True, parse=_text,
+            commands=(RUN, PLAN), per={PLAN: plan_settings.SHARED["draft_model_config"]}),
     Setting("batch_max", "the engine's batch cap (vLLM max_num_seqs) where /metrics lacks it", metavar="N", type=int,
             target=True, parse=v.count_within(MAX_BATCH, "write the engine's batch cap (vLLM max_num_seqs: 256 to a"
                                               " few thousand)"),

@@ -160,6 +160,8 @@ CAPACITY_DECODE_TOKENS = _(SIGNALS, "rooflight_capacity_decode_tokens_per_second
                            lambda s: s.capacity.decode_tokens_per_second if s.capacity is not None else None)
 CAPACITY_PHASE_TOKENS = _(SIGNALS, "rooflight_capacity_phase_tokens_per_second", "tokens/s", "Tokens/s of one phase alone (what one pool group of that phase carries): prefill = peak x prefill MFU / a computed prompt token's FLOPs (2P + its attention); decode = the first wall's batch / its decode step.",
                           lambda s: s.capacity.phase_tokens_per_second if s.capacity is not None else None, by=("phase",))
+CAPACITY_DECODE_BATCH = _(SIGNALS, "rooflight_capacity_decode_batch_requests", "requests", "The decode batch at the first wall (KV or batch cap) the capacity assumes: the sequences one engine holds at once, each advancing a token every decode step; the decode phase's tokens/s is this batch / its step.",
+                          lambda s: s.capacity.batch if s.capacity is not None and "decode" in s.capacity.phase_tokens_per_second else None)
 GPU_TIME_SHARE = _(SIGNALS, "rooflight_gpu_time_share_ratio", "ratio", "The phase's share of the GPU time the window's work took (the roofline time of its tokens at the capacity efficiencies; 1 for a phase that ran alone); the phases add up to 1.",
                    lambda s: s.gpu_time_share, by=("phase",))
 COST_PER_MILLION_TOKENS = _(SIGNALS, "rooflight_cost_per_million_tokens", "currency/1M tokens", "GPU price per hour x GPUs (TP) x the phase's share of GPU time / (the phase's tokens/s x 3600 / 1e6), where gpu_hour_cost is set; the phases' bills add up to the GPU-hour.",

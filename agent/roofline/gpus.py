@@ -65,6 +65,9 @@ NVLINK4_BRIDGE = Link("NVLink bridge", NVLINK_LATENCY_SECONDS, 300e9)  # H100 NV
 NVLINK4_NVL = Link("NVLink bridge", NVLINK_LATENCY_SECONDS, 450e9)  # H200 NVL: 900 GB/s a GPU
 NVLINK5 = Link("NVLink 5", NVLINK_LATENCY_SECONDS, 900e9)  # Blackwell: 1.8 TB/s a GPU
 PCIE = Link("PCIe", PCIE_LATENCY_SECONDS, 25e9)  # PCIe Gen4 x16, one direction, as an all-reduce sees it
+# PCIe Gen5 x16 (H100 PCIe datasheet: 128 GB/s both ways, 64 one way, twice Gen4's 64 / 32): the same 78% of the
+# one-way rate an all-reduce sees on Gen4 (25 of 32 GB/s)
+PCIE5 = Link("PCIe Gen5", PCIE_LATENCY_SECONDS, 50e9)
 INFINITY_FABRIC3 = Link("Infinity Fabric", NVLINK_LATENCY_SECONDS, 64e9, mesh=True)  # MI300X/MI325X: 128 GB/s a link
 INFINITY_FABRIC4 = Link("Infinity Fabric", NVLINK_LATENCY_SECONDS, 76.8e9, mesh=True)  # MI355X: 153.6 GB/s a link
 
@@ -135,7 +138,7 @@ _ALL = (
        bw_tb=3.35, mem_gb=80, source="H100 datasheet/whitepaper, " + _DS,
        nvml=("NVIDIA H100 80GB HBM3",)),
     _p("h100-pcie", "NVIDIA H100 PCIe 80GB", bf16=756, fp8=1513, int8=1513, tf32=378,
-       bw_tb=2.0, mem_gb=80, source="H100 datasheet/whitepaper, " + _DS, nvml=("NVIDIA H100 PCIe",), link=PCIE),
+       bw_tb=2.0, mem_gb=80, source="H100 datasheet/whitepaper, " + _DS, nvml=("NVIDIA H100 PCIe",), link=PCIE5),
     _p("h100-nvl", "NVIDIA H100 NVL 94GB", bf16=835, fp8=1670, int8=1670, tf32=417.5,
        bw_tb=3.9, mem_gb=94, source="H100 datasheet, " + _DS, nvml=("NVIDIA H100 NVL",), link=NVLINK4_BRIDGE),
     _p("h200", "NVIDIA H200 SXM 141GB", bf16=989, fp8=1979, int8=1979, tf32=494.5,

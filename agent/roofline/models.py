@@ -108,6 +108,10 @@ class ModelSpec:
     lm_head_params: float = 0.0
     mla_qk_head_dim: int | None = None  # MLA: query/key dims per head (nope + rope); None: head_dim
     mla_v_head_dim: int | None = None  # MLA: value dims per head; None: head_dim
+    # The longest sequence the model reads (config.json max_position_embeddings); None where not known (the
+    # nominal reference shapes).
+    max_context_tokens: int | None = None
+    vocab_size: int | None = None  # the tokenizer's (config.json vocab_size): a draft model's must be the model's
 
     @functools.cached_property
     def is_mla(self) -> bool:
@@ -314,7 +318,7 @@ _FIELDS: Mapping[str, tuple[str, int, int]] = MappingProxyType({
     "moe_layers": (_INTS, 0, MAX_LAYERS),
     "no_rope_layers": (_INTS, 0, 1),
     "sliding_window_pattern": (_INT, 1, MAX_LAYERS),
-    **dict.fromkeys(("sliding_window", "attention_chunk_size"), (_INT, 1, MAX_WINDOW)),
+    **dict.fromkeys(("sliding_window", "attention_chunk_size", "max_position_embeddings"), (_INT, 1, MAX_WINDOW)),
     "vocab_size": (_INT, 1, MAX_VOCAB),
     "mlp_only_layers": (_INTS, 0, MAX_LAYERS),
     **dict.fromkeys(("use_sliding_window", "multi_query", "tie_word_embeddings", "attention_bias"),
@@ -655,7 +659,9 @@ def from_hf_config(cfg: Mapping[str, Any], *, source: str, name: str | None = No
         lm_head_params=float(sum(t.params for t in tensors if t.kind == "lm_head")
                              or sum(t.params for t in tensors if t.kind == "embedding")),
         mla_qk_head_dim=_num(r, "qk_nope_head_dim") + _num(r, "qk_rope_head_dim") if r.has("kv_lora_rank") else None,
-        mla_v_head_dim=_num(r, "v_head_dim", default=_num(r, "qk_nope_head_dim")) if r.has("kv_lora_rank") else None)
+        mla_v_head_dim=_num(r, "v_head_dim", default=_num(r, "qk_nope_head_dim")) if r.has("kv_lora_rank") else None,
+        max_context_tokens=_num(r, "max_position_embeddings") if r.has("max_position_embeddings") else None,
+        vocab_size=_num(r, "vocab_size"))
     if low_bit and not override and scheme is None:  # torch_dtype itself names a low-bit dtype
         spec = spec.with_dtypes(low_bit, None)
     return spec.with_dtypes(weight_dtype, kv_dtype)
@@ -677,25 +683,30 @@ _LLAMA_405B_FP8_SKIP = ["model.layers.0", "model.layers.125", "lm_head",
 PRESET_CONFIGS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "ref-8b": _dense(32, 4096, 32, 8, 14336, 128256, _nominal_params=8e9),
     "ref-70b": _dense(80, 8192, 64, 8, 28672, 128256, _nominal_params=70e9),
-    "llama-3-8b": _dense(32, 4096, 32, 8, 14336, 128256),
-    "llama-3-70b": _dense(80, 8192, 64, 8, 28672, 128256),
-    "llama-3-405b": _dense(126, 16384, 128, 8, 53248, 128256),
-    "llama-3.1-405b-fp8": _dense(126, 16384, 128, 8, 53248, 128256, quantization_config={
-        "quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+    "llama-3-8b": _dense(32, 4096, 32, 8, 14336, 128256, max_position_embeddings=8192),
+    "llama-3-70b": _dense(80, 8192, 64, 8, 28672, 128256, max_position_embeddings=8192),
+    "llama-3-405b": _dense(126, 16384, 128, 8, 53248, 128256, max_position_embeddings=131072),
+    "llama-3.1-405b-fp8": _dense(126, 16384, 128, 8, 53248, 128256, max_position_embeddings=131072,
+                                 quantization_config={"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
         "modules_to_not_convert": _LLAMA_405B_FP8_SKIP}),
-    "llama-3.2-1b": _dense(16, 2048, 32, 8, 8192, 128256, head_dim=64, tie_word_embeddings=True),
-    "llama-3.2-3b": _dense(28, 3072, 24, 8, 8192, 128256, head_dim=128, tie_word_embeddings=True),
-    "qwen3-8b": _dense(36, 4096, 32, 8, 12288, 151936, head_dim=128, model_type="qwen3"),
-    "qwen3-32b": _dense(64, 5120, 64, 8, 25600, 151936, head_dim=128, model_type="qwen3"),
-    "qwen3-30b-a3b": _dense(48, 2048, 32, 4, 6144, 151936, head_dim=128, num_experts=128,
-                            num_experts_per_tok=8, moe_intermediate_size=768, model_type="qwen3_moe"),
-    "mistral-7b-v0.1": _dense(32, 4096, 32, 8, 14336, 32000, model_type="mistral", sliding_window=4096),
-    "gemma-2-9b": _dense(42, 3584, 16, 8, 14336, 256000, model_type="gemma2", head_dim=256,
-                         sliding_window=4096),
-    "mixtral-8x7b": _dense(32, 4096, 32, 8, 14336, 32000, num_local_experts=8, num_experts_per_tok=2,
-                           model_type="mixtral"),
-    "deepseek-v3": _dense(61, 7168, 128, 128, 18432, 129280, model_type="deepseek_v3", n_routed_experts=256,
-                          num_experts_per_tok=8, n_shared_experts=1, moe_intermediate_size=2048,
+    "llama-3.2-1b": _dense(16, 2048, 32, 8, 8192, 128256, max_position_embeddings=131072, head_dim=64,
+                           tie_word_embeddings=True),
+    "llama-3.2-3b": _dense(28, 3072, 24, 8, 8192, 128256, max_position_embeddings=131072, head_dim=128,
+                           tie_word_embeddings=True),
+    "qwen3-8b": _dense(36, 4096, 32, 8, 12288, 151936, max_position_embeddings=40960, head_dim=128,
+                       model_type="qwen3"),
+    "qwen3-32b": _dense(64, 5120, 64, 8, 25600, 151936, max_position_embeddings=40960, head_dim=128,
+                        model_type="qwen3"),
+    "qwen3-30b-a3b": _dense(48, 2048, 32, 4, 6144, 151936, max_position_embeddings=40960, head_dim=128,
+                            num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, model_type="qwen3_moe"),
+    "mistral-7b-v0.1": _dense(32, 4096, 32, 8, 14336, 32000, max_position_embeddings=32768, model_type="mistral",
+                              sliding_window=4096),
+    "gemma-2-9b": _dense(42, 3584, 16, 8, 14336, 256000, max_position_embeddings=8192, model_type="gemma2",
+                         head_dim=256, sliding_window=4096),
+    "mixtral-8x7b": _dense(32, 4096, 32, 8, 14336, 32000, max_position_embeddings=32768, num_local_experts=8,
+                           num_experts_per_tok=2, model_type="mixtral"),
+    "deepseek-v3": _dense(61, 7168, 128, 128, 18432, 129280, max_position_embeddings=163840,
+                          model_type="deepseek_v3", n_routed_experts=256, num_experts_per_tok=8, n_shared_experts=1, moe_intermediate_size=2048,
                           first_k_dense_replace=3, q_lora_rank=1536, kv_lora_rank=512,
                           qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
                           quantization_config={"quant_method": "fp8"}),
@@ -760,15 +771,28 @@ def preset_for_hf_id(hf_id: str) -> ModelSpec | None:
     last = re.split(r"[/\\]", hf_id.strip().rstrip("/\\"))[-1].lower()
     key = _preset_key(last)
     if key is not None:
-        return PRESETS[key]
+        return _with_context_of(PRESETS[key], last)
     for suffix, fmt in QUANTIZED_ID_SUFFIXES:
         base = re.fullmatch(rf"(.+?){suffix}", last)
         key = _preset_key(base.group(1)) if base else None
         if base is not None and key is not None:
-            spec = PRESETS[key].stored_as(fmt)
+            spec = _with_context_of(PRESETS[key], base.group(1)).stored_as(fmt)
             return dataclasses.replace(spec, notes=(
                 *spec.notes, f"{fmt.dtype} weights from the model id's {last[base.end(1):]!r} suffix"))
     return None
+
+
+# Ids a preset stands for whose context is longer than the preset's own: Llama 3.1 and 3.3 share Llama 3's
+# shapes (the llama-3-8b and -70b presets) with RoPE scaled to 131,072 positions (their config.json).
+LONGER_CONTEXT_IDS: tuple[tuple[str, int], ...] = ((r"(meta-)?llama-3\.[13]-.*", 131072),)
+
+
+def _with_context_of(spec: ModelSpec, last: str) -> ModelSpec:
+    """The preset as the id `last` names it: its max_position_embeddings where the id's is longer."""
+    for pattern, tokens in LONGER_CONTEXT_IDS:
+        if re.fullmatch(pattern, last) and (spec.max_context_tokens or 0) < tokens:
+            return dataclasses.replace(spec, max_context_tokens=tokens)
+    return spec
 
 
 def _preset_key(last: str) -> str | None:

@@ -330,6 +330,40 @@ class Layout:
         return high
 
 
+@dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding in a decode step: each sequence verifies 1 + `draft_tokens` (k) tokens, the draft
+    model runs `draft_passes` forward passes (k where not said), and a sequence keeps `tokens_per_step`
+    (1 + accepted / drafts: 1 + acceptance x k) of them. The default: no speculation."""
+
+    draft_tokens: float = 0.0
+    tokens_per_step: float = 1.0
+    draft_passes: float | None = None
+
+    @staticmethod
+    def of(draft_tokens: float, acceptance: float) -> Speculation:
+        """k draft tokens a step of which `acceptance` (accepted / proposed) are kept."""
+        return Speculation(draft_tokens, 1.0 + acceptance * draft_tokens)
+
+
+def decode_step_seconds(layout: Layout, roofs: Roofs, batch: float, context: float,
+                        speculation: Speculation = Speculation()) -> float:
+    """A decode step of `batch` sequences holding `context` KV layer-tokens each, at these roofs, plus its TP
+    all-reduces: under speculative decoding a step verifies 1 + k tokens a sequence and runs the draft model
+    k times. The gap a stream sees between its steps: vLLM observes one ITL a verify step."""
+    k = speculation.draft_tokens
+    step = Step(decode=Decode(batch, context, 1.0 + k), draft_passes=speculation.draft_passes or k)
+    return layout.cost(step).seconds(roofs) + layout.comm_seconds(batch * (1.0 + k), roofs.link)
+
+
+def decode_seconds_per_token(layout: Layout, roofs: Roofs, batch: float, context: float,
+                             speculation: Speculation = Speculation()) -> float:
+    """decode_step_seconds over the tokens the step yields each sequence (`tokens_per_step`: 1 without
+    speculation). The seconds the live capacity (signals/headroom.py) and `rooflight plan` both price a decoded
+    token at."""
+    return decode_step_seconds(layout, roofs, batch, context, speculation) / max(speculation.tokens_per_step, 1.0)
+
+
 def prompt_spans(prompts: Lengths | None, hit_ratio: float | None = None) -> tuple[tuple[float, float, float], ...]:
     """The spans of prompts of these lengths whose first `hit_ratio` share was found in the prefix cache: each
     computes positions hit x L..L. () when the lengths are unknown."""

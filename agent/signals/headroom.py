@@ -31,7 +31,7 @@ from typing import Iterable, Mapping
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline import physics
 from rooflight.agent.roofline.constants import TargetConstants
-from rooflight.agent.roofline.step import Decode, Layout, Prefill, Roofs, Step, prompt_spans
+from rooflight.agent.roofline.step import Layout, Prefill, Roofs, Speculation, decode_seconds_per_token, prompt_spans
 from rooflight.agent.signals.derive import WindowValues
 from rooflight.agent.signals.windows import SeriesHistory, increase
 
@@ -326,11 +326,8 @@ def seconds_per_decoded_token(w: WindowValues, layout: Layout, roofs: Roofs, bat
     roofs, plus its TP all-reduces, over the tokens it yields each sequence: 1, or under speculative decoding
     spec_decode_tokens_per_step (1 + accepted / drafts) from a step that verifies 1 + k tokens a sequence
     (k = draft tokens / drafts) and runs the draft model k times."""
-    k = w.spec_decode_draft_length or 0.0
-    yielded = max(w.spec_decode_tokens_per_step or 1.0, 1.0)
-    step = Step(decode=Decode(batch, context, 1.0 + k), draft_passes=w.draft_passes_per_step or k)
-    seconds = layout.cost(step).seconds(roofs) + layout.comm_seconds(batch * (1.0 + k), roofs.link)
-    return seconds / yielded
+    return decode_seconds_per_token(layout, roofs, batch, context, Speculation(
+        w.spec_decode_draft_length or 0.0, w.spec_decode_tokens_per_step or 1.0, w.draft_passes_per_step))
 
 
 def _first_wall(w: WindowValues, layout: Layout, batch_max: float | None, kv_capacity_tokens: float | None,

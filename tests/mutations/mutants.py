@@ -79,9 +79,9 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/agent/roofline/test_plan.py::test_moe_streams_only_touched_experts",),
            "MoE decode MBU reads every expert each step: 5-10x too high at small batch"),
     Mutant("plan-decode-at-the-whole-compute-peak", "agent/roofline/plan.py",
-           "return (layout.cost(Step(decode=Decode(batch, layer_tokens))).seconds(roofs)",
-           "return (layout.cost(Step(decode=Decode(batch, layer_tokens))).seconds(Roofs(roofs.flops / prefill_mfu, "
-           "roofs.bandwidth, roofs.link))",
+           "return decode_seconds_per_token(layout, roofs, batch, layer_tokens, spec)",
+           "return decode_seconds_per_token(layout, Roofs(roofs.flops / prefill_mfu, roofs.bandwidth, roofs.link), "
+           "batch, layer_tokens, spec)",
            ("tests/agent/roofline/test_plan.py::test_a_compute_bound_decode_pool_runs_at_the_prefill_mfu_share_of_the_compute_peak",),
            "plan overstates a compute-bound decode pool 2x"),
     # -- the derive step, detectors and the proxy's accounting ----------------------------------------------

@@ -109,7 +109,8 @@ def test_run_and_plan_share_the_model_gpu_tp_dtypes_and_slos() -> None:
         plan = next(a for a in parsers[st.PLAN]._actions if a.dest == key)
         assert run.option_strings == plan.option_strings, key
     assert [s.key for s in st.offered(st.PLAN)][:4] == ["model", "model_config", "gpu", "tp"]
-    assert parsers[st.PLAN].parse_args([]).gpu == "h100-sxm" and parsers[st.RUN].parse_args([]).gpu is None
+    # neither defaults the flag: plan sizes on h100-sxm unless --gpu or the live agent's page names one
+    assert parsers[st.PLAN].parse_args([]).gpu is None and parsers[st.RUN].parse_args([]).gpu is None
 
 
 def test_the_rules_defaults_are_the_rules_configs() -> None:

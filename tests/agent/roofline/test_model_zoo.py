@@ -71,3 +71,14 @@ def test_each_zoo_model_fits_where_it_is_served(name: str, gpu: str, tp: int) ->
     p = build_plan(load_config_json(ZOO / name), get_profile(gpu), tp=tp, context_tokens=8192, batch=1,
                    prompt_tokens=1)
     assert p.fits and p.max_concurrent_sequences >= 1
+
+
+def test_gpt_oss_120b_multiplies_openais_5_13b_active() -> None:
+    """plan prints 5.71B active, OpenAI's card 5.13B: the difference is the untied input table (vocab 201,088 x
+    hidden 2,880), which a token reads a row of and never multiplies; the step's FLOPs use the 5.13B."""
+    from rooflight.agent.roofline.step import Decode, Layout
+
+    m = load_config_json(ZOO / "gpt-oss-120b.json")
+    assert m.params_active - m.matmul_params_active == m.embedding_params == 201_088 * 2_880
+    assert round(m.params_active / 1e9, 2) == 5.71 and round(m.matmul_params_active / 1e9, 2) == 5.13
+    assert Layout(m).decode_flops(Decode(1, 0.0)) == 2 * m.matmul_params_active == 2 * 5_131_598_400

@@ -352,9 +352,12 @@ async def test_from_live_reads_the_agents_signals(capsys: pytest.CaptureFixture[
     finally:
         await agent.stop()
     assert "window 1m, role both" in out and f"capacity at this mix    {sig(live.capacity_requests_per_second)} req/s" in out
-    assert "(the live agent)" in out  # pool capacities and mix from the live agent's one-phase capacities
-    pools = build_pool_plan(50, *live.mix(), live.capacity_phase_tokens_per_second["prefill"],
-                            live.capacity_phase_tokens_per_second["decode"], source="live")
+    assert "(the live agent; decode batch" in out  # pool capacities and mix from the live agent's one-phase capacities
+    # its decode slots: the batch at its first wall, each stepping every batch / decode capacity
+    decode = live.capacity_phase_tokens_per_second["decode"]
+    assert live.capacity_decode_batch == s.capacity.batch
+    pools = build_pool_plan(50, *live.mix(), live.capacity_phase_tokens_per_second["prefill"], decode, source="live",
+                            decode_batch=s.capacity.batch, decode_step_seconds=s.capacity.batch / decode)
     assert f"prefill pool            {pools.prefill_groups} group" in out
     assert f"decode pool             {pools.decode_groups} group" in out
 
@@ -518,3 +521,13 @@ def test_tp_all_reduces_in_the_ceilings_and_the_pools() -> None:
     flops = 2000 * 2 * (m.params_active - 2 * table) + 80 * 32_768 * 2000 * 2001 / 2 + 2 * table
     assert prefill == pytest.approx(2000 / (flops / (4 * 989e12 * 0.5) + 160 * (5e-6 + 1.5 * 2000 * 8192 * 2 / 450e9)))
     assert round(prefill, -2) == 12_600
+
+
+def test_the_running_batchs_context_is_length_biased() -> None:
+    from rooflight.agent.roofline.plan import running_context
+
+    # outputs of 100 and 300 tokens, half each (mean 200, sd 100, cv 0.5), 500-token prompts: the 300-token
+    # ones are in the batch 3 steps for every 1 of the others, so its mean context is
+    # (100 x (500 + 50) + 300 x (500 + 150)) / 400 = 625 = 500 + 200 x (1 + 0.25) / 2, not 500 + 100
+    assert running_context(500, 200, 0.5) == (100 * 550 + 300 * 650) / 400 == 625
+    assert running_context(500, 200) == 600

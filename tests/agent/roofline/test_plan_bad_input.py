@@ -48,6 +48,7 @@ def _without(flags: tuple[str, ...], flag: str) -> tuple[str, ...]:
     ("--ttft-slo", "1e300", "--ttft-slo 1e+300: write seconds"),
     ("--decode-mbu", "nan", "--decode-mbu nan: not a number"),
     ("--prefill-mfu", "2", "--prefill-mfu 2: write a fraction of the compute peak"),
+    ("--output-cv", "-1", "--output-cv -1: write the output lengths' standard deviation / their mean, from 0 to 10"),
 ])
 def test_plan_refuses_a_flag_out_of_its_range_naming_it(flag: str, value: str, says: str) -> None:
     args = (*_without(POOLS, flag), flag, value) if flag in POOLS else (*POOLS, flag, value)

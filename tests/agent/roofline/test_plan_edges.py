@@ -20,6 +20,20 @@ def test_tp_all_reduces_on_a_pcie_gpu_pay_pcies_latency_and_bandwidth() -> None:
     assert round(plan.tp_allreduce_seconds_at_batch * 1e3, 1) == 24.1
 
 
+def test_the_h100_pcie_all_reduces_over_pcie_gen5() -> None:
+    # H100 PCIe is a PCIe Gen5 x16 card (datasheet: 128 GB/s, 64 each way; Gen4's 64 / 32): at the Gen4 profile's
+    # 25 of 32 GB/s one way, 50 GB/s. 70B at TP4, a 2,048-token prompt: 2,048 x 8,192 x 2 B = 33,554,432 B, so
+    # 160 x (25 us + 1.5 x 33,554,432 / 50e9) = 165 ms of all-reduces (326 ms at Gen4's 25 GB/s).
+    plan = build_plan(preset("llama-3-70b"), get_profile("h100-pcie"), tp=4, context_tokens=8000, batch=1,
+                      prompt_tokens=2048)
+    assert plan.link == "PCIe Gen5"
+    assert plan.prefill_tp_allreduce_seconds == pytest.approx(160 * (25e-6 + 1.5 * 33_554_432 / 50e9))
+    assert round(plan.prefill_tp_allreduce_seconds * 1e3) == 165
+    a100 = build_plan(preset("llama-3-70b"), get_profile("a100-pcie-80gb"), tp=4, context_tokens=8000, batch=1,
+                      prompt_tokens=2048)
+    assert round(a100.prefill_tp_allreduce_seconds * 1e3) == 326  # a Gen4 card keeps 25 GB/s
+
+
 def test_a_shared_pool_prefills_in_the_time_its_decodes_leave() -> None:
     # 1 request/s, a prompt's prefill 0.1 s on an idle group, and 3.5 groups' worth of decode to share out, at
     # a 0.5 s TTFT target. 4 groups spend 3.5 / 4 = 87.5% of their time decoding, so a prefill stretches to

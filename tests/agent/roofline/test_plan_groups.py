@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator
@@ -70,6 +71,8 @@ def _page(role: str, phases: dict[str, float], *, tp: int | None = None, source:
              f'rooflight_tokens_per_second{{{s},phase="decode"}} 1000',
              f'rooflight_saturation_ratio{{{s},role="{role}"}} 0.5',
              *(f'rooflight_capacity_phase_tokens_per_second{{{s},phase="{p}"}} {v}' for p, v in phases.items())]
+    if "decode" in phases:
+        lines.append(f'rooflight_capacity_decode_batch_requests{{{s}}} 64')  # the batch at its first wall
     if tp is not None:
         lines.append(f'rooflight_tensor_parallel_size{{target="t",model="m"}} {tp}')
     if source is not None:
@@ -145,3 +148,78 @@ def test_the_live_agents_tp_sizes_the_group(capsys: pytest.CaptureFixture[str], 
     d = _plan(capsys, "--from-live", url, "--rate", "10", "--tp", "2")["pools"]
     assert d["gpus_per_group"] == 2
     assert any("--tp 2 as given" in n and "spans 4 GPUs" in n for n in d["notes"])
+
+
+# --- 4. a live decode capacity's slots are the batch at the agent's first wall ---
+
+@pytest.mark.parametrize("batch", [None, "0", "1e300", "NaN", "-5", "+Inf", "0.5"])
+def test_without_a_readable_live_batch_the_slots_are_capacity_x_itl_with_a_note(
+        capsys: pytest.CaptureFixture[str], serve: Any, batch: str | None) -> None:
+    page = "".join(line + "\n" for line in _page("both", {"prefill": 20000.0, "decode": 3000.0}).splitlines()
+                   if "decode_batch" not in line)
+    if batch is not None:  # a hostile page's batch: not read
+        page += f'rooflight_capacity_decode_batch_requests{{target="t",engine="vllm",model="m",rank="0",window="1m"}} {batch}\n'
+    d = _plan(capsys, "--from-live", serve(page), "--rate", "10")["pools"]
+    assert d["decode_slots_per_group"] == pytest.approx(3000.0 * 0.05) and d["decode_batch"] is None
+    said = ("exports no rooflight_capacity_decode_batch_requests" if batch is None else
+            f"exports an invalid rooflight_capacity_decode_batch_requests ({float(batch):g}: not a batch of 1 to")
+    assert any(said in n for n in d["notes"]), d["notes"]  # was "exports no" for an invalid one too
+
+
+def test_a_fractional_live_batch_reads_alike_in_both_lines(capsys: pytest.CaptureFixture[str], serve: Any) -> None:
+    page = _page("both", {"prefill": 20000.0, "decode": 3000.0}).replace("decode_batch_requests{" , "X{")
+    page += 'rooflight_capacity_decode_batch_requests{target="t",engine="vllm",model="m",rank="0",window="1m"} 1.5\n'
+    text = _text(capsys, "--from-live", serve(page), "--rate", "10")
+    assert "decode batch 1.5)" in text and "its 1.5 slots a group" in text  # was "decode batch 2"
+
+
+def test_the_live_batch_and_its_step_are_the_decode_slots(capsys: pytest.CaptureFixture[str], serve: Any) -> None:
+    d = _plan(capsys, "--from-live", serve(_page("both", {"prefill": 20000.0, "decode": 3000.0})), "--rate", "10")
+    # 64 sequences at 3,000 tok/s: each steps every 64 / 3,000 = 21.3 ms
+    assert d["pools"]["decode_slots_per_group"] == 64 and d["pools"]["decode_step_seconds"] == pytest.approx(64 / 3000)
+
+
+# --- 5. the physics of a phase the page lacks runs on the page's GPU ---
+
+def _gpus(*rows: tuple[str, str, bool]) -> str:
+    """(uuid, profile, the target's?) rows of rooflight_gpu_info and rooflight_target_gpu_info."""
+    return "".join(f'rooflight_gpu_info{{gpu="{i}",name="n",profile="{profile}",reason="",source="nvml",'
+                   f'uuid="{uuid}"}} 1\n' + (f'rooflight_target_gpu_info{{target="t",gpu="{i}",uuid="{uuid}",'
+                                             f'rule="nvml_pids"}} 1\n' if mine else "")
+                   for i, (uuid, profile, mine) in enumerate(rows))
+
+
+def test_a_missing_phase_is_sized_on_the_pages_gpu(capsys: pytest.CaptureFixture[str], serve: Any) -> None:
+    # a decode agent on an H200 (the node also has an L40S another engine uses): its prefill on the H200's
+    # 989 TFLOP/s at 50% MFU, the H200's own; before, on --gpu's default h100-sxm without a word
+    url = serve(_page("decode", {"decode": 3000.0}, source="preset:ref-8b")
+                + _gpus(("GPU-a", "h200", True), ("GPU-b", "l40s", False)))
+    d = _plan(capsys, "--from-live", url, "--rate", "10")["pools"]
+    p, *_ = physics_capacities(preset("ref-8b"), get_profile("h200"), tp=1, prompt_tokens=2000, output_tokens=250,
+                               batch_max=256, prefill_mfu=0.5, decode_mbu=0.7, reserved_bytes_per_gpu=4e9,
+                               itl_slo=0.05)
+    assert d["prefill_capacity_per_group"] == pytest.approx(p)
+    assert any("on 1 x h200 (the live agent's GPU, rooflight_gpu_info)" in n for n in d["notes"]), d["notes"]
+    # --gpu as given wins, and the plan says the page's differs
+    d = _plan(capsys, "--from-live", url, "--rate", "10", "--gpu", "l40s")["pools"]
+    assert any("--gpu l40s as given" in n and "runs on h200" in n for n in d["notes"])
+    # a page with no rooflight_gpu_info: the default, said
+    url = serve(_page("decode", {"decode": 3000.0}, source="preset:ref-8b"))
+    d = _plan(capsys, "--from-live", url, "--rate", "10")["pools"]
+    assert any("on 1 x h100-sxm (the default --gpu: the page names no GPU profile)" in n for n in d["notes"])
+
+
+@pytest.mark.parametrize(("gpus", "says"), [
+    ((("GPU-a", "h200", False), ("GPU-b", "l40s", False)), "GPUs of different profiles (h200, l40s"),
+    ((("GPU-a", "h200", True), ("GPU-b", "l40s", True)), "GPUs of different profiles (h200, l40s"),
+    ((("GPU-a", "unknown", True),), "a GPU profile plan does not know (unknown"),
+    ((("GPU-a", "tpu-v9", True),), "a GPU profile plan does not know (tpu-v9"),
+])
+def test_an_unknown_or_mixed_live_gpu_asks_for_gpu(capsys: pytest.CaptureFixture[str], serve: Any,
+                                                    gpus: tuple[tuple[str, str, bool], ...], says: str) -> None:
+    # was: sized on h100-sxm's peaks, "(the default --gpu: the page names no GPU profile)"
+    url = serve(_page("decode", {"decode": 3000.0}, source="preset:ref-8b") + _gpus(*gpus))
+    with pytest.raises(ConfigError, match=re.escape(says) + r".*give --gpu"):
+        _plan(capsys, "--from-live", url, "--rate", "10")
+    d = _plan(capsys, "--from-live", url, "--rate", "10", "--gpu", "h200")["pools"]
+    assert any("on 1 x h200 (--gpu)" in n for n in d["notes"])

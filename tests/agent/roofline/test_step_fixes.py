@@ -18,12 +18,14 @@ LLAMA_3_8B = {"params": 8_030_261_248, "table": 128_256 * 4096, "layers": 32, "p
 
 
 def test_a_131k_token_prefill_counts_its_causal_attention() -> None:
-    # Llama-3-8B (config.json: 32 layers, 32 heads of 128, vocab 128,256, untied), 131,072 tokens on an H100.
+    # Llama-3.1-8B (config.json: Llama-3-8B's shapes, 32 layers, 32 heads of 128, vocab 128,256, untied, and
+    # 131,072 positions where Llama-3-8B reads 8,192), 131,072 tokens on an H100.
     # The weights' matmuls: 2 x (8,030,261,248 - 2 x 525,336,576) = 2 x 6,979,588,096 FLOPs a token (not the
     # input table, a lookup; not the LM head, which runs once); the causal attention: 32 layers x 16,384 FLOPs
     # a token pair x 131,072 x 131,073 / 2 pairs = 4,503.6 TFLOP; the LM head once, 2 x 525,336,576.
     # 6,333 TFLOP, 3.0x the 2,105 the plan printed (2 x 8.03e9 x 131,072, no attention).
-    p = build_plan(preset("llama-3-8b"), H100, tp=1, context_tokens=131_072, batch=1, prompt_tokens=131_072)
+    p = build_plan(load_config_json(ZOO / "Meta-Llama-3.1-8B.json"), H100, tp=1, context_tokens=131_072, batch=1,
+                   prompt_tokens=131_072)
     table = LLAMA_3_8B["table"]
     attention = 32 * 16_384 * 131_072 * 131_073 / 2
     assert p.prefill_attention_flops == attention
