@@ -68,7 +68,7 @@ class Sandbox:
         return answers
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one copy for the worker's whole run, were other modules run between
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     if shutil.which("promtool") is None and any(t.startswith("promtool:") for m in MUTANTS for t in m.tests):
         pytest.skip("promtool not installed (Debian's prometheus package)")
