@@ -134,7 +134,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- the alert rules: each edit of rules/config.py regenerates the rules, then promtool tests them -------------
     Mutant("burn-6h-row-late", "rules/config.py",
            'BurnWindow("6h", "30m", 6.0, "15m", "critical")', 'BurnWindow("6h", "30m", 6.0, "30m", "critical")',
-           ("promtool:rules/tests/slo_test.yaml",),
+           ("promtool:rules/tests/burn_6h_test.yaml",),
            "a moderate burn pages 15 minutes later"),
     Mutant("burn-3d-row-blunt", "rules/config.py",
            'BurnWindow("3d", "6h", 1.0, "3h", "warning")', 'BurnWindow("3d", "6h", 3.0, "3h", "warning")',
