@@ -24,13 +24,18 @@ import math
 from dataclasses import dataclass, field
 
 
+# A value is kept once this share of `every` has passed since the last kept: at 1 Hz the sampler's jitter
+# puts half the intervals a millisecond under 1 s, and a strict `every` kept one value in two.
+KEEP_EVERY_SHARE = 0.75
+
+
 @dataclass(frozen=True, slots=True)
 class TailBaseline:
     keep_seconds: float
     min_span: float
     every: float = 1.0
     quantile: float = 0.5
-    times: tuple[float, ...] = ()  # when each value held was kept, oldest first, at least `every` apart
+    times: tuple[float, ...] = ()  # when each value held was kept, oldest first, about `every` apart
     values: tuple[float, ...] = ()  # the values held, in the same order
     ordered: tuple[float, ...] = field(default=(), repr=False)  # the same values, sorted
     _median: float | None = field(default=None, repr=False)  # the quantile of `values`, taken when they change
@@ -41,10 +46,10 @@ class TailBaseline:
 
     def add(self, t: float, value: float | None) -> TailBaseline:
         """The baseline with `value` at `t` kept, and the values older than `keep_seconds` gone; itself
-        for no value, or for one under `every` after the last kept. The sorted values are kept sorted
+        for no value, or for one under KEEP_EVERY_SHARE x `every` after the last kept. The sorted values are kept sorted
         (at 1 Hz a value is kept on every sample: no sort of up to `keep_seconds` values each time)."""
         times = self.times
-        if value is None or (times and t - times[-1] < self.every):
+        if value is None or (times and t - times[-1] < KEEP_EVERY_SHARE * self.every):
             return self
         gone = bisect.bisect_left(times, t - self.keep_seconds)
         ordered = list(self.ordered)

@@ -137,10 +137,10 @@ def itl_tail(state: DetectorState, history: SeriesHistory | None, interval: floa
     if history is None:
         return ItlTail(None, None, ITL_FROM_ENGINE), state
     since = ITL_SPAN_INTERVALS * interval
-    recent = history.window(since, reach=None)  # since the previous sample, however late this one came
+    recent = _back_to(history, since)  # since the previous sample, however late this one came
     delta = histogram_delta(*recent, derive.ITL) if recent else None
     largest, steps = _largest_step(state.step_sizes or span.new(STEP_BASELINE_QUANTILE), recent,
-                                   history.window(max(since, STEP_LOOKBACK_SECONDS), reach=None), now)
+                                   _back_to(history, max(since, STEP_LOOKBACK_SECONDS)), now)
     engine, itl_engine = _against_baseline(state.itl_engine or span.new(), now,
                                            worst_bound(delta) if delta else None, ITL_FROM_ENGINE)
     state = state._replace(step_sizes=steps, itl_engine=itl_engine)
@@ -151,6 +151,13 @@ def itl_tail(state: DetectorState, history: SeriesHistory | None, interval: floa
         if proxy.worst is not None and proxy.baseline:  # 0: the streams arrive in bursts, no gaps to judge
             tail = proxy
     return tail._replace(largest_step=largest.worst, largest_step_baseline=largest.baseline), state
+
+
+def _back_to(history: SeriesHistory, seconds: float) -> tuple[Point, Point] | None:
+    """The points of the last `seconds`, at least the last interval. SeriesHistory.window wants its points
+    to span half the window; at 1 Hz a 2 s look back finds one interval, and sampling jitter makes it
+    0.999 s one time in five: the step of a stall went unseen in that sample."""
+    return history.window(seconds, reach=None) or history.last_interval()
 
 
 def _largest_step(tail: TailBaseline, span: tuple[Point, Point] | None, lookback: tuple[Point, Point] | None,

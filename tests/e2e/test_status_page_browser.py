@@ -268,6 +268,13 @@ HEAD_OF_LINE = """() => {
 }"""
 
 
+def _hol_reading(exposition: str) -> str:
+    """The detector's flag and its inputs as /metrics shows them, one line."""
+    names = ("rooflight_head_of_line_blocking", "rooflight_itl_tail_inflation", "rooflight_step_tokens_inflation")
+    found = {n: re.findall(rf"^{n}(?:\{{[^}}]*\}})? (\S+)$", exposition, re.M) for n in names}
+    return " ".join(f"{n.removeprefix('rooflight_')}={','.join(v) or '-'}" for n, v in found.items())
+
+
 def _prompt_tokens(engine_url: str) -> float:
     m = re.search(r"^vllm:prompt_tokens_total\{[^}]*\} (\S+)$", _get(engine_url), re.M)
     assert m, "the demo engine exports no vllm:prompt_tokens_total"
@@ -298,6 +305,7 @@ def test_head_of_line_shows_active_within_seconds_of_the_stall(browser: Any, dem
         previous = _prompt_tokens(demo.engine_url)
         active_at = exported_at = None
         flipped_by: list[float] = []
+        trail: list[str] = []  # what /metrics said at each turn, for the failure message
         deadline = time.monotonic() + 90  # long prompts every 20 s; the detector's baseline needs 30 s
         while time.monotonic() < deadline and active_at is None:
             time.sleep(0.25)
@@ -307,6 +315,7 @@ def test_head_of_line_shows_active_within_seconds_of_the_stall(browser: Any, dem
                 stalls.append(now)
             previous = tokens
             exposition = _get(demo.url + "metrics")
+            trail.append(f"{now - demo.started:.1f}s {_hol_reading(exposition)}" + (" STALL" if stalls and stalls[-1] == now else ""))
             if exported_at is None and re.search(r"^rooflight_head_of_line_blocking\{[^}]*\} 1\.0$", exposition, re.M):
                 exported_at = now
                 # the sample that flipped the detector: the stall's size as the agent judged it
@@ -316,7 +325,9 @@ def test_head_of_line_shows_active_within_seconds_of_the_stall(browser: Any, dem
             if state == "active":
                 active_at = now
         assert stalls, "no long prompt was seen in the engine's counters"
-        assert active_at is not None, f"head-of-line never showed as active; stalls at {stalls}"
+        assert active_at is not None, (f"head-of-line never showed as active on the page (/metrics: "
+                                       f"{'flipped' if exported_at else 'never flipped'}); what /metrics said:\n"
+                                       + "\n".join(trail))
         lag = active_at - max(s for s in stalls if s <= active_at)
         assert 0 <= lag <= STALL_TO_PAGE_SECONDS, f"active {lag:.1f}s after the last stall"
         # the page follows the agent: at most one poll (1 s) and a render behind /metrics

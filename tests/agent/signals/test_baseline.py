@@ -8,7 +8,21 @@ import statistics
 
 import pytest
 
-from rooflight.agent.signals.baseline import TailBaseline
+from rooflight.agent.signals.baseline import KEEP_EVERY_SHARE, TailBaseline
+
+
+def test_one_hz_samples_a_millisecond_early_are_all_kept() -> None:
+    """The sampler runs on a 1 s grid, and each sample's time jitters around it: a value 0.999 s after
+    the last is the next second's, not a second one in the same second (a strict 1 s kept one in two)."""
+    rng = random.Random(7)
+    tail = TailBaseline(keep_seconds=300.0, min_span=30.0)
+    for i in range(100):
+        tail = tail.add(i + rng.uniform(-0.05, 0.05), 1.0)
+    assert len(tail) == 100
+    for i in range(100, 110):  # 10 Hz: about one value a second, not ten
+        for tenth in range(10):
+            tail = tail.add(i + tenth / 10, 1.0)
+    assert 100 + 10 <= len(tail) <= 100 + 14
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -19,7 +33,7 @@ def test_the_median_is_always_that_of_the_values_held(seed: int) -> None:
         t += rng.choice((0.1, 0.1, 0.5, 1.0, 3.0))
         value = rng.choice((None, rng.uniform(0, 1)))
         tail = tail.add(t, value)
-        if value is not None and (not held or t - held[-1][0] >= 1.0):
+        if value is not None and (not held or t - held[-1][0] >= KEEP_EVERY_SHARE * 1.0):
             held.append((t, value))
             held = [(at, v) for at, v in held if at >= t - 30.0]  # the old ones go when a new one comes
         expected = statistics.median(v for _, v in held) if held and held[-1][0] - held[0][0] >= 5.0 else None

@@ -187,3 +187,27 @@ def test_the_stall_is_judged_against_the_steps_before_it_not_its_own() -> None:
     assert [judged[t] for t in (20, 25, 30, 35)] == [(2048.0, 16.0)] * 3 + [(2048.0, 2048.0)]
     assert judged[18] == (16.0, 16.0)  # the short prompts' values span 16 s (over 3 x the 5 s window) once 17 joins
     assert judged[17][1] is None  # ... not before
+
+
+def test_the_stall_s_step_is_seen_when_sampling_jitter_leaves_one_interval_in_the_look_back() -> None:
+    """At 1 Hz the 2 s look back for the stall's step holds two intervals, or one where jitter puts the
+    point before it just outside: 0.999 s is under half the look back, and SeriesHistory.window gives
+    nothing. The last interval is what the stall came in, so it is read whatever the window says."""
+    history, largest, prompt = SeriesHistory(120.0), 0.0, 0.0
+    times = [0.0]
+    while len(times) < 41:
+        times.append(times[-1] + (1.002 if len(times) % 2 else 0.999))
+    span, state = policy.tail_span((5.0, 60.0)), DetectorState()
+    for i, t in enumerate(times):
+        stall = i == len(times) - 1
+        prompt += 2000.0 if stall else 50.0
+        largest += 1 if stall else 0
+        steps = 100.0 * (i + 1)
+        counts = (steps - largest, steps - largest, steps, steps)  # every step <= 16 tokens, the stall's 2048
+        step_tokens = Histogram(buckets=tuple(zip(STEP_EDGES, counts)), count=steps, sum=0.0)
+        series = replace(_page(float(i)), prompt_tokens_total=prompt, steps_total=steps, step_tokens=step_tokens)
+        history.append(t, *derive.history_inputs(series))
+        tail, state = policy.itl_tail(state, history, 1.0, span, t)
+    assert times[-1] - times[-2] < 1.0 and times[-1] - times[-3] > policy.STEP_LOOKBACK_SECONDS  # one interval in it
+    assert history.window(policy.STEP_LOOKBACK_SECONDS, reach=None) is None
+    assert (tail.largest_step, tail.largest_step_baseline) == (2048.0, 16.0)
