@@ -33,6 +33,13 @@ K = TypeVar("K", bound=Hashable)
 # measured on every page in tests/fixtures/engine-samples/), times the API-server processes where a
 # `pid` label splits it; 256 leaves that room, and the floor a little more for a small max_series.
 SAMPLES_PER_SERIES = 256
+# The default cap on an engine's /metrics body. The largest real page is vLLM's, ~35 KB per
+# data-parallel rank plus ~20 KB once (tests/fixtures/engine-samples/vllm-*.prom), ~46 KB per rank
+# with a 40-character model name: 64 ranks behind one API server and a thousand LoRA adapter sets
+# still fit under 4 MiB. Reading and parsing a page costs about three times its size at the peak
+# (bytes, text, samples), so this cap is also what keeps the agent under 100 MB of RSS whatever a
+# page holds (docs/reliability.md "Bounds on what an engine can cost").
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 MIN_PAGE_SAMPLES = 4096
 # Labels per sample, on average over the page: real ones carry 2 to 5 (vLLM's cache_config_info 74,
 # once per rank); what a sample costs in memory grows with its labels, not with the line's length.

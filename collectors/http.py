@@ -20,6 +20,7 @@ from urllib.parse import SplitResult, quote, unquote, urlsplit
 
 import aiohttp
 
+from rooflight.collectors.common import DEFAULT_MAX_BODY_BYTES
 from rooflight.collectors.errors import SourceError
 
 _CHUNK = 64 * 1024
@@ -27,13 +28,6 @@ _EMPTY_SIZE = sys.getsizeof("")
 _TEXT_HEADER_SLACK = 64  # a non-ASCII str has a larger header than an empty one: not the page's fault
 _BEYOND_BMP = re.compile(rb"[\xf0-\xf4]")  # lead bytes of 4-byte UTF-8: characters Python holds in 4 bytes
 
-# The default cap on an engine's /metrics body. The largest real page is vLLM's, ~35 KB per
-# data-parallel rank plus ~20 KB once (tests/fixtures/engine-samples/vllm-*.prom), ~46 KB per rank
-# with a 40-character model name: 64 ranks behind one API server and a thousand LoRA adapter sets
-# still fit under 4 MiB. Reading and parsing a page costs about three times its size at the peak
-# (bytes, text, samples), so this cap is also what keeps the agent under 100 MB of RSS whatever a
-# page holds (docs/reliability.md "Bounds on what an engine can cost").
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,7 @@ from rooflight.agent.config.setting import (  # noqa: F401 - the commands and th
     COMMANDS, DEMO, ENV_PREFIX, PLAN, PROXY, RULES, RUN, SECTIONED, Setting, text,
 )
 from rooflight.agent.config.urls import parse_upstream
-from rooflight.collectors.common import MAX_BATCH, MAX_TENSOR_PARALLEL
-from rooflight.collectors.http import DEFAULT_MAX_BODY_BYTES
+from rooflight.collectors.common import DEFAULT_MAX_BODY_BYTES, MAX_BATCH, MAX_TENSOR_PARALLEL
 
 DEFAULT_LISTEN = "127.0.0.1:9746"  # the agent's /metrics
 PROXY_LISTEN = "127.0.0.1:8100"  # where the proxy's clients connect (not 8000, the engines' default, nor 8080, llama.cpp's)

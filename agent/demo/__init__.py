@@ -8,8 +8,20 @@ The agent scrapes it exactly as it would scrape vLLM. Scenarios are in scenarios
 
 from __future__ import annotations
 
+from typing import Any
+
 from rooflight.agent.demo.config import DemoConfig
 from rooflight.agent.demo.scenarios import SCENARIOS
-from rooflight.agent.demo.server import EVENTS, DemoEngine, start_demo_engine
 
 __all__ = ["SCENARIOS", "EVENTS", "DemoConfig", "DemoEngine", "start_demo_engine"]
+_SERVED = ("EVENTS", "DemoEngine", "start_demo_engine")
+
+
+def __getattr__(name: str) -> Any:
+    """The server's names, imported when first asked for: every `rooflight` command registers the demo's
+    flags, and only `rooflight demo` needs aiohttp (a third of a command's start)."""
+    if name in _SERVED:
+        from rooflight.agent.demo import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

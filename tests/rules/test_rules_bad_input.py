@@ -15,11 +15,11 @@ import pytest
 
 from rooflight.agent.errors import ConfigError
 from rooflight.rules import config as cfg
-from support import rooflight_exe
+from support import run_in_process
 
 
 def rules(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([rooflight_exe(), "rules", *argv], capture_output=True, text=True, timeout=120)
+    return run_in_process("rules", *argv)
 
 
 @pytest.mark.parametrize(("flag", "value", "says"), [

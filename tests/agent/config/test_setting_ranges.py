@@ -16,7 +16,7 @@ import pytest
 from rooflight.agent import cli
 from rooflight.agent.errors import ConfigError
 from rooflight.collectors.common import MAX_BATCH, MAX_TENSOR_PARALLEL
-from support import clean_env, run_rooflight
+from support import clean_env, run_in_process
 
 BIG = "1" + "0" * 20  # 1e20, as digits: a whole number argparse's int accepts
 
@@ -35,14 +35,14 @@ RUN = ("run", "--engine-url", "http://127.0.0.1:8000", "--no-nvml", "--check-onl
     (["--pid", BIG], "pid: 100000000000000000000 is more than"),
 ])
 def test_run_refuses_a_count_past_its_range_with_what_to_write(argv: list[str], says: str) -> None:
-    done = run_rooflight(*RUN, *argv)
+    done = run_in_process(*RUN, *argv)
     assert done.returncode == 2, (done.stdout, done.stderr)  # before: 0, "configuration ok"
     assert says in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
 
 
 def test_the_environment_and_the_config_file_are_held_to_the_same_ranges(tmp_path: Path) -> None:
-    done = run_rooflight(*RUN, env=clean_env(ROOFLIGHT_BATCH_MAX="2000000"))
+    done = run_in_process(*RUN, env=clean_env(ROOFLIGHT_BATCH_MAX="2000000"))
     assert done.returncode == 2 and "batch_max: 2000000 is more than" in done.stderr, done.stderr
     for line, says in (("tp: 1.0e+21", "tp: 1000000000000000000000 is more than"),
                        ("max_series: 1000000000", "max_series: 1000000000 is more than"),
@@ -62,7 +62,7 @@ def test_the_environment_and_the_config_file_are_held_to_the_same_ranges(tmp_pat
     ["--batch-max", str(MAX_BATCH), "--tp", str(MAX_TENSOR_PARALLEL)],
 ])
 def test_counts_within_their_range_pass(argv: list[str]) -> None:
-    done = run_rooflight(*RUN, *argv)
+    done = run_in_process(*RUN, *argv)
     assert done.returncode == 0, done.stderr
 
 
@@ -75,6 +75,6 @@ def test_counts_within_their_range_pass(argv: list[str]) -> None:
     (["--batch-max", "1" + "0" * 30, "--rate", "1", "--prompt", "100", "--output", "100"], "--batch-max 1" + "0" * 30 + ": at most"),
 ])
 def test_plan_refuses_a_count_past_its_range(argv: list[str], says: str) -> None:
-    done = run_rooflight("plan", *argv)
+    done = run_in_process("plan", *argv)
     assert done.returncode == 2, (done.stdout[-300:], done.stderr)  # before: 0, figures for the absurd setting
     assert says in done.stderr, done.stderr

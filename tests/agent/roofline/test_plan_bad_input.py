@@ -11,13 +11,13 @@ import subprocess
 import pytest
 
 from rooflight.agent.roofline.plan import sig
-from support import rooflight_exe
+from support import run_in_process
 
 POOLS = ("--rate", "10", "--prompt", "1000", "--output", "200")
 
 
 def plan(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([rooflight_exe(), "plan", *argv], capture_output=True, text=True, timeout=120)
+    return run_in_process("plan", *argv)
 
 
 def _without(flags: tuple[str, ...], flag: str) -> tuple[str, ...]:
@@ -84,8 +84,8 @@ def test_plan_refuses_ep_on_a_dense_model_as_run_does(argv: tuple[str, ...]) -> 
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert ("--ep 2: llama-3-8b is dense (no routed experts), and expert parallelism splits only the experts of a"
             " MoE model; drop ep, or give the MoE model it serves (--model / --model-config)") in done.stderr
-    run = subprocess.run([rooflight_exe(), "run", "--engine-url", "http://127.0.0.1:9", "--no-nvml", "--check-only",
-                          "--model", "llama-3-8b", "--ep", "2"], capture_output=True, text=True, timeout=120)
+    run = run_in_process("run", "--engine-url", "http://127.0.0.1:9", "--no-nvml", "--check-only",
+                         "--model", "llama-3-8b", "--ep", "2")
     assert run.returncode == 2 and done.stderr.split("--ep 2")[1].strip() in run.stderr, run.stderr
     assert plan("--model", "mixtral-8x7b", "--ep", "2", "--tp", "2").returncode == 0
 

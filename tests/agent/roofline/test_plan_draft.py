@@ -10,14 +10,14 @@ import subprocess
 
 import pytest
 
-from support import rooflight_exe
+from support import run_in_process
 
 DRAFT = ("--model", "llama-3-8b", "--draft-model", "llama-3.2-1b", "--num-speculative-tokens", "4",
          "--draft-acceptance", "0.7")
 
 
 def plan(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([rooflight_exe(), "plan", *argv], capture_output=True, text=True, timeout=120)
+    return run_in_process("plan", *argv)
 
 
 def test_the_decode_ceiling_counts_the_draft_passes_and_the_tokens_kept() -> None:

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from rooflight.agent.roofline.models import PRESETS, preset_for_hf_id
-from support import ROOT, rooflight_exe
+from support import ROOT, run_in_process
 
 PARAMS_70B = 70_553_706_496
 WEIGHTS_PER_GPU = PARAMS_70B * 2 / 4
@@ -23,7 +23,7 @@ WALL = int((80e9 - WEIGHTS_PER_GPU - 4e9) // SEQUENCE_PER_GPU)
 
 
 def plan(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([rooflight_exe(), "plan", *argv], capture_output=True, text=True, timeout=120)
+    return run_in_process("plan", *argv)
 
 
 def test_the_worked_wall_is_62_sequences() -> None:

@@ -5,11 +5,10 @@ named."""
 
 from __future__ import annotations
 
-import subprocess
 
 import pytest
 
-from support import MODEL_CONFIGS, plan_from_live, rooflight_exe
+from support import MODEL_CONFIGS, plan_from_live, run_in_process
 
 SAMPLES = MODEL_CONFIGS.parent / "engine-samples"
 S = 'target="{t}",engine="vllm",model="m",rank="0",window="1m"'
@@ -51,13 +50,11 @@ async def test_the_pools_name_the_target_they_read_among_several() -> None:
 
 
 def test_two_given_capacities_print_the_pools_alone() -> None:
-    done = subprocess.run([rooflight_exe(), "plan", "--rate", "10", "--prompt", "1000", "--output", "200",
-                           "--prefill-capacity", "10000", "--decode-capacity", "2500"], capture_output=True, text=True,
-                          timeout=120)
+    done = run_in_process("plan", "--rate", "10", "--prompt", "1000", "--output", "200",
+                          "--prefill-capacity", "10000", "--decode-capacity", "2500")
     assert done.returncode == 0 and done.stdout.startswith("Pools for 10 req/s")  # was: ref-8b's calculator first
     assert "ref-8b" not in done.stdout
-    one = subprocess.run([rooflight_exe(), "plan", "--rate", "10", "--prompt", "1000", "--output", "200",
-                          "--decode-capacity", "2500"], capture_output=True, text=True, timeout=120)
+    one = run_in_process("plan", "--rate", "10", "--prompt", "1000", "--output", "200", "--decode-capacity", "2500")
     assert one.stdout.startswith("ref-8b on 1 x h100-sxm")  # the prefill capacity is its roofline's: shown
 
 
@@ -68,7 +65,7 @@ def test_two_given_capacities_print_the_pools_alone() -> None:
      "--prefill-capacity 1e+308: write prefill tokens/s one group carries"),
 ])
 def test_the_other_reviewed_messages_say_what_to_fix(argv: tuple[str, ...], says: str) -> None:
-    done = subprocess.run([rooflight_exe(), "plan", *argv], capture_output=True, text=True, timeout=120)
+    done = run_in_process("plan", *argv)
     assert says in done.stdout + done.stderr
     assert "raise --tp" not in done.stderr and "weights alone exceed" not in done.stdout
 
@@ -87,13 +84,12 @@ K4 = ("--num-speculative-tokens", "4", "--draft-acceptance", "0.7")
      "--context 131,073: meta-llama/Llama-3.1-8B (llama-3-8b) reads at most 131,072", "llama-3-8b reads"),
 ])
 def test_draft_and_context_messages_name_what_the_user_gave(argv: tuple[str, ...], says: str, not_said: str) -> None:
-    done = subprocess.run([rooflight_exe(), "plan", *argv], capture_output=True, text=True, timeout=120)
+    done = run_in_process("plan", *argv)
     assert done.returncode == 2 and says in done.stderr and not_said not in done.stderr, done.stderr
 
 
 def test_large_counts_of_groups_keep_their_thousands_separators() -> None:
-    done = subprocess.run([rooflight_exe(), "plan", "--rate", "20000", "--prompt", "2000", "--output", "250",
-                           "--prefill-capacity", "100000", "--decode-capacity", "2500"], capture_output=True, text=True,
-                          timeout=120)
+    done = run_in_process("plan", "--rate", "20000", "--prompt", "2000", "--output", "250",
+                          "--prefill-capacity", "100000", "--decode-capacity", "2500")
     assert "decode pool             2,010 groups" in done.stdout and "2,000 at 100%)" in done.stdout  # was "2010 groups"
     assert "Verdict: share one pool of 2,401 groups" in done.stdout
