@@ -5,6 +5,9 @@ always stops (serve_task), and the golden-file check. Child processes: demo_proc
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+import logging
 import os
 import subprocess
 import signal
@@ -12,12 +15,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
+from unittest import mock
 
 from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rooflight.agent.cli import resolve_models
+from rooflight.agent.cli import main, resolve_models
 from rooflight.agent.metrics.exposition import registry_for
 from rooflight.agent.sampling.clock import FakeClock
 from rooflight.agent.config.agent import AgentConfig, build
@@ -127,15 +131,8 @@ def run_in_process(*argv: str, env: dict[str, str] | None = None) -> subprocess.
     """`rooflight ARGV...` through the CLI's main in this process, given back as subprocess.run gives it: the
     exit code (argparse's exit too), stdout and stderr; `env` (default clean_env()) stands for the environment
     meanwhile. For commands that end on their own and leave nothing running (plan, rules, run --check-only): a
-    child process spends ~0.6 s of CPU importing the agent, and the suite runs a few hundred of them
+    child process spends about 0.5 s of CPU importing the agent, and the suite would start about 200 of them
     (docs/testing.md, How long the suite takes). The console script itself: tests/agent/test_cli.py."""
-    import contextlib
-    import io
-    import logging
-    from unittest import mock
-
-    from rooflight.agent.cli import main
-
     out, err = io.StringIO(), io.StringIO()
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level

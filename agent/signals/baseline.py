@@ -46,8 +46,9 @@ class TailBaseline:
 
     def add(self, t: float, value: float | None) -> TailBaseline:
         """The baseline with `value` at `t` kept, and the values older than `keep_seconds` gone; itself
-        for no value, or for one under KEEP_EVERY_SHARE x `every` after the last kept. The sorted values are kept sorted
-        (at 1 Hz a value is kept on every sample: no sort of up to `keep_seconds` values each time)."""
+        for no value, or for one under KEEP_EVERY_SHARE x `every` after the last kept. The sorted values
+        are kept sorted (at 1 Hz a value is kept on every sample: no sort of up to `keep_seconds` values
+        each time)."""
         times = self.times
         if value is None or (times and t - times[-1] < KEEP_EVERY_SHARE * self.every):
             return self

@@ -269,8 +269,8 @@ HEAD_OF_LINE = """() => {
 
 
 def _hol_reading(exposition: str) -> str:
-    """The detector's flag and its inputs as /metrics shows them, one line."""
-    names = ("rooflight_head_of_line_blocking", "rooflight_itl_tail_inflation", "rooflight_step_tokens_inflation")
+    """The detector's flag and its inflation as /metrics shows them, one line."""
+    names = ("rooflight_head_of_line_blocking", "rooflight_itl_tail_inflation")
     found = {n: re.findall(rf"^{n}(?:\{{[^}}]*\}})? (\S+)$", exposition, re.M) for n in names}
     return " ".join(f"{n.removeprefix('rooflight_')}={','.join(v) or '-'}" for n, v in found.items())
 
@@ -315,7 +315,8 @@ def test_head_of_line_shows_active_within_seconds_of_the_stall(browser: Any, dem
                 stalls.append(now)
             previous = tokens
             exposition = _get(demo.url + "metrics")
-            trail.append(f"{now - demo.started:.1f}s {_hol_reading(exposition)}" + (" STALL" if stalls and stalls[-1] == now else ""))
+            stalled = " STALL" if stalls and stalls[-1] == now else ""
+            trail.append(f"{now - demo.started:.1f}s {_hol_reading(exposition)}{stalled}")
             if exported_at is None and re.search(r"^rooflight_head_of_line_blocking\{[^}]*\} 1\.0$", exposition, re.M):
                 exported_at = now
                 # the sample that flipped the detector: the stall's size as the agent judged it

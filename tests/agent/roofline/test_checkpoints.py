@@ -4,22 +4,19 @@ the model named in its `_comment`; every expected number is worked by hand from 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 from pathlib import Path
 
 import pytest
 
-from rooflight.agent.cli import main
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.roofline.gpus import get_profile
 from rooflight.agent.model_files import load_config_json
 from rooflight.agent.roofline.models import from_hf_config, preset, preset_for_hf_id
 from rooflight.agent.plan_cli import format_plan
 from rooflight.agent.roofline.plan import build_plan
-from support import MODEL_CONFIGS
+from support import MODEL_CONFIGS, run_in_process
 
 FIX = MODEL_CONFIGS
 H100_FREE = 80e9 - 4e9  # an H100's memory less the plan's default 4 GB reserve
@@ -27,20 +24,16 @@ H100_FREE = 80e9 - 4e9  # an H100's memory less the plan's default 4 GB reserve
 
 def plan(*argv: str) -> dict:
     """`rooflight plan ... --json` in-process through the CLI's main: the exit code must be 0."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["plan", *argv, "--json"])
-    assert code == 0, err.getvalue()
-    return json.loads(out.getvalue())
+    done = run_in_process("plan", *argv, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def plan_fails(*argv: str) -> str:
     """`rooflight plan ...` that must exit 2 with a message and no traceback; returns the message."""
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        code = main(["plan", *argv])
-    assert code == 2, err.getvalue()
-    return err.getvalue()
+    done = run_in_process("plan", *argv)
+    assert done.returncode == 2, done.stderr
+    return done.stderr
 
 
 def config(name: str) -> dict:

@@ -5,7 +5,6 @@ named."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from support import MODEL_CONFIGS, plan_from_live, run_in_process
