@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,18 +27,13 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
+from ports import free_port
+
 PROMETHEUS = "prometheus"
 
 
 class PromError(RuntimeError):
     """Prometheus answered with an error (status, errorType, error) or never became ready."""
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def available() -> bool:

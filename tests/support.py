@@ -28,6 +28,8 @@ from rooflight.agent.config.agent import AgentConfig, build
 from rooflight.agent.sampling.sampler import Agent
 from rooflight.agent.serve import server
 
+from ports import free_port  # noqa: F401  (tests import it from here too)
+
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 TESTS = ROOT / "tests"
 SAMPLES = TESTS / "fixtures" / "engine-samples"  # recorded real pages; provenance in its README.md
@@ -149,14 +151,6 @@ def run_in_process(*argv: str, env: dict[str, str] | None = None) -> subprocess.
         root.handlers[:] = handlers
         root.setLevel(level)
     return subprocess.CompletedProcess(["rooflight", *argv], code, out.getvalue(), err.getvalue())
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 STOP_WITHIN_S = 10.0  # a test's agent must stop within this: a hung stop fails the test, not the suite

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from ports import free_port
 from rooflight.collectors import process
 from rooflight.collectors.errors import SourceError
 from rooflight.collectors.process import NeedsSearch, ProcessCollector, ProcessTable, find_listener
@@ -23,12 +23,6 @@ while time.process_time() - t < 0.2: pass   # burn a little CPU so the counter m
 print("ready", child.pid, flush=True)
 time.sleep(60)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_engine(port: int) -> tuple[subprocess.Popen[str], int]:

@@ -22,14 +22,8 @@ from pathlib import Path
 
 import psutil
 
+from ports import free_port  # noqa: F401  (the stage's modules import it from here)
 from support import rooflight_exe
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def port_is_free(port: int) -> bool:

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from fake_upstream import FakeUpstream
+from ports import free_port
 from rooflight.agent.proxy.config import build
 from rooflight.agent.proxy.server import ProxyServer
 from rooflight.agent.proxy.thread import ProxyThread
@@ -39,16 +40,10 @@ async def test_an_error_that_ends_a_serving_proxy_is_logged(upstream: FakeUpstre
                for rec in caplog.records)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_a_start_that_fails_releases_the_port_it_had_bound(upstream: FakeUpstream) -> None:  # noqa: F811
     # The relay's port binds first; the /metrics port is taken, so the start fails with OSError and must give
     # the relay's port back (a retry, or whatever runs next, can bind it at once).
-    relay = _free_port()
+    relay = free_port()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -13,10 +13,9 @@ Processes are stopped by PID by the tests (procs.ManagedProcess).
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
-from procs import ManagedProcess, port_is_free
+from procs import ManagedProcess, free_port
 
 MODEL = "tiny"  # the served model name
 READY_TIMEOUT_S = 90.0  # frontend ~2 s, model registered ~3-5 s after the mocker starts, on 2 busy cores
@@ -26,14 +25,12 @@ HOSTS = ("DYN_HTTP_HOST", "DYN_SYSTEM_HOST", "DYN_TCP_RPC_HOST", "DYN_EVENT_PLAN
 
 
 def system_port() -> int:
-    """A free port under 32768 for DYN_SYSTEM_PORT: Dynamo 1.6.1 parses it as an i16 and the worker
-    exits on anything above (the kernel's ephemeral ports, which free_port() hands out, start at 32768)."""
-    rnd = random.Random()
-    for _ in range(200):
-        port = rnd.randrange(20000, 32000)
-        if port_is_free(port):
-            return port
-    raise RuntimeError("no free port in 20000-32000")
+    """A free port for DYN_SYSTEM_PORT: Dynamo 1.6.1 parses it as an i16 and the worker exits on anything
+    above 32767 (free_port() draws below the kernel's ephemeral range, which starts at 32768 by default)."""
+    port = free_port()
+    if port > 32767:
+        raise RuntimeError(f"free_port() gave {port}, above the i16 Dynamo reads DYN_SYSTEM_PORT as")
+    return port
 
 
 def dynamo_env(store: Path, home: Path) -> dict[str, str]:
