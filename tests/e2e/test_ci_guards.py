@@ -145,3 +145,19 @@ def test_validate_sh_without_systemd_analyze_fails_only_in_ci(tmp_path: Path, ci
     assert result.returncode == rc, result.stdout + result.stderr
     assert ("FAIL systemd-analyze not installed" in result.stderr) == (rc == 1)
     assert ("NOT verified" in result.stdout) == (rc == 0)
+
+
+# -- the fast suite's workers --------------------------------------------------------------------------------
+def test_loadgroup_runs_a_group_on_one_worker(tmp_path: Path) -> None:
+    # .ci/test's `-n 3 --dist loadgroup` keeps a group's tests (one Chromium, one wheel build, the mutants' one
+    # sandbox) on one worker; pytest 9.2 under pytest-xdist 3.8 silently drops the grouping (pytest-xdist#1386)
+    (tmp_path / "test_grouped.py").write_text(
+        "import os, pytest\npytestmark = pytest.mark.xdist_group('one')\n"
+        + "".join(f"def test_{i}():\n    print('WORKER', os.environ['PYTEST_XDIST_WORKER'])\n" for i in range(6)))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
+                          "-rA", "-q"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    workers = {line.split()[1] for line in run.stdout.splitlines() if line.startswith("WORKER ")}
+    assert len(workers) == 1, (f"a group's tests ran on {sorted(workers)}: --dist loadgroup does not group with "
+                               "this pytest (install the test extra's, pyproject.toml)")
