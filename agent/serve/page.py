@@ -34,6 +34,14 @@ STATUS_AGENT_KEY = web.AppKey("status_agent", Agent)
 STATUS_HISTORY_KEY = web.AppKey("status_history", History)
 MAX_TARGET_NAME = 256  # a target name in ?target=; longer is no name the agent has
 NO_STORE = {"Cache-Control": "no-store"}
+# The snapshot a response was drawn from (its `created`, as /api/v1/status writes it): the page pairs the
+# status with charts of the same snapshot, where a sample landing between its fetches would pair a chart
+# with the numbers of the sample before.
+SNAPSHOT_HEADER = "X-Rooflight-Snapshot"
+
+
+def _snapshot(status: dict[str, Any]) -> dict[str, str]:
+    return {SNAPSHOT_HEADER: json.dumps(status.get("created"))}
 
 
 class StatusCache:
@@ -111,8 +119,8 @@ async def status_page(request: web.Request) -> web.Response:
 
 
 async def status_json(request: web.Request) -> web.Response:
-    _, body = await _current(request)
-    return web.Response(body=body, content_type="application/json", headers=NO_STORE)
+    status, body = await _current(request)
+    return web.Response(body=body, content_type="application/json", headers={**NO_STORE, **_snapshot(status)})
 
 
 async def roofline_svg(request: web.Request) -> web.Response:
@@ -125,4 +133,4 @@ async def roofline_svg(request: web.Request) -> web.Response:
     if target is None and name is not None:
         raise web.HTTPNotFound(text="no such target\n")
     return web.Response(text=render_roofline(target), content_type="image/svg+xml", charset="utf-8",
-                        headers={**NO_STORE, "Content-Security-Policy": SVG_CSP})
+                        headers={**NO_STORE, **_snapshot(status), "Content-Security-Policy": SVG_CSP})

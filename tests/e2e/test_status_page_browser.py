@@ -197,6 +197,30 @@ def _no_horizontal_scroll(page: Any) -> None:
     assert width <= viewport + 1, f"page is {width}px wide in a {viewport}px viewport"
 
 
+def _charts_are_of_the_status_snapshot(page: Any) -> None:
+    """A chart of another snapshot than the status (a sample landed between the page's fetches) is not drawn
+    beside it: the first chart served is made to name a stale snapshot, and the page must ask again."""
+    served: list[str] = []
+
+    def stale_once(route: Any) -> None:
+        response = route.fetch()
+        headers = {**response.headers, **({} if served else {"x-rooflight-snapshot": "0"})}
+        served.append(route.request.url)
+        route.fulfill(response=response, headers=headers)
+
+    before = page.get_attribute("body", "data-created")
+    page.route("**/roofline.svg*", stale_once)
+    try:
+        deadline = time.monotonic() + 15
+        while not (len(served) >= 2 and page.get_attribute("body", "data-created") != before):
+            assert time.monotonic() < deadline, f"no render after a stale chart; charts served: {served}"
+            page.wait_for_timeout(50)
+        shown = page.evaluate("[document.body.dataset.created, document.querySelector('figure.roofline').dataset.snapshot]")
+    finally:
+        page.unroute("**/roofline.svg*")
+    assert shown[1] is not None and float(shown[1]) == float(shown[0]), f"status of {shown[0]}, chart of {shown[1]}"
+
+
 @pytest.mark.parametrize("demo", ["steady"], indirect=True)
 def test_steady_roofline_and_numbers_match_metrics(browser: Any, demo: Demo, artifacts: Path) -> None:
     context, page, console = _open(browser, demo.url)
@@ -237,6 +261,7 @@ def test_steady_roofline_and_numbers_match_metrics(browser: Any, demo: Demo, art
         assert 0.05 < mbu["value"] < 1.0  # a live number, not a placeholder
 
         page.click("#pause")  # resume, so the shots show a live page
+        _charts_are_of_the_status_snapshot(page)
         page.wait_for_timeout(1200)
         shot = artifacts / "steady-1280-light.png"
         page.screenshot(path=str(shot), full_page=True)

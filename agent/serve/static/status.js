@@ -255,7 +255,7 @@
   }
 
   // -- one target ----------------------------------------------------------------------------------
-  function targetCard(t, svgNode) {
+  function targetCard(t, chart) {
     const card = el("section", { class: "card target", "data-target": t.name,
       "data-last-sample": isNum(t.last_sample) ? String(t.last_sample) : null });
     const roof = t.roofline;
@@ -266,8 +266,8 @@
       const title = "Detectors" + (t.series.length > 1 ? ` · ${s.model} · rank ${s.rank}` : "");
       card.append(el("h3", { text: title }), detectors(t, s));
     }
-    const figure = el("figure", { class: "roofline" });
-    if (svgNode) figure.append(svgNode);
+    const figure = el("figure", { class: "roofline", "data-snapshot": chart ? chart.snapshot : null });
+    if (chart && chart.svg) figure.append(chart.svg);
     figure.append(el("figcaption", { class: "muted", text: rooflineCaption(t) }));
     const side = el("div", { class: "side" });
     for (const s of t.series) {
@@ -307,11 +307,11 @@
   }
 
   // -- the whole page ------------------------------------------------------------------------------
-  function render(status, svgs) {
+  function render(status, charts) {
     live.names = status.metric_names || {};
     document.getElementById("version").textContent = "v" + status.version;
     document.body.setAttribute("data-created", String(status.created));
-    const cards = status.targets.map((t, i) => targetCard(t, svgs[i]));
+    const cards = status.targets.map((t, i) => targetCard(t, charts[i]));
     if (!cards.length) cards.push(el("section", { class: "card" }, el("p", { text: "No targets configured." })));
     document.getElementById("targets").replaceChildren(...cards);
     document.querySelector("#sources tbody").replaceChildren(...status.health.map(sourceRow));
@@ -335,15 +335,30 @@
     return r.text();
   }
 
+  async function fetchChart(name) {
+    const r = await fetch("roofline.svg?target=" + encodeURIComponent(name), { cache: "no-store" });
+    if (!r.ok) throw new Error(`roofline.svg: HTTP ${r.status}`);
+    return { snapshot: r.headers.get("X-Rooflight-Snapshot"), svg: parseSvg(await r.text()) };
+  }
+
+  // The status and its charts from one snapshot: a sample landing between the fetches would draw a chart
+  // beside the numbers (and caption) of the sample before; asked again, up to 3 times, then drawn as it is.
+  async function fetchSnapshot() {
+    for (let attempt = 1; ; attempt++) {
+      const status = JSON.parse(await fetchText("api/v1/status"));
+      const charts = await Promise.all(status.targets.map((t) => fetchChart(t.name)));
+      const created = JSON.stringify(status.created);
+      if (attempt >= 3 || charts.every((c) => c.snapshot === created)) return [status, charts];
+    }
+  }
+
   async function poll() {
     live.timer = null;
     if (live.paused || document.hidden || live.inFlight) return;
     live.inFlight = true;
     try {
-      const status = JSON.parse(await fetchText("api/v1/status"));
-      const svgs = await Promise.all(status.targets.map((t) =>
-        fetchText("roofline.svg?target=" + encodeURIComponent(t.name)).then(parseSvg)));
-      render(status, svgs);
+      const [status, charts] = await fetchSnapshot();
+      render(status, charts);
       live.failures = 0;
       live.lastOk = Date.now();
       banner("");

@@ -7,6 +7,7 @@ Snapshots come from the real agent sampling the demo engine over HTTP with one f
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import xml.etree.ElementTree as ET
 from contextlib import asynccontextmanager
@@ -306,6 +307,21 @@ async def test_status_and_svg_routes(client: TestClient) -> None:
     assert (await client.get("/roofline.svg")).status == 200
     assert (await client.get("/roofline.svg", params={"target": "nope"})).status == 404
     assert (await client.get("/roofline.svg", params={"target": "x" * 5000})).status == 404
+
+
+async def test_the_status_and_its_charts_name_the_snapshot_they_were_drawn_from(steady: tuple,
+                                                                                client: TestClient) -> None:
+    # the page pairs a status with charts of the same snapshot by this header (status.js fetchSnapshot)
+    engine, agent, clock = steady
+    seen = []
+    for _ in range(2):
+        status_resp = await client.get("/api/v1/status")
+        created = json.dumps((await status_resp.json())["created"])
+        chart = await client.get("/roofline.svg")
+        assert status_resp.headers[page.SNAPSHOT_HEADER] == chart.headers[page.SNAPSHOT_HEADER] == created
+        seen.append(created)
+        await advance(engine, agent, clock, 0.5)  # a sample lands: the next pair names the next snapshot
+    assert seen[0] != seen[1] and float(seen[1]) > float(seen[0])
 
 
 async def test_web_config_basic_auth_covers_every_page_route(steady: tuple, tmp_path) -> None:
