@@ -527,10 +527,12 @@ class Pair:
 
 
 def run_pair(engine: str, vllm_python: str, spec: Spec, workdir: Path, index: int = 0,
-             proxy_extra: Sequence[str] = ()) -> Pair:
-    """Direct and proxied, same seed; even pairs run direct first, odd ones proxied first."""
+             proxy_extra: Sequence[str] = (), port: Callable[[], int] = free_port) -> Pair:
+    """Direct and proxied, same seed; even pairs run direct first, odd ones proxied first. `port` picks the
+    proxy's two ports (the test suite passes its own, drawn where no outgoing connection can take them)."""
     slos = [slo_spelling(t) for t in spec.slos().values()]
-    proxy = Proxy(engine, slos, workdir / f"proxy-{index}.log", workdir / f"proxy-{index}.jsonl", proxy_extra)
+    proxy = Proxy(engine, slos, workdir / f"proxy-{index}.log", workdir / f"proxy-{index}.jsonl", proxy_extra,
+                  port=port(), metrics_port=port())
     runs: dict[str, Any] = {}
 
     def direct() -> None:

@@ -149,7 +149,7 @@ def test_validate_sh_without_systemd_analyze_fails_only_in_ci(tmp_path: Path, ci
 
 # -- the fast suite's workers --------------------------------------------------------------------------------
 def test_loadgroup_runs_a_group_on_one_worker(tmp_path: Path) -> None:
-    # .ci/test's `-n 3 --dist loadgroup` keeps a group's tests (one Chromium, one wheel build, the mutants' one
+    # .ci/test's `-n 4 --dist loadgroup` keeps a group's tests (one Chromium, one wheel build, the mutants' one
     # sandbox) on one worker; pytest 9.2 under pytest-xdist 3.8 silently drops the grouping (pytest-xdist#1386)
     (tmp_path / "test_grouped.py").write_text(
         "import os, pytest\npytestmark = pytest.mark.xdist_group('one')\n"

@@ -91,7 +91,8 @@ def pair(vllm_python, tiny_model: Path, run_dir: Path, started) -> Pair:
     try:
         started.append(vllm.start())
         vllm.wait_http(engine + "/health", VLLM_READY_TIMEOUT_S)
-        result = run_pair(engine, vllm_python, Spec(model="tiny-llama", tokenizer=str(tiny_model), **SPEC), workdir)
+        result = run_pair(engine, vllm_python, Spec(model="tiny-llama", tokenizer=str(tiny_model), **SPEC), workdir,
+                          port=free_port)
     finally:
         vllm.stop()
     print(f"\n[proxy-peer] {result.summary()}")

@@ -329,12 +329,6 @@
     document.body.classList.toggle("stale", Boolean(text));
   }
 
-  async function fetchText(url) {
-    const r = await fetch(url, { cache: "no-store" });
-    if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
-    return r.text();
-  }
-
   async function fetchChart(name) {
     const r = await fetch("roofline.svg?target=" + encodeURIComponent(name), { cache: "no-store" });
     if (!r.ok) throw new Error(`roofline.svg: HTTP ${r.status}`);
@@ -342,13 +336,18 @@
   }
 
   // The status and its charts from one snapshot: a sample landing between the fetches would draw a chart
-  // beside the numbers (and caption) of the sample before; asked again, up to 3 times, then drawn as it is.
+  // beside the numbers (and caption) of the sample before. Each response names its snapshot (the same
+  // header text for the same snapshot); on a mismatch the page asks again, up to 3 times, then draws what it
+  // has. A response without the header (a proxy that drops it) is taken as it is.
   async function fetchSnapshot() {
     for (let attempt = 1; ; attempt++) {
-      const status = JSON.parse(await fetchText("api/v1/status"));
+      const r = await fetch("api/v1/status", { cache: "no-store" });
+      if (!r.ok) throw new Error(`api/v1/status: HTTP ${r.status}`);
+      const snapshot = r.headers.get("X-Rooflight-Snapshot");
+      const status = JSON.parse(await r.text());
       const charts = await Promise.all(status.targets.map((t) => fetchChart(t.name)));
-      const created = JSON.stringify(status.created);
-      if (attempt >= 3 || charts.every((c) => c.snapshot === created)) return [status, charts];
+      const same = (c) => snapshot === null || c.snapshot === null || c.snapshot === snapshot;
+      if (attempt >= 3 || charts.every(same)) return [status, charts];
     }
   }
 
