@@ -7,12 +7,16 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 import ports
 from support import TESTS
 
 HOLDER = """
 import sys
 sys.path.insert(0, sys.argv[1])
+import pytest
+
 import ports
 print(*(ports.free_port() for _ in range(50)), flush=True)
 sys.stdin.read()  # holds its slice until the test closes stdin
@@ -60,3 +64,12 @@ def test_two_processes_at_once_draw_from_disjoint_slices() -> None:
     mine = ports._slice[0]
     assert all(p in mine for p in ours)
     assert not any(p in mine for p in theirs), "the other process drew from this process's slice"
+
+
+def test_with_no_slice_free_it_says_so_and_lets_the_kernel_pick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ports, "_slice", None)
+    monkeypatch.setattr(ports, "_claim_slice", lambda: None)
+    with pytest.warns(UserWarning, match="no port slice free"):
+        port = ports.free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
