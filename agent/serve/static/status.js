@@ -329,9 +329,14 @@
     document.body.classList.toggle("stale", Boolean(text));
   }
 
+  async function fetchOk(url) {
+    const r = await fetch(url, { cache: "no-store" });
+    if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
+    return r;
+  }
+
   async function fetchChart(name) {
-    const r = await fetch("roofline.svg?target=" + encodeURIComponent(name), { cache: "no-store" });
-    if (!r.ok) throw new Error(`roofline.svg: HTTP ${r.status}`);
+    const r = await fetchOk("roofline.svg?target=" + encodeURIComponent(name));
     return { snapshot: r.headers.get("X-Rooflight-Snapshot"), svg: parseSvg(await r.text()) };
   }
 
@@ -341,8 +346,7 @@
   // has. A response without the header (a proxy that drops it) is taken as it is.
   async function fetchSnapshot() {
     for (let attempt = 1; ; attempt++) {
-      const r = await fetch("api/v1/status", { cache: "no-store" });
-      if (!r.ok) throw new Error(`api/v1/status: HTTP ${r.status}`);
+      const r = await fetchOk("api/v1/status");
       const snapshot = r.headers.get("X-Rooflight-Snapshot");
       const status = JSON.parse(await r.text());
       const charts = await Promise.all(status.targets.map((t) => fetchChart(t.name)));
