@@ -156,23 +156,32 @@ def prefill_load(w: WindowValues, prefill_mfu: float) -> float | None:
     return None if mfu is None else mfu / prefill_mfu
 
 
+def gpu_seconds_load(w: WindowValues, decode: float | None, settings: SignalSettings, phase: str) -> float | None:
+    """The share of the GPU's seconds `phase`'s wall carries: its own load, plus the other phase's where one
+    engine does both. Summed in one order for both phases, so their equal headrooms tie exactly and the
+    binding resource is the first in RESOURCES, not whichever rounding came out lower. `decode`: decode_load."""
+    prefill = prefill_load(w, settings.prefill_mfu)
+    own = decode if phase == "decode" else prefill
+    if own is None:
+        return None
+    if settings.role != "both":
+        return own
+    return (decode or 0.0) + (prefill or 0.0)
+
+
 def decode_bandwidth_headroom(w: WindowValues, decode: float | None, settings: SignalSettings) -> float | None:
     """1 - the decode load, plus the prefill load where one engine does both phases: 1 idle, 0 once the batch
     reaches its first wall (decode at the wall's batch fills every second of the GPU). `decode`: decode_load."""
-    if decode is None:
-        return None
-    prefill = prefill_load(w, settings.prefill_mfu) if settings.role == "both" else None
-    return physics.clamp_unit(1.0 - decode - (prefill or 0.0))
+    load = gpu_seconds_load(w, decode, settings, "decode")
+    return None if load is None else physics.clamp_unit(1.0 - load)
 
 
 def prefill_compute_headroom(w: WindowValues, decode: float | None, settings: SignalSettings) -> float | None:
     """1 - prefill MFU / the MFU a real prefill reaches, minus the decode load where one engine does both
     phases (the decode steps take the same GPU's seconds). Held to 0..1: an MFU past the setting is a wall
     already passed, not a negative headroom. `decode`: decode_load."""
-    prefill = prefill_load(w, settings.prefill_mfu)
-    if prefill is None:
-        return None
-    return physics.clamp_unit(1.0 - prefill - ((decode or 0.0) if settings.role == "both" else 0.0))
+    load = gpu_seconds_load(w, decode, settings, "prefill")
+    return None if load is None else physics.clamp_unit(1.0 - load)
 
 
 def slo_headrooms(w: WindowValues, settings: SignalSettings) -> dict[str, float]:

@@ -435,6 +435,20 @@ def test_one_engine_doing_both_phases_spends_one_pool_of_gpu_seconds() -> None:
     assert prefill.headroom["prefill_compute"] == pytest.approx(1 - prefill_load)
 
 
+def test_one_engine_doing_both_phases_names_one_binding_wall_whatever_the_rounding() -> None:
+    # Both GPU-time walls carry the same load on one engine, so they tie; the tie goes to decode_bandwidth (the
+    # first in RESOURCES) every window. Summed in two orders (1 - d - p against 1 - p - d) they differed in the
+    # last bit for about half the mixes, and the binding label flipped between windows of one steady load.
+    flips = set()
+    for prompt_tokens in range(1000, 9000, 37):
+        window = _steady(tokens_per_second={"prefill": float(prompt_tokens), "decode": 2500.0},
+                         mfu={"prefill": prompt_tokens * 2 * P / F})
+        s = hr.window_signals(window, REF, 256, 400_000, hr.SignalSettings())
+        assert s.headroom["decode_bandwidth"] == s.headroom["prefill_compute"]
+        flips.add(s.binding)
+    assert flips == {"decode_bandwidth"}
+
+
 # --- demand: the saturation the binding wall would read if the queue ran too (docs/physics.md) ---
 
 def test_saturation_demand_prices_the_queue_at_the_running_sequences_share_of_the_wall() -> None:
