@@ -24,7 +24,7 @@ for p in (str(HERE), str(REPO)):
         sys.path.insert(0, p)
 
 from procs import ManagedProcess, port_is_free  # noqa: E402
-from scrape import select  # noqa: E402
+from scrape import Samples, select  # noqa: E402
 from setups import KVWALL, NORMAL, QUEUE, Observation, Setup, prometheus_quantiles, run_setup  # noqa: E402
 
 
@@ -100,22 +100,31 @@ KVWALL_TRIES = 3
 
 
 def _reached_the_wall(obs: Observation) -> bool:
-    """Whether vLLM's own page showed the 10-block pool at 7 of 9 blocks with a preemption during the run,
-    and the agent's samples (0.5 s apart, in another phase than this test's polls) caught 7 of 9 too."""
+    """Whether vLLM's own page showed the 10-block pool at 7 of 9 blocks with a preemption during the run, and
+    one of the agent's pages (0.5 s apart, in another phase than this test's polls) showed the three inputs
+    of its verdict together: 7 of 9 blocks in use, requests waiting and a preemption in its 10 s window. Its
+    verdict itself is not read here; that is what the test judges."""
     usage = [v for _, page in obs.vllm_pages for v in select(page, "vllm:kv_cache_usage_perc")]
     preempted = [v for _, page in obs.vllm_pages for v in select(page, "vllm:num_preemptions_total")]
-    seen = [v for _, page in obs.agent_pages for v in select(page, "rooflight_kv_cache_usage_ratio")]
     return bool(usage) and max(usage) >= 0.75 and bool(preempted) and max(preempted) > 0 \
-        and bool(seen) and max(seen) >= 0.75
+        and any(_wall_in_view(page) for _, page in obs.agent_pages)
+
+
+def _wall_in_view(page: Samples) -> bool:
+    return max(select(page, "rooflight_kv_cache_usage_ratio"), default=0.0) >= 0.75 \
+        and max(select(page, "rooflight_requests_waiting"), default=0.0) >= 1 \
+        and max(select(page, "rooflight_preemptions_per_second", window="10s"), default=0.0) > 0
 
 
 @pytest.fixture(scope="session")
 def kvwall_run(vllm_python: str, tiny_model: Path, run_dir: Path, started: list[ManagedProcess]):
     """The KV-wall setup, run again (at most KVWALL_TRIES times) when the wall was not seen: with 9 usable
     blocks, whether a 0.5 s sample catches 7 of them in use is chance, for this test's polls of vLLM (2 runs
-    of 4 missed it on the 2-core box) and for the agent's own samples, from which its verdict is made. The
-    agent's verdicts are judged only on a run where both saw the wall; the last try is judged whatever it
-    saw, so an agent that never reads the occupancy still fails."""
+    of 4 missed it on the 2-core box) and for the agent's own samples, from which its verdict is made; and
+    while vLLM thrashes on 2 cores its API server can leave /metrics unanswered for 5-6 s (seen in the agent's
+    and this test's polls alike), a third of the load. The agent's verdicts are judged only on a run where
+    both saw the wall; the last try is judged whatever it saw, so an agent that never reads the occupancy
+    still fails."""
     for attempt in range(1, KVWALL_TRIES + 1):
         obs = _observe(KVWALL, vllm_python, tiny_model, run_dir, started)
         if _reached_the_wall(obs) or attempt == KVWALL_TRIES:
