@@ -55,11 +55,19 @@ def listens_clash(listen: str, other: str) -> bool:
         host == other_host or host in WILDCARD_HOSTS or other_host in WILDCARD_HOSTS)
 
 
+def written_number(value: Any) -> Any:
+    """`value`, unless it is text with an underscore: Python's int() and float() read '1_0' as 10 and '2_5' as
+    25, a slip of the keyboard no config, flag or environment variable means."""
+    if isinstance(value, str) and "_" in value:
+        raise ValueError(value)
+    return value
+
+
 def positive_int(value: Any, what: str) -> int:
     try:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise ValueError(value)
-        number = int(value)
+        number = int(written_number(value))
     except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{what}: {value!r} is not a whole number") from None
     if number < 1:
@@ -93,7 +101,7 @@ def whole(value: Any, what: str) -> int:
     if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
         raise ConfigError(f"{what}: {value!r} is not a whole number")
     try:
-        return int(value)
+        return int(written_number(value))
     except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{what}: {value!r} is not a whole number") from None
 
@@ -101,7 +109,7 @@ def whole(value: Any, what: str) -> int:
 def finite(value: Any) -> float:
     if isinstance(value, bool):
         raise TypeError("a bool is not a threshold")
-    number = float(value)
+    number = float(written_number(value))
     if not math.isfinite(number):
         raise ValueError("not finite")
     return number
@@ -234,7 +242,7 @@ def parse_percentiles(value: Any, what: str = "percentiles", required: bool = Fa
         if not text:
             continue
         try:
-            number = float(text)
+            number = float(written_number(text))
         except ValueError:
             raise ConfigError(f"{what}: {text!r} is not a number between 0 and 100") from None
         if not 0 < number < 100:
@@ -269,7 +277,7 @@ def gpu_hour_cost(value: Any, what: str = "gpu_hour_cost") -> float:
 def bounded_whole(value: Any, what: str, low: int, high: int, why: str = "") -> int:
     """A whole number from low to high (a count or a cap of the proxy's)."""
     try:
-        number = int(value)
+        number = int(written_number(value))
     except (TypeError, ValueError):
         raise ConfigError(f"{what}: {value!r} is not a whole number") from None
     if not low <= number <= high:
@@ -314,7 +322,7 @@ def detector_flags(items: Sequence[str]) -> dict[str, float]:
     for item in items:
         key, sep, value = item.partition("=")
         try:
-            out[key.strip()] = float(value)
+            out[key.strip()] = float(written_number(value))
         except ValueError:
             raise ConfigError(f"--detector {item!r}: write KEY=NUMBER, e.g. hol_inflation=4") from None
         if not sep:

@@ -44,7 +44,7 @@ def read_yaml(path: str | os.PathLike[str], what: str) -> Any:
         raise ConfigError(f"{what} {p}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     try:
         data = _BoundedLoader.load(text)
-    except _TooBig as exc:
+    except (_TooBig, _DuplicateKey) as exc:
         raise ConfigError(f"{what} {p}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{what} {p}: not valid YAML {yaml_error_summary(exc)}") from None
@@ -58,6 +58,10 @@ def read_yaml(path: str | os.PathLike[str], what: str) -> Any:
 
 
 class _TooBig(Exception):
+    pass
+
+
+class _DuplicateKey(Exception):
     pass
 
 
@@ -79,6 +83,21 @@ class _BoundedLoader(yaml.SafeLoader):
             if self._nodes > MAX_YAML_NODES:
                 raise _TooBig(f"more than {MAX_YAML_NODES} YAML values; a config is a few lines")
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """PyYAML keeps the last of a key given twice without a word; a config that says two things is refused,
+        naming the key and both lines (never a value). Keys a `<<` merge brings in may be overridden."""
+        first: dict[tuple[str, str], int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = (key_node.tag, key_node.value)
+            line = key_node.start_mark.line + 1
+            if key in first:
+                raise _DuplicateKey(f"line {line}: the key {key_node.value!r} is given twice (first at line "
+                                    f"{first[key]}); YAML would keep only the last, so remove one")
+            first[key] = line
+        return super().construct_mapping(node, deep=deep)
 
     @classmethod
     def load(cls, text: str) -> Any:

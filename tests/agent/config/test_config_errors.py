@@ -279,6 +279,37 @@ def test_a_key_that_is_not_text_exits_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 2 and "is not a setting name" in err, err
 
 
+@pytest.mark.parametrize(("text", "says"), [
+    ("engine_url: http://127.0.0.1:9\ntp: 2\ntp: 4\n", "line 3: the key 'tp' is given twice (first at line 2)"),
+    ("targets:\n  - {url: 'http://127.0.0.1:9', name: a, name: b}\n", "the key 'name' is given twice"),
+    ("engine_url: http://127.0.0.1:9\nslo:\n  ttft: 1\n  'ttft': 2\n", "the key 'ttft' is given twice"),
+])
+def test_a_key_given_twice_exits_2_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
+                                             says: str) -> None:
+    # PyYAML keeps the last silently: a config with `tp: 2` above `tp: 4` ran at TP 4 without a word
+    code, err = _main(capsys, "run", "--config", _file(tmp_path, text), "--check-only")
+    assert code == 2 and says in err, err
+
+
+def test_a_merged_key_may_be_overridden(tmp_path: Path) -> None:
+    data = cfg.load_file(_file(tmp_path, "base: &b {model: llama-3-8b, gpu: h100-sxm}\nuse:\n  <<: *b\n  gpu: a100\n"))
+    assert data["use"] == {"model": "llama-3-8b", "gpu": "a100"}
+
+
+@pytest.mark.parametrize("env", [{"ROOFLIGHT_TP": "1_0"}, {"ROOFLIGHT_MAX_SERIES": "1_000"},
+                                 {"ROOFLIGHT_GPU_HOUR_COST": "2_5"}])
+def test_a_number_with_an_underscore_is_refused(env: dict[str, str]) -> None:
+    # int("1_0") is 10 in Python: a TP of 10 from a typo
+    result = _rooflight(*RUN, "--check-only", env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert repr(next(iter(env.values()))) in result.stderr
+
+
+def test_a_detector_setting_with_an_underscore_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _main(capsys, *RUN, "--detector", "hol_inflation=1_0", "--check-only")
+    assert code == 2 and "write KEY=NUMBER" in err, err
+
+
 def test_plan_from_live_on_a_page_that_is_not_prometheus_text_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
