@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -227,11 +227,24 @@ _NOT_YAML = object()
 
 
 def _pyyaml(text: str) -> object:
-    """What PyYAML's safe_load makes of `text` (our bounded loader extends it), or _NOT_YAML."""
+    """What PyYAML's safe_load makes of `text` (our bounded loader extends it), or _NOT_YAML; _NOT_YAML too for
+    a mapping that writes a key twice (PyYAML keeps the last, our loader refuses it)."""
     try:
-        return yaml.safe_load(text)
+        loaded = yaml.safe_load(text)
+        return _NOT_YAML if _writes_a_key_twice(yaml.compose(text, Loader=yaml.SafeLoader)) else loaded
     except Exception:  # YAMLError, and ValueError for an impossible date such as 2001-02-30
         return _NOT_YAML
+
+
+def _writes_a_key_twice(node: object) -> bool:
+    if isinstance(node, yaml.MappingNode):
+        keys = [(k.tag, k.value) for k, _ in node.value if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge"]
+        if len(keys) != len(set(keys)):
+            return True
+        return any(_writes_a_key_twice(k) or _writes_a_key_twice(v) for k, v in node.value)
+    if isinstance(node, yaml.SequenceNode):
+        return any(_writes_a_key_twice(v) for v in node.value)
+    return False
 
 
 def _text_keys_only(value: object) -> bool:
@@ -244,6 +257,8 @@ def _text_keys_only(value: object) -> bool:
 
 @FUZZ
 @given(st.text(max_size=200))
+@example("tp: 2\ntp: 4\n")  # a key written twice: refused
+@example("a: &a {x: 1}\nb: {<<: *a, x: 2}\n")  # a merged key overridden: loaded
 def test_a_config_file_loads_what_yaml_says_or_is_a_config_error(
     tmp_path_factory: pytest.TempPathFactory, text: str
 ) -> None:
