@@ -45,14 +45,16 @@ def _detector_alerts() -> tuple[Setting, ...]:
     for d in detectors():
         if d.rule is not None:
             stem = detector_stem(d)
-            out.append(_rules(stem.replace("-", "_") + "_for", flag_default=d.rule.for_))
+            out.append(_rules(stem.replace("-", "_") + "_for", f"how long {d.alert}'s condition holds before it "
+                              "fires (default %(default)s)", flag_default=d.rule.for_))
             out.append(_rules(stem.replace("-", "_") + "_severity", f"{d.alert}'s severity label (default %(default)s)",
                               choices=SEVERITIES, flag_default=d.rule.severity))
     return tuple(out)
 
 
 SETTINGS: tuple[Setting, ...] = (
-    _rules("format", choices=FORMATS),
+    _rules("format", "yaml: a Prometheus rules file; prometheusrule: the same groups as a prometheus-operator "
+           "PrometheusRule (default %(default)s)", choices=FORMATS),
     _rules("pod", "only the pod-level rules: each cluster's Prometheus, where a central ruler runs --fleet",
            action="store_true", exclusive="scope"),
     _rules("fleet", "only the rules that sum over replicas, plus RooflightClusterAbsent: the central ruler "
@@ -82,10 +84,13 @@ SETTINGS: tuple[Setting, ...] = (
     _rules("slo_min_requests", "requests a burn row's long window must hold before it can fire (default %(default)s)",
            type=int),
     _rules("slo_model_label", "the engine's label naming the model, for --*-threshold-for (default %(default)s)"),
-    _rules("low_mbu_threshold", type=float),
-    _rules("low_mbu_for"),
+    _rules("low_mbu_threshold", "MBU (0..1) under which a decode busy the whole rate window alerts "
+           "RooflightLowMBU (default %(default)s)", type=float),
+    _rules("low_mbu_for", "how long MBU stays under --low-mbu-threshold before RooflightLowMBU (default "
+           "%(default)s)"),
     *_detector_alerts(),
-    _rules("source_down_for"),
+    _rules("source_down_for", "how long a source other than the engine and the GPU (process) may fail every "
+           "sample before RooflightSourceDown (default %(default)s)"),
     _rules("engine_start_budget", "how long an engine may load (no good sample since the agent started) before "
            "RooflightEngineStartTimeout; until then it is starting, not down (default %(default)s)"),
     _rules("engine_stalled_for", "how long after a window of no progress with requests held the stall pages "
@@ -95,8 +100,10 @@ SETTINGS: tuple[Setting, ...] = (
     _rules("gpu_throttle_share", "share of the health window in thermal or power-brake slowdown that alerts "
            "(default %(default)s)", type=float),
     _rules("agent_job_selector", "matchers for the agent's own scrape in `up` (meta-monitoring; default %(default)s)"),
-    _rules("agent_down_for"),
-    _rules("agent_absent_for"),
+    _rules("agent_down_for", "how long the agent may fail every scrape (up == 0) before RooflightAgentDown "
+           "(default %(default)s)"),
+    _rules("agent_absent_for", "how long no scrape target may match --agent-job-selector before "
+           "RooflightAgentAbsent (default %(default)s)"),
     _rules("itl_short_window", "the agent's shortest --windows entry, quoted by the head-of-line alert (default "
            "%(default)s)"),
     _rules("itl_long_window", "the agent's longest --windows entry (default %(default)s)"),
@@ -107,7 +114,8 @@ SETTINGS: tuple[Setting, ...] = (
     _rules("keep_firing_for", "how long the down, lost-GPU and stall alerts keep firing after their condition "
            "clears ('' = leave keep_firing_for out, for rulers without it: vmalert before 1.91, Prometheus before "
            "2.42; default %(default)s)"),
-    _rules("runbook_base_url"),
+    _rules("runbook_base_url", "where docs/runbooks.md is served; each alert's runbook_url is <this>#<alert> "
+           "(default %(default)s)"),
     _rules("dashboard_base_url", "Grafana's URL; each alert's dashboard_url is <this>/d/<uid>?var-pod=... (default "
            "%(default)s)"),
     _rules("time_scale", "divide every duration of the rules (windows, for, burn rows) by N: the same rules, N times "

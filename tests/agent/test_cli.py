@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rooflight.agent import cli
 from support import MODEL_CONFIGS, free_port, rooflight_exe
 
 FIXTURES = MODEL_CONFIGS
@@ -85,6 +86,16 @@ def test_help_teaches_what_the_numbers_mean() -> None:
     assert result.returncode == 0
     for words in ("MBU", "MFU", "ROOFLIGHT_ENGINE_URL", "kernel_residency"):
         assert words in result.stdout
+
+
+def test_every_flag_of_every_command_says_what_it_does() -> None:
+    import argparse
+
+    commands = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert {"run", "demo", "proxy", "plan", "rules"} <= set(commands)
+    silent = [(name, action.option_strings[-1]) for name, parser in commands.items() for action in parser._actions
+              if action.option_strings and not (action.help or "").strip()]
+    assert not silent, f"flags without a help line in --help: {silent}"
 
 
 def test_plan_json_through_the_console_script() -> None:
