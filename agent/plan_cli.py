@@ -16,7 +16,7 @@ from typing import Any
 
 from rooflight.agent.errors import ConfigError
 from rooflight.agent.metrics import names as metric_names
-from rooflight.agent.roofline.gpus import DEFAULT_PROFILE_KEY, PROFILES, get_profile
+from rooflight.agent.roofline.gpus import ALIASES, DEFAULT_PROFILE_KEY, PROFILES, get_profile
 from rooflight.agent.roofline.models import PRESETS
 from rooflight.agent.roofline.step import Speculation
 from rooflight.agent.roofline.plan import (
@@ -173,9 +173,10 @@ def format_catalog() -> str:
                      f"KV {m.kv_bytes_per_token:,.0f} B/token{window}")
     lines.append("GPU profiles (--gpu), dense per-GPU peaks:")
     for key, g in PROFILES.items():
+        aliases = sorted(a for a, k in ALIASES.items() if k == key)
         lines.append(f"  {key:<16} {sig(g.peak_flops['bf16'] / 1e12)} TFLOP/s bf16, "
                      f"{sig(g.memory_bandwidth_bytes_per_second / 1e12)} TB/s, {sig(g.memory_bytes / 1e9)} GB,"
-                     f" ridge {sig(g.ridge_point)}")
+                     f" ridge {sig(g.ridge_point)}" + (f" (also {', '.join(aliases)})" if aliases else ""))
     return "\n".join(lines)
 
 

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import pytest
 
 from rooflight.agent.errors import ConfigError
-from rooflight.agent.roofline.gpus import get_profile
+from rooflight.agent.roofline.gpus import ALIASES, get_profile
 from rooflight.agent.model_files import load_config_json
 from rooflight.agent.roofline.models import preset
 from rooflight.agent.roofline import physics
@@ -209,7 +209,10 @@ def test_sig(x: float, s: str) -> None:
 def test_list_shows_presets_and_profiles(capsys: pytest.CaptureFixture[str]) -> None:
     out = run(capsys, "--list")
     assert "llama-3-8b" in out and "deepseek-v3" in out and "37.6B active" in out
-    assert "h100-sxm         989 TFLOP/s bf16, 3.35 TB/s, 80 GB, ridge 295" in out
+    assert "h100-sxm         989 TFLOP/s bf16, 3.35 TB/s, 80 GB, ridge 295 (also h100, h100-sxm5)" in out
+    # every spelling --gpu takes is listed, each beside the profile it means
+    for alias, key in ALIASES.items():
+        assert any(line.startswith(f"  {key} ") and alias in line.split("(also ", 1)[-1] for line in out.splitlines())
 
 
 # --- pools and the live agent (docs/physics.md, section Headroom) ---
