@@ -114,7 +114,7 @@ SETTINGS: tuple[Setting, ...] = (
     _rules("keep_firing_for", "how long the down, lost-GPU and stall alerts keep firing after their condition "
            "clears ('' = leave keep_firing_for out, for rulers without it: vmalert before 1.91, Prometheus before "
            "2.42; default %(default)s)"),
-    _rules("runbook_base_url", "where docs/runbooks.md is served; each alert's runbook_url is <this>#<alert> "
+    _rules("runbook_base_url", "where docs/runbooks.md is served; each alert's runbook_url is <this>#<alert name in lower case> "
            "(default %(default)s)"),
     _rules("dashboard_base_url", "Grafana's URL; each alert's dashboard_url is <this>/d/<uid>?var-pod=... (default "
            "%(default)s)"),

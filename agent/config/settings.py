@@ -257,7 +257,20 @@ def add_flags(parser: argparse.ArgumentParser, command: str, defaults: Mapping[s
         for name in ("metavar", "type", "choices"):
             if getattr(s, name) is not None:
                 kwargs[name] = list(s.choices) if name == "choices" else getattr(s, name)
+        if s.type in (int, float):
+            kwargs["type"] = _plainly_written(s.type)
         where.add_argument(*((s.short,) if s.short else ()), s.flag(command), **kwargs)
+
+
+def _plainly_written(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """int or float of a flag's text, refusing what they read surprisingly (--tp 1_0 as 10): argparse says
+    "invalid int value", exit 2."""
+
+    def parse(text: str) -> Any:
+        return kind(v.written_number(text))
+
+    parse.__name__ = kind.__name__  # argparse names the type by it
+    return parse
 
 
 def flag_values(args: argparse.Namespace, command: str) -> dict[str, Any]:

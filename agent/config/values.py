@@ -56,9 +56,9 @@ def listens_clash(listen: str, other: str) -> bool:
 
 
 def written_number(value: Any) -> Any:
-    """`value`, unless it is text with an underscore: Python's int() and float() read '1_0' as 10 and '2_5' as
-    25, a slip of the keyboard no config, flag or environment variable means."""
-    if isinstance(value, str) and "_" in value:
+    """`value`, unless it is text with an underscore or a digit outside ASCII: Python's int() and float() read
+    '1_0' as 10 and a full-width '１０' as 10, slips no config, flag or environment variable means."""
+    if isinstance(value, str) and ("_" in value or not value.isascii()):
         raise ValueError(value)
     return value
 

@@ -44,7 +44,7 @@ def read_yaml(path: str | os.PathLike[str], what: str) -> Any:
         raise ConfigError(f"{what} {p}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     try:
         data = _BoundedLoader.load(text)
-    except (_TooBig, _DuplicateKey) as exc:
+    except (_TooBig, _Refused) as exc:
         raise ConfigError(f"{what} {p}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{what} {p}: not valid YAML {yaml_error_summary(exc)}") from None
@@ -61,8 +61,24 @@ class _TooBig(Exception):
     pass
 
 
-class _DuplicateKey(Exception):
+class _Refused(Exception):
     pass
+
+
+MERGE = "tag:yaml.org,2002:merge"
+# YAML 1.1 reads 1_0 as 10, 010 as 8 and 1:30 as 90; no config means that by them
+_SURPRISING_NUMBER = re.compile(r"_|:|^[-+]?0[0-9]")
+
+
+def _check_plain_number(node: yaml.ScalarNode) -> None:
+    if _SURPRISING_NUMBER.search(node.value):
+        raise _Refused(f"line {node.start_mark.line + 1}: the number {node.value!r} is read by YAML as "
+                            f"{_yaml_1_1_value(node)}; write it plainly (e.g. 10, 0.5)")
+
+
+def _yaml_1_1_value(node: yaml.ScalarNode) -> Any:
+    constructor = yaml.SafeLoader.construct_yaml_int if node.tag.endswith(":int") else yaml.SafeLoader.construct_yaml_float
+    return constructor(yaml.SafeLoader(""), node)
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -84,20 +100,35 @@ class _BoundedLoader(yaml.SafeLoader):
                 raise _TooBig(f"more than {MAX_YAML_NODES} YAML values; a config is a few lines")
         return super().compose_node(parent, index)
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    def compose_mapping_node(self, anchor: Any) -> yaml.MappingNode:
         """PyYAML keeps the last of a key given twice without a word; a config that says two things is refused,
-        naming the key and both lines (never a value). Keys a `<<` merge brings in may be overridden."""
-        first: dict[tuple[str, str], int] = {}
+        naming the key and both lines (never a value). Checked as each mapping is composed, before a `<<` merge
+        rewrites it: keys a merge brings in may be overridden, two `<<` in one mapping may not."""
+        node = super().compose_mapping_node(anchor)
+        first: dict[Any, tuple[str, int]] = {}
         for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = (key_node.tag, key_node.value)
+            if not isinstance(key_node, yaml.ScalarNode):
+                continue  # a list or mapping as a key: refused later as no setting name
+            key = MERGE if key_node.tag == MERGE else self.construct_object(key_node)  # on, yes, true: one key
             line = key_node.start_mark.line + 1
             if key in first:
-                raise _DuplicateKey(f"line {line}: the key {key_node.value!r} is given twice (first at line "
-                                    f"{first[key]}); YAML would keep only the last, so remove one")
-            first[key] = line
-        return super().construct_mapping(node, deep=deep)
+                written, at = first[key]
+                as_written = "" if written == key_node.value else f", as {written!r}"
+                if key == MERGE:
+                    raise _Refused(f"line {line}: `<<` is given twice (first at line {at}); YAML would merge only the "
+                                   "last: merge several with `<<: [*a, *b]`")
+                raise _Refused(f"line {line}: the key {key_node.value!r} is given twice (first at line {at}"
+                               f"{as_written}); YAML would keep only the last, so remove one")
+            first[key] = (key_node.value, line)
+        return node
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        _check_plain_number(node)
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
+        _check_plain_number(node)
+        return super().construct_yaml_float(node)
 
     @classmethod
     def load(cls, text: str) -> Any:
@@ -106,6 +137,10 @@ class _BoundedLoader(yaml.SafeLoader):
             return loader.get_single_data()
         finally:
             loader.dispose()
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+_BoundedLoader.add_constructor("tag:yaml.org,2002:float", _BoundedLoader.construct_yaml_float)
 
 
 def _check_expanded_size(data: Any, where: str) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -228,22 +229,25 @@ _NOT_YAML = object()
 
 def _pyyaml(text: str) -> object:
     """What PyYAML's safe_load makes of `text` (our bounded loader extends it), or _NOT_YAML; _NOT_YAML too for
-    a mapping that writes a key twice (PyYAML keeps the last, our loader refuses it)."""
+    what our loader refuses on purpose: a mapping that writes a key (or `<<`) twice, where PyYAML keeps the
+    last, and a number YAML 1.1 reads surprisingly (1_0 as 10, 010 as 8, 1:30 as 90)."""
     try:
         loaded = yaml.safe_load(text)
-        return _NOT_YAML if _writes_a_key_twice(yaml.compose(text, Loader=yaml.SafeLoader)) else loaded
+        return _NOT_YAML if _refused_on_purpose(yaml.compose(text, Loader=yaml.SafeLoader)) else loaded
     except Exception:  # YAMLError, and ValueError for an impossible date such as 2001-02-30
         return _NOT_YAML
 
 
-def _writes_a_key_twice(node: object) -> bool:
-    if isinstance(node, yaml.MappingNode):
-        keys = [(k.tag, k.value) for k, _ in node.value if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge"]
-        if len(keys) != len(set(keys)):
-            return True
-        return any(_writes_a_key_twice(k) or _writes_a_key_twice(v) for k, v in node.value)
+def _refused_on_purpose(node: object) -> bool:
+    if isinstance(node, yaml.ScalarNode):
+        return node.tag.endswith((":int", ":float")) and re.search(r"_|:|^[-+]?0[0-9]", node.value) is not None
     if isinstance(node, yaml.SequenceNode):
-        return any(_writes_a_key_twice(v) for v in node.value)
+        return any(_refused_on_purpose(v) for v in node.value)
+    if isinstance(node, yaml.MappingNode):
+        keys = [k.tag if k.tag.endswith(":merge") else yaml.SafeLoader("").construct_object(k)
+                for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
+        return len(keys) != len(set(keys)) or any(_refused_on_purpose(k) or _refused_on_purpose(v)
+                                                  for k, v in node.value)
     return False
 
 
@@ -258,7 +262,9 @@ def _text_keys_only(value: object) -> bool:
 @FUZZ
 @given(st.text(max_size=200))
 @example("tp: 2\ntp: 4\n")  # a key written twice: refused
+@example("on: 1\nyes: 2\n")  # one key (true) written two ways: refused
 @example("a: &a {x: 1}\nb: {<<: *a, x: 2}\n")  # a merged key overridden: loaded
+@example("tp: 1_0\n")  # YAML 1.1's 10: refused
 def test_a_config_file_loads_what_yaml_says_or_is_a_config_error(
     tmp_path_factory: pytest.TempPathFactory, text: str
 ) -> None:

@@ -110,7 +110,7 @@ EDGES: tuple[Incident, ...] = (
     # 1 in 100 requests a minute answered 502 and marked upstream_error from the start: 1% failed, counted
     # once. Under the 1h row's 14.4 x 0.1% = 1.44%, over the 6h row's 6 x 0.1% = 0.6%; but the replay's
     # Prometheus holds 90 minutes, and the 6h row judges the budget spent so far (rules/burn.py): 1% over 89
-    # of 360 minutes is 0.25% < 0.6%: quiet here; it pages once 216 minutes are spent (rules/tests/availability_test.yaml).
+    # of 360 minutes is 0.25% < 0.6%: quiet here; it pages once 216 minutes are spent (rules/tests/slow_burn_test.yaml).
     Incident("A 1% trickle of 502s", "llm-a's upstream answers 1 of 100 requests a minute 502, cut.",
              fleet(llm_a={client(A, "200", "stop"): rising(99), client(A, "502", "upstream_error"): rising(1)}),
              quiet("10m", "20m", "89m")),

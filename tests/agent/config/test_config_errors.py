@@ -283,6 +283,13 @@ def test_a_key_that_is_not_text_exits_2(tmp_path: Path, capsys: pytest.CaptureFi
     ("engine_url: http://127.0.0.1:9\ntp: 2\ntp: 4\n", "line 3: the key 'tp' is given twice (first at line 2)"),
     ("targets:\n  - {url: 'http://127.0.0.1:9', name: a, name: b}\n", "the key 'name' is given twice"),
     ("engine_url: http://127.0.0.1:9\nslo:\n  ttft: 1\n  'ttft': 2\n", "the key 'ttft' is given twice"),
+    ("engine_url: http://127.0.0.1:9\nu: {<<: {x: 1, x: 2}}\n", "the key 'x' is given twice"),  # inside a merge
+    ("engine_url: http://127.0.0.1:9\non: 1\nyes: 2\n", "the key 'yes' is given twice (first at line 2, as 'on')"),
+    ("a: &a {x: 1}\nb: &b {y: 1}\nc: {<<: *a, <<: *b}\n", "`<<` is given twice"),
+    ("engine_url: http://127.0.0.1:9\ntp: 1_0\n", "line 2: the number '1_0' is read by YAML as 10"),
+    ("engine_url: http://127.0.0.1:9\ntp: 010\n", "the number '010' is read by YAML as 8"),
+    ("engine_url: http://127.0.0.1:9\nscrape_timeout: 1:30\n", "the number '1:30' is read by YAML as 90"),
+    ("engine_url: http://127.0.0.1:9\ndetectors: {hol_inflation: 1_0.5}\n", "the number '1_0.5'"),
 ])
 def test_a_key_given_twice_exits_2_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
                                              says: str) -> None:
@@ -294,15 +301,29 @@ def test_a_key_given_twice_exits_2_naming_it(tmp_path: Path, capsys: pytest.Capt
 def test_a_merged_key_may_be_overridden(tmp_path: Path) -> None:
     data = cfg.load_file(_file(tmp_path, "base: &b {model: llama-3-8b, gpu: h100-sxm}\nuse:\n  <<: *b\n  gpu: a100\n"))
     assert data["use"] == {"model": "llama-3-8b", "gpu": "a100"}
+    # an anchored mapping that overrides a merged key, merged again elsewhere: PyYAML rewrites the first mapping
+    # as it merges it, and a check made then saw the override as a key given twice
+    text = "base: &x {model: m, tp: 1}\na: {b: {z: &z {<<: *x, tp: 2}}}\nw: {<<: *z}\n"
+    assert cfg.load_file(_file(tmp_path, text))["w"] == {"model": "m", "tp": 2}
+    assert cfg.load_file(_file(tmp_path, "c: {<<: [{x: 1}, {y: 2}], x: 3}\nh: 0x10\n")) == {"c": {"x": 3, "y": 2}, "h": 16}
 
 
 @pytest.mark.parametrize("env", [{"ROOFLIGHT_TP": "1_0"}, {"ROOFLIGHT_MAX_SERIES": "1_000"},
-                                 {"ROOFLIGHT_GPU_HOUR_COST": "2_5"}])
+                                 {"ROOFLIGHT_GPU_HOUR_COST": "2_5"}, {"ROOFLIGHT_TP": "\uff11\uff10"}])
 def test_a_number_with_an_underscore_is_refused(env: dict[str, str]) -> None:
     # int("1_0") is 10 in Python: a TP of 10 from a typo
     result = _rooflight(*RUN, "--check-only", env=env)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert repr(next(iter(env.values()))) in result.stderr
+
+
+@pytest.mark.parametrize("argv", [["run", *RUN[1:], "--tp", "1_0"], ["run", *RUN[1:], "--batch-max", "1_6"],
+                                  ["run", *RUN[1:], "--gpu-hour-cost", "2_5"], ["plan", "--model", "llama-3-8b", "--tp", "1_0"],
+                                  ["rules", "--slo-min-requests", "1_0"]])
+def test_a_flag_with_an_underscore_is_refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*argv, "--check-only"] if argv[0] == "run" else argv)
+    assert exit_.value.code == 2 and "invalid" in capsys.readouterr().err
 
 
 def test_a_detector_setting_with_an_underscore_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

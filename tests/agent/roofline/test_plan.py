@@ -211,8 +211,9 @@ def test_list_shows_presets_and_profiles(capsys: pytest.CaptureFixture[str]) -> 
     assert "llama-3-8b" in out and "deepseek-v3" in out and "37.6B active" in out
     assert "h100-sxm         989 TFLOP/s bf16, 3.35 TB/s, 80 GB, ridge 295 (also h100, h100-sxm5)" in out
     # every spelling --gpu takes is listed, each beside the profile it means
-    for alias, key in ALIASES.items():
-        assert any(line.startswith(f"  {key} ") and alias in line.split("(also ", 1)[-1] for line in out.splitlines())
+    listed = {line.split()[0]: set(line.split("(also ", 1)[1].rstrip(")").split(", "))
+              for line in out.splitlines() if "(also " in line}
+    assert listed == {key: {a for a, k in ALIASES.items() if k == key} for key in set(ALIASES.values())}
 
 
 # --- pools and the live agent (docs/physics.md, section Headroom) ---
