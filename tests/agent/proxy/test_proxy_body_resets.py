@@ -13,7 +13,7 @@ import asyncio
 import logging
 import socket
 import struct
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import pytest
 
@@ -38,16 +38,26 @@ async def proxy() -> AsyncIterator[tuple[RawUpstream, ProxyServer]]:
     await up.stop()
 
 
-async def reset_mid_body(port: int, length: int) -> None:
-    """A request announcing `length` bytes of body, one of them sent, then a reset (RST, not FIN)."""
+async def mid_body(port: int, length: int) -> asyncio.StreamWriter:
+    """A request announcing `length` bytes of body, one of them sent."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n{" % length)
     await writer.drain()
-    await asyncio.sleep(0.2)  # the proxy has read the headers and waits for the body
-    sock = writer.get_extra_info("socket")
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    return writer
+
+
+def reset(writer: asyncio.StreamWriter) -> None:
+    """A reset (RST, not FIN)."""
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
+
+
+async def until(done: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not done():
+        assert asyncio.get_running_loop().time() < deadline, f"not within {seconds:g} s: {what}"
+        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("length", [100_000, 100 * 1024 * 1024], ids=["read-whole", "streamed"])
@@ -57,10 +67,13 @@ async def test_bodies_reset_midway_are_counted_and_logged_as_one_line(
     port = int(server.proxy_url.rsplit(":", 1)[1])
     with caplog.at_level(logging.DEBUG):
         for _ in range(CLIENTS // 100):  # (100 at a time: the listen backlog of a loaded machine)
-            await asyncio.gather(*(reset_mid_body(port, length) for _ in range(100)))
-        deadline = asyncio.get_running_loop().time() + 10.0
-        while server.stats.in_flight and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.05)
+            writers = await asyncio.gather(*(mid_body(port, length) for _ in range(100)))
+            # reset once the proxy holds every request, waiting for its body (a fixed sleep missed a hundred of
+            # them on a loaded machine: reset before their headers were read, they were never requests)
+            await until(lambda: server.stats.in_flight >= len(writers), "the proxy reads the requests' headers")
+            for writer in writers:
+                reset(writer)
+            await until(lambda: not server.stats.in_flight, "the proxy ends the reset requests", seconds=10.0)
         honest = await exchange(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert honest.startswith(b"HTTP/1.1 200")  # the port serves on
     lines = [r for r in caplog.records if r.levelno >= logging.INFO]
