@@ -70,15 +70,12 @@ MERGE = "tag:yaml.org,2002:merge"
 _SURPRISING_NUMBER = re.compile(r"_|:|^[-+]?0[0-9]")
 
 
-def _check_plain_number(node: yaml.ScalarNode) -> None:
+def _plainly_written(node: yaml.ScalarNode, value: Any) -> Any:
+    """`value`, YAML's reading of `node`, unless it was written in a way YAML 1.1 reads surprisingly."""
     if _SURPRISING_NUMBER.search(node.value):
-        raise _Refused(f"line {node.start_mark.line + 1}: the number {node.value!r} is read by YAML as "
-                            f"{_yaml_1_1_value(node)}; write it plainly (e.g. 10, 0.5)")
-
-
-def _yaml_1_1_value(node: yaml.ScalarNode) -> Any:
-    constructor = yaml.SafeLoader.construct_yaml_int if node.tag.endswith(":int") else yaml.SafeLoader.construct_yaml_float
-    return constructor(yaml.SafeLoader(""), node)
+        raise _Refused(f"line {node.start_mark.line + 1}: the number {node.value!r} is read by YAML as {value}; "
+                       "write it plainly (e.g. 10, 0.5)")
+    return value
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -123,12 +120,10 @@ class _BoundedLoader(yaml.SafeLoader):
         return node
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
-        _check_plain_number(node)
-        return super().construct_yaml_int(node)
+        return _plainly_written(node, super().construct_yaml_int(node))
 
     def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
-        _check_plain_number(node)
-        return super().construct_yaml_float(node)
+        return _plainly_written(node, super().construct_yaml_float(node))
 
     @classmethod
     def load(cls, text: str) -> Any:

@@ -15,8 +15,6 @@ from support import TESTS
 HOLDER = """
 import sys
 sys.path.insert(0, sys.argv[1])
-import pytest
-
 import ports
 print(*(ports.free_port() for _ in range(50)), flush=True)
 sys.stdin.read()  # holds its slice until the test closes stdin

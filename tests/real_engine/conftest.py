@@ -25,7 +25,7 @@ for p in (str(HERE), str(REPO)):
 
 from procs import ManagedProcess, port_is_free  # noqa: E402
 from scrape import Samples, select  # noqa: E402
-from setups import KVWALL, NORMAL, QUEUE, Observation, Setup, prometheus_quantiles, run_setup  # noqa: E402
+from setups import KVWALL, KVWALL_USAGE, NORMAL, QUEUE, Observation, Setup, prometheus_quantiles, run_setup  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -106,12 +106,12 @@ def _reached_the_wall(obs: Observation) -> bool:
     verdict itself is not read here; that is what the test judges."""
     usage = [v for _, page in obs.vllm_pages for v in select(page, "vllm:kv_cache_usage_perc")]
     preempted = [v for _, page in obs.vllm_pages for v in select(page, "vllm:num_preemptions_total")]
-    return bool(usage) and max(usage) >= 0.75 and bool(preempted) and max(preempted) > 0 \
+    return bool(usage) and max(usage) >= KVWALL_USAGE and bool(preempted) and max(preempted) > 0 \
         and any(_wall_in_view(page) for _, page in obs.agent_pages)
 
 
 def _wall_in_view(page: Samples) -> bool:
-    return max(select(page, "rooflight_kv_cache_usage_ratio"), default=0.0) >= 0.75 \
+    return max(select(page, "rooflight_kv_cache_usage_ratio"), default=0.0) >= KVWALL_USAGE \
         and max(select(page, "rooflight_requests_waiting"), default=0.0) >= 1 \
         and max(select(page, "rooflight_preemptions_per_second", window="10s"), default=0.0) > 0
 

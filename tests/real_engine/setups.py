@@ -57,9 +57,10 @@ QUEUE = Setup("queue", ("--max-model-len", "2048", "--max-num-seqs", "4"),
 # (At 0.85 one CI run in four never saw the verdict.) While vLLM thrashes on 2 cores its API server can leave
 # /metrics unanswered for 5-6 s, and 16 requests (12-17 s of load) once fell mostly inside such a stall; 24
 # keep the pool at the wall for longer than any stall seen.
+KVWALL_USAGE = 0.75  # the wall: past 6 of the 9 blocks
 KVWALL = Setup("kvwall", ("--max-model-len", "1024", "--num-gpu-blocks-override", "10"),
                dict(requests=24, concurrency=8, max_tokens=600, prompt_words=60),
-               agent_flags=("--detector", "capacity_kv_usage=0.75"))
+               agent_flags=("--detector", f"capacity_kv_usage={KVWALL_USAGE}"))
 
 
 @dataclass
